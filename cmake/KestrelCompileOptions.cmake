@@ -1,0 +1,26 @@
+# Warning, sanitizer and CPU flags shared by every Kestrel target (added as an INTERFACE library).
+add_library(kestrel_compile_options INTERFACE)
+add_library(kestrel::compile_options ALIAS kestrel_compile_options)
+
+target_compile_options(kestrel_compile_options INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align -Wunused
+                            -Woverloaded-virtual -Wnull-dereference -Wimplicit-fallthrough>)
+if(KESTREL_WERROR)
+  target_compile_options(kestrel_compile_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>
+                                                           $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>)
+endif()
+if(KESTREL_NATIVE)
+  target_compile_options(kestrel_compile_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
+endif()
+
+if(KESTREL_SANITIZE)
+  if(NOT KESTREL_SANITIZE MATCHES "^(address|undefined|thread)$")
+    message(FATAL_ERROR "KESTREL_SANITIZE must be address, undefined or thread (got '${KESTREL_SANITIZE}')")
+  endif()
+  set(_san -fsanitize=${KESTREL_SANITIZE} -fno-omit-frame-pointer)
+  if(KESTREL_SANITIZE STREQUAL "undefined")
+    list(APPEND _san -fno-sanitize-recover=all)
+  endif()
+  target_compile_options(kestrel_compile_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:${_san}>)
+  target_link_options(kestrel_compile_options INTERFACE ${_san})
+endif()
