@@ -1,7 +1,9 @@
 // GgufValue: one GGUF metadata value with its exact on-disk type, including (nested) arrays.
 //
 // Integers are held widened (int64/uint64) and floats as double, but `type()` keeps the on-disk type so a value
-// read and written back is byte-identical. Plain value type; not thread-safe for mutation, safe to share const.
+// read and written back is byte-identical: a float also keeps its exact bit pattern (raw_u64), so NaN payloads and
+// -0.0 survive a round trip (an f32 signalling NaN would be quieted by a float→double conversion).
+// Plain value type; not thread-safe for mutation, safe to share const.
 #pragma once
 
 #include <cstdint>
@@ -73,16 +75,24 @@ class GgufValue {
   GgufValueType array_type() const { return array_type_; }
   const std::vector<GgufValue>& items() const;
 
-  // Raw accessors without checks, for code that already checked type().
+  // Raw accessors without checks, for code that already checked type(). raw_u64 is the value for unsigned integers
+  // and bool, the two's-complement bits for signed integers, and the on-disk bit pattern for f32/f64.
   uint64_t raw_u64() const { return u_; }
   int64_t raw_i64() const { return i_; }
   double raw_f64() const { return f_; }
   const std::string& raw_string() const { return s_; }
 
   // Short human-readable rendering: scalars in full, arrays as "[type x N]" plus the first few items.
+  // Strings are quoted, escaped and truncated to ~60 bytes: `"Qwen3.5 35B"`, `[string x 151936] ['!', '"', ...]`.
   std::string describe(size_t max_items = 4) const;
 
+  // Exact equality: same type, same array element type, same bits (floats compared bit for bit, so NaN == NaN
+  // when the payloads match and 0.0 != -0.0), same string bytes, equal items.
+  bool operator==(const GgufValue& other) const;
+
  private:
+  GgufValue retype(GgufValueType type) &&;  // same bits, narrower on-disk type (used by the factories)
+
   GgufValueType type_ = GgufValueType::kUint8;
   GgufValueType array_type_ = GgufValueType::kUint8;
   uint64_t u_ = 0;
