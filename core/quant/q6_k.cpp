@@ -56,12 +56,13 @@ Status quantize_q6_k(const float* src, void* dst, int64_t nb) {
 
     BlockQ6_K blk;
     std::memset(&blk, 0, sizeof(blk));
-    // The largest group scale maps to sc = -128 so that d > 0 and every sc fits [-128, 127].
+    // The group scale of largest magnitude maps to sc = -128 (so d takes the opposite sign); every other sc then
+    // fits [-128, 127].
     blk.d = f32_to_fp16(max_scale != 0.0f ? max_scale / -128.0f : 0.0f);  // +0 for an all-zero block
     KESTREL_TRY(check_scale_finite(blk.d, b, "q6_K"));
     const float d = fp16_to_f32(blk.d);
     for (int g = 0; g < kGroups; ++g) {
-      const float s = d > 0.0f ? std::clamp(scales[g] / d, -128.0f, 127.0f) : 0.0f;
+      const float s = d != 0.0f ? std::clamp(scales[g] / d, -128.0f, 127.0f) : 0.0f;
       blk.scales[g] = static_cast<int8_t>(round_to_int(s));
     }
 
