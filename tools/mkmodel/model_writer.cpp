@@ -2,6 +2,7 @@
 #include "tools/mkmodel/model_writer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <span>
@@ -106,6 +107,7 @@ class OrderedPipeline {
 
 Expected<WriteStats> write_model(const ModelPlan& plan, const std::string& path, const MetadataHook& extra_metadata,
                                  const WriteOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
   std::vector<BlockGenerator> gens;
   gens.reserve(plan.tensors.size());
   for (const PlannedTensor& t : plan.tensors) {
@@ -141,7 +143,8 @@ Expected<WriteStats> write_model(const ModelPlan& plan, const std::string& path,
   KESTREL_TRY(std::move(status));
   KESTREL_TRY(writer.finish());
   progress.finish(writer.total_bytes());
-  return WriteStats{writer.total_bytes(), progress.elapsed_seconds()};
+  return WriteStats{writer.total_bytes(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
 }
 
 }  // namespace kestrel::mkmodel
