@@ -92,6 +92,15 @@ void print_hparams(const ModelHparams& hp) {
   std::printf("layer kinds:  %s\n", layer_kinds_line(hp).c_str());
 }
 
+void print_layout(const WeightCatalog& cat) {
+  const bool legacy = cat.layout().gdn_input == GdnInputLayout::kLegacySsmIn;
+  const char* gdn = legacy                                   ? "legacy ssm_in + ssm_ba"
+                    : cat.hparams().arch == Arch::kQwen3Next ? "split attn_qkv + attn_gate + ssm_ba"
+                                                             : "split attn_qkv + attn_gate + ssm_beta + ssm_alpha";
+  std::printf("layout:       gdn inputs %s; output %s\n", gdn,
+              cat.globals().tied_output ? "tied to token_embd.weight" : "output.weight");
+}
+
 void print_mtp(const WeightCatalog& cat) {
   const ModelHparams& hp = cat.hparams();
   if (hp.n_nextn == 0 && cat.n_skipped() == 0) {
@@ -251,6 +260,7 @@ int run_inspect(const InspectOptions& opt) {
   const GgufValue* name = file->find("general.name");
   if (name != nullptr && name->is_string()) std::printf("  name:       %s\n", name->raw_string().c_str());
   print_hparams(*hp);
+  print_layout(*cat);
   print_mtp(*cat);
   print_tokenizer(*file, *hp);
   print_bytes(*cat);

@@ -78,6 +78,8 @@ TEST(CliInspect, DescribesAModel) {
            std::string("architecture: qwen35moe"),
            std::string("layer kinds:  4 layers: 3 gated-deltanet, 1 full-attention (3)"),
            std::string("mtp:          1 block skipped (blk.4): 2 tensors"),
+           std::string(
+               "layout:       gdn inputs split attn_qkv + attn_gate + ssm_beta + ssm_alpha; output output.weight"),
            std::string("tokenizer:    model gpt2, pre qwen35, 96 tokens, eos 95 \"<|im_end|>\""),
            std::string("moe, 4 experts, 2 used, expert_ff 16, shared_expert_ff 32"),
            std::string("by type:"),
@@ -116,6 +118,7 @@ TEST(CliInspect, TiedOutputModel) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "dense, feed_forward 48")) << r.out;
   EXPECT_TRUE(contains(r.out, "global (tied)")) << r.out;
+  EXPECT_TRUE(contains(r.out, "; output tied to token_embd.weight")) << r.out;
   EXPECT_TRUE(contains(r.out, "mtp:          none")) << r.out;
   EXPECT_TRUE(contains(r.out, "tokenizer:    none in metadata")) << r.out;
 }
