@@ -30,8 +30,8 @@ std::vector<double> softmax_d(const std::vector<float>& l) {
 TEST(RefMoeRoute, SoftmaxFirstTopKAndTies) {
   const std::vector<float> logits = {0.0f, 2.0f, 1.0f, 2.0f, -1.0f};
   const auto p = softmax_d(logits);
-  int32_t ids[3];
-  float w[3];
+  int32_t ids[4];
+  float w[4];
   moe_route(logits.data(), 5, 2, ids, w);
   EXPECT_EQ(ids[0], 1);  // tie between experts 1 and 3: the lower index comes first
   EXPECT_EQ(ids[1], 3);
