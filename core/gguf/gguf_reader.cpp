@@ -148,20 +148,22 @@ class Parser {
   }
 
  private:
-  Error truncated(uint64_t need, std::string_view what) const {
-    return data_loss("truncated: " + std::string(what) + " needs " + std::to_string(need) + " bytes at byte " +
-                     std::to_string(c_.pos()) + " but the file has " + std::to_string(c_.size()) + " bytes");
+  // `what` and `detail` are joined only when an error is built, so the hot path does not allocate.
+  Error truncated(uint64_t need, std::string_view what, std::string_view detail) const {
+    return data_loss("truncated: " + std::string(what) + std::string(detail) + " needs " + std::to_string(need) +
+                     " bytes at byte " + std::to_string(c_.pos()) + " but the file has " + std::to_string(c_.size()) +
+                     " bytes");
   }
 
   template <class T>
-  Status read_scalar(T& out, std::string_view what) {
-    if (!c_.read(out)) return truncated(sizeof(T), what);
+  Status read_scalar(T& out, std::string_view what, std::string_view detail = {}) {
+    if (!c_.read(out)) return truncated(sizeof(T), what, detail);
     return ok_status();
   }
 
   Expected<std::string> read_string(std::string_view what) {
     uint64_t len = 0;
-    KESTREL_TRY(read_scalar(len, std::string(what) + " (string length)"));
+    KESTREL_TRY(read_scalar(len, what, " (string length)"));
     if (len > c_.remaining()) {
       return data_loss(std::string(what) + ": string length " + std::to_string(len) + " at byte " +
                        std::to_string(c_.pos() - 8) + " exceeds the " + std::to_string(c_.remaining()) +
@@ -255,12 +257,13 @@ class Parser {
     return make(v);
   }
 
-  Expected<GgufValueType> read_type(const std::string& where) {
+  // A value type, or with `element` the element type of an array.
+  Expected<GgufValueType> read_type(const std::string& where, bool element) {
     uint32_t raw = 0;
-    KESTREL_TRY(read_scalar(raw, where + " (value type)"));
+    KESTREL_TRY(read_scalar(raw, where, element ? " (array element type)" : " (value type)"));
     if (!gguf_value_type_is_valid(raw)) {
-      return unsupported(where + ": unknown value type " + std::to_string(raw) + " at byte " +
-                         std::to_string(c_.pos() - 4));
+      return unsupported(where + (element ? ": unknown array element type " : ": unknown value type ") +
+                         std::to_string(raw) + " at byte " + std::to_string(c_.pos() - 4));
     }
     return static_cast<GgufValueType>(raw);
   }
@@ -270,9 +273,9 @@ class Parser {
       return unsupported(where + ": arrays nested deeper than " + std::to_string(kGgufMaxArrayDepth) +
                          " levels at byte " + std::to_string(c_.pos()));
     }
-    KESTREL_TRY_ASSIGN(GgufValueType elem, read_type(where + " (array element type)"));
+    KESTREL_TRY_ASSIGN(GgufValueType elem, read_type(where, true));
     uint64_t count = 0;
-    KESTREL_TRY(read_scalar(count, where + " (array count)"));
+    KESTREL_TRY(read_scalar(count, where, " (array count)"));
     const uint64_t min_bytes = min_element_bytes(elem);
     if (count > c_.remaining() / min_bytes) {
       return data_loss(where + ": array of " + std::to_string(count) + " " + std::string(gguf_value_type_name(elem)) +
@@ -308,7 +311,7 @@ class Parser {
       KESTREL_TRY_ASSIGN(std::string key,
                          read_string("metadata key #" + std::to_string(i + 1) + " of " + std::to_string(n_kv_)));
       const std::string where = "metadata key '" + printable(key) + "' " + of(i, n_kv_);
-      KESTREL_TRY_ASSIGN(GgufValueType type, read_type(where));
+      KESTREL_TRY_ASSIGN(GgufValueType type, read_type(where, false));
       if (values_left_ == 0) {
         return unsupported(where + ": the metadata holds more than " + std::to_string(kGgufMaxMetadataValues) +
                            " values in total");
@@ -359,7 +362,7 @@ class Parser {
           t.name, read_string("tensor #" + std::to_string(i + 1) + " of " + std::to_string(n_tensors_) + " (name)"));
       const std::string where = "tensor '" + printable(t.name) + "' " + of(i, n_tensors_);
       uint32_t n_dims = 0;
-      KESTREL_TRY(read_scalar(n_dims, where + " (dimension count)"));
+      KESTREL_TRY(read_scalar(n_dims, where, " (dimension count)"));
       if (n_dims == 0 || n_dims > kGgufMaxDims) {
         return data_loss(where + " has " + std::to_string(n_dims) + " dimensions at byte " +
                          std::to_string(c_.pos() - 4) + " (GGUF allows 1 to 4)");
@@ -376,7 +379,7 @@ class Parser {
       }
       t.n_elements = n_elements;
       uint32_t raw_type = 0;
-      KESTREL_TRY(read_scalar(raw_type, where + " (type)"));
+      KESTREL_TRY(read_scalar(raw_type, where, " (type)"));
       const std::optional<GgmlTypeTraits> traits = ggml_type_traits(raw_type);
       if (!traits) {
         return unsupported(where + " has unknown tensor type " + std::to_string(raw_type) + " at byte " +
@@ -393,7 +396,7 @@ class Parser {
         return data_loss(where + " of type " + std::string(traits->name) + " and shape " + t.shape_string() +
                          " has a byte size that does not fit in 64 bits");
       }
-      KESTREL_TRY(read_scalar(t.offset, where + " (offset)"));
+      KESTREL_TRY(read_scalar(t.offset, where, " (offset)"));
       if (t.offset % p.alignment != 0) {
         return data_loss(where + " has offset " + std::to_string(t.offset) + ", not a multiple of the alignment " +
                          std::to_string(p.alignment));

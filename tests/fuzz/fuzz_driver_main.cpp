@@ -6,7 +6,7 @@
 // deletion, splices, length/count fields set to huge values, small type codes), then calls LLVMFuzzerTestOneInput,
 // which aborts on any violated invariant. Same seed, same inputs: a failure reproduces.
 //
-//   fuzz_gguf_reader_smoke [--iterations N] [--seed S]   mutate and run (default 40000 iterations, seed 1)
+//   fuzz_gguf_reader_smoke [--iterations N] [--seed S]   mutate and run (default 25000 iterations, seed 1)
 //   fuzz_gguf_reader_smoke --write-seeds DIR             write the seed files (a libFuzzer corpus) and exit
 //   fuzz_gguf_reader_smoke FILE...                       run the target on each file (replay a crash input)
 #include <algorithm>
@@ -125,7 +125,7 @@ int write_seeds(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t iterations = 40000;
+  uint64_t iterations = 25000;
   uint64_t seed = 1;
   std::vector<std::string> files;
   for (int i = 1; i < argc; ++i) {

@@ -124,7 +124,7 @@ TEST(GgufCorrupt, UnknownValueType) {
   expect_parse_error(GgufBytes().header(3, 0, 1).str("k").u32(13).u32(0).bytes(), ErrorCode::kUnsupported,
                      "metadata key 'k' [1 of 1]: unknown value type 13 at byte 33");
   expect_parse_error(GgufBytes().header(3, 0, 1).str("arr").u32(kArrayType).u32(77).u64(0).bytes(),
-                     ErrorCode::kUnsupported, "unknown value type 77");
+                     ErrorCode::kUnsupported, "metadata key 'arr' [1 of 1]: unknown array element type 77 at byte 39");
 }
 
 TEST(GgufCorrupt, UnknownTensorType) {
