@@ -35,6 +35,18 @@ Status AttnDims::validate() const {
   return ok_status();
 }
 
+AttnDims AttnDims::from_hparams(const ModelHparams& hp) {
+  AttnDims d;
+  d.n_embd = static_cast<int>(hp.n_embd);
+  d.n_head = static_cast<int>(hp.n_head);
+  d.n_head_kv = static_cast<int>(hp.n_head_kv);
+  d.head_dim = static_cast<int>(hp.head_dim);
+  d.n_rot = static_cast<int>(hp.n_rot);
+  d.freq_base = hp.rope_freq_base;
+  d.eps = hp.rms_eps;
+  return d;
+}
+
 Status attn_check_weights(const AttnWeights& w) {
   const AttnDims& d = w.dims;
   KESTREL_TRY(d.validate());

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "core/base/expected.h"
+#include "core/model/model_hparams.h"
 #include "core/reference/kv_cache.h"
 #include "core/reference/matvec.h"
 
@@ -31,6 +32,9 @@ struct AttnDims {
   float eps = 1e-6f;  // q/k norm eps (rms_norm_eps)
 
   Status validate() const;
+
+  // The attention sizes of a model (head counts, key_length, rope.dimension_count and freq_base, rms_norm_eps).
+  static AttnDims from_hparams(const ModelHparams& hp);
 };
 
 // Non-owning views of one attention layer's weights. Shapes in ggml order {n_in, n_out}.

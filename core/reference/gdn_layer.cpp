@@ -22,6 +22,11 @@ Status require(const float* p, const char* name) {
 
 }  // namespace
 
+GdnProjection gdn_projection_for(Arch arch, GdnInputLayout input) {
+  if (arch != Arch::kQwen3Next) return GdnProjection::kQkvGateBetaAlpha;
+  return input == GdnInputLayout::kLegacySsmIn ? GdnProjection::kSsmInBa : GdnProjection::kQkvGateBa;
+}
+
 Status gdn_check_weights(const GdnWeights& w) {
   const GdnDims& d = w.dims;
   KESTREL_TRY(d.validate());

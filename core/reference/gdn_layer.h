@@ -14,6 +14,8 @@
 #pragma once
 
 #include "core/base/expected.h"
+#include "core/model/model_hparams.h"
+#include "core/model/tensor_layout.h"
 #include "core/reference/gdn_state.h"
 #include "core/reference/matvec.h"
 
@@ -25,6 +27,10 @@ enum class GdnProjection {
   kQkvGateBa,         // qwen3next:        attn_qkv, attn_gate, ssm_ba (per-K-group [b(r), a(r)])
   kSsmInBa,           // legacy qwen3next: ssm_in (HF in_proj_qkvz, per-K-group [q, k, v(r·dv), z(r·dv)]), ssm_ba
 };
+
+// The projection layout of a GGUF file: qwen35* → kQkvGateBetaAlpha; qwen3next → kQkvGateBa, or kSsmInBa when the
+// file has the legacy ssm_in tensor.
+GdnProjection gdn_projection_for(Arch arch, GdnInputLayout input);
 
 enum class GdnMode { kRecurrent, kChunked };
 

@@ -23,6 +23,19 @@ Status GdnDims::validate() const {
   return ok_status();
 }
 
+GdnDims GdnDims::from_hparams(const ModelHparams& hp) {
+  GdnDims d;
+  d.n_embd = static_cast<int>(hp.n_embd);
+  d.n_k_heads = static_cast<int>(hp.ssm_n_k_heads);
+  d.n_v_heads = static_cast<int>(hp.ssm_n_v_heads);
+  d.d_k = static_cast<int>(hp.ssm_d_state);
+  d.d_v = static_cast<int>(hp.ssm_head_v_dim());
+  d.conv_kernel = static_cast<int>(hp.ssm_conv_kernel);
+  d.eps = hp.rms_eps;
+  d.mapping = hp.head_mapping();
+  return d;
+}
+
 int gdn_k_head(const GdnDims& dims, int v_head) {
   return dims.mapping == HeadMapping::kGrouped ? v_head / dims.v_per_k() : v_head % dims.n_k_heads;
 }

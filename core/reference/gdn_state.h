@@ -35,6 +35,9 @@ struct GdnDims {
 
   // kInvalidArgument naming the first bad size (non-positive, Vh not a multiple of Kh).
   Status validate() const;
+
+  // The GDN sizes of a model (ssm.* keys, rms_norm_eps, and the head mapping of its architecture).
+  static GdnDims from_hparams(const ModelHparams& hp);
 };
 
 // The K-head (of q̂ and k̂) that V-head h reads, per dims.mapping.

@@ -168,6 +168,24 @@ TEST(RefAttention, OutputGateAndCausality) {
   EXPECT_GT(max_rel_diff(std::vector<float>(a.begin() + H, a.end()), std::vector<float>(b.begin() + H, b.end())), 1e-3);
 }
 
+TEST(RefAttention, DimsFromHparams) {
+  ModelHparams hp;  // Qwen3.5-35B-A3B attention sizes (model-spec §1)
+  hp.n_embd = 2048;
+  hp.n_head = 16;
+  hp.n_head_kv = 2;
+  hp.head_dim = 256;
+  hp.n_rot = 64;
+  hp.rope_freq_base = 1e7f;
+  hp.rms_eps = 1e-6f;
+  const AttnDims d = AttnDims::from_hparams(hp);
+  EXPECT_EQ(d.n_head, 16);
+  EXPECT_EQ(d.n_head_kv, 2);
+  EXPECT_EQ(d.head_dim, 256);
+  EXPECT_EQ(d.n_rot, 64);
+  EXPECT_EQ(d.freq_base, 1e7f);
+  EXPECT_TRUE(d.validate());
+}
+
 TEST(RefAttention, CacheAndPositionChecks) {
   const int H = 20;
   const AttnModel m(H, 4, 2, 16, 8, 40);

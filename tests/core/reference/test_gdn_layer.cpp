@@ -259,6 +259,32 @@ TEST(RefGdnLayer, Qwen3NextLayoutsMatchSplitLayout) {
   }
 }
 
+TEST(RefGdnLayer, DimsAndProjectionFromHparams) {
+  ModelHparams hp;  // Qwen3.5-27B GDN sizes (model-spec §1)
+  hp.arch = Arch::kQwen35;
+  hp.n_embd = 5120;
+  hp.ssm_n_k_heads = 16;
+  hp.ssm_n_v_heads = 48;
+  hp.ssm_d_state = 128;
+  hp.ssm_inner = 6144;
+  hp.ssm_conv_kernel = 4;
+  hp.rms_eps = 1e-6f;
+  const GdnDims d = GdnDims::from_hparams(hp);
+  EXPECT_EQ(d.n_embd, 5120);
+  EXPECT_EQ(d.v_per_k(), 3);
+  EXPECT_EQ(d.d_v, 128);
+  EXPECT_EQ(d.conv_dim(), 10240);
+  EXPECT_EQ(d.mapping, HeadMapping::kTiled);
+  EXPECT_TRUE(d.validate());
+  EXPECT_EQ(gdn_k_head(d, 17), 1);  // tiled: 17 % 16
+  hp.arch = Arch::kQwen3Next;
+  EXPECT_EQ(GdnDims::from_hparams(hp).mapping, HeadMapping::kGrouped);
+  EXPECT_EQ(gdn_k_head(GdnDims::from_hparams(hp), 17), 5);  // grouped: 17 / 3
+  EXPECT_EQ(gdn_projection_for(Arch::kQwen35Moe, GdnInputLayout::kSplit), GdnProjection::kQkvGateBetaAlpha);
+  EXPECT_EQ(gdn_projection_for(Arch::kQwen3Next, GdnInputLayout::kSplit), GdnProjection::kQkvGateBa);
+  EXPECT_EQ(gdn_projection_for(Arch::kQwen3Next, GdnInputLayout::kLegacySsmIn), GdnProjection::kSsmInBa);
+}
+
 TEST(RefGdnLayer, ArgumentChecks) {
   const GdnModel m(24, 2, 4, 16, 16, 5000);
   GdnState st = GdnState::zeros(m.d);
