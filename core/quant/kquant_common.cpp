@@ -8,6 +8,7 @@
 // dequantize_row reproduces the input within the format's precision (tests/core/quant bound the error).
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -70,7 +71,7 @@ void k4_put_scale_min(int j, uint8_t scale, uint8_t min, uint8_t* packed) {
   }
 }
 
-float fit_scale_min(const float* x, const float* w, int n, int nmax, uint8_t* L, float* min_out) {
+float fit_scale_min(const float* x, const float* w, int n, int nmax, uint8_t* levels, float* min_out) {
   float lo = x[0];
   float hi = x[0];
   double sum_w = 0.0;
@@ -83,7 +84,7 @@ float fit_scale_min(const float* x, const float* w, int n, int nmax, uint8_t* L,
   }
   lo = std::min(lo, 0.0f);  // the stored min only ever subtracts, so the range always includes 0
   if (hi <= lo) {           // all equal and <= 0 (all zero included): the min alone carries it
-    std::fill(L, L + n, uint8_t{0});
+    std::fill(levels, levels + n, uint8_t{0});
     *min_out = -lo;
     return 0.0f;
   }
@@ -101,8 +102,8 @@ float fit_scale_min(const float* x, const float* w, int n, int nmax, uint8_t* L,
   const float range = hi - lo;
   float best_scale = range / static_cast<float>(nmax);
   float best_offset = lo;
-  for (int i = 0; i < n; ++i) L[i] = static_cast<uint8_t>(quant_clamped((x[i] - lo) / best_scale, 0, nmax));
-  double best_err = weighted_error(best_scale, best_offset, L);
+  for (int i = 0; i < n; ++i) levels[i] = static_cast<uint8_t>(quant_clamped((x[i] - lo) / best_scale, 0, nmax));
+  double best_err = weighted_error(best_scale, best_offset, levels);
 
   // Candidates 1..: steps range / (nmax + t), t in [-1, 1]; for each rounding, the least-squares (scale, offset).
   uint8_t cand[kQK_K];
@@ -132,7 +133,7 @@ float fit_scale_min(const float* x, const float* w, int n, int nmax, uint8_t* L,
       best_err = err;
       best_scale = static_cast<float>(scale);
       best_offset = static_cast<float>(offset);
-      std::copy(cand, cand + n, L);
+      std::copy(cand, cand + n, levels);
     }
   }
   *min_out = -best_offset;
@@ -174,19 +175,19 @@ float fit_scale_symmetric(const float* x, int n, int nmax) {
 }
 
 Status quantize_k4_superblock(const float* x, int nmax, int64_t block, std::string_view type_name, uint16_t* d,
-                              uint16_t* dmin, uint8_t* packed_scales, uint8_t* L) {
+                              uint16_t* dmin, uint8_t* packed_scales, uint8_t* levels) {
   float scales[kSubBlocks];
   float mins[kSubBlocks];
   float weights[32];
   float max_scale = 0.0f;
   float max_min = 0.0f;
-  for (int j = 0; j < kSubBlocks; ++j) {
-    const float* xs = x + 32 * j;
+  for (ptrdiff_t j = 0; j < kSubBlocks; ++j) {
+    const float* xs = &x[32 * j];
     double sum_x2 = 0.0;
     for (int l = 0; l < 32; ++l) sum_x2 += static_cast<double>(xs[l]) * xs[l];
     const auto rms = static_cast<float>(std::sqrt(sum_x2 / 32.0));
     for (int l = 0; l < 32; ++l) weights[l] = rms + std::fabs(xs[l]);
-    scales[j] = fit_scale_min(xs, weights, 32, nmax, L + 32 * j, &mins[j]);
+    scales[j] = fit_scale_min(xs, weights, 32, nmax, &levels[32 * j], &mins[j]);
     max_scale = std::max(max_scale, scales[j]);
     max_min = std::max(max_min, mins[j]);
   }
@@ -214,7 +215,7 @@ Status quantize_k4_superblock(const float* x, int nmax, int64_t block, std::stri
     const float offset = dmin_f * static_cast<float>(m);
     for (int l = 0; l < 32; ++l) {
       const int q = step > 0.0f ? quant_clamped((x[32 * j + l] + offset) / step, 0, nmax) : 0;
-      L[32 * j + l] = static_cast<uint8_t>(q);
+      levels[32 * j + l] = static_cast<uint8_t>(q);
     }
   }
   return ok_status();

@@ -2,6 +2,7 @@
 // a fifth quant bit: value = (d * sc) * q - (dmin * m), q in [0, 31]. qs holds the low 4 bits exactly as Q4_K's
 // nibbles; the high bit of element 64c + l is bit 2c of qh[l], that of element 64c + 32 + l bit 2c + 1 of qh[l].
 // ggml's dequantize_row_q5_K.
+#include <cstddef>
 #include <cstring>
 
 #include "core/quant/blocks.h"
@@ -18,17 +19,17 @@ void dequantize_q5_k(const void* src, float* dst, int64_t nb) {
     const float d = fp16_to_f32(blk.d);
     const float dmin = fp16_to_f32(blk.dmin);
     float* y = dst + b * kQK_K;
-    for (int c = 0; c < 4; ++c) {
+    for (ptrdiff_t c = 0; c < 4; ++c) {
       uint8_t sc_lo = 0, m_lo = 0, sc_hi = 0, m_hi = 0;
-      k4_get_scale_min(2 * c, blk.scales, &sc_lo, &m_lo);
-      k4_get_scale_min(2 * c + 1, blk.scales, &sc_hi, &m_hi);
+      k4_get_scale_min(static_cast<int>(2 * c), blk.scales, &sc_lo, &m_lo);
+      k4_get_scale_min(static_cast<int>(2 * c + 1), blk.scales, &sc_hi, &m_hi);
       const float step_lo = d * static_cast<float>(sc_lo);
       const float offset_lo = dmin * static_cast<float>(m_lo);
       const float step_hi = d * static_cast<float>(sc_hi);
       const float offset_hi = dmin * static_cast<float>(m_hi);
-      const uint8_t* q = blk.qs + 32 * c;
-      const int bit_lo = 2 * c;
-      const int bit_hi = 2 * c + 1;
+      const uint8_t* q = &blk.qs[32 * c];
+      const auto bit_lo = static_cast<int>(2 * c);
+      const auto bit_hi = static_cast<int>(2 * c + 1);
       for (int l = 0; l < 32; ++l) {
         const int v = (q[l] & 0x0F) | (((blk.qh[l] >> bit_lo) & 1) << 4);
         y[64 * c + l] = step_lo * static_cast<float>(v) - offset_lo;
@@ -46,13 +47,13 @@ Status quantize_q5_k(const float* src, void* dst, int64_t nb) {
   auto* bytes = static_cast<unsigned char*>(dst);
   for (int64_t b = 0; b < nb; ++b) {
     BlockQ5_K blk;
-    uint8_t L[kQK_K];
-    KESTREL_TRY(quantize_k4_superblock(src + b * kQK_K, 31, b, "q5_K", &blk.d, &blk.dmin, blk.scales, L));
+    uint8_t levels[kQK_K];
+    KESTREL_TRY(quantize_k4_superblock(src + b * kQK_K, 31, b, "q5_K", &blk.d, &blk.dmin, blk.scales, levels));
     std::memset(blk.qh, 0, sizeof(blk.qh));
     for (int c = 0; c < 4; ++c) {
       for (int l = 0; l < 32; ++l) {
-        const int lo = L[64 * c + l];
-        const int hi = L[64 * c + 32 + l];
+        const int lo = levels[64 * c + l];
+        const int hi = levels[64 * c + 32 + l];
         blk.qs[32 * c + l] = static_cast<uint8_t>((lo & 0x0F) | ((hi & 0x0F) << 4));
         blk.qh[l] = static_cast<uint8_t>(blk.qh[l] | ((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
       }

@@ -7,6 +7,7 @@
 // ggml's dequantize_row_q6_K.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "core/quant/blocks.h"
@@ -21,11 +22,11 @@ void dequantize_q6_k(const void* src, float* dst, int64_t nb) {
     BlockQ6_K blk;
     std::memcpy(&blk, bytes + b * sizeof(BlockQ6_K), sizeof(blk));
     const float d = fp16_to_f32(blk.d);
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t* ql = blk.ql + 64 * h;
-      const uint8_t* qh = blk.qh + 32 * h;
-      const int8_t* sc = blk.scales + 8 * h;
-      float* y = dst + b * kQK_K + 128 * h;
+    for (ptrdiff_t h = 0; h < 2; ++h) {
+      const uint8_t* ql = &blk.ql[64 * h];
+      const uint8_t* qh = &blk.qh[32 * h];
+      const int8_t* sc = &blk.scales[8 * h];
+      float* y = &dst[b * kQK_K + 128 * h];
       for (int l = 0; l < 32; ++l) {
         const int g = l / 16;
         const int q0 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
@@ -49,8 +50,8 @@ Status quantize_q6_k(const float* src, void* dst, int64_t nb) {
     const float* x = src + b * kQK_K;
     float scales[kGroups];
     float max_scale = 0.0f;  // signed scale of largest magnitude
-    for (int g = 0; g < kGroups; ++g) {
-      scales[g] = fit_scale_symmetric(x + 16 * g, 16, 32);
+    for (ptrdiff_t g = 0; g < kGroups; ++g) {
+      scales[g] = fit_scale_symmetric(&x[16 * g], 16, 32);
       if (std::fabs(scales[g]) > std::fabs(max_scale)) max_scale = scales[g];
     }
 
@@ -66,7 +67,7 @@ Status quantize_q6_k(const float* src, void* dst, int64_t nb) {
       blk.scales[g] = static_cast<int8_t>(round_to_int(s));
     }
 
-    uint8_t L[kQK_K];  // q in [0, 63]; 32 is zero
+    uint8_t levels[kQK_K];  // q in [0, 63]; 32 is zero
     for (int g = 0; g < kGroups; ++g) {
       const float step = d * static_cast<float>(blk.scales[g]);
       for (int i = 0; i < 16; ++i) {
@@ -75,17 +76,17 @@ Status quantize_q6_k(const float* src, void* dst, int64_t nb) {
           const float v = std::clamp(x[16 * g + i] / step, -32.0f, 31.0f);
           q = round_to_int(v);
         }
-        L[16 * g + i] = static_cast<uint8_t>(q + 32);
+        levels[16 * g + i] = static_cast<uint8_t>(q + 32);
       }
     }
 
-    for (int h = 0; h < 2; ++h) {
-      const uint8_t* Lh = L + 128 * h;
+    for (ptrdiff_t h = 0; h < 2; ++h) {
+      const uint8_t* levels_h = &levels[128 * h];
       for (int l = 0; l < 32; ++l) {
-        blk.ql[64 * h + l] = static_cast<uint8_t>((Lh[l] & 0x0F) | ((Lh[l + 64] & 0x0F) << 4));
-        blk.ql[64 * h + 32 + l] = static_cast<uint8_t>((Lh[l + 32] & 0x0F) | ((Lh[l + 96] & 0x0F) << 4));
-        blk.qh[32 * h + l] = static_cast<uint8_t>((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) | ((Lh[l + 64] >> 4) << 4) |
-                                                  ((Lh[l + 96] >> 4) << 6));
+        blk.ql[64 * h + l] = static_cast<uint8_t>((levels_h[l] & 0x0F) | ((levels_h[l + 64] & 0x0F) << 4));
+        blk.ql[64 * h + 32 + l] = static_cast<uint8_t>((levels_h[l + 32] & 0x0F) | ((levels_h[l + 96] & 0x0F) << 4));
+        blk.qh[32 * h + l] = static_cast<uint8_t>((levels_h[l] >> 4) | ((levels_h[l + 32] >> 4) << 2) |
+                                                  ((levels_h[l + 64] >> 4) << 4) | ((levels_h[l + 96] >> 4) << 6));
       }
     }
     std::memcpy(bytes + b * sizeof(BlockQ6_K), &blk, sizeof(blk));

@@ -3,6 +3,9 @@
 // These are the reference every CPU and GPU kernel is tested against; they favour clarity over speed.
 // Dequantize: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. Quantize: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K.
 // `n` counts elements and must be a multiple of the type's block size (kInvalidArgument otherwise).
+// Other errors: kUnsupported for a type outside the lists above; quantizing NaN/inf into a block format is
+// kInvalidArgument, and values whose f16 block scale would overflow are kOutOfRange. Q8_0/Q4_0 quantize exactly as
+// ggml's reference quantizers; the K-quants follow their approach without being byte-identical.
 // Pure functions: thread-safe, no allocation beyond their own stack.
 #pragma once
 

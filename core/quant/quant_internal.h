@@ -51,18 +51,18 @@ void k4_get_scale_min(int j, const uint8_t* packed, uint8_t* scale, uint8_t* min
 // Inverse of k4_get_scale_min for one sub-block; `packed` must start zeroed; scale, min < 64.
 void k4_put_scale_min(int j, uint8_t scale, uint8_t min, uint8_t* packed);
 
-// Fits x [n] ≈ scale * L - min_out with L integers in [0, nmax], scale >= 0, min_out >= 0, minimising the
-// weighted squared error sum w (scale * L + (-min_out) - x)^2 over a grid of candidate step sizes; writes the L of
-// the best fit. All-equal non-positive x gives scale 0 and min_out = -x.
-float fit_scale_min(const float* x, const float* w, int n, int nmax, uint8_t* L, float* min_out);
-// Fits x [n] ≈ scale * L with L integers in [-nmax, nmax - 1] (the element of largest magnitude lands on -nmax),
-// weights x^2; returns the (signed) scale, 0 for an all-zero x.
+// Fits x [n] ≈ scale * levels - min_out with levels integers in [0, nmax], scale >= 0, min_out >= 0, minimising the
+// weighted squared error sum w (scale * levels + (-min_out) - x)^2 over a grid of candidate step sizes; writes the
+// levels of the best fit. All-equal non-positive x gives scale 0 and min_out = -x.
+float fit_scale_min(const float* x, const float* w, int n, int nmax, uint8_t* levels, float* min_out);
+// Fits x [n] ≈ scale * levels with levels integers in [-nmax, nmax - 1] (the element of largest magnitude lands on
+// -nmax), weights x^2; returns the (signed) scale, 0 for an all-zero x.
 float fit_scale_symmetric(const float* x, int n, int nmax);
 
 // Q4_K and Q5_K share everything but the quant width: per 32-element sub-block fits of (scale, min), 6-bit
 // quantisation of both against the block's f16 d/dmin, then requantisation of x [256] with the stored scales.
-// Writes d, dmin, packed scales [12] and the quants L [256] in [0, nmax].
+// Writes d, dmin, packed scales [12] and the quants levels [256] in [0, nmax].
 Status quantize_k4_superblock(const float* x, int nmax, int64_t block, std::string_view type_name, uint16_t* d,
-                              uint16_t* dmin, uint8_t* packed_scales, uint8_t* L);
+                              uint16_t* dmin, uint8_t* packed_scales, uint8_t* levels);
 
 }  // namespace kestrel::quant_internal
