@@ -115,6 +115,21 @@ void exact_scale_pair(float target, float ratio, uint16_t* d_out, uint16_t* dmin
   *dmin_out = 0;
 }
 
+// SWAR masks over 8 bytes: the top bit of each byte / nibble is set where that byte / nibble is zero.
+constexpr uint64_t kBytes7F = 0x7F7F7F7F7F7F7F7Full;
+constexpr uint64_t kBytes80 = 0x8080808080808080ull;
+constexpr uint64_t kNibbles7 = 0x7777777777777777ull;
+constexpr uint64_t kNibbles8 = 0x8888888888888888ull;
+inline uint64_t zero_bytes(uint64_t x) { return ~(((x & kBytes7F) + kBytes7F) | x) & kBytes80; }
+inline uint64_t zero_nibbles(uint64_t x) { return ~(((x & kNibbles7) + kNibbles7) | x) & kNibbles8; }
+
+inline uint64_t load64(const void* p) {
+  uint64_t w;
+  std::memcpy(&w, p, 8);
+  return w;
+}
+inline void store64(void* p, uint64_t w) { std::memcpy(p, &w, 8); }
+
 // Packs 8 six-bit scales and mins the way ggml's get_scale_min_k4 reads them.
 void pack_k_scales(const int sc[8], const int m[8], uint8_t out[kKScaleSize]) {
   for (int j = 0; j < 4; ++j) {
@@ -273,8 +288,9 @@ void BlockGenerator::generate_q8_0(uint64_t block, uint8_t* dst) const {
   BlockQ8_0 b;
   b.d = d_table_[rng.next() % kScaleTableSize];
   rng.fill(reinterpret_cast<uint8_t*>(b.qs), sizeof b.qs);
-  for (int8_t& q : b.qs) {
-    if (q == -128) q = 0;
+  for (size_t i = 0; i < sizeof b.qs; i += 8) {  // -128 (0x80) -> 0
+    const uint64_t w = load64(b.qs + i);
+    store64(b.qs + i, w & ~((zero_bytes(w ^ kBytes80) >> 7) * 0xFF));
   }
   std::memcpy(dst, &b, sizeof b);
 }
@@ -284,12 +300,9 @@ void BlockGenerator::generate_q4_0(uint64_t block, uint8_t* dst) const {
   BlockQ4_0 b;
   b.d = d_table_[rng.next() % kScaleTableSize];
   rng.fill(b.qs, sizeof b.qs);
-  for (uint8_t& q : b.qs) {
-    uint8_t lo = q & 0xF;
-    uint8_t hi = q >> 4;
-    if (lo == 0) lo = 8;
-    if (hi == 0) hi = 8;
-    q = static_cast<uint8_t>(lo | (hi << 4));
+  for (size_t i = 0; i < sizeof b.qs; i += 8) {  // nibble 0 -> 8
+    const uint64_t w = load64(b.qs + i);
+    store64(b.qs + i, w | zero_nibbles(w));
   }
   std::memcpy(dst, &b, sizeof b);
 }
@@ -333,17 +346,18 @@ void BlockGenerator::generate_q6_k(uint64_t block, uint8_t* dst) const {
   rng.fill(b.ql, sizeof b.ql);
   rng.fill(b.qh, sizeof b.qh);
   // q == 0 (low nibble 0 and high pair 0) becomes q == 32 (high pair 2): the values become symmetric in [-31, 31].
-  // Element layout per 128-element half n: y[l] <- ql[l] lo, qh[l] bits 0-1; y[l+32] <- ql[l+32] lo, bits 2-3;
-  // y[l+64] <- ql[l] hi, bits 4-5; y[l+96] <- ql[l+32] hi, bits 6-7 (l < 32).
+  // Element layout per 128-element half n (l < 32): y[l] <- ql[l] low nibble, qh[l] bits 0-1; y[l+32] <- ql[l+32]
+  // low, bits 2-3; y[l+64] <- ql[l] high, bits 4-5; y[l+96] <- ql[l+32] high, bits 6-7. Eight l at a time:
   for (int n = 0; n < 2; ++n) {
-    const uint8_t* ql = b.ql + 64 * n;
-    uint8_t* qh = b.qh + 32 * n;
-    for (int l = 0; l < 32; ++l) {
-      const int nibbles[4] = {ql[l] & 0xF, ql[l + 32] & 0xF, ql[l] >> 4, ql[l + 32] >> 4};
-      for (int k = 0; k < 4; ++k) {
-        const int shift = 2 * k;
-        if (nibbles[k] == 0 && ((qh[l] >> shift) & 3) == 0) qh[l] = static_cast<uint8_t>(qh[l] | (2 << shift));
-      }
+    for (int l = 0; l < 32; l += 8) {
+      const uint64_t za = zero_nibbles(load64(b.ql + 64 * n + l));       // bits 3 / 7: y[l] / y[l+64] nibble zero
+      const uint64_t zb = zero_nibbles(load64(b.ql + 64 * n + 32 + l));  // same for y[l+32] / y[l+96]
+      uint64_t h = load64(b.qh + 32 * n + l);
+      const uint64_t zero_pairs = ~(h | (h >> 1)) & 0x5555555555555555ull;  // bit 2k: pair k zero
+      // Nibble-zero flags moved to the low bit of their pair: za bits 3, 7 -> 0, 4; zb bits 3, 7 -> 2, 6.
+      const uint64_t zero_nibble_at_pair = ((za >> 3) & 0x1111111111111111ull) | ((zb >> 1) & 0x4444444444444444ull);
+      h |= (zero_nibble_at_pair & zero_pairs) << 1;  // pair 0 -> 2
+      store64(b.qh + 32 * n + l, h);
     }
   }
   std::memcpy(dst, &b, sizeof b);

@@ -164,6 +164,58 @@ TEST(BlockGenerator, BlockScalesVaryAndQ6KScalesHaveBothSigns) {
   EXPECT_GT(positive, 1000);
 }
 
+TEST(BlockGenerator, NoCodeOutsideTheSymmetricRange) {
+  // Q8_0 never stores -128; Q4_0 never a 0 nibble (value -8 d); Q6_K never q == 0 (value -32 d sc).
+  const WeightInit init{InitKind::kZeroMean, 0.02f, 0, 0};
+  auto q8 = BlockGenerator::create(GgmlType::kQ8_0, init, 11);
+  std::vector<uint8_t> b8(4096 * sizeof(BlockQ8_0));
+  q8->generate(0, 4096, b8.data());
+  int zeros8 = 0;
+  for (size_t i = 0; i < 4096; ++i) {
+    BlockQ8_0 b;
+    std::memcpy(&b, b8.data() + i * sizeof b, sizeof b);
+    for (int8_t q : b.qs) {
+      ASSERT_NE(q, -128);
+      zeros8 += q == 0;
+    }
+  }
+  EXPECT_GT(zeros8, 4096 * 32 / 256);  // 0 is drawn twice as often: ~2/256 of the codes
+
+  auto q4 = BlockGenerator::create(GgmlType::kQ4_0, init, 12);
+  std::vector<uint8_t> b4(4096 * sizeof(BlockQ4_0));
+  q4->generate(0, 4096, b4.data());
+  for (size_t i = 0; i < 4096; ++i) {
+    BlockQ4_0 b;
+    std::memcpy(&b, b4.data() + i * sizeof b, sizeof b);
+    for (uint8_t q : b.qs) {
+      ASSERT_NE(q & 0xF, 0);
+      ASSERT_NE(q >> 4, 0);
+    }
+  }
+
+  auto q6 = BlockGenerator::create(GgmlType::kQ6_K, init, 13);
+  std::vector<uint8_t> b6(1024 * sizeof(BlockQ6_K));
+  q6->generate(0, 1024, b6.data());
+  int thirty_two = 0;
+  for (size_t i = 0; i < 1024; ++i) {
+    BlockQ6_K b;
+    std::memcpy(&b, b6.data() + i * sizeof b, sizeof b);
+    for (int n = 0; n < 2; ++n) {
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t* ql = b.ql + 64 * n;
+        const uint8_t qh = b.qh[32 * n + l];
+        const int q[4] = {(ql[l] & 0xF) | ((qh & 3) << 4), (ql[l + 32] & 0xF) | (((qh >> 2) & 3) << 4),
+                          (ql[l] >> 4) | (((qh >> 4) & 3) << 4), (ql[l + 32] >> 4) | (((qh >> 6) & 3) << 4)};
+        for (int k = 0; k < 4; ++k) {
+          ASSERT_NE(q[k], 0) << "block " << i << " half " << n << " l " << l << " k " << k;
+          thirty_two += q[k] == 32;
+        }
+      }
+    }
+  }
+  EXPECT_GT(thirty_two, 1024 * 256 / 64 * 3 / 2);  // ~2/64 of the codes
+}
+
 TEST(BlockGenerator, FloatInits) {
   const uint64_t n = 4096;
   auto norm = BlockGenerator::create(GgmlType::kF32, WeightInit{InitKind::kUniform, 0.0f, 0.9f, 1.1f}, 1);
