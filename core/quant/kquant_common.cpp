@@ -19,12 +19,6 @@
 namespace kestrel::quant_internal {
 namespace {
 
-// Quantizes v / step into [lo, hi]; clamps first so that huge ratios (a tiny step) stay in range.
-int quant_clamped(float v, int lo, int hi) {
-  const float c = std::clamp(v, static_cast<float>(lo), static_cast<float>(hi));
-  return round_to_int(c);
-}
-
 constexpr int kSubBlocks = kQK_K / 32;  // Q4_K/Q5_K: 8 sub-blocks of 32
 
 }  // namespace
@@ -48,7 +42,12 @@ Status check_scale_finite(uint16_t scale_f16, int64_t block, std::string_view ty
   return ok_status();
 }
 
-int round_to_int(float x) { return static_cast<int>(std::nearbyint(x)); }
+int round_clamped(float v, int lo, int hi) {
+  // Clamp in float first (a tiny step makes huge ratios); NaN, from an overflowed range, goes to lo.
+  const float c =
+      v > static_cast<float>(hi) ? static_cast<float>(hi) : (v >= static_cast<float>(lo) ? v : static_cast<float>(lo));
+  return static_cast<int>(std::nearbyint(c));
+}
 
 void k4_get_scale_min(int j, const uint8_t* packed, uint8_t* scale, uint8_t* min) {
   if (j < 4) {
@@ -102,7 +101,7 @@ float fit_scale_min(const float* x, const float* w, int n, int nmax, uint8_t* le
   const float range = hi - lo;
   float best_scale = range / static_cast<float>(nmax);
   float best_offset = lo;
-  for (int i = 0; i < n; ++i) levels[i] = static_cast<uint8_t>(quant_clamped((x[i] - lo) / best_scale, 0, nmax));
+  for (int i = 0; i < n; ++i) levels[i] = static_cast<uint8_t>(round_clamped((x[i] - lo) / best_scale, 0, nmax));
   double best_err = weighted_error(best_scale, best_offset, levels);
 
   // Candidates 1..: steps range / (nmax + t), t in [-1, 1]; for each rounding, the least-squares (scale, offset).
@@ -113,7 +112,7 @@ float fit_scale_min(const float* x, const float* w, int n, int nmax, uint8_t* le
     double sum_wl2 = 0.0;
     double sum_wxl = 0.0;
     for (int i = 0; i < n; ++i) {
-      const int l = quant_clamped(inv_step * (x[i] - lo), 0, nmax);
+      const int l = round_clamped(inv_step * (x[i] - lo), 0, nmax);
       cand[i] = static_cast<uint8_t>(l);
       sum_wl += static_cast<double>(w[i]) * l;
       sum_wl2 += static_cast<double>(w[i]) * l * l;
@@ -201,8 +200,8 @@ Status quantize_k4_superblock(const float* x, int nmax, int64_t block, std::stri
 
   std::memset(packed_scales, 0, kKScaleSize);
   for (int j = 0; j < kSubBlocks; ++j) {
-    const int ls = d_f > 0.0f ? quant_clamped(scales[j] / d_f, 0, 63) : 0;
-    const int lm = dmin_f > 0.0f ? quant_clamped(mins[j] / dmin_f, 0, 63) : 0;
+    const int ls = d_f > 0.0f ? round_clamped(scales[j] / d_f, 0, 63) : 0;
+    const int lm = dmin_f > 0.0f ? round_clamped(mins[j] / dmin_f, 0, 63) : 0;
     k4_put_scale_min(j, static_cast<uint8_t>(ls), static_cast<uint8_t>(lm), packed_scales);
   }
 
@@ -214,7 +213,7 @@ Status quantize_k4_superblock(const float* x, int nmax, int64_t block, std::stri
     const float step = d_f * static_cast<float>(sc);
     const float offset = dmin_f * static_cast<float>(m);
     for (int l = 0; l < 32; ++l) {
-      const int q = step > 0.0f ? quant_clamped((x[32 * j + l] + offset) / step, 0, nmax) : 0;
+      const int q = step > 0.0f ? round_clamped((x[32 * j + l] + offset) / step, 0, nmax) : 0;
       levels[32 * j + l] = static_cast<uint8_t>(q);
     }
   }

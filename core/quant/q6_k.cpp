@@ -5,7 +5,6 @@
 //   element 128h + 64 + l: high nibble of ql[64h + l],     bits 4-5 of qh[32h + l], scale 8h + l/16 + 4
 //   element 128h + 96 + l: high nibble of ql[64h + 32 + l], bits 6-7 of qh[32h + l], scale 8h + l/16 + 6
 // ggml's dequantize_row_q6_K.
-#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -63,19 +62,14 @@ Status quantize_q6_k(const float* src, void* dst, int64_t nb) {
     KESTREL_TRY(check_scale_finite(blk.d, b, "q6_K"));
     const float d = fp16_to_f32(blk.d);
     for (int g = 0; g < kGroups; ++g) {
-      const float s = d != 0.0f ? std::clamp(scales[g] / d, -128.0f, 127.0f) : 0.0f;
-      blk.scales[g] = static_cast<int8_t>(round_to_int(s));
+      blk.scales[g] = static_cast<int8_t>(d != 0.0f ? round_clamped(scales[g] / d, -128, 127) : 0);
     }
 
     uint8_t levels[kQK_K];  // q in [0, 63]; 32 is zero
     for (int g = 0; g < kGroups; ++g) {
       const float step = d * static_cast<float>(blk.scales[g]);
       for (int i = 0; i < 16; ++i) {
-        int q = 0;
-        if (step != 0.0f) {
-          const float v = std::clamp(x[16 * g + i] / step, -32.0f, 31.0f);
-          q = round_to_int(v);
-        }
+        const int q = step != 0.0f ? round_clamped(x[16 * g + i] / step, -32, 31) : 0;
         levels[16 * g + i] = static_cast<uint8_t>(q + 32);
       }
     }

@@ -40,8 +40,8 @@ Status check_finite(const float* x, int64_t n, std::string_view type_name);
 // kOutOfRange when a block scale rounded to f16 is not finite (the block's values are too large for the format).
 Status check_scale_finite(uint16_t scale_f16, int64_t block, std::string_view type_name);
 
-// Round to nearest, ties to even (|x| must fit an int).
-int round_to_int(float x);
+// v clamped to [lo, hi] (NaN -> lo), then rounded to nearest, ties to even.
+int round_clamped(float v, int lo, int hi);
 
 // Q4_K/Q5_K pack 8 six-bit scales and 8 six-bit mins into 12 bytes: sub-blocks 0..3 sit in the low 6 bits of
 // bytes 0..3 (scales) and 4..7 (mins); sub-blocks 4..7 keep their low 4 bits in bytes 8..11 (scale low nibble,

@@ -290,11 +290,16 @@ TEST(QuantErrors, NonFiniteInputOnlyForPlainTypes) {
 TEST(QuantErrors, ValuesTooLargeForTheF16Scale) {
   std::vector<float> x(256, 0.25f);
   x[3] = 1.0e9f;
+  std::vector<float> extreme(256, 1.0f);  // a range that overflows f32 itself
+  extreme[40] = 3.0e38f;
+  extreme[41] = -3.0e38f;
   std::vector<unsigned char> q(4096);
-  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
-    const Status s = quantize_row(t, x.data(), q.data(), 256);
-    ASSERT_FALSE(s) << name_of(t);
-    EXPECT_EQ(s.error().code, ErrorCode::kOutOfRange) << name_of(t);
+  for (const std::vector<float>* row : {&x, &extreme}) {
+    for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+      const Status s = quantize_row(t, row->data(), q.data(), 256);
+      ASSERT_FALSE(s) << name_of(t);
+      EXPECT_EQ(s.error().code, ErrorCode::kOutOfRange) << name_of(t);
+    }
   }
 }
 
