@@ -71,9 +71,8 @@ Expected<BpeModel> BpeModel::build(const std::vector<std::string>& tokens,
   }
 
   size_t capacity = 16;
-  while (capacity < 2 * merges.size()) capacity *= 2;
-  m.keys_.assign(capacity, kEmptyKey);
-  m.values_.assign(capacity, BpeScratch::Pair{kNoRank, -1});
+  while (2 * capacity < 3 * merges.size()) capacity *= 2;  // load <= 2/3: 151k merges fit 4 MB
+  m.slots_.assign(capacity, Slot{kEmptyKey, {kNoRank, -1}});
   m.mask_ = capacity - 1;
   m.shift_ = 64 - std::countr_zero(capacity);
 
@@ -88,10 +87,9 @@ Expected<BpeModel> BpeModel::build(const std::vector<std::string>& tokens,
     const int32_t result = find_symbol(left_text + right_text);
     const uint64_t key = pair_key(left, right);
     uint64_t slot = (key * kHashMul) >> m.shift_;
-    while (m.keys_[slot] != kEmptyKey && m.keys_[slot] != key) slot = (slot + 1) & m.mask_;
-    if (m.keys_[slot] == key) continue;  // duplicate merge: the first (highest priority) stays
-    m.keys_[slot] = key;
-    m.values_[slot] = {static_cast<int32_t>(r), result};
+    while (m.slots_[slot].key != kEmptyKey && m.slots_[slot].key != key) slot = (slot + 1) & m.mask_;
+    if (m.slots_[slot].key == key) continue;  // duplicate merge: the first (highest priority) stays
+    m.slots_[slot] = {key, {static_cast<int32_t>(r), result}};
   }
   return m;
 }
@@ -100,9 +98,9 @@ BpeScratch::Pair BpeModel::lookup(int32_t left, int32_t right) const {
   const uint64_t key = pair_key(left, right);
   uint64_t slot = (key * kHashMul) >> shift_;
   while (true) {
-    const uint64_t k = keys_[slot];
-    if (k == key) return values_[slot];
-    if (k == kEmptyKey) return {kNoRank, -1};
+    const Slot& entry = slots_[slot];
+    if (entry.key == key) return entry.value;
+    if (entry.key == kEmptyKey) return {kNoRank, -1};
     slot = (slot + 1) & mask_;
   }
 }
@@ -166,7 +164,7 @@ void BpeModel::encode_piece_heap(std::string_view bytes, BpeScratch& scratch, st
     if (right < 0) return;
     const BpeScratch::Pair p = lookup(nodes[left].id, nodes[right].id);
     if (p.rank == kNoRank) return;
-    heap.push_back({p.rank, left, nodes[left].id, nodes[right].id});
+    heap.push_back({p.rank, left, nodes[left].id, nodes[right].id, p.result});
     std::push_heap(heap.begin(), heap.end(), heap_after);
   };
   for (int32_t i = 0; i + 1 < n; ++i) push_pair(i);
@@ -179,7 +177,7 @@ void BpeModel::encode_piece_heap(std::string_view bytes, BpeScratch& scratch, st
     // Stale entries: the left symbol changed (or died), or its right neighbour is no longer the one paired.
     if (left.id != e.left_id || left.next < 0 || nodes[left.next].id != e.right_id) continue;
     const int32_t right = left.next;
-    left.id = lookup(e.left_id, e.right_id).result;
+    left.id = e.result;
     left.next = nodes[right].next;
     if (left.next >= 0) nodes[left.next].prev = e.left;
     nodes[right].id = -1;

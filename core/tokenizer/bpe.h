@@ -39,6 +39,7 @@ struct BpeScratch {
     int32_t left;
     int32_t left_id;
     int32_t right_id;
+    int32_t result;
   };
   std::vector<int32_t> ids;
   std::vector<Pair> pairs;
@@ -78,9 +79,13 @@ class BpeModel {
   int32_t byte_symbol_[256] = {};        // symbol of each raw byte
   int32_t single_byte_token_[256] = {};  // token whose text is that one byte, or -1 (llama.cpp's fallback)
   std::vector<std::string> extra_text_;  // byte-level text of symbols n_vocab_ + i that are not tokens
-  // Open addressing, linear probing; key = left << 32 | right (ids >= 0), empty slot key = ~0.
-  std::vector<uint64_t> keys_;
-  std::vector<BpeScratch::Pair> values_;
+  // Open addressing, linear probing; key = left << 32 | right (ids >= 0), empty slot key = ~0. Key and value
+  // share a 16-byte slot so a lookup touches one cache line.
+  struct Slot {
+    uint64_t key;
+    BpeScratch::Pair value;
+  };
+  std::vector<Slot> slots_;
   uint64_t mask_ = 0;
   int shift_ = 0;
 };

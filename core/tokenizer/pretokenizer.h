@@ -9,6 +9,10 @@
 //  - Invalid UTF-8: each byte that does not start a well-formed sequence is split as if it were U+FFFD (what
 //    llama.cpp substitutes), but the piece keeps the original byte, so byte-level BPE still round-trips it.
 //
+// Speed: a match that starts on an ASCII byte and whose extent depends only on ASCII bytes is found by a hand-written
+// matcher that mirrors the pattern's alternatives (letters, digits, punctuation runs, whitespace runs); every other
+// match comes from PCRE2. Tests check the two agree on random mixed text.
+//
 // Immutable after create(); split() is const and thread-safe (each call uses its own match data). Move-only.
 #pragma once
 
@@ -42,12 +46,15 @@ class PreTokenizer {
 
   // Appends the pieces of `text` to `pieces` (in order; together they cover text exactly; none is empty).
   void split(std::string_view text, std::vector<TextSpan>& pieces) const;
+  // The same without the hand-written ASCII matcher (every match from PCRE2); tests compare the two.
+  void split_pcre2_only(std::string_view text, std::vector<TextSpan>& pieces) const;
 
   const std::string& name() const;
 
  private:
   struct Impl;
   explicit PreTokenizer(std::unique_ptr<Impl> impl);
+  void split_impl(std::string_view text, bool ascii_fast_path, std::vector<TextSpan>& pieces) const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -13,6 +13,10 @@
 namespace kestrel {
 namespace {
 
+constexpr size_t kMaxCachedPieceBytes = 32;
+constexpr size_t kChunkBytes = size_t{1} << 16;
+constexpr size_t kMaxCachedPieces = size_t{1} << 16;
+
 bool valid_type(TokenType t) {
   const auto v = static_cast<int32_t>(t);
   return v >= static_cast<int32_t>(TokenType::kUndefined) && v <= static_cast<int32_t>(TokenType::kByte);
@@ -32,6 +36,21 @@ int hex_digit(char c) {
   if (c >= 'A' && c <= 'F') return c - 'A' + 10;
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
   return -1;
+}
+
+// Where the chunk of `text` that starts at `start` ends: about kChunkBytes later, just after a '\n' followed by an
+// ASCII byte that is not whitespace. No piece crosses such a point (a match that takes in a newline can only go on
+// with whitespace, and no pattern looks behind), so splitting chunk by chunk gives the same pieces as splitting the
+// whole text, with the piece list bounded and cache-resident. Without such a point the chunk is the rest of the text.
+size_t chunk_end(std::string_view text, size_t start) {
+  if (text.size() - start <= kChunkBytes) return text.size();
+  for (size_t nl = text.find('\n', start + kChunkBytes); nl != std::string_view::npos && nl + 1 < text.size();
+       nl = text.find('\n', nl + 1)) {
+    const auto next = static_cast<unsigned char>(text[nl + 1]);
+    const bool whitespace = next == ' ' || (next >= '\t' && next <= '\r');
+    if (next < 0x80 && !whitespace) return nl + 1;
+  }
+  return text.size();
 }
 
 // The bytes a token stands for when decoded (llama.cpp's token_to_piece with special = true).
@@ -130,16 +149,43 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
   impl_->specials.partition(text, parse_special, fragments);
   std::vector<TextSpan> pieces;
   BpeScratch scratch;
+  // Memo of short pieces already merged in this call (prose and code repeat most words): piece → (offset, count)
+  // in cache_ids. Keys view `text`, so the memo lives only for this call; nothing is shared between threads.
+  std::unordered_map<std::string_view, std::pair<uint32_t, uint32_t>> cache;
+  std::vector<int32_t> cache_ids;
   for (const TextFragment& f : fragments) {
     if (f.token >= 0) {
       out.push_back(f.token);
       continue;
     }
-    const std::string_view fragment = text.substr(f.begin, f.end - f.begin);
-    pieces.clear();
-    impl_->pre.split(fragment, pieces);
-    for (const TextSpan& p : pieces) {
-      impl_->bpe.encode_piece(fragment.substr(p.begin, p.end - p.begin), scratch, out);
+    const std::string_view whole = text.substr(f.begin, f.end - f.begin);
+    for (size_t start = 0; start < whole.size();) {
+      const size_t end = chunk_end(whole, start);
+      const std::string_view fragment = whole.substr(start, end - start);
+      start = end;
+      pieces.clear();
+      impl_->pre.split(fragment, pieces);
+      for (const TextSpan& p : pieces) {
+        const std::string_view piece = fragment.substr(p.begin, p.end - p.begin);
+        if (piece.size() < 2 || piece.size() > kMaxCachedPieceBytes) {
+          impl_->bpe.encode_piece(piece, scratch, out);
+          continue;
+        }
+        auto [it, inserted] = cache.try_emplace(piece, 0, 0);
+        if (!inserted) {
+          out.insert(out.end(), cache_ids.begin() + it->second.first,
+                     cache_ids.begin() + it->second.first + it->second.second);
+          continue;
+        }
+        const size_t before = out.size();
+        impl_->bpe.encode_piece(piece, scratch, out);
+        if (cache.size() > kMaxCachedPieces) {  // bound the memo's memory on huge inputs of unique pieces
+          cache.erase(it);
+          continue;
+        }
+        it->second = {static_cast<uint32_t>(cache_ids.size()), static_cast<uint32_t>(out.size() - before)};
+        cache_ids.insert(cache_ids.end(), out.begin() + before, out.end());
+      }
     }
   }
   return out;

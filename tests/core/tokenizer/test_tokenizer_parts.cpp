@@ -3,6 +3,7 @@
 // validation.
 #include <gtest/gtest.h>
 
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -144,6 +145,81 @@ TEST(PreTokenizer, InvalidUtf8SplitsAsReplacementCharacter) {
     std::string s(static_cast<size_t>(rng() % 64), '\0');
     for (char& c : s) c = static_cast<char>(rng());
     split(*pre, s);  // checks that the pieces tile the text
+  }
+}
+
+// The hand-written ASCII matcher must agree with PCRE2 everywhere, including where ASCII meets other characters
+// (letters with accents, Unicode spaces, marks, CJK, '½', '…') and invalid bytes.
+TEST(PreTokenizer, AsciiFastPathAgreesWithPcre2) {
+  static const char* const kAtoms[] = {"a",
+                                       "Z",
+                                       "q",
+                                       "7",
+                                       "0",
+                                       " ",
+                                       "  ",
+                                       "\t",
+                                       "\n",
+                                       "\r",
+                                       "\r\n",
+                                       "\v",
+                                       "\f",
+                                       "'",
+                                       "'s",
+                                       "'S",
+                                       "'re",
+                                       "'rE",
+                                       "'ll",
+                                       "'l",
+                                       "'d",
+                                       "'ve",
+                                       "'v",
+                                       "'m",
+                                       "'t",
+                                       "!",
+                                       "?",
+                                       ".",
+                                       "...",
+                                       "(",
+                                       ")",
+                                       "-",
+                                       "_",
+                                       "\"",
+                                       "`",
+                                       "\x01",
+                                       "\x7F",
+                                       "\x1F",
+                                       "\xC3\xA9",
+                                       "\xC3\x84",
+                                       "\xC2\x85",
+                                       "\xC2\xA0",
+                                       "\xE3\x80\x80",
+                                       "\xE2\x80\xA8",
+                                       "\xCC\x81",
+                                       "\xE6\x88\x91",
+                                       "\xC2\xBD",
+                                       "\xE2\x80\xA6",
+                                       "\xF0\x9F\x98\x81",
+                                       "\xEF\xB8\x8F",
+                                       "\xFF",
+                                       "\xE6\x88"};
+  std::mt19937 rng(3);
+  for (const char* name : {"qwen2", "qwen35"}) {
+    auto pre = PreTokenizer::create(name);
+    ASSERT_TRUE(pre);
+    for (int i = 0; i < 3000; ++i) {
+      std::string s;
+      const int n = 1 + static_cast<int>(rng() % 24);
+      for (int k = 0; k < n; ++k) s += kAtoms[rng() % std::size(kAtoms)];
+      std::vector<TextSpan> fast, slow;
+      pre->split(s, fast);
+      pre->split_pcre2_only(s, slow);
+      ASSERT_EQ(fast.size(), slow.size()) << name << " '" << s << "'";
+      for (size_t k = 0; k < fast.size(); ++k) {
+        ASSERT_TRUE(fast[k].begin == slow[k].begin && fast[k].end == slow[k].end)
+            << name << " '" << s << "' piece " << k;
+      }
+    }
   }
 }
 
