@@ -1,0 +1,181 @@
+#include "core/reference/session_state.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace kestrel::ref {
+namespace {
+
+// Little helpers for the snapshot byte format: native little-endian PODs appended/read in order.
+template <class T>
+void put(std::vector<uint8_t>& out, const T& v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&v);
+  out.insert(out.end(), p, p + sizeof(T));
+}
+
+void put_floats(std::vector<uint8_t>& out, const std::vector<float>& v) {
+  const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+  out.insert(out.end(), p, p + v.size() * sizeof(float));
+}
+
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> b) : b_(b) {}
+  template <class T>
+  bool get(T& v) {
+    if (b_.size() - pos_ < sizeof(T)) return false;
+    std::memcpy(&v, b_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool get_floats(std::vector<float>& v) {
+    const size_t n = v.size() * sizeof(float);
+    if (b_.size() - pos_ < n) return false;
+    std::memcpy(v.data(), b_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool done() const { return pos_ == b_.size(); }
+
+ private:
+  std::span<const uint8_t> b_;
+  size_t pos_ = 0;
+};
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  return h;
+}
+
+bool same_bits(const float* a, const float* b, size_t n) { return n == 0 || std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && same_bits(a.data(), b.data(), a.size());
+}
+
+Error corrupt(const std::string& what) { return make_error(ErrorCode::kDataLoss, "session snapshot: " + what); }
+
+}  // namespace
+
+Expected<SessionState> SessionState::create(const ModelHparams& hp, int n_ctx) {
+  if (n_ctx < 1 || (hp.n_ctx_train > 0 && static_cast<uint32_t>(n_ctx) > hp.n_ctx_train)) {
+    return make_error(ErrorCode::kOutOfRange, "context of " + std::to_string(n_ctx) + " tokens is outside 1.." +
+                                                  std::to_string(hp.n_ctx_train) + " (the model's context_length)");
+  }
+  SessionState s;
+  s.n_ctx_ = n_ctx;
+  s.kinds_ = hp.layer_kinds;
+  s.gdn_.resize(hp.n_layer);
+  s.kv_.resize(hp.n_layer);
+  const GdnDims dims = GdnDims::from_hparams(hp);
+  for (uint32_t l = 0; l < hp.n_layer; ++l) {
+    if (hp.layer_kinds[l] == LayerKind::kGatedDeltaNet) {
+      s.gdn_[l] = GdnState::zeros(dims);
+    } else {
+      KESTREL_TRY_ASSIGN(s.kv_[l], KvCache::make(n_ctx, static_cast<int>(hp.n_head_kv), static_cast<int>(hp.head_dim)));
+    }
+  }
+  return s;
+}
+
+void SessionState::reset() {
+  for (GdnState& g : gdn_) {
+    std::fill(g.s.begin(), g.s.end(), 0.0f);
+    std::fill(g.conv.begin(), g.conv.end(), 0.0f);
+  }
+  for (KvCache& c : kv_) c.clear();
+  tokens_.clear();
+}
+
+uint64_t SessionState::geometry_hash() const {
+  uint64_t h = mix(0, static_cast<uint64_t>(n_ctx_));
+  h = mix(h, kinds_.size());
+  for (size_t l = 0; l < kinds_.size(); ++l) {
+    h = mix(h, static_cast<uint64_t>(kinds_[l]));
+    h = mix(h, gdn_[l].s.size());
+    h = mix(h, gdn_[l].conv.size());
+    h = mix(h, static_cast<uint64_t>(kv_[l].n_head_kv));
+    h = mix(h, static_cast<uint64_t>(kv_[l].head_dim));
+  }
+  return h;
+}
+
+// Layout: magic u32, version u32, geometry hash u64, n_tokens u64, tokens i32[n], then per layer in order:
+// GDN: s f32[...], conv f32[...]; attention: K and V of the first n_tokens slots.
+std::vector<uint8_t> SessionState::snapshot() const {
+  std::vector<uint8_t> out;
+  put(out, kSnapshotMagic);
+  put(out, kSnapshotVersion);
+  put(out, geometry_hash());
+  put(out, static_cast<uint64_t>(tokens_.size()));
+  for (int32_t t : tokens_) put(out, t);
+  for (size_t l = 0; l < kinds_.size(); ++l) {
+    if (kinds_[l] == LayerKind::kGatedDeltaNet) {
+      put_floats(out, gdn_[l].s);
+      put_floats(out, gdn_[l].conv);
+    } else {
+      const KvCache& c = kv_[l];
+      const size_t n = static_cast<size_t>(c.n_used) * c.n_head_kv * c.head_dim;
+      const auto* k = reinterpret_cast<const uint8_t*>(c.k.data());
+      const auto* v = reinterpret_cast<const uint8_t*>(c.v.data());
+      out.insert(out.end(), k, k + n * sizeof(float));
+      out.insert(out.end(), v, v + n * sizeof(float));
+    }
+  }
+  return out;
+}
+
+Status SessionState::restore(std::span<const uint8_t> bytes) {
+  Reader r(bytes);
+  uint32_t magic = 0, version = 0;
+  uint64_t hash = 0, n_tokens = 0;
+  if (!r.get(magic) || magic != kSnapshotMagic) return corrupt("bad magic (not a Kestrel session snapshot)");
+  if (!r.get(version) || version != kSnapshotVersion) {
+    return make_error(ErrorCode::kUnsupported, "session snapshot version " + std::to_string(version) +
+                                                   " (this build reads version " + std::to_string(kSnapshotVersion) +
+                                                   ")");
+  }
+  if (!r.get(hash)) return corrupt("truncated header");
+  if (hash != geometry_hash()) {
+    return make_error(ErrorCode::kInvalidArgument, "session snapshot was taken for a different model or context size");
+  }
+  if (!r.get(n_tokens)) return corrupt("truncated header");
+  if (n_tokens > static_cast<uint64_t>(n_ctx_)) return corrupt("token count exceeds the context size");
+  SessionState next = *this;  // restore into a copy: *this stays unchanged on error
+  next.tokens_.assign(n_tokens, 0);
+  for (int32_t& t : next.tokens_) {
+    if (!r.get(t)) return corrupt("truncated token history");
+  }
+  for (size_t l = 0; l < kinds_.size(); ++l) {
+    if (kinds_[l] == LayerKind::kGatedDeltaNet) {
+      if (!r.get_floats(next.gdn_[l].s) || !r.get_floats(next.gdn_[l].conv)) return corrupt("truncated GDN state");
+    } else {
+      KvCache& c = next.kv_[l];
+      c.n_used = static_cast<int>(n_tokens);
+      const size_t n = static_cast<size_t>(c.n_used) * c.n_head_kv * c.head_dim;
+      std::vector<float> k(n), v(n);
+      if (!r.get_floats(k) || !r.get_floats(v)) return corrupt("truncated KV cache");
+      std::copy(k.begin(), k.end(), c.k.begin());
+      std::copy(v.begin(), v.end(), c.v.begin());
+    }
+  }
+  if (!r.done()) return corrupt("trailing bytes after the last layer");
+  *this = std::move(next);
+  return ok_status();
+}
+
+bool SessionState::operator==(const SessionState& o) const {
+  if (n_ctx_ != o.n_ctx_ || kinds_ != o.kinds_ || tokens_ != o.tokens_) return false;
+  for (size_t l = 0; l < kinds_.size(); ++l) {
+    if (!same_bits(gdn_[l].s, o.gdn_[l].s) || !same_bits(gdn_[l].conv, o.gdn_[l].conv)) return false;
+    const KvCache& a = kv_[l];
+    const KvCache& b = o.kv_[l];
+    if (a.n_used != b.n_used) return false;
+    const size_t n = static_cast<size_t>(a.n_used) * a.n_head_kv * a.head_dim;
+    if (!same_bits(a.k.data(), b.k.data(), n) || !same_bits(a.v.data(), b.v.data(), n)) return false;
+  }
+  return true;
+}
+
+}  // namespace kestrel::ref
