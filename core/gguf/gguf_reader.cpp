@@ -462,6 +462,14 @@ class Parser {
   uint64_t values_left_ = kGgufMaxMetadataValues;
 };
 
+// strerror_r is the thread-safe strerror; glibc's GNU variant returns the text, the XSI one fills `buf`.
+[[maybe_unused]] std::string strerror_text(const char* gnu_result, const char*) { return gnu_result; }
+[[maybe_unused]] std::string strerror_text(int, const char* buf) { return buf; }
+std::string errno_text(int err) {
+  char buf[256] = {};
+  return strerror_text(strerror_r(err, buf, sizeof(buf)), buf);
+}
+
 Error with_path(Error e, const std::string& path) {
   if (!path.empty()) e.message = path + ": " + e.message;
   return e;
@@ -495,13 +503,13 @@ Expected<GgufFile> GgufFile::open(const std::string& path) {
   if (fd < 0) {
     const int err = errno;
     const ErrorCode code = (err == ENOENT || err == ENOTDIR) ? ErrorCode::kNotFound : ErrorCode::kIo;
-    return make_error(code, "cannot open GGUF file '" + path + "': " + std::strerror(err));
+    return make_error(code, "cannot open GGUF file '" + path + "': " + errno_text(err));
   }
   FdCloser closer{fd};
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
-    return make_error(ErrorCode::kIo, "cannot stat '" + path + "': " + std::strerror(err));
+    return make_error(ErrorCode::kIo, "cannot stat '" + path + "': " + errno_text(err));
   }
   if (S_ISDIR(st.st_mode)) return make_error(ErrorCode::kIo, "'" + path + "' is a directory, not a GGUF file");
   if (!S_ISREG(st.st_mode)) return make_error(ErrorCode::kIo, "'" + path + "' is not a regular file");
@@ -512,7 +520,7 @@ Expected<GgufFile> GgufFile::open(const std::string& path) {
   if (addr == MAP_FAILED) {
     const int err = errno;
     return make_error(ErrorCode::kIo,
-                      "cannot map '" + path + "' (" + std::to_string(size) + " bytes): " + std::strerror(err));
+                      "cannot map '" + path + "' (" + std::to_string(size) + " bytes): " + errno_text(err));
   }
   mapping->map_addr = addr;
   mapping->data = static_cast<const uint8_t*>(addr);

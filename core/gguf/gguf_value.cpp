@@ -46,8 +46,8 @@ bool is_signed_type(GgufValueType t) {
 }
 
 const std::vector<GgufValue>& empty_items() {
-  static const std::vector<GgufValue> kEmpty;
-  return kEmpty;
+  static const std::vector<GgufValue> empty;
+  return empty;
 }
 
 Error type_error(GgufValueType actual, std::string_view expected) {

@@ -17,6 +17,14 @@ namespace {
 
 constexpr size_t kMaxTensorName = 63;  // llama.cpp refuses names of GGML_MAX_NAME (64) bytes or more
 
+// strerror_r is the thread-safe strerror; glibc's GNU variant returns the text, the XSI one fills `buf`.
+[[maybe_unused]] std::string strerror_text(const char* gnu_result, const char*) { return gnu_result; }
+[[maybe_unused]] std::string strerror_text(int, const char* buf) { return buf; }
+std::string errno_text(int err) {
+  char buf[256] = {};
+  return strerror_text(strerror_r(err, buf, sizeof(buf)), buf);
+}
+
 bool valid_value_type(GgufValueType t) { return gguf_value_type_is_valid(static_cast<uint32_t>(t)); }
 
 // Checks that every array's items carry its declared element type, recursively, within the reader's depth limit.
@@ -70,7 +78,7 @@ Expected<GgufWriter> GgufWriter::create(const std::string& path) {
   if (f == nullptr) {
     const int err = errno;
     const ErrorCode code = (err == ENOENT || err == ENOTDIR) ? ErrorCode::kNotFound : ErrorCode::kIo;
-    return make_error(code, "cannot create GGUF file '" + path + "': " + std::strerror(err));
+    return make_error(code, "cannot create GGUF file '" + path + "': " + errno_text(err));
   }
   GgufWriter w;
   w.path_ = path;
@@ -202,7 +210,7 @@ Status GgufWriter::write_raw(const void* data, size_t n) {
     const int err = errno;
     failed_ = true;
     return make_error(ErrorCode::kIo,
-                      "writing '" + path_ + "' failed at byte " + std::to_string(written_) + ": " + std::strerror(err));
+                      "writing '" + path_ + "' failed at byte " + std::to_string(written_) + ": " + errno_text(err));
   }
   written_ += n;
   return ok_status();
@@ -346,7 +354,7 @@ Status GgufWriter::finish() {
   file_ = nullptr;
   if (!flushed || !closed) {
     failed_ = true;
-    return make_error(ErrorCode::kIo, "finishing '" + path_ + "' failed: " + std::strerror(flushed ? errno : err));
+    return make_error(ErrorCode::kIo, "finishing '" + path_ + "' failed: " + errno_text(flushed ? errno : err));
   }
   finished_ = true;
   return ok_status();
