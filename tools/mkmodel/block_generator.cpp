@@ -348,8 +348,8 @@ void BlockGenerator::generate_q6_k(uint64_t block, uint8_t* dst) const {
   // q == 0 (low nibble 0 and high pair 0) becomes q == 32 (high pair 2): the values become symmetric in [-31, 31].
   // Element layout per 128-element half n (l < 32): y[l] <- ql[l] low nibble, qh[l] bits 0-1; y[l+32] <- ql[l+32]
   // low, bits 2-3; y[l+64] <- ql[l] high, bits 4-5; y[l+96] <- ql[l+32] high, bits 6-7. Eight l at a time:
-  for (int n = 0; n < 2; ++n) {
-    for (int l = 0; l < 32; l += 8) {
+  for (size_t n = 0; n < 2; ++n) {
+    for (size_t l = 0; l < 32; l += 8) {
       const uint64_t za = zero_nibbles(load64(b.ql + 64 * n + l));       // bits 3 / 7: y[l] / y[l+64] nibble zero
       const uint64_t zb = zero_nibbles(load64(b.ql + 64 * n + 32 + l));  // same for y[l+32] / y[l+96]
       uint64_t h = load64(b.qh + 32 * n + l);

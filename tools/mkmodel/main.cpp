@@ -8,6 +8,7 @@
 //
 // Exit status: 0 success, 1 error (message on stderr), 2 bad command line.
 #include <cstdio>
+#include <exception>
 #include <optional>
 #include <string>
 
@@ -107,6 +108,7 @@ int run(const Args& a) {
   const bool big = preset->full_size || plan->tensor_bytes() >= kProgressThresholdBytes;
   wo.progress = (!a.quiet && big) ? stderr : nullptr;
   if (!a.quiet) {
+    std::fprintf(stderr, "kestrel-mkmodel: vocabulary %s\n", vocab_path->c_str());
     std::fprintf(stderr, "kestrel-mkmodel: %s -> %s (%zu tensors, %.1f MB of tensor data, seed %llu)\n",
                  preset->name.c_str(), a.out.c_str(), plan->tensors.size(),
                  static_cast<double>(plan->tensor_bytes()) / 1e6, static_cast<unsigned long long>(a.seed));
@@ -122,9 +124,7 @@ int run(const Args& a) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int parse_and_run(int argc, char** argv) {
   Args a;
   CLI::App app{"kestrel-mkmodel: write a synthetic GGUF model in the exact layout of a real one"};
   app.add_option("--preset", a.preset,
@@ -147,4 +147,19 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", a.quiet, "no progress or summary on stderr");
   CLI11_PARSE(app, argc, argv);
   return run(a);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // CLI11 reports command-line errors as exceptions (handled by CLI11_PARSE); anything else that escapes (e.g.
+  // std::bad_alloc) becomes a one-line error instead of std::terminate.
+  try {
+    return parse_and_run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kestrel-mkmodel: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "kestrel-mkmodel: unknown exception\n");
+  }
+  return 1;
 }

@@ -113,7 +113,7 @@ Expected<WriteStats> write_model(const ModelPlan& plan, const std::string& path,
   for (const PlannedTensor& t : plan.tensors) {
     auto g = BlockGenerator::create(t.type, t.init, tensor_stream_key(plan.options.seed, t.spec.name));
     if (!g) return make_error(g.error().code, t.spec.name + ": " + g.error().message);
-    gens.push_back(std::move(*g));
+    gens.push_back(*g);
   }
 
   KESTREL_TRY_ASSIGN(GgufWriter writer, GgufWriter::create(path));

@@ -3,6 +3,8 @@
 
 #include <unistd.h>
 
+#include <cmath>
+
 namespace kestrel::mkmodel {
 
 ProgressMeter::ProgressMeter(uint64_t total_bytes, std::FILE* out)
@@ -44,8 +46,8 @@ void ProgressMeter::print(uint64_t done, bool final_line) {
   }
   const double pct = total_ ? 100.0 * static_cast<double>(done) / static_cast<double>(total_) : 100.0;
   const double left = rate > 0 ? (static_cast<double>(total_ - done) / 1e6) / rate : 0.0;
-  const int eta = static_cast<int>(left + 0.5);
-  std::fprintf(out_, "%s[%3.0f%%] %.2f / %.2f GB  %.0f MB/s  ETA %d:%02d%s", tty_ ? "\r\033[K" : "", pct, mb / 1e3,
+  const long eta = std::lround(left);
+  std::fprintf(out_, "%s[%3.0f%%] %.2f / %.2f GB  %.0f MB/s  ETA %ld:%02ld%s", tty_ ? "\r\033[K" : "", pct, mb / 1e3,
                static_cast<double>(total_) / 1e9, rate, eta / 60, eta % 60, tty_ ? "" : "\n");
   std::fflush(out_);
 }

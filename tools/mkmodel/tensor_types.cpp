@@ -88,7 +88,7 @@ Expected<std::vector<GgmlType>> choose_tensor_types(const ModelHparams& hp, cons
 }
 
 uint32_t file_type_for(std::optional<GgmlType> uniform) {
-  if (!uniform) return kFileTypeQ4_K_M;
+  if (!uniform) return kFileTypeQ4KM;
   switch (*uniform) {
     case GgmlType::kF32: return 0;
     case GgmlType::kF16: return 1;
@@ -98,7 +98,7 @@ uint32_t file_type_for(std::optional<GgmlType> uniform) {
     case GgmlType::kQ5_K: return 16;
     case GgmlType::kQ6_K: return 18;
     case GgmlType::kBF16: return 32;
-    default: return kFileTypeQ4_K_M;
+    default: return kFileTypeQ4KM;
   }
 }
 

@@ -25,7 +25,7 @@
 
 namespace kestrel::mkmodel {
 
-inline constexpr uint32_t kFileTypeQ4_K_M = 15;  // llama_ftype LLAMA_FTYPE_MOSTLY_Q4_K_M
+inline constexpr uint32_t kFileTypeQ4KM = 15;  // llama_ftype LLAMA_FTYPE_MOSTLY_Q4_K_M
 
 bool use_more_bits(int32_t i, int32_t n);
 

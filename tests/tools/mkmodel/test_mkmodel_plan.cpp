@@ -88,7 +88,7 @@ TEST(MkModelPlan, Qwen35Moe35bMatchesTheSpec) {
   const Shape s{2048, 248320, 40, 256, 512, 512, 0, 16, 2, 256, 16, 32, 128, false};
   EXPECT_EQ(plan.tensor_bytes(), q4_k_m_bytes(s));
   EXPECT_EQ(plan.tensor_bytes(), 21158128128ull);  // docs/mkmodel.md
-  EXPECT_EQ(plan.file_type, kFileTypeQ4_K_M);
+  EXPECT_EQ(plan.file_type, kFileTypeQ4KM);
 
   const PlannedTensor* exps = find(plan, "blk.0.ffn_down_exps.weight");
   ASSERT_NE(exps, nullptr);
