@@ -15,4 +15,7 @@ namespace kestrel::cli {
 // `kestrel inspect FILE.gguf [--tensors] [--metadata]` (cmd_inspect.cpp).
 void add_inspect(CLI::App& app, int* exit_code);
 
+// `kestrel run --model FILE --prompt TEXT [-n N] [sampling options]` (cmd_run.cpp).
+void add_run(CLI::App& app, int* exit_code);
+
 }  // namespace kestrel::cli

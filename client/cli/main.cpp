@@ -1,6 +1,6 @@
 // `kestrel`: the Kestrel command-line tool. Parses the command line with CLI11 and runs one subcommand.
 //
-// Subcommands live one per file (cmd_<name>.cpp, declared in commands.h). Today: inspect. Later issues add run,
+// Subcommands live one per file (cmd_<name>.cpp, declared in commands.h). Today: inspect, run. Later issues add
 // generate, chat, status and bench the same way: write cmd_<name>.cpp with add_<name>(), declare it in commands.h,
 // call it below and list the file in CMakeLists.txt.
 //
@@ -22,6 +22,7 @@ int run(int argc, char** argv) {
 
   int exit_code = 0;
   kestrel::cli::add_inspect(app, &exit_code);
+  kestrel::cli::add_run(app, &exit_code);
 
   CLI11_PARSE(app, argc, argv);
   return exit_code;
