@@ -25,7 +25,7 @@ namespace kestrel {
 
 struct Candidate {
   // Left uninitialized on purpose: resizing a vocabulary-sized scratch vector must not zero 2 MB first.
-  Candidate() noexcept {}  // NOLINT(modernize-use-equals-default): `= default` would zero-initialize in resize()
+  Candidate() noexcept {}  // not `= default`, which would zero-initialize in resize()
   Candidate(float l, int32_t i) noexcept : logit(l), id(i) {}
   float logit;
   int32_t id;

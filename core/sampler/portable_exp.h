@@ -35,8 +35,9 @@ inline float exp_portable_inline(float x) {
   constexpr float kLn2Hi = 0x1.62e4p-1f;
   constexpr float kLn2Lo = 0x1.7f7d1cp-20f;
   constexpr float kShifter = 0x1.8p23f;  // adding it rounds to an integer held in the low mantissa bits
-  constexpr float c2 = 1.0f / 2, c3 = 1.0f / 6, c4 = 1.0f / 24, c5 = 1.0f / 120, c6 = 1.0f / 720;
-  constexpr float c7 = 1.0f / 5040;
+  constexpr float kInvFact2 = 1.0f / 2, kInvFact3 = 1.0f / 6, kInvFact4 = 1.0f / 24, kInvFact5 = 1.0f / 120,
+                  kInvFact6 = 1.0f / 720;
+  constexpr float kInvFact7 = 1.0f / 5040;
 
   // Selects, not branches, so loops vectorize. NaN passes through every step and comes out NaN.
   float xc = x < -87.0f ? -87.0f : x;  // keeps 2^k a normal f32: k in [-126, 127]
@@ -44,12 +45,12 @@ inline float exp_portable_inline(float x) {
   const float shifted = xc * kLog2e + kShifter;
   const float k = shifted - kShifter;  // nearest integer to x / ln 2, exactly
   const float r = (xc - k * kLn2Hi) - k * kLn2Lo;
-  float p = c7;
-  p = p * r + c6;
-  p = p * r + c5;
-  p = p * r + c4;
-  p = p * r + c3;
-  p = p * r + c2;
+  float p = kInvFact7;
+  p = p * r + kInvFact6;
+  p = p * r + kInvFact5;
+  p = p * r + kInvFact4;
+  p = p * r + kInvFact3;
+  p = p * r + kInvFact2;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   const uint32_t k_bits = std::bit_cast<uint32_t>(shifted) - std::bit_cast<uint32_t>(kShifter);  // k mod 2^32
