@@ -10,6 +10,7 @@ namespace {
 
 constexpr float kOutputProjectionGain = 0.5f;  // attn_output, ssm_out, ffn_down*: half the 1/sqrt(fan_in) std
 constexpr float kLogitGain = 3.0f;             // output.weight: logits with std ~3 for a unit-RMS final hidden state
+constexpr float kEmbeddingStd = 0.25f;         // token_embd: small next to what the layers add (see docs/mkmodel.md)
 constexpr float kSharedGateGain = 0.5f;        // ffn_gate_inp_shexp: sigmoid input with std ~0.5
 constexpr float kConvTapStd = 0.5f;            // ssm_conv1d: N(0, 1/4) per tap
 constexpr float kNormLo = 0.9f;                // every *norm.weight: 1 +- 0.1
@@ -57,7 +58,7 @@ WeightInit weight_init_for(const TensorSpec& spec) {
   if (base == "ssm_a") return WeightInit{InitKind::kNegExp, 0.0f, 0.0f, kALogHi};
   if (base == "ssm_dt.bias") return uniform(kDtBiasLo, kDtBiasHi);
   if (base == "ssm_conv1d.weight") return zero_mean(kConvTapStd);
-  if (base == "token_embd.weight") return zero_mean(1.0f);
+  if (base == "token_embd.weight") return zero_mean(kEmbeddingStd);
   if (base == "output.weight") return zero_mean(kLogitGain * unit);
   if (base == "ffn_gate_inp_shexp.weight") return zero_mean(kSharedGateGain * unit);
   if (base == "attn_output.weight" || base == "ssm_out.weight" || starts_with(base, "ffn_down")) {
