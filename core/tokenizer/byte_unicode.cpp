@@ -11,8 +11,8 @@ namespace {
 
 struct ByteTables {
   std::array<uint32_t, 256> byte_to_cp{};
-  std::array<int16_t, 0x144> cp_to_byte{};  // every code point the table uses is < U+0144
-  std::array<char, 256 * 2> utf8{};         // UTF-8 of byte_to_cp[b] at [2b, 2b + utf8_len[b])
+  std::array<int16_t, 0x144> cp_to_byte{};   // every code point the table uses is < U+0144
+  std::array<char, size_t{256} * 2> utf8{};  // UTF-8 of byte_to_cp[b] at [2b, 2b + utf8_len[b])
   std::array<uint8_t, 256> utf8_len{};
 };
 
@@ -28,7 +28,7 @@ ByteTables make_tables() {
     std::string s;
     utf8_append(cp, s);
     t.utf8_len[b] = static_cast<uint8_t>(s.size());
-    for (size_t i = 0; i < s.size(); ++i) t.utf8[2 * b + i] = s[i];
+    for (size_t i = 0; i < s.size(); ++i) t.utf8[2 * static_cast<size_t>(b) + i] = s[i];
   }
   return t;
 }
@@ -44,7 +44,7 @@ uint32_t byte_to_codepoint(uint8_t b) { return tables().byte_to_cp[b]; }
 
 std::string_view byte_to_utf8(uint8_t b) {
   const ByteTables& t = tables();
-  return {t.utf8.data() + 2 * b, t.utf8_len[b]};
+  return {t.utf8.data() + 2 * size_t{b}, t.utf8_len[b]};
 }
 
 int codepoint_to_byte(uint32_t cp) { return cp < tables().cp_to_byte.size() ? tables().cp_to_byte[cp] : -1; }
@@ -53,7 +53,7 @@ void byte_level_encode(std::string_view bytes, std::string& out) {
   const ByteTables& t = tables();
   for (const char c : bytes) {
     const auto b = static_cast<uint8_t>(c);
-    out.append(t.utf8.data() + 2 * b, t.utf8_len[b]);
+    out.append(t.utf8.data() + 2 * size_t{b}, t.utf8_len[b]);
   }
 }
 
