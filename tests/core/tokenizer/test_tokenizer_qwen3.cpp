@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -386,6 +387,29 @@ TEST_F(Qwen3Tokenizer, ChunkingAndPieceMemoDoNotChangeIds) {
   for (const TextSpan& p : pieces)
     bpe->encode_piece(std::string_view(text).substr(p.begin, p.end - p.begin), scratch, reference);
   EXPECT_EQ(tok_->encode(text, false), reference);
+}
+
+// encode/decode are const and share nothing mutable: threads encoding at once get the single-thread answer.
+TEST_F(Qwen3Tokenizer, ConcurrentEncodeMatchesSerial) {
+  std::mt19937 rng(8);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 16; ++i) texts.push_back(random_utf8(rng, 400));
+  std::vector<std::vector<int32_t>> expected;
+  for (const std::string& t : texts) expected.push_back(tok_->encode(t, true));
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      for (int round = 0; round < 5; ++round) {
+        for (size_t i = 0; i < texts.size(); ++i) {
+          mismatches[static_cast<size_t>(w)] += tok_->encode(texts[i], true) != expected[i];
+          mismatches[static_cast<size_t>(w)] += tok_->decode(expected[i]).value() != texts[i];
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
 TEST(HfTokenizerJson, Errors) {
