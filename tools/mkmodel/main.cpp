@@ -145,7 +145,12 @@ int parse_and_run(int argc, char** argv) {
   app.add_flag("--dry-run", a.dry_run, "print the tensor plan and total bytes; write nothing");
   app.add_flag("--list-presets", a.list_presets, "list the presets");
   app.add_flag("-q,--quiet", a.quiet, "no progress or summary on stderr");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints the message or the help text
+    return rc == 0 ? 0 : 2;      // --help is a success; every command-line error is status 2
+  }
   return run(a);
 }
 
