@@ -1,10 +1,12 @@
 # Warning, sanitizer and CPU flags shared by every Kestrel target (added as an INTERFACE library).
+# Not used: -Wnull-dereference. With GCC 12 at -O3 it fires inside GoogleTest's and libstdc++'s headers on correct
+# code (a dozen false reports per test file), so it cannot be an error there; ASan/UBSan builds catch the real ones.
 add_library(kestrel_compile_options INTERFACE)
 add_library(kestrel::compile_options ALIAS kestrel_compile_options)
 
 target_compile_options(kestrel_compile_options INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wcast-align -Wunused
-                            -Woverloaded-virtual -Wnull-dereference -Wimplicit-fallthrough>)
+                            -Woverloaded-virtual -Wimplicit-fallthrough>)
 if(KESTREL_WERROR)
   target_compile_options(kestrel_compile_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>
                                                            $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>)

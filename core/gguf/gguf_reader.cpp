@@ -96,7 +96,12 @@ std::string printable(std::string_view s) {
   return out;
 }
 
-std::string of(uint64_t i, uint64_t n) { return "[" + std::to_string(i + 1) + " of " + std::to_string(n) + "]"; }
+// Built with append: GCC 12 at -O3 reports a false -Wrestrict for `"literal" + std::string&&` (GCC PR 105329).
+std::string of(uint64_t i, uint64_t n) {
+  std::string s = "[";
+  s.append(std::to_string(i + 1)).append(" of ").append(std::to_string(n)).append("]");
+  return s;
+}
 
 Error data_loss(std::string msg) { return make_error(ErrorCode::kDataLoss, std::move(msg)); }
 Error unsupported(std::string msg) { return make_error(ErrorCode::kUnsupported, std::move(msg)); }
