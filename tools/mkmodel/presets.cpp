@@ -86,6 +86,17 @@ Preset tiny_qwen35() {
   return p;
 }
 
+// Golden presets: a tiny preset with a 1024-row truncated vocabulary, so the golden fixtures (full logits at every
+// position, tests/golden) and the committed GGUF stay small (vocab_source.h truncate_vocab).
+constexpr uint32_t kGoldenVocab = 1024;
+
+Preset golden(Preset p, const char* name) {
+  p.name = name;
+  p.description = "golden fixture model: " + p.description + "; vocabulary truncated to 1024 rows";
+  p.hparams.n_vocab = kGoldenVocab;
+  return p;
+}
+
 // Qwen3.5-35B-A3B and Qwen3-Next-80B-A3B share everything but the layer count, experts and vocabulary.
 ModelHparams a3b_base(Arch arch) {
   ModelHparams hp;
@@ -167,8 +178,15 @@ Preset qwen35_27b() {
 }
 
 std::vector<Preset> all_presets() {
-  std::vector<Preset> out = {tiny_qwen35moe(), tiny_qwen3next(), tiny_qwen35(),
-                             qwen35moe_35b(),  qwen3next_80b(),  qwen35_27b()};
+  std::vector<Preset> out = {tiny_qwen35moe(),
+                             tiny_qwen3next(),
+                             tiny_qwen35(),
+                             golden(tiny_qwen35moe(), "golden-qwen35moe"),
+                             golden(tiny_qwen3next(), "golden-qwen3next"),
+                             golden(tiny_qwen35(), "golden-qwen35"),
+                             qwen35moe_35b(),
+                             qwen3next_80b(),
+                             qwen35_27b()};
   for (Preset& p : out) set_layer_kinds(p.hparams, p.full_attention_interval);
   return out;
 }

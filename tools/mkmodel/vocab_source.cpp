@@ -14,6 +14,9 @@
 #define KESTREL_MKMODEL_SOURCE_VOCAB ""
 #endif
 
+#include <string_view>
+#include <unordered_map>
+
 namespace kestrel::mkmodel {
 
 namespace {
@@ -61,7 +64,42 @@ Expected<std::string> find_vocab_file(const std::string& explicit_path) {
 }
 
 Expected<TokenizerVocab> load_vocab(const std::string& tokenizer_json, uint32_t n_vocab) {
-  return load_hf_tokenizer_json(tokenizer_json, kVocabPre, n_vocab);
+  if (n_vocab >= kQwen3FullVocabRows) return load_hf_tokenizer_json(tokenizer_json, kVocabPre, n_vocab);
+  KESTREL_TRY_ASSIGN(TokenizerVocab full, load_hf_tokenizer_json(tokenizer_json, kVocabPre, 0));
+  return truncate_vocab(full, n_vocab);
+}
+
+Expected<TokenizerVocab> truncate_vocab(const TokenizerVocab& full, uint32_t n_vocab) {
+  const char* const specials[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  constexpr uint32_t kSpecials = 3;
+  if (n_vocab < 256 + kSpecials || n_vocab > full.tokens.size()) {
+    return make_error(ErrorCode::kInvalidArgument, "a truncated vocabulary needs 259.." +
+                                                       std::to_string(full.tokens.size()) + " rows, not " +
+                                                       std::to_string(n_vocab));
+  }
+  const uint32_t n_keep = n_vocab - kSpecials;
+  TokenizerVocab v;
+  v.model = full.model;
+  v.pre = full.pre;
+  v.tokens.assign(full.tokens.begin(), full.tokens.begin() + n_keep);
+  v.types.assign(full.types.begin(), full.types.begin() + n_keep);
+  // A merge survives when both parts and the merged token are kept, so every kept token stays reachable.
+  std::unordered_map<std::string_view, uint32_t> id_of;
+  for (uint32_t i = 0; i < n_keep; ++i) id_of.emplace(v.tokens[i], i);
+  for (const std::string& m : full.merges) {
+    const size_t sp = m.find(' ');
+    if (sp == std::string::npos) continue;
+    const std::string_view a(m.data(), sp), b(m.data() + sp + 1, m.size() - sp - 1);
+    const std::string ab = std::string(a) + std::string(b);
+    if (id_of.count(a) != 0 && id_of.count(b) != 0 && id_of.count(ab) != 0) v.merges.push_back(m);
+  }
+  for (const char* sp : specials) {
+    v.tokens.emplace_back(sp);
+    v.types.push_back(TokenType::kControl);
+  }
+  v.pad_id = static_cast<int32_t>(n_keep);      // <|endoftext|>
+  v.eos_id = static_cast<int32_t>(n_keep + 2);  // <|im_end|>
+  return v;
 }
 
 Status add_vocab_metadata(GgufWriter& writer, const TokenizerVocab& vocab) {

@@ -28,7 +28,16 @@ std::vector<std::string> vocab_candidates(const std::string& explicit_path);
 // every path tried.
 Expected<std::string> find_vocab_file(const std::string& explicit_path);
 
+// Rows of the full Qwen3 vocabulary (151643 BPE + 26 added); smaller n_vocab gives a truncated vocabulary.
+inline constexpr uint32_t kQwen3FullVocabRows = 151669;
+
+// The Qwen3 vocabulary padded to n_vocab rows, or, when n_vocab is below the full vocabulary (the golden presets,
+// whose fixtures must stay small), truncate_vocab() of it.
 Expected<TokenizerVocab> load_vocab(const std::string& tokenizer_json, uint32_t n_vocab);
+// The first n_vocab − 3 tokens of `full` (the 256 byte tokens first, then the earliest merges), the merges among
+// them, and <|endoftext|> (pad), <|im_start|>, <|im_end|> (eos) as control tokens at the end. A complete byte-level
+// BPE vocabulary: every byte string still encodes. kInvalidArgument for n_vocab < 259 or above the full size.
+Expected<TokenizerVocab> truncate_vocab(const TokenizerVocab& full, uint32_t n_vocab);
 
 Status add_vocab_metadata(GgufWriter& writer, const TokenizerVocab& vocab);
 
