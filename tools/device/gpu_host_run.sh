@@ -42,5 +42,6 @@ if [[ " $* " == *" --golden "* ]]; then
   echo "== golden test"
   build/gpu/bin/test_golden 2>&1 | tee "$OUT/test-golden.log" | grep -E "golden |FAIL|PASS|Failure|error" | head -40
 fi
-echo "== unit tests"
-ctest --test-dir build/gpu -L unit -j8 2>&1 | tail -5
+echo "== unit and golden tests (this build: -O3 -march=native)"
+ctest --test-dir build/gpu -L 'unit|golden' -j8 --output-on-failure > "$OUT/ctest-unit.log" 2>&1
+grep -E "tests passed|Failure|FAILED|Expected|Which is|rel|error" "$OUT/ctest-unit.log" | head -40

@@ -123,7 +123,11 @@ def force_torch_gdn(mod: Any, calls: dict[str, int]) -> dict[str, str]:
             report[name] = "None (package not installed): torch fallback"
             continue
         if getattr(obj, "_kestrel_counting", False):
-            report[name] = "already rebound"
+            # Rebound by an earlier model of this run: wrap the same reference function again so the calls are
+            # counted into this model's `calls` (the old wrapper counts into the previous model's dict).
+            base = obj._kestrel_base
+            setattr(mod, name, _counting(base, name, calls))
+            report[name] = f"{base.__module__}.{base.__name__} (PyTorch reference)"
             continue
         base = inspect.unwrap(obj)
         bound_fast = _closure_value(obj, "is_new_implementation")
@@ -158,6 +162,7 @@ def _counting(fn: Callable, name: str, calls: dict[str, int]) -> Callable:
         return fn(*args, **kwargs)
 
     wrapper._kestrel_counting = True  # type: ignore[attr-defined]
+    wrapper._kestrel_base = fn  # type: ignore[attr-defined]
     wrapper.__name__ = fn.__name__
     return wrapper
 
