@@ -6,8 +6,9 @@
 // states), max|kestrel − hf| / max|hf|. Both sides compute in f32 from the same (dequantized) weights, but with
 // different summation orders and algorithms (HF's batched matmuls vs the reference's index-order dot products; the
 // chunked vs recurrent delta rule), so agreement is bounded by f32 rounding growing through the layers, not by 0.
-// kRelTol = 1e-4 leaves room over what was measured (printed by the test); HF's own prefill-vs-decode agreement is
-// recorded in golden.json and printed beside it.
+// HF's own prefill and decode paths disagree by a measured amount recorded in golden.json
+// (agreement_prefill_vs_decode: 2e-5 … 1.3e-4 on these models); no implementation can be held closer to HF than HF
+// is to itself, so the bound per fixture is max(1e-4, 4 × that figure). Measured worst errors are printed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,7 +32,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr double kRelTol = 1e-4;
+constexpr double kRelTolFloor = 1e-4;
+constexpr double kSelfAgreementFactor = 4.0;
 
 struct Fixture {
   fs::path dir;
@@ -119,6 +121,10 @@ TEST_P(Golden, MatchesTransformers) {
   ASSERT_TRUE(w) << w.error().to_string();
   EXPECT_EQ(std::string(arch_name(hp->arch)), fx.meta["arch"].get<std::string>());
 
+  const json& agree = fx.meta["agreement_prefill_vs_decode"];
+  const double hf_self = std::max(agree["hidden_max_rel"].get<double>(), agree["logits"]["max_rel"].get<double>());
+  const double rel_tol = std::max(kRelTolFloor, kSelfAgreementFactor * hf_self);
+
   const std::vector<int32_t> toks = fx.meta["token_ids"].get<std::vector<int32_t>>();
   const size_t N = toks.size(), H = hp->n_embd, V = hp->n_vocab, L = hp->n_layer;
   ASSERT_GE(N, 80u);
@@ -162,7 +168,7 @@ TEST_P(Golden, MatchesTransformers) {
     for (size_t l = 0; l < L; ++l) {
       const double e = rel_err(run.hidden.data() + l * N * H, hf_hidden.data() + l * N * H, N * H);
       worst = std::max(worst, e);
-      EXPECT_LT(e, kRelTol) << mode << " hidden state after layer " << l;
+      EXPECT_LT(e, rel_tol) << mode << " hidden state after layer " << l;
     }
     const auto hf_logits = fx.array<float>(std::string(mode) + "_logits");
     const std::vector<int> positions = fx.meta["logits"]["positions"].get<std::vector<int>>();
@@ -170,7 +176,7 @@ TEST_P(Golden, MatchesTransformers) {
     for (size_t i = 0; i < positions.size(); ++i) {
       const double e = rel_err(run.logits.data() + positions[i] * V, hf_logits.data() + i * V, V);
       worst = std::max(worst, e);
-      EXPECT_LT(e, kRelTol) << mode << " logits at position " << positions[i];
+      EXPECT_LT(e, rel_tol) << mode << " logits at position " << positions[i];
     }
     if (fx.has(std::string(mode) + "_topk_ids")) {  // large vocabularies: HF's top-k at every position
       const auto ids = fx.array<int32_t>(std::string(mode) + "_topk_ids");
@@ -182,14 +188,13 @@ TEST_P(Golden, MatchesTransformers) {
         for (size_t j = 0; j < k; ++j) {
           const double e = std::abs(row[ids[t * k + j]] - vals[t * k + j]) / scale;
           worst = std::max(worst, e);
-          EXPECT_LT(e, kRelTol) << mode << " top-k logit " << j << " at position " << t;
+          EXPECT_LT(e, rel_tol) << mode << " top-k logit " << j << " at position " << t;
         }
       }
     }
   }
-  const json& agree = fx.meta["agreement_prefill_vs_decode"];
-  std::printf("golden %s: worst relative error vs transformers %.3g (HF prefill vs HF decode: hidden %.3g)\n",
-              fx.dir.filename().c_str(), worst, agree.value("hidden_max_rel", -1.0));
+  std::printf("golden %s: worst relative error vs transformers %.3g (bound %.3g; HF prefill vs HF decode %.3g)\n",
+              fx.dir.filename().c_str(), worst, rel_tol, hf_self);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Golden, ::testing::ValuesIn(fixture_dirs()), [](const auto& param_info) {
