@@ -1,0 +1,238 @@
+// gemv (see gemv.h): one kernel template over the GGUF type (gpu/dequant.cuh's traits) and the number of
+// activation vectors rounded up to a bucket (1, 2, 4, 8, 16, 32), so the weight is read once for all vectors.
+//
+// Launch: blocks of kWarps warps; warp w of block b owns row 4b + w. The warp walks its row in chunks of
+// kChunkElems elements: its 32 lanes copy the chunk's raw bytes into the warp's slice of shared memory with
+// 16-byte loads of the aligned 16-byte units that cover it (consecutive lanes, consecutive units: coalesced;
+// streaming cache hint, the weight is read once), where only the first and last unit, partly outside the chunk,
+// are assembled from 2-byte loads of the bytes inside it (rows start anywhere 2-byte aligned, e.g. Q4_0's
+// 18-byte blocks, and no byte outside the matrix is read). Then lane l dequantizes elements l, l + 32, ... of the
+// chunk from shared memory and accumulates w · x[v] in f32 for every vector v (x comes through the read-only
+// cache, shared by the block's four rows). A fixed xor-butterfly of shuffles sums the 32 lanes; lane v writes
+// y[v]. No atomics and a summation order that depends only on the shape, so repeated runs are bit-identical and
+// y[v] is the same whatever n_vec. Tested against ref::matvec_batch in tests/gpu/test_gemv.cpp.
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "core/gguf/ggml_type.h"
+#include "gpu/cuda_check.h"
+#include "gpu/dequant.cuh"
+#include "gpu/gemv.h"
+
+namespace kestrel::gpu {
+namespace {
+
+constexpr int kWarps = 4;  // rows per block, one per warp
+constexpr int kThreads = 32 * kWarps;
+constexpr int kChunkElems = 1024;  // elements of a row staged per step (a multiple of every block size)
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// Shared-memory geometry of one chunk of type T.
+template <GgmlType T>
+struct ChunkShape {
+  using D = Dequant<T>;
+  static_assert(kChunkElems % D::kBlockElems == 0);
+  static constexpr int kBytes = kChunkElems / D::kBlockElems * static_cast<int>(sizeof(typename D::Block));
+  // 16-byte units that cover kBytes starting anywhere up to 14 bytes into the first unit.
+  static constexpr int kUnits = (kBytes + 14 + 15) / 16;
+  static constexpr int kUnitsPerLane = (kUnits + 31) / 32;
+};
+
+// The aligned 16-byte unit at `unit`, keeping only the bytes in [lo, hi) (both even) and zeros elsewhere.
+__device__ __forceinline__ uint4 load_unit(uintptr_t unit, uintptr_t lo, uintptr_t hi) {
+  if (unit >= lo && unit + 16 <= hi) return __ldcs(reinterpret_cast<const uint4*>(unit));
+  uint32_t word[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const uintptr_t at = unit + 2 * static_cast<uintptr_t>(k);
+    if (at >= lo && at < hi) {
+      const uint32_t half = __ldcs(reinterpret_cast<const unsigned short*>(at));
+      word[k / 2] |= half << (16 * (k % 2));
+    }
+  }
+  return make_uint4(word[0], word[1], word[2], word[3]);
+}
+
+// w: n_out rows of row_bytes; x: f32 [n_vec, n_in]; y: f32 [n_vec, n_out]; n_vec <= NV.
+template <GgmlType T, int NV>
+__global__ void __launch_bounds__(kThreads)
+    gemv_kernel(const uint8_t* __restrict__ w, int64_t row_bytes, int64_t n_in, int64_t n_out,
+                const float* __restrict__ x, int n_vec, float* __restrict__ y) {
+  using D = Dequant<T>;
+  using Block = typename D::Block;
+  using Shape = ChunkShape<T>;
+  __shared__ uint4 stage[kWarps][Shape::kUnits];
+
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  if (row >= n_out) return;  // whole warp; no block-wide barrier follows
+
+  const uintptr_t row_start = reinterpret_cast<uintptr_t>(w) + static_cast<uintptr_t>(row * row_bytes);
+  const auto* slice = reinterpret_cast<const uint8_t*>(stage[warp]);
+  float acc[NV];
+#pragma unroll
+  for (int v = 0; v < NV; ++v) acc[v] = 0.0f;
+
+  for (int64_t base = 0; base < n_in; base += kChunkElems) {
+    const int elems = n_in - base < kChunkElems ? static_cast<int>(n_in - base) : kChunkElems;
+    const uintptr_t lo = row_start + static_cast<uintptr_t>(base / D::kBlockElems) * sizeof(Block);
+    const uintptr_t hi = lo + static_cast<uintptr_t>(elems / D::kBlockElems) * sizeof(Block);
+    const uintptr_t first = lo & ~static_cast<uintptr_t>(15);
+    const int units = static_cast<int>((hi - first + 15) / 16);
+
+    uint4 raw[Shape::kUnitsPerLane];
+#pragma unroll
+    for (int k = 0; k < Shape::kUnitsPerLane; ++k) {
+      const int u = lane + 32 * k;
+      if (u < units) raw[k] = load_unit(first + 16 * static_cast<uintptr_t>(u), lo, hi);
+    }
+    __syncwarp();  // every lane is done reading the previous chunk from the slice
+#pragma unroll
+    for (int k = 0; k < Shape::kUnitsPerLane; ++k) {
+      const int u = lane + 32 * k;
+      if (u < units) stage[warp][u] = raw[k];
+    }
+    __syncwarp();
+
+    const auto* blocks = reinterpret_cast<const Block*>(slice + (lo - first));
+    const float* xc = x + base;
+    for (int e = lane; e < elems; e += 32) {
+      const float wv = D::elem(blocks + e / D::kBlockElems, e % D::kBlockElems);
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+        if (v < n_vec) acc[v] = fmaf(wv, __ldg(xc + v * n_in + e), acc[v]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int v = 0; v < NV; ++v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) acc[v] += __shfl_xor_sync(kFullMask, acc[v], offset);
+  }
+#pragma unroll
+  for (int v = 0; v < NV; ++v) {
+    if (v < n_vec && lane == v % 32) y[v * n_out + row] = acc[v];
+  }
+}
+
+struct Args {
+  const DeviceMatrixView* w;
+  int64_t row_bytes;
+  const float* x;
+  int n_vec;
+  float* y;
+  cudaStream_t stream;
+};
+
+template <GgmlType T, int NV>
+Status launch(const Args& a) {
+  const auto blocks = static_cast<unsigned>((a.w->n_rows + kWarps - 1) / kWarps);
+  gemv_kernel<T, NV><<<blocks, kThreads, 0, a.stream>>>(static_cast<const uint8_t*>(a.w->data), a.row_bytes,
+                                                        a.w->n_cols, a.w->n_rows, a.x, a.n_vec, a.y);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  return ok_status();
+}
+
+template <GgmlType T>
+Status launch_bucket(const Args& a) {
+  if (a.n_vec <= 1) return launch<T, 1>(a);
+  if (a.n_vec <= 2) return launch<T, 2>(a);
+  if (a.n_vec <= 4) return launch<T, 4>(a);
+  if (a.n_vec <= 8) return launch<T, 8>(a);
+  if (a.n_vec <= 16) return launch<T, 16>(a);
+  return launch<T, 32>(a);
+}
+
+Status dispatch(const Args& a) {
+  switch (a.w->type) {
+    case GgmlType::kF32: return launch_bucket<GgmlType::kF32>(a);
+    case GgmlType::kF16: return launch_bucket<GgmlType::kF16>(a);
+    case GgmlType::kBF16: return launch_bucket<GgmlType::kBF16>(a);
+    case GgmlType::kQ8_0: return launch_bucket<GgmlType::kQ8_0>(a);
+    case GgmlType::kQ4_0: return launch_bucket<GgmlType::kQ4_0>(a);
+    case GgmlType::kQ4_K: return launch_bucket<GgmlType::kQ4_K>(a);
+    case GgmlType::kQ5_K: return launch_bucket<GgmlType::kQ5_K>(a);
+    case GgmlType::kQ6_K: return launch_bucket<GgmlType::kQ6_K>(a);
+    default: return make_error(ErrorCode::kInternal, "gemv: supported type without a kernel");
+  }
+}
+
+bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
+
+std::string type_name(GgmlType t) {
+  const auto traits = ggml_type_traits(static_cast<uint32_t>(t));
+  return traits ? std::string(traits->name) : std::to_string(static_cast<uint32_t>(t));
+}
+
+// Checks everything the kernel relies on; returns the row size in bytes.
+Expected<int64_t> check_args(const DeviceMatrixView& w, const float* x, int n_vec, const float* y) {
+  if (!gemv_supports(w.type)) {
+    return make_error(ErrorCode::kUnsupported, "gemv: type " + type_name(w.type) +
+                                                   " is not supported (f32, f16, bf16, q8_0, q4_0, q4_K, q5_K, "
+                                                   "q6_K are)");
+  }
+  if (n_vec < 1 || n_vec > kGemvMaxVectors) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv: n_vec " + std::to_string(n_vec) + " is outside [1, " +
+                                                       std::to_string(kGemvMaxVectors) +
+                                                       "]; split larger batches into several calls");
+  }
+  if (w.n_cols < 0 || w.n_rows < 0) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv: negative matrix size (n_cols " + std::to_string(w.n_cols) +
+                                                       ", n_rows " + std::to_string(w.n_rows) + ")");
+  }
+  KESTREL_TRY_ASSIGN(const uint64_t row_bytes, ggml_row_bytes(w.type, static_cast<uint64_t>(w.n_cols)));
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  if ((w.n_rows > 0 && static_cast<int64_t>(row_bytes) > kMax / w.n_rows) ||
+      w.n_cols > kMax / kGemvMaxVectors / static_cast<int64_t>(sizeof(float)) ||
+      w.n_rows > kMax / kGemvMaxVectors / static_cast<int64_t>(sizeof(float))) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv: matrix, x or y size overflows 64 bits");
+  }
+  if ((w.n_rows + kWarps - 1) / kWarps > std::numeric_limits<int32_t>::max()) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "gemv: " + std::to_string(w.n_rows) + " rows exceed one grid; split the matrix");
+  }
+  if (w.n_rows == 0) return static_cast<int64_t>(row_bytes);
+  if (y == nullptr || (w.n_cols > 0 && (x == nullptr || w.data == nullptr))) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv: null device pointer (w, x or y)");
+  }
+  if ((w.data != nullptr && !aligned(w.data, w.type == GgmlType::kF32 ? 4 : 2)) || (x != nullptr && !aligned(x, 4)) ||
+      !aligned(y, 4)) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "gemv: misaligned device pointer (w needs 2 bytes, 4 for f32; x and y 4)");
+  }
+  if (x != nullptr && w.n_cols > 0) {
+    const auto x0 = reinterpret_cast<uintptr_t>(x);
+    const auto y0 = reinterpret_cast<uintptr_t>(y);
+    const auto x1 = x0 + static_cast<uintptr_t>(n_vec) * static_cast<uintptr_t>(w.n_cols) * sizeof(float);
+    const auto y1 = y0 + static_cast<uintptr_t>(n_vec) * static_cast<uintptr_t>(w.n_rows) * sizeof(float);
+    if (x0 < y1 && y0 < x1) return make_error(ErrorCode::kInvalidArgument, "gemv: y overlaps x");
+  }
+  return static_cast<int64_t>(row_bytes);
+}
+
+}  // namespace
+
+bool gemv_supports(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K: return true;
+    default: return false;
+  }
+}
+
+Status gemv(const DeviceMatrixView& w, const float* x, int n_vec, float* y, cudaStream_t stream) {
+  KESTREL_TRY_ASSIGN(const int64_t row_bytes, check_args(w, x, n_vec, y));
+  if (w.n_rows == 0) return ok_status();
+  return dispatch(Args{&w, row_bytes, x, n_vec, y, stream});
+}
+
+}  // namespace kestrel::gpu
