@@ -1,11 +1,12 @@
 // gpu/gemv against core's ref::matvec_batch for every supported type, n_vec in {1, 2, 3, 8, 13, 32} (every
 // vector-count bucket), odd shapes (n_out 1, 7, 129; n_in one block, several blocks not a multiple of the kernel's
-// 1024-element chunk, 2048), rows and matrices starting off 16-byte boundaries; runs bit-identical to each other
-// and independent of how many vectors share the call; argument errors refused before launching.
+// 1024-element chunk, 2048), matrices and activations starting off 16-byte boundaries; runs bit-identical to each
+// other and independent of how many vectors share the call; argument errors refused before launching.
 //
-// Tolerance: the kernel dequantizes each weight exactly as core does and differs only in summation order (32
-// strided f32 partial sums and a butterfly, against core's index order), so |gpu - ref| <= 1e-5 · Σ|w_i · x_i|
-// per output (the f32 rounding of either order stays far below that bound at n_in <= 2048).
+// Tolerance: the kernel dequantizes each weight exactly as core does and differs only in summation order (each
+// lane's f32 partial sum over its 8-element groups, then a butterfly over 32 lanes, against core's index order),
+// so |gpu - ref| <= 1e-5 · Σ|w_i · x_i| per output (the f32 rounding of either order stays far below that bound at
+// n_in <= 2048: ~1e-7 in a host emulation of the kernel).
 // Tests that need a device skip (GTEST_SKIP) where there is none; the argument checks run everywhere.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -148,11 +149,12 @@ std::vector<double> magnitudes(GgmlType t, const std::vector<unsigned char>& m, 
   return mag;
 }
 
-// Uploads m (at byte `offset` into its allocation) and x, runs gemv, returns y f32 [n_vec, n_out].
+// Uploads m (at byte `offset` into its allocation) and x (at float `x_offset`), runs gemv, returns y f32
+// [n_vec, n_out].
 std::vector<float> run_gemv(GgmlType t, const std::vector<unsigned char>& m, size_t offset, int64_t n_in, int64_t n_out,
-                            const std::vector<float>& x, int n_vec) {
+                            const std::vector<float>& x, int n_vec, size_t x_offset = 0) {
   DeviceBuffer d_w(m.size() + offset);
-  DeviceBuffer d_x(x.size() * sizeof(float));
+  DeviceBuffer d_x((x.size() + x_offset) * sizeof(float));
   const size_t y_elems = static_cast<size_t>(n_vec * n_out);
   DeviceBuffer d_y(y_elems * sizeof(float));
   std::vector<float> y(y_elems, std::nanf(""));
@@ -161,13 +163,13 @@ std::vector<float> run_gemv(GgmlType t, const std::vector<unsigned char>& m, siz
   EXPECT_NE(d_y.bytes(), nullptr);
   if (d_w.bytes() == nullptr || d_x.bytes() == nullptr || d_y.bytes() == nullptr) return y;
   EXPECT_EQ(cudaMemcpy(d_w.bytes() + offset, m.data(), m.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d_x.bytes(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  float* x_dev = reinterpret_cast<float*>(d_x.bytes()) + x_offset;
+  EXPECT_EQ(cudaMemcpy(x_dev, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
   EXPECT_EQ(cudaMemset(d_y.bytes(), 0xFF, y_elems * sizeof(float)), cudaSuccess);  // NaN until written
   cudaStream_t stream = nullptr;
   EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   const DeviceMatrixView view{t, d_w.bytes() + offset, n_in, n_out};
-  const Status s =
-      gemv(view, reinterpret_cast<const float*>(d_x.bytes()), n_vec, reinterpret_cast<float*>(d_y.bytes()), stream);
+  const Status s = gemv(view, x_dev, n_vec, reinterpret_cast<float*>(d_y.bytes()), stream);
   EXPECT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
@@ -176,7 +178,8 @@ std::vector<float> run_gemv(GgmlType t, const std::vector<unsigned char>& m, siz
 }
 
 // Compares one configuration with ref::matvec_batch; returns the number of outputs outside the bound.
-int check_case(GgmlType t, int64_t n_in, int64_t n_out, int n_vec, size_t offset, std::mt19937& rng) {
+int check_case(GgmlType t, int64_t n_in, int64_t n_out, int n_vec, size_t offset, std::mt19937& rng,
+               size_t x_offset = 0) {
   const std::vector<unsigned char> m = random_matrix(t, n_in, n_out, rng);
   const std::vector<float> x = random_vectors(n_vec, n_in, rng);
   std::vector<float> want(static_cast<size_t>(n_vec * n_out));
@@ -184,7 +187,7 @@ int check_case(GgmlType t, int64_t n_in, int64_t n_out, int n_vec, size_t offset
   const Status s = ref::matvec_batch(qm, x.data(), n_vec, want.data());
   EXPECT_TRUE(s) << s.error().to_string();
   const std::vector<double> mag = magnitudes(t, m, n_in, n_out, x, n_vec);
-  const std::vector<float> got = run_gemv(t, m, offset, n_in, n_out, x, n_vec);
+  const std::vector<float> got = run_gemv(t, m, offset, n_in, n_out, x, n_vec, x_offset);
   int bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const double err = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
@@ -192,7 +195,7 @@ int check_case(GgmlType t, int64_t n_in, int64_t n_out, int n_vec, size_t offset
     if (!(err <= bound)) {
       if (bad < 3) {
         ADD_FAILURE() << name_of(t) << " n_in " << n_in << " n_out " << n_out << " n_vec " << n_vec << " offset "
-                      << offset << ": vector " << i / static_cast<size_t>(n_out) << " row "
+                      << offset << " x_offset " << x_offset << ": vector " << i / static_cast<size_t>(n_out) << " row "
                       << i % static_cast<size_t>(n_out) << " got " << got[i] << " want " << want[i] << " (|err| " << err
                       << " > " << bound << ")";
       }
@@ -216,14 +219,15 @@ TEST(Gemv, EveryTypeShapeAndVectorCountMatchesReference) {
   }
 }
 
-TEST(Gemv, MatrixOffSixteenByteBoundaries) {
+TEST(Gemv, MatrixAndActivationsOffSixteenByteBoundaries) {
   REQUIRE_DEVICE();
   std::mt19937 rng(5);
-  // Offsets 2..14 move every row start, so the first and last 16-byte unit of each chunk are partial.
+  // Offsets 2..14 move every row start, so the first and last 16-byte unit of each chunk are partial; x one or
+  // three floats past a 16-byte boundary takes the kernel's scalar activation loads.
   for (GgmlType t : kTypes) {
     const size_t step = t == GgmlType::kF32 ? 4 : 2;
     for (size_t offset = step; offset < 16; offset += 2 * step) {
-      EXPECT_EQ(check_case(t, n_in_cases(t)[1], 7, 3, offset, rng), 0);
+      for (size_t x_offset : {0, 1, 3}) EXPECT_EQ(check_case(t, n_in_cases(t)[1], 7, 3, offset, rng, x_offset), 0);
     }
   }
 }
