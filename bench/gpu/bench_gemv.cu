@@ -1,0 +1,405 @@
+// bench_gemv: gpu/gemv's weight-streaming speed on the qwen35moe-35b-a3b decode shapes, as ratios to read limits
+// measured in the same run (docs/benchmarking.md):
+//   peak read   a plain streaming-read kernel (16-byte loads, grid-stride) over one 1 GiB buffer;
+//   copy        cudaMemcpy device-to-device of 1 GiB (bytes read + written; printed for reference only);
+//   size-matched read  the same read kernel over the same K rotating weight copies each GEMV case reads.
+// Every figure is the median of 5 replays of a CUDA graph of back-to-back launches (>= 200), after warm-up, timed
+// with CUDA events. Weights stay cold in the 60 MB L2: each case keeps K copies of its weight (K·B >= 256 MiB, K >= 2)
+// and launch i reads copy i % K; the launch count is a multiple of K, so every copy is read once per replay and
+// >= 256 MiB - B of other weights pass between two reads of the same bytes, within and across replays.
+// Weights are core's quantize_row of uniform random rows (64 distinct rows repeated), so every block is valid; a
+// few outputs of each case are checked against a host dequantize-and-dot, so a broken launch cannot pass as fast.
+//
+// Usage: build/gpu/bin/bench_gemv   (no arguments; ~10-20 s on an H200). docs/benchmarks.md records the results.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/base/expected.h"
+#include "core/gguf/ggml_type.h"
+#include "core/quant/quant.h"
+#include "gpu/cuda_check.h"
+#include "gpu/gemv.h"
+
+namespace kestrel::gpu {
+namespace {
+
+constexpr int kReadThreads = 256;  // threads per block of the read kernel
+constexpr int kReadUnroll = 4;     // 16-byte loads in flight per thread per iteration
+constexpr int kMinLaunches = 200;  // launches per graph (rounded up to a multiple of the rotation count)
+constexpr int kReplays = 5;        // timed graph replays; the median is reported
+constexpr int kWarmupReplays = 2;  // untimed replays first
+constexpr uint64_t kRotationBytes = 256ull << 20;  // K·B >= this (cold L2: the H200 has 60 MB)
+constexpr uint64_t kPeakBytes = 1ull << 30;        // peak read / copy buffer (1 GiB)
+constexpr int64_t kDistinctRows = 64;              // distinct quantized rows, repeated to fill a weight
+constexpr int kMaxBatch = 8;
+
+// Plain streaming read: sums n16 16-byte words (then the n_tail bytes after them) and writes one partial per block
+// to out[blockIdx.x], so nothing is optimised away. src 16-byte aligned; out: u32 [gridDim.x].
+__global__ void stream_read_kernel(const uint4* __restrict__ src, uint64_t n16, int n_tail,
+                                   unsigned* __restrict__ out) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  unsigned acc = 0;
+  for (; i + (kReadUnroll - 1) * stride < n16; i += kReadUnroll * stride) {
+    uint4 v[kReadUnroll];
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) v[u] = src[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = src[i];
+    acc += v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const unsigned char* tail = reinterpret_cast<const unsigned char*>(src + n16);
+    for (int b = 0; b < n_tail; ++b) acc += tail[b];
+  }
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  __shared__ unsigned warp_sums[kReadThreads / 32];
+  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned total = 0;
+    for (int w = 0; w < kReadThreads / 32; ++w) total += warp_sums[w];
+    out[blockIdx.x] = total;
+  }
+}
+
+// Owns one device allocation (bytes, uninitialised).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) (void)cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  Status allocate(uint64_t bytes) {
+    KESTREL_CUDA_TRY(cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes));
+    return {};
+  }
+  unsigned char* bytes() const { return static_cast<unsigned char*>(ptr_); }
+  float* floats() const { return static_cast<float*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// The read kernel's launch shape for n_bytes: enough 256-thread blocks for one 16-byte load per thread, at most 8
+// resident blocks per SM (the grid-stride loop covers the rest).
+struct ReadPlan {
+  uint64_t n16 = 0;
+  int n_tail = 0;
+  int blocks = 1;
+};
+
+ReadPlan plan_read(uint64_t n_bytes, int sm_count) {
+  ReadPlan p;
+  p.n16 = n_bytes / 16;
+  p.n_tail = static_cast<int>(n_bytes % 16);
+  const uint64_t want = (p.n16 + kReadThreads - 1) / kReadThreads;
+  p.blocks = static_cast<int>(std::clamp<uint64_t>(want, 1, static_cast<uint64_t>(sm_count) * 8));
+  return p;
+}
+
+Status launch_read(const unsigned char* src, const ReadPlan& p, unsigned* partials, cudaStream_t stream) {
+  stream_read_kernel<<<p.blocks, kReadThreads, 0, stream>>>(reinterpret_cast<const uint4*>(src), p.n16, p.n_tail,
+                                                            partials);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  return {};
+}
+
+// Captures n_launch calls of enqueue(i) (each returning Status) into one CUDA graph, replays it kWarmupReplays
+// times, then times kReplays replays with events; returns the median microseconds per launch.
+template <class Enqueue>
+Expected<double> time_graph_us(cudaStream_t stream, int n_launch, Enqueue&& enqueue) {
+  KESTREL_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+  for (int i = 0; i < n_launch; ++i) {
+    Status st = enqueue(i);
+    if (!st) {
+      cudaGraph_t broken = nullptr;
+      (void)cudaStreamEndCapture(stream, &broken);
+      if (broken != nullptr) (void)cudaGraphDestroy(broken);
+      return st.error();
+    }
+  }
+  cudaGraph_t graph = nullptr;
+  KESTREL_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  KESTREL_CUDA_TRY(inst);
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  std::vector<float> ms(kReplays, 0.0f);
+  Status result = [&]() -> Status {
+    KESTREL_CUDA_TRY(cudaEventCreate(&start));
+    KESTREL_CUDA_TRY(cudaEventCreate(&stop));
+    for (int r = 0; r < kWarmupReplays; ++r) KESTREL_CUDA_TRY(cudaGraphLaunch(exec, stream));
+    KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
+    for (int r = 0; r < kReplays; ++r) {
+      KESTREL_CUDA_TRY(cudaEventRecord(start, stream));
+      KESTREL_CUDA_TRY(cudaGraphLaunch(exec, stream));
+      KESTREL_CUDA_TRY(cudaEventRecord(stop, stream));
+      KESTREL_CUDA_TRY(cudaEventSynchronize(stop));
+      KESTREL_CUDA_TRY(cudaEventElapsedTime(&ms[static_cast<size_t>(r)], start, stop));
+    }
+    return {};
+  }();
+  if (start != nullptr) (void)cudaEventDestroy(start);
+  if (stop != nullptr) (void)cudaEventDestroy(stop);
+  (void)cudaGraphExecDestroy(exec);
+  if (!result) return result.error();
+  std::sort(ms.begin(), ms.end());
+  return static_cast<double>(ms[kReplays / 2]) * 1000.0 / n_launch;
+}
+
+int launches_for(uint64_t k_copies) {
+  const uint64_t rounds = (kMinLaunches + k_copies - 1) / k_copies;
+  return static_cast<int>(rounds * k_copies);
+}
+
+struct Shape {
+  const char* name;
+  int64_t n_in;   // ggml ne0: columns
+  int64_t n_out;  // ggml ne1: rows
+};
+
+struct Case {
+  Shape shape;
+  GgmlType type;
+};
+
+struct Limits {
+  double peak_read_gbs = 0;
+  double copy_gbs = 0;
+};
+
+struct Row {
+  std::string label;
+  GgmlType type;
+  int batch;
+  uint64_t bytes;
+  double us;
+  double gbs;
+  double pct_peak;
+  double pct_matched;
+  double matched_gbs;
+};
+
+Expected<Limits> measure_limits(int sm_count, unsigned* partials, cudaStream_t stream) {
+  DeviceBuffer src;
+  DeviceBuffer dst;
+  KESTREL_TRY(src.allocate(kPeakBytes));
+  KESTREL_TRY(dst.allocate(kPeakBytes));
+  KESTREL_CUDA_TRY(cudaMemset(src.bytes(), 0x5a, kPeakBytes));
+  KESTREL_CUDA_TRY(cudaMemset(dst.bytes(), 0, kPeakBytes));
+  const ReadPlan plan = plan_read(kPeakBytes, sm_count);
+  Limits lim;
+  KESTREL_TRY_ASSIGN(const double read_us, time_graph_us(stream, kMinLaunches, [&](int) {
+                       return launch_read(src.bytes(), plan, partials, stream);
+                     }));
+  lim.peak_read_gbs = static_cast<double>(kPeakBytes) / (read_us * 1e3);
+  constexpr int kCopies = 50;  // 1 GiB each way per copy: 50 is plenty for a stable median
+  KESTREL_TRY_ASSIGN(
+      const double copy_us, time_graph_us(stream, kCopies, [&](int) -> Status {
+        KESTREL_CUDA_TRY(cudaMemcpyAsync(dst.bytes(), src.bytes(), kPeakBytes, cudaMemcpyDeviceToDevice, stream));
+        return {};
+      }));
+  lim.copy_gbs = 2.0 * static_cast<double>(kPeakBytes) / (copy_us * 1e3);
+  return lim;
+}
+
+// Fills copy 0 of `weights` with n_out rows: kDistinctRows quantized random rows, then doubled in place on the device;
+// then copies it to copies 1..k-1 (each `stride` bytes apart). Returns the host bytes of the distinct rows.
+Expected<std::vector<unsigned char>> fill_weights(const Case& c, uint64_t row_bytes, uint64_t stride, uint64_t k,
+                                                  unsigned char* weights, std::mt19937& rng) {
+  const int64_t distinct = std::min(c.shape.n_out, kDistinctRows);
+  std::vector<unsigned char> host(static_cast<size_t>(row_bytes * static_cast<uint64_t>(distinct)));
+  std::vector<float> row(static_cast<size_t>(c.shape.n_in));
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (int64_t r = 0; r < distinct; ++r) {
+    for (float& v : row) v = dist(rng);
+    KESTREL_TRY(quantize_row(c.type, row.data(), host.data() + static_cast<uint64_t>(r) * row_bytes, c.shape.n_in));
+  }
+  KESTREL_CUDA_TRY(cudaMemcpy(weights, host.data(), host.size(), cudaMemcpyHostToDevice));
+  const uint64_t total = row_bytes * static_cast<uint64_t>(c.shape.n_out);
+  uint64_t filled = host.size();
+  while (filled < total) {
+    const uint64_t n = std::min(filled, total - filled);
+    KESTREL_CUDA_TRY(cudaMemcpy(weights + filled, weights, n, cudaMemcpyDeviceToDevice));
+    filled += n;
+  }
+  for (uint64_t j = 1; j < k; ++j) {
+    KESTREL_CUDA_TRY(cudaMemcpy(weights + j * stride, weights, total, cudaMemcpyDeviceToDevice));
+  }
+  KESTREL_CUDA_TRY(cudaDeviceSynchronize());
+  return host;
+}
+
+// Checks outputs of rows 0, 1 and n_out-1 for every vector against a host dequantize-and-dot (row r of the weight
+// is distinct row r % kDistinctRows). Bound: 1e-4 · Σ|w·x| (the kernel is tested to 1e-5 in tests/gpu).
+Status check_outputs(const Case& c, int batch, const std::vector<unsigned char>& host_rows, uint64_t row_bytes,
+                     const std::vector<float>& x, const float* y_dev) {
+  const int64_t n_in = c.shape.n_in;
+  const int64_t n_out = c.shape.n_out;
+  std::vector<float> y(static_cast<size_t>(batch * n_out));
+  KESTREL_CUDA_TRY(cudaMemcpy(y.data(), y_dev, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  std::vector<float> w(static_cast<size_t>(n_in));
+  for (const int64_t r : {int64_t{0}, std::min<int64_t>(1, n_out - 1), n_out - 1}) {
+    const int64_t distinct = std::min(n_out, kDistinctRows);
+    KESTREL_TRY(
+        dequantize_row(c.type, host_rows.data() + static_cast<uint64_t>(r % distinct) * row_bytes, w.data(), n_in));
+    for (int v = 0; v < batch; ++v) {
+      double ref = 0;
+      double mag = 0;
+      for (int64_t i = 0; i < n_in; ++i) {
+        const double p = static_cast<double>(w[static_cast<size_t>(i)]) * x[static_cast<size_t>(v * n_in + i)];
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double got = y[static_cast<size_t>(v * n_out + r)];
+      if (!(std::fabs(got - ref) <= 1e-4 * mag + 1e-6)) {
+        return make_error(ErrorCode::kInternal, std::string("gemv output mismatch for ") + c.shape.name + " " +
+                                                    std::string(ggml_type_name(c.type)) + " batch " +
+                                                    std::to_string(batch) + " row " + std::to_string(r) + ": got " +
+                                                    std::to_string(got) + ", want " + std::to_string(ref));
+      }
+    }
+  }
+  return {};
+}
+
+Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partials, const float* x_dev,
+                const std::vector<float>& x_host, float* y_dev, cudaStream_t stream, std::mt19937& rng,
+                std::vector<Row>& rows) {
+  KESTREL_TRY_ASSIGN(const uint64_t row_bytes, ggml_row_bytes(c.type, static_cast<uint64_t>(c.shape.n_in)));
+  const uint64_t bytes = row_bytes * static_cast<uint64_t>(c.shape.n_out);  // B
+  const uint64_t stride = (bytes + 255) / 256 * 256;                        // copies 256-byte aligned
+  const uint64_t k = std::max<uint64_t>(2, (kRotationBytes + bytes - 1) / bytes);
+  DeviceBuffer weights;
+  KESTREL_TRY(weights.allocate(k * stride));
+  KESTREL_TRY_ASSIGN(const std::vector<unsigned char> host_rows,
+                     fill_weights(c, row_bytes, stride, k, weights.bytes(), rng));
+  const int n_launch = launches_for(k);
+
+  const ReadPlan plan = plan_read(bytes, sm_count);
+  KESTREL_TRY_ASSIGN(const double read_us, time_graph_us(stream, n_launch, [&](int i) {
+                       return launch_read(weights.bytes() + static_cast<uint64_t>(i) % k * stride, plan, partials,
+                                          stream);
+                     }));
+  const double matched_gbs = static_cast<double>(bytes) / (read_us * 1e3);
+
+  for (const int batch : {1, kMaxBatch}) {
+    KESTREL_TRY_ASSIGN(const double us, time_graph_us(stream, n_launch, [&](int i) {
+                         const DeviceMatrixView w{c.type, weights.bytes() + static_cast<uint64_t>(i) % k * stride,
+                                                  c.shape.n_in, c.shape.n_out};
+                         return gemv(w, x_dev, batch, y_dev, stream);
+                       }));
+    KESTREL_TRY(check_outputs(c, batch, host_rows, row_bytes, x_host, y_dev));
+    const double gbs = static_cast<double>(bytes) / (us * 1e3);
+    rows.push_back(Row{c.shape.name, c.type, batch, bytes, us, gbs, 100.0 * gbs / lim.peak_read_gbs,
+                       100.0 * gbs / matched_gbs, matched_gbs});
+  }
+  return {};
+}
+
+Status run() {
+  int device = 0;
+  KESTREL_CUDA_TRY(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  KESTREL_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
+  const int sm_count = prop.multiProcessorCount;
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, sm_count, prop.l2CacheSize >> 20);
+
+  cudaStream_t stream = nullptr;
+  KESTREL_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { (void)cudaStreamDestroy(s); }
+  } guard{stream};
+
+  DeviceBuffer partials;  // u32 [8 · SMs]: one partial per read-kernel block
+  KESTREL_TRY(partials.allocate(static_cast<uint64_t>(sm_count) * 8 * sizeof(unsigned)));
+  unsigned* partials_u32 = reinterpret_cast<unsigned*>(partials.bytes());
+
+  KESTREL_TRY_ASSIGN(const Limits lim, measure_limits(sm_count, partials_u32, stream));
+  std::printf("peak read (1 GiB, plain 16-byte loads): %.0f GB/s; D2D copy (1 GiB, read + written): %.0f GB/s\n",
+              lim.peak_read_gbs, lim.copy_gbs);
+
+  // qwen35moe-35b-a3b decode shapes, H = 2048; {n_in, n_out} as ggml's {ne0, ne1}.
+  const Shape attn_qkv{"gdn.attn_qkv", 2048, 8192};
+  const Shape attn_gate{"gdn.attn_gate", 2048, 4096};
+  const Shape ssm_out{"gdn.ssm_out", 4096, 2048};
+  const Shape attn_q{"attn.attn_q", 2048, 8192};
+  const Shape attn_k{"attn.attn_k", 2048, 512};
+  const Shape attn_output{"attn.attn_output", 4096, 2048};
+  const Shape lm_head{"lm_head", 2048, 248320};
+  std::vector<Case> cases;
+  for (const Shape& s : {attn_qkv, attn_gate, ssm_out, attn_q, attn_k, attn_output, lm_head}) {
+    for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) cases.push_back({s, t});
+  }
+  for (const Shape& s : {ssm_out, lm_head}) {
+    for (const GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ6_K}) cases.push_back({s, t});
+  }
+
+  int64_t max_in = 0;
+  int64_t max_out = 0;
+  for (const Case& c : cases) {
+    max_in = std::max(max_in, c.shape.n_in);
+    max_out = std::max(max_out, c.shape.n_out);
+  }
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  DeviceBuffer x_dev;  // f32 [kMaxBatch, n_in] (re-filled per n_in)
+  DeviceBuffer y_dev;  // f32 [kMaxBatch, max n_out]
+  KESTREL_TRY(x_dev.allocate(static_cast<uint64_t>(kMaxBatch * max_in) * sizeof(float)));
+  KESTREL_TRY(y_dev.allocate(static_cast<uint64_t>(kMaxBatch * max_out) * sizeof(float)));
+
+  std::vector<Row> rows;
+  for (const Case& c : cases) {
+    std::vector<float> x(static_cast<size_t>(kMaxBatch * c.shape.n_in));  // f32 [kMaxBatch, n_in]
+    for (float& v : x) v = dist(rng);
+    KESTREL_CUDA_TRY(cudaMemcpy(x_dev.floats(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    KESTREL_TRY(run_case(c, lim, sm_count, partials_u32, x_dev.floats(), x, y_dev.floats(), stream, rng, rows));
+  }
+
+  std::printf("\n%-18s %-5s %5s %12s %9s %8s %8s %9s %14s\n", "case", "type", "batch", "bytes", "us", "GB/s", "%peak",
+              "%matched", "matched GB/s");
+  double log_sum = 0;
+  int n_geo = 0;
+  for (const Row& r : rows) {
+    std::printf("%-18s %-5s %5d %12" PRIu64 " %9.2f %8.0f %7.1f%% %8.1f%% %14.0f\n", r.label.c_str(),
+                std::string(ggml_type_name(r.type)).c_str(), r.batch, r.bytes, r.us, r.gbs, r.pct_peak, r.pct_matched,
+                r.matched_gbs);
+    if (r.batch == 1 && (r.type == GgmlType::kQ4_0 || r.type == GgmlType::kQ4_K)) {
+      log_sum += std::log(r.pct_matched);
+      ++n_geo;
+    }
+  }
+  std::printf("\ngeomean %% of size-matched read, batch 1, Q4_0 + Q4_K (%d cases): %.1f%%\n", n_geo,
+              std::exp(log_sum / n_geo));
+  return {};
+}
+
+}  // namespace
+}  // namespace kestrel::gpu
+
+int main() {
+  const kestrel::Status st = kestrel::gpu::run();
+  if (!st) {
+    std::fprintf(stderr, "bench_gemv: %s\n", st.error().to_string().c_str());
+    return 1;
+  }
+  return 0;
+}
