@@ -204,6 +204,7 @@ Expected<Limits> measure_limits(int sm_count, unsigned* partials, cudaStream_t s
   KESTREL_TRY(dst.allocate(kPeakBytes));
   KESTREL_CUDA_TRY(cudaMemset(src.bytes(), 0x5a, kPeakBytes));
   KESTREL_CUDA_TRY(cudaMemset(dst.bytes(), 0, kPeakBytes));
+  KESTREL_CUDA_TRY(cudaDeviceSynchronize());  // the memsets run on the legacy stream; `stream` does not wait for it
   const ReadPlan plan = plan_read(kPeakBytes, sm_count);
   Limits lim;
   KESTREL_TRY_ASSIGN(const double read_us, time_graph_us(stream, kMinLaunches, [&](int) {
