@@ -10,7 +10,7 @@
 // Weights are core's quantize_row of uniform random rows (64 distinct rows repeated), so every block is valid; a
 // few outputs of each case are checked against a host dequantize-and-dot, so a broken launch cannot pass as fast.
 //
-// Usage: build/gpu/bin/bench_gemv   (no arguments; ~10-20 s on an H200). docs/benchmarks.md records the results.
+// Usage: build/gpu/bin/bench_gemv   (no arguments; a few seconds on an H200). docs/benchmarks.md records results.
 #include <cuda_runtime.h>
 
 #include <algorithm>
