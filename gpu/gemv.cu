@@ -20,6 +20,7 @@
 #include "gpu/cuda_check.h"
 #include "gpu/dequant.cuh"
 #include "gpu/gemv.h"
+#include "gpu/gemv_q4.h"
 
 namespace kestrel::gpu {
 namespace {
@@ -303,6 +304,9 @@ bool gemv_supports(GgmlType type) {
 Status gemv(const DeviceMatrixView& w, const float* x, int n_vec, float* y, cudaStream_t stream) {
   KESTREL_TRY_ASSIGN(const int64_t row_bytes, check_args(w, x, n_vec, y));
   if (w.n_rows == 0) return ok_status();
+  // v2 (gemv_q4.cu) for Q4_0/Q4_K rows of whole 256-element groups on 16-byte aligned w and x; the choice
+  // depends only on w and x, never on n_vec, so each y[v] stays independent of n_vec.
+  if (detail::gemv_q4_applies(w, x)) return detail::gemv_q4(w, row_bytes, x, n_vec, y, stream);
   return dispatch(Args{&w, row_bytes, x, n_vec, y, stream});
 }
 

@@ -232,6 +232,26 @@ TEST(Gemv, MatrixAndActivationsOffSixteenByteBoundaries) {
   }
 }
 
+TEST(Gemv, Q4RowsOfSeveralStepsMatchReference) {
+  REQUIRE_DEVICE();
+  std::mt19937 rng(4242);
+  // Q4_0/Q4_K rows of whole 256-element groups on 16-byte aligned w and x take the v2 kernel (gpu/gemv_q4.cu),
+  // which walks a row in 2048-element steps, 4 rows per warp and 16 per block, vectors in slices of 8: rows of
+  // several steps with a partial last one (2816 = 2048 + 768, 4352 = 2 * 2048 + 256), row counts off the 4/16
+  // grid, vector counts on both sides of a slice, and the matrix or x moved by whole 16-byte units.
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    for (int64_t n_in : {2816, 4352}) {
+      for (int64_t n_out : {5, 16, 37}) {
+        for (int n_vec : {1, 8, 9, 32}) EXPECT_EQ(check_case(t, n_in, n_out, n_vec, 0, rng), 0);
+      }
+    }
+    EXPECT_EQ(check_case(t, 2816, 37, 3, 16, rng, 4), 0);
+    // Taller matrices take 2 rows per warp (>= 2048 rows) and 4 (>= 8192), with a partial last warp and block.
+    EXPECT_EQ(check_case(t, 2304, 2053, 3, 0, rng), 0);
+    EXPECT_EQ(check_case(t, 2304, 8195, 9, 0, rng), 0);
+  }
+}
+
 TEST(Gemv, EmptyRowsWriteZeros) {
   REQUIRE_DEVICE();
   DeviceBuffer d_y(3 * 5 * sizeof(float));
