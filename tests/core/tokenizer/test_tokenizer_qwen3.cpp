@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -339,12 +338,10 @@ TEST_F(Qwen3Tokenizer, RoundTripsInvalidUtf8) {
 }
 
 TEST_F(Qwen3Tokenizer, LongPiecesUseTheHeapAndAgreeWithTheScan) {
-  // One piece of 100k letters: the heap path must finish quickly and round-trip.
+  // One piece of 100k letters goes through the heap merge path and must round-trip. (No timing assertion: speed
+  // lives in bench_tokenizer; a quadratic merge would show there and as a CTest timeout, not as a flaky check.)
   const std::string letters(100000, 'a');
-  const auto t0 = std::chrono::steady_clock::now();
   const std::vector<int32_t> ids = tok_->encode(letters, false);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(seconds, 2.0);
   EXPECT_LT(ids.size(), letters.size() / 4);
   auto back = tok_->decode(ids);
   ASSERT_TRUE(back);
