@@ -144,4 +144,32 @@ std::string write_gguf(std::string_view file_name, const Metadata& md, const std
   return path;
 }
 
+void expect_same_hparams(const ModelHparams& a, const ModelHparams& b) {
+  EXPECT_EQ(a.arch, b.arch);
+  EXPECT_EQ(a.n_layer, b.n_layer);
+  EXPECT_EQ(a.n_block, b.n_block);
+  EXPECT_EQ(a.n_nextn, b.n_nextn);
+  EXPECT_EQ(a.n_embd, b.n_embd);
+  EXPECT_EQ(a.n_vocab, b.n_vocab);
+  EXPECT_EQ(a.n_ctx_train, b.n_ctx_train);
+  EXPECT_EQ(a.n_head, b.n_head);
+  EXPECT_EQ(a.n_head_kv, b.n_head_kv);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.n_rot, b.n_rot);
+  EXPECT_EQ(a.rope_freq_base, b.rope_freq_base);
+  EXPECT_EQ(a.rope_sections, b.rope_sections);
+  EXPECT_EQ(a.rms_eps, b.rms_eps);
+  EXPECT_EQ(a.ssm_conv_kernel, b.ssm_conv_kernel);
+  EXPECT_EQ(a.ssm_d_state, b.ssm_d_state);
+  EXPECT_EQ(a.ssm_n_k_heads, b.ssm_n_k_heads);
+  EXPECT_EQ(a.ssm_n_v_heads, b.ssm_n_v_heads);
+  EXPECT_EQ(a.ssm_inner, b.ssm_inner);
+  EXPECT_EQ(a.n_expert, b.n_expert);
+  EXPECT_EQ(a.n_expert_used, b.n_expert_used);
+  EXPECT_EQ(a.n_ff_expert, b.n_ff_expert);
+  EXPECT_EQ(a.n_ff_shared, b.n_ff_shared);
+  EXPECT_EQ(a.n_ff_dense, b.n_ff_dense);
+  EXPECT_EQ(a.layer_kinds, b.layer_kinds);
+}
+
 }  // namespace kestrel::test

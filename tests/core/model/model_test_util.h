@@ -29,6 +29,9 @@ struct TensorDef {
 // qwen35moe / qwen3next: 4 experts (2 used) with a shared expert; qwen35: dense FFN, Vh = 3·Kh.
 ModelHparams tiny_hparams(Arch arch);
 
+// EXPECT_EQ on every field of two ModelHparams (one failure line per differing field).
+void expect_same_hparams(const ModelHparams& a, const ModelHparams& b);
+
 // The metadata a converter would write for `hp` (general.architecture and every `<arch>.*` key of model-spec §6.1).
 Metadata hparams_metadata(const ModelHparams& hp);
 

@@ -23,34 +23,6 @@ Expected<ModelHparams> read_hparams(const Metadata& md, const ModelHparams& hp, 
   return ModelHparams::from_gguf(*file);
 }
 
-void expect_same(const ModelHparams& a, const ModelHparams& b) {
-  EXPECT_EQ(a.arch, b.arch);
-  EXPECT_EQ(a.n_layer, b.n_layer);
-  EXPECT_EQ(a.n_block, b.n_block);
-  EXPECT_EQ(a.n_nextn, b.n_nextn);
-  EXPECT_EQ(a.n_embd, b.n_embd);
-  EXPECT_EQ(a.n_vocab, b.n_vocab);
-  EXPECT_EQ(a.n_ctx_train, b.n_ctx_train);
-  EXPECT_EQ(a.n_head, b.n_head);
-  EXPECT_EQ(a.n_head_kv, b.n_head_kv);
-  EXPECT_EQ(a.head_dim, b.head_dim);
-  EXPECT_EQ(a.n_rot, b.n_rot);
-  EXPECT_EQ(a.rope_freq_base, b.rope_freq_base);
-  EXPECT_EQ(a.rope_sections, b.rope_sections);
-  EXPECT_EQ(a.rms_eps, b.rms_eps);
-  EXPECT_EQ(a.ssm_conv_kernel, b.ssm_conv_kernel);
-  EXPECT_EQ(a.ssm_d_state, b.ssm_d_state);
-  EXPECT_EQ(a.ssm_n_k_heads, b.ssm_n_k_heads);
-  EXPECT_EQ(a.ssm_n_v_heads, b.ssm_n_v_heads);
-  EXPECT_EQ(a.ssm_inner, b.ssm_inner);
-  EXPECT_EQ(a.n_expert, b.n_expert);
-  EXPECT_EQ(a.n_expert_used, b.n_expert_used);
-  EXPECT_EQ(a.n_ff_expert, b.n_ff_expert);
-  EXPECT_EQ(a.n_ff_shared, b.n_ff_shared);
-  EXPECT_EQ(a.n_ff_dense, b.n_ff_dense);
-  EXPECT_EQ(a.layer_kinds, b.layer_kinds);
-}
-
 class HparamsArchTest : public ::testing::TestWithParam<Arch> {};
 
 TEST_P(HparamsArchTest, ReadsBackWhatWasWritten) {
@@ -58,7 +30,7 @@ TEST_P(HparamsArchTest, ReadsBackWhatWasWritten) {
   ASSERT_TRUE(hp.validate()) << hp.validate().error().message;
   auto got = read_hparams(test::hparams_metadata(hp), hp);
   ASSERT_TRUE(got) << got.error().to_string();
-  expect_same(*got, hp);
+  test::expect_same_hparams(*got, hp);
   EXPECT_EQ(got->n_gdn_layers(), 3u);
   EXPECT_EQ(got->n_attn_layers(), 1u);
   EXPECT_EQ(got->head_mapping(), GetParam() == Arch::kQwen3Next ? HeadMapping::kGrouped : HeadMapping::kTiled);

@@ -17,6 +17,7 @@
 #include "core/model/weight_catalog.h"
 #include "core/quant/quant.h"
 #include "core/tokenizer/tokenizer.h"
+#include "tests/core/model/model_test_util.h"
 #include "tools/mkmodel/model_plan.h"
 #include "tools/mkmodel/model_writer.h"
 #include "tools/mkmodel/presets.h"
@@ -77,34 +78,6 @@ class MkModelWrite : public ::testing::Test {
 
 std::unique_ptr<TokenizerVocab> MkModelWrite::vocab_;
 
-void expect_same_hparams(const ModelHparams& a, const ModelHparams& b) {
-  EXPECT_EQ(a.arch, b.arch);
-  EXPECT_EQ(a.n_layer, b.n_layer);
-  EXPECT_EQ(a.n_block, b.n_block);
-  EXPECT_EQ(a.n_nextn, b.n_nextn);
-  EXPECT_EQ(a.n_embd, b.n_embd);
-  EXPECT_EQ(a.n_vocab, b.n_vocab);
-  EXPECT_EQ(a.n_ctx_train, b.n_ctx_train);
-  EXPECT_EQ(a.n_head, b.n_head);
-  EXPECT_EQ(a.n_head_kv, b.n_head_kv);
-  EXPECT_EQ(a.head_dim, b.head_dim);
-  EXPECT_EQ(a.n_rot, b.n_rot);
-  EXPECT_EQ(a.rope_freq_base, b.rope_freq_base);
-  EXPECT_EQ(a.rope_sections, b.rope_sections);
-  EXPECT_EQ(a.rms_eps, b.rms_eps);
-  EXPECT_EQ(a.ssm_conv_kernel, b.ssm_conv_kernel);
-  EXPECT_EQ(a.ssm_d_state, b.ssm_d_state);
-  EXPECT_EQ(a.ssm_n_k_heads, b.ssm_n_k_heads);
-  EXPECT_EQ(a.ssm_n_v_heads, b.ssm_n_v_heads);
-  EXPECT_EQ(a.ssm_inner, b.ssm_inner);
-  EXPECT_EQ(a.n_expert, b.n_expert);
-  EXPECT_EQ(a.n_expert_used, b.n_expert_used);
-  EXPECT_EQ(a.n_ff_expert, b.n_ff_expert);
-  EXPECT_EQ(a.n_ff_shared, b.n_ff_shared);
-  EXPECT_EQ(a.n_ff_dense, b.n_ff_dense);
-  EXPECT_EQ(a.layer_kinds, b.layer_kinds);
-}
-
 TEST_F(MkModelWrite, TinyPresetsReadBackComplete) {
   for (const std::string name : {"tiny", "tiny-qwen3next", "tiny-qwen35"}) {
     SCOPED_TRACE(name);
@@ -130,7 +103,7 @@ TEST_F(MkModelWrite, TinyPresetsReadBackComplete) {
 
     auto hp = ModelHparams::from_gguf(file);
     ASSERT_TRUE(hp.has_value()) << hp.error().to_string();
-    expect_same_hparams(*hp, pl.preset.hparams);
+    test::expect_same_hparams(*hp, pl.preset.hparams);
 
     auto catalog = WeightCatalog::build(file, *hp);
     ASSERT_TRUE(catalog.has_value()) << catalog.error().to_string();
