@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/gguf/ggml_type.h"
 #include "core/quant/blocks.h"
@@ -183,5 +184,29 @@ struct Dequant<GgmlType::kQ6_K> {
     return __fmul_rn(step, static_cast<float>(quant(b, i)));
   }
 };
+
+// The one place that maps a run-time GgmlType onto the Dequant<T> specialisations: calls
+// `f(std::integral_constant<GgmlType, T>{})` for a type that has one and returns its result, else `otherwise`.
+// Every op that instantiates a kernel per weight type dispatches through this, so adding a type is one line here.
+template <class R, class F>
+R dispatch_dequant_type(GgmlType type, F&& f, R otherwise) {
+  switch (type) {
+    case GgmlType::kF32: return f(std::integral_constant<GgmlType, GgmlType::kF32>{});
+    case GgmlType::kF16: return f(std::integral_constant<GgmlType, GgmlType::kF16>{});
+    case GgmlType::kBF16: return f(std::integral_constant<GgmlType, GgmlType::kBF16>{});
+    case GgmlType::kQ8_0: return f(std::integral_constant<GgmlType, GgmlType::kQ8_0>{});
+    case GgmlType::kQ4_0: return f(std::integral_constant<GgmlType, GgmlType::kQ4_0>{});
+    case GgmlType::kQ4_K: return f(std::integral_constant<GgmlType, GgmlType::kQ4_K>{});
+    case GgmlType::kQ5_K: return f(std::integral_constant<GgmlType, GgmlType::kQ5_K>{});
+    case GgmlType::kQ6_K: return f(std::integral_constant<GgmlType, GgmlType::kQ6_K>{});
+    default: return otherwise;
+  }
+}
+
+// True for the types dispatch_dequant_type() handles.
+inline bool has_dequant(GgmlType type) {
+  return dispatch_dequant_type(
+      type, [](auto) { return true; }, false);
+}
 
 }  // namespace kestrel::gpu

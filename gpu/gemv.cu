@@ -219,17 +219,9 @@ Status launch_bucket(const Args& a) {
 }
 
 Status dispatch(const Args& a) {
-  switch (a.w->type) {
-    case GgmlType::kF32: return launch_bucket<GgmlType::kF32>(a);
-    case GgmlType::kF16: return launch_bucket<GgmlType::kF16>(a);
-    case GgmlType::kBF16: return launch_bucket<GgmlType::kBF16>(a);
-    case GgmlType::kQ8_0: return launch_bucket<GgmlType::kQ8_0>(a);
-    case GgmlType::kQ4_0: return launch_bucket<GgmlType::kQ4_0>(a);
-    case GgmlType::kQ4_K: return launch_bucket<GgmlType::kQ4_K>(a);
-    case GgmlType::kQ5_K: return launch_bucket<GgmlType::kQ5_K>(a);
-    case GgmlType::kQ6_K: return launch_bucket<GgmlType::kQ6_K>(a);
-    default: return make_error(ErrorCode::kInternal, "gemv: supported type without a kernel");
-  }
+  return dispatch_dequant_type(
+      a.w->type, [&](auto t) { return launch_bucket<decltype(t)::value>(a); },
+      Status(make_error(ErrorCode::kInternal, "gemv: supported type without a kernel")));
 }
 
 bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
@@ -287,19 +279,7 @@ Expected<int64_t> check_args(const DeviceMatrixView& w, const float* x, int n_ve
 
 }  // namespace
 
-bool gemv_supports(GgmlType type) {
-  switch (type) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K: return true;
-    default: return false;
-  }
-}
+bool gemv_supports(GgmlType type) { return has_dequant(type); }
 
 Status gemv(const DeviceMatrixView& w, const float* x, int n_vec, float* y, cudaStream_t stream) {
   KESTREL_TRY_ASSIGN(const int64_t row_bytes, check_args(w, x, n_vec, y));

@@ -63,17 +63,9 @@ Status launch(const Launch& a) {
 }
 
 Status dispatch(const Launch& a) {
-  switch (a.src->type) {
-    case GgmlType::kF32: return launch<GgmlType::kF32>(a);
-    case GgmlType::kF16: return launch<GgmlType::kF16>(a);
-    case GgmlType::kBF16: return launch<GgmlType::kBF16>(a);
-    case GgmlType::kQ8_0: return launch<GgmlType::kQ8_0>(a);
-    case GgmlType::kQ4_0: return launch<GgmlType::kQ4_0>(a);
-    case GgmlType::kQ4_K: return launch<GgmlType::kQ4_K>(a);
-    case GgmlType::kQ5_K: return launch<GgmlType::kQ5_K>(a);
-    case GgmlType::kQ6_K: return launch<GgmlType::kQ6_K>(a);
-    default: return make_error(ErrorCode::kInternal, "get_rows: supported type without a kernel");
-  }
+  return dispatch_dequant_type(
+      a.src->type, [&](auto t) { return launch<decltype(t)::value>(a); },
+      Status(make_error(ErrorCode::kInternal, "get_rows: supported type without a kernel")));
 }
 
 bool aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
@@ -111,19 +103,7 @@ Expected<int64_t> check_args(const DeviceMatrixView& src, int64_t n_ids, const i
 
 }  // namespace
 
-bool get_rows_supports(GgmlType type) {
-  switch (type) {
-    case GgmlType::kF32:
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K: return true;
-    default: return false;
-  }
-}
+bool get_rows_supports(GgmlType type) { return has_dequant(type); }
 
 Status get_rows(const DeviceMatrixView& src, std::span<const int32_t> ids_host, const int32_t* ids_dev, float* dst,
                 cudaStream_t stream) {
