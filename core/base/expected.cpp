@@ -12,6 +12,9 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kIo: return "i/o error";
     case ErrorCode::kResourceExhausted: return "resource exhausted";
     case ErrorCode::kFailedPrecondition: return "failed precondition";
+    case ErrorCode::kCancelled: return "cancelled";
+    case ErrorCode::kDeadlineExceeded: return "deadline exceeded";
+    case ErrorCode::kUnavailable: return "unavailable";
     case ErrorCode::kInternal: return "internal error";
   }
   return "unknown error";

@@ -21,6 +21,9 @@ enum class ErrorCode {
   kIo,                 // the operating system refused (open, mmap, write)
   kResourceExhausted,  // a budget or limit is full (memory, sessions, queue)
   kFailedPrecondition, // the system is not in a state where this can run
+  kCancelled,          // the caller (or an Abort) cancelled the request
+  kDeadlineExceeded,   // the request's deadline passed before its work finished
+  kUnavailable,        // the service is not serving right now (loading, draining); retrying later can succeed
   kInternal,           // a bug: an invariant did not hold
 };
 
