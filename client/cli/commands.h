@@ -18,4 +18,15 @@ void add_inspect(CLI::App& app, int* exit_code);
 // `kestrel run --model FILE --prompt TEXT [-n N] [sampling options]` (cmd_run.cpp).
 void add_run(CLI::App& app, int* exit_code);
 
+// The client commands, built with the daemon (KESTREL_DAEMON, libkestrel-client). Each talks to a running kestreld
+// at --connect URI (client_flags.h); usage errors found after parsing exit with 2.
+// `kestrel generate --prompt TEXT [-n N] [--stop STR]... [--session ID] [--logprobs K] [--json]` (cmd_generate.cpp).
+void add_generate(CLI::App& app, int* exit_code);
+// `kestrel chat [--system TEXT]`: interactive streaming chat, one session across turns (cmd_chat.cpp).
+void add_chat(CLI::App& app, int* exit_code);
+// `kestrel status [--json]`: health, model info and placement, server counters (cmd_status.cpp).
+void add_status(CLI::App& app, int* exit_code);
+// `kestrel bench [--transport all|grpc|shm] [-n STEPS] [--tokens K]`: step round-trip latency (cmd_bench.cpp).
+void add_bench(CLI::App& app, int* exit_code);
+
 }  // namespace kestrel::cli

@@ -1,11 +1,10 @@
 // `kestrel`: the Kestrel command-line tool. Parses the command line with CLI11 and runs one subcommand.
 //
-// Subcommands live one per file (cmd_<name>.cpp, declared in commands.h). Today: inspect, run. Later issues add
-// generate, chat, status and bench the same way: write cmd_<name>.cpp with add_<name>(), declare it in commands.h,
-// call it below and list the file in CMakeLists.txt.
+// Subcommands live one per file (cmd_<name>.cpp, declared in commands.h): inspect, run, and with the daemon
+// (KESTREL_CLI_CLIENT_COMMANDS) generate, chat, status, bench. A new one: write cmd_<name>.cpp with add_<name>(),
+// declare it in commands.h, call it below and list the file in CMakeLists.txt.
 //
-// Exit status: the subcommand's (0 success, 1 failure); CLI11's own codes for command-line errors (106: no subcommand,
-// 109: an unknown option), with its message on stderr.
+// Exit status: the subcommand's (0 success, 1 failure); 2 for a command-line error (CLI11's message on stderr).
 #include <exception>
 
 #include "client/cli/cli11.h"
@@ -23,8 +22,19 @@ int run(int argc, char** argv) {
   int exit_code = 0;
   kestrel::cli::add_inspect(app, &exit_code);
   kestrel::cli::add_run(app, &exit_code);
+#ifdef KESTREL_CLI_CLIENT_COMMANDS
+  kestrel::cli::add_generate(app, &exit_code);
+  kestrel::cli::add_chat(app, &exit_code);
+  kestrel::cli::add_status(app, &exit_code);
+  kestrel::cli::add_bench(app, &exit_code);
+#endif
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version are "errors" with code 0; every real command-line error exits with 2.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   return exit_code;
 }
 
