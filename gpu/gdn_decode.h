@@ -1,0 +1,77 @@
+// gdn_decode: one Gated-DeltaNet decode step (one token) for a batch of sessions, each with its own state slot,
+// from the outputs of the layer's input projections to the gated-RMSNorm output that feeds ssm_out
+// (model-spec.md §3; core/reference/gdn_layer.cpp, GdnMode::kRecurrent, is the oracle).
+//
+// Per session n and V-head h (kh = ref::gdn_k_head(dims, h): grouped h / r for qwen3next, tiled h % Kh for qwen35*):
+//   u          = silu(causal_conv(history, mixed_qkv))      history ← last K−1 raw inputs   (gdn_conv.h)
+//   q̂, k̂, v    = l2norm(q_kh)·(1/sqrt(dk)), l2norm(k_kh), v_h (eps 1e-6)                   (gdn_prepare.h)
+//   beta, g    = sigmoid(b_h), ssm_a_h · softplus(a_h + dt_bias_h)
+//   S_h        ← e^g S_h;  δ = (v − S_hᵀk̂)·beta;  S_h ← S_h + k̂ δᵀ;  o = S_hᵀq̂                  (delta_rule.h)
+//   out_h      = rms_norm(o)·ssm_norm · silu(z_h)                                           (norm.h, §3.7)
+// The qwen3next fused projections are de-interleaved on the fly by index arithmetic (ref::gdn_deinterleave_qkvz,
+// ref::gdn_split_ba): the inputs are exactly what the projection GEMVs produce for the layer's ref::GdnProjection.
+//
+// State per session (the layout of ref::GdnState, so a slot filled from the reference plugs in unchanged):
+//   s    f32 [Vh][dk][dv]  S_h[i][j] at (h·dk + i)·dv + j
+//   conv f32 [C][K−1]      raw mixed_qkv history per channel, oldest first
+// Three kernels on `stream` (conv/norm/gates per (session, K-head); the delta rule per (session, V-head, 32
+// columns of dv), S read and written exactly once, held in registers; the gated norm per (session, V-head)); no
+// atomics and fixed summation orders, so repeated runs are bit-identical. docs/gpu.md ("GDN decode") has details.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "core/base/expected.h"
+#include "core/reference/gdn_layer.h"  // ref::GdnProjection
+#include "core/reference/gdn_state.h"  // ref::GdnDims
+
+namespace kestrel::gpu {
+
+// Largest d_k the delta-rule kernel holds in registers (8 row groups × 32 rows per thread).
+inline constexpr int kGdnMaxDk = 256;
+
+// One session's state slot: device pointers into whatever owns the state (a state-slot pool, a test buffer).
+struct GdnSlot {
+  float* s = nullptr;     // f32 [Vh][dk][dv], 16-byte aligned not required
+  float* conv = nullptr;  // f32 [C][K−1]
+};
+
+// One GDN layer's small f32 tensors, on the device.
+struct GdnDecodeWeights {
+  const float* conv1d = nullptr;    // ssm_conv1d.weight f32 [C][K]
+  const float* dt_bias = nullptr;   // ssm_dt.bias f32 [Vh]
+  const float* ssm_a = nullptr;     // ssm_a f32 [Vh] (= −exp(A_log), as stored in GGUF)
+  const float* ssm_norm = nullptr;  // ssm_norm.weight f32 [dv]
+};
+
+// The input-projection outputs of the n_seq tokens (one per session), on the device. Which fields are read depends
+// on the projection layout:
+//   kQkvGateBetaAlpha (qwen35*):      qkv f32 [n_seq, C], z f32 [n_seq, Vd], b f32 [n_seq, Vh], a f32 [n_seq, Vh]
+//   kQkvGateBa        (qwen3next):    qkv f32 [n_seq, C], z f32 [n_seq, Vd], ba f32 [n_seq, 2·Vh] (per K-group)
+//   kSsmInBa          (legacy qwen3next): qkv f32 [n_seq, C + Vd] = HF in_proj_qkvz (per K-group [q|k|v|z]),
+//                                       ba f32 [n_seq, 2·Vh]; z unused
+struct GdnDecodeInputs {
+  const float* qkv = nullptr;
+  const float* z = nullptr;
+  const float* b = nullptr;
+  const float* a = nullptr;
+  const float* ba = nullptr;
+};
+
+// Bytes of device scratch gdn_decode needs for n_seq sessions (q̂, k̂, v, gates, o; no initialisation needed).
+size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq);
+
+// dims: must validate(), with conv_kernel >= 1 and d_k <= kGdnMaxDk. slots: device array [n_seq] of GdnSlot
+// (distinct, non-overlapping states). out: device f32 [n_seq, Vd] (the gated-norm output, input of ssm_out); it
+// must not overlap the inputs. workspace: device, >= gdn_decode_workspace_bytes(dims, n_seq), 16-byte aligned.
+// n_seq >= 0 (0 launches nothing). Argument errors (kInvalidArgument naming the field) are found before anything
+// is enqueued; otherwise three kernels are enqueued on `stream` and the call returns without waiting.
+// Thread-safe (no shared state); the caller keeps every buffer alive until the stream has run, and no other work
+// may touch the slots meanwhile.
+Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
+                  const GdnDecodeInputs& in, const GdnSlot* slots, int n_seq, float* out, void* workspace,
+                  cudaStream_t stream);
+
+}  // namespace kestrel::gpu

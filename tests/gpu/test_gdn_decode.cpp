@@ -1,0 +1,418 @@
+// gpu/gdn_decode against core/reference's recurrent GDN path (what ref::gdn_forward does with GdnMode::kRecurrent
+// after the projections: gdn_deinterleave_qkvz / gdn_split_ba where they apply, gdn_conv_step, gdn_split_qkv,
+// gdn_gates, delta_rule_step on the V-head's K-head, rms_norm_gated) for several sessions, three consecutive
+// decode steps from random non-zero states, on the tiny presets' head shapes (qwen35 tiled, qwen3next grouped with
+// ba and with the legacy ssm_in qkvz), the 35B-A3B shape (Kh 16, Vh 32, dk = dv = 128, tiled) and odd shapes (r = 3,
+// dk 48 / dv 40, conv kernel 3; dk 200 / dv 72). Sessions use slots in a shuffled order.
+//
+// Tolerance: per (session, V-head), |gpu − ref| <= 2e-5 · max|ref| over that head, for the output and for S and the
+// conv history after the last step. The kernels differ from the reference only in summation order (column sums of
+// S in 8 partial sums, L2/RMS statistics lane-strided) and in expf/log1pf (≤ 2 ulp), ~1e-6 relative.
+// Repeated runs from the same state are bit-identical. Argument checks run without a device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/reference/delta_rule.h"
+#include "core/reference/gdn_conv.h"
+#include "core/reference/gdn_layout.h"
+#include "core/reference/gdn_prepare.h"
+#include "core/reference/norm.h"
+#include "gpu/gdn_decode.h"
+
+namespace kestrel::gpu {
+namespace {
+
+constexpr double kTol = 2e-5;
+constexpr int kSteps = 3;
+
+bool have_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define REQUIRE_DEVICE()                                          \
+  do {                                                            \
+    if (!have_device()) GTEST_SKIP() << "no CUDA device present"; \
+  } while (0)
+
+// Owns one device allocation of floats (or bytes).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) {
+    if (cudaMalloc(&ptr_, bytes == 0 ? 16 : bytes) != cudaSuccess) ptr_ = nullptr;
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) (void)cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  float* f() const { return static_cast<float*>(ptr_); }
+  void* get() const { return ptr_; }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+void upload(float* dst, const std::vector<float>& src) {
+  ASSERT_EQ(cudaMemcpy(dst, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+std::vector<float> download(const float* src, size_t n) {
+  std::vector<float> v(n, std::nanf(""));
+  EXPECT_EQ(cudaMemcpy(v.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  return v;
+}
+
+std::vector<float> normal_vec(size_t n, float sigma, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+struct Case {
+  std::string name;
+  int kh, vh, dk, dv, kernel;
+  HeadMapping mapping;
+  ref::GdnProjection proj;
+  int n_seq;
+};
+
+std::string case_name(const Case& c) {
+  std::ostringstream os;
+  os << c.name << " Kh " << c.kh << " Vh " << c.vh << " dk " << c.dk << " dv " << c.dv << " K " << c.kernel
+     << (c.mapping == HeadMapping::kTiled ? " tiled" : " grouped") << " n_seq " << c.n_seq;
+  return os.str();
+}
+
+ref::GdnDims dims_of(const Case& c) {
+  ref::GdnDims d;
+  d.n_embd = 64;
+  d.n_k_heads = c.kh;
+  d.n_v_heads = c.vh;
+  d.d_k = c.dk;
+  d.d_v = c.dv;
+  d.conv_kernel = c.kernel;
+  d.eps = 1e-6f;
+  d.mapping = c.mapping;
+  return d;
+}
+
+// Everything one run needs on the host.
+struct Problem {
+  ref::GdnDims d;
+  ref::GdnProjection proj;
+  int n_seq;
+  std::vector<float> conv1d, dt_bias, ssm_a, ssm_norm;                          // layer weights
+  std::vector<std::vector<float>> s0, conv0;                                    // per session initial state
+  std::vector<float> qkv[kSteps], z[kSteps], b[kSteps], a[kSteps], ba[kSteps];  // per step, [n_seq, ...]
+  int qkv_width() const { return proj == ref::GdnProjection::kSsmInBa ? d.conv_dim() + d.value_dim() : d.conv_dim(); }
+};
+
+Problem make_problem(const Case& c, unsigned seed) {
+  std::mt19937 rng(seed);
+  Problem p;
+  p.d = dims_of(c);
+  p.proj = c.proj;
+  p.n_seq = c.n_seq;
+  const size_t C = static_cast<size_t>(p.d.conv_dim()), Vd = static_cast<size_t>(p.d.value_dim());
+  const size_t Vh = static_cast<size_t>(c.vh), K = static_cast<size_t>(c.kernel), N = static_cast<size_t>(c.n_seq);
+  p.conv1d = normal_vec(C * K, 0.5f, rng);
+  p.dt_bias = normal_vec(Vh, 0.5f, rng);
+  std::uniform_real_distribution<float> alog(-2.0f, 1.0f);
+  p.ssm_a.resize(Vh);
+  for (auto& x : p.ssm_a) x = -std::exp(alog(rng));
+  p.ssm_norm = normal_vec(static_cast<size_t>(c.dv), 0.3f, rng);
+  for (auto& x : p.ssm_norm) x += 1.0f;
+  for (size_t n = 0; n < N; ++n) {
+    p.s0.push_back(normal_vec(Vh * static_cast<size_t>(c.dk) * static_cast<size_t>(c.dv), 0.2f, rng));
+    p.conv0.push_back(normal_vec(C * (K - 1), 1.0f, rng));
+  }
+  for (int t = 0; t < kSteps; ++t) {
+    p.qkv[t] = normal_vec(N * static_cast<size_t>(p.qkv_width()), 1.0f, rng);
+    p.z[t] = normal_vec(N * Vd, 1.0f, rng);
+    p.b[t] = normal_vec(N * Vh, 1.5f, rng);
+    p.a[t] = normal_vec(N * Vh, 2.0f, rng);
+    p.ba[t] = normal_vec(N * 2 * Vh, 2.0f, rng);
+  }
+  return p;
+}
+
+// Host result: outputs per step [n_seq, Vd], and the final states.
+struct Result {
+  std::vector<float> out[kSteps];
+  std::vector<std::vector<float>> s, conv;
+};
+
+// The reference path of ref::gdn_forward (kRecurrent) after gdn_project, session by session.
+Result run_reference(const Problem& p) {
+  const ref::GdnDims& d = p.d;
+  const size_t C = static_cast<size_t>(d.conv_dim()), Vd = static_cast<size_t>(d.value_dim());
+  const size_t Kd = static_cast<size_t>(d.key_dim()), Vh = static_cast<size_t>(d.n_v_heads);
+  const size_t dk = static_cast<size_t>(d.d_k), dv = static_cast<size_t>(d.d_v);
+  const size_t W = static_cast<size_t>(p.qkv_width());
+  Result r;
+  for (int t = 0; t < kSteps; ++t) r.out[t].assign(static_cast<size_t>(p.n_seq) * Vd, 0.0f);
+  for (int n = 0; n < p.n_seq; ++n) {
+    ref::GdnState st;
+    st.s = p.s0[static_cast<size_t>(n)];
+    st.conv = p.conv0[static_cast<size_t>(n)];
+    const size_t sn = static_cast<size_t>(n);
+    for (int t = 0; t < kSteps; ++t) {
+      std::vector<float> mixed(C), z(Vd), b(Vh), a(Vh);
+      const float* row = p.qkv[t].data() + sn * W;
+      if (p.proj == ref::GdnProjection::kSsmInBa) {
+        ref::gdn_deinterleave_qkvz(d, row, mixed.data(), z.data());
+      } else {
+        std::copy(row, row + C, mixed.begin());
+        std::copy(p.z[t].data() + sn * Vd, p.z[t].data() + (sn + 1) * Vd, z.begin());
+      }
+      if (p.proj == ref::GdnProjection::kQkvGateBetaAlpha) {
+        std::copy(p.b[t].data() + sn * Vh, p.b[t].data() + (sn + 1) * Vh, b.begin());
+        std::copy(p.a[t].data() + sn * Vh, p.a[t].data() + (sn + 1) * Vh, a.begin());
+      } else {
+        ref::gdn_split_ba(d, p.ba[t].data() + sn * 2 * Vh, b.data(), a.data());
+      }
+      std::vector<float> u(C), q(Kd), k(Kd), v(Vd), beta(Vh), g(Vh), o(Vd);
+      ref::gdn_conv_step(p.conv1d.data(), d.conv_dim(), d.conv_kernel, mixed.data(), st.conv.data(), u.data());
+      ref::gdn_split_qkv(d, u.data(), q.data(), k.data(), v.data());
+      ref::gdn_gates(b.data(), a.data(), p.dt_bias.data(), p.ssm_a.data(), d.n_v_heads, beta.data(), g.data());
+      for (int h = 0; h < d.n_v_heads; ++h) {
+        const size_t kh = static_cast<size_t>(ref::gdn_k_head(d, h));
+        const size_t hv = static_cast<size_t>(h) * dv;
+        ref::delta_rule_step(q.data() + kh * dk, k.data() + kh * dk, v.data() + hv, g[static_cast<size_t>(h)],
+                             beta[static_cast<size_t>(h)], d.d_k, d.d_v, st.head(d, h), o.data() + hv);
+        ref::rms_norm_gated(o.data() + hv, z.data() + hv, p.ssm_norm.data(), d.d_v, d.eps,
+                            r.out[t].data() + sn * Vd + hv);
+      }
+    }
+    r.s.push_back(st.s);
+    r.conv.push_back(st.conv);
+  }
+  return r;
+}
+
+// Runs the kSteps steps on the device. Session n lives in slot perm[n] of one state allocation.
+Result run_device(const Problem& p) {
+  const ref::GdnDims& d = p.d;
+  const size_t C = static_cast<size_t>(d.conv_dim()), Vd = static_cast<size_t>(d.value_dim());
+  const size_t Vh = static_cast<size_t>(d.n_v_heads), N = static_cast<size_t>(p.n_seq);
+  const size_t s_elems = Vh * static_cast<size_t>(d.d_k) * static_cast<size_t>(d.d_v);
+  const size_t c_elems = C * static_cast<size_t>(d.conv_kernel - 1);
+  const size_t slot_elems = s_elems + c_elems + 3;  // +3: slots start off 16-byte boundaries
+  Result r;
+  std::vector<size_t> perm(N);
+  for (size_t n = 0; n < N; ++n) perm[n] = (n * 7 + 3) % N;  // 7 is coprime with every n_seq used
+  DeviceBuffer states((N * slot_elems + 1) * sizeof(float));
+  DeviceBuffer slots(N * sizeof(GdnSlot));
+  DeviceBuffer conv1d(p.conv1d.size() * 4), dt(p.dt_bias.size() * 4), sa(p.ssm_a.size() * 4);
+  DeviceBuffer sn(p.ssm_norm.size() * 4), out(N * Vd * 4);
+  DeviceBuffer ws(gdn_decode_workspace_bytes(d, p.n_seq));
+  DeviceBuffer qkv(p.qkv[0].size() * 4), z(p.z[0].size() * 4), b(p.b[0].size() * 4), a(p.a[0].size() * 4);
+  DeviceBuffer ba(p.ba[0].size() * 4);
+  if (states.get() == nullptr || ws.get() == nullptr || out.get() == nullptr) {
+    ADD_FAILURE() << "cudaMalloc failed";
+    return r;
+  }
+  std::vector<GdnSlot> host_slots(N);
+  for (size_t n = 0; n < N; ++n) {
+    float* base = states.f() + 1 + perm[n] * slot_elems;
+    host_slots[n].s = base;
+    host_slots[n].conv = base + s_elems;
+    EXPECT_EQ(cudaMemcpy(base, p.s0[n].data(), s_elems * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(base + s_elems, p.conv0[n].data(), c_elems * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  EXPECT_EQ(cudaMemcpy(slots.get(), host_slots.data(), N * sizeof(GdnSlot), cudaMemcpyHostToDevice), cudaSuccess);
+  upload(conv1d.f(), p.conv1d);
+  upload(dt.f(), p.dt_bias);
+  upload(sa.f(), p.ssm_a);
+  upload(sn.f(), p.ssm_norm);
+  const GdnDecodeWeights w{conv1d.f(), dt.f(), sa.f(), sn.f()};
+  GdnDecodeInputs in;
+  in.qkv = qkv.f();
+  if (p.proj != ref::GdnProjection::kSsmInBa) in.z = z.f();
+  if (p.proj == ref::GdnProjection::kQkvGateBetaAlpha) {
+    in.b = b.f();
+    in.a = a.f();
+  } else {
+    in.ba = ba.f();
+  }
+  for (int t = 0; t < kSteps; ++t) {
+    upload(qkv.f(), p.qkv[t]);
+    upload(z.f(), p.z[t]);
+    upload(b.f(), p.b[t]);
+    upload(a.f(), p.a[t]);
+    upload(ba.f(), p.ba[t]);
+    EXPECT_EQ(cudaMemset(out.get(), 0xFF, N * Vd * 4), cudaSuccess);  // NaN until written
+    const Status s =
+        gdn_decode(d, p.proj, w, in, static_cast<const GdnSlot*>(slots.get()), p.n_seq, out.f(), ws.get(), nullptr);
+    EXPECT_TRUE(s) << s.error().to_string();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    r.out[t] = download(out.f(), N * Vd);
+  }
+  for (size_t n = 0; n < N; ++n) {
+    r.s.push_back(download(host_slots[n].s, s_elems));
+    r.conv.push_back(download(host_slots[n].conv, c_elems));
+  }
+  return r;
+}
+
+// Compares per block of `block` elements (a head); reports the worst ratio err / (kTol · max|want| of the block)
+// and the first element over the bound. Returns the number of elements over it.
+int compare(const std::string& what, const std::vector<float>& got, const std::vector<float>& want, size_t block,
+            const std::string& where, const std::string& index_note) {
+  if (got.size() != want.size()) {
+    ADD_FAILURE() << what << ": size " << got.size() << " vs " << want.size();
+    return 1;
+  }
+  int bad = 0;
+  double worst = 0.0;
+  size_t worst_at = 0;
+  for (size_t b0 = 0; b0 < got.size(); b0 += block) {
+    double scale = 0.0;
+    for (size_t i = b0; i < b0 + block && i < got.size(); ++i) scale = std::max(scale, std::fabs(double{want[i]}));
+    for (size_t i = b0; i < b0 + block && i < got.size(); ++i) {
+      const double err = std::fabs(double{got[i]} - double{want[i]});
+      const double ratio = err / (kTol * scale + 1e-30);
+      if (!(ratio <= worst)) {
+        worst = std::isnan(ratio) ? 1e30 : ratio;
+        worst_at = i;
+      }
+      if (!(ratio <= 1.0)) {
+        if (bad == 0) {
+          ADD_FAILURE() << where << " " << what << ": first mismatch at flat index " << i << " (block " << i / block
+                        << " = " << index_note << ", element " << i % block << ") got " << got[i] << " want " << want[i]
+                        << " |err| " << err << " head max|ref| " << scale;
+        }
+        ++bad;
+      }
+    }
+  }
+  if (bad > 0 || worst > 0.5) {
+    std::printf("  %s %s: worst err = %.3g x tolerance at index %zu (got %.9g want %.9g), %d over\n", where.c_str(),
+                what.c_str(), worst, worst_at, static_cast<double>(got[worst_at]), static_cast<double>(want[worst_at]),
+                bad);
+  }
+  return bad;
+}
+
+bool bit_identical(const Result& x, const Result& y) {
+  for (int t = 0; t < kSteps; ++t) {
+    if (x.out[t].size() != y.out[t].size() || std::memcmp(x.out[t].data(), y.out[t].data(), x.out[t].size() * 4) != 0) {
+      return false;
+    }
+  }
+  for (size_t n = 0; n < x.s.size(); ++n) {
+    if (std::memcmp(x.s[n].data(), y.s[n].data(), x.s[n].size() * 4) != 0) return false;
+    if (std::memcmp(x.conv[n].data(), y.conv[n].data(), x.conv[n].size() * 4) != 0) return false;
+  }
+  return true;
+}
+
+void check_case(const Case& c) {
+  SCOPED_TRACE(case_name(c));
+  const Problem p = make_problem(c, 1234u + static_cast<unsigned>(c.dk * 7 + c.vh + c.n_seq));
+  const Result want = run_reference(p);
+  const Result got = run_device(p);
+  if (got.s.size() != want.s.size()) return;
+  const size_t dv = static_cast<size_t>(c.dv);
+  const std::string where = case_name(c);
+  int bad = 0;
+  for (int t = 0; t < kSteps; ++t) {
+    bad += compare("output step " + std::to_string(t), got.out[t], want.out[t], dv, where, "session * Vh + v-head");
+  }
+  for (size_t n = 0; n < want.s.size(); ++n) {
+    bad += compare("state S of session " + std::to_string(n), got.s[n], want.s[n], static_cast<size_t>(c.dk) * dv,
+                   where, "v-head; element = i * dv + j");
+    bad += compare("conv history of session " + std::to_string(n), got.conv[n], want.conv[n], want.conv[n].size(),
+                   where, "whole history; element = channel * (K-1) + i");
+  }
+  EXPECT_EQ(bad, 0);
+  const Result again = run_device(p);
+  EXPECT_TRUE(bit_identical(got, again)) << "repeated run differs";
+}
+
+constexpr auto kTiled = HeadMapping::kTiled;
+constexpr auto kGrouped = HeadMapping::kGrouped;
+constexpr auto kBetaAlpha = ref::GdnProjection::kQkvGateBetaAlpha;
+constexpr auto kBa = ref::GdnProjection::kQkvGateBa;
+constexpr auto kSsmIn = ref::GdnProjection::kSsmInBa;
+
+TEST(GdnDecode, TinyQwen35Tiled) {
+  REQUIRE_DEVICE();
+  check_case({"tiny qwen35", 4, 8, 32, 32, 4, kTiled, kBetaAlpha, 3});
+}
+
+TEST(GdnDecode, TinyQwen3NextGroupedBa) {
+  REQUIRE_DEVICE();
+  check_case({"tiny qwen3next", 4, 8, 32, 32, 4, kGrouped, kBa, 3});
+}
+
+TEST(GdnDecode, TinyQwen3NextLegacySsmIn) {
+  REQUIRE_DEVICE();
+  check_case({"tiny qwen3next legacy ssm_in", 4, 8, 32, 32, 4, kGrouped, kSsmIn, 2});
+}
+
+TEST(GdnDecode, Qwen35Moe35BShape) {
+  REQUIRE_DEVICE();
+  check_case({"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 1});
+  check_case({"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 8});
+}
+
+TEST(GdnDecode, Qwen3NextShapeGrouped) {
+  REQUIRE_DEVICE();
+  check_case({"80B-A3B-like", 16, 32, 128, 128, 4, kGrouped, kBa, 4});
+}
+
+TEST(GdnDecode, OddShapes) {
+  REQUIRE_DEVICE();
+  check_case({"odd r=3", 3, 9, 48, 40, 3, kGrouped, kBa, 5});
+  check_case({"odd r=3 tiled", 3, 9, 48, 40, 3, kTiled, kBetaAlpha, 2});
+  check_case({"odd wide dk", 2, 4, 200, 72, 4, kTiled, kBetaAlpha, 3});
+  check_case({"odd kernel 1", 1, 1, 8, 33, 1, kGrouped, kSsmIn, 1});
+}
+
+TEST(GdnDecode, RefusesBadArguments) {
+  ref::GdnDims d = dims_of({"", 4, 8, 32, 32, 4, kTiled, kBetaAlpha, 1});
+  alignas(16) float dummy[4] = {};
+  GdnSlot slot;
+  const GdnDecodeWeights w{dummy, dummy, dummy, dummy};
+  GdnDecodeInputs in;
+  in.qkv = dummy;
+  in.z = dummy;
+  in.b = dummy;
+  // a missing for kQkvGateBetaAlpha
+  Status s = gdn_decode(d, kBetaAlpha, w, in, &slot, 1, dummy, dummy, nullptr);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code, ErrorCode::kInvalidArgument);
+  in.a = dummy;
+  s = gdn_decode(d, kBetaAlpha, GdnDecodeWeights{}, in, &slot, 1, dummy, dummy, nullptr);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code, ErrorCode::kInvalidArgument);
+  ref::GdnDims big = d;
+  big.d_k = kGdnMaxDk + 1;
+  s = gdn_decode(big, kBetaAlpha, w, in, &slot, 1, dummy, dummy, nullptr);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("d_k"), std::string::npos) << s.error().message;
+  ref::GdnDims bad = d;
+  bad.n_v_heads = 6;  // not a multiple of Kh = 4
+  s = gdn_decode(bad, kBetaAlpha, w, in, &slot, 1, dummy, dummy, nullptr);
+  EXPECT_FALSE(s);
+  EXPECT_TRUE(gdn_decode(d, kBetaAlpha, w, in, &slot, 0, dummy, dummy, nullptr));  // nothing to do
+}
+
+}  // namespace
+}  // namespace kestrel::gpu
