@@ -2,11 +2,14 @@
 #include "client/cli/client_flags.h"
 
 #include <google/protobuf/util/json_util.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <vector>
 
 #include "client/cli/cli11.h"
 
@@ -14,10 +17,21 @@ namespace kestrel::cli {
 
 std::string default_connect_uri() {
   if (const char* env = std::getenv("KESTREL_CONNECT"); env != nullptr && *env != '\0') return normalize_uri(env);
-  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && xdg[0] == '/') {
-    return std::string("unix://") + xdg + "/kestrel/kestreld.sock";
+  // The places kestreld puts its socket (daemon/ops/default_paths.h), the likeliest first: the system service's
+  // for root, a per-user daemon's otherwise. The first that exists wins; when none does, the first.
+  const uid_t uid = getuid();
+  std::vector<std::string> candidates;
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  const std::string system_socket = "/run/kestrel/kestreld.sock";
+  if (uid == 0) candidates.push_back(system_socket);
+  if (xdg != nullptr && xdg[0] == '/') candidates.push_back(std::string(xdg) + "/kestrel/kestreld.sock");
+  candidates.push_back("/tmp/kestrel-" + std::to_string(uid) + "/kestreld.sock");
+  if (uid != 0) candidates.push_back(system_socket);
+  for (const auto& path : candidates) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return "unix://" + path;
   }
-  return "unix:///run/kestrel/kestreld.sock";
+  return "unix://" + candidates.front();
 }
 
 std::string normalize_uri(std::string_view uri) {

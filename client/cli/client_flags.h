@@ -24,8 +24,10 @@ namespace kestrel::cli {
 // Exit status of a command-line usage error found after parsing (CLI11's own parse errors map to it in main.cpp).
 inline constexpr int kExitUsage = 2;
 
-// The daemon's default gRPC socket: $KESTREL_CONNECT when set, else unix://$XDG_RUNTIME_DIR/kestrel/kestreld.sock
-// when XDG_RUNTIME_DIR is set, else unix:///run/kestrel/kestreld.sock (the systemd service's RuntimeDirectory).
+// The daemon's gRPC socket when --connect is not given: $KESTREL_CONNECT when set, else the first existing socket
+// among kestreld's default places (daemon/ops/default_paths.h): /run/kestrel/kestreld.sock (the systemd service;
+// tried first for root, last otherwise), $XDG_RUNTIME_DIR/kestrel/kestreld.sock, /tmp/kestrel-$UID/kestreld.sock;
+// when none exists, the first of them. Reads the environment and the file system.
 std::string default_connect_uri();
 
 // A bare absolute path becomes "unix://<path>"; anything else is returned as it is (Client::connect checks it).
