@@ -1,0 +1,208 @@
+// attention_decode (see attention_decode.h): k/v append kernel, then one block per (head, sequence) attending over
+// the sequence's cache with a 4-warp online softmax merged in warp order.
+#include <cmath>
+#include <string>
+#include <unordered_set>
+
+#include "gpu/attention_decode.h"
+#include "gpu/block_reduce.cuh"
+#include "gpu/cuda_check.h"
+
+namespace kestrel::gpu {
+namespace {
+
+constexpr int kThreads = 128;  // 4 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxPerLane = kAttnDecodeMaxHeadDim / 32;
+
+// dst[i] = RoPE(rms_norm(src) · w)[i] for one head of hd values (ref::rms_norm then ref::rope_neox_partial).
+// normed: shared f32 [hd] scratch; dst may be global or shared, must not alias src or normed. Whole block calls.
+__device__ void norm_rope_head(const float* src, const float* __restrict__ w, const float* __restrict__ inv_freq,
+                               int hd, int n_rot, float eps, float pos, float* normed, float* dst, float* scratch) {
+  float ss = 0.0f;
+  for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) ss += src[i] * src[i];
+  ss = block_sum(ss, scratch);
+  const float mean = ss / static_cast<float>(hd);
+  const float scale = 1.0f / sqrtf(mean + eps);
+  for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) normed[i] = (src[i] * scale) * w[i];
+  __syncthreads();
+  const int half = n_rot / 2;
+  for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) {
+    if (i >= n_rot) {
+      dst[i] = normed[i];
+    } else {
+      const int p = i < half ? i : i - half;
+      const float theta = pos * inv_freq[p];
+      const float c = cosf(theta), s = sinf(theta);
+      const float a = normed[p], b = normed[p + half];
+      // q·cos + rotate_half(q)·sin with rotate_half = [−x2, x1], written without FMA so the rounding is the
+      // reference's: x_i' = a·c + (−b)·s, x_{i+half}' = b·c + a·s.
+      dst[i] = i < half ? __fadd_rn(__fmul_rn(a, c), __fmul_rn(-b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+  }
+}
+
+// grid (n_kv, n_seq): K[pos] = rope(norm(k)), V[pos] = v for kv head blockIdx.x of sequence blockIdx.y.
+__global__ void kv_append_kernel(AttnDecodeDims d, KvSlotTable cache, const float* __restrict__ k,
+                                 const float* __restrict__ v, const float* __restrict__ k_norm,
+                                 const float* __restrict__ inv_freq, const int32_t* __restrict__ slot_ids,
+                                 const int32_t* __restrict__ positions) {
+  __shared__ float scratch[33];
+  __shared__ float normed[kAttnDecodeMaxHeadDim];
+  const int j = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y);
+  const int hd = d.head_dim;
+  const int slot = slot_ids[b], pos = positions[b];
+  const size_t row = (static_cast<size_t>(pos) * d.n_head_kv + static_cast<size_t>(j)) * hd;
+  const size_t src = (static_cast<size_t>(b) * d.n_head_kv + static_cast<size_t>(j)) * hd;
+  float* kc = cache.k[slot] + row;
+  float* vc = cache.v[slot] + row;
+  norm_rope_head(k + src, k_norm, inv_freq, hd, d.n_rot, d.eps, static_cast<float>(pos), normed, kc, scratch);
+  for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) vc[i] = v[src + i];
+}
+
+// grid (n_head, n_seq): out[b][h·hd..] = softmax(q·K/sqrt(hd)) V ⊙ sigmoid(gate) for head h of sequence b.
+__global__ void __launch_bounds__(kThreads)
+    attend_kernel(AttnDecodeDims d, KvSlotTable cache, const float* __restrict__ qg, const float* __restrict__ q_norm,
+                  const float* __restrict__ inv_freq, const int32_t* __restrict__ slot_ids,
+                  const int32_t* __restrict__ positions, float scale, float* __restrict__ out) {
+  __shared__ float scratch[33];
+  __shared__ float normed[kAttnDecodeMaxHeadDim];
+  __shared__ float q[kAttnDecodeMaxHeadDim];
+  __shared__ float acc_w[kWarps][kAttnDecodeMaxHeadDim];
+  __shared__ float m_w[kWarps], l_w[kWarps];
+  const int h = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y);
+  const int hd = d.head_dim;
+  const int slot = slot_ids[b], pos = positions[b];
+  const float* qrow = qg + static_cast<size_t>(b) * d.n_head * 2 * hd + static_cast<size_t>(h) * 2 * hd;
+  norm_rope_head(qrow, q_norm, inv_freq, hd, d.n_rot, d.eps, static_cast<float>(pos), normed, q, scratch);
+  __syncthreads();
+
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int kvh = h / (d.n_head / d.n_head_kv);
+  const int n_per_lane = (hd + 31) / 32;
+  float qr[kMaxPerLane], acc[kMaxPerLane];
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) {
+    const int i = lane + 32 * t;
+    qr[t] = (t < n_per_lane && i < hd) ? q[i] : 0.0f;
+    acc[t] = 0.0f;
+  }
+  const float* kbase = cache.k[slot] + static_cast<size_t>(kvh) * hd;
+  const float* vbase = cache.v[slot] + static_cast<size_t>(kvh) * hd;
+  const size_t pos_stride = static_cast<size_t>(d.n_head_kv) * hd;
+  float m = -INFINITY, l = 0.0f;
+  for (int p = warp; p <= pos; p += kWarps) {
+    const float* kp = kbase + static_cast<size_t>(p) * pos_stride;
+    float dot = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kMaxPerLane; ++t) {
+      const int i = lane + 32 * t;
+      if (t < n_per_lane && i < hd) dot += qr[t] * kp[i];
+    }
+    const float s = warp_sum(dot) * scale;
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new);  // 0 on the first position (m = -inf)
+    const float e = expf(s - m_new);
+    l = l * corr + e;
+    const float* vp = vbase + static_cast<size_t>(p) * pos_stride;
+#pragma unroll
+    for (int t = 0; t < kMaxPerLane; ++t) {
+      const int i = lane + 32 * t;
+      if (t < n_per_lane && i < hd) acc[t] = acc[t] * corr + e * vp[i];
+    }
+    m = m_new;
+  }
+#pragma unroll
+  for (int t = 0; t < kMaxPerLane; ++t) {
+    const int i = lane + 32 * t;
+    if (t < n_per_lane && i < hd) acc_w[warp][i] = acc[t];
+  }
+  if (lane == 0) {
+    m_w[warp] = m;
+    l_w[warp] = l;
+  }
+  __syncthreads();
+  float m_all = m_w[0];
+  for (int w = 1; w < kWarps; ++w) m_all = fmaxf(m_all, m_w[w]);
+  float f[kWarps];
+  float l_all = 0.0f;
+  for (int w = 0; w < kWarps; ++w) {
+    f[w] = l_w[w] > 0.0f ? expf(m_w[w] - m_all) : 0.0f;  // a warp that saw no position contributes nothing
+    l_all += l_w[w] * f[w];
+  }
+  const float* gate = qrow + hd;
+  float* orow = out + static_cast<size_t>(b) * d.n_head * hd + static_cast<size_t>(h) * hd;
+  for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) {
+    float a = 0.0f;
+    for (int w = 0; w < kWarps; ++w) a += acc_w[w][i] * f[w];
+    const float sig = 1.0f / (1.0f + expf(-gate[i]));
+    orow[i] = (a / l_all) * sig;
+  }
+}
+
+}  // namespace
+
+Status attention_decode(const AttnDecodeDims& d, const KvSlotTable& cache, int n_slots, const AttnDecodeArgs& a,
+                        std::span<const int32_t> slot_ids_host, std::span<const int32_t> positions_host,
+                        cudaStream_t stream) {
+  const auto bad = [](const std::string& what) {
+    return make_error(ErrorCode::kInvalidArgument, "attention_decode: " + what);
+  };
+  if (d.n_head <= 0 || d.n_head_kv <= 0 || d.n_head % d.n_head_kv != 0) {
+    return bad("n_head " + std::to_string(d.n_head) + " must be a positive multiple of n_head_kv " +
+               std::to_string(d.n_head_kv));
+  }
+  if (d.head_dim < 1 || d.head_dim > kAttnDecodeMaxHeadDim) {
+    return bad("head_dim " + std::to_string(d.head_dim) + " outside 1.." + std::to_string(kAttnDecodeMaxHeadDim));
+  }
+  if (d.n_rot < 0 || d.n_rot % 2 != 0 || d.n_rot > d.head_dim) {
+    return bad("n_rot " + std::to_string(d.n_rot) + " must be even and at most head_dim");
+  }
+  if (cache.k == nullptr || cache.v == nullptr || cache.n_head_kv != d.n_head_kv || cache.head_dim != d.head_dim) {
+    return bad("the KV cache table (" + std::to_string(cache.n_head_kv) + " kv heads of " +
+               std::to_string(cache.head_dim) + ") does not match the layer (" + std::to_string(d.n_head_kv) + " of " +
+               std::to_string(d.head_dim) + ")");
+  }
+  if (slot_ids_host.size() != positions_host.size()) {
+    return bad(std::to_string(slot_ids_host.size()) + " slot ids but " + std::to_string(positions_host.size()) +
+               " positions");
+  }
+  const size_t n_seq = slot_ids_host.size();
+  if (n_seq == 0) return ok_status();
+  if (n_seq > 65535) return bad("more than 65535 sequences in one call");
+  if (a.qg == nullptr || a.k == nullptr || a.v == nullptr || a.q_norm == nullptr || a.k_norm == nullptr ||
+      a.slot_ids == nullptr || a.positions == nullptr || a.out == nullptr ||
+      (d.n_rot > 0 && a.rope_inv_freq == nullptr)) {
+    return bad("null pointer among the arguments");
+  }
+  std::unordered_set<int32_t> seen;
+  for (size_t b = 0; b < n_seq; ++b) {
+    const int32_t s = slot_ids_host[b], p = positions_host[b];
+    if (s < 0 || s >= n_slots) {
+      return make_error(ErrorCode::kOutOfRange, "attention_decode: sequence " + std::to_string(b) + " has slot " +
+                                                    std::to_string(s) + " outside 0.." + std::to_string(n_slots - 1));
+    }
+    if (!seen.insert(s).second) {
+      return bad("slot " + std::to_string(s) + " appears twice in one batch (sequence " + std::to_string(b) + ")");
+    }
+    if (p < 0 || p >= cache.n_ctx) {
+      return make_error(ErrorCode::kOutOfRange, "attention_decode: sequence " + std::to_string(b) + " (slot " +
+                                                    std::to_string(s) + ") is at position " + std::to_string(p) +
+                                                    ", the cache holds " + std::to_string(cache.n_ctx) +
+                                                    " tokens (raise the context size)");
+    }
+  }
+  // The reference's scale: (float)(1 / sqrt((double)hd)).
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+  const unsigned seqs = static_cast<unsigned>(n_seq);
+  kv_append_kernel<<<dim3(static_cast<unsigned>(d.n_head_kv), seqs), kThreads, 0, stream>>>(
+      d, cache, a.k, a.v, a.k_norm, a.rope_inv_freq, a.slot_ids, a.positions);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  attend_kernel<<<dim3(static_cast<unsigned>(d.n_head), seqs), kThreads, 0, stream>>>(
+      d, cache, a.qg, a.q_norm, a.rope_inv_freq, a.slot_ids, a.positions, scale, a.out);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  return ok_status();
+}
+
+}  // namespace kestrel::gpu

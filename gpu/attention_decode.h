@@ -1,0 +1,65 @@
+// Gated full-attention decode on the device: one new token for each of a batch of sessions (model-spec.md §4).
+//
+// Between the q/k/v GEMVs and the output GEMV of an attention layer, for each sequence b (slot slot_ids[b], the
+// new token at position positions[b] = the number of tokens already in that slot's cache), exactly as
+// ref::attn_forward does for one token:
+//   q_h, gate_h = qg[b][h·2hd, h·2hd+hd), qg[b][h·2hd+hd, (h+1)·2hd)          ([q | gate] per head)
+//   q_h = rms_norm(q_h) · q_norm;  k_j = rms_norm(k_j) · k_norm               (eps, over all hd dims)
+//   partial NeoX RoPE on dims [0, n_rot) of q_h and k_j at positions[b]       (pairs (i, i + n_rot/2))
+//   cache K[pos] = k (normed, roped), V[pos] = raw v                          (the slot's KV cache, state_slots.h)
+//   attn_h = softmax(q_h · K[0..pos] · scale) V[0..pos] over kv head h / (n_head / n_kv)      (GQA)
+//   out[b][h·hd + i] = attn_h[i] · sigmoid(gate_h[i])                         (input of the attn_output GEMV)
+// RoPE angles: θ_i = (float)pos · inv_freq[i] with inv_freq the table ref::rope_inv_freq computes on the host
+// (uploaded by the caller once per model), so the angles are bit-identical to the reference's; cosf/sinf, expf and
+// the f32 sums differ from the host's by a few ulps. The softmax is the stable online form (running max and sum,
+// in f32) over positions split among 4 warps in a fixed order, merged in warp order: results agree with the
+// reference to ~1e-5 relative and are bit-identical from run to run (no atomics).
+//
+// Launches: one kernel appends k/v (grid n_kv × n_seq), one attends (grid n_head × n_seq, a block per head, its
+// q normed and roped in shared memory). head_dim <= 512. Returns without waiting; argument errors (kInvalidArgument,
+// kOutOfRange for a position outside the cache, duplicate slots) are found from the host copies of slot ids and
+// positions before anything is launched, and leave the caches untouched. Thread-safe (no shared state); the caller
+// keeps every buffer alive until the stream has run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <span>
+
+#include "core/base/expected.h"
+#include "gpu/state_slots.h"  // KvSlotTable
+
+namespace kestrel::gpu {
+
+inline constexpr int kAttnDecodeMaxHeadDim = 512;
+
+struct AttnDecodeDims {
+  int n_head = 0;     // query heads
+  int n_head_kv = 0;  // key/value heads; n_head is a multiple
+  int head_dim = 0;   // hd, 1..kAttnDecodeMaxHeadDim
+  int n_rot = 0;      // even, <= head_dim
+  float eps = 1e-6f;  // q/k RMSNorm eps
+};
+
+struct AttnDecodeArgs {
+  const float* qg = nullptr;             // device f32 [n_seq, n_head·2·hd]  attn_q GEMV output
+  const float* k = nullptr;              // device f32 [n_seq, n_kv·hd]      attn_k GEMV output
+  const float* v = nullptr;              // device f32 [n_seq, n_kv·hd]      attn_v GEMV output
+  const float* q_norm = nullptr;         // device f32 [hd]
+  const float* k_norm = nullptr;         // device f32 [hd]
+  const float* rope_inv_freq = nullptr;  // device f32 [n_rot/2] = ref::rope_inv_freq(n_rot, freq_base); may be null
+                                         // when n_rot == 0
+  const int32_t* slot_ids = nullptr;     // device int32 [n_seq], distinct
+  const int32_t* positions = nullptr;    // device int32 [n_seq]
+  float* out = nullptr;                  // device f32 [n_seq, n_head·hd]
+};
+
+// slot_ids_host / positions_host: the same values as args.slot_ids / args.positions (n_seq = their size); each
+// slot id in [0, n_slots) and each position in [0, cache.n_ctx). cache: the layer's table from StateSlots
+// (its n_head_kv and head_dim must equal dims'). n_slots: the number of entries in the table.
+Status attention_decode(const AttnDecodeDims& dims, const KvSlotTable& cache, int n_slots, const AttnDecodeArgs& args,
+                        std::span<const int32_t> slot_ids_host, std::span<const int32_t> positions_host,
+                        cudaStream_t stream);
+
+}  // namespace kestrel::gpu
