@@ -5,8 +5,11 @@
 // A slot is one sequence's model state (GDN state + conv history per GDN layer, KV cache per attention layer,
 // token history). Slots are numbered 0..max_slots()-1 and recycled.
 //
-// Threading: an Engine is driven by ONE thread (the engine loop); no method is thread-safe. The Service serialises
-// every call onto that thread (slot creation for a new session is queued to it like a step).
+// Threading: no method is thread-safe, and calls must never overlap. The Service serialises them with one mutex
+// (ServiceImpl::engine_mu_) held around every Engine call: step() (and the sampling that reads slot_tokens) runs on
+// the engine loop thread; slot_alloc / slot_clone / slot_reset / slot_free may run on a caller's thread (create,
+// clone, reset, close session) or the loop thread, always between two step() calls, never on a slot that a queued
+// request is using. An engine that needs thread affinity (CUDA contexts) must set its device itself in each call.
 #pragma once
 
 #include <cstdint>

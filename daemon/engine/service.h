@@ -27,6 +27,10 @@
 #include "core/sampler/logprobs.h"
 #include "core/sampler/sampling_params.h"
 
+namespace kestrel {
+class Model;
+}  // namespace kestrel
+
 namespace kestrel::daemon {
 
 using SessionId = uint64_t;  // never 0
@@ -59,13 +63,13 @@ struct ModelInfo {
 
 struct ServiceLimits {
   uint32_t max_sessions = 256;
-  uint32_t max_queued_steps = 1024;       // step + generate requests waiting or running
+  uint32_t max_queued_steps = 1024;  // step + generate requests waiting or running
   int32_t default_n_ctx = 4096;
-  int32_t max_session_ctx = 32768;        // clamped to the model's training context
-  int32_t max_batch_tokens = 2048;        // tokens in one tick (prefill is split into chunks across ticks)
+  int32_t max_session_ctx = 32768;  // clamped to the model's training context
+  int32_t max_batch_tokens = 2048;  // tokens in one tick (prefill is split into chunks across ticks)
   std::chrono::seconds default_idle_ttl{600};
   std::chrono::seconds max_idle_ttl{86400};
-  SamplingParams default_sampling{};      // server-wide defaults; seed 0 here means "random per session"
+  SamplingParams default_sampling{};  // server-wide defaults; seed 0 here means "random per session"
   bool random_seed_by_default = true;
 };
 
@@ -108,7 +112,7 @@ enum class FinishReason { kStopToken, kStopString, kMaxTokens, kContextFull, kAb
 const char* finish_reason_name(FinishReason reason);
 
 struct GenerateRequest {
-  SessionId session = 0;  // 0: temporary session created with n_ctx and closed at the end
+  SessionId session = 0;        // 0: temporary session created with n_ctx and closed at the end
   std::vector<int32_t> prompt;  // >= 1 token (text prompts are tokenized by the transport via tokenize())
   int32_t max_tokens = 0;       // > 0
   SamplingOverrides sampling;
@@ -150,7 +154,6 @@ class GenerateSink {
 };
 
 class Engine;
-class Model;
 
 class Service {
  public:
@@ -180,5 +183,11 @@ class Service {
   // aborts what is left. Blocks the caller (not the engine thread) until the engine loop has stopped.
   virtual void drain(Clock::time_point deadline) = 0;
 };
+
+// Builds the Service over `engine` (which serves `model`) and starts its engine loop thread. Borrows both for the
+// Service's lifetime (destroy the Service first). The limits are checked (kInvalidArgument naming the bad one);
+// max_session_ctx is clamped to the model's training context and default_n_ctx to max_session_ctx (limits() shows
+// the values in force). Implemented in service_impl.cpp.
+Expected<std::unique_ptr<Service>> make_service(const Model& model, Engine& engine, const ServiceLimits& limits);
 
 }  // namespace kestrel::daemon

@@ -1,0 +1,119 @@
+// The reference Engine: logits equal ref::forward's, prefill cut into chunks gives bit-identical logits, per-item
+// errors leave the other items and the failing slot alone, clone forks exactly, placement adds up.
+#include <gtest/gtest.h>
+
+#include "core/reference/forward.h"
+#include "core/reference/model_weights.h"
+#include "tests/daemon/engine/engine_test_util.h"
+
+namespace kestrel::daemon {
+namespace {
+
+using test::iota_tokens;
+using test::open_fixture;
+
+std::vector<float> ref_logits(const Model& m, const std::vector<int32_t>& tokens, int n_ctx) {
+  auto w = ref::RefModelWeights::from_catalog(m.catalog());
+  EXPECT_TRUE(w.has_value());
+  auto st = ref::SessionState::create(m.hparams(), n_ctx);
+  EXPECT_TRUE(st.has_value());
+  ref::ForwardOptions o;
+  o.gdn_mode = ref::GdnMode::kRecurrent;
+  ref::ForwardOutput out;
+  EXPECT_TRUE(ref::forward(*w, *st, tokens, o, &out));
+  return out.logits;
+}
+
+class ReferenceEngineTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ReferenceEngineTest, MatchesForwardAndIsChunkingIndependent) {
+  auto model = open_fixture(GetParam());
+  ASSERT_TRUE(model);
+  auto engine = make_reference_engine(*model, 4);
+  ASSERT_TRUE(engine.has_value());
+  Engine& e = **engine;
+  const std::vector<int32_t> prompt = iota_tokens(21);
+  const std::vector<float> expect = ref_logits(*model, prompt, 64);
+
+  auto a = e.slot_alloc(64);
+  auto b = e.slot_alloc(64);
+  ASSERT_TRUE(a && b);
+  // Slot a: whole prompt. Slot b: chunks of 5, 9, 7 sharing ticks with slot a's work.
+  EngineStepItem items[2] = {{*a, std::span<const int32_t>(prompt)}, {*b, std::span<const int32_t>(prompt).first(5)}};
+  EngineStepOutput out[2];
+  e.step(items, out);
+  ASSERT_TRUE(out[0].status && out[1].status);
+  EXPECT_EQ(out[0].logits, expect);
+  EngineStepItem second[1] = {{*b, std::span<const int32_t>(prompt).subspan(5, 9)}};
+  e.step(second, std::span<EngineStepOutput>(out, 1));
+  EngineStepItem third[1] = {{*b, std::span<const int32_t>(prompt).subspan(14)}};
+  e.step(third, std::span<EngineStepOutput>(out, 1));
+  ASSERT_TRUE(out[0].status);
+  EXPECT_EQ(out[0].logits, expect) << "chunked prefill must be bit-identical to one prefill";
+  EXPECT_EQ(e.slot_n_past(*b), 21);
+  EXPECT_EQ(std::vector<int32_t>(e.slot_tokens(*b).begin(), e.slot_tokens(*b).end()), prompt);
+}
+
+TEST_P(ReferenceEngineTest, PerItemErrorsAndClone) {
+  auto model = open_fixture(GetParam());
+  ASSERT_TRUE(model);
+  auto engine = make_reference_engine(*model, 3);
+  ASSERT_TRUE(engine.has_value());
+  Engine& e = **engine;
+  auto a = e.slot_alloc(8);
+  auto b = e.slot_alloc(8);
+  ASSERT_TRUE(a && b);
+  const std::vector<int32_t> good = {1, 2, 3};
+  const std::vector<int32_t> bad = {1, static_cast<int32_t>(model->hparams().n_vocab)};
+  EngineStepItem items[2] = {{*a, good}, {*b, bad}};
+  EngineStepOutput out[2];
+  e.step(items, out);
+  EXPECT_TRUE(out[0].status);
+  ASSERT_FALSE(out[1].status);
+  EXPECT_EQ(out[1].status.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(e.slot_n_past(*b), 0) << "a failed item leaves its slot unchanged";
+  const std::vector<int32_t> too_long = iota_tokens(6);
+  EngineStepItem over[1] = {{*a, too_long}};
+  EXPECT_EQ(e.check(over[0]).error().code, ErrorCode::kOutOfRange);
+
+  // Clone into a larger slot, then both continue identically.
+  auto c = e.slot_alloc(16);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(e.slot_clone(*a, *c));
+  EXPECT_EQ(e.slot_n_past(*c), 3);
+  const std::vector<int32_t> next = {9};
+  EngineStepItem cont[2] = {{*a, next}, {*c, next}};
+  e.step(cont, out);
+  ASSERT_TRUE(out[0].status && out[1].status);
+  EXPECT_EQ(out[0].logits, out[1].logits);
+  EXPECT_EQ(e.slot_alloc(8).error().code, ErrorCode::kResourceExhausted);
+  e.slot_free(*b);
+  EXPECT_TRUE(e.slot_alloc(8).has_value());
+  EXPECT_EQ(e.slot_alloc(static_cast<int32_t>(model->hparams().n_ctx_train) + 1).error().code, ErrorCode::kOutOfRange);
+}
+
+TEST_P(ReferenceEngineTest, PlacementAddsUpToCatalog) {
+  auto model = open_fixture(GetParam());
+  ASSERT_TRUE(model);
+  auto engine = make_reference_engine(*model, 1);
+  ASSERT_TRUE(engine.has_value());
+  const auto placement = (*engine)->placement();
+  ASSERT_EQ(placement.size(), 6u);
+  uint64_t sum = 0;
+  for (const auto& p : placement) {
+    EXPECT_EQ(p.device, "cpu");
+    sum += p.bytes;
+  }
+  EXPECT_EQ(sum, model->catalog().total_bytes());
+  EXPECT_GT(placement[0].bytes, 0u);  // embeddings
+  EXPECT_GT(placement[1].bytes, 0u);  // gdn layers
+  EXPECT_GT(placement[2].bytes, 0u);  // attention layers
+  EXPECT_EQ(placement[3].bytes, model->catalog().bytes_in(PlacementClass::kRoutedExperts));
+  EXPECT_EQ(make_reference_engine(*model, 0).error().code, ErrorCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceEngineTest,
+                         ::testing::Values("golden-qwen35moe", "golden-qwen35", "golden-qwen3next"));
+
+}  // namespace
+}  // namespace kestrel::daemon

@@ -1,0 +1,187 @@
+// Service steps: results equal ref::forward + Sampler run directly (greedy and seeded), per-request overrides,
+// clone continues identically, reset, top logprobs, prefill split across ticks, model info and stats.
+#include <gtest/gtest.h>
+
+#include "core/reference/forward.h"
+#include "core/reference/model_weights.h"
+#include "core/sampler/sampler.h"
+#include "tests/daemon/engine/engine_test_util.h"
+
+namespace kestrel::daemon {
+namespace {
+
+using test::iota_tokens;
+using test::ServiceFixture;
+using test::step_sync;
+using test::step_tokens;
+using test::test_limits;
+
+// Runs the same steps directly on ref::forward + one Sampler: each step's tokens, then one sampled token.
+std::vector<StepResult> direct_steps(const Model& m, const SamplingParams& params,
+                                     const std::vector<std::vector<int32_t>>& steps, int n_ctx) {
+  auto w = ref::RefModelWeights::from_catalog(m.catalog());
+  auto st = ref::SessionState::create(m.hparams(), n_ctx);
+  auto sampler = Sampler::create(params, static_cast<int32_t>(m.hparams().n_vocab));
+  EXPECT_TRUE(w && st && sampler);
+  ref::ForwardOptions o;
+  o.gdn_mode = ref::GdnMode::kRecurrent;
+  std::vector<StepResult> out;
+  for (const auto& toks : steps) {
+    ref::ForwardOutput fwd;
+    EXPECT_TRUE(ref::forward(*w, *st, toks, o, &fwd));
+    SampleResult sr;
+    auto t = sampler->sample_checked(fwd.logits, st->tokens(), &sr);
+    EXPECT_TRUE(t.has_value());
+    out.push_back(StepResult{*t, sr.logprob, sr.top, st->n_past()});
+  }
+  return out;
+}
+
+class ServiceStepTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ServiceStepTest, GreedyAndSeededStepsEqualDirectReference) {
+  ServiceLimits limits = test_limits();
+  limits.max_batch_tokens = 7;  // the 30-token prompt runs as several prefill chunks
+  auto f = ServiceFixture::make(GetParam(), limits);
+  ASSERT_TRUE(f.service);
+  const std::vector<std::vector<int32_t>> steps = {iota_tokens(30), {5}, {77, 78}, {900}};
+
+  for (const bool seeded : {false, true}) {
+    SamplingParams params = limits.default_sampling;
+    SessionOptions opts;
+    if (seeded) {
+      params.temperature = 0.9f;
+      params.top_k = 40;
+      params.top_p = 0.95f;
+      params.seed = 1234;
+      opts.sampling.temperature = 0.9f;
+      opts.sampling.top_k = 40;
+      opts.sampling.top_p = 0.95f;
+      opts.sampling.seed = 1234;
+    }
+    const auto expect = direct_steps(*f.model, params, steps, 256);
+    auto sess = f.service->create_session(opts);
+    ASSERT_TRUE(sess.has_value()) << sess.error().to_string();
+    EXPECT_NE(sess->id, 0u);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      auto r = step_tokens(*f.service, sess->id, steps[i]);
+      ASSERT_TRUE(r.has_value()) << r.error().to_string();
+      EXPECT_EQ(r->token, expect[i].token) << "seeded=" << seeded << " step " << i;
+      EXPECT_EQ(r->n_past, expect[i].n_past);
+    }
+    EXPECT_TRUE(f.service->close_session(sess->id));
+  }
+  const ServiceStats st = f.service->stats();
+  EXPECT_TRUE(st.serving);
+  EXPECT_EQ(st.sessions, 0u);
+  EXPECT_EQ(st.tokens_processed, 2u * (30 + 1 + 2 + 1));
+  EXPECT_GE(st.ticks, 2u * (5 + 3));  // ceil(30 / 7) prefill ticks + 3 single ticks per pass
+}
+
+TEST_P(ServiceStepTest, OverridesApplyToOneRequestAndLogprobsMatch) {
+  auto f = ServiceFixture::make(GetParam(), test_limits());
+  ASSERT_TRUE(f.service);
+  SamplingParams seeded = test_limits().default_sampling;
+  seeded.temperature = 1.0f;
+  seeded.seed = 99;
+  // Session greedy; request 2 overrides temperature and seed; request 3 is greedy again with logprobs.
+  const std::vector<std::vector<int32_t>> steps = {iota_tokens(8), {3}, {4}};
+  auto sess = f.service->create_session({});
+  ASSERT_TRUE(sess);
+  auto r1 = step_tokens(*f.service, sess->id, steps[0]);
+  StepRequest req2;
+  req2.session = sess->id;
+  req2.tokens = steps[1];
+  req2.sampling.temperature = 1.0f;
+  req2.sampling.seed = 99;
+  auto r2 = step_sync(*f.service, req2);
+  StepRequest req3;
+  req3.session = sess->id;
+  req3.tokens = steps[2];
+  req3.top_logprobs = 5;
+  auto r3 = step_sync(*f.service, req3);
+  ASSERT_TRUE(r1 && r2 && r3);
+
+  // Direct: greedy, then a sampler seeded 99 at temperature 1, then greedy with 5 logprobs.
+  auto w = ref::RefModelWeights::from_catalog(f.model->catalog());
+  auto st = ref::SessionState::create(f.model->hparams(), 256);
+  ref::ForwardOptions o;
+  o.gdn_mode = ref::GdnMode::kRecurrent;
+  const auto n_vocab = static_cast<int32_t>(f.model->hparams().n_vocab);
+  ref::ForwardOutput out;
+  ASSERT_TRUE(ref::forward(*w, *st, steps[0], o, &out));
+  auto greedy = Sampler::create(test_limits().default_sampling, n_vocab);
+  EXPECT_EQ(r1->token, *greedy->sample_checked(out.logits, st->tokens(), nullptr));
+  ASSERT_TRUE(ref::forward(*w, *st, steps[1], o, &out));
+  auto hot = Sampler::create(seeded, n_vocab);
+  EXPECT_EQ(r2->token, *hot->sample_checked(out.logits, st->tokens(), nullptr));
+  ASSERT_TRUE(ref::forward(*w, *st, steps[2], o, &out));
+  SamplingParams lp = test_limits().default_sampling;
+  lp.n_logprobs = 5;
+  auto with_lp = Sampler::create(lp, n_vocab);
+  SampleResult sr;
+  EXPECT_EQ(r3->token, *with_lp->sample_checked(out.logits, st->tokens(), &sr));
+  ASSERT_EQ(r3->top.size(), 5u);
+  EXPECT_EQ(r3->logprob, sr.logprob);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(r3->top[i].id, sr.top[i].id);
+    EXPECT_EQ(r3->top[i].logprob, sr.top[i].logprob);
+  }
+  EXPECT_TRUE(r1->top.empty());
+}
+
+TEST_P(ServiceStepTest, CloneContinuesIdenticallyAndResetStartsOver) {
+  auto f = ServiceFixture::make(GetParam(), test_limits());
+  ASSERT_TRUE(f.service);
+  SessionOptions opts;
+  opts.sampling.temperature = 0.8f;
+  opts.sampling.seed = 7;
+  auto a = f.service->create_session(opts);
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(step_tokens(*f.service, a->id, iota_tokens(12)));
+  auto b = f.service->clone_session(a->id, 0);
+  ASSERT_TRUE(b) << b.error().to_string();
+  EXPECT_NE(b->id, a->id);
+  EXPECT_EQ(b->n_past, 12);
+  for (int i = 0; i < 4; ++i) {
+    auto ra = step_tokens(*f.service, a->id, {static_cast<int32_t>(100 + i)});
+    auto rb = step_tokens(*f.service, b->id, {static_cast<int32_t>(100 + i)});
+    ASSERT_TRUE(ra && rb);
+    EXPECT_EQ(ra->token, rb->token) << "step " << i;
+    EXPECT_EQ(ra->n_past, rb->n_past);
+  }
+  auto reset = f.service->reset_session(a->id);
+  ASSERT_TRUE(reset);
+  EXPECT_EQ(reset->n_past, 0);
+  auto again = step_tokens(*f.service, a->id, {1, 2});
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->n_past, 2);
+  EXPECT_EQ(f.service->clone_session(12345, 0).error().code, ErrorCode::kNotFound);
+  EXPECT_EQ(f.service->reset_session(12345).error().code, ErrorCode::kNotFound);
+}
+
+TEST_P(ServiceStepTest, ModelInfoAndTokenizer) {
+  auto f = ServiceFixture::make(GetParam(), test_limits());
+  ASSERT_TRUE(f.service);
+  const ModelInfo info = f.service->model_info();
+  EXPECT_EQ(info.architecture, std::string(GetParam()).substr(7));  // "golden-<arch>"
+  EXPECT_EQ(info.engine, "reference");
+  EXPECT_EQ(info.n_vocab, static_cast<int32_t>(f.model->hparams().n_vocab));
+  EXPECT_EQ(info.model_path, test::fixture_model_path(GetParam()));
+  EXPECT_EQ(info.file_bytes, f.model->file().file_size());
+  EXPECT_EQ(info.placement.size(), 6u);
+  EXPECT_FALSE(info.eos_token_ids.empty());
+  EXPECT_LE(info.max_session_ctx, 512);
+  auto toks = f.service->tokenize("hello world", false);
+  ASSERT_TRUE(toks);
+  auto text = f.service->detokenize(*toks);
+  ASSERT_TRUE(text);
+  EXPECT_EQ(*text, "hello world");
+  EXPECT_EQ(f.service->detokenize({-1}).error().code, ErrorCode::kInvalidArgument);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ServiceStepTest,
+                         ::testing::Values("golden-qwen35moe", "golden-qwen35", "golden-qwen3next"));
+
+}  // namespace
+}  // namespace kestrel::daemon
