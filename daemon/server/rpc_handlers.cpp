@@ -30,15 +30,7 @@ SamplingOverrides overrides_from(const v1::SamplingParams& p) {
 // Checks the set fields on their own: they are applied to the server's defaults, whose own values are valid, so a
 // failure names a field the request set. (The Service validates again against the session's parameters.)
 Status check_overrides(const SamplingOverrides& o, const SamplingParams& defaults) {
-  SamplingParams p = defaults;
-  if (o.temperature) p.temperature = *o.temperature;
-  if (o.top_k) p.top_k = *o.top_k;
-  if (o.top_p) p.top_p = *o.top_p;
-  if (o.min_p) p.min_p = *o.min_p;
-  if (o.repetition_penalty) p.repetition_penalty = *o.repetition_penalty;
-  if (o.presence_penalty) p.presence_penalty = *o.presence_penalty;
-  if (o.frequency_penalty) p.frequency_penalty = *o.frequency_penalty;
-  if (o.penalty_last_n) p.penalty_last_n = *o.penalty_last_n;
+  SamplingParams p = o.apply_to(defaults);
   p.n_logprobs = 0;
   return p.validate();
 }
