@@ -1,0 +1,229 @@
+// gpu/gemv_tiled (GEMV v3, re-tiled Q4_0 / Q4_K on bf16 tensor cores) against core's ref::matvec_batch: random
+// blocks with wide-ranging scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 12288,
+// n_out 16 .. 2048), every vector-count path (1, 2, 3, 5, 8, 13, 32: one, two and three column chunks, partial and
+// several grid slices); bit-identical repeated runs; each y[v] identical whatever n_vec; shapes and arguments the
+// kernel does not take are refused before anything runs.
+//
+// Tolerance: |gpu - ref| <= 1e-5 · Σ|w_i · x_i| per output. The kernel's products are exact (bf16 quants × the
+// three bf16 parts of x, which sum to x within 2^-24 relative) and its sums are f32, so it is as close to the exact
+// result as ref's own f32 dot product; 1e-5 leaves room for both orders' rounding at n_in = 12288.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/quant/blocks.h"
+#include "core/quant/quant.h"
+#include "core/reference/matvec.h"
+#include "gpu/gemv_tiled.h"
+
+namespace kestrel::gpu {
+namespace {
+
+constexpr double kRelTol = 1e-5;
+
+bool have_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define REQUIRE_DEVICE()                                          \
+  do {                                                            \
+    if (!have_device()) GTEST_SKIP() << "no CUDA device present"; \
+  } while (0)
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) {
+    if (cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes) != cudaSuccess) ptr_ = nullptr;
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) (void)cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  unsigned char* bytes() const { return static_cast<unsigned char*>(ptr_); }
+  float* floats() const { return static_cast<float*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// Random quant bytes with finite f16 scales of magnitudes 2^-14 .. 2^6.
+std::vector<uint8_t> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, std::mt19937& rng) {
+  const uint64_t row_bytes = *ggml_row_bytes(t, static_cast<uint64_t>(n_cols));
+  std::vector<uint8_t> m(row_bytes * static_cast<uint64_t>(n_rows));
+  for (auto& b : m) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-14, 6);
+  const size_t block_bytes = ggml_type_traits(t).block_bytes;
+  std::vector<size_t> offsets = {offsetof(BlockQ4_0, d)};
+  if (t == GgmlType::kQ4_K) offsets = {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
+  for (size_t blk = 0; blk < m.size() / block_bytes; ++blk) {
+    for (size_t off : offsets) {
+      const uint16_t h = f32_to_fp16(std::ldexp(mantissa(rng), exponent(rng)));
+      std::memcpy(&m[blk * block_bytes + off], &h, sizeof(h));
+    }
+  }
+  return m;
+}
+
+std::vector<float> random_vectors(int n_vec, int64_t n_in, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-8, 4);
+  std::vector<float> x(static_cast<size_t>(n_vec * n_in));
+  for (auto& v : x) v = std::ldexp(normal(rng), exponent(rng));  // wide range: exercises the bf16 split
+  return x;
+}
+
+// A tiled matrix resident on the device.
+struct DeviceTiled {
+  explicit DeviceTiled(GgmlType t, const std::vector<uint8_t>& raw, int64_t n_in, int64_t n_out)
+      : buf(q4_tiled_bytes(t, n_in, n_out)), view{t, nullptr, n_in, n_out} {
+    std::vector<uint8_t> tiled(q4_tiled_bytes(t, n_in, n_out));
+    const Status s = q4_tile(t, raw.data(), n_in, n_out, tiled);
+    EXPECT_TRUE(s) << s.error().to_string();
+    EXPECT_EQ(cudaMemcpy(buf.bytes(), tiled.data(), tiled.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    view.data = buf.bytes();
+  }
+  DeviceBuffer buf;
+  TiledQ4View view;
+};
+
+std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_vec) {
+  const size_t y_elems = static_cast<size_t>(n_vec * w.view.n_rows);
+  DeviceBuffer d_x(x.size() * sizeof(float));
+  DeviceBuffer d_y(y_elems * sizeof(float));
+  std::vector<float> y(y_elems, std::nanf(""));
+  EXPECT_EQ(cudaMemcpy(d_x.bytes(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemset(d_y.bytes(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
+  const Status s = gemv_q4_tiled(w.view, d_x.floats(), n_vec, d_y.floats(), nullptr);
+  EXPECT_TRUE(s) << s.error().to_string();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(y.data(), d_y.bytes(), y_elems * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  return y;
+}
+
+// Σ|w_i x_i| per output from core's dequantize_row, f64 [n_vec, n_out].
+std::vector<double> magnitudes(GgmlType t, const std::vector<uint8_t>& m, int64_t n_in, int64_t n_out,
+                               const std::vector<float>& x, int n_vec) {
+  const uint64_t row_bytes = *ggml_row_bytes(t, static_cast<uint64_t>(n_in));
+  std::vector<float> row(static_cast<size_t>(n_in));
+  std::vector<double> mag(static_cast<size_t>(n_vec * n_out), 0.0);
+  for (int64_t o = 0; o < n_out; ++o) {
+    EXPECT_TRUE(dequantize_row(t, m.data() + static_cast<uint64_t>(o) * row_bytes, row.data(), n_in));
+    for (int v = 0; v < n_vec; ++v) {
+      double sum = 0.0;
+      for (int64_t i = 0; i < n_in; ++i) {
+        sum += std::fabs(static_cast<double>(row[static_cast<size_t>(i)]) *
+                         static_cast<double>(x[static_cast<size_t>(v * n_in + i)]));
+      }
+      mag[static_cast<size_t>(v * n_out + o)] = sum;
+    }
+  }
+  return mag;
+}
+
+struct Shape {
+  int64_t n_in, n_out;
+};
+
+void check_type(GgmlType t, const std::vector<Shape>& shapes) {
+  std::mt19937 rng(1234 + static_cast<int>(t));
+  for (const Shape& sh : shapes) {
+    ASSERT_TRUE(q4_tiled_supports(t, sh.n_in, sh.n_out)) << sh.n_in << "x" << sh.n_out;
+    const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
+    const DeviceTiled w(t, m, sh.n_in, sh.n_out);
+    for (int n_vec : {1, 2, 3, 5, 8, 13, 32}) {
+      const std::vector<float> x = random_vectors(n_vec, sh.n_in, rng);
+      std::vector<float> want(static_cast<size_t>(n_vec * sh.n_out));
+      const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(sh.n_in), static_cast<uint64_t>(sh.n_out)};
+      ASSERT_TRUE(ref::matvec_batch(qm, x.data(), n_vec, want.data()));
+      const std::vector<double> mag = magnitudes(t, m, sh.n_in, sh.n_out, x, n_vec);
+      const std::vector<float> got = run(w, x, n_vec);
+      int bad = 0;
+      double worst = 0.0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const double err = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
+        worst = std::max(worst, err / (mag[i] + 1e-30));
+        if (!(err <= kRelTol * mag[i] + 1e-30) && bad++ < 3) {
+          ADD_FAILURE() << ggml_type_name(t) << " n_in " << sh.n_in << " n_out " << sh.n_out << " n_vec " << n_vec
+                        << ": vector " << i / static_cast<size_t>(sh.n_out) << " row "
+                        << i % static_cast<size_t>(sh.n_out) << " got " << got[i] << " want " << want[i];
+        }
+      }
+      EXPECT_EQ(bad, 0) << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " n_vec " << n_vec
+                        << " worst err/Σ|wx| " << worst;
+      // Repeated runs are bit-identical; each vector alone gives the same bits as inside the batch.
+      const std::vector<float> again = run(w, x, n_vec);
+      EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * sizeof(float)), 0);
+      for (int v : {0, n_vec - 1}) {
+        const std::vector<float> xv(x.begin() + v * sh.n_in, x.begin() + (v + 1) * sh.n_in);
+        const std::vector<float> alone = run(w, xv, 1);
+        EXPECT_EQ(std::memcmp(alone.data(), got.data() + v * sh.n_out, alone.size() * sizeof(float)), 0)
+            << "vector " << v << " of " << n_vec << " differs from the same vector alone";
+      }
+    }
+  }
+}
+
+TEST(GemvTiled, Q4_0MatchesReference) {
+  REQUIRE_DEVICE();
+  check_type(GgmlType::kQ4_0, {{64, 16}, {192, 48}, {2048, 512}, {4096, 160}, {12288, 16}});
+}
+
+TEST(GemvTiled, Q4_KMatchesReference) {
+  REQUIRE_DEVICE();
+  check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {2048, 512}, {4096, 160}, {12288, 16}});
+}
+
+TEST(GemvTiled, TilingKeepsEveryByte) {
+  // The tiled form is a permutation of the raw bytes: same size, same multiset of bytes.
+  std::mt19937 rng(7);
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    const int64_t n_in = 512;
+    const int64_t n_out = 32;
+    const std::vector<uint8_t> m = random_matrix(t, n_in, n_out, rng);
+    ASSERT_EQ(q4_tiled_bytes(t, n_in, n_out), m.size());
+    std::vector<uint8_t> tiled(m.size());
+    ASSERT_TRUE(q4_tile(t, m.data(), n_in, n_out, tiled));
+    std::vector<uint64_t> count_raw(256, 0), count_tiled(256, 0);
+    for (uint8_t b : m) ++count_raw[b];
+    for (uint8_t b : tiled) ++count_tiled[b];
+    EXPECT_EQ(count_raw, count_tiled) << ggml_type_name(t);
+  }
+}
+
+TEST(GemvTiled, RefusesShapesAndArguments) {
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 32, 16));     // n_in not a multiple of 64
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 64, 17));     // n_out not a multiple of 16
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_K, 128, 16));    // not whole super-blocks
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ8_0, 64, 16));     // other types keep gemv()
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 12352, 16));  // longer than the shared-memory staging allows
+  std::vector<uint8_t> raw(18 * 2 * 17);
+  std::vector<uint8_t> out(raw.size());
+  EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, raw.data(), 64, 17, out));
+  std::vector<uint8_t> small(10);
+  EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, raw.data(), 64, 16, small));
+  alignas(16) static float x[64];
+  alignas(16) static float y[16];
+  alignas(16) static uint8_t w[18 * 2 * 16];
+  const TiledQ4View view{GgmlType::kQ4_0, w, 64, 16};
+  EXPECT_FALSE(gemv_q4_tiled(view, x, 0, y, nullptr));      // n_vec 0
+  EXPECT_FALSE(gemv_q4_tiled(view, x, 33, y, nullptr));     // n_vec 33
+  EXPECT_FALSE(gemv_q4_tiled(view, x + 1, 1, y, nullptr));  // x not 16-byte aligned
+  EXPECT_FALSE(gemv_q4_tiled(view, x, 1, x, nullptr));      // y overlaps x
+  const TiledQ4View bad{GgmlType::kQ4_0, w, 64, 17};
+  EXPECT_FALSE(gemv_q4_tiled(bad, x, 1, y, nullptr));
+}
+
+}  // namespace
+}  // namespace kestrel::gpu
