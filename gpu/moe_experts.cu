@@ -1,0 +1,384 @@
+// moe_forward (see moe_experts.h).
+//
+// Grouped expert kernel, grid (⌈rows/4⌉, max_active = min(E, n_tok·k)), 4 warps: block (x, a) takes active expert
+// a (blocks past *n_active return at once) and warp w row 4x + w of that expert's matrix (of both gate and up in
+// the gate/up pass). The warp walks the row in groups of 8 consecutive elements (lane l: groups l, l + 32, ...),
+// dequantizes each group once (scale decoded once per group, each value bit-identical to core's dequantize_row)
+// and multiplies it into the f32 accumulators of up to 8 of the expert's entries at a time (more entries: the row
+// is walked again, from L1/L2), so each expert row is read from memory once for all its tokens. A fixed butterfly
+// sums the lanes. The gate/up pass writes h[entry] = silu(gate·x) · (up·x), the down pass ye[entry] = down·h[entry].
+// The shared expert runs through the same kernel as one expert (stride 0) with every token as its entries.
+// Combine, grid (⌈H/256⌉, n_tok): out[t] = Σ over t's entries by ascending expert id of ye·w (from 0, as the
+// reference), then + sigmoid(shared gate logit) · shared output.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "gpu/cuda_check.h"
+#include "gpu/dequant.cuh"
+#include "gpu/gemv.h"
+#include "gpu/moe_experts.h"
+
+namespace kestrel::gpu {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kGroup = 8;      // elements a lane decodes at once (never crosses a block or a sub-block scale)
+constexpr int kEntryTile = 8;  // entries accumulated per pass over a row
+constexpr int kCombineThreads = 256;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// One stack of expert matrices, as the kernel sees it.
+struct Stack {
+  const uint8_t* data;
+  int64_t expert_bytes;  // 0 for the shared expert
+  int64_t row_bytes;
+  int n_cols;
+  int n_rows;
+};
+
+// Which entries each active expert owns.
+struct Groups {
+  const int32_t* n_active;       // null: one expert (index 0) whose entries are the tokens 0 .. n_tok − 1
+  const int32_t* active_expert;  // [max_active]
+  const int32_t* active_offset;  // [max_active + 1]
+  const int32_t* entry_token;    // [entries]
+  int n_tok;
+};
+
+std::string tname(GgmlType t) { return std::string(ggml_type_name(t)); }
+
+__device__ __forceinline__ float silu_rn(float x) { return __fmul_rn(x, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x)))); }
+
+// Weights of elements e0 .. e0 + n − 1 of a row (n < kGroup only at the ragged end of a plain-type row).
+template <GgmlType T>
+__device__ __forceinline__ void group_weights(const uint8_t* row, int e0, int n, float (&wv)[kGroup]) {
+  using D = Dequant<T>;
+  const auto* blocks = reinterpret_cast<const typename D::Block*>(row);
+  if constexpr (D::kBlockElems == 1) {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) wv[j] = j < n ? D::elem(blocks + e0 + j, 0) : 0.0f;
+  } else {
+    const auto* b = blocks + e0 / D::kBlockElems;
+    const int i0 = e0 % D::kBlockElems;
+    if constexpr (T == GgmlType::kQ4_0) {
+      const float d = dq_fp16_to_f32(b->d);
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) wv[j] = __fmul_rn(static_cast<float>(D::quant(b, i0 + j)), d);
+    } else if constexpr (T == GgmlType::kQ8_0) {
+      const float d = dq_fp16_to_f32(b->d);
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) wv[j] = __fmul_rn(static_cast<float>(b->qs[i0 + j]), d);
+    } else if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
+      float step;
+      float offset;
+      dq_k4_step_offset(b, D::sub_block(i0), &step, &offset);
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) {
+        wv[j] = __fsub_rn(__fmul_rn(step, static_cast<float>(D::quant(b, i0 + j))), offset);
+      }
+    } else {
+      static_assert(T == GgmlType::kQ6_K);
+      const float step = __fmul_rn(dq_fp16_to_f32(b->d), static_cast<float>(b->scales[D::scale_index(i0)]));
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) wv[j] = __fmul_rn(step, static_cast<float>(D::quant(b, i0 + j)));
+    }
+  }
+}
+
+// kGateUp: a = gate, b = up, x = f32 [n_tok, n_cols] indexed by entry_token, out = h f32 [entries, n_rows].
+// !kGateUp: a = down, x = h f32 [entries, n_cols] indexed by entry, out = ye f32 [entries, n_rows].
+template <GgmlType T, bool kGateUp>
+__global__ void __launch_bounds__(kThreads)
+    grouped_kernel(Stack a, Stack b, Groups gr, const float* __restrict__ x, float* __restrict__ out) {
+  const int slot = static_cast<int>(blockIdx.y);
+  int expert = 0;
+  int first = 0;
+  int last = gr.n_tok;
+  if (gr.n_active != nullptr) {
+    if (slot >= *gr.n_active) return;  // whole block
+    expert = gr.active_expert[slot];
+    first = gr.active_offset[slot];
+    last = gr.active_offset[slot + 1];
+  }
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int row = static_cast<int>(blockIdx.x) * kWarps + warp;
+  if (row >= a.n_rows) return;  // whole warp; no barrier follows
+  const uint8_t* ra = a.data + expert * a.expert_bytes + static_cast<int64_t>(row) * a.row_bytes;
+  const uint8_t* rb = kGateUp ? b.data + expert * b.expert_bytes + static_cast<int64_t>(row) * b.row_bytes : nullptr;
+  const int n_cols = a.n_cols;
+
+  for (int c0 = first; c0 < last; c0 += kEntryTile) {
+    const int nv = min(kEntryTile, last - c0);
+    const float* xr[kEntryTile];
+#pragma unroll
+    for (int v = 0; v < kEntryTile; ++v) {
+      const int entry = c0 + (v < nv ? v : 0);
+      int xrow = entry;
+      if (kGateUp) xrow = gr.n_active != nullptr ? gr.entry_token[entry] : entry;
+      xr[v] = x + static_cast<int64_t>(xrow) * n_cols;
+    }
+    float acc_a[kEntryTile];
+    float acc_b[kEntryTile];
+#pragma unroll
+    for (int v = 0; v < kEntryTile; ++v) {
+      acc_a[v] = 0.0f;
+      acc_b[v] = 0.0f;
+    }
+    for (int e0 = kGroup * lane; e0 < n_cols; e0 += kGroup * 32) {
+      const int n = min(kGroup, n_cols - e0);
+      float wa[kGroup];
+      float wb[kGroup];
+      group_weights<T>(ra, e0, n, wa);
+      if constexpr (kGateUp) group_weights<T>(rb, e0, n, wb);
+#pragma unroll
+      for (int v = 0; v < kEntryTile; ++v) {
+        if (v < nv) {
+#pragma unroll
+          for (int j = 0; j < kGroup; ++j) {
+            if (j < n) {
+              const float xv = __ldg(xr[v] + e0 + j);
+              acc_a[v] = fmaf(wa[j], xv, acc_a[v]);
+              if constexpr (kGateUp) acc_b[v] = fmaf(wb[j], xv, acc_b[v]);
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < kEntryTile; ++v) {
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) {
+        acc_a[v] += __shfl_xor_sync(kFullMask, acc_a[v], off);
+        if constexpr (kGateUp) acc_b[v] += __shfl_xor_sync(kFullMask, acc_b[v], off);
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < kEntryTile; ++v) {
+      if (v < nv && lane == v) {
+        const float val = kGateUp ? __fmul_rn(silu_rn(acc_a[v]), acc_b[v]) : acc_a[v];
+        out[static_cast<int64_t>(c0 + v) * a.n_rows + row] = val;
+      }
+    }
+  }
+}
+
+// out[t] = Σ_j ye[token_entry[t][j]] · entry_weight[...] (+ sigmoid(sgate[t]) · sh[t]).
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(const float* __restrict__ ye, const int32_t* __restrict__ token_entry,
+                   const float* __restrict__ entry_weight, int k, const float* __restrict__ sh,
+                   const float* __restrict__ sgate, int h, float* __restrict__ out) {
+  const int t = static_cast<int>(blockIdx.y);
+  const int c = static_cast<int>(blockIdx.x) * kCombineThreads + static_cast<int>(threadIdx.x);
+  if (c >= h) return;
+  float y = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int entry = token_entry[t * k + j];
+    y = __fadd_rn(y, __fmul_rn(ye[static_cast<int64_t>(entry) * h + c], entry_weight[entry]));
+  }
+  if (sh != nullptr) {
+    const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-sgate[t])));
+    y = __fadd_rn(y, __fmul_rn(s, sh[static_cast<int64_t>(t) * h + c]));
+  }
+  out[static_cast<int64_t>(t) * h + c] = y;
+}
+
+Stack stack_of(const DeviceExpertsView& v) {
+  const int64_t rb = static_cast<int64_t>(*ggml_row_bytes(v.type, static_cast<uint64_t>(v.n_cols)));
+  return Stack{static_cast<const uint8_t*>(v.data), rb * v.n_rows, rb, static_cast<int>(v.n_cols),
+               static_cast<int>(v.n_rows)};
+}
+
+Stack stack_of(const DeviceMatrixView& v) {
+  const int64_t rb = static_cast<int64_t>(*ggml_row_bytes(v.type, static_cast<uint64_t>(v.n_cols)));
+  return Stack{static_cast<const uint8_t*>(v.data), 0, rb, static_cast<int>(v.n_cols), static_cast<int>(v.n_rows)};
+}
+
+// Enqueues one grouped pass with grid y = slots.
+Status launch_grouped(GgmlType type, bool gate_up, const Stack& a, const Stack& b, const Groups& g, int slots,
+                      const float* x, float* out, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((a.n_rows + kWarps - 1) / kWarps), static_cast<unsigned>(slots));
+  const bool launched = dispatch_dequant_type(
+      type,
+      [&](auto tag) {
+        constexpr GgmlType T = decltype(tag)::value;
+        if (gate_up) {
+          grouped_kernel<T, true><<<grid, kThreads, 0, stream>>>(a, b, g, x, out);
+        } else {
+          grouped_kernel<T, false><<<grid, kThreads, 0, stream>>>(a, b, g, x, out);
+        }
+        return true;
+      },
+      false);
+  if (!launched) {
+    return make_error(ErrorCode::kUnsupported, std::string("moe: no kernel for ") + tname(type));
+  }
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  return ok_status();
+}
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+// Workspace pieces, in order.
+struct Layout {
+  float* logits;  // f32 [n_tok, E]
+  void* routing;  // moe_routing_bytes
+  float* h;       // f32 [n_tok·k, I_e]
+  float* ye;      // f32 [n_tok·k, H]
+  float* sh_h;    // f32 [n_tok, I_s]
+  float* sh_y;    // f32 [n_tok, H]
+  float* sgate;   // f32 [n_tok]
+  size_t bytes;
+};
+
+Layout layout_of(const MoeDeviceWeights& w, int n_tok, void* base) {
+  const size_t T = static_cast<size_t>(n_tok), E = static_cast<size_t>(w.router.n_rows);
+  const size_t H = static_cast<size_t>(w.router.n_cols), I = static_cast<size_t>(w.gate_exps.n_rows);
+  const size_t k = static_cast<size_t>(w.n_expert_used);
+  const size_t Is = w.has_shared_expert() ? static_cast<size_t>(w.gate_shexp.n_rows) : 0;
+  auto* p = static_cast<unsigned char*>(base);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    unsigned char* q = p == nullptr ? nullptr : p + at;
+    at += align16(bytes);
+    return q;
+  };
+  Layout l{};
+  l.logits = reinterpret_cast<float*>(take(T * E * 4));
+  l.routing = take(moe_routing_bytes(n_tok, static_cast<int>(E), static_cast<int>(k)));
+  l.h = reinterpret_cast<float*>(take(T * k * I * 4));
+  l.ye = reinterpret_cast<float*>(take(T * k * H * 4));
+  l.sh_h = reinterpret_cast<float*>(take(T * Is * 4));
+  l.sh_y = reinterpret_cast<float*>(take(T * H * 4));
+  l.sgate = reinterpret_cast<float*>(take(T * 4));
+  l.bytes = at;
+  return l;
+}
+
+std::string shape(int64_t a, int64_t b) { return "{" + std::to_string(a) + ", " + std::to_string(b) + "}"; }
+
+Status check_matrix(const DeviceMatrixView& m, const char* name, int64_t n_cols, int64_t n_rows) {
+  if (m.data == nullptr || m.n_cols != n_cols || m.n_rows != n_rows) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      std::string("moe: ") + name + " has shape " + shape(m.n_cols, m.n_rows) +
+                          (m.data == nullptr ? " and no data" : "") + ", expected " + shape(n_cols, n_rows));
+  }
+  if (!has_dequant(m.type) || !ggml_row_bytes(m.type, static_cast<uint64_t>(n_cols))) {
+    return make_error(ErrorCode::kUnsupported, std::string("moe: ") + name + " type " + tname(m.type) +
+                                                   " is not supported with " + std::to_string(n_cols) + " columns");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+bool moe_supports(GgmlType type) { return has_dequant(type); }
+
+Status moe_check_weights(const MoeDeviceWeights& w) {
+  const int64_t H = w.router.n_cols, E = w.router.n_rows, I = w.gate_exps.n_rows;
+  KESTREL_TRY(check_matrix(w.router, "ffn_gate_inp", H, E));
+  if (!gemv_supports(w.router.type)) {
+    return make_error(ErrorCode::kUnsupported, std::string("moe: router type ") + tname(w.router.type));
+  }
+  if (E < 1 || E > kMoeMaxExperts || w.n_expert_used < 1 || w.n_expert_used > E || w.n_expert_used > kMoeMaxUsed) {
+    return make_error(ErrorCode::kInvalidArgument, "moe: " + std::to_string(E) + " experts, " +
+                                                       std::to_string(w.n_expert_used) +
+                                                       " used: need 1 <= used <= min(E, 32), E <= 1024");
+  }
+  auto check_stack = [&](const DeviceExpertsView& s, const char* name, int64_t n_cols, int64_t n_rows) -> Status {
+    if (s.data == nullptr || s.n_cols != n_cols || s.n_rows != n_rows || s.n_expert != E) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        std::string("moe: ") + name + " has shape {" + std::to_string(s.n_cols) + ", " +
+                            std::to_string(s.n_rows) + ", " + std::to_string(s.n_expert) + "}" +
+                            (s.data == nullptr ? " and no data" : "") + ", expected {" + std::to_string(n_cols) + ", " +
+                            std::to_string(n_rows) + ", " + std::to_string(E) + "}");
+    }
+    if (!has_dequant(s.type) || !ggml_row_bytes(s.type, static_cast<uint64_t>(n_cols))) {
+      return make_error(ErrorCode::kUnsupported, std::string("moe: ") + name + " type " + tname(s.type) +
+                                                     " is not supported with " + std::to_string(n_cols) + " columns");
+    }
+    return ok_status();
+  };
+  KESTREL_TRY(check_stack(w.gate_exps, "ffn_gate_exps", H, I));
+  KESTREL_TRY(check_stack(w.up_exps, "ffn_up_exps", H, I));
+  KESTREL_TRY(check_stack(w.down_exps, "ffn_down_exps", I, H));
+  if (w.gate_exps.type != w.up_exps.type) {
+    return make_error(ErrorCode::kUnsupported, std::string("moe: ffn_gate_exps (") + tname(w.gate_exps.type) +
+                                                   ") and ffn_up_exps (" + tname(w.up_exps.type) +
+                                                   ") must share a type");
+  }
+  if (w.has_shared_expert()) {
+    const int64_t Is = w.gate_shexp.n_rows;
+    KESTREL_TRY(check_matrix(w.shared_gate_inp, "ffn_gate_inp_shexp", H, 1));
+    if (!gemv_supports(w.shared_gate_inp.type)) {
+      return make_error(ErrorCode::kUnsupported,
+                        std::string("moe: ffn_gate_inp_shexp type ") + tname(w.shared_gate_inp.type));
+    }
+    KESTREL_TRY(check_matrix(w.gate_shexp, "ffn_gate_shexp", H, Is));
+    KESTREL_TRY(check_matrix(w.up_shexp, "ffn_up_shexp", H, Is));
+    KESTREL_TRY(check_matrix(w.down_shexp, "ffn_down_shexp", Is, H));
+    if (w.gate_shexp.type != w.up_shexp.type) {
+      return make_error(ErrorCode::kUnsupported, "moe: ffn_gate_shexp and ffn_up_shexp must share a type");
+    }
+  }
+  return ok_status();
+}
+
+size_t moe_workspace_bytes(const MoeDeviceWeights& w, int n_tok) {
+  if (n_tok < 1) return 0;
+  return layout_of(w, n_tok, nullptr).bytes;
+}
+
+Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* out, void* workspace,
+                   cudaStream_t stream, MoeLaunchInfo* info) {
+  KESTREL_TRY(moe_check_weights(w));
+  if (n_tok < 1 || n_tok > kMoeMaxTokens) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "moe: n_tok " + std::to_string(n_tok) + " outside [1, " + std::to_string(kMoeMaxTokens) + "]");
+  }
+  if (x == nullptr || out == nullptr || workspace == nullptr) {
+    return make_error(ErrorCode::kInvalidArgument, "moe: x, out or workspace is null");
+  }
+  if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "moe: x and workspace must be 16-byte aligned");
+  }
+  const int E = static_cast<int>(w.router.n_rows);
+  const int H = static_cast<int>(w.router.n_cols);
+  const int k = w.n_expert_used;
+  const Layout l = layout_of(w, n_tok, workspace);
+  const MoeRouting r = moe_routing_carve(l.routing, n_tok, E, k);
+  const int max_active = std::min(E, n_tok * k);
+  int launches = 0;
+
+  KESTREL_TRY(gemv(w.router, x, n_tok, l.logits, stream));
+  ++launches;
+  KESTREL_TRY(moe_route(l.logits, n_tok, E, k, r, stream));
+  ++launches;
+  const Groups routed{r.n_active, r.active_expert, r.active_offset, r.entry_token, n_tok};
+  const Stack gate = stack_of(w.gate_exps), up = stack_of(w.up_exps), down = stack_of(w.down_exps);
+  KESTREL_TRY(launch_grouped(w.gate_exps.type, true, gate, up, routed, max_active, x, l.h, stream));
+  KESTREL_TRY(launch_grouped(w.down_exps.type, false, down, down, routed, max_active, l.h, l.ye, stream));
+  launches += 2;
+  if (w.has_shared_expert()) {
+    const Groups all{nullptr, nullptr, nullptr, nullptr, n_tok};
+    const Stack sg = stack_of(w.gate_shexp), su = stack_of(w.up_shexp), sd = stack_of(w.down_shexp);
+    KESTREL_TRY(launch_grouped(w.gate_shexp.type, true, sg, su, all, 1, x, l.sh_h, stream));
+    KESTREL_TRY(launch_grouped(w.down_shexp.type, false, sd, sd, all, 1, l.sh_h, l.sh_y, stream));
+    KESTREL_TRY(gemv(w.shared_gate_inp, x, n_tok, l.sgate, stream));
+    launches += 3;
+  }
+  const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
+  combine_kernel<<<grid, kCombineThreads, 0, stream>>>(l.ye, r.token_entry, r.entry_weight, k,
+                                                       w.has_shared_expert() ? l.sh_y : nullptr, l.sgate, H, out);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  ++launches;
+  if (info != nullptr) {
+    info->launches = launches;
+    info->routing = r;
+  }
+  return ok_status();
+}
+
+}  // namespace kestrel::gpu

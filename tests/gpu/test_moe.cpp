@@ -1,0 +1,423 @@
+// gpu/moe_router + gpu/moe_experts against core/reference's ref::moe_route / ref::moe_forward, on the tiny presets'
+// MoE shapes (H 64, 16 experts top-4, expert ff 64, shared ff 256) and a 35B-A3B-like shape (H 2048, 256 experts
+// top-8, expert ff 512, shared ff 512) with 1, 8 and 32 tokens, in Q8_0, Q4_0, F16, Q4_K (+ Q6_K down) and Q4_0.
+//
+// Routing must match exactly: the device's expert ids equal ref::moe_route's on the same (device) logits and
+// ref::moe_forward's selection (the inputs are drawn so that no token has its k-th and (k+1)-th probabilities within
+// 1e-4 relative of each other, so a last-ulp difference in the router GEMV cannot legitimately flip a choice); the
+// weights agree to 1e-6 relative; the per-expert token lists and each token's entries are checked against a host
+// grouping of the device ids. Outputs: |gpu − ref| <= 3e-5 · max|ref| over the token's row (the kernels differ from
+// the reference only in summation order, ~1e-6 of the row scale at these sizes). Repeated runs are bit-identical.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/quant/blocks.h"
+#include "core/quant/quant.h"
+#include "core/reference/moe.h"
+#include "gpu/gemv.h"
+#include "gpu/moe_experts.h"
+#include "gpu/moe_router.h"
+
+namespace kestrel::gpu {
+namespace {
+
+constexpr double kOutTol = 3e-5;
+constexpr double kWeightTol = 1e-6;
+
+bool have_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define REQUIRE_DEVICE()                                          \
+  do {                                                            \
+    if (!have_device()) GTEST_SKIP() << "no CUDA device present"; \
+  } while (0)
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(size_t bytes) {
+    if (cudaMalloc(&ptr_, bytes == 0 ? 16 : bytes) != cudaSuccess) ptr_ = nullptr;
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) (void)cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  float* f() const { return static_cast<float*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+// Fast reproducible bytes (the expert stacks are hundreds of MB at the 35B shape).
+struct XorShift {
+  uint64_t s;
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+};
+
+std::vector<size_t> scale_offsets(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ8_0: return {offsetof(BlockQ8_0, d)};
+    case GgmlType::kQ4_0: return {offsetof(BlockQ4_0, d)};
+    case GgmlType::kQ4_K: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
+    case GgmlType::kQ5_K: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
+    case GgmlType::kQ6_K: return {offsetof(BlockQ6_K, d)};
+    default: return {};
+  }
+}
+
+// n_mat matrices of n_rows × n_cols: random quant bytes with f16 scales of magnitude ~ scale (random sign for d,
+// positive for dmin), or plain values ~ N(0, scale).
+std::vector<unsigned char> random_weights(GgmlType t, int64_t n_cols, int64_t n_rows, int64_t n_mat, float scale,
+                                          uint64_t seed) {
+  const uint64_t row_bytes = *ggml_row_bytes(t, static_cast<uint64_t>(n_cols));
+  const size_t bytes = row_bytes * static_cast<uint64_t>(n_rows * n_mat);
+  std::vector<unsigned char> m(bytes);
+  XorShift rng{seed * 0x9E3779B97F4A7C15ull + 1};
+  if (t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16) {
+    std::mt19937 gen(static_cast<unsigned>(seed));
+    std::normal_distribution<float> normal(0.0f, scale);
+    const size_t n = static_cast<size_t>(n_cols * n_rows * n_mat);
+    for (size_t i = 0; i < n; ++i) {
+      const float f = normal(gen);
+      if (t == GgmlType::kF32) {
+        std::memcpy(&m[4 * i], &f, 4);
+      } else {
+        const uint16_t h = t == GgmlType::kF16 ? f32_to_fp16(f) : f32_to_bf16(f);
+        std::memcpy(&m[2 * i], &h, 2);
+      }
+    }
+    return m;
+  }
+  for (size_t i = 0; i + 8 <= bytes; i += 8) {
+    const uint64_t v = rng.next();
+    std::memcpy(&m[i], &v, 8);
+  }
+  for (size_t i = bytes / 8 * 8; i < bytes; ++i) m[i] = static_cast<unsigned char>(rng.next());
+  const size_t block_bytes = ggml_type_traits(t).block_bytes;
+  const std::vector<size_t> offs = scale_offsets(t);
+  for (size_t blk = 0; blk < bytes / block_bytes; ++blk) {
+    for (size_t o = 0; o < offs.size(); ++o) {
+      const uint64_t r = rng.next();
+      const float mag = scale * (0.25f + static_cast<float>(r % 1000) / 1000.0f);
+      const float v = (o == 0 && (r >> 20) % 2 == 1) ? -mag : mag;
+      const uint16_t h = f32_to_fp16(v);
+      std::memcpy(&m[blk * block_bytes + offs[o]], &h, 2);
+    }
+  }
+  return m;
+}
+
+struct Shape {
+  std::string name;
+  int h, e, k, ff, ff_shared;
+  GgmlType gate_up, down, shared, router;
+};
+
+std::string describe(const Shape& s, int n_tok) {
+  std::ostringstream os;
+  os << s.name << " H " << s.h << " E " << s.e << " k " << s.k << " ff " << s.ff << " ff_sh " << s.ff_shared
+     << " gate/up " << ggml_type_name(s.gate_up) << " down " << ggml_type_name(s.down) << " shared "
+     << ggml_type_name(s.shared) << " router " << ggml_type_name(s.router) << " n_tok " << n_tok;
+  return os.str();
+}
+
+struct HostMoe {
+  Shape s;
+  std::vector<unsigned char> router, gate, up, down, sh_inp, sh_gate, sh_up, sh_down;
+  ref::MoeWeights ref;
+};
+
+void make_moe(const Shape& s, HostMoe& m) {
+  m.s = s;
+  const uint64_t seed = static_cast<uint64_t>(s.h * 131 + s.e * 7 + s.k);
+  const float x_scale_in = 1.0f / std::sqrt(static_cast<float>(s.h));
+  m.router = random_weights(s.router, s.h, s.e, 1, 2.0f * x_scale_in, seed + 1);
+  m.gate = random_weights(s.gate_up, s.h, s.ff, s.e, 0.02f, seed + 2);
+  m.up = random_weights(s.gate_up, s.h, s.ff, s.e, 0.02f, seed + 3);
+  m.down = random_weights(s.down, s.ff, s.h, s.e, 0.02f, seed + 4);
+  m.sh_inp = random_weights(GgmlType::kF32, s.h, 1, 1, x_scale_in, seed + 5);
+  m.sh_gate = random_weights(s.shared, s.h, s.ff_shared, 1, 0.02f, seed + 6);
+  m.sh_up = random_weights(s.shared, s.h, s.ff_shared, 1, 0.02f, seed + 7);
+  m.sh_down = random_weights(s.shared, s.ff_shared, s.h, 1, 0.02f, seed + 8);
+  const uint64_t H = static_cast<uint64_t>(s.h), E = static_cast<uint64_t>(s.e);
+  const uint64_t I = static_cast<uint64_t>(s.ff), Is = static_cast<uint64_t>(s.ff_shared);
+  m.ref.n_expert_used = s.k;
+  m.ref.router = {s.router, m.router.data(), H, E};
+  m.ref.gate_exps = {s.gate_up, m.gate.data(), H, I, E};
+  m.ref.up_exps = {s.gate_up, m.up.data(), H, I, E};
+  m.ref.down_exps = {s.down, m.down.data(), I, H, E};
+  m.ref.shared_gate_inp = {GgmlType::kF32, m.sh_inp.data(), H, 1};
+  m.ref.gate_shexp = {s.shared, m.sh_gate.data(), H, Is};
+  m.ref.up_shexp = {s.shared, m.sh_up.data(), H, Is};
+  m.ref.down_shexp = {s.shared, m.sh_down.data(), Is, H};
+}
+
+// Device copies of the weights.
+struct DeviceMoe {
+  std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+  MoeDeviceWeights w;
+  const void* put(const std::vector<unsigned char>& v) {
+    bufs.push_back(std::make_unique<DeviceBuffer>(v.size()));
+    EXPECT_EQ(cudaMemcpy(bufs.back()->get(), v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    return bufs.back()->get();
+  }
+};
+
+void upload_moe(const HostMoe& m, DeviceMoe& d) {
+  const Shape& s = m.s;
+  d.w.n_expert_used = s.k;
+  d.w.router = {s.router, d.put(m.router), s.h, s.e};
+  d.w.gate_exps = {s.gate_up, d.put(m.gate), s.h, s.ff, s.e};
+  d.w.up_exps = {s.gate_up, d.put(m.up), s.h, s.ff, s.e};
+  d.w.down_exps = {s.down, d.put(m.down), s.ff, s.h, s.e};
+  d.w.shared_gate_inp = {GgmlType::kF32, d.put(m.sh_inp), s.h, 1};
+  d.w.gate_shexp = {s.shared, d.put(m.sh_gate), s.h, s.ff_shared};
+  d.w.up_shexp = {s.shared, d.put(m.sh_up), s.h, s.ff_shared};
+  d.w.down_shexp = {s.shared, d.put(m.sh_down), s.ff_shared, s.h};
+}
+
+// Activations whose routing has a clear k-th / (k+1)-th gap under the reference router (redrawn per token if not).
+std::vector<float> draw_x(const HostMoe& m, int n_tok, unsigned seed) {
+  const Shape& s = m.s;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n_tok * s.h));
+  std::vector<float> logits(static_cast<size_t>(s.e));
+  for (int t = 0; t < n_tok; ++t) {
+    float* xt = x.data() + static_cast<size_t>(t * s.h);
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      for (int i = 0; i < s.h; ++i) xt[i] = normal(rng);
+      EXPECT_TRUE(ref::matvec(m.ref.router, xt, logits.data()));
+      std::vector<float> sorted = logits;
+      std::sort(sorted.begin(), sorted.end(), [](float a, float b) { return a > b; });
+      // logit gap ≈ relative probability gap
+      if (s.k == s.e || sorted[static_cast<size_t>(s.k - 1)] - sorted[static_cast<size_t>(s.k)] > 1e-4f) break;
+    }
+  }
+  return x;
+}
+
+struct DeviceRun {
+  std::vector<float> out, logits, weights, entry_weight;
+  std::vector<int32_t> ids, active_expert, active_offset, entry_token, token_entry;
+  int n_active = -1;
+  int launches = 0;
+};
+
+DeviceRun run_device(const DeviceMoe& d, const std::vector<float>& x, int n_tok) {
+  const MoeDeviceWeights& w = d.w;
+  const int H = static_cast<int>(w.router.n_cols), E = static_cast<int>(w.router.n_rows), k = w.n_expert_used;
+  DeviceRun r;
+  DeviceBuffer dx(x.size() * 4), dout(x.size() * 4), dlog(static_cast<size_t>(n_tok * E) * 4);
+  DeviceBuffer ws(moe_workspace_bytes(w, n_tok));
+  if (dx.get() == nullptr || dout.get() == nullptr || ws.get() == nullptr || dlog.get() == nullptr) {
+    ADD_FAILURE() << "cudaMalloc failed";
+    return r;
+  }
+  EXPECT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemset(dout.get(), 0xFF, x.size() * 4), cudaSuccess);
+  MoeLaunchInfo info;
+  const Status s = moe_forward(w, dx.f(), n_tok, dout.f(), ws.get(), nullptr, &info);
+  EXPECT_TRUE(s) << s.error().to_string();
+  // The router logits as the layer computed them (gemv is deterministic and independent of the batch).
+  const Status sl = gemv(w.router, dx.f(), n_tok, dlog.f(), nullptr);
+  EXPECT_TRUE(sl) << sl.error().to_string();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  r.launches = info.launches;
+  auto get = [](auto& v, const void* src, size_t n) {
+    v.resize(n);
+    EXPECT_EQ(cudaMemcpy(v.data(), src, n * sizeof(v[0]), cudaMemcpyDeviceToHost), cudaSuccess);
+  };
+  const size_t n_entries = static_cast<size_t>(n_tok * k);
+  const size_t max_active = std::min(static_cast<size_t>(E), n_entries);
+  get(r.out, dout.get(), x.size());
+  get(r.logits, dlog.get(), static_cast<size_t>(n_tok * E));
+  get(r.ids, info.routing.ids, n_entries);
+  get(r.weights, info.routing.weights, n_entries);
+  EXPECT_EQ(cudaMemcpy(&r.n_active, info.routing.n_active, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  get(r.active_expert, info.routing.active_expert, max_active);
+  get(r.active_offset, info.routing.active_offset, max_active + 1);
+  get(r.entry_token, info.routing.entry_token, n_entries);
+  get(r.entry_weight, info.routing.entry_weight, n_entries);
+  get(r.token_entry, info.routing.token_entry, n_entries);
+  (void)H;
+  return r;
+}
+
+// Checks the grouping arrays against a host grouping of the device's own ids.
+void check_grouping(const DeviceRun& r, int n_tok, int k, int E) {
+  std::vector<int> active;
+  std::vector<int> offset;
+  std::vector<int> etok;
+  std::vector<float> ew;
+  std::vector<int> tok_entry(static_cast<size_t>(n_tok * k), -1);
+  for (int e = 0; e < E; ++e) {
+    const int first = static_cast<int>(etok.size());
+    for (int t = 0; t < n_tok; ++t) {
+      for (int j = 0; j < k; ++j) {
+        if (r.ids[static_cast<size_t>(t * k + j)] != e) continue;
+        int below = 0;
+        for (int jj = 0; jj < k; ++jj) below += r.ids[static_cast<size_t>(t * k + jj)] < e ? 1 : 0;
+        tok_entry[static_cast<size_t>(t * k + below)] = static_cast<int>(etok.size());
+        etok.push_back(t);
+        ew.push_back(r.weights[static_cast<size_t>(t * k + j)]);
+      }
+    }
+    if (static_cast<int>(etok.size()) > first) {
+      active.push_back(e);
+      offset.push_back(first);
+    }
+  }
+  offset.push_back(static_cast<int>(etok.size()));
+  ASSERT_EQ(r.n_active, static_cast<int>(active.size()));
+  for (size_t i = 0; i < active.size(); ++i) {
+    ASSERT_EQ(r.active_expert[i], active[i]) << "active slot " << i;
+    ASSERT_EQ(r.active_offset[i], offset[i]) << "active slot " << i;
+  }
+  ASSERT_EQ(r.active_offset[active.size()], offset.back());
+  for (size_t i = 0; i < etok.size(); ++i) {
+    ASSERT_EQ(r.entry_token[i], etok[i]) << "entry " << i;
+    ASSERT_EQ(r.entry_weight[i], ew[i]) << "entry " << i;
+  }
+  for (size_t i = 0; i < tok_entry.size(); ++i) ASSERT_EQ(r.token_entry[i], tok_entry[i]) << "token slot " << i;
+}
+
+void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok) {
+  const std::string what = describe(s, n_tok);
+  SCOPED_TRACE(what);
+  const std::vector<float> x = draw_x(m, n_tok, 77u + static_cast<unsigned>(n_tok));
+  std::vector<float> want(x.size());
+  std::vector<int32_t> want_sel(static_cast<size_t>(n_tok * s.k));
+  const Status rs = ref::moe_forward(m.ref, x.data(), n_tok, want.data(), want_sel.data());
+  ASSERT_TRUE(rs) << rs.error().to_string();
+  const DeviceRun got = run_device(d, x, n_tok);
+  ASSERT_EQ(got.out.size(), want.size());
+  EXPECT_GT(got.launches, 0);
+
+  // Routing on the device's logits: exact ids, weights to kWeightTol.
+  for (int t = 0; t < n_tok; ++t) {
+    std::vector<int32_t> ids(static_cast<size_t>(s.k));
+    std::vector<float> wts(static_cast<size_t>(s.k));
+    ref::moe_route(got.logits.data() + static_cast<size_t>(t * s.e), s.e, s.k, ids.data(), wts.data());
+    for (int j = 0; j < s.k; ++j) {
+      const size_t i = static_cast<size_t>(t * s.k + j);
+      ASSERT_EQ(got.ids[i], ids[static_cast<size_t>(j)]) << "token " << t << " slot " << j << " (device logits)";
+      ASSERT_EQ(got.ids[i], want_sel[i]) << "token " << t << " slot " << j << " (reference logits)";
+      EXPECT_NEAR(got.weights[i], wts[static_cast<size_t>(j)], kWeightTol * std::fabs(wts[static_cast<size_t>(j)]))
+          << "token " << t << " slot " << j << " expert " << ids[static_cast<size_t>(j)];
+    }
+  }
+  check_grouping(got, n_tok, s.k, s.e);
+
+  int bad = 0;
+  double worst = 0.0;
+  size_t worst_at = 0;
+  for (int t = 0; t < n_tok; ++t) {
+    const size_t row = static_cast<size_t>(t * s.h);
+    double scale = 0.0;
+    for (int i = 0; i < s.h; ++i) scale = std::max(scale, std::fabs(double{want[row + static_cast<size_t>(i)]}));
+    for (int i = 0; i < s.h; ++i) {
+      const size_t at = row + static_cast<size_t>(i);
+      const double err = std::fabs(double{got.out[at]} - double{want[at]});
+      const double ratio = err / (kOutTol * scale + 1e-30);
+      if (!(ratio <= worst)) {
+        worst = std::isnan(ratio) ? 1e30 : ratio;
+        worst_at = at;
+      }
+      if (!(ratio <= 1.0)) {
+        if (bad == 0) {
+          ADD_FAILURE() << "first mismatch: token " << t << " element " << i << " got " << got.out[at] << " want "
+                        << want[at] << " |err| " << err << " row max|ref| " << scale;
+        }
+        ++bad;
+      }
+    }
+  }
+  std::printf("  %s: worst err %.3g x tolerance (token %zu element %zu), %d over, %d launches, %d active experts\n",
+              what.c_str(), worst, worst_at / static_cast<size_t>(s.h), worst_at % static_cast<size_t>(s.h), bad,
+              got.launches, got.n_active);
+  EXPECT_EQ(bad, 0);
+  const DeviceRun again = run_device(d, x, n_tok);
+  EXPECT_EQ(std::memcmp(again.out.data(), got.out.data(), got.out.size() * 4), 0) << "repeated run differs";
+}
+
+void run_shape(const Shape& s, std::initializer_list<int> n_toks) {
+  HostMoe m;
+  make_moe(s, m);
+  DeviceMoe d;
+  upload_moe(m, d);
+  const Status c = moe_check_weights(d.w);
+  ASSERT_TRUE(c) << c.error().to_string();
+  for (int n : n_toks) check_case(s, m, d, n);
+}
+
+TEST(Moe, TinyQ8_0) {
+  REQUIRE_DEVICE();
+  run_shape({"tiny", 64, 16, 4, 64, 256, GgmlType::kQ8_0, GgmlType::kQ8_0, GgmlType::kQ8_0, GgmlType::kF32},
+            {1, 3, 8, 32});
+}
+
+TEST(Moe, TinyQ4_0F16) {
+  REQUIRE_DEVICE();
+  run_shape({"tiny", 64, 16, 4, 64, 256, GgmlType::kQ4_0, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0},
+            {1, 8, 32});
+}
+
+TEST(Moe, Qwen35Moe35BShapeQ4_K) {
+  REQUIRE_DEVICE();
+  run_shape({"35B-A3B-like", 2048, 256, 8, 512, 512, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ8_0, GgmlType::kF32},
+            {1, 8, 32});
+}
+
+TEST(Moe, Qwen35Moe35BShapeQ4_0) {
+  REQUIRE_DEVICE();
+  run_shape({"35B-A3B-like", 2048, 256, 8, 512, 512, GgmlType::kQ4_0, GgmlType::kQ4_0, GgmlType::kQ4_0, GgmlType::kF32},
+            {1, 8, 32});
+}
+
+TEST(Moe, OddShapeTopOneAndAllExperts) {
+  REQUIRE_DEVICE();
+  run_shape({"odd k=1", 96, 5, 1, 40, 24, GgmlType::kQ8_0, GgmlType::kF32, GgmlType::kF16, GgmlType::kF32}, {1, 7});
+  run_shape({"odd k=E", 96, 5, 5, 40, 24, GgmlType::kQ8_0, GgmlType::kQ8_0, GgmlType::kF16, GgmlType::kF32}, {2});
+}
+
+TEST(Moe, RefusesBadArguments) {
+  MoeDeviceWeights w;  // empty
+  alignas(16) float dummy[4] = {};
+  Status s = moe_forward(w, dummy, 1, dummy, dummy, nullptr);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.error().message.find("ffn_gate_inp"), std::string::npos) << s.error().message;
+  MoeRouting r;
+  s = moe_route(dummy, 1, 16, 4, r, nullptr);
+  EXPECT_FALSE(s);
+  s = moe_route(dummy, kMoeMaxTokens + 1, 16, 4, moe_routing_carve(dummy, 1, 16, 4), nullptr);
+  EXPECT_FALSE(s);
+  s = moe_route(dummy, 1, 16, 17, moe_routing_carve(dummy, 1, 16, 4), nullptr);
+  EXPECT_FALSE(s);
+}
+
+}  // namespace
+}  // namespace kestrel::gpu
