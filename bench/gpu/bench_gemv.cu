@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -28,6 +29,7 @@
 #include "core/quant/quant.h"
 #include "gpu/cuda_check.h"
 #include "gpu/gemv.h"
+#include "gpu/gemv_tiled.h"
 
 namespace kestrel::gpu {
 namespace {
@@ -175,9 +177,12 @@ struct Shape {
   int64_t n_out;  // ggml ne1: rows
 };
 
+enum class Kernel { kRaw, kTiled };  // gemv() on raw GGUF rows (v1/v2), gemv_q4_tiled() on the re-tiled copy (v3)
+
 struct Case {
   Shape shape;
   GgmlType type;
+  Kernel kernel = Kernel::kRaw;
 };
 
 struct Limits {
@@ -187,6 +192,7 @@ struct Limits {
 
 struct Row {
   std::string label;
+  Kernel kernel;
   GgmlType type;
   int batch;
   uint64_t bytes;
@@ -233,9 +239,20 @@ Expected<std::vector<unsigned char>> fill_weights(const Case& c, uint64_t row_by
     for (float& v : row) v = dist(rng);
     KESTREL_TRY(quantize_row(c.type, row.data(), host.data() + static_cast<uint64_t>(r) * row_bytes, c.shape.n_in));
   }
-  KESTREL_CUDA_TRY(cudaMemcpy(weights, host.data(), host.size(), cudaMemcpyHostToDevice));
   const uint64_t total = row_bytes * static_cast<uint64_t>(c.shape.n_out);
-  uint64_t filled = host.size();
+  if (c.kernel == Kernel::kTiled) {
+    // The whole raw matrix (the distinct rows repeated) re-tiled on the host, then uploaded once.
+    std::vector<unsigned char> raw(total);
+    for (uint64_t off = 0; off < total; off += host.size()) {
+      std::memcpy(raw.data() + off, host.data(), std::min<uint64_t>(host.size(), total - off));
+    }
+    std::vector<uint8_t> tiled(total);
+    KESTREL_TRY(q4_tile(c.type, raw.data(), c.shape.n_in, c.shape.n_out, tiled));
+    KESTREL_CUDA_TRY(cudaMemcpy(weights, tiled.data(), total, cudaMemcpyHostToDevice));
+  } else {
+    KESTREL_CUDA_TRY(cudaMemcpy(weights, host.data(), host.size(), cudaMemcpyHostToDevice));
+  }
+  uint64_t filled = c.kernel == Kernel::kTiled ? total : host.size();
   while (filled < total) {
     const uint64_t n = std::min(filled, total - filled);
     KESTREL_CUDA_TRY(cudaMemcpy(weights + filled, weights, n, cudaMemcpyDeviceToDevice));
@@ -302,14 +319,17 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
   const double matched_gbs = static_cast<double>(bytes) / (read_us * 1e3);
 
   for (const int batch : {1, kMaxBatch}) {
-    KESTREL_TRY_ASSIGN(const double us, time_graph_us(stream, n_launch, [&](int i) {
-                         const DeviceMatrixView w{c.type, weights.bytes() + static_cast<uint64_t>(i) % k * stride,
-                                                  c.shape.n_in, c.shape.n_out};
-                         return gemv(w, x_dev, batch, y_dev, stream);
-                       }));
+    KESTREL_TRY_ASSIGN(
+        const double us, time_graph_us(stream, n_launch, [&](int i) {
+          const void* data = weights.bytes() + static_cast<uint64_t>(i) % k * stride;
+          if (c.kernel == Kernel::kTiled) {
+            return gemv_q4_tiled(TiledQ4View{c.type, data, c.shape.n_in, c.shape.n_out}, x_dev, batch, y_dev, stream);
+          }
+          return gemv(DeviceMatrixView{c.type, data, c.shape.n_in, c.shape.n_out}, x_dev, batch, y_dev, stream);
+        }));
     KESTREL_TRY(check_outputs(c, batch, host_rows, row_bytes, x_host, y_dev));
     const double gbs = static_cast<double>(bytes) / (us * 1e3);
-    rows.push_back(Row{c.shape.name, c.type, batch, bytes, us, gbs, 100.0 * gbs / lim.peak_read_gbs,
+    rows.push_back(Row{c.shape.name, c.kernel, c.type, batch, bytes, us, gbs, 100.0 * gbs / lim.peak_read_gbs,
                        100.0 * gbs / matched_gbs, matched_gbs});
   }
   return {};
@@ -346,9 +366,19 @@ Status run() {
   const Shape attn_k{"attn.attn_k", 2048, 512};
   const Shape attn_output{"attn.attn_output", 4096, 2048};
   const Shape lm_head{"lm_head", 2048, 248320};
+  // qwen3next-80b-a3b: the same GDN/attention projections as above, plus these; per-expert shapes of both presets.
+  const Shape next_lm_head{"next.lm_head", 2048, 151936};
+  const Shape next_ssm_ba{"next.ssm_ba", 2048, 64};
+  const Shape exp_gate{"expert.gate_up", 2048, 512};
+  const Shape exp_down{"expert.down", 512, 2048};
   std::vector<Case> cases;
-  for (const Shape& s : {attn_qkv, attn_gate, ssm_out, attn_q, attn_k, attn_output, lm_head}) {
-    for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) cases.push_back({s, t});
+  for (const Shape& s : {attn_qkv, attn_gate, ssm_out, attn_q, attn_k, attn_output, lm_head, next_lm_head, next_ssm_ba,
+                         exp_gate, exp_down}) {
+    for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+      if (s.n_in % 256 != 0 && t == GgmlType::kQ4_K) continue;
+      cases.push_back({s, t, Kernel::kRaw});
+      if (q4_tiled_supports(t, s.n_in, s.n_out)) cases.push_back({s, t, Kernel::kTiled});
+    }
   }
   for (const Shape& s : {ssm_out, lm_head}) {
     for (const GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ6_K}) cases.push_back({s, t});
@@ -375,21 +405,25 @@ Status run() {
     KESTREL_TRY(run_case(c, lim, sm_count, partials_u32, x_dev.floats(), x, y_dev.floats(), stream, rng, rows));
   }
 
-  std::printf("\n%-18s %-5s %5s %12s %9s %8s %8s %9s %14s\n", "case", "type", "batch", "bytes", "us", "GB/s", "%peak",
-              "%matched", "matched GB/s");
-  double log_sum = 0;
-  int n_geo = 0;
+  std::printf("\n%-18s %-6s %-5s %5s %12s %9s %8s %8s %9s %14s\n", "case", "kernel", "type", "batch", "bytes", "us",
+              "GB/s", "%peak", "%matched", "matched GB/s");
+  double log_sum[2] = {0, 0};
+  int n_geo[2] = {0, 0};
   for (const Row& r : rows) {
-    std::printf("%-18s %-5s %5d %12" PRIu64 " %9.2f %8.0f %7.1f%% %8.1f%% %14.0f\n", r.label.c_str(),
-                std::string(ggml_type_name(r.type)).c_str(), r.batch, r.bytes, r.us, r.gbs, r.pct_peak, r.pct_matched,
-                r.matched_gbs);
+    const int kv = r.kernel == Kernel::kTiled ? 1 : 0;
+    std::printf("%-18s %-6s %-5s %5d %12" PRIu64 " %9.2f %8.0f %7.1f%% %8.1f%% %14.0f\n", r.label.c_str(),
+                kv ? "tiled" : "raw", std::string(ggml_type_name(r.type)).c_str(), r.batch, r.bytes, r.us, r.gbs,
+                r.pct_peak, r.pct_matched, r.matched_gbs);
     if (r.batch == 1 && (r.type == GgmlType::kQ4_0 || r.type == GgmlType::kQ4_K)) {
-      log_sum += std::log(r.pct_matched);
-      ++n_geo;
+      log_sum[kv] += std::log(r.pct_matched);
+      ++n_geo[kv];
     }
   }
-  std::printf("\ngeomean %% of size-matched read, batch 1, Q4_0 + Q4_K (%d cases): %.1f%%\n", n_geo,
-              std::exp(log_sum / n_geo));
+  for (int kv = 0; kv < 2; ++kv) {
+    if (n_geo[kv] == 0) continue;
+    std::printf("geomean %% of size-matched read, batch 1, Q4_0 + Q4_K, %s (%d cases): %.1f%%\n",
+                kv ? "tiled (v3)" : "raw (v2)", n_geo[kv], std::exp(log_sum[kv] / n_geo[kv]));
+  }
   return {};
 }
 
