@@ -4,7 +4,8 @@
 # runs the `gpu` tests, and with --golden regenerates the golden fixtures with transformers and checks the reference
 # against them. Results land in $OUT (golden.tar, logs).
 #
-#   tools/device/gpu_host_run.sh [--golden] [--bench]
+#   tools/device/gpu_host_run.sh [--golden] [--bench] [--no-unit]
+# --bench runs every bench/gpu executable that was built (output in $OUT/bench_*.txt); --no-unit skips the CPU tests.
 # Prepare .debs/ here first:  (mkdir -p .debs && cd .debs && apt-get download libgtest-dev libgmock-dev googletest \
 #   libpcre2-dev libpcre2-8-0 nlohmann-json3-dev libcli11-dev libbenchmark-dev libbenchmark1debian)
 set -uo pipefail
@@ -42,6 +43,16 @@ if [[ " $* " == *" --golden "* ]]; then
   echo "== golden test"
   build/gpu/bin/test_golden 2>&1 | tee "$OUT/test-golden.log" | grep -E "golden |FAIL|PASS|Failure|error" | head -40
 fi
+if [[ " $* " == *" --bench "* ]]; then
+  for b in build/gpu/bin/bench_*; do
+    [ -x "$b" ] || continue
+    n=$(basename "$b")
+    echo "== $n"
+    timeout 240 "$b" > "$OUT/$n.txt" 2>&1; echo "exit $?" >> "$OUT/$n.txt"
+    tail -40 "$OUT/$n.txt"
+  done
+fi
+[[ " $* " == *" --no-unit "* ]] && exit 0
 echo "== unit and golden tests (this build: -O3 -march=native)"
 ctest --test-dir build/gpu -L 'unit|golden' -j8 --output-on-failure > "$OUT/ctest-unit.log" 2>&1
 grep -E "tests passed|Failure|FAILED|Expected|Which is|rel|error" "$OUT/ctest-unit.log" | head -40
