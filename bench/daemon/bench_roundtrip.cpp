@@ -4,8 +4,9 @@
 //               the engine's tick (queueing, forward pass, sampling) without any transport;
 //   shm         a kestreld child process, libkestrel-client over the shared-memory rings;
 //   grpc        the same kestreld, libkestrel-client over gRPC on its Unix socket.
-// It prints p50/p90/p99/mean per way, the ratios shm/in-process and gRPC/in-process, the added microseconds at
-// p50, and the command line that reproduces the run. Run it on an otherwise idle machine.
+// Then the same number of GetServerStatus calls each way (Service::stats() in-process): the transport's own cost
+// without model work. It prints p50/p90/p99/mean per way and call, the ratios shm/in-process and gRPC/in-process,
+// the added microseconds at p50, and the command line that reproduces the run. Run it on an otherwise idle machine.
 //
 //   kestrel-mkmodel --preset tiny -o tiny.gguf
 //   bench_roundtrip --model tiny.gguf [--kestreld PATH] [-n 2000] [--warmup 200] [--tokens 1]
@@ -45,8 +46,12 @@ struct Options {
   RoundTripOptions rt;
 };
 
-// Service::step, waiting on the calling thread for the callback the engine thread runs.
-Expected<std::vector<double>> run_in_process(const Options& o) {
+struct Samples {
+  std::vector<double> step_us, status_us;
+};
+
+// Service::step, waiting on the calling thread for the callback the engine thread runs; then Service::stats().
+Expected<Samples> run_in_process(const Options& o) {
   KESTREL_TRY_ASSIGN(auto model, Model::open(o.model));
   KESTREL_TRY_ASSIGN(auto engine, daemon::make_reference_engine(*model, 4));
   daemon::ServiceLimits limits;
@@ -84,8 +89,18 @@ Expected<std::vector<double>> run_in_process(const Options& o) {
   };
   auto samples = cli::time_step_roundtrips(rt, step, reset);
   (void)service->close_session(session.id);
+  if (!samples) {
+    service->drain(daemon::Clock::now());
+    return samples.error();
+  }
+  auto status = cli::time_calls(o.rt.steps, o.rt.warmup, [&]() -> Status {
+    const daemon::ServiceStats st = service->stats();
+    if (!st.serving) return make_error(ErrorCode::kUnavailable, "the in-process service is not serving");
+    return ok_status();
+  });
   service->drain(daemon::Clock::now());
-  return samples;
+  if (!status) return status.error();
+  return Samples{std::move(*samples), std::move(*status)};
 }
 
 // A kestreld child on sockets in a temporary folder; killed and cleaned up by the destructor.
@@ -151,7 +166,7 @@ class Daemon {
   pid_t pid_ = -1;
 };
 
-Expected<std::vector<double>> run_client(const std::string& uri, const Options& o) {
+Expected<Samples> run_client(const std::string& uri, const Options& o) {
   KESTREL_TRY_ASSIGN(auto c, client::Client::connect(uri));
   v1::CreateSessionRequest create;
   create.set_n_ctx(o.rt.n_ctx);
@@ -176,13 +191,21 @@ Expected<std::vector<double>> run_client(const std::string& uri, const Options& 
     KESTREL_TRY(c->reset_session(r));
     return ok_status();
   };
-  return cli::time_step_roundtrips(rt, step, reset);
+  KESTREL_TRY_ASSIGN(auto steps, cli::time_step_roundtrips(rt, step, reset));
+  v1::CloseSessionRequest close;
+  close.set_session_id(session.session_id());
+  KESTREL_TRY(c->close_session(close));
+  KESTREL_TRY_ASSIGN(auto status, cli::time_calls(o.rt.steps, o.rt.warmup, [&]() -> Status {
+                       KESTREL_TRY(c->server_status());
+                       return ok_status();
+                     }));
+  return Samples{std::move(steps), std::move(status)};
 }
 
 int run(const Options& o, const std::string& command_line) {
   struct Row {
     std::string name;
-    LatencySummary s;
+    LatencySummary step, status;
   };
   std::vector<Row> rows;
   auto in_process = run_in_process(o);
@@ -190,7 +213,8 @@ int run(const Options& o, const std::string& command_line) {
     std::fprintf(stderr, "bench_roundtrip: in-process: %s\n", in_process.error().message.c_str());
     return 1;
   }
-  rows.push_back({"in-process", cli::summarize_latency(*in_process)});
+  rows.push_back(
+      {"in-process", cli::summarize_latency(in_process->step_us), cli::summarize_latency(in_process->status_us)});
   auto daemon = Daemon::start(o);
   if (!daemon) {
     std::fprintf(stderr, "bench_roundtrip: %s\n", daemon.error().message.c_str());
@@ -203,17 +227,22 @@ int run(const Options& o, const std::string& command_line) {
       std::fprintf(stderr, "bench_roundtrip: %s: %s\n", name.c_str(), samples.error().message.c_str());
       return 1;
     }
-    rows.push_back({name, cli::summarize_latency(*samples)});
+    rows.push_back({name, cli::summarize_latency(samples->step_us), cli::summarize_latency(samples->status_us)});
   }
-  std::printf("step round trip: %d steps of %d token(s) after %d warm-up steps, greedy, model %s\n", o.rt.steps,
-              o.rt.tokens_per_step, o.rt.warmup, o.model.c_str());
-  std::printf("%-11s %9s %9s %9s %9s %9s %12s %12s %14s\n", "way", "p50 us", "p90 us", "p99 us", "mean us", "min us",
-              "p50/in-proc", "p99/in-proc", "p50 added us");
-  const LatencySummary& base = rows.front().s;
-  for (const auto& r : rows) {
-    std::printf("%-11s %9.1f %9.1f %9.1f %9.1f %9.1f %12.2f %12.2f %14.1f\n", r.name.c_str(), r.s.p50_us, r.s.p90_us,
-                r.s.p99_us, r.s.mean_us, r.s.min_us, r.s.p50_us / base.p50_us, r.s.p99_us / base.p99_us,
-                r.s.p50_us - base.p50_us);
+  std::printf(
+      "round trips: %d calls each after %d warm-up calls; Step = %d token(s) appended, greedy; status =\n"
+      "GetServerStatus (Service::stats() in-process): the transport without model work. Model %s\n",
+      o.rt.steps, o.rt.warmup, o.rt.tokens_per_step, o.model.c_str());
+  std::printf("%-11s %-7s %9s %9s %9s %9s %9s %12s %12s %13s\n", "way", "call", "p50 us", "p90 us", "p99 us", "mean us",
+              "min us", "p50/in-proc", "p99/in-proc", "p50 added us");
+  for (int which = 0; which < 2; ++which) {
+    const LatencySummary& base = which == 0 ? rows.front().step : rows.front().status;
+    for (const auto& r : rows) {
+      const LatencySummary& s = which == 0 ? r.step : r.status;
+      std::printf("%-11s %-7s %9.1f %9.1f %9.1f %9.1f %9.1f %12.2f %12.2f %13.1f\n", r.name.c_str(),
+                  which == 0 ? "step" : "status", s.p50_us, s.p90_us, s.p99_us, s.mean_us, s.min_us,
+                  s.p50_us / base.p50_us, s.p99_us / base.p99_us, s.p50_us - base.p50_us);
+    }
   }
   std::printf("reproduce: %s\n", command_line.c_str());
   return 0;

@@ -3,7 +3,8 @@
 // For each transport asked for (gRPC at --connect, shared memory at --shm, default: the control socket beside the
 // gRPC socket), it opens a session (greedy sampling), runs --warmup untimed and -n timed Step calls of --tokens
 // tokens each, feeding each step the token the previous one sampled (step_roundtrip.h), and prints p50/p90/p99/mean
-// in microseconds. The time is the client's wall time of the whole call: transport both ways, queueing for the
+// in microseconds, then times as many GetServerStatus calls (no model work: what the transport itself costs). The
+// Step time is the client's wall time of the whole call: transport both ways, queueing for the
 // engine's next tick, the forward pass of the step and sampling. The daemon's other clients share those ticks, so
 // run it on an idle daemon for transport figures (bench/daemon/bench_roundtrip compares with in-process calls).
 #include <cstdio>
@@ -31,7 +32,8 @@ struct BenchOptions {
 
 struct BenchResult {
   std::string transport;
-  LatencySummary latency;
+  LatencySummary step;    // Step round trips
+  LatencySummary status;  // GetServerStatus round trips: the transport without model work
 };
 
 // Connects to `uri` and times the step loop on a fresh session (closed afterwards).
@@ -68,7 +70,11 @@ Expected<BenchResult> bench_one(const std::string& uri, const BenchOptions& o) {
   const Status closed = c.close_session(close);
   if (!samples) return samples.error();
   KESTREL_TRY(closed);
-  return BenchResult{c.transport(), summarize_latency(*samples)};
+  KESTREL_TRY_ASSIGN(auto status_samples, time_calls(o.rt.steps, o.rt.warmup, [&]() -> Status {
+                       KESTREL_TRY(c.server_status());
+                       return ok_status();
+                     }));
+  return BenchResult{c.transport(), summarize_latency(*samples), summarize_latency(status_samples)};
 }
 
 int run_bench(const BenchOptions& o) {
@@ -106,31 +112,34 @@ int run_bench(const BenchOptions& o) {
     j["warmup"] = o.rt.warmup;
     j["tokens_per_step"] = o.rt.tokens_per_step;
     nlohmann::ordered_json arr = nlohmann::ordered_json::array();
+    auto summary = [](const LatencySummary& l) {
+      return nlohmann::ordered_json{{"p50_us", l.p50_us},   {"p90_us", l.p90_us}, {"p99_us", l.p99_us},
+                                    {"mean_us", l.mean_us}, {"min_us", l.min_us}, {"max_us", l.max_us}};
+    };
     for (const auto& r : results) {
-      arr.push_back({{"transport", r.transport},
-                     {"p50_us", r.latency.p50_us},
-                     {"p90_us", r.latency.p90_us},
-                     {"p99_us", r.latency.p99_us},
-                     {"mean_us", r.latency.mean_us},
-                     {"min_us", r.latency.min_us},
-                     {"max_us", r.latency.max_us}});
+      arr.push_back({{"transport", r.transport}, {"step", summary(r.step)}, {"status", summary(r.status)}});
     }
     j["results"] = std::move(arr);
     std::puts(j.dump().c_str());
     return rc;
   }
   if (!results.empty()) {
-    std::printf("step round trip, %d steps of %d token(s) after %d warm-up steps (microseconds)\n", o.rt.steps,
-                o.rt.tokens_per_step, o.rt.warmup);
-    std::printf("%-10s %10s %10s %10s %10s %10s %10s\n", "transport", "p50", "p90", "p99", "mean", "min", "max");
+    std::printf(
+        "round trips in microseconds: Step (%d steps of %d token(s) after %d warm-up steps, greedy) and\n"
+        "GetServerStatus (the transport alone, no model work; as many calls)\n",
+        o.rt.steps, o.rt.tokens_per_step, o.rt.warmup);
+    std::printf("%-10s %-7s %10s %10s %10s %10s %10s %10s\n", "transport", "call", "p50", "p90", "p99", "mean", "min",
+                "max");
     for (const auto& r : results) {
-      const auto& l = r.latency;
-      std::printf("%-10s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n", r.transport.c_str(), l.p50_us, l.p90_us,
-                  l.p99_us, l.mean_us, l.min_us, l.max_us);
+      for (const auto& [call, l] : {std::pair{"step", r.step}, std::pair{"status", r.status}}) {
+        std::printf("%-10s %-7s %10.1f %10.1f %10.1f %10.1f %10.1f %10.1f\n", r.transport.c_str(), call, l.p50_us,
+                    l.p90_us, l.p99_us, l.mean_us, l.min_us, l.max_us);
+      }
     }
-    if (results.size() == 2 && results[0].latency.p50_us > 0.0) {
-      std::printf("%s / %s at p50: %.2f\n", results[1].transport.c_str(), results[0].transport.c_str(),
-                  results[1].latency.p50_us / results[0].latency.p50_us);
+    if (results.size() == 2 && results[0].step.p50_us > 0.0 && results[0].status.p50_us > 0.0) {
+      std::printf("%s / %s at p50: step %.2f, status %.2f\n", results[1].transport.c_str(),
+                  results[0].transport.c_str(), results[1].step.p50_us / results[0].step.p50_us,
+                  results[1].status.p50_us / results[0].status.p50_us);
     }
   }
   return rc;

@@ -59,6 +59,20 @@ Expected<std::vector<double>> time_step_roundtrips(const RoundTripOptions& o, co
   return samples;
 }
 
+Expected<std::vector<double>> time_calls(int32_t calls, int32_t warmup, const PlainCall& call) {
+  if (calls < 1 || warmup < 0) return make_error(ErrorCode::kInvalidArgument, "calls must be >= 1 and warmup >= 0");
+  std::vector<double> samples;
+  samples.reserve(static_cast<size_t>(calls));
+  for (int32_t i = 0; i < warmup + calls; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = call();
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!st) return st.error();
+    if (i >= warmup) samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  return samples;
+}
+
 std::string format_latency(const LatencySummary& s) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "p50 %.1f us, p90 %.1f us, p99 %.1f us, mean %.1f us (min %.1f, max %.1f; n %zu)",

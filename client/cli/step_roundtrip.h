@@ -41,6 +41,11 @@ using ResetCall = std::function<Status()>;
 Expected<std::vector<double>> time_step_roundtrips(const RoundTripOptions& options, const StepCall& step,
                                                    const ResetCall& reset);
 
+// Times `calls` calls of `call` after `warmup` untimed ones (µs each), or returns the first error. For the cost of
+// the transport alone: a call that does no model work (GetServerStatus).
+using PlainCall = std::function<Status()>;
+Expected<std::vector<double>> time_calls(int32_t calls, int32_t warmup, const PlainCall& call);
+
 // "p50 12.3 us, p90 ..., p99 ..., mean ..." for logs.
 std::string format_latency(const LatencySummary& s);
 
