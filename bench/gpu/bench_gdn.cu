@@ -1,0 +1,163 @@
+// bench_gdn: one GDN decode step (gpu/gdn_decode: conv + norms + gates + delta rule + gated norm, three kernels)
+// per layer at the qwen35moe-35b-a3b shape (Kh 16, Vh 32, dk = dv = 128, conv kernel 4: S is 2 MiB per session)
+// for 1, 8 and 32 sessions, as ratios to limits measured in the same run (bench/gpu/device_timing.cuh):
+//   bytes  = S read + written, conv history read + written, the projection outputs read, the output written
+//            (the layer's small weights are counted too; the q̂/k̂/v/o workspace round trip is not);
+//   ratio  = (bytes / peak read bandwidth) / measured time, and the same against the D2D copy rate (which moves
+//            read + written bytes, like the step).
+// The states stay cold in the 60 MB L2: K sets of session states (K·bytes >= 256 MiB) are used in rotation, launch
+// i on set i % K. Each figure is the median of 5 replays of a CUDA graph of >= 200 steps, after warm-up.
+//
+// Usage: build/gpugdn/bin/bench_gdn   (no arguments; a few seconds on an H200). docs/benchmarks.md records results.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "bench/gpu/device_timing.cuh"
+#include "core/base/expected.h"
+#include "gpu/cuda_check.h"
+#include "gpu/gdn_decode.h"
+
+namespace kestrel::gpu::bench {
+namespace {
+
+constexpr uint64_t kRotationBytes = 256ull << 20;
+
+std::vector<float> normal(size_t n, float sigma, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.0f, sigma);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+Status upload(DeviceBuffer& b, const std::vector<float>& v) {
+  KESTREL_TRY(b.allocate(v.size() * sizeof(float)));
+  KESTREL_CUDA_TRY(cudaMemcpy(b.floats(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  return {};
+}
+
+Status run() {
+  int device = 0;
+  KESTREL_CUDA_TRY(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  KESTREL_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
+  const int sm_count = prop.multiProcessorCount;
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, sm_count, prop.l2CacheSize >> 20);
+  cudaStream_t stream = nullptr;
+  KESTREL_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { (void)cudaStreamDestroy(s); }
+  } guard{stream};
+  DeviceBuffer partials;
+  KESTREL_TRY(partials.allocate(static_cast<uint64_t>(sm_count) * 8 * sizeof(unsigned)));
+  KESTREL_TRY_ASSIGN(const Limits lim, measure_limits(sm_count, reinterpret_cast<unsigned*>(partials.bytes()), stream));
+  std::printf("peak read (1 GiB, plain 16-byte loads): %.0f GB/s; D2D copy (1 GiB, read + written): %.0f GB/s\n",
+              lim.peak_read_gbs, lim.copy_gbs);
+
+  ref::GdnDims d;
+  d.n_embd = 2048;
+  d.n_k_heads = 16;
+  d.n_v_heads = 32;
+  d.d_k = 128;
+  d.d_v = 128;
+  d.conv_kernel = 4;
+  d.mapping = HeadMapping::kTiled;
+  const size_t C = static_cast<size_t>(d.conv_dim()), Vd = static_cast<size_t>(d.value_dim());
+  const size_t Vh = static_cast<size_t>(d.n_v_heads);
+  const size_t s_elems = Vh * static_cast<size_t>(d.d_k) * static_cast<size_t>(d.d_v);
+  const size_t c_elems = C * static_cast<size_t>(d.conv_kernel - 1);
+  const size_t slot_elems = s_elems + c_elems;
+
+  std::mt19937 rng(7);
+  DeviceBuffer conv1d, dt, sa, sn;
+  KESTREL_TRY(upload(conv1d, normal(C * 4, 0.5f, rng)));
+  KESTREL_TRY(upload(dt, normal(Vh, 0.5f, rng)));
+  std::vector<float> a_host(Vh);
+  for (auto& x : a_host) x = -std::exp(std::uniform_real_distribution<float>(-2.0f, 1.0f)(rng));
+  KESTREL_TRY(upload(sa, a_host));
+  KESTREL_TRY(upload(sn, normal(static_cast<size_t>(d.d_v), 0.3f, rng)));
+  const GdnDecodeWeights w{conv1d.floats(), dt.floats(), sa.floats(), sn.floats()};
+
+  std::printf("\n%-8s %6s %12s %9s %10s %9s %9s %9s\n", "sessions", "sets", "bytes", "us", "GB/s", "%read", "%copy",
+              "launches");
+  for (const int n_seq : {1, 8, 32}) {
+    const size_t N = static_cast<size_t>(n_seq);
+    const uint64_t state_bytes = N * slot_elems * sizeof(float);
+    const uint64_t k = std::max<uint64_t>(2, (kRotationBytes + state_bytes - 1) / state_bytes);
+    DeviceBuffer states;
+    KESTREL_TRY(states.allocate(k * state_bytes));
+    const std::vector<float> init = normal(N * slot_elems, 0.1f, rng);
+    for (uint64_t j = 0; j < k; ++j) {
+      KESTREL_CUDA_TRY(
+          cudaMemcpy(states.floats() + j * N * slot_elems, init.data(), state_bytes, cudaMemcpyHostToDevice));
+    }
+    std::vector<GdnSlot> slots_host(k * N);
+    for (uint64_t j = 0; j < k; ++j) {
+      for (size_t n = 0; n < N; ++n) {
+        float* base = states.floats() + (j * N + n) * slot_elems;
+        slots_host[j * N + n] = GdnSlot{base, base + s_elems};
+      }
+    }
+    DeviceBuffer slots;
+    KESTREL_TRY(slots.allocate(slots_host.size() * sizeof(GdnSlot)));
+    KESTREL_CUDA_TRY(
+        cudaMemcpy(slots.bytes(), slots_host.data(), slots_host.size() * sizeof(GdnSlot), cudaMemcpyHostToDevice));
+    DeviceBuffer qkv, z, b, a, out, ws;
+    KESTREL_TRY(upload(qkv, normal(N * C, 1.0f, rng)));
+    KESTREL_TRY(upload(z, normal(N * Vd, 1.0f, rng)));
+    KESTREL_TRY(upload(b, normal(N * Vh, 1.0f, rng)));
+    KESTREL_TRY(upload(a, normal(N * Vh, 1.0f, rng)));
+    KESTREL_TRY(out.allocate(N * Vd * sizeof(float)));
+    KESTREL_TRY(ws.allocate(gdn_decode_workspace_bytes(d, n_seq)));
+    GdnDecodeInputs in;
+    in.qkv = qkv.floats();
+    in.z = z.floats();
+    in.b = b.floats();
+    in.a = a.floats();
+    KESTREL_CUDA_TRY(cudaDeviceSynchronize());
+
+    const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
+    const GdnSlot* slots_dev = reinterpret_cast<const GdnSlot*>(slots.bytes());
+    KESTREL_TRY_ASSIGN(const double us, time_graph_us(stream, n_launch, [&](int i) {
+                         return gdn_decode(d, ref::GdnProjection::kQkvGateBetaAlpha, w, in,
+                                           slots_dev + static_cast<uint64_t>(i) % k * N, n_seq, out.floats(),
+                                           ws.bytes(), stream);
+                       }));
+    // Sanity: the outputs are finite (a broken launch cannot pass as fast).
+    std::vector<float> o(N * Vd);
+    KESTREL_CUDA_TRY(cudaMemcpy(o.data(), out.floats(), o.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    for (float v : o) {
+      if (!std::isfinite(v)) return make_error(ErrorCode::kInternal, "bench_gdn: non-finite output");
+    }
+    const uint64_t bytes = 2 * state_bytes                          // S and conv history, read + written
+                           + N * (C + Vd + 2 * Vh) * sizeof(float)  // qkv, z, b, a
+                           + N * Vd * sizeof(float)                 // out
+                           + (C * 4 + 2 * Vh + static_cast<size_t>(d.d_v)) * sizeof(float);  // layer weights
+    const double gbs = static_cast<double>(bytes) / (us * 1e3);
+    std::printf("%-8d %6d %12llu %9.2f %10.0f %8.1f%% %8.1f%% %9d\n", n_seq, static_cast<int>(k),
+                static_cast<unsigned long long>(bytes), us, gbs, 100.0 * gbs / lim.peak_read_gbs,
+                100.0 * gbs / lim.copy_gbs, 3);
+  }
+  std::printf(
+      "\n%%read = (bytes / peak read) / time; %%copy = (bytes / D2D copy rate) / time (target: >= 67%%, "
+      "i.e. within 1.5x)\n");
+  return {};
+}
+
+}  // namespace
+}  // namespace kestrel::gpu::bench
+
+int main() {
+  const kestrel::Status st = kestrel::gpu::bench::run();
+  if (!st) {
+    std::fprintf(stderr, "bench_gdn: %s\n", st.error().to_string().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,204 @@
+// bench_moe: the grouped MoE layer (gpu/moe_experts: router GEMV, routing, grouped expert SwiGLU, gated shared
+// expert, combine) at the qwen35moe-35b-a3b shape (H 2048, 256 experts top-8, expert ff 512, shared ff 512) for
+// batches of 1, 8 and 32 tokens, with every big weight in Q4_0 and in Q4_K, as ratios to limits measured in the
+// same run (bench/gpu/device_timing.cuh):
+//   bytes  = the weight bytes a step must read: the router, the UNIQUE experts the batch selected (gate + up +
+//            down each), the shared expert and its gate (activations and scratch are not counted);
+//   ratio  = (bytes / peak read bandwidth) / measured time (target: >= 67%, i.e. within 1.5x).
+// Weights stay cold in the 60 MB L2: two copies of the whole layer are used alternately, and each launch uses one
+// of 16 activation sets (so successive steps select different experts); bytes are the mean over the sets.
+// Weights are random blocks with small f16 scales (valid for every type); the router is F32, the shared gate F32.
+// Each figure is the median of 5 replays of a CUDA graph of >= 200 layer calls, after warm-up.
+//
+// Usage: build/gpugdn/bin/bench_moe   (no arguments; tens of seconds on an H200, most of it filling weights).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench/gpu/device_timing.cuh"
+#include "core/base/expected.h"
+#include "core/gguf/ggml_type.h"
+#include "core/quant/quant.h"
+#include "gpu/cuda_check.h"
+#include "gpu/moe_experts.h"
+
+namespace kestrel::gpu::bench {
+namespace {
+
+constexpr int kH = 2048;
+constexpr int kExperts = 256;
+constexpr int kUsed = 8;
+constexpr int kFf = 512;
+constexpr int kFfShared = 512;
+constexpr int kCopies = 2;
+constexpr int kXSets = 16;
+
+// Fills dst (bytes, device) with random bytes and then sets every block's f16 scale(s) to small values, on the
+// host in chunks (quant types); plain F32 is filled with small normal values.
+Status fill_weight(GgmlType t, unsigned char* dst, uint64_t bytes, uint64_t seed) {
+  std::vector<unsigned char> host(std::min<uint64_t>(bytes, 64ull << 20));
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&s]() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  };
+  const size_t block_bytes = ggml_type_traits(t).block_bytes;
+  std::vector<size_t> offs;
+  if (t == GgmlType::kQ4_0 || t == GgmlType::kQ8_0) offs = {0};
+  if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K) offs = {0, 2};
+  if (t == GgmlType::kQ6_K) offs = {block_bytes - 2};
+  for (uint64_t done = 0; done < bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(host.size(), bytes - done));
+    if (t == GgmlType::kF32) {
+      std::mt19937 rng(static_cast<unsigned>(next()));
+      std::normal_distribution<float> d(0.0f, 0.02f);
+      for (size_t i = 0; i + 4 <= n; i += 4) {
+        const float f = d(rng);
+        std::memcpy(&host[i], &f, 4);
+      }
+    } else {
+      for (size_t i = 0; i + 8 <= n; i += 8) {
+        const uint64_t v = next();
+        std::memcpy(&host[i], &v, 8);
+      }
+      for (size_t blk = 0; blk + block_bytes <= n; blk += block_bytes) {  // chunks hold whole blocks
+        for (size_t o : offs) {
+          const uint16_t h = f32_to_fp16(0.002f + static_cast<float>(next() % 100) * 1e-4f);
+          std::memcpy(&host[blk + o], &h, 2);
+        }
+      }
+    }
+    KESTREL_CUDA_TRY(cudaMemcpy(dst + done, host.data(), n, cudaMemcpyHostToDevice));
+    done += n;
+  }
+  return {};
+}
+
+struct Layer {
+  DeviceBuffer router, gate, up, down, sh_inp, sh_gate, sh_up, sh_down;
+  MoeDeviceWeights w;
+};
+
+uint64_t bytes_of(GgmlType t, int64_t cols, int64_t rows) {
+  return *ggml_row_bytes(t, static_cast<uint64_t>(cols)) * static_cast<uint64_t>(rows);
+}
+
+Status make_layer(GgmlType t, uint64_t seed, Layer& l) {
+  auto put = [&](DeviceBuffer& b, GgmlType ty, int64_t cols, int64_t rows, int64_t mats, uint64_t sd) -> Status {
+    const uint64_t n = bytes_of(ty, cols, rows) * static_cast<uint64_t>(mats);
+    KESTREL_TRY(b.allocate(n));
+    return fill_weight(ty, b.bytes(), n, sd);
+  };
+  KESTREL_TRY(put(l.router, GgmlType::kF32, kH, kExperts, 1, seed + 1));
+  KESTREL_TRY(put(l.gate, t, kH, kFf, kExperts, seed + 2));
+  KESTREL_TRY(put(l.up, t, kH, kFf, kExperts, seed + 3));
+  KESTREL_TRY(put(l.down, t, kFf, kH, kExperts, seed + 4));
+  KESTREL_TRY(put(l.sh_inp, GgmlType::kF32, kH, 1, 1, seed + 5));
+  KESTREL_TRY(put(l.sh_gate, t, kH, kFfShared, 1, seed + 6));
+  KESTREL_TRY(put(l.sh_up, t, kH, kFfShared, 1, seed + 7));
+  KESTREL_TRY(put(l.sh_down, t, kFfShared, kH, 1, seed + 8));
+  l.w.n_expert_used = kUsed;
+  l.w.router = {GgmlType::kF32, l.router.bytes(), kH, kExperts};
+  l.w.gate_exps = {t, l.gate.bytes(), kH, kFf, kExperts};
+  l.w.up_exps = {t, l.up.bytes(), kH, kFf, kExperts};
+  l.w.down_exps = {t, l.down.bytes(), kFf, kH, kExperts};
+  l.w.shared_gate_inp = {GgmlType::kF32, l.sh_inp.bytes(), kH, 1};
+  l.w.gate_shexp = {t, l.sh_gate.bytes(), kH, kFfShared};
+  l.w.up_shexp = {t, l.sh_up.bytes(), kH, kFfShared};
+  l.w.down_shexp = {t, l.sh_down.bytes(), kFfShared, kH};
+  return moe_check_weights(l.w);
+}
+
+Status run() {
+  int device = 0;
+  KESTREL_CUDA_TRY(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  KESTREL_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
+  const int sm_count = prop.multiProcessorCount;
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, sm_count, prop.l2CacheSize >> 20);
+  cudaStream_t stream = nullptr;
+  KESTREL_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { (void)cudaStreamDestroy(s); }
+  } guard{stream};
+  DeviceBuffer partials;
+  KESTREL_TRY(partials.allocate(static_cast<uint64_t>(sm_count) * 8 * sizeof(unsigned)));
+  KESTREL_TRY_ASSIGN(const Limits lim, measure_limits(sm_count, reinterpret_cast<unsigned*>(partials.bytes()), stream));
+  std::printf("peak read (1 GiB, plain 16-byte loads): %.0f GB/s; D2D copy (1 GiB, read + written): %.0f GB/s\n",
+              lim.peak_read_gbs, lim.copy_gbs);
+
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::printf("\n%-5s %5s %9s %14s %9s %9s %8s %9s\n", "type", "batch", "experts", "weight bytes", "us", "GB/s",
+              "%read", "launches");
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    Layer layers[kCopies];
+    for (int c = 0; c < kCopies; ++c) KESTREL_TRY(make_layer(t, 100 * static_cast<uint64_t>(c) + 1, layers[c]));
+    const uint64_t expert_bytes = 2 * bytes_of(t, kH, kFf) + bytes_of(t, kFf, kH);  // gate + up + down of one expert
+    const uint64_t fixed_bytes = bytes_of(GgmlType::kF32, kH, kExperts) + bytes_of(GgmlType::kF32, kH, 1) +
+                                 2 * bytes_of(t, kH, kFfShared) + bytes_of(t, kFfShared, kH);
+    for (const int batch : {1, 8, 32}) {
+      DeviceBuffer xs, out, ws;
+      const size_t x_elems = static_cast<size_t>(kXSets) * batch * kH;
+      std::vector<float> x(x_elems);
+      for (auto& v : x) v = normal(rng);
+      KESTREL_TRY(xs.allocate(x_elems * sizeof(float)));
+      KESTREL_CUDA_TRY(cudaMemcpy(xs.floats(), x.data(), x_elems * sizeof(float), cudaMemcpyHostToDevice));
+      KESTREL_TRY(out.allocate(static_cast<uint64_t>(batch) * kH * sizeof(float)));
+      KESTREL_TRY(ws.allocate(moe_workspace_bytes(layers[0].w, batch)));
+      // Unique experts per activation set, and the launch count.
+      double mean_active = 0;
+      int launches = 0;
+      for (int s = 0; s < kXSets; ++s) {
+        MoeLaunchInfo info;
+        KESTREL_TRY(moe_forward(layers[0].w, xs.floats() + static_cast<size_t>(s) * batch * kH, batch, out.floats(),
+                                ws.bytes(), stream, &info));
+        int n_active = 0;
+        KESTREL_CUDA_TRY(cudaMemcpyAsync(&n_active, info.routing.n_active, 4, cudaMemcpyDeviceToHost, stream));
+        KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
+        mean_active += n_active;
+        launches = info.launches;
+      }
+      mean_active /= kXSets;
+      std::vector<float> o(static_cast<size_t>(batch) * kH);
+      KESTREL_CUDA_TRY(cudaMemcpy(o.data(), out.floats(), o.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      for (float v : o) {
+        if (!std::isfinite(v)) return make_error(ErrorCode::kInternal, "bench_moe: non-finite output");
+      }
+      const int n_launch = (kMinLaunches + kXSets - 1) / kXSets * kXSets;
+      KESTREL_TRY_ASSIGN(const double us, time_graph_us(stream, n_launch, [&](int i) {
+                           return moe_forward(layers[i % kCopies].w,
+                                              xs.floats() + static_cast<size_t>(i % kXSets) * batch * kH, batch,
+                                              out.floats(), ws.bytes(), stream);
+                         }));
+      const double bytes = mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
+      const double gbs = bytes / (us * 1e3);
+      std::printf("%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d\n", std::string(ggml_type_name(t)).c_str(), batch,
+                  mean_active, bytes, us, gbs, 100.0 * gbs / lim.peak_read_gbs, launches);
+    }
+  }
+  std::printf("\n%%read = (weight bytes / peak read) / time (target: >= 67%%, i.e. within 1.5x)\n");
+  return {};
+}
+
+}  // namespace
+}  // namespace kestrel::gpu::bench
+
+int main() {
+  const kestrel::Status st = kestrel::gpu::bench::run();
+  if (!st) {
+    std::fprintf(stderr, "bench_moe: %s\n", st.error().to_string().c_str());
+    return 1;
+  }
+  return 0;
+}
