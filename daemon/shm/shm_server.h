@@ -1,0 +1,88 @@
+// ShmServer: kestreld's shared-memory fast path, server side (docs/shm.md). It listens on a Unix control socket
+// (SOCK_SEQPACKET); for each client it reads the peer's credentials (SO_PEERCRED; optional allow-list of uids),
+// creates a private segment (sealed memfd, see shm_segment.h) and passes its fd with SCM_RIGHTS, then serves the
+// client's request ring through RpcHandlers on a thread of that connection (shm_connection.h). Sessions created by a
+// client carry its connection's owner tag; when the client goes, they are closed and its segment is unmapped.
+//
+// Wiring (kestreld main):
+//   KESTREL_TRY_ASSIGN(auto shm, ShmServer::start(options, service, handlers));
+//   ...                         // serve; ServerStatus.shm_clients follows client_count() through handlers
+//   shm->stop();                // before service.drain(): ends every connection and closes their sessions
+//
+// Ownership: borrows service and handlers, which must outlive the ShmServer. Owns the listening socket (its file is
+// removed by stop()), the acceptor thread and one thread per client.
+// Threading: start/stop/destructor from one thread; client_count() and socket_path() from any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/base/expected.h"
+#include "daemon/engine/service.h"
+#include "daemon/server/rpc_handlers.h"
+
+namespace kestrel::daemon {
+
+struct ShmServerOptions {
+  std::string socket_path;          // the control socket, e.g. /run/kestrel/kestreld-shm.sock (clients: shm:///run/...)
+  uint32_t socket_mode = 0660;      // who may connect: the daemon's user and group
+  std::vector<uid_t> allowed_uids;  // empty: any peer the socket mode lets in; else only these uids (and root)
+  uint32_t max_clients = 64;        // more connections are refused with RESOURCE_EXHAUSTED
+  size_t max_queued_response_bytes = 8u << 20;  // per client; past it generations are aborted (client not reading)
+  std::chrono::milliseconds handshake_timeout{5000};
+};
+
+class ShmConnection;
+
+class ShmServer {
+ public:
+  // Binds the control socket (a stale socket file at the path is replaced; any other file is an error) and starts
+  // accepting. kInvalidArgument (bad path), kFailedPrecondition / kIo (cannot bind) with the path and the reason.
+  static Expected<std::unique_ptr<ShmServer>> start(ShmServerOptions options, Service& service, RpcHandlers& handlers);
+  ~ShmServer();  // stop()
+  ShmServer(const ShmServer&) = delete;
+  ShmServer& operator=(const ShmServer&) = delete;
+
+  // Stops accepting, ends every connection (their sessions are closed, clients see UNAVAILABLE), joins the threads
+  // and removes the socket file. Idempotent.
+  void stop();
+
+  // Clients connected now (handshake done or in progress).
+  uint32_t client_count() const { return clients_.load(std::memory_order_relaxed); }
+  const std::string& socket_path() const { return options_.socket_path; }
+
+ private:
+  ShmServer(ShmServerOptions options, Service& service, RpcHandlers& handlers, int listen_fd, int wake_fd);
+  void accept_loop();
+  void admit(int fd);
+  void reap(bool all);
+  void refuse(int fd, int code, const std::string& message);
+
+  struct Client {
+    std::shared_ptr<ShmConnection> connection;
+    std::thread thread;
+  };
+
+  ShmServerOptions options_;
+  Service& service_;
+  RpcHandlers& handlers_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd that wakes the acceptor for stop()
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::list<Client> connections_;  // guarded by mu_
+  std::atomic<uint32_t> clients_{0};
+  std::atomic<uint64_t> next_owner_{1};
+  bool stopped_ = false;
+};
+
+}  // namespace kestrel::daemon
