@@ -1,0 +1,107 @@
+// DaemonConfig: everything kestreld can be told, read from a TOML file and then from command-line flags
+// (flags > file > defaults). systemd/kestreld.toml.example documents every key; docs/operations.md is the reference.
+//
+//   model = ""                       # GGUF path; empty = the embedded default tiny model (default_model.h)
+//   engine = "reference"
+//   stop_timeout_s = 30              # drain time on SIGTERM
+//   cache_dir = ""                   # empty = default_cache_dir() (default_paths.h)
+//   [listen]  socket, socket_mode, shm_socket, tcp
+//   [limits]  max_sessions, max_queued_steps, default_n_ctx, max_session_ctx, max_batch_tokens, idle_ttl_s,
+//             max_idle_ttl_s                                  (daemon::ServiceLimits)
+//   [sampling] temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty,
+//             penalty_last_n, seed                            (ServiceLimits::default_sampling)
+//   [log]     level, format
+//
+// Every error names where the bad value came from: "kestreld.toml:12: [limits] max_sessions: must be an integer
+// from 1 to 1000000, got 0", or "--max-sessions: ..." for a flag. Unknown keys and sections are errors too.
+//
+// Plain values and pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/base/expected.h"
+#include "daemon/engine/service.h"
+#include "daemon/ops/default_paths.h"
+
+namespace kestrel::daemon::ops {
+
+struct ListenConfig {
+  std::string socket;  // gRPC over this Unix socket; empty until resolve_defaults(): default_socket_path()
+  uint32_t socket_mode = 0660;
+  std::string shm_socket;       // shm fast path control socket; empty = disabled
+  bool shm_socket_set = false;  // a file or flag named shm_socket; otherwise resolve_defaults() puts it by `socket`
+  std::string tcp;              // "host:port" for gRPC over TCP; empty = no TCP listener
+};
+
+struct LogConfig {
+  std::string level = "info";   // trace, debug, info, warn, error, critical, off
+  std::string format = "auto";  // text (with timestamps), journal (syslog priority prefixes), auto (journal when
+                                // stderr is connected to the journal, text otherwise)
+};
+
+struct DaemonConfig {
+  std::string config_file;  // the file read ("" = none); not a key
+  std::string model;        // empty = the embedded default model
+  std::string engine = "reference";
+  ListenConfig listen;
+  ServiceLimits limits = default_limits();  // [limits] and [sampling]
+  LogConfig log;
+  uint32_t stop_timeout_s = 30;
+  std::string cache_dir;  // empty until resolve_defaults(): default_cache_dir()
+  // Where each key's value came from ("file.toml:12", "--max-sessions"); keys never set are absent. Key names are
+  // "section.name" ("limits.max_sessions") or "name" at the top level.
+  std::map<std::string, std::string> origins;
+
+  // ServiceLimits with kestreld's sampling defaults (llama.cpp's: temperature 0.8, top_k 40, top_p 0.95, min_p
+  // 0.05, a random seed per session); the rest as in service.h.
+  static ServiceLimits default_limits();
+};
+
+// One configuration key: where it lives in the file, its flag, its help line.
+using ConfigValue = std::variant<int64_t, double, std::string, bool>;
+enum class ConfigValueKind { kInteger, kFloat, kString };
+
+struct ConfigKey {
+  std::string_view section;  // "" for top-level keys
+  std::string_view name;
+  std::string_view flag;        // "--max-sessions"
+  std::string_view value_name;  // "N", "PATH", ...
+  std::string_view help;
+  ConfigValueKind kind;
+  // Sets the field from a value (a TOML value or a converted flag). The error says what is wrong with the value,
+  // without the location (the caller adds it).
+  Status (*set)(DaemonConfig&, const ConfigValue&);
+  ConfigValue (*get)(const DaemonConfig&);
+
+  std::string full_name() const;  // "limits.max_sessions"
+};
+
+// Every key, in file order (top-level keys first, then [listen], [limits], [sampling], [log]).
+const std::vector<ConfigKey>& config_keys();
+
+// Applies the keys of a TOML document on top of `config`; `source_name` (a path) prefixes every message with its
+// line. The first error wins: a TOML syntax error, an unknown section or key, a value of the wrong type or range.
+Status apply_toml(DaemonConfig& config, std::string_view toml_text, const std::string& source_name);
+// Reads `path` (kIo / kNotFound naming it) and applies it; sets config.config_file.
+Status apply_toml_file(DaemonConfig& config, const std::string& path);
+// Applies one flag's text to `key` (converted by key.kind); errors start with the flag name.
+Status apply_flag(DaemonConfig& config, const ConfigKey& key, const std::string& text);
+
+// Fills what was left to the environment: the socket path, the shm socket beside it (unless shm_socket was set),
+// the cache folder.
+void resolve_defaults(DaemonConfig& config, const Environment& env);
+// Checks across keys (default_n_ctx <= max_session_ctx, idle_ttl_s <= max_idle_ttl_s, the sampling defaults pass
+// SamplingParams::validate()); errors name the key and where it was set.
+Status validate(const DaemonConfig& config);
+
+// The effective configuration as a TOML document that apply_toml() reads back to the same values; each line says
+// where its value came from.
+std::string to_toml(const DaemonConfig& config);
+
+}  // namespace kestrel::daemon::ops

@@ -1,0 +1,139 @@
+// The embedded default model: the mkmodel `tiny` preset written once into the cache folder (default_model.h).
+#include "daemon/ops/default_model.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <system_error>
+
+#include "tools/mkmodel/model_plan.h"
+#include "tools/mkmodel/model_writer.h"
+#include "tools/mkmodel/presets.h"
+#include "tools/mkmodel/vocab_source.h"
+
+#ifndef KESTREL_VERSION
+#define KESTREL_VERSION "unknown"
+#endif
+
+namespace kestrel::daemon::ops {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kPresetName = "tiny";
+constexpr const char* kTmpMarker = ".tmp-";
+
+Expected<mkmodel::ModelPlan> tiny_plan() {
+  KESTREL_TRY_ASSIGN(mkmodel::Preset preset, mkmodel::find_preset(kPresetName));
+  return mkmodel::make_model_plan(preset, mkmodel::PlanOptions{});
+}
+
+uint32_t fnv1a32(std::string_view text) {
+  uint32_t h = 2166136261u;
+  for (const char c : text) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 16777619u;
+  }
+  return h;
+}
+
+std::string errno_text(int err) { return std::generic_category().message(err); }
+
+// fsync() a file or folder by path; kIo naming it.
+Status sync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return make_error(ErrorCode::kIo, path + ": " + errno_text(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) return make_error(ErrorCode::kIo, "fsync " + path + ": " + errno_text(err));
+  return ok_status();
+}
+
+// Removes "<.name>.tmp-<pid>" files whose writer process no longer exists.
+void remove_stale_temporaries(const fs::path& dir, const std::string& tmp_prefix, const LogLine& log) {
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(tmp_prefix, 0) != 0) continue;
+    const long pid = std::strtol(name.c_str() + tmp_prefix.size(), nullptr, 10);
+    if (pid > 0 && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;  // still being written
+    std::error_code rm_ec;
+    if (fs::remove(e.path(), rm_ec) && log) log("removed " + e.path().string() + " (left by a process that died)");
+  }
+}
+
+}  // namespace
+
+Expected<std::string> default_model_file_name() {
+  KESTREL_TRY_ASSIGN(mkmodel::ModelPlan plan, tiny_plan());
+  char hash[16];
+  std::snprintf(hash, sizeof hash, "%08x", fnv1a32(mkmodel::format_plan(plan)));
+  return std::string("kestrel-") + kPresetName + "-" + KESTREL_VERSION + "-" + hash + ".gguf";
+}
+
+Expected<DefaultModel> ensure_default_model(const std::string& cache_dir, const LogLine& log) {
+  KESTREL_TRY_ASSIGN(const std::string name, default_model_file_name());
+  const fs::path dir(cache_dir);
+  const fs::path final_path = dir / name;
+  std::error_code ec;
+  if (fs::is_regular_file(final_path, ec)) {
+    if (log) log("default model: using " + final_path.string());
+    return DefaultModel{final_path.string(), false};
+  }
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return make_error(ErrorCode::kIo, "cannot create the cache folder " + dir.string() + " for the default model: " +
+                                          ec.message() + " (set cache_dir, or give a model with --model)");
+  }
+  const std::string tmp_prefix = "." + name + kTmpMarker;
+  remove_stale_temporaries(dir, tmp_prefix, log);
+
+  KESTREL_TRY_ASSIGN(mkmodel::ModelPlan plan, tiny_plan());
+  KESTREL_TRY_ASSIGN(const std::string vocab_path, mkmodel::find_vocab_file(""));
+  auto vocab = mkmodel::load_vocab(vocab_path, plan.preset.hparams.n_vocab);
+  if (!vocab) return make_error(vocab.error().code, vocab_path + ": " + vocab.error().message);
+
+  const fs::path tmp = dir / (tmp_prefix + std::to_string(::getpid()));
+  if (log) {
+    log("default model: creating " + final_path.string() + " (mkmodel preset '" + kPresetName + "', " +
+        std::to_string(plan.tensors.size()) + " tensors, vocabulary " + vocab_path + ")");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto stats = mkmodel::write_model(
+      plan, tmp.string(), [&](GgufWriter& w) { return mkmodel::add_vocab_metadata(w, *vocab); },
+      mkmodel::WriteOptions{});
+  if (!stats) {
+    fs::remove(tmp, ec);
+    return make_error(stats.error().code, "writing the default model into " + dir.string() + ": " +
+                                              stats.error().message + " (set cache_dir, or give a model with --model)");
+  }
+  Status synced = sync_path(tmp.string(), false);
+  if (synced) {
+    fs::rename(tmp, final_path, ec);
+    if (ec)
+      synced =
+          make_error(ErrorCode::kIo, "rename " + tmp.string() + " -> " + final_path.string() + ": " + ec.message());
+  }
+  if (!synced) {
+    fs::remove(tmp, ec);
+    return synced.error();
+  }
+  KESTREL_TRY(sync_path(dir.string(), true));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (log) {
+    char line[160];
+    std::snprintf(line, sizeof line, "default model: wrote %llu bytes in %.2f s",
+                  static_cast<unsigned long long>(stats->file_bytes), seconds);
+    log(line);
+  }
+  return DefaultModel{final_path.string(), true};
+}
+
+}  // namespace kestrel::daemon::ops

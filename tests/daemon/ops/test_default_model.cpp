@@ -1,0 +1,129 @@
+// The embedded default model: created once in the cache folder, atomically (no temporary left, stale temporaries of
+// dead writers removed), reused on the next start, byte-identical to `kestrel-mkmodel --preset tiny`, and a model
+// that opens.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "core/model/model.h"
+#include "daemon/ops/default_model.h"
+
+namespace kestrel::daemon::ops {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  return out;
+}
+
+class DefaultModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("kestrel-default-model-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  fs::path dir_;
+};
+
+TEST_F(DefaultModelTest, FileNameCarriesPresetAndVersion) {
+  auto name = default_model_file_name();
+  ASSERT_TRUE(name) << name.error().to_string();
+  EXPECT_EQ(name->rfind("kestrel-tiny-", 0), 0u) << *name;
+  EXPECT_EQ(name->substr(name->size() - 5), ".gguf");
+  EXPECT_EQ(*name, *default_model_file_name());  // stable
+}
+
+TEST_F(DefaultModelTest, CreatedOnceAtomicallyThenReused) {
+  // A temporary left by a writer that died (pid 0x7ffffffe does not exist) is cleaned up.
+  fs::create_directories(dir_ / "cache");
+  const std::string name = *default_model_file_name();
+  const fs::path stale = dir_ / "cache" / ("." + name + ".tmp-2147483646");
+  std::ofstream(stale) << "half a model";
+  // A temporary of a live writer (the parent of this test) is left alone.
+  const fs::path live = dir_ / "cache" / ("." + name + ".tmp-" + std::to_string(::getppid()));
+  std::ofstream(live) << "being written";
+
+  std::vector<std::string> log;
+  auto first = ensure_default_model((dir_ / "cache").string(), [&](std::string_view l) { log.emplace_back(l); });
+  ASSERT_TRUE(first) << first.error().to_string();
+  EXPECT_TRUE(first->created);
+  EXPECT_EQ(first->path, (dir_ / "cache" / name).string());
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  fs::remove(live);
+  EXPECT_EQ(names_in(dir_ / "cache"), std::vector<std::string>{name});  // no temporary left behind
+  bool said_creating = false, said_wrote = false, said_removed = false;
+  for (const std::string& l : log) {
+    said_creating |= l.find("creating " + first->path) != std::string::npos;
+    said_wrote |= l.find("wrote") != std::string::npos;
+    said_removed |= l.find("removed " + stale.string()) != std::string::npos;
+  }
+  EXPECT_TRUE(said_creating && said_wrote && said_removed);
+
+  struct stat before {};
+  ASSERT_EQ(::stat(first->path.c_str(), &before), 0);
+  auto second = ensure_default_model((dir_ / "cache").string(), nullptr);
+  ASSERT_TRUE(second);
+  EXPECT_FALSE(second->created);
+  EXPECT_EQ(second->path, first->path);
+  struct stat after {};
+  ASSERT_EQ(::stat(second->path.c_str(), &after), 0);
+  EXPECT_EQ(before.st_ino, after.st_ino);
+  EXPECT_EQ(before.st_mtim.tv_sec, after.st_mtim.tv_sec);
+  EXPECT_EQ(before.st_mtim.tv_nsec, after.st_mtim.tv_nsec);
+
+  // Same bytes as the kestrel-mkmodel tool writes for the preset.
+  const fs::path tool = fs::path(KESTREL_BINARY_DIR) / "bin" / "kestrel-mkmodel";
+  ASSERT_TRUE(fs::exists(tool)) << tool;
+  const fs::path reference = dir_ / "mkmodel-tiny.gguf";
+  const std::string cmd = tool.string() + " --preset tiny -q -o " + reference.string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::string ours = read_all(first->path);
+  EXPECT_GT(ours.size(), 1000000u);
+  EXPECT_TRUE(ours == read_all(reference)) << "the default model differs from kestrel-mkmodel --preset tiny";
+
+  auto model = Model::open(first->path);
+  ASSERT_TRUE(model) << model.error().to_string();
+  EXPECT_EQ(model->get()->hparams().n_embd, 64u);
+}
+
+TEST_F(DefaultModelTest, UnwritableCacheFolderIsAClearError) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root can write anywhere";
+  fs::create_directories(dir_);
+  fs::permissions(dir_, fs::perms::owner_read | fs::perms::owner_exec);
+  auto r = ensure_default_model((dir_ / "cache").string(), nullptr);
+  fs::permissions(dir_, fs::perms::owner_all);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find((dir_ / "cache").string()), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("--model"), std::string::npos) << r.error().message;
+}
+
+TEST_F(DefaultModelTest, CacheFolderIsAFileIsAClearError) {
+  fs::create_directories(dir_);
+  std::ofstream(dir_ / "file") << "x";
+  auto r = ensure_default_model((dir_ / "file").string(), nullptr);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find((dir_ / "file").string()), std::string::npos) << r.error().message;
+}
+
+}  // namespace
+}  // namespace kestrel::daemon::ops
