@@ -17,6 +17,8 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <utility>
 
 #include "kestrel/v1/kestrel.grpc.pb.h"
@@ -25,6 +27,9 @@ namespace kestrel::daemon {
 namespace {
 
 constexpr const char* kServiceName = "kestrel.v1.Kestrel";
+
+// strerror without its shared buffer.
+std::string errno_text(int e) { return std::error_code(e, std::generic_category()).message(); }
 
 grpc::Status to_grpc(const RpcStatus& s) {
   if (s.ok()) return grpc::Status::OK;
@@ -72,9 +77,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
    public:
     explicit Stream(GenerateCall* call) : call_(call), cancelled_(call->cancelled_) {}
     void on_chunk(v1::GenerateChunk chunk) override { call_->push(std::move(chunk)); }
-    void on_done(RpcStatus status, v1::GenerateChunk last) override {
-      call_->finish(std::move(status), std::move(last));
-    }
+    void on_done(RpcStatus status, v1::GenerateChunk last) override { call_->finish(status, std::move(last)); }
     // Reads a flag shared with the call, so that it stays safe even if polled after on_done.
     bool cancelled() const override { return cancelled_->load(std::memory_order_acquire); }
 
@@ -156,7 +159,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
     run(action);
   }
 
-  void finish(RpcStatus status, v1::GenerateChunk last) {
+  void finish(const RpcStatus& status, v1::GenerateChunk last) {
     log_status("Generate", status);
     Action action;
     {
@@ -223,14 +226,14 @@ Status prepare_socket_path(const std::string& path) {
   struct stat st {};
   if (lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return ok_status();
-    return make_error(ErrorCode::kIo, "cannot stat '" + path + "': " + std::strerror(errno));
+    return make_error(ErrorCode::kIo, "cannot stat '" + path + "': " + errno_text(errno));
   }
   if (!S_ISSOCK(st.st_mode)) {
     return make_error(ErrorCode::kInvalidArgument,
                       "'" + path + "' exists and is not a socket; refusing to replace it (choose another path)");
   }
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return make_error(ErrorCode::kIo, std::string("socket(AF_UNIX): ") + std::strerror(errno));
+  if (fd < 0) return make_error(ErrorCode::kIo, std::string("socket(AF_UNIX): ") + errno_text(errno));
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   const int rc = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
@@ -241,10 +244,10 @@ Status prepare_socket_path(const std::string& path) {
                       "another process is listening on '" + path + "' (is kestreld already running?)");
   }
   if (connect_errno != ECONNREFUSED) {
-    return make_error(ErrorCode::kIo, "cannot probe existing socket '" + path + "': " + std::strerror(connect_errno));
+    return make_error(ErrorCode::kIo, "cannot probe existing socket '" + path + "': " + errno_text(connect_errno));
   }
   if (unlink(path.c_str()) != 0) {
-    return make_error(ErrorCode::kIo, "cannot remove stale socket '" + path + "': " + std::strerror(errno));
+    return make_error(ErrorCode::kIo, "cannot remove stale socket '" + path + "': " + errno_text(errno));
   }
   spdlog::info("removed stale socket {}", path);
   return ok_status();
@@ -298,7 +301,7 @@ class GrpcService final : public v1::Kestrel::CallbackService {
                                  v1::StepResponse* resp) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     // resp stays valid until Finish; the callback runs once, on the engine thread (or here when refused).
-    handlers_.step(*req, deadline_of(*ctx), [reactor, resp](RpcStatus status, v1::StepResponse response) {
+    handlers_.step(*req, deadline_of(*ctx), [reactor, resp](const RpcStatus& status, v1::StepResponse response) {
       log_status("Step", status);
       if (status.ok()) *resp = std::move(response);
       reactor->Finish(to_grpc(status));
@@ -362,7 +365,7 @@ Expected<std::unique_ptr<GrpcServer>> GrpcServer::create(RpcHandlers& handlers, 
     if (chmod(options.unix_socket_path.c_str(), options.unix_socket_mode) != 0) {
       const int e = errno;
       server->shutdown(Clock::now());
-      return make_error(ErrorCode::kIo, "cannot chmod '" + options.unix_socket_path + "': " + std::strerror(e));
+      return make_error(ErrorCode::kIo, "cannot chmod '" + options.unix_socket_path + "': " + errno_text(e));
     }
     spdlog::info("gRPC listening on unix:{} (mode {:04o})", options.unix_socket_path, options.unix_socket_mode);
   }
