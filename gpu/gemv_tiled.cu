@@ -19,14 +19,15 @@
 // elements (4t, 4t+2) and (w >> 8) the pair (4t+1, 4t+3), so MMA 0 of a group takes those and MMA 1 the
 // elements 16 + the same, with B built from x in exactly that order.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <limits>
 #include <string>
 
 #include "core/quant/blocks.h"
+#include "core/quant/quant_internal.h"
 #include "gpu/cuda_check.h"
 #include "gpu/dequant.cuh"
 #include "gpu/gemv_tiled.h"
@@ -39,14 +40,12 @@ constexpr int kUnitElems = 64;
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kMaxSliceVectors = 8;
-constexpr int kMaxChunks = 3;  // ceil(3 * 8 / 8)
+constexpr int kMaxChunks = 3;  // 8 vectors = 24 columns = 3 chunks of 8
 constexpr int kUnroll = 8;     // units (16-byte loads per lane) in flight per warp
 constexpr int kMaxVectors = 32;
-constexpr int64_t kMaxCols = 12288;
-constexpr size_t kSmemSoftLimit = 100 * 1024;
-constexpr size_t kSmemHardLimit = 227 * 1024;  // sm_90's opt-in maximum per block
-constexpr uint32_t kQ40Bias = 0xC308C308u;     // bf16x2 (-136, -136): 128 + q - 136 = q - 8
-constexpr uint32_t kQ4KBias = 0xC300C300u;     // bf16x2 (-128, -128)
+constexpr int64_t kMaxCols = 65536;
+constexpr uint32_t kQ40Bias = 0xC308C308u;  // bf16x2 (-136, -136): 128 + q - 136 = q - 8
+constexpr uint32_t kQ4KBias = 0xC300C300u;  // bf16x2 (-128, -128)
 constexpr uint32_t kOneBf16x2 = 0x3F803F80u;
 
 // ---- device helpers ---------------------------------------------------------------------------------------------
@@ -93,58 +92,37 @@ __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) {
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }
 
-// Byte i (0..11) of the packed 6-bit scales held in three words.
-__device__ __forceinline__ uint32_t sbyte(uint32_t s0, uint32_t s1, uint32_t s2, int i) {
-  const uint32_t w = i < 4 ? s0 : (i < 8 ? s1 : s2);
-  return (w >> (8 * (i & 3))) & 0xFFu;
-}
-
-// ggml's get_scale_min_k4 on the words of one block head.
-__device__ __forceinline__ void scale_min(uint32_t s0, uint32_t s1, uint32_t s2, int j, int* sc, int* m) {
-  if (j < 4) {
-    *sc = static_cast<int>(sbyte(s0, s1, s2, j) & 63u);
-    *m = static_cast<int>(sbyte(s0, s1, s2, j + 4) & 63u);
-  } else {
-    *sc = static_cast<int>((sbyte(s0, s1, s2, j + 4) & 0xFu) | ((sbyte(s0, s1, s2, j - 4) >> 6) << 4));
-    *m = static_cast<int>((sbyte(s0, s1, s2, j + 4) >> 4) | ((sbyte(s0, s1, s2, j) >> 6) << 4));
-  }
-}
-
 struct KernelArgs {
   const uint4* qs;      // tiled qs part
   const uint8_t* meta;  // tiled meta part
   int n_units;          // units per row group
   int n_rg;             // row groups
   int split;            // S: warps per row group
-  const float* x;       // f32 [n_vec, n_cols]
-  int n_cols;
-  int n_vec;       // total vectors of the call
-  int slice_vecs;  // vectors per grid.y slice (<= 8; fewer when shared memory is short)
-  float* y;        // f32 [n_vec, n_rows]
+  const uint4* xf;      // prepared x: B fragments [n_groups][c_total][32]
+  const float* xs;      // prepared x: column sums [n_groups][c_total * 8]
+  int c_total;          // column chunks of all vectors
+  int n_vec;            // vectors of the call
+  float* y;             // f32 [n_vec, n_rows]
   int64_t n_rows;
 };
 
-template <GgmlType T, int C>
-__global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
-  extern __shared__ uint4 smem[];
-  const int n_groups = a.n_cols / 32;
-  const int vec0 = blockIdx.y * a.slice_vecs;
-  const int nv = min(a.slice_vecs, a.n_vec - vec0);
-  const int n_colsx = 3 * nv;                                                         // used MMA columns
-  uint4* xf = smem;                                                                   // [n_groups][C][32]
-  float* xs = reinterpret_cast<float*>(xf + static_cast<size_t>(n_groups) * C * 32);  // Q4_K: [n_groups][C * 8]
-
-  // (1) activations → bf16 parts in B-fragment order.
-  for (int idx = threadIdx.x; idx < n_groups * C * 32; idx += kThreads) {
-    const int q = idx / (C * 32);
-    const int rem = idx % (C * 32);
+// Prepared activations: per 32-element group q and chunk c of 8 columns (column = 3·vector + part), lane (g, t)'s
+// four B registers (bf16 pairs in the k order described at the top), and per (q, column) the f32 sum of the part's
+// 32 values (the Q4_K min term).
+__global__ void prepare_x_kernel(const float* __restrict__ x, int n_cols, int n_vec, int c_total, uint4* xf,
+                                 float* xs) {
+  const int n_groups = n_cols / 32;
+  const int n_items = n_groups * c_total * 32;
+  for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n_items; idx += gridDim.x * blockDim.x) {
+    const int q = idx / (c_total * 32);
+    const int rem = idx % (c_total * 32);
     const int c = rem / 32;
     const int lane = rem % 32;
     const int col = 8 * c + lane / 4;
     const int t = lane % 4;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (col < n_colsx) {
-      const float* xb = a.x + static_cast<size_t>(vec0 + col / 3) * a.n_cols + 32 * q + 4 * t;
+    if (col < 3 * n_vec) {
+      const float* xb = x + static_cast<size_t>(col / 3) * n_cols + 32 * q + 4 * t;
       const int part = col % 3;
       const float4 lo4 = *reinterpret_cast<const float4*>(xb);
       const float4 hi4 = *reinterpret_cast<const float4*>(xb + 16);
@@ -155,21 +133,36 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
     }
     xf[idx] = v;
   }
-  if constexpr (T == GgmlType::kQ4_K) {
-    for (int idx = threadIdx.x; idx < n_groups * C * 8; idx += kThreads) {
-      const int q = idx / (C * 8);
-      const int col = idx % (C * 8);
-      float s = 0.0f;
-      if (col < n_colsx) {
-        const float* xb = a.x + static_cast<size_t>(vec0 + col / 3) * a.n_cols + 32 * q;
-        for (int k = 0; k < 32; ++k) s = __fadd_rn(s, bits_to_float(part_bits(xb[k], col % 3)));
-      }
-      xs[idx] = s;
+  const int n_sums = n_groups * c_total * 8;
+  for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n_sums; idx += gridDim.x * blockDim.x) {
+    const int q = idx / (c_total * 8);
+    const int col = idx % (c_total * 8);
+    float sum = 0.0f;
+    if (col < 3 * n_vec) {
+      const float* xb = x + static_cast<size_t>(col / 3) * n_cols + 32 * q;
+      for (int k = 0; k < 32; ++k) sum = __fadd_rn(sum, bits_to_float(part_bits(xb[k], col % 3)));
     }
+    xs[idx] = sum;
   }
-  __syncthreads();
+}
 
-  // (2) stream this warp's units.
+__device__ __forceinline__ float half_to_float(uint32_t bits16) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
+}
+
+// A 6-bit value as float without a conversion instruction: 2^23 + v, minus 2^23 (exact).
+__device__ __forceinline__ float small_to_float(uint32_t v) {
+  return __fsub_rn(__uint_as_float(0x4B000000u | v), 8388608.0f);
+}
+
+template <GgmlType T, int C>
+__global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
+  __shared__ float red[kWarps][C][32][4];
+  __shared__ float tot[kWarps][kTileRows][C * 8];
+  const int chunk0 = blockIdx.y * kMaxChunks;  // slices of 8 vectors = 3 chunks
+  const int vec0 = blockIdx.y * kMaxSliceVectors;
+  const int nv = min(kMaxSliceVectors, a.n_vec - vec0);
+
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
@@ -200,29 +193,31 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
       float sc_g[2], sc_g8[2], mn_g[2], mn_g8[2];
       if constexpr (T == GgmlType::kQ4_0) {
         const uint2 d =
-            *reinterpret_cast<const uint2*>(a.meta + (static_cast<size_t>(rg) * a.n_units + u) * 64 + g * 8);
-        sc_g[0] = dq_fp16_to_f32(static_cast<uint16_t>(d.x & 0xFFFFu));
-        sc_g8[0] = dq_fp16_to_f32(static_cast<uint16_t>(d.x >> 16));
-        sc_g[1] = dq_fp16_to_f32(static_cast<uint16_t>(d.y & 0xFFFFu));
-        sc_g8[1] = dq_fp16_to_f32(static_cast<uint16_t>(d.y >> 16));
+            __ldg(reinterpret_cast<const uint2*>(a.meta + (static_cast<size_t>(rg) * a.n_units + u) * 64 + g * 8));
+        sc_g[0] = half_to_float(d.x & 0xFFFFu);
+        sc_g8[0] = half_to_float(d.x >> 16);
+        sc_g[1] = half_to_float(d.y & 0xFFFFu);
+        sc_g8[1] = half_to_float(d.y >> 16);
         mn_g[0] = mn_g[1] = mn_g8[0] = mn_g8[1] = 0.0f;
       } else {
         const int sb = u / 4;
         const int j = u % 4;
-        const int n_sb = a.n_units / 4;
-        const uint8_t* mb = a.meta + (static_cast<size_t>(rg) * n_sb + sb) * 256;
-        const uint4 h0 = *reinterpret_cast<const uint4*>(mb + g * 16);
-        const uint4 h8 = *reinterpret_cast<const uint4*>(mb + (g + 8) * 16);
+        const uint8_t* mb = a.meta + (static_cast<size_t>(rg) * (a.n_units / 4) + sb) * 256;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          int sc = 0;
-          int m = 0;
-          scale_min(h0.y, h0.z, h0.w, 2 * j + h, &sc, &m);
-          sc_g[h] = __fmul_rn(dq_fp16_to_f32(static_cast<uint16_t>(h0.x & 0xFFFFu)), static_cast<float>(sc));
-          mn_g[h] = __fmul_rn(dq_fp16_to_f32(static_cast<uint16_t>(h0.x >> 16)), static_cast<float>(m));
-          scale_min(h8.y, h8.z, h8.w, 2 * j + h, &sc, &m);
-          sc_g8[h] = __fmul_rn(dq_fp16_to_f32(static_cast<uint16_t>(h8.x & 0xFFFFu)), static_cast<float>(sc));
-          mn_g8[h] = __fmul_rn(dq_fp16_to_f32(static_cast<uint16_t>(h8.x >> 16)), static_cast<float>(m));
+        for (int r = 0; r < 2; ++r) {
+          const uint4 hd = __ldg(reinterpret_cast<const uint4*>(mb + (g + 8 * r) * 16));
+          // field j (24 bits at bit 24j of the words y, z, w)
+          const uint32_t lo = j == 0 ? hd.y : (j == 1 ? hd.y : (j == 2 ? hd.z : hd.w));
+          const uint32_t hi = j == 0 ? hd.z : (j == 1 ? hd.z : (j == 2 ? hd.w : hd.w));
+          const uint32_t f = __funnelshift_r(lo, hi, (24 * j) & 31) & 0xFFFFFFu;
+          const float d = half_to_float(hd.x & 0xFFFFu);
+          const float dmin = half_to_float(hd.x >> 16);
+          float* sc = r == 0 ? sc_g : sc_g8;
+          float* mn = r == 0 ? mn_g : mn_g8;
+          sc[0] = __fmul_rn(d, small_to_float(f & 63u));
+          sc[1] = __fmul_rn(d, small_to_float((f >> 6) & 63u));
+          mn[0] = __fmul_rn(dmin, small_to_float((f >> 12) & 63u));
+          mn[1] = __fmul_rn(dmin, small_to_float((f >> 18) & 63u));
         }
       }
 #pragma unroll
@@ -253,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
         const int q = 2 * u + h;
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-          const uint4 b = xf[(q * C + c) * 32 + lane];
+          const uint4 b = __ldg(a.xf + (static_cast<size_t>(q) * a.c_total + chunk0 + c) * 32 + lane);
           float ct[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           mma(ct, A0[0], A0[1], A0[2], A0[3], b.x, b.y);
           mma(ct, A1[0], A1[1], A1[2], A1[3], b.z, b.w);
@@ -263,7 +258,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
             acc[c][2] = __fmaf_rn(sc_g8[h], ct[2], acc[c][2]);
             acc[c][3] = __fmaf_rn(sc_g8[h], ct[3], acc[c][3]);
           } else {
-            const float2 sx = *reinterpret_cast<const float2*>(xs + q * C * 8 + 8 * c + 2 * t);
+            const float2 sx = __ldg(
+                reinterpret_cast<const float2*>(a.xs + (static_cast<size_t>(q) * a.c_total + chunk0 + c) * 8 + 2 * t));
             acc[c][0] = __fmaf_rn(sc_g[h], ct[0], __fmaf_rn(-mn_g[h], sx.x, acc[c][0]));
             acc[c][1] = __fmaf_rn(sc_g[h], ct[1], __fmaf_rn(-mn_g[h], sx.y, acc[c][1]));
             acc[c][2] = __fmaf_rn(sc_g8[h], ct[2], __fmaf_rn(-mn_g8[h], sx.x, acc[c][2]));
@@ -274,16 +270,13 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
     }
   }
 
-  // (3) sum the S partial tiles of each row group in warp order, then the three parts of each vector.
-  __syncthreads();                              // xf is no longer read: reuse shared memory
-  float* red = reinterpret_cast<float*>(smem);  // [kWarps][C][32][4]
+  // Sum the S partial tiles of each row group in warp order, then the three parts of each vector.
 #pragma unroll
   for (int c = 0; c < C; ++c) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) red[((warp * C + c) * 32 + lane) * 4 + k] = acc[c][k];
+    for (int k = 0; k < 4; ++k) red[warp][c][lane][k] = acc[c][k];
   }
   __syncthreads();
-  float* tot = red + kWarps * C * 32 * 4;  // [rg_per_block][16 rows][C * 8 cols]
   if (s == 0 && rg < a.n_rg) {
     const int rl = warp / a.split;
 #pragma unroll
@@ -291,17 +284,15 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         float v = 0.0f;
-        for (int w = warp; w < warp + a.split; ++w) v = __fadd_rn(v, red[((w * C + c) * 32 + lane) * 4 + k]);
-        const int row = g + (k >= 2 ? 8 : 0);
-        const int col = 8 * c + 2 * t + (k & 1);
-        tot[(rl * kTileRows + row) * (C * 8) + col] = v;
+        for (int w = warp; w < warp + a.split; ++w) v = __fadd_rn(v, red[w][c][lane][k]);
+        tot[rl][g + (k >= 2 ? 8 : 0)][8 * c + 2 * t + (k & 1)] = v;
       }
     }
     __syncwarp();
     for (int o = lane; o < kTileRows * nv; o += 32) {
       const int row = o % kTileRows;
       const int v = o / kTileRows;
-      const float* tr = tot + (rl * kTileRows + row) * (C * 8) + 3 * v;
+      const float* tr = &tot[rl][row][3 * v];
       const float val = __fadd_rn(__fadd_rn(tr[0], tr[1]), tr[2]);
       a.y[static_cast<size_t>(vec0 + v) * a.n_rows + static_cast<int64_t>(rg) * kTileRows + row] = val;
     }
@@ -312,55 +303,32 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
 
 int chunks_for(int nv) { return (3 * nv + 7) / 8; }
 
-size_t smem_bytes(GgmlType type, int64_t n_cols, int c) {
-  const size_t n_groups = static_cast<size_t>(n_cols / 32);
-  size_t main = n_groups * c * 32 * 16;
-  if (type == GgmlType::kQ4_K) main += n_groups * c * 8 * sizeof(float);
-  const size_t reduce = static_cast<size_t>(kWarps) * c * 32 * 4 * sizeof(float) +
-                        static_cast<size_t>(kWarps) * kTileRows * c * 8 * sizeof(float);
-  return std::max(main, reduce);
-}
-
-// Warps per row group: enough warps in total to cover the SMs, at least 2 units per warp.
+// Warps per row group: about kUnroll units per warp (one round of loads in flight), more warps for short matrices
+// so they still spread over the SMs.
 int pick_split(int64_t n_rg, int64_t n_units) {
   int s = 1;
-  while (s < kWarps && n_rg * s < 132 * 24 && n_units / (2 * s) >= 2) s *= 2;
+  while (s < kWarps &&
+         (n_units > static_cast<int64_t>(kUnroll) * s || (n_rg * s < 132 * 16 && n_units / (2 * s) >= 2))) {
+    s *= 2;
+  }
   return s;
 }
 
 template <GgmlType T, int C>
 Status launch(const KernelArgs& args, int slices, cudaStream_t stream) {
-  const size_t smem = smem_bytes(T, args.n_cols, C);
-  // Raise the kernel's dynamic shared memory limit once per instantiation, to the most any shape asks for.
-  static std::atomic<bool> limit_set{false};
-  if (!limit_set.load(std::memory_order_acquire)) {
-    KESTREL_CUDA_TRY(cudaFuncSetAttribute(gemv_tiled_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(kSmemHardLimit)));
-    limit_set.store(true, std::memory_order_release);
-  }
   const int rg_per_block = kWarps / args.split;
   const dim3 grid(static_cast<unsigned>((args.n_rg + rg_per_block - 1) / rg_per_block), static_cast<unsigned>(slices));
-  gemv_tiled_kernel<T, C><<<grid, kThreads, smem, stream>>>(args);
+  gemv_tiled_kernel<T, C><<<grid, kThreads, 0, stream>>>(args);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
 
-// Column chunks a slice may use: 3 (8 vectors) while shared memory stays under kSmemSoftLimit (two blocks per SM),
-// fewer for long rows; 1 up to kSmemHardLimit.
-int max_chunks(GgmlType type, int64_t n_cols) {
-  for (int c = kMaxChunks; c > 1; --c) {
-    if (smem_bytes(type, n_cols, c) <= kSmemSoftLimit) return c;
-  }
-  return 1;
-}
-
 template <GgmlType T>
-Status launch_type(KernelArgs args, cudaStream_t stream) {
-  // Slices of slice_vecs vectors; a final partial slice runs with the full slices' chunk count (its unused columns
-  // are zero), so each vector's arithmetic is the same whatever the slice: MMA columns are independent.
-  args.slice_vecs = std::min(kMaxSliceVectors, 8 * max_chunks(T, args.n_cols) / 3);
-  const int slices = (args.n_vec + args.slice_vecs - 1) / args.slice_vecs;
-  const int c = chunks_for(std::min(args.n_vec, args.slice_vecs));
+Status launch_type(const KernelArgs& args, cudaStream_t stream) {
+  // Slices of 8 vectors (3 chunks); a final partial slice runs with the full slices' chunk count (its unused
+  // columns are zero), so each vector's arithmetic is the same whatever the slice: MMA columns are independent.
+  const int slices = (args.n_vec + kMaxSliceVectors - 1) / kMaxSliceVectors;
+  const int c = chunks_for(std::min(args.n_vec, kMaxSliceVectors));
   if (c == 1) return launch<T, 1>(args, slices, stream);
   if (c == 2) return launch<T, 2>(args, slices, stream);
   return launch<T, 3>(args, slices, stream);
@@ -368,10 +336,15 @@ Status launch_type(KernelArgs args, cudaStream_t stream) {
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
 
+uint64_t xf_bytes(int64_t n_cols, int n_vec) {
+  return static_cast<uint64_t>(n_cols / 32) * static_cast<uint64_t>(chunks_for(n_vec)) * 32 * 16;
+}
+
 }  // namespace
 
 bool q4_tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
   if (n_rows <= 0 || n_rows % kTileRows != 0 || n_cols <= 0 || n_cols > kMaxCols) return false;
+  if (n_rows / kTileRows > std::numeric_limits<int32_t>::max() / kWarps) return false;
   if (type == GgmlType::kQ4_0) return n_cols % kUnitElems == 0;
   if (type == GgmlType::kQ4_K) return n_cols % 256 == 0;
   return false;
@@ -382,12 +355,16 @@ uint64_t q4_tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows) {
   return type == GgmlType::kQ4_K ? elems / 256 * sizeof(BlockQ4_K) : elems / 32 * sizeof(BlockQ4_0);
 }
 
+uint64_t tiled_x_bytes(int64_t n_cols, int n_vec) {
+  return xf_bytes(n_cols, n_vec) + static_cast<uint64_t>(n_cols / 32) * chunks_for(n_vec) * 8 * sizeof(float);
+}
+
 Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, std::span<uint8_t> out) {
   if (!q4_tiled_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "q4_tile: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
                                                        "} cannot be tiled (q4_0 needs n_cols % 64, q4_K n_cols % "
-                                                       "256, n_rows % 16, n_cols <= 12288)");
+                                                       "256, n_rows % 16, n_cols <= 65536)");
   }
   if (out.size() != q4_tiled_bytes(type, n_cols, n_rows) || raw == nullptr) {
     return make_error(ErrorCode::kInvalidArgument, "q4_tile: output holds " + std::to_string(out.size()) +
@@ -449,7 +426,26 @@ Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, s
       }
       for (int64_t sb = 0; sb < n_sb; ++sb) {
         for (int row = 0; row < kTileRows; ++row) {
-          std::memcpy(meta + (rg * n_sb + sb) * 256 + row * 16, block(rg * kTileRows + row, sb), 16);
+          const uint8_t* b = block(rg * kTileRows + row, sb);
+          uint8_t* m = meta + (rg * n_sb + sb) * 256 + row * 16;
+          std::memcpy(m, b, 4);  // d, dmin
+          uint8_t sc[8];
+          uint8_t mn[8];
+          for (int k = 0; k < 8; ++k)
+            quant_internal::k4_get_scale_min(k, b + offsetof(BlockQ4_K, scales), &sc[k], &mn[k]);
+          uint8_t packed[12] = {};
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t field = static_cast<uint32_t>(sc[2 * j]) | (static_cast<uint32_t>(sc[2 * j + 1]) << 6) |
+                                   (static_cast<uint32_t>(mn[2 * j]) << 12) |
+                                   (static_cast<uint32_t>(mn[2 * j + 1]) << 18);
+            for (int bit = 0; bit < 24; ++bit) {
+              if ((field >> bit) & 1u) {
+                const int at = 24 * j + bit;
+                packed[at / 8] = static_cast<uint8_t>(packed[at / 8] | (1u << (at % 8)));
+              }
+            }
+          }
+          std::memcpy(m + 4, packed, 12);
         }
       }
     }
@@ -457,7 +453,26 @@ Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, s
   return ok_status();
 }
 
-Status gemv_q4_tiled(const TiledQ4View& w, const float* x, int n_vec, float* y, cudaStream_t stream) {
+Status gemv_tiled_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream) {
+  if (n_cols <= 0 || n_cols % kUnitElems != 0 || n_cols > kMaxCols || n_vec < 1 || n_vec > kMaxVectors) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv_tiled_prepare_x: n_cols " + std::to_string(n_cols) +
+                                                       " (a multiple of 64 up to 65536) or n_vec " +
+                                                       std::to_string(n_vec) + " (1..32) out of range");
+  }
+  if (x == nullptr || xprep == nullptr || !aligned(x, 16) || !aligned(xprep, 16)) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv_tiled_prepare_x: null or misaligned pointer (16 bytes)");
+  }
+  const int c_total = chunks_for(n_vec);
+  auto* xf = static_cast<uint4*>(xprep);
+  auto* xs = reinterpret_cast<float*>(static_cast<uint8_t*>(xprep) + xf_bytes(n_cols, n_vec));
+  const int items = static_cast<int>(n_cols / 32) * c_total * 32;
+  const int blocks = std::min(1024, (items + 255) / 256);
+  prepare_x_kernel<<<blocks, 256, 0, stream>>>(x, static_cast<int>(n_cols), n_vec, c_total, xf, xs);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  return ok_status();
+}
+
+Status gemv_q4_tiled(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream) {
   if (!q4_tiled_supports(w.type, w.n_cols, w.n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_q4_tiled: " + std::string(ggml_type_name(w.type)) + " {" +
                                                        std::to_string(w.n_cols) + ", " + std::to_string(w.n_rows) +
@@ -467,28 +482,27 @@ Status gemv_q4_tiled(const TiledQ4View& w, const float* x, int n_vec, float* y, 
     return make_error(ErrorCode::kInvalidArgument,
                       "gemv_q4_tiled: n_vec " + std::to_string(n_vec) + " is outside [1, 32]");
   }
-  if (w.data == nullptr || x == nullptr || y == nullptr || !aligned(w.data, 16) || !aligned(x, 16) || !aligned(y, 4)) {
+  if (w.data == nullptr || xprep == nullptr || y == nullptr || !aligned(w.data, 16) || !aligned(xprep, 16) ||
+      !aligned(y, 4)) {
     return make_error(ErrorCode::kInvalidArgument,
-                      "gemv_q4_tiled: null or misaligned pointer (w and x need 16 bytes, y 4)");
+                      "gemv_q4_tiled: null or misaligned pointer (w and xprep need 16 bytes, y 4)");
   }
-  const auto x0 = reinterpret_cast<uintptr_t>(x);
+  const auto x0 = reinterpret_cast<uintptr_t>(xprep);
   const auto y0 = reinterpret_cast<uintptr_t>(y);
-  const auto x1 = x0 + static_cast<uintptr_t>(n_vec) * static_cast<uintptr_t>(w.n_cols) * sizeof(float);
+  const auto x1 = x0 + tiled_x_bytes(w.n_cols, n_vec);
   const auto y1 = y0 + static_cast<uintptr_t>(n_vec) * static_cast<uintptr_t>(w.n_rows) * sizeof(float);
-  if (x0 < y1 && y0 < x1) return make_error(ErrorCode::kInvalidArgument, "gemv_q4_tiled: y overlaps x");
+  if (x0 < y1 && y0 < x1) return make_error(ErrorCode::kInvalidArgument, "gemv_q4_tiled: y overlaps xprep");
   const int64_t n_rg = w.n_rows / kTileRows;
   const int64_t n_units = w.n_cols / kUnitElems;
-  if (n_rg > std::numeric_limits<int32_t>::max() / kWarps) {
-    return make_error(ErrorCode::kInvalidArgument, "gemv_q4_tiled: too many rows for one grid; split the matrix");
-  }
   KernelArgs args{};
   args.qs = static_cast<const uint4*>(w.data);
   args.meta = static_cast<const uint8_t*>(w.data) + n_rg * n_units * 512;
   args.n_units = static_cast<int>(n_units);
   args.n_rg = static_cast<int>(n_rg);
   args.split = pick_split(n_rg, n_units);
-  args.x = x;
-  args.n_cols = static_cast<int>(w.n_cols);
+  args.c_total = chunks_for(n_vec);
+  args.xf = static_cast<const uint4*>(xprep);
+  args.xs = reinterpret_cast<const float*>(static_cast<const uint8_t*>(xprep) + xf_bytes(w.n_cols, n_vec));
   args.n_vec = n_vec;
   args.y = y;
   args.n_rows = w.n_rows;

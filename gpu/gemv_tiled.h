@@ -7,7 +7,12 @@
 //              Q4_0: {row g blk 2u, row g+8 blk 2u, row g blk 2u+1, row g+8 blk 2u+1} (word t of each block's qs)
 //              Q4_K: {row g qs[32j+4t..], row g+8 qs[32j+4t..], row g qs[32j+16+4t..], row g+8 ...} (j = u % 4)
 //   meta part: Q4_0: [rg][u][g 0..7][d(g,2u), d(g+8,2u), d(g,2u+1), d(g+8,2u+1)] (f16)
-//              Q4_K: [rg][super-block][row 0..15][d, dmin, scales[12]] (the raw 16-byte head of each block)
+//              Q4_K: [rg][super-block][row 0..15][d, dmin, 12 bytes] where the 12 bytes re-pack the block's eight
+//              6-bit scales and mins (same 96 bits) as four 24-bit fields, field j = sc[2j] | sc[2j+1] << 6 |
+//              m[2j] << 12 | m[2j+1] << 18 at bit 24j, so a unit's four values come out with one funnel shift
+//
+// Activations are prepared once per vector batch (gemv_tiled_prepare_x) into the MMA B-fragment order and reused
+// by every matrix that multiplies the same x (GDN qkv/gate/ba, attention q/k/v, expert gate/up).
 //
 // Arithmetic: quants become exact bf16 values (q - 8 for Q4_0, q for Q4_K) with one integer op per two elements;
 // each f32 activation is split into three bf16 parts (hi + mid + lo = x to 24 bits) that occupy three MMA columns,
@@ -35,8 +40,8 @@ struct TiledQ4View {
   int64_t n_rows = 0;          // ggml ne1 (n_out)
 };
 
-// True for Q4_0 with n_cols a multiple of 64, Q4_K with n_cols a multiple of 256, n_rows a positive multiple of 16,
-// and n_cols <= 12288 (the activations of one call live in shared memory).
+// True for Q4_0 with n_cols a multiple of 64, Q4_K with n_cols a multiple of 256, n_rows a positive multiple of 16
+// and n_cols <= 65536.
 bool q4_tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
 
 // Bytes of the tiled form (equal to the raw GGUF bytes of the same matrix).
@@ -46,9 +51,17 @@ uint64_t q4_tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows);
 // the shape is not supported or a size does not match. Pure function; thread-safe.
 Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, std::span<uint8_t> out);
 
-// y[v] = W x[v]. x: device f32 [n_vec, n_cols], 16-byte aligned; y: device f32 [n_vec, n_rows], 4-byte aligned, not
-// overlapping x; n_vec in [1, 32]. Errors are found before the launch and leave y untouched; otherwise the kernel
-// is enqueued on `stream` and the call returns without waiting. Thread-safe.
-Status gemv_q4_tiled(const TiledQ4View& w, const float* x, int n_vec, float* y, cudaStream_t stream);
+// Bytes of the prepared form of n_vec activation vectors of n_cols elements (n_cols a multiple of 64).
+uint64_t tiled_x_bytes(int64_t n_cols, int n_vec);
+
+// x: device f32 [n_vec, n_cols], 16-byte aligned; xprep: device, tiled_x_bytes() bytes, 16-byte aligned.
+// Enqueues one small kernel. Thread-safe; returns without waiting.
+Status gemv_tiled_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream);
+
+// y[v] = W x[v] with x given prepared (gemv_tiled_prepare_x with the same n_cols and n_vec, earlier on `stream`).
+// y: device f32 [n_vec, n_rows], 4-byte aligned, not overlapping xprep; n_vec in [1, 32]. Errors are found before
+// the launch and leave y untouched; otherwise one kernel is enqueued and the call returns without waiting.
+// Thread-safe.
+Status gemv_q4_tiled(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream);
 
 }  // namespace kestrel::gpu
