@@ -1,5 +1,7 @@
-// attention_decode (see attention_decode.h): k/v append kernel, then one block per (head, sequence) attending over
-// the sequence's cache with a 4-warp online softmax merged in warp order.
+// attention_decode (see attention_decode.h): k/v append kernel, then one block per (head, sequence, chunk of
+// positions) with a 4-warp online softmax merged in warp order, then (for sequences of several chunks) a merge of
+// the chunk records in chunk order.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <unordered_set>
@@ -60,19 +62,34 @@ __global__ void kv_append_kernel(AttnDecodeDims d, KvSlotTable cache, const floa
   for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) vc[i] = v[src + i];
 }
 
-// grid (n_head, n_seq): out[b][h·hd..] = softmax(q·K/sqrt(hd)) V ⊙ sigmoid(gate) for head h of sequence b.
+// Chunks of `chunk` positions covering [0, pos]: the split depends only on the sequence's own position.
+__device__ __forceinline__ int n_chunks_of(int pos, int chunk) { return pos / chunk + 1; }
+
+// Per (head, sequence, chunk) record in the workspace: [0] running max, [1] sum, [2, 2 + hd) unnormalised output.
+__device__ __forceinline__ size_t chunk_record(int b, int h, int c, int n_head, int max_chunks, int hd) {
+  return ((static_cast<size_t>(b) * n_head + static_cast<size_t>(h)) * max_chunks + static_cast<size_t>(c)) *
+         (static_cast<size_t>(hd) + 2);
+}
+
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// grid (n_head, n_seq, max_chunks): softmax(q·K/sqrt(hd)) V over chunk blockIdx.z of head h of sequence b; a
+// sequence of one chunk is finished here (out = attn ⊙ sigmoid(gate)), longer ones leave a workspace record.
 __global__ void __launch_bounds__(kThreads)
     attend_kernel(AttnDecodeDims d, KvSlotTable cache, const float* __restrict__ qg, const float* __restrict__ q_norm,
                   const float* __restrict__ inv_freq, const int32_t* __restrict__ slot_ids,
-                  const int32_t* __restrict__ positions, float scale, float* __restrict__ out) {
+                  const int32_t* __restrict__ positions, float scale, int max_chunks, float* __restrict__ ws,
+                  float* __restrict__ out) {
   __shared__ float scratch[33];
   __shared__ float normed[kAttnDecodeMaxHeadDim];
   __shared__ float q[kAttnDecodeMaxHeadDim];
   __shared__ float acc_w[kWarps][kAttnDecodeMaxHeadDim];
   __shared__ float m_w[kWarps], l_w[kWarps];
-  const int h = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y);
+  const int h = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y), c = static_cast<int>(blockIdx.z);
   const int hd = d.head_dim;
   const int slot = slot_ids[b], pos = positions[b];
+  const int n_chunks = n_chunks_of(pos, d.chunk);
+  if (c >= n_chunks) return;  // whole block: this sequence is shorter than the batch's longest
   const float* qrow = qg + static_cast<size_t>(b) * d.n_head * 2 * hd + static_cast<size_t>(h) * 2 * hd;
   norm_rope_head(qrow, q_norm, inv_freq, hd, d.n_rot, d.eps, static_cast<float>(pos), normed, q, scratch);
   __syncthreads();
@@ -91,8 +108,10 @@ __global__ void __launch_bounds__(kThreads)
   const float* kbase = cache.k[slot] + static_cast<size_t>(kvh) * hd;
   const float* vbase = cache.v[slot] + static_cast<size_t>(kvh) * hd;
   const size_t pos_stride = static_cast<size_t>(d.n_head_kv) * hd;
+  const int p_begin = c * d.chunk;
+  const int p_end = min(pos + 1, p_begin + d.chunk);
   float m = -INFINITY, l = 0.0f;
-  for (int p = warp; p <= pos; p += kWarps) {
+  for (int p = p_begin + warp; p < p_end; p += kWarps) {
     const float* kp = kbase + static_cast<size_t>(p) * pos_stride;
     float dot = 0.0f;
 #pragma unroll
@@ -131,17 +150,59 @@ __global__ void __launch_bounds__(kThreads)
     f[w] = l_w[w] > 0.0f ? expf(m_w[w] - m_all) : 0.0f;  // a warp that saw no position contributes nothing
     l_all += l_w[w] * f[w];
   }
-  const float* gate = qrow + hd;
+  if (n_chunks == 1) {
+    const float* gate = qrow + hd;
+    float* orow = out + static_cast<size_t>(b) * d.n_head * hd + static_cast<size_t>(h) * hd;
+    for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) {
+      float a = 0.0f;
+      for (int w = 0; w < kWarps; ++w) a += acc_w[w][i] * f[w];
+      orow[i] = (a / l_all) * sigmoid_f(gate[i]);
+    }
+  } else {
+    float* rec = ws + chunk_record(b, h, c, d.n_head, max_chunks, hd);
+    if (threadIdx.x == 0) {
+      rec[0] = m_all;
+      rec[1] = l_all;
+    }
+    for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) {
+      float a = 0.0f;
+      for (int w = 0; w < kWarps; ++w) a += acc_w[w][i] * f[w];
+      rec[2 + i] = a;
+    }
+  }
+}
+
+// grid (n_head, n_seq): merges the chunk records of sequences with more than one chunk, in chunk order.
+__global__ void merge_chunks_kernel(AttnDecodeDims d, const float* __restrict__ qg,
+                                    const int32_t* __restrict__ positions, int max_chunks, const float* __restrict__ ws,
+                                    float* __restrict__ out) {
+  const int h = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y);
+  const int hd = d.head_dim;
+  const int n_chunks = n_chunks_of(positions[b], d.chunk);
+  if (n_chunks == 1) return;  // finished by attend_kernel
+  const float* first = ws + chunk_record(b, h, 0, d.n_head, max_chunks, hd);
+  const size_t rec_stride = static_cast<size_t>(hd) + 2;
+  float m_all = first[0];
+  for (int c = 1; c < n_chunks; ++c) m_all = fmaxf(m_all, first[c * rec_stride]);
+  float l_all = 0.0f;
+  for (int c = 0; c < n_chunks; ++c) l_all += first[c * rec_stride + 1] * expf(first[c * rec_stride] - m_all);
+  const float* gate = qg + static_cast<size_t>(b) * d.n_head * 2 * hd + static_cast<size_t>(h) * 2 * hd + hd;
   float* orow = out + static_cast<size_t>(b) * d.n_head * hd + static_cast<size_t>(h) * hd;
   for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) {
     float a = 0.0f;
-    for (int w = 0; w < kWarps; ++w) a += acc_w[w][i] * f[w];
-    const float sig = 1.0f / (1.0f + expf(-gate[i]));
-    orow[i] = (a / l_all) * sig;
+    for (int c = 0; c < n_chunks; ++c) a += first[c * rec_stride + 2 + i] * expf(first[c * rec_stride] - m_all);
+    orow[i] = (a / l_all) * sigmoid_f(gate[i]);
   }
 }
 
 }  // namespace
+
+size_t attention_decode_workspace_bytes(const AttnDecodeDims& d, int n_seq, int n_ctx) {
+  if (d.chunk < 1 || n_seq < 1 || n_ctx < 1 || d.n_head < 1 || d.head_dim < 1) return 0;
+  const size_t max_chunks = static_cast<size_t>((n_ctx - 1) / d.chunk + 1);
+  return static_cast<size_t>(n_seq) * static_cast<size_t>(d.n_head) * max_chunks *
+         (static_cast<size_t>(d.head_dim) + 2) * sizeof(float);
+}
 
 Status attention_decode(const AttnDecodeDims& d, const KvSlotTable& cache, int n_slots, const AttnDecodeArgs& a,
                         std::span<const int32_t> slot_ids_host, std::span<const int32_t> positions_host,
@@ -159,6 +220,7 @@ Status attention_decode(const AttnDecodeDims& d, const KvSlotTable& cache, int n
   if (d.n_rot < 0 || d.n_rot % 2 != 0 || d.n_rot > d.head_dim) {
     return bad("n_rot " + std::to_string(d.n_rot) + " must be even and at most head_dim");
   }
+  if (d.chunk < 1) return bad("chunk " + std::to_string(d.chunk) + " must be at least 1 position");
   if (cache.k == nullptr || cache.v == nullptr || cache.n_head_kv != d.n_head_kv || cache.head_dim != d.head_dim) {
     return bad("the KV cache table (" + std::to_string(cache.n_head_kv) + " kv heads of " +
                std::to_string(cache.head_dim) + ") does not match the layer (" + std::to_string(d.n_head_kv) + " of " +
@@ -193,15 +255,35 @@ Status attention_decode(const AttnDecodeDims& d, const KvSlotTable& cache, int n
                                                     " tokens (raise the context size)");
     }
   }
+  int max_pos = 0;
+  for (int32_t p : positions_host) max_pos = std::max(max_pos, static_cast<int>(p));
+  const int max_chunks = max_pos / d.chunk + 1;
+  if (max_chunks > 65535) return bad("more than 65535 chunks: raise dims.chunk");
+  if (max_chunks > 1) {
+    const size_t need = static_cast<size_t>(n_seq) * static_cast<size_t>(d.n_head) * static_cast<size_t>(max_chunks) *
+                        (static_cast<size_t>(d.head_dim) + 2) * sizeof(float);
+    if (a.workspace == nullptr || a.workspace_bytes < need) {
+      return bad("position " + std::to_string(max_pos) + " spans " + std::to_string(max_chunks) + " chunks of " +
+                 std::to_string(d.chunk) + " and needs a workspace of " + std::to_string(need) + " bytes (given " +
+                 std::to_string(a.workspace == nullptr ? 0 : a.workspace_bytes) +
+                 "; see attention_decode_workspace_bytes)");
+    }
+  }
   // The reference's scale: (float)(1 / sqrt((double)hd)).
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
   const unsigned seqs = static_cast<unsigned>(n_seq);
   kv_append_kernel<<<dim3(static_cast<unsigned>(d.n_head_kv), seqs), kThreads, 0, stream>>>(
       d, cache, a.k, a.v, a.k_norm, a.rope_inv_freq, a.slot_ids, a.positions);
   KESTREL_CUDA_TRY(cudaGetLastError());
-  attend_kernel<<<dim3(static_cast<unsigned>(d.n_head), seqs), kThreads, 0, stream>>>(
-      d, cache, a.qg, a.q_norm, a.rope_inv_freq, a.slot_ids, a.positions, scale, a.out);
+  attend_kernel<<<dim3(static_cast<unsigned>(d.n_head), seqs, static_cast<unsigned>(max_chunks)), kThreads, 0,
+                  stream>>>(d, cache, a.qg, a.q_norm, a.rope_inv_freq, a.slot_ids, a.positions, scale, max_chunks,
+                            a.workspace, a.out);
   KESTREL_CUDA_TRY(cudaGetLastError());
+  if (max_chunks > 1) {
+    merge_chunks_kernel<<<dim3(static_cast<unsigned>(d.n_head), seqs), kThreads, 0, stream>>>(
+        d, a.qg, a.positions, max_chunks, a.workspace, a.out);
+    KESTREL_CUDA_TRY(cudaGetLastError());
+  }
   return ok_status();
 }
 

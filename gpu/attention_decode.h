@@ -11,13 +11,20 @@
 //   out[b][h·hd + i] = attn_h[i] · sigmoid(gate_h[i])                         (input of the attn_output GEMV)
 // RoPE angles: θ_i = (float)pos · inv_freq[i] with inv_freq the table ref::rope_inv_freq computes on the host
 // (uploaded by the caller once per model), so the angles are bit-identical to the reference's; cosf/sinf, expf and
-// the f32 sums differ from the host's by a few ulps. The softmax is the stable online form (running max and sum,
-// in f32) over positions split among 4 warps in a fixed order, merged in warp order: results agree with the
-// reference to ~1e-5 relative and are bit-identical from run to run (no atomics).
+// the f32 sums differ from the host's by a few ulps.
 //
-// Launches: one kernel appends k/v (grid n_kv × n_seq), one attends (grid n_head × n_seq, a block per head, its
-// q normed and roped in shared memory). head_dim <= 512. Returns without waiting; argument errors (kInvalidArgument,
-// kOutOfRange for a position outside the cache, duplicate slots) are found from the host copies of slot ids and
+// Work split (flash-decoding): a sequence's positions [0, pos] are cut into chunks of dims.chunk positions; one
+// block per (head, sequence, chunk) runs a stable online softmax (running max and sum in f32) over its chunk with 4
+// warps taking positions in a fixed interleave, merged in warp order. A sequence of one chunk is finished by that
+// block; longer ones leave (max, sum, unnormalised accumulator) per chunk in `workspace` and a second kernel merges
+// the chunks in order. The split depends only on the sequence's own position and dims.chunk, never on the other
+// sequences of the batch, so a session's output is bit-identical whether it runs alone or in any batch; there are
+// no atomics, so repeated runs are bit-identical too. Results agree with the reference to ~1e-5 relative.
+//
+// Launches: one kernel appends k/v (grid n_kv × n_seq), one attends (grid n_head × n_seq × max chunks, q normed
+// and roped in shared memory by each block), and, when some sequence spans more than one chunk, one merges.
+// head_dim <= 512. Returns without waiting; argument errors (kInvalidArgument, kOutOfRange for a position outside
+// the cache, duplicate slots, a missing or small workspace) are found from the host copies of slot ids and
 // positions before anything is launched, and leave the caches untouched. Thread-safe (no shared state); the caller
 // keeps every buffer alive until the stream has run.
 #pragma once
@@ -40,6 +47,7 @@ struct AttnDecodeDims {
   int head_dim = 0;   // hd, 1..kAttnDecodeMaxHeadDim
   int n_rot = 0;      // even, <= head_dim
   float eps = 1e-6f;  // q/k RMSNorm eps
+  int chunk = 256;    // positions per attention block (>= 1); part of the numerics: keep it fixed per model
 };
 
 struct AttnDecodeArgs {
@@ -53,7 +61,12 @@ struct AttnDecodeArgs {
   const int32_t* slot_ids = nullptr;     // device int32 [n_seq], distinct
   const int32_t* positions = nullptr;    // device int32 [n_seq]
   float* out = nullptr;                  // device f32 [n_seq, n_head·hd]
+  float* workspace = nullptr;            // device scratch, needed when a position >= dims.chunk; may be null else
+  size_t workspace_bytes = 0;
 };
+
+// Workspace bytes that suffice for any call with up to n_seq sequences on caches of n_ctx tokens.
+size_t attention_decode_workspace_bytes(const AttnDecodeDims& dims, int n_seq, int n_ctx);
 
 // slot_ids_host / positions_host: the same values as args.slot_ids / args.positions (n_seq = their size); each
 // slot id in [0, n_slots) and each position in [0, cache.n_ctx). cache: the layer's table from StateSlots

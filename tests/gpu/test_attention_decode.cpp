@@ -1,10 +1,12 @@
 // gpu/attention_decode against ref::attn_forward for one decode token per session: several sessions at different
 // positions (0, 1, mid, the last cache slot), GQA groups of 1..8, batches up to 8, head_dim 16, 40 (not a multiple
-// of 32), 64, 256 and 512, n_rot 0/8/10/64, sessions in scattered slots of a table with unused slots, with the caches of the
-// StateSlots pool and of plain buffers. The reference layer runs with F32 weights and an identity attn_output,
+// of 32), 64, 256 and 512, n_rot 0/8/10/64, sessions in scattered slots of a table with unused slots, with the caches
+// of the StateSlots pool and of plain buffers. The reference layer runs with F32 weights and an identity attn_output,
 // so its output IS the gated attention (the GPU op's output); q/k/v for the GPU come from the same ref::matvec_batch.
-// Checked: the gated attention output, the appended K row (normed, roped) and V row, the cache rows before the
-// position unchanged and other slots untouched, a second run bit-identical, argument errors refused.
+// Chunk sizes 3..256 positions exercise the split over positions (one to five chunks per sequence, merged by the
+// second kernel). Checked: the gated attention output, the appended K row (normed, roped) and V row, the cache
+// rows before the position unchanged and other slots untouched, a second run bit-identical, each session alone
+// bit-identical to the same session in the batch, argument errors refused.
 //
 // Tolerance (stated): |gpu - ref| <= 1e-5 · max|V| over the attended rows of that kv head for the output (the
 // output is a convex combination of those V values times sigmoid(gate) <= 1; score errors of a few f32 ulps from
@@ -47,12 +49,13 @@ struct Config {
   std::vector<int> n_past;    // per session: tokens already in its cache (= the new token's position)
   std::vector<int> slot_ids;  // per session
   int n_slots;
+  int chunk = 256;  // positions per attention block (AttnDecodeDims::chunk)
 };
 
 std::string describe(const Config& c) {
   std::string s = "n_head " + std::to_string(c.n_head) + " n_kv " + std::to_string(c.n_kv) + " hd " +
                   std::to_string(c.hd) + " n_rot " + std::to_string(c.n_rot) + " n_ctx " + std::to_string(c.n_ctx) +
-                  " positions";
+                  " chunk " + std::to_string(c.chunk) + " positions";
   for (int p : c.n_past) s += " " + std::to_string(p);
   return s;
 }
@@ -179,7 +182,9 @@ void run_case(const Config& c, const Caches& caches, uint32_t seed) {
   ASSERT_TRUE(test::upload(d_freq, inv_freq));
   ASSERT_TRUE(test::upload(d_slots, slots));
   ASSERT_TRUE(test::upload(d_pos, positions));
-  AttnDecodeDims dims{c.n_head, c.n_kv, c.hd, c.n_rot, 1e-6f};
+  AttnDecodeDims dims{c.n_head, c.n_kv, c.hd, c.n_rot, 1e-6f, c.chunk};
+  const size_t ws_bytes = attention_decode_workspace_bytes(dims, n_seq, c.n_ctx);
+  DeviceBuffer d_ws(ws_bytes);
   AttnDecodeArgs args;
   args.qg = d_qg.as<float>();
   args.k = d_k.as<float>();
@@ -190,6 +195,8 @@ void run_case(const Config& c, const Caches& caches, uint32_t seed) {
   args.slot_ids = d_slots.as<int32_t>();
   args.positions = d_pos.as<int32_t>();
   args.out = d_out.as<float>();
+  args.workspace = d_ws.as<float>();
+  args.workspace_bytes = ws_bytes;
   const auto st = attention_decode(dims, caches.table, c.n_slots, args, slots, positions, nullptr);
   ASSERT_TRUE(st) << st.error().to_string();
   KESTREL_CUDA_OK(cudaDeviceSynchronize());
@@ -261,6 +268,25 @@ void run_case(const Config& c, const Caches& caches, uint32_t seed) {
   KESTREL_CUDA_OK(cudaDeviceSynchronize());
   EXPECT_TRUE(std::memcmp(test::download<float>(d_out.as(), want.size()).data(), got.data(), got.size() * 4) == 0)
       << "second run differs";
+
+  // Each session alone gives the same bits as in the batch (the chunking depends only on its own position).
+  for (int b = 0; b < n_seq; ++b) {
+    AttnDecodeArgs one = args;
+    one.qg = args.qg + static_cast<size_t>(b) * q_width;
+    one.k = args.k + static_cast<size_t>(b) * kv_width;
+    one.v = args.v + static_cast<size_t>(b) * kv_width;
+    one.slot_ids = args.slot_ids + b;
+    one.positions = args.positions + b;
+    DeviceBuffer d_one(o_width * 4);
+    one.out = d_one.as<float>();
+    const std::vector<int32_t> s1 = {slots[static_cast<size_t>(b)]}, p1 = {positions[static_cast<size_t>(b)]};
+    const auto st1 = attention_decode(dims, caches.table, c.n_slots, one, s1, p1, nullptr);
+    ASSERT_TRUE(st1) << st1.error().to_string();
+    KESTREL_CUDA_OK(cudaDeviceSynchronize());
+    const auto alone = test::download<float>(d_one.as(), o_width);
+    EXPECT_EQ(std::memcmp(alone.data(), got.data() + static_cast<size_t>(b) * o_width, o_width * 4), 0)
+        << "session " << b << " alone differs from the same session in the batch";
+  }
 }
 
 // Plain device buffers for n_slots slots and their pointer tables.
@@ -290,11 +316,11 @@ std::unique_ptr<PlainCaches> plain_caches(const Config& c) {
 TEST(AttentionDecode, MatchesReferenceOverShapesAndPositions) {
   KESTREL_REQUIRE_DEVICE();
   const std::vector<Config> configs = {
-      {6, 2, 40, 10, 10000.0f, 70, {66, 1, 33, 7}, {4, 0, 2, 5}, 6},  // hd not a multiple of 32
-      {3, 3, 256, 64, 1e7f, 300, {0, 257, 130}, {1, 2, 0}, 3},        // the real head size, MHA
-      {5, 1, 64, 0, 10000.0f, 16, {15, 3}, {1, 3}, 4},                // no RoPE, group of 5, last slot
-      {2, 1, 512, 64, 1e7f, 8, {2, 0, 7}, {0, 1, 2}, 3},              // the largest head_dim
-      {8, 1, 256, 64, 1e7f, 21, {20, 0, 9, 3, 1, 12, 15, 5}, {7, 6, 5, 4, 3, 2, 1, 0}, 8},  // GQA group 8, batch 8
+      {6, 2, 40, 10, 10000.0f, 70, {66, 1, 33, 7}, {4, 0, 2, 5}, 6, 16},  // hd not a multiple of 32, 1..5 chunks
+      {3, 3, 256, 64, 1e7f, 300, {0, 257, 130}, {1, 2, 0}, 3, 256},       // the real head size, MHA, 2 chunks
+      {5, 1, 64, 0, 10000.0f, 16, {15, 3}, {1, 3}, 4, 4},                 // no RoPE, group of 5, last slot
+      {2, 1, 512, 64, 1e7f, 8, {2, 0, 7}, {0, 1, 2}, 3, 3},               // largest head_dim; chunks < 4 warps
+      {8, 1, 256, 64, 1e7f, 21, {20, 0, 9, 3, 1, 12, 15, 5}, {7, 6, 5, 4, 3, 2, 1, 0}, 8, 256},  // GQA 8, batch 8
   };
   uint32_t seed = 100;
   for (const Config& c : configs) {
@@ -362,6 +388,11 @@ TEST(AttentionDecode, ArgumentErrorsAreRefusedBeforeLaunch) {
   EXPECT_TRUE(
       starts(code(AttnDecodeDims{4, 2, 513, 8, 1e-6f}, KvSlotTable{tab, tab, 10, 2, 513}, two_slots, two_pos), invalid))
       << "head_dim too large";
+  AttnDecodeDims small_chunk = dims;
+  small_chunk.chunk = 4;  // position 9 spans 3 chunks: a workspace is required
+  EXPECT_TRUE(starts(code(small_chunk, table, two_slots, two_pos), invalid)) << "missing workspace";
+  small_chunk.chunk = 0;
+  EXPECT_TRUE(starts(code(small_chunk, table, two_slots, two_pos), invalid)) << "chunk 0";
   EXPECT_EQ(code(dims, table, {}, {}), "ok") << "an empty batch launches nothing";
 }
 
