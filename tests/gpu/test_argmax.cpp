@@ -35,10 +35,10 @@ void check_rows(const std::vector<float>& logits, int64_t rows, int64_t n, const
   for (int64_t r = 0; r < rows; ++r) {
     const std::span<const float> row(logits.data() + r * n, static_cast<size_t>(n));
     const int32_t want = argmax_lowest(row);
-    EXPECT_EQ(got[static_cast<size_t>(r)], want)
-        << what << ": row " << r << " of " << rows << " (n " << n << "): got id " << got[static_cast<size_t>(r)] << " ("
-        << row[static_cast<size_t>(got[static_cast<size_t>(r)])] << "), want " << want << " ("
-        << row[static_cast<size_t>(want)] << ")";
+    const int32_t g = got[static_cast<size_t>(r)];
+    const std::string got_value = (g >= 0 && g < n) ? std::to_string(row[static_cast<size_t>(g)]) : "out of range";
+    EXPECT_EQ(g, want) << what << ": row " << r << " of " << rows << " (n " << n << "): got id " << g << " ("
+                       << got_value << "), want " << want << " (" << row[static_cast<size_t>(want)] << ")";
   }
   // Run again: identical.
   ASSERT_TRUE(argmax_rows(dl.as<float>(), rows, n, di.as<int32_t>(), nullptr));
