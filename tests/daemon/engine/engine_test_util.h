@@ -135,6 +135,14 @@ inline std::shared_ptr<RecordingSink> generate_sync(Service& s, GenerateRequest 
   return sink;
 }
 
+inline GenerateRequest gen_request(SessionId id, std::vector<int32_t> prompt, int max_tokens) {
+  GenerateRequest r;
+  r.session = id;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  return r;
+}
+
 inline std::vector<int32_t> iota_tokens(int n, int start = 10, int stride = 7, int mod = 1000) {
   std::vector<int32_t> t;
   for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((start + i * stride) % mod));

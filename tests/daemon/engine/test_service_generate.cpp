@@ -13,6 +13,7 @@
 namespace kestrel::daemon {
 namespace {
 
+using test::gen_request;
 using test::generate_sync;
 using test::iota_tokens;
 using test::RecordingSink;
@@ -43,14 +44,6 @@ std::vector<int32_t> direct_generate(const Model& m, const SamplingParams& p, co
     }
   }
   return gen;
-}
-
-GenerateRequest gen_request(SessionId id, std::vector<int32_t> prompt, int max_tokens) {
-  GenerateRequest r;
-  r.session = id;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  return r;
 }
 
 TEST(ServiceGenerate, MaxTokensMatchesDirectAndPendingTokenIsFedNext) {
