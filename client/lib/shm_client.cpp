@@ -118,6 +118,7 @@ class ShmClient final : public Client {
     for (;;) {
       auto record = next_record(id, deadline);
       if (!record) {
+        forget(id);
         if (!cancel_sent) (void)send_cancel(id);
         return std::move(record).error();
       }
