@@ -87,6 +87,25 @@ __device__ __forceinline__ void group_weights(const uint8_t* row, int e0, int n,
   }
 }
 
+// x[0 .. n − 1] into xv (zeros past n); two 16-byte loads when the group is whole and aligned.
+__device__ __forceinline__ void load_x(const float* __restrict__ p, int n, bool vec4, float (&xv)[kGroup]) {
+  if (vec4 && n == kGroup) {
+    const float4 lo = __ldg(reinterpret_cast<const float4*>(p));
+    const float4 hi = __ldg(reinterpret_cast<const float4*>(p) + 1);
+    xv[0] = lo.x;
+    xv[1] = lo.y;
+    xv[2] = lo.z;
+    xv[3] = lo.w;
+    xv[4] = hi.x;
+    xv[5] = hi.y;
+    xv[6] = hi.z;
+    xv[7] = hi.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) xv[j] = j < n ? __ldg(p + j) : 0.0f;
+  }
+}
+
 // kGateUp: a = gate, b = up, x = f32 [n_tok, n_cols] indexed by entry_token, out = h f32 [entries, n_rows].
 // !kGateUp: a = down, x = h f32 [entries, n_cols] indexed by entry, out = ye f32 [entries, n_rows].
 template <GgmlType T, bool kGateUp>
@@ -109,6 +128,8 @@ __global__ void __launch_bounds__(kThreads)
   const uint8_t* ra = a.data + expert * a.expert_bytes + static_cast<int64_t>(row) * a.row_bytes;
   const uint8_t* rb = kGateUp ? b.data + expert * b.expert_bytes + static_cast<int64_t>(row) * b.row_bytes : nullptr;
   const int n_cols = a.n_cols;
+  // Groups start at multiples of 8 elements, so with this every group's x is 16-byte aligned.
+  const bool x_vec4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 && n_cols % 4 == 0;
 
   for (int c0 = first; c0 < last; c0 += kEntryTile) {
     const int nv = min(kEntryTile, last - c0);
@@ -127,6 +148,7 @@ __global__ void __launch_bounds__(kThreads)
       acc_a[v] = 0.0f;
       acc_b[v] = 0.0f;
     }
+#pragma unroll 2
     for (int e0 = kGroup * lane; e0 < n_cols; e0 += kGroup * 32) {
       const int n = min(kGroup, n_cols - e0);
       float wa[kGroup];
@@ -136,13 +158,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int v = 0; v < kEntryTile; ++v) {
         if (v < nv) {
+          float xv[kGroup];
+          load_x(xr[v] + e0, n, x_vec4, xv);
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
-            if (j < n) {
-              const float xv = __ldg(xr[v] + e0 + j);
-              acc_a[v] = fmaf(wa[j], xv, acc_a[v]);
-              if constexpr (kGateUp) acc_b[v] = fmaf(wb[j], xv, acc_b[v]);
-            }
+            acc_a[v] = fmaf(wa[j], xv[j], acc_a[v]);  // wa[j] = xv[j] = 0 past n
+            if constexpr (kGateUp) acc_b[v] = fmaf(wb[j], xv[j], acc_b[v]);
           }
         }
       }
