@@ -273,7 +273,7 @@ Result run_device(const Problem& p) {
 // Compares per block of `block` elements (a head); reports the worst ratio err / (kTol · max|want| of the block)
 // and the first element over the bound. Returns the number of elements over it.
 int compare(const std::string& what, const std::vector<float>& got, const std::vector<float>& want, size_t block,
-            const std::string& where, const std::string& index_note) {
+            const std::string& where, const std::string& index_note, double& case_worst) {
   if (got.size() != want.size()) {
     ADD_FAILURE() << what << ": size " << got.size() << " vs " << want.size();
     return 1;
@@ -301,6 +301,7 @@ int compare(const std::string& what, const std::vector<float>& got, const std::v
       }
     }
   }
+  case_worst = std::max(case_worst, worst);
   if (bad > 0 || worst > 0.5) {
     std::printf("  %s %s: worst err = %.3g x tolerance at index %zu (got %.9g want %.9g), %d over\n", where.c_str(),
                 what.c_str(), worst, worst_at, static_cast<double>(got[worst_at]), static_cast<double>(want[worst_at]),
@@ -331,15 +332,18 @@ void check_case(const Case& c) {
   const size_t dv = static_cast<size_t>(c.dv);
   const std::string where = case_name(c);
   int bad = 0;
+  double worst = 0.0;
   for (int t = 0; t < kSteps; ++t) {
-    bad += compare("output step " + std::to_string(t), got.out[t], want.out[t], dv, where, "session * Vh + v-head");
+    bad +=
+        compare("output step " + std::to_string(t), got.out[t], want.out[t], dv, where, "session * Vh + v-head", worst);
   }
   for (size_t n = 0; n < want.s.size(); ++n) {
     bad += compare("state S of session " + std::to_string(n), got.s[n], want.s[n], static_cast<size_t>(c.dk) * dv,
-                   where, "v-head; element = i * dv + j");
+                   where, "v-head; element = i * dv + j", worst);
     bad += compare("conv history of session " + std::to_string(n), got.conv[n], want.conv[n], want.conv[n].size(),
-                   where, "whole history; element = channel * (K-1) + i");
+                   where, "whole history; element = channel * (K-1) + i", worst);
   }
+  std::printf("  %s: worst error %.3g x tolerance, %d over\n", where.c_str(), worst, bad);
   EXPECT_EQ(bad, 0);
   const Result again = run_device(p);
   EXPECT_TRUE(bit_identical(got, again)) << "repeated run differs";
