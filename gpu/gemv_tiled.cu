@@ -1,16 +1,19 @@
 // gemv_tiled (see gemv_tiled.h): GEMV v3 for re-tiled Q4_0 / Q4_K weights on bf16 tensor cores.
 //
-// Launch: a block of 8 warps covers 8 / S row groups (16 rows each); the S warps of one row group split its units
-// (64 columns each) into S contiguous ranges (S in {1, 2, 4, 8}, chosen from the shape only so that small matrices
-// still spread over the SMs). grid.y walks slices of at most 8 activation vectors; a slice of nv vectors uses
-// 3·nv MMA columns (hi, mid, lo per vector), i.e. C = ceil(3·nv / 8) column chunks of 8.
+// Work split: a row group (16 rows) is streamed by S warps (S in {1, 2, 4, 8}; each takes a contiguous range of its
+// units of 64 columns) or, for matrices with many row groups, by one warp that then moves on to the row group
+// gridDim.x·8 further (S = 1, persistent). A warp streams its units in batches of kBatch: the weight words and scales
+// of the next batch are loaded before the current batch is multiplied (double buffering), so loads stay in flight
+// while the tensor cores work. grid.y walks slices of activation vectors (8, 5 or 2 per slice, by row length, so
+// that a slice's prepared activations fit in shared memory); a slice of nv vectors uses 3·nv MMA columns (hi, mid,
+// lo parts of each vector), i.e. C = ceil(3·nv / 8) column chunks of 8.
 //
-// Per block: (1) the slice's activations are split into bf16 parts and written to shared memory already in MMA
-// B-fragment order (xf: [group q][chunk c][lane][4 words]; Q4_K also gets per-group column sums xs); (2) each warp
-// streams its units: kUnroll 16-byte loads per lane in flight (streaming cache hint), then per unit and per
-// 32-element group two m16n8k16 MMAs per chunk into a zeroed tile, scaled into f32 accumulators; (3) the S partial
-// tiles of a row group are summed in warp order through shared memory, the three parts of each vector are added
-// ((hi + mid) + lo) and y is written. No atomics; the order depends only on the shape.
+// Per block: the slice's prepared activations (B fragments and per-group column sums, gemv_tiled_prepare_x) are
+// copied to shared memory with cp.async while the first weight batch is in flight. Per unit and 32-element group,
+// two m16n8k16 MMAs per chunk multiply the raw (128 + q) bf16 quants; the bias comes off with the column sum:
+// Q4_0 y += d·(mma − 136·Σx), Q4_K y += d·sc·mma − (128·d·sc + dmin·m)·Σx. Partial tiles of a row group are summed
+// in warp order through shared memory, the three parts of each vector are added ((hi + mid) + lo) and y is written.
+// No atomics; the order depends only on the shape, so runs are bit-identical and y[v] does not depend on n_vec.
 //
 // MMA fragments (PTX m16n8k16, bf16): lane = 4g + t; A regs {row g k 2t..2t+1, row g+8 k 2t.., row g k 2t+8..,
 // row g+8 k 2t+8..}; B regs {k 2t..2t+1 col g, k 2t+8..2t+9 col g}; C {row g col 2t, 2t+1, row g+8 col 2t, 2t+1}.
@@ -18,10 +21,15 @@
 // (low nibbles) and 16+4t..19+4t (high nibbles); (w & 0x000F000F) | 0x43004300 gives the bf16 pair (128 + q) of
 // elements (4t, 4t+2) and (w >> 8) the pair (4t+1, 4t+3), so MMA 0 of a group takes those and MMA 1 the
 // elements 16 + the same, with B built from x in exactly that order.
+//
+// Measured history (docs/benchmarks.md): v3.0 staged and split x in every block (17.6% of the size-matched read);
+// v3.1 prepared x once but loaded scales and B fragments only after the weights arrived, a second and third round
+// trip (50.2%); v3.2 (this) prefetches scales with the weights and B fragments with cp.async, double-buffered.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -29,7 +37,6 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant_internal.h"
 #include "gpu/cuda_check.h"
-#include "gpu/dequant.cuh"
 #include "gpu/gemv_tiled.h"
 
 namespace kestrel::gpu {
@@ -39,14 +46,11 @@ constexpr int kTileRows = 16;
 constexpr int kUnitElems = 64;
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kMaxSliceVectors = 8;
-constexpr int kMaxChunks = 3;  // 8 vectors = 24 columns = 3 chunks of 8
-constexpr int kUnroll = 8;     // units (16-byte loads per lane) in flight per warp
+constexpr int kBatch = 4;  // units per prefetch batch (one Q4_K super-block)
 constexpr int kMaxVectors = 32;
-constexpr int64_t kMaxCols = 65536;
-constexpr uint32_t kQ40Bias = 0xC308C308u;  // bf16x2 (-136, -136): 128 + q - 136 = q - 8
-constexpr uint32_t kQ4KBias = 0xC300C300u;  // bf16x2 (-128, -128)
-constexpr uint32_t kOneBf16x2 = 0x3F803F80u;
+constexpr int64_t kMaxCols = 8192;
+constexpr uint32_t kMask = 0x000F000Fu;
+constexpr uint32_t kBf16Magic = 0x43004300u;  // bf16x2 (128, 128): OR-ing a nibble in gives 128 + q exactly
 
 // ---- device helpers ---------------------------------------------------------------------------------------------
 
@@ -56,13 +60,7 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
   return v;
 }
 
-// bf16x2 of the low nibbles of bytes 0 and 2 of w, minus the bias: exact small integers.
-__device__ __forceinline__ uint32_t dec(uint32_t w, uint32_t bias) {
-  const uint32_t v = (w & 0x000F000Fu) | 0x43004300u;
-  uint32_t r;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(kOneBf16x2), "r"(bias));
-  return r;
-}
+__device__ __forceinline__ uint32_t dec(uint32_t w) { return (w & kMask) | kBf16Magic; }
 
 __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                     uint32_t b1) {
@@ -72,6 +70,13 @@ __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uin
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // The bf16 part `part` (0 hi, 1 mid, 2 lo) of x, as its 16 bits. hi + mid + lo equals x to 24 bits.
 __device__ __forceinline__ uint16_t part_bits(float x, int part) {
@@ -92,37 +97,43 @@ __device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) {
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 }
 
-struct KernelArgs {
-  const uint4* qs;      // tiled qs part
-  const uint8_t* meta;  // tiled meta part
-  int n_units;          // units per row group
-  int n_rg;             // row groups
-  int split;            // S: warps per row group
-  const uint4* xf;      // prepared x: B fragments [n_groups][c_total][32]
-  const float* xs;      // prepared x: column sums [n_groups][c_total * 8]
-  int c_total;          // column chunks of all vectors
-  int n_vec;            // vectors of the call
-  float* y;             // f32 [n_vec, n_rows]
-  int64_t n_rows;
+__device__ __forceinline__ float half_to_float(uint32_t bits16) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
+}
+
+// A 6-bit value as float without a conversion instruction: 2^23 + v, minus 2^23 (exact).
+__device__ __forceinline__ float small_to_float(uint32_t v) {
+  return __fsub_rn(__uint_as_float(0x4B000000u | v), 8388608.0f);
+}
+
+// Prepared activations of one slice: [group q][chunk c][lane] uint4 of B registers, then [q][c * 8] f32 column sums.
+struct SliceLayout {
+  int n_groups;
+  int c;           // chunks per slice
+  int slice_vecs;  // vectors per slice (the last slice may hold fewer)
+  __host__ __device__ size_t xf_words() const { return static_cast<size_t>(n_groups) * c * 32; }  // uint4 count
+  __host__ __device__ size_t xs_floats() const { return static_cast<size_t>(n_groups) * c * 8; }
+  __host__ __device__ size_t slice_bytes() const { return xf_words() * 16 + xs_floats() * 4; }
 };
 
-// Prepared activations: per 32-element group q and chunk c of 8 columns (column = 3·vector + part), lane (g, t)'s
-// four B registers (bf16 pairs in the k order described at the top), and per (q, column) the f32 sum of the part's
-// 32 values (the Q4_K min term).
-__global__ void prepare_x_kernel(const float* __restrict__ x, int n_cols, int n_vec, int c_total, uint4* xf,
-                                 float* xs) {
-  const int n_groups = n_cols / 32;
-  const int n_items = n_groups * c_total * 32;
+// One column of a slice: vector col / 3 of the slice, part col % 3; columns past 3·nv are zero.
+__global__ void prepare_x_kernel(const float* __restrict__ x, int n_cols, int n_vec, SliceLayout lay,
+                                 uint8_t* __restrict__ out) {
+  const int slice = blockIdx.y;
+  const int vec0 = slice * lay.slice_vecs;
+  const int nv = min(lay.slice_vecs, n_vec - vec0);
+  uint8_t* base = out + static_cast<size_t>(slice) * lay.slice_bytes();
+  auto* xf = reinterpret_cast<uint4*>(base);
+  auto* xs = reinterpret_cast<float*>(base + lay.xf_words() * 16);
+  const int n_items = static_cast<int>(lay.xf_words());
   for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n_items; idx += gridDim.x * blockDim.x) {
-    const int q = idx / (c_total * 32);
-    const int rem = idx % (c_total * 32);
-    const int c = rem / 32;
-    const int lane = rem % 32;
-    const int col = 8 * c + lane / 4;
-    const int t = lane % 4;
+    const int q = idx / (lay.c * 32);
+    const int rem = idx % (lay.c * 32);
+    const int col = 8 * (rem / 32) + (rem % 32) / 4;
+    const int t = rem % 4;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (col < 3 * n_vec) {
-      const float* xb = x + static_cast<size_t>(col / 3) * n_cols + 32 * q + 4 * t;
+    if (col < 3 * nv) {
+      const float* xb = x + static_cast<size_t>(vec0 + col / 3) * n_cols + 32 * q + 4 * t;
       const int part = col % 3;
       const float4 lo4 = *reinterpret_cast<const float4*>(xb);
       const float4 hi4 = *reinterpret_cast<const float4*>(xb + 16);
@@ -133,169 +144,255 @@ __global__ void prepare_x_kernel(const float* __restrict__ x, int n_cols, int n_
     }
     xf[idx] = v;
   }
-  const int n_sums = n_groups * c_total * 8;
+  const int n_sums = static_cast<int>(lay.xs_floats());
   for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < n_sums; idx += gridDim.x * blockDim.x) {
-    const int q = idx / (c_total * 8);
-    const int col = idx % (c_total * 8);
+    const int q = idx / (lay.c * 8);
+    const int col = idx % (lay.c * 8);
     float sum = 0.0f;
-    if (col < 3 * n_vec) {
-      const float* xb = x + static_cast<size_t>(col / 3) * n_cols + 32 * q;
+    if (col < 3 * nv) {
+      const float* xb = x + static_cast<size_t>(vec0 + col / 3) * n_cols + 32 * q;
       for (int k = 0; k < 32; ++k) sum = __fadd_rn(sum, bits_to_float(part_bits(xb[k], col % 3)));
     }
     xs[idx] = sum;
   }
 }
 
-__device__ __forceinline__ float half_to_float(uint32_t bits16) {
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
+struct KernelArgs {
+  const uint4* qs;       // tiled qs part
+  const uint8_t* meta;   // tiled meta part
+  int n_units;           // units per row group
+  int n_rg;              // row groups
+  int split;             // S: warps per row group; 1 = persistent warps
+  int per;               // units per warp range (S > 1)
+  const uint8_t* xprep;  // prepared activations, slices of lay.slice_bytes()
+  SliceLayout lay;
+  int n_vec;
+  float* y;  // f32 [n_vec, n_rows]
+  int64_t n_rows;
+};
+
+// One batch of up to kBatch units of one row group: the lane's weight words and scale words.
+struct Batch {
+  uint4 w[kBatch];
+  uint2 m[kBatch];  // Q4_0: d of rows g, g+8 for both blocks; Q4_K: m[0..1] = rows g, g+8 head words (d|dmin, f)
+  uint4 mk[2];      // Q4_K: the 16-byte heads of rows g and g + 8 for this batch's super-block
+};
+
+template <GgmlType T>
+__device__ __forceinline__ void load_batch(const KernelArgs& a, int rg, int u0, int cnt, int lane, Batch& b) {
+  const uint4* qs = a.qs + (static_cast<size_t>(rg) * a.n_units + u0) * 32 + lane;
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    if (i < cnt) b.w[i] = load_stream(qs + static_cast<size_t>(i) * 32);
+  }
+  const int g = lane / 4;
+  if constexpr (T == GgmlType::kQ4_0) {
+    const uint8_t* m = a.meta + (static_cast<size_t>(rg) * a.n_units + u0) * 64 + g * 8;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (i < cnt) b.m[i] = __ldg(reinterpret_cast<const uint2*>(m + static_cast<size_t>(i) * 64));
+    }
+  } else {
+    const uint8_t* mb = a.meta + (static_cast<size_t>(rg) * (a.n_units / 4) + u0 / 4) * 256;
+    b.mk[0] = __ldg(reinterpret_cast<const uint4*>(mb + g * 16));
+    b.mk[1] = __ldg(reinterpret_cast<const uint4*>(mb + (g + 8) * 16));
+  }
 }
 
-// A 6-bit value as float without a conversion instruction: 2^23 + v, minus 2^23 (exact).
-__device__ __forceinline__ float small_to_float(uint32_t v) {
-  return __fsub_rn(__uint_as_float(0x4B000000u | v), 8388608.0f);
+template <GgmlType T, int C>
+__device__ __forceinline__ void compute_batch(const Batch& b, int u0, int cnt, int lane, const uint4* xf_s,
+                                              const float* xs_s, float (&acc)[C][4]) {
+  const int t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    if (i >= cnt) break;
+    const int u = u0 + i;
+    float sc_g[2], sc_g8[2], co_g[2], co_g8[2];  // scale and Σx coefficient per group h, rows g and g + 8
+    if constexpr (T == GgmlType::kQ4_0) {
+      sc_g[0] = half_to_float(b.m[i].x & 0xFFFFu);
+      sc_g8[0] = half_to_float(b.m[i].x >> 16);
+      sc_g[1] = half_to_float(b.m[i].y & 0xFFFFu);
+      sc_g8[1] = half_to_float(b.m[i].y >> 16);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        co_g[h] = -136.0f;  // applied before the scale: d·(mma − 136·Σx)
+        co_g8[h] = -136.0f;
+      }
+    } else {
+      const int j = u % 4;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint4 hd = b.mk[r];
+        const uint32_t lo = j < 2 ? hd.y : (j == 2 ? hd.z : hd.w);
+        const uint32_t hi = j < 2 ? hd.z : hd.w;
+        const uint32_t f = __funnelshift_r(lo, hi, (24 * j) & 31) & 0xFFFFFFu;
+        const float d = half_to_float(hd.x & 0xFFFFu);
+        const float dmin = half_to_float(hd.x >> 16);
+        float* sc = r == 0 ? sc_g : sc_g8;
+        float* co = r == 0 ? co_g : co_g8;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          sc[h] = __fmul_rn(d, small_to_float((f >> (6 * h)) & 63u));
+          const float mn = __fmul_rn(dmin, small_to_float((f >> (12 + 6 * h)) & 63u));
+          co[h] = -__fmaf_rn(128.0f, sc[h], mn);  // y += sc·mma + co·Σx
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t A0[4], A1[4];  // MMA 0 and MMA 1 of group h
+      if constexpr (T == GgmlType::kQ4_0) {
+        const uint32_t p0 = h == 0 ? b.w[i].x : b.w[i].z;
+        const uint32_t p1 = h == 0 ? b.w[i].y : b.w[i].w;
+        A0[0] = dec(p0);
+        A0[1] = dec(p1);
+        A0[2] = dec(p0 >> 8);
+        A0[3] = dec(p1 >> 8);
+        A1[0] = dec(p0 >> 4);
+        A1[1] = dec(p1 >> 4);
+        A1[2] = dec(p0 >> 12);
+        A1[3] = dec(p1 >> 12);
+      } else {
+        const int sh = 4 * h;
+        A0[0] = dec(b.w[i].x >> sh);
+        A0[1] = dec(b.w[i].y >> sh);
+        A0[2] = dec(b.w[i].x >> (8 + sh));
+        A0[3] = dec(b.w[i].y >> (8 + sh));
+        A1[0] = dec(b.w[i].z >> sh);
+        A1[1] = dec(b.w[i].w >> sh);
+        A1[2] = dec(b.w[i].z >> (8 + sh));
+        A1[3] = dec(b.w[i].w >> (8 + sh));
+      }
+      const int q = 2 * u + h;
+#pragma unroll
+      for (int c = 0; c < C; ++c) {
+        const uint4 bf = xf_s[(q * C + c) * 32 + lane];
+        const float2 sx = *reinterpret_cast<const float2*>(xs_s + (q * C + c) * 8 + 2 * t);
+        float ct[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma(ct, A0[0], A0[1], A0[2], A0[3], bf.x, bf.y);
+        mma(ct, A1[0], A1[1], A1[2], A1[3], bf.z, bf.w);
+        if constexpr (T == GgmlType::kQ4_0) {
+          acc[c][0] = __fmaf_rn(sc_g[h], __fmaf_rn(co_g[h], sx.x, ct[0]), acc[c][0]);
+          acc[c][1] = __fmaf_rn(sc_g[h], __fmaf_rn(co_g[h], sx.y, ct[1]), acc[c][1]);
+          acc[c][2] = __fmaf_rn(sc_g8[h], __fmaf_rn(co_g8[h], sx.x, ct[2]), acc[c][2]);
+          acc[c][3] = __fmaf_rn(sc_g8[h], __fmaf_rn(co_g8[h], sx.y, ct[3]), acc[c][3]);
+        } else {
+          acc[c][0] = __fmaf_rn(sc_g[h], ct[0], __fmaf_rn(co_g[h], sx.x, acc[c][0]));
+          acc[c][1] = __fmaf_rn(sc_g[h], ct[1], __fmaf_rn(co_g[h], sx.y, acc[c][1]));
+          acc[c][2] = __fmaf_rn(sc_g8[h], ct[2], __fmaf_rn(co_g8[h], sx.x, acc[c][2]));
+          acc[c][3] = __fmaf_rn(sc_g8[h], ct[3], __fmaf_rn(co_g8[h], sx.y, acc[c][3]));
+        }
+      }
+    }
+  }
+}
+
+// Writes one row group's outputs from a warp's tile `tile` ([16 rows][C * 8 cols] in shared memory, filled).
+template <int C>
+__device__ __forceinline__ void write_rows(const float (*tile)[C * 8], int rg, int vec0, int nv, int lane,
+                                           const KernelArgs& a) {
+  for (int o = lane; o < kTileRows * nv; o += 32) {
+    const int row = o % kTileRows;
+    const int v = o / kTileRows;
+    const float* tr = &tile[row][3 * v];
+    a.y[static_cast<size_t>(vec0 + v) * a.n_rows + static_cast<int64_t>(rg) * kTileRows + row] =
+        __fadd_rn(__fadd_rn(tr[0], tr[1]), tr[2]);
+  }
 }
 
 template <GgmlType T, int C>
 __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
+  extern __shared__ uint4 smem[];
   __shared__ float red[kWarps][C][32][4];
   __shared__ float tot[kWarps][kTileRows][C * 8];
-  const int chunk0 = blockIdx.y * kMaxChunks;  // slices of 8 vectors = 3 chunks
-  const int vec0 = blockIdx.y * kMaxSliceVectors;
-  const int nv = min(kMaxSliceVectors, a.n_vec - vec0);
-
+  const int slice = blockIdx.y;
+  const int vec0 = slice * a.lay.slice_vecs;
+  const int nv = min(a.lay.slice_vecs, a.n_vec - vec0);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int rg_per_block = kWarps / a.split;
-  const int rg = blockIdx.x * rg_per_block + warp / a.split;
-  const int s = warp % a.split;
-  const int per = (a.n_units + a.split - 1) / a.split;
-  const int u_begin = min(a.n_units, s * per);
-  const int u_end = (rg < a.n_rg) ? min(a.n_units, u_begin + per) : u_begin;
+
+  // This warp's stream: (rg, [u, u_end)) ranges.
+  const bool persistent = a.split == 1;
+  int rg = persistent ? blockIdx.x * kWarps + warp : blockIdx.x * (kWarps / a.split) + warp / a.split;
+  const int s = persistent ? 0 : warp % a.split;
+  const int range_begin = persistent ? 0 : min(a.n_units, s * a.per);
+  const int range_end = persistent ? a.n_units : min(a.n_units, range_begin + a.per);
+  const int rg_stride = gridDim.x * kWarps;
+  int u = range_begin;
+  bool have = rg < a.n_rg && u < range_end;
+
+  Batch cur;
+  if (have) load_batch<T>(a, rg, u, min(kBatch, range_end - u), lane, cur);
+
+  // Activations of this slice into shared memory while the first weights are in flight.
+  const uint8_t* src = a.xprep + static_cast<size_t>(slice) * a.lay.slice_bytes();
+  const int n16 = static_cast<int>(a.lay.slice_bytes() / 16);
+  for (int i = threadIdx.x; i < n16; i += kThreads) cp_async16(smem + i, src + static_cast<size_t>(i) * 16);
+  cp_async_wait_all();
+  __syncthreads();
+  const uint4* xf_s = smem;
+  const float* xs_s = reinterpret_cast<const float*>(smem + a.lay.xf_words());
 
   float acc[C][4];
 #pragma unroll
   for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
 
-  const uint4* qs_rg = a.qs + static_cast<size_t>(rg) * a.n_units * 32 + lane;
-  for (int u0 = u_begin; u0 < u_end; u0 += kUnroll) {
-    uint4 wv[kUnroll];
-#pragma unroll
-    for (int i = 0; i < kUnroll; ++i) {
-      if (u0 + i < u_end) wv[i] = load_stream(qs_rg + static_cast<size_t>(u0 + i) * 32);
+  while (have) {
+    const int cnt = min(kBatch, range_end - u);
+    // Next batch position: further along this row group, else (persistent) the next row group of this warp.
+    int rg_n = rg;
+    int u_n = u + cnt;
+    bool rg_done = u_n >= range_end;
+    if (rg_done) {
+      rg_n = persistent ? rg + rg_stride : a.n_rg;
+      u_n = range_begin;
     }
+    const bool have_n = rg_n < a.n_rg;
+    Batch nxt;
+    if (have_n) load_batch<T>(a, rg_n, u_n, min(kBatch, range_end - u_n), lane, nxt);
+    compute_batch<T, C>(cur, u, cnt, lane, xf_s, xs_s, acc);
+    if (rg_done && persistent) {
 #pragma unroll
-    for (int i = 0; i < kUnroll; ++i) {
-      const int u = u0 + i;
-      if (u >= u_end) break;
-      // Per-group scales of rows g and g + 8 (and Q4_K mins).
-      float sc_g[2], sc_g8[2], mn_g[2], mn_g8[2];
-      if constexpr (T == GgmlType::kQ4_0) {
-        const uint2 d =
-            __ldg(reinterpret_cast<const uint2*>(a.meta + (static_cast<size_t>(rg) * a.n_units + u) * 64 + g * 8));
-        sc_g[0] = half_to_float(d.x & 0xFFFFu);
-        sc_g8[0] = half_to_float(d.x >> 16);
-        sc_g[1] = half_to_float(d.y & 0xFFFFu);
-        sc_g8[1] = half_to_float(d.y >> 16);
-        mn_g[0] = mn_g[1] = mn_g8[0] = mn_g8[1] = 0.0f;
-      } else {
-        const int sb = u / 4;
-        const int j = u % 4;
-        const uint8_t* mb = a.meta + (static_cast<size_t>(rg) * (a.n_units / 4) + sb) * 256;
+      for (int c = 0; c < C; ++c) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const uint4 hd = __ldg(reinterpret_cast<const uint4*>(mb + (g + 8 * r) * 16));
-          // field j (24 bits at bit 24j of the words y, z, w)
-          const uint32_t lo = j == 0 ? hd.y : (j == 1 ? hd.y : (j == 2 ? hd.z : hd.w));
-          const uint32_t hi = j == 0 ? hd.z : (j == 1 ? hd.z : (j == 2 ? hd.w : hd.w));
-          const uint32_t f = __funnelshift_r(lo, hi, (24 * j) & 31) & 0xFFFFFFu;
-          const float d = half_to_float(hd.x & 0xFFFFu);
-          const float dmin = half_to_float(hd.x >> 16);
-          float* sc = r == 0 ? sc_g : sc_g8;
-          float* mn = r == 0 ? mn_g : mn_g8;
-          sc[0] = __fmul_rn(d, small_to_float(f & 63u));
-          sc[1] = __fmul_rn(d, small_to_float((f >> 6) & 63u));
-          mn[0] = __fmul_rn(dmin, small_to_float((f >> 12) & 63u));
-          mn[1] = __fmul_rn(dmin, small_to_float((f >> 18) & 63u));
+        for (int k = 0; k < 4; ++k) {
+          tot[warp][g + (k >= 2 ? 8 : 0)][8 * c + 2 * t + (k & 1)] = acc[c][k];
+          acc[c][k] = 0.0f;
         }
       }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t A0[4], A1[4];  // MMA 0 and MMA 1 of group h
-        if constexpr (T == GgmlType::kQ4_0) {
-          const uint32_t p0 = h == 0 ? wv[i].x : wv[i].z;
-          const uint32_t p1 = h == 0 ? wv[i].y : wv[i].w;
-          A0[0] = dec(p0, kQ40Bias);
-          A0[1] = dec(p1, kQ40Bias);
-          A0[2] = dec(p0 >> 8, kQ40Bias);
-          A0[3] = dec(p1 >> 8, kQ40Bias);
-          A1[0] = dec(p0 >> 4, kQ40Bias);
-          A1[1] = dec(p1 >> 4, kQ40Bias);
-          A1[2] = dec(p0 >> 12, kQ40Bias);
-          A1[3] = dec(p1 >> 12, kQ40Bias);
-        } else {
-          const int sh = 4 * h;
-          A0[0] = dec(wv[i].x >> sh, kQ4KBias);
-          A0[1] = dec(wv[i].y >> sh, kQ4KBias);
-          A0[2] = dec(wv[i].x >> (8 + sh), kQ4KBias);
-          A0[3] = dec(wv[i].y >> (8 + sh), kQ4KBias);
-          A1[0] = dec(wv[i].z >> sh, kQ4KBias);
-          A1[1] = dec(wv[i].w >> sh, kQ4KBias);
-          A1[2] = dec(wv[i].z >> (8 + sh), kQ4KBias);
-          A1[3] = dec(wv[i].w >> (8 + sh), kQ4KBias);
-        }
-        const int q = 2 * u + h;
-#pragma unroll
-        for (int c = 0; c < C; ++c) {
-          const uint4 b = __ldg(a.xf + (static_cast<size_t>(q) * a.c_total + chunk0 + c) * 32 + lane);
-          float ct[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          mma(ct, A0[0], A0[1], A0[2], A0[3], b.x, b.y);
-          mma(ct, A1[0], A1[1], A1[2], A1[3], b.z, b.w);
-          if constexpr (T == GgmlType::kQ4_0) {
-            acc[c][0] = __fmaf_rn(sc_g[h], ct[0], acc[c][0]);
-            acc[c][1] = __fmaf_rn(sc_g[h], ct[1], acc[c][1]);
-            acc[c][2] = __fmaf_rn(sc_g8[h], ct[2], acc[c][2]);
-            acc[c][3] = __fmaf_rn(sc_g8[h], ct[3], acc[c][3]);
-          } else {
-            const float2 sx = __ldg(
-                reinterpret_cast<const float2*>(a.xs + (static_cast<size_t>(q) * a.c_total + chunk0 + c) * 8 + 2 * t));
-            acc[c][0] = __fmaf_rn(sc_g[h], ct[0], __fmaf_rn(-mn_g[h], sx.x, acc[c][0]));
-            acc[c][1] = __fmaf_rn(sc_g[h], ct[1], __fmaf_rn(-mn_g[h], sx.y, acc[c][1]));
-            acc[c][2] = __fmaf_rn(sc_g8[h], ct[2], __fmaf_rn(-mn_g8[h], sx.x, acc[c][2]));
-            acc[c][3] = __fmaf_rn(sc_g8[h], ct[3], __fmaf_rn(-mn_g8[h], sx.y, acc[c][3]));
-          }
-        }
-      }
+      __syncwarp();
+      write_rows<C>(tot[warp], rg, vec0, nv, lane, a);
+      __syncwarp();
     }
+    if (have_n) cur = nxt;
+    rg = rg_n;
+    u = u_n;
+    have = have_n;
   }
+  if (persistent) return;
 
-  // Sum the S partial tiles of each row group in warp order, then the three parts of each vector.
+    // Split row groups: sum the S partial tiles in warp order.
 #pragma unroll
   for (int c = 0; c < C; ++c) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) red[warp][c][lane][k] = acc[c][k];
   }
   __syncthreads();
-  if (s == 0 && rg < a.n_rg) {
-    const int rl = warp / a.split;
+  const int rg0 = blockIdx.x * (kWarps / a.split) + warp / a.split;
+  if (s == 0 && rg0 < a.n_rg) {
 #pragma unroll
     for (int c = 0; c < C; ++c) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         float v = 0.0f;
         for (int w = warp; w < warp + a.split; ++w) v = __fadd_rn(v, red[w][c][lane][k]);
-        tot[rl][g + (k >= 2 ? 8 : 0)][8 * c + 2 * t + (k & 1)] = v;
+        tot[warp][g + (k >= 2 ? 8 : 0)][8 * c + 2 * t + (k & 1)] = v;
       }
     }
     __syncwarp();
-    for (int o = lane; o < kTileRows * nv; o += 32) {
-      const int row = o % kTileRows;
-      const int v = o / kTileRows;
-      const float* tr = &tot[rl][row][3 * v];
-      const float val = __fadd_rn(__fadd_rn(tr[0], tr[1]), tr[2]);
-      a.y[static_cast<size_t>(vec0 + v) * a.n_rows + static_cast<int64_t>(rg) * kTileRows + row] = val;
-    }
+    write_rows<C>(tot[warp], rg0, vec0, nv, lane, a);
   }
 }
 
@@ -303,42 +400,91 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
 
 int chunks_for(int nv) { return (3 * nv + 7) / 8; }
 
-// Warps per row group: about kUnroll units per warp (one round of loads in flight), more warps for short matrices
-// so they still spread over the SMs.
-int pick_split(int64_t n_rg, int64_t n_units) {
-  int s = 1;
-  while (s < kWarps &&
-         (n_units > static_cast<int64_t>(kUnroll) * s || (n_rg * s < 132 * 16 && n_units / (2 * s) >= 2))) {
-    s *= 2;
+// Vectors per slice: 8 (3 chunks) while the slice's prepared activations stay within kSliceSmem, else 5, else 2.
+constexpr size_t kSliceSmem = 100 * 1024;
+int slice_cap(int64_t n_cols) {
+  for (int v : {8, 5, 2}) {
+    const SliceLayout lay{static_cast<int>(n_cols / 32), chunks_for(v), v};
+    if (lay.slice_bytes() <= kSliceSmem || v == 2) return v;
   }
-  return s;
+  return 2;
+}
+
+SliceLayout layout_for(int64_t n_cols, int n_vec) {
+  const int sv = std::min(n_vec, slice_cap(n_cols));
+  return SliceLayout{static_cast<int>(n_cols / 32), chunks_for(sv), sv};
+}
+
+int n_slices(int n_vec, const SliceLayout& lay) { return (n_vec + lay.slice_vecs - 1) / lay.slice_vecs; }
+
+struct DeviceFacts {
+  int sms = 132;
+};
+DeviceFacts device_facts() {
+  static const DeviceFacts facts = [] {
+    DeviceFacts f;
+    int dev = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess) {
+      int n = 0;
+      if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0) f.sms = n;
+    }
+    (void)cudaGetLastError();
+    return f;
+  }();
+  return facts;
+}
+
+// Persistent warps when there are many row groups; otherwise S warps per row group so that short matrices still
+// spread over the SMs, with S chosen from the shape only (never from n_vec).
+void pick_split(int64_t n_rg, int64_t n_units, GgmlType type, int* split, int* per) {
+  const int64_t target = static_cast<int64_t>(device_facts().sms) * 16;  // warps: 2 blocks of 8 per SM
+  if (n_rg >= target) {
+    *split = 1;
+    *per = static_cast<int>(n_units);
+    return;
+  }
+  int s = 1;
+  while (s < kWarps && n_rg * s < target && n_units / (2 * s) >= kBatch / 2) s *= 2;
+  int p = static_cast<int>((n_units + s - 1) / s);
+  if (type == GgmlType::kQ4_K) p = (p + 3) / 4 * 4;  // batches stay inside one super-block
+  *split = s == 1 ? 2 : s;                           // S = 1 is reserved for persistent warps
+  if (s == 1) p = static_cast<int>(n_units);
+  *per = p;
 }
 
 template <GgmlType T, int C>
 Status launch(const KernelArgs& args, int slices, cudaStream_t stream) {
-  const int rg_per_block = kWarps / args.split;
-  const dim3 grid(static_cast<unsigned>((args.n_rg + rg_per_block - 1) / rg_per_block), static_cast<unsigned>(slices));
-  gemv_tiled_kernel<T, C><<<grid, kThreads, 0, stream>>>(args);
+  const size_t smem = args.lay.slice_bytes();
+  // Allow the largest slice any shape uses (n_cols 8192, one chunk: 136 KiB), once per instantiation.
+  static std::atomic<bool> attr_set{false};
+  if (!attr_set.load(std::memory_order_acquire)) {
+    KESTREL_CUDA_TRY(
+        cudaFuncSetAttribute(gemv_tiled_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(SliceLayout{static_cast<int>(kMaxCols / 32), 1, 2}.slice_bytes())));
+    attr_set.store(true, std::memory_order_release);
+  }
+  int blocks = 0;
+  if (args.split == 1) {
+    blocks = std::min(args.n_rg / kWarps + 1, device_facts().sms * 2);
+  } else {
+    const int rg_per_block = kWarps / args.split;
+    blocks = (args.n_rg + rg_per_block - 1) / rg_per_block;
+  }
+  gemv_tiled_kernel<T, C>
+      <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(slices)), kThreads, smem, stream>>>(args);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
 
 template <GgmlType T>
 Status launch_type(const KernelArgs& args, cudaStream_t stream) {
-  // Slices of 8 vectors (3 chunks); a final partial slice runs with the full slices' chunk count (its unused
-  // columns are zero), so each vector's arithmetic is the same whatever the slice: MMA columns are independent.
-  const int slices = (args.n_vec + kMaxSliceVectors - 1) / kMaxSliceVectors;
-  const int c = chunks_for(std::min(args.n_vec, kMaxSliceVectors));
-  if (c == 1) return launch<T, 1>(args, slices, stream);
-  if (c == 2) return launch<T, 2>(args, slices, stream);
+  const int slices = n_slices(args.n_vec, args.lay);
+  if (args.lay.c == 1) return launch<T, 1>(args, slices, stream);
+  if (args.lay.c == 2) return launch<T, 2>(args, slices, stream);
   return launch<T, 3>(args, slices, stream);
 }
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
-
-uint64_t xf_bytes(int64_t n_cols, int n_vec) {
-  return static_cast<uint64_t>(n_cols / 32) * static_cast<uint64_t>(chunks_for(n_vec)) * 32 * 16;
-}
 
 }  // namespace
 
@@ -356,7 +502,9 @@ uint64_t q4_tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows) {
 }
 
 uint64_t tiled_x_bytes(int64_t n_cols, int n_vec) {
-  return xf_bytes(n_cols, n_vec) + static_cast<uint64_t>(n_cols / 32) * chunks_for(n_vec) * 8 * sizeof(float);
+  if (n_cols <= 0 || n_cols % kUnitElems != 0 || n_vec < 1) return 0;
+  const SliceLayout lay = layout_for(n_cols, n_vec);
+  return static_cast<uint64_t>(n_slices(n_vec, lay)) * lay.slice_bytes();
 }
 
 Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, std::span<uint8_t> out) {
@@ -364,7 +512,7 @@ Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, s
     return make_error(ErrorCode::kInvalidArgument, "q4_tile: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
                                                        "} cannot be tiled (q4_0 needs n_cols % 64, q4_K n_cols % "
-                                                       "256, n_rows % 16, n_cols <= 65536)");
+                                                       "256, n_rows % 16, n_cols <= 8192)");
   }
   if (out.size() != q4_tiled_bytes(type, n_cols, n_rows) || raw == nullptr) {
     return make_error(ErrorCode::kInvalidArgument, "q4_tile: output holds " + std::to_string(out.size()) +
@@ -456,18 +604,17 @@ Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, s
 Status gemv_tiled_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream) {
   if (n_cols <= 0 || n_cols % kUnitElems != 0 || n_cols > kMaxCols || n_vec < 1 || n_vec > kMaxVectors) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_tiled_prepare_x: n_cols " + std::to_string(n_cols) +
-                                                       " (a multiple of 64 up to 65536) or n_vec " +
+                                                       " (a multiple of 64 up to 8192) or n_vec " +
                                                        std::to_string(n_vec) + " (1..32) out of range");
   }
   if (x == nullptr || xprep == nullptr || !aligned(x, 16) || !aligned(xprep, 16)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_tiled_prepare_x: null or misaligned pointer (16 bytes)");
   }
-  const int c_total = chunks_for(n_vec);
-  auto* xf = static_cast<uint4*>(xprep);
-  auto* xs = reinterpret_cast<float*>(static_cast<uint8_t*>(xprep) + xf_bytes(n_cols, n_vec));
-  const int items = static_cast<int>(n_cols / 32) * c_total * 32;
-  const int blocks = std::min(1024, (items + 255) / 256);
-  prepare_x_kernel<<<blocks, 256, 0, stream>>>(x, static_cast<int>(n_cols), n_vec, c_total, xf, xs);
+  const SliceLayout lay = layout_for(n_cols, n_vec);
+  const int items = static_cast<int>(lay.xf_words());
+  const dim3 grid(static_cast<unsigned>(std::min(256, (items + 255) / 256)),
+                  static_cast<unsigned>(n_slices(n_vec, lay)));
+  prepare_x_kernel<<<grid, 256, 0, stream>>>(x, static_cast<int>(n_cols), n_vec, lay, static_cast<uint8_t*>(xprep));
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
@@ -499,10 +646,9 @@ Status gemv_q4_tiled(const TiledQ4View& w, const void* xprep, int n_vec, float* 
   args.meta = static_cast<const uint8_t*>(w.data) + n_rg * n_units * 512;
   args.n_units = static_cast<int>(n_units);
   args.n_rg = static_cast<int>(n_rg);
-  args.split = pick_split(n_rg, n_units);
-  args.c_total = chunks_for(n_vec);
-  args.xf = static_cast<const uint4*>(xprep);
-  args.xs = reinterpret_cast<const float*>(static_cast<const uint8_t*>(xprep) + xf_bytes(w.n_cols, n_vec));
+  pick_split(n_rg, n_units, w.type, &args.split, &args.per);
+  args.xprep = static_cast<const uint8_t*>(xprep);
+  args.lay = layout_for(w.n_cols, n_vec);
   args.n_vec = n_vec;
   args.y = y;
   args.n_rows = w.n_rows;

@@ -41,7 +41,7 @@ struct TiledQ4View {
 };
 
 // True for Q4_0 with n_cols a multiple of 64, Q4_K with n_cols a multiple of 256, n_rows a positive multiple of 16
-// and n_cols <= 65536.
+// and n_cols <= 8192 (a slice of prepared activations lives in shared memory).
 bool q4_tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
 
 // Bytes of the tiled form (equal to the raw GGUF bytes of the same matrix).

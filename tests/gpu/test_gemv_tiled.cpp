@@ -180,12 +180,12 @@ void check_type(GgmlType t, const std::vector<Shape>& shapes) {
 
 TEST(GemvTiled, Q4_0MatchesReference) {
   REQUIRE_DEVICE();
-  check_type(GgmlType::kQ4_0, {{64, 16}, {192, 48}, {2048, 512}, {4096, 160}, {12288, 16}, {2048, 4096}});
+  check_type(GgmlType::kQ4_0, {{64, 16}, {192, 48}, {2048, 512}, {4096, 160}, {8192, 16}, {2048, 4096}});
 }
 
 TEST(GemvTiled, Q4_KMatchesReference) {
   REQUIRE_DEVICE();
-  check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {2048, 512}, {4096, 160}, {12288, 16}, {2048, 4096}});
+  check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {2048, 512}, {4096, 160}, {8192, 16}, {2048, 4096}});
 }
 
 TEST(GemvTiled, TilingKeepsEveryByte) {
@@ -208,11 +208,11 @@ TEST(GemvTiled, TilingKeepsEveryByte) {
 }
 
 TEST(GemvTiled, RefusesShapesAndArguments) {
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 32, 16));     // n_in not a multiple of 64
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 64, 17));     // n_out not a multiple of 16
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_K, 128, 16));    // not whole super-blocks
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ8_0, 64, 16));     // other types keep gemv()
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 12352, 16));  // longer than the shared-memory staging allows
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 32, 16));    // n_in not a multiple of 64
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 64, 17));    // n_out not a multiple of 16
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_K, 128, 16));   // not whole super-blocks
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ8_0, 64, 16));    // other types keep gemv()
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 8256, 16));  // longer than the kernel takes
   std::vector<uint8_t> raw(18 * 2 * 17);
   std::vector<uint8_t> out(raw.size());
   EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, raw.data(), 64, 17, out));
