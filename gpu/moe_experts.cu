@@ -7,7 +7,8 @@
 // and multiplies it into the f32 accumulators of up to 8 of the expert's entries at a time (more entries: the row
 // is walked again, from L1/L2), so each expert row is read from memory once for all its tokens. A fixed butterfly
 // sums the lanes. The gate/up pass writes h[entry] = silu(gate·x) · (up·x), the down pass ye[entry] = down·h[entry].
-// The shared expert runs through the same kernel as one expert (stride 0) with every token as its entries.
+// The shared expert runs through the same kernel as one expert (stride 0) with every token as its entries, in one
+// extra grid-y slot of the routed launch when its type matches (else in a launch of its own).
 // Combine, grid (⌈H/256⌉, n_tok): out[t] = Σ over t's entries by ascending expert id of ye·w (from 0, as the
 // reference), then + sigmoid(shared gate logit) · shared output.
 #include <algorithm>
@@ -106,12 +107,28 @@ __device__ __forceinline__ void load_x(const float* __restrict__ p, int n, bool 
   }
 }
 
-// kGateUp: a = gate, b = up, x = f32 [n_tok, n_cols] indexed by entry_token, out = h f32 [entries, n_rows].
-// !kGateUp: a = down, x = h f32 [entries, n_cols] indexed by entry, out = ye f32 [entries, n_rows].
+// One pass over a set of experts: kGateUp: a = gate, b = up, x = f32 [n_tok, n_cols] indexed by entry_token,
+// out = h f32 [entries, n_rows]. !kGateUp: a = down (b unused), x = h f32 [entries, n_cols] indexed by entry,
+// out = ye f32 [entries, n_rows].
+struct Job {
+  Stack a;
+  Stack b;
+  Groups gr;
+  const float* x;
+  float* out;
+};
+
+// Grid y: the routed job's active-expert slots, plus (when j1_slot >= 0) one slot j1_slot for a second job (the
+// shared expert, when its types match), so both run in one launch.
 template <GgmlType T, bool kGateUp>
-__global__ void __launch_bounds__(kThreads)
-    grouped_kernel(Stack a, Stack b, Groups gr, const float* __restrict__ x, float* __restrict__ out) {
+__global__ void __launch_bounds__(kThreads) grouped_kernel(Job j0, Job j1, int j1_slot) {
   const int slot = static_cast<int>(blockIdx.y);
+  const Job& job = slot == j1_slot ? j1 : j0;
+  const Stack& a = job.a;
+  const Stack& b = job.b;
+  const Groups& gr = job.gr;
+  const float* __restrict__ x = job.x;
+  float* __restrict__ out = job.out;
   int expert = 0;
   int first = 0;
   int last = gr.n_tok;
@@ -217,18 +234,22 @@ Stack stack_of(const DeviceMatrixView& v) {
   return Stack{static_cast<const uint8_t*>(v.data), 0, rb, static_cast<int>(v.n_cols), static_cast<int>(v.n_rows)};
 }
 
-// Enqueues one grouped pass with grid y = slots.
-Status launch_grouped(GgmlType type, bool gate_up, const Stack& a, const Stack& b, const Groups& g, int slots,
-                      const float* x, float* out, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((a.n_rows + kWarps - 1) / kWarps), static_cast<unsigned>(slots));
+// Enqueues one grouped pass: job j0 over `slots` slots, and job j1 (if non-null) in one extra slot.
+Status launch_grouped(GgmlType type, bool gate_up, const Job& j0, int slots, const Job* j1, cudaStream_t stream) {
+  int rows = j0.a.n_rows;
+  if (j1 != nullptr) rows = std::max(rows, j1->a.n_rows);
+  const int j1_slot = j1 != nullptr ? slots : -1;
+  const Job second = j1 != nullptr ? *j1 : j0;
+  const dim3 grid(static_cast<unsigned>((rows + kWarps - 1) / kWarps),
+                  static_cast<unsigned>(slots + (j1 != nullptr ? 1 : 0)));
   const bool launched = dispatch_dequant_type(
       type,
       [&](auto tag) {
         constexpr GgmlType T = decltype(tag)::value;
         if (gate_up) {
-          grouped_kernel<T, true><<<grid, kThreads, 0, stream>>>(a, b, g, x, out);
+          grouped_kernel<T, true><<<grid, kThreads, 0, stream>>>(j0, second, j1_slot);
         } else {
-          grouped_kernel<T, false><<<grid, kThreads, 0, stream>>>(a, b, g, x, out);
+          grouped_kernel<T, false><<<grid, kThreads, 0, stream>>>(j0, second, j1_slot);
         }
         return true;
       },
@@ -379,16 +400,37 @@ Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* 
   ++launches;
   const Groups routed{r.n_active, r.active_expert, r.active_offset, r.entry_token, n_tok};
   const Stack gate = stack_of(w.gate_exps), up = stack_of(w.up_exps), down = stack_of(w.down_exps);
-  KESTREL_TRY(launch_grouped(w.gate_exps.type, true, gate, up, routed, max_active, x, l.h, stream));
-  KESTREL_TRY(launch_grouped(w.down_exps.type, false, down, down, routed, max_active, l.h, l.ye, stream));
-  launches += 2;
-  if (w.has_shared_expert()) {
+  const Job routed_gate_up{gate, up, routed, x, l.h};
+  const Job routed_down{down, down, routed, l.h, l.ye};
+  if (!w.has_shared_expert()) {
+    KESTREL_TRY(launch_grouped(w.gate_exps.type, true, routed_gate_up, max_active, nullptr, stream));
+    KESTREL_TRY(launch_grouped(w.down_exps.type, false, routed_down, max_active, nullptr, stream));
+    launches += 2;
+  } else {
+    // The shared expert is one more "expert" whose entries are all the tokens; it joins the routed launch of a
+    // pass when its type matches, else it gets its own launch.
     const Groups all{nullptr, nullptr, nullptr, nullptr, n_tok};
     const Stack sg = stack_of(w.gate_shexp), su = stack_of(w.up_shexp), sd = stack_of(w.down_shexp);
-    KESTREL_TRY(launch_grouped(w.gate_shexp.type, true, sg, su, all, 1, x, l.sh_h, stream));
-    KESTREL_TRY(launch_grouped(w.down_shexp.type, false, sd, sd, all, 1, l.sh_h, l.sh_y, stream));
+    const Job shared_gate_up{sg, su, all, x, l.sh_h};
+    const Job shared_down{sd, sd, all, l.sh_h, l.sh_y};
+    if (w.gate_shexp.type == w.gate_exps.type) {
+      KESTREL_TRY(launch_grouped(w.gate_exps.type, true, routed_gate_up, max_active, &shared_gate_up, stream));
+      launches += 1;
+    } else {
+      KESTREL_TRY(launch_grouped(w.gate_exps.type, true, routed_gate_up, max_active, nullptr, stream));
+      KESTREL_TRY(launch_grouped(w.gate_shexp.type, true, shared_gate_up, 1, nullptr, stream));
+      launches += 2;
+    }
+    if (w.down_shexp.type == w.down_exps.type) {
+      KESTREL_TRY(launch_grouped(w.down_exps.type, false, routed_down, max_active, &shared_down, stream));
+      launches += 1;
+    } else {
+      KESTREL_TRY(launch_grouped(w.down_exps.type, false, routed_down, max_active, nullptr, stream));
+      KESTREL_TRY(launch_grouped(w.down_shexp.type, false, shared_down, 1, nullptr, stream));
+      launches += 2;
+    }
     KESTREL_TRY(gemv(w.shared_gate_inp, x, n_tok, l.sgate, stream));
-    launches += 3;
+    launches += 1;
   }
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
   combine_kernel<<<grid, kCombineThreads, 0, stream>>>(l.ye, r.token_entry, r.entry_weight, k,

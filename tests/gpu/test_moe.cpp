@@ -32,7 +32,7 @@ namespace kestrel::gpu {
 namespace {
 
 constexpr double kOutTol = 3e-5;
-constexpr double kWeightTol = 1e-6;
+constexpr double kWeightTol = 2e-6;
 
 bool have_device() {
   int n = 0;
