@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -21,7 +22,10 @@ using namespace std::chrono_literals;
 
 // A segment in process memory (the layout does not care whether the mapping is shared).
 struct TestSegment {
-  std::unique_ptr<uint8_t[]> storage{new (std::align_val_t{4096}) uint8_t[kSegmentSize]};
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t, Free> storage{static_cast<uint8_t*>(std::aligned_alloc(4096, kSegmentSize))};
   SegmentView view{storage.get()};
   TestSegment() { init_segment(view, 7); }
   RingProducer producer() { return RingProducer(view.request_ring(), view.request_data()); }

@@ -11,8 +11,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -161,6 +163,31 @@ TEST_F(ShmServerTest, EveryOperationRoundTrips) {
   EXPECT_EQ(streamed.substr(0, 3), "bcd");
   EXPECT_EQ(last->finish_reason(), v1::FINISH_REASON_MAX_TOKENS);
   EXPECT_EQ(last->completion_tokens(), 12u);
+}
+
+// Prints the step round trip (client → daemon → engine thread → daemon → client) over the fake Service; checks only
+// the answers (timing on a shared CI machine is not a test condition; bench/ measures it properly).
+TEST_F(ShmServerTest, StepRoundTripTiming) {
+  auto c = connect();
+  ASSERT_TRUE(c);
+  auto s = c->create_session(v1::CreateSessionRequest{});
+  ASSERT_TRUE(s);
+  std::vector<double> us;
+  v1::StepRequest step;
+  step.set_session_id(s->session_id());
+  step.add_tokens(0);
+  for (int i = 0; i < 2000; ++i) {
+    step.set_tokens(0, i % 200);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = c->step(step);
+    const auto t1 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->token(), i % 200 + 1);
+    us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  std::sort(us.begin(), us.end());
+  std::printf("shm step round trip over the fake Service: p50 %.1f us, p99 %.1f us (%zu steps)\n", us[us.size() / 2],
+              us[us.size() * 99 / 100], us.size());
 }
 
 TEST_F(ShmServerTest, ErrorsCarryTheStatusNameAndCode) {
