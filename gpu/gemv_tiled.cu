@@ -3,10 +3,10 @@
 // Work split: a row group (16 rows) is streamed by S warps (S in {1, 2, 4, 8}; each takes a contiguous range of its
 // units of 64 columns) or, for matrices with many row groups, by one warp that then moves on to the row group
 // gridDim.x·8 further (S = 1, persistent). A warp streams its units in batches of kBatch: the weight words and scales
-// of the next batch are loaded before the current batch is multiplied (double buffering), so loads stay in flight
-// while the tensor cores work. grid.y walks slices of activation vectors (8, 5 or 2 per slice, by row length, so
-// that a slice's prepared activations fit in shared memory); a slice of nv vectors uses 3·nv MMA columns (hi, mid,
-// lo parts of each vector), i.e. C = ceil(3·nv / 8) column chunks of 8.
+// of the next kStages - 1 batches are copied into shared memory (cp.async) while the current batch is multiplied,
+// so loads stay in flight while the tensor cores work. grid.y walks slices of activation vectors (8, 5 or 2 per slice,
+// by row length, so that a slice's prepared activations fit in shared memory); a slice of nv vectors uses 3·nv MMA
+// columns (hi, mid, lo parts of each vector), i.e. C = ceil(3·nv / 8) column chunks of 8.
 //
 // Per block: the slice's prepared activations (B fragments and per-group column sums, gemv_tiled_prepare_x) are
 // copied to shared memory with cp.async while the first weight batch is in flight. Per unit and 32-element group,
@@ -22,9 +22,11 @@
 // elements (4t, 4t+2) and (w >> 8) the pair (4t+1, 4t+3), so MMA 0 of a group takes those and MMA 1 the
 // elements 16 + the same, with B built from x in exactly that order.
 //
-// Measured history (docs/benchmarks.md): v3.0 staged and split x in every block (17.6% of the size-matched read);
-// v3.1 prepared x once but loaded scales and B fragments only after the weights arrived, a second and third round
-// trip (50.2%); v3.2 (this) prefetches scales with the weights and B fragments with cp.async, double-buffered.
+// Measured history (docs/benchmarks.md, geomean over the batch-1 cases): v3.0 staged and split x in every block
+// (17.6% of the size-matched read); v3.1 prepared x once but loaded scales and B fragments only after the weights
+// arrived, a second and third round trip (50.2%); v3.2 prefetched scales with the weights into registers, double-
+// buffered, persistent warps (49.7%; lm_head 43% → 53%: too few bytes in flight, 2 KiB per warp); v3.3 (this) streams
+// weights and scales through kStages shared-memory stages per warp with cp.async (no registers held by loads).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -54,12 +56,6 @@ constexpr uint32_t kBf16Magic = 0x43004300u;  // bf16x2 (128, 128): OR-ing a nib
 
 // ---- device helpers ---------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 __device__ __forceinline__ uint32_t dec(uint32_t w) { return (w & kMask) | kBf16Magic; }
 
 __device__ __forceinline__ void mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -75,8 +71,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
 }
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 // The bf16 part `part` (0 hi, 1 mid, 2 lo) of x, as its 16 bits. hi + mid + lo equals x to 24 bits.
 __device__ __forceinline__ uint16_t part_bits(float x, int part) {
@@ -171,48 +165,68 @@ struct KernelArgs {
   int64_t n_rows;
 };
 
-// One batch of up to kBatch units of one row group: the lane's weight words and scale words.
-struct Batch {
-  uint4 w[kBatch];
-  uint2 m[kBatch];  // Q4_0: d of rows g, g+8 for both blocks; Q4_K: m[0..1] = rows g, g+8 head words (d|dmin, f)
-  uint4 mk[2];      // Q4_K: the 16-byte heads of rows g and g + 8 for this batch's super-block
+// One batch of up to kBatch units of one row group, in shared memory: the warp's weight words (lane-major, as the
+// tiles store them) and the scale words its lanes need.
+struct Stage {
+  uint4 w[kBatch][32];
+  union {
+    uint2 m0[kBatch][8];  // Q4_0: per unit and g, d of rows g, g+8 for both blocks
+    uint4 mk[8][2];       // Q4_K: per g, the 16-byte heads of rows g and g + 8 for the batch's super-block
+  } m;
 };
+static_assert(sizeof(Stage) == kBatch * 512 + 256, "a stage is one batch of weights plus 256 bytes of scales");
+constexpr int kStages = 3;  // batches per warp: kStages - 1 in flight ahead of the one being multiplied
 
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Issues the copies of one batch into `st` (no commit).
 template <GgmlType T>
-__device__ __forceinline__ void load_batch(const KernelArgs& a, int rg, int u0, int cnt, int lane, Batch& b) {
+__device__ __forceinline__ void issue_batch(const KernelArgs& a, int rg, int u0, int cnt, int lane, Stage& st) {
   const uint4* qs = a.qs + (static_cast<size_t>(rg) * a.n_units + u0) * 32 + lane;
 #pragma unroll
   for (int i = 0; i < kBatch; ++i) {
-    if (i < cnt) b.w[i] = load_stream(qs + static_cast<size_t>(i) * 32);
+    if (i < cnt) cp_async16(&st.w[i][lane], qs + static_cast<size_t>(i) * 32);
   }
   const int g = lane / 4;
+  if (lane % 4 != 0) return;
   if constexpr (T == GgmlType::kQ4_0) {
     const uint8_t* m = a.meta + (static_cast<size_t>(rg) * a.n_units + u0) * 64 + g * 8;
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      if (i < cnt) b.m[i] = __ldg(reinterpret_cast<const uint2*>(m + static_cast<size_t>(i) * 64));
+      if (i < cnt) cp_async8(&st.m.m0[i][g], m + static_cast<size_t>(i) * 64);
     }
   } else {
     const uint8_t* mb = a.meta + (static_cast<size_t>(rg) * (a.n_units / 4) + u0 / 4) * 256;
-    b.mk[0] = __ldg(reinterpret_cast<const uint4*>(mb + g * 16));
-    b.mk[1] = __ldg(reinterpret_cast<const uint4*>(mb + (g + 8) * 16));
+    cp_async16(&st.m.mk[g][0], mb + g * 16);
+    cp_async16(&st.m.mk[g][1], mb + (g + 8) * 16);
   }
 }
 
 template <GgmlType T, int C>
-__device__ __forceinline__ void compute_batch(const Batch& b, int u0, int cnt, int lane, const uint4* xf_s,
+__device__ __forceinline__ void compute_batch(const Stage& st, int u0, int cnt, int lane, const uint4* xf_s,
                                               const float* xs_s, float (&acc)[C][4]) {
+  const int g = lane / 4;
   const int t = lane % 4;
 #pragma unroll
   for (int i = 0; i < kBatch; ++i) {
     if (i >= cnt) break;
     const int u = u0 + i;
+    const uint4 w = st.w[i][lane];
     float sc_g[2], sc_g8[2], co_g[2], co_g8[2];  // scale and Σx coefficient per group h, rows g and g + 8
     if constexpr (T == GgmlType::kQ4_0) {
-      sc_g[0] = half_to_float(b.m[i].x & 0xFFFFu);
-      sc_g8[0] = half_to_float(b.m[i].x >> 16);
-      sc_g[1] = half_to_float(b.m[i].y & 0xFFFFu);
-      sc_g8[1] = half_to_float(b.m[i].y >> 16);
+      const uint2 d = st.m.m0[i][g];
+      sc_g[0] = half_to_float(d.x & 0xFFFFu);
+      sc_g8[0] = half_to_float(d.x >> 16);
+      sc_g[1] = half_to_float(d.y & 0xFFFFu);
+      sc_g8[1] = half_to_float(d.y >> 16);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         co_g[h] = -136.0f;  // applied before the scale: d·(mma − 136·Σx)
@@ -222,7 +236,7 @@ __device__ __forceinline__ void compute_batch(const Batch& b, int u0, int cnt, i
       const int j = u % 4;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const uint4 hd = b.mk[r];
+        const uint4 hd = st.m.mk[g][r];
         const uint32_t lo = j < 2 ? hd.y : (j == 2 ? hd.z : hd.w);
         const uint32_t hi = j < 2 ? hd.z : hd.w;
         const uint32_t f = __funnelshift_r(lo, hi, (24 * j) & 31) & 0xFFFFFFu;
@@ -242,8 +256,8 @@ __device__ __forceinline__ void compute_batch(const Batch& b, int u0, int cnt, i
     for (int h = 0; h < 2; ++h) {
       uint32_t A0[4], A1[4];  // MMA 0 and MMA 1 of group h
       if constexpr (T == GgmlType::kQ4_0) {
-        const uint32_t p0 = h == 0 ? b.w[i].x : b.w[i].z;
-        const uint32_t p1 = h == 0 ? b.w[i].y : b.w[i].w;
+        const uint32_t p0 = h == 0 ? w.x : w.z;
+        const uint32_t p1 = h == 0 ? w.y : w.w;
         A0[0] = dec(p0);
         A0[1] = dec(p1);
         A0[2] = dec(p0 >> 8);
@@ -254,14 +268,14 @@ __device__ __forceinline__ void compute_batch(const Batch& b, int u0, int cnt, i
         A1[3] = dec(p1 >> 12);
       } else {
         const int sh = 4 * h;
-        A0[0] = dec(b.w[i].x >> sh);
-        A0[1] = dec(b.w[i].y >> sh);
-        A0[2] = dec(b.w[i].x >> (8 + sh));
-        A0[3] = dec(b.w[i].y >> (8 + sh));
-        A1[0] = dec(b.w[i].z >> sh);
-        A1[1] = dec(b.w[i].w >> sh);
-        A1[2] = dec(b.w[i].z >> (8 + sh));
-        A1[3] = dec(b.w[i].w >> (8 + sh));
+        A0[0] = dec(w.x >> sh);
+        A0[1] = dec(w.y >> sh);
+        A0[2] = dec(w.x >> (8 + sh));
+        A0[3] = dec(w.y >> (8 + sh));
+        A1[0] = dec(w.z >> sh);
+        A1[1] = dec(w.w >> sh);
+        A1[2] = dec(w.z >> (8 + sh));
+        A1[3] = dec(w.w >> (8 + sh));
       }
       const int q = 2 * u + h;
 #pragma unroll
@@ -300,6 +314,24 @@ __device__ __forceinline__ void write_rows(const float (*tile)[C * 8], int rg, i
   }
 }
 
+// A warp's position in its stream of batches: row group rg, units [u, range_end).
+struct Cursor {
+  int rg;
+  int u;
+  bool valid;
+};
+
+__device__ __forceinline__ Cursor advance(Cursor c, int range_begin, int range_end, int rg_stride, int n_rg,
+                                          bool persistent) {
+  c.u += kBatch;
+  if (c.u >= range_end) {
+    c.rg = persistent ? c.rg + rg_stride : n_rg;
+    c.u = range_begin;
+  }
+  c.valid = c.rg < n_rg;
+  return c;
+}
+
 template <GgmlType T, int C>
 __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
   extern __shared__ uint4 smem[];
@@ -313,86 +345,95 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
   const int g = lane / 4;
   const int t = lane % 4;
 
-  // This warp's stream: (rg, [u, u_end)) ranges.
-  const bool persistent = a.split == 1;
-  int rg = persistent ? blockIdx.x * kWarps + warp : blockIdx.x * (kWarps / a.split) + warp / a.split;
-  const int s = persistent ? 0 : warp % a.split;
-  const int range_begin = persistent ? 0 : min(a.n_units, s * a.per);
-  const int range_end = persistent ? a.n_units : min(a.n_units, range_begin + a.per);
-  const int rg_stride = gridDim.x * kWarps;
-  int u = range_begin;
-  bool have = rg < a.n_rg && u < range_end;
+  // Dynamic shared memory: [slice activations][kWarps][kStages] stages.
+  const uint4* xf_s = smem;
+  const float* xs_s = reinterpret_cast<const float*>(smem + a.lay.xf_words());
+  const size_t act_words = (a.lay.slice_bytes() + 15) / 16;
+  Stage* stages = reinterpret_cast<Stage*>(smem + act_words) + warp * kStages;
 
-  Batch cur;
-  if (have) load_batch<T>(a, rg, u, min(kBatch, range_end - u), lane, cur);
-
-  // Activations of this slice into shared memory while the first weights are in flight.
+  // The slice's activations (one cp.async group, the oldest of every thread).
   const uint8_t* src = a.xprep + static_cast<size_t>(slice) * a.lay.slice_bytes();
   const int n16 = static_cast<int>(a.lay.slice_bytes() / 16);
   for (int i = threadIdx.x; i < n16; i += kThreads) cp_async16(smem + i, src + static_cast<size_t>(i) * 16);
-  cp_async_wait_all();
+  cp_async_commit();
+
+  // This warp's stream.
+  const bool persistent = a.split == 1;
+  const int s = persistent ? 0 : warp % a.split;
+  const int rg_first = persistent ? blockIdx.x * kWarps + warp : blockIdx.x * (kWarps / a.split) + warp / a.split;
+  const int range_begin = persistent ? 0 : min(a.n_units, s * a.per);
+  const int range_end = persistent ? a.n_units : min(a.n_units, range_begin + a.per);
+  const int rg_stride = gridDim.x * kWarps;
+  Cursor issue{rg_first, range_begin, rg_first < a.n_rg && range_begin < range_end};
+  Cursor comp = issue;
+
+  // Prologue: kStages - 1 batches in flight (one group each, empty groups past the end keep the count).
+#pragma unroll
+  for (int k = 0; k < kStages - 1; ++k) {
+    if (issue.valid) {
+      issue_batch<T>(a, issue.rg, issue.u, min(kBatch, range_end - issue.u), lane, stages[k]);
+      issue = advance(issue, range_begin, range_end, rg_stride, a.n_rg, persistent);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<kStages - 1>();  // the activations (issued before the stages) have landed for this thread
   __syncthreads();
-  const uint4* xf_s = smem;
-  const float* xs_s = reinterpret_cast<const float*>(smem + a.lay.xf_words());
 
   float acc[C][4];
 #pragma unroll
   for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
 
-  while (have) {
-    const int cnt = min(kBatch, range_end - u);
-    // Next batch position: further along this row group, else (persistent) the next row group of this warp.
-    int rg_n = rg;
-    int u_n = u + cnt;
-    bool rg_done = u_n >= range_end;
-    if (rg_done) {
-      rg_n = persistent ? rg + rg_stride : a.n_rg;
-      u_n = range_begin;
+  int k = 0;
+  while (comp.valid) {
+    cp_async_wait<kStages - 2>();  // batch k has landed (for this lane)
+    __syncwarp();                  // ... and for every lane of the warp
+    const int cnt = min(kBatch, range_end - comp.u);
+    compute_batch<T, C>(stages[k % kStages], comp.u, cnt, lane, xf_s, xs_s, acc);
+    __syncwarp();  // every lane is done with stage k % kStages before it is refilled
+    if (issue.valid) {
+      issue_batch<T>(a, issue.rg, issue.u, min(kBatch, range_end - issue.u), lane, stages[(k + kStages - 1) % kStages]);
+      issue = advance(issue, range_begin, range_end, rg_stride, a.n_rg, persistent);
     }
-    const bool have_n = rg_n < a.n_rg;
-    Batch nxt;
-    if (have_n) load_batch<T>(a, rg_n, u_n, min(kBatch, range_end - u_n), lane, nxt);
-    compute_batch<T, C>(cur, u, cnt, lane, xf_s, xs_s, acc);
-    if (rg_done && persistent) {
+    cp_async_commit();
+    const Cursor next = advance(comp, range_begin, range_end, rg_stride, a.n_rg, persistent);
+    if (persistent && next.rg != comp.rg) {
 #pragma unroll
       for (int c = 0; c < C; ++c) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          tot[warp][g + (k >= 2 ? 8 : 0)][8 * c + 2 * t + (k & 1)] = acc[c][k];
-          acc[c][k] = 0.0f;
+        for (int e = 0; e < 4; ++e) {
+          tot[warp][g + (e >= 2 ? 8 : 0)][8 * c + 2 * t + (e & 1)] = acc[c][e];
+          acc[c][e] = 0.0f;
         }
       }
       __syncwarp();
-      write_rows<C>(tot[warp], rg, vec0, nv, lane, a);
+      write_rows<C>(tot[warp], comp.rg, vec0, nv, lane, a);
       __syncwarp();
     }
-    if (have_n) cur = nxt;
-    rg = rg_n;
-    u = u_n;
-    have = have_n;
+    comp = next;
+    ++k;
   }
+  cp_async_wait<0>();
   if (persistent) return;
 
     // Split row groups: sum the S partial tiles in warp order.
 #pragma unroll
   for (int c = 0; c < C; ++c) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) red[warp][c][lane][k] = acc[c][k];
+    for (int e = 0; e < 4; ++e) red[warp][c][lane][e] = acc[c][e];
   }
   __syncthreads();
-  const int rg0 = blockIdx.x * (kWarps / a.split) + warp / a.split;
-  if (s == 0 && rg0 < a.n_rg) {
+  if (s == 0 && rg_first < a.n_rg) {
 #pragma unroll
     for (int c = 0; c < C; ++c) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
+      for (int e = 0; e < 4; ++e) {
         float v = 0.0f;
-        for (int w = warp; w < warp + a.split; ++w) v = __fadd_rn(v, red[w][c][lane][k]);
-        tot[warp][g + (k >= 2 ? 8 : 0)][8 * c + 2 * t + (k & 1)] = v;
+        for (int w = warp; w < warp + a.split; ++w) v = __fadd_rn(v, red[w][c][lane][e]);
+        tot[warp][g + (e >= 2 ? 8 : 0)][8 * c + 2 * t + (e & 1)] = v;
       }
     }
     __syncwarp();
-    write_rows<C>(tot[warp], rg0, vec0, nv, lane, a);
+    write_rows<C>(tot[warp], rg_first, vec0, nv, lane, a);
   }
 }
 
@@ -401,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
 int chunks_for(int nv) { return (3 * nv + 7) / 8; }
 
 // Vectors per slice: 8 (3 chunks) while the slice's prepared activations stay within kSliceSmem, else 5, else 2.
-constexpr size_t kSliceSmem = 100 * 1024;
+constexpr size_t kSliceSmem = 72 * 1024;
 int slice_cap(int64_t n_cols) {
   for (int v : {8, 5, 2}) {
     const SliceLayout lay{static_cast<int>(n_cols / 32), chunks_for(v), v};
@@ -413,6 +454,11 @@ int slice_cap(int64_t n_cols) {
 SliceLayout layout_for(int64_t n_cols, int n_vec) {
   const int sv = std::min(n_vec, slice_cap(n_cols));
   return SliceLayout{static_cast<int>(n_cols / 32), chunks_for(sv), sv};
+}
+
+// Dynamic shared memory of one block: the slice's activations, then kStages stages per warp.
+size_t dynamic_smem(const SliceLayout& lay) {
+  return (lay.slice_bytes() + 15) / 16 * 16 + static_cast<size_t>(kWarps) * kStages * sizeof(Stage);
 }
 
 int n_slices(int n_vec, const SliceLayout& lay) { return (n_vec + lay.slice_vecs - 1) / lay.slice_vecs; }
@@ -454,8 +500,8 @@ void pick_split(int64_t n_rg, int64_t n_units, GgmlType type, int* split, int* p
 
 template <GgmlType T, int C>
 Status launch(const KernelArgs& args, int slices, cudaStream_t stream) {
-  const size_t smem = args.lay.slice_bytes();
-  // Allow the largest slice any shape uses (n_cols 8192, one chunk: 136 KiB), once per instantiation.
+  const size_t smem = dynamic_smem(args.lay);
+  // Allow the largest block any shape uses (n_cols 8192, one chunk: 136 KiB + the stages), once per instantiation.
   static std::atomic<bool> attr_set{false};
   if (!attr_set.load(std::memory_order_acquire)) {
     KESTREL_CUDA_TRY(
