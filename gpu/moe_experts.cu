@@ -2,14 +2,15 @@
 //
 // Grouped expert kernel, grid (⌈rows/4⌉, max_active = min(E, n_tok·k)), 4 warps: block (x, a) takes active expert
 // a (blocks past *n_active return at once) and warp w row 4x + w of that expert's matrix (of both gate and up in
-// the gate/up pass). The warp walks the row in groups of 8 consecutive elements (lane l: groups l, l + 32, ...),
-// dequantizes each group once (scale decoded once per group, each value bit-identical to core's dequantize_row)
-// and multiplies it into the f32 accumulators of up to 8 of the expert's entries at a time (more entries: the row
-// is walked again, from L1/L2), so each expert row is read from memory once for all its tokens. A fixed butterfly
-// sums the lanes. The gate/up pass writes h[entry] = silu(gate·x) · (up·x), the down pass ye[entry] = down·h[entry].
-// The shared expert runs through the same kernel as one expert (stride 0) with every token as its entries, in one
-// extra grid-y slot of the routed launch when its type matches (else in a launch of its own).
-// Combine, grid (⌈H/256⌉, n_tok): out[t] = Σ over t's entries by ascending expert id of ye·w (from 0, as the
+// the gate/up pass). The warp walks the row in chunks of 1024 elements, each first copied raw into the warp's
+// slice of shared memory with coalesced 16-byte loads (streaming hint; as gemv.cu), then in groups of 8 consecutive
+// elements (lane l: groups l, l + 32, ...): it dequantizes each group once (scale decoded once per group, each value
+// bit-identical to core's dequantize_row) and multiplies it into the f32 accumulators of up to 8 of the expert's
+// entries at a time (more entries: the row is walked again, from L1/L2), so each expert row is read from memory once
+// for all its tokens. A fixed butterfly sums the lanes. The gate/up pass writes h[entry] = silu(gate·x) · (up·x), the
+// down pass ye[entry] = down·h[entry]. The shared expert runs through the same kernel as one expert (stride 0) with
+// every token as its entries, in one extra grid-y slot of the routed launch when its type matches (else in a launch of
+// its own). Combine, grid (⌈H/256⌉, n_tok): out[t] = Σ over t's entries by ascending expert id of ye·w (from 0, as the
 // reference), then + sigmoid(shared gate logit) · shared output.
 #include <algorithm>
 #include <cstdint>
@@ -25,8 +26,9 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kGroup = 8;      // elements a lane decodes at once (never crosses a block or a sub-block scale)
-constexpr int kEntryTile = 8;  // entries accumulated per pass over a row
+constexpr int kGroup = 8;          // elements a lane decodes at once (never crosses a block or a sub-block scale)
+constexpr int kEntryTile = 8;      // entries accumulated per pass over a row
+constexpr int kChunkElems = 1024;  // elements of a row staged in shared memory per step (a multiple of every block)
 constexpr int kCombineThreads = 256;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
@@ -107,6 +109,61 @@ __device__ __forceinline__ void load_x(const float* __restrict__ p, int n, bool 
   }
 }
 
+// Shared-memory geometry of one staged chunk of kChunkElems elements of type T.
+template <GgmlType T>
+struct ChunkShape {
+  using D = Dequant<T>;
+  static_assert(kChunkElems % D::kBlockElems == 0);
+  static constexpr int kBytes = kChunkElems / D::kBlockElems * static_cast<int>(sizeof(typename D::Block));
+  // 16-byte units that cover kBytes starting anywhere up to 14 bytes into the first unit.
+  static constexpr int kUnits = (kBytes + 14 + 15) / 16;
+  static constexpr int kUnitsPerLane = (kUnits + 31) / 32;
+};
+
+// The aligned 16-byte unit at `unit`, keeping only the bytes in [lo, hi) (both even) and zeros elsewhere, so no
+// byte outside the row is read.
+__device__ __forceinline__ uint4 load_unit(uintptr_t unit, uintptr_t lo, uintptr_t hi) {
+  if (unit >= lo && unit + 16 <= hi) return __ldcs(reinterpret_cast<const uint4*>(unit));
+  uint32_t word[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const uintptr_t at = unit + 2 * static_cast<uintptr_t>(k);
+    if (at >= lo && at < hi) {
+      const uint32_t half = __ldcs(reinterpret_cast<const unsigned short*>(at));
+      word[k / 2] |= half << (16 * (k % 2));
+    }
+  }
+  return make_uint4(word[0], word[1], word[2], word[3]);
+}
+
+// Copies the raw bytes of elements [base, base + elems) of a row (base a multiple of the block size) into the
+// warp's slice with coalesced 16-byte loads (consecutive lanes, consecutive units); returns where the chunk's
+// first block starts in the slice. Warp-synchronous.
+template <GgmlType T>
+__device__ __forceinline__ const uint8_t* stage_chunk(const uint8_t* row, int base, int elems, uint4* slice, int lane) {
+  using D = Dequant<T>;
+  using Shape = ChunkShape<T>;
+  const uintptr_t lo =
+      reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(base / D::kBlockElems) * sizeof(typename D::Block);
+  const uintptr_t hi = lo + static_cast<uintptr_t>(elems / D::kBlockElems) * sizeof(typename D::Block);
+  const uintptr_t first = lo & ~static_cast<uintptr_t>(15);
+  const int units = static_cast<int>((hi - first + 15) / 16);
+  uint4 raw[Shape::kUnitsPerLane];
+#pragma unroll
+  for (int k = 0; k < Shape::kUnitsPerLane; ++k) {
+    const int u = lane + 32 * k;
+    if (u < units) raw[k] = load_unit(first + 16 * static_cast<uintptr_t>(u), lo, hi);
+  }
+  __syncwarp();  // every lane is done reading the previous chunk from the slice
+#pragma unroll
+  for (int k = 0; k < Shape::kUnitsPerLane; ++k) {
+    const int u = lane + 32 * k;
+    if (u < units) slice[u] = raw[k];
+  }
+  __syncwarp();
+  return reinterpret_cast<const uint8_t*>(slice) + (lo - first);
+}
+
 // One pass over a set of experts: kGateUp: a = gate, b = up, x = f32 [n_tok, n_cols] indexed by entry_token,
 // out = h f32 [entries, n_rows]. !kGateUp: a = down (b unused), x = h f32 [entries, n_cols] indexed by entry,
 // out = ye f32 [entries, n_rows].
@@ -122,13 +179,21 @@ struct Job {
 // shared expert, when its types match), so both run in one launch.
 template <GgmlType T, bool kGateUp>
 __global__ void __launch_bounds__(kThreads) grouped_kernel(Job j0, Job j1, int j1_slot) {
+  using Shape = ChunkShape<T>;
+  __shared__ uint4 stage_a[kWarps][Shape::kUnits];
+  __shared__ uint4 stage_b[kWarps][kGateUp ? Shape::kUnits : 1];
   const int slot = static_cast<int>(blockIdx.y);
-  const Job& job = slot == j1_slot ? j1 : j0;
-  const Stack& a = job.a;
-  const Stack& b = job.b;
-  const Groups& gr = job.gr;
-  const float* __restrict__ x = job.x;
-  float* __restrict__ out = job.out;
+  // Field by field (a select of whole parameter structs would be copied to the stack).
+  const bool s2 = slot == j1_slot;
+  const Stack a{s2 ? j1.a.data : j0.a.data, s2 ? j1.a.expert_bytes : j0.a.expert_bytes,
+                s2 ? j1.a.row_bytes : j0.a.row_bytes, s2 ? j1.a.n_cols : j0.a.n_cols, s2 ? j1.a.n_rows : j0.a.n_rows};
+  const Stack b{s2 ? j1.b.data : j0.b.data, s2 ? j1.b.expert_bytes : j0.b.expert_bytes,
+                s2 ? j1.b.row_bytes : j0.b.row_bytes, s2 ? j1.b.n_cols : j0.b.n_cols, s2 ? j1.b.n_rows : j0.b.n_rows};
+  const Groups gr{s2 ? j1.gr.n_active : j0.gr.n_active, s2 ? j1.gr.active_expert : j0.gr.active_expert,
+                  s2 ? j1.gr.active_offset : j0.gr.active_offset, s2 ? j1.gr.entry_token : j0.gr.entry_token,
+                  s2 ? j1.gr.n_tok : j0.gr.n_tok};
+  const float* __restrict__ x = s2 ? j1.x : j0.x;
+  float* __restrict__ out = s2 ? j1.out : j0.out;
   int expert = 0;
   int first = 0;
   int last = gr.n_tok;
@@ -165,22 +230,26 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(Job j0, Job j1, int j
       acc_a[v] = 0.0f;
       acc_b[v] = 0.0f;
     }
-#pragma unroll 2
-    for (int e0 = kGroup * lane; e0 < n_cols; e0 += kGroup * 32) {
-      const int n = min(kGroup, n_cols - e0);
-      float wa[kGroup];
-      float wb[kGroup];
-      group_weights<T>(ra, e0, n, wa);
-      if constexpr (kGateUp) group_weights<T>(rb, e0, n, wb);
+    for (int base = 0; base < n_cols; base += kChunkElems) {
+      const int elems = min(kChunkElems, n_cols - base);
+      const uint8_t* ca = stage_chunk<T>(ra, base, elems, stage_a[warp], lane);
+      const uint8_t* cb = kGateUp ? stage_chunk<T>(rb, base, elems, stage_b[warp], lane) : nullptr;
+      for (int e0 = kGroup * lane; e0 < elems; e0 += kGroup * 32) {
+        const int n = min(kGroup, elems - e0);
+        float wa[kGroup];
+        float wb[kGroup];
+        group_weights<T>(ca, e0, n, wa);
+        if constexpr (kGateUp) group_weights<T>(cb, e0, n, wb);
 #pragma unroll
-      for (int v = 0; v < kEntryTile; ++v) {
-        if (v < nv) {
-          float xv[kGroup];
-          load_x(xr[v] + e0, n, x_vec4, xv);
+        for (int v = 0; v < kEntryTile; ++v) {
+          if (v < nv) {
+            float xv[kGroup];
+            load_x(xr[v] + base + e0, n, x_vec4, xv);
 #pragma unroll
-          for (int j = 0; j < kGroup; ++j) {
-            acc_a[v] = fmaf(wa[j], xv[j], acc_a[v]);  // wa[j] = xv[j] = 0 past n
-            if constexpr (kGateUp) acc_b[v] = fmaf(wb[j], xv[j], acc_b[v]);
+            for (int j = 0; j < kGroup; ++j) {
+              acc_a[v] = fmaf(wa[j], xv[j], acc_a[v]);  // wa[j] = xv[j] = 0 past n
+              if constexpr (kGateUp) acc_b[v] = fmaf(wb[j], xv[j], acc_b[v]);
+            }
           }
         }
       }
