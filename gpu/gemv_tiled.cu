@@ -506,7 +506,7 @@ Status launch(const KernelArgs& args, int slices, cudaStream_t stream) {
   if (!attr_set.load(std::memory_order_acquire)) {
     KESTREL_CUDA_TRY(
         cudaFuncSetAttribute(gemv_tiled_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(SliceLayout{static_cast<int>(kMaxCols / 32), 1, 2}.slice_bytes())));
+                             static_cast<int>(dynamic_smem(SliceLayout{static_cast<int>(kMaxCols / 32), 1, 2}))));
     attr_set.store(true, std::memory_order_release);
   }
   int blocks = 0;
