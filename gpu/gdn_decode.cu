@@ -1,15 +1,17 @@
-// gdn_decode (see gdn_decode.h): three kernels per step.
+// gdn_decode (see gdn_decode.h): two kernels per step.
 //
-//   prep   grid (Kh, n_seq), 128 threads: block (kh, n) owns the channels q_kh, k_kh and v_h of every V-head h that
-//          reads kh (the heads of each K-head partition the V-heads under both mappings), so each history column
-//          is read and rewritten by exactly one thread. Conv + SiLU, L2 norm of q/k (warp 0, lane-strided partial
-//          sums then a butterfly), scale, the gates of those V-heads; q̂, k̂, v, beta, g go to the workspace.
-//   delta  grid (⌈dv/32⌉, Vh, n_seq), 256 threads = 8 warps: lane l owns column j = 32·blockIdx.x + l, warp w owns
-//          rows [w·R, w·R + R) of S_h (R = ⌈dk/8⌉ rounded up to 4/8/16/32, a template), held in registers: one
-//          coalesced read (a warp reads 128 contiguous bytes of a row) and one write of S per step. Column sums
-//          (m = Sᵀk̂, o = Sᵀq̂) are per-warp partial sums in row order, then the 8 warps' partials added in warp
-//          order through shared memory.
-//   norm   grid (Vh, n_seq), one warp: sum of squares of o_h (lane-strided, butterfly), then the gated RMSNorm.
+//   step   grid (⌈dv/32⌉, Vh, n_seq), 256 threads = 8 warps. Block (cb, h, n) first issues the loads of its slice of
+//          S_h: lane l owns column j = 32·cb + l, warp w rows [w·R, w·R + R) (R = ⌈dk/8⌉ rounded up to 4/8/16/32, a
+//          template), held in registers, so S is read once (a warp reads 128 contiguous bytes of a row) and written
+//          once per step. While those loads are in flight it recomputes what it needs of the prologue: conv + SiLU
+//          of the q and k channels of kh (from the history, which it only reads: every block of a head of kh does
+//          the same arithmetic, so they agree bit for bit), their L2 norms (warp 0 and warp 1: lane-strided partial
+//          sums then a butterfly) and the q scale, conv + SiLU of its 32 v channels (whose history it owns and
+//          shifts), and the gates of h. Then decay, m = Sᵀk̂, δ = (v − m)·beta, S += k̂δᵀ, o = Sᵀq̂; column sums are
+//          per-warp partial sums in row order, then the 8 warps' partials in warp order through shared memory.
+//   norm   grid (Vh, n_seq), one warp: sum of squares of o_h (lane-strided, butterfly), the gated RMSNorm; and the
+//          block of the first V-head of each K-head shifts the q/k channels' history (after every reader is done:
+//          the launches are stream-ordered).
 // Element-wise arithmetic that the reference does without FMA (conv taps, delta-rule products, norms) uses
 // __fmul_rn/__fadd_rn so nvcc cannot contract it; differences from the reference are summation order and the
 // device's expf/log1pf (≤ 2 ulp), which is what the test tolerance covers.
@@ -23,7 +25,6 @@
 namespace kestrel::gpu {
 namespace {
 
-constexpr int kPrepThreads = 128;
 constexpr int kDeltaWarps = 8;
 constexpr int kDeltaThreads = 32 * kDeltaWarps;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
@@ -40,44 +41,11 @@ struct Geo {
   float q_scale;   // f32(1/sqrt(dk)) computed in double
 };
 
-// Workspace views (floats).
-struct Ws {
-  float* q;     // [n_seq][Kh][dk]
-  float* k;     // [n_seq][Kh][dk]
-  float* v;     // [n_seq][Vd]
-  float* beta;  // [n_seq][Vh]
-  float* g;     // [n_seq][Vh]
-  float* o;     // [n_seq][Vd]
-};
-
-size_t round4(size_t n) { return (n + 3) / 4 * 4; }
-
-Ws carve(const ref::GdnDims& d, int n_seq, void* base) {
-  const size_t n = static_cast<size_t>(n_seq);
-  float* p = static_cast<float*>(base);
-  Ws ws{};
-  ws.q = p;
-  p += round4(n * static_cast<size_t>(d.key_dim()));
-  ws.k = p;
-  p += round4(n * static_cast<size_t>(d.key_dim()));
-  ws.v = p;
-  p += round4(n * static_cast<size_t>(d.value_dim()));
-  ws.beta = p;
-  p += round4(n * static_cast<size_t>(d.n_v_heads));
-  ws.g = p;
-  p += round4(n * static_cast<size_t>(d.n_v_heads));
-  ws.o = p;
-  return ws;
-}
-
 __device__ __forceinline__ float sigmoid_rn(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
 __device__ __forceinline__ float silu_rn(float x) { return __fmul_rn(x, sigmoid_rn(x)); }
 __device__ __forceinline__ float softplus_rn(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// V-head number j < r of K-head kh.
-__device__ __forceinline__ int v_head_of(const Geo& g, int kh, int j) {
-  return g.tiled ? kh + j * g.n_k_heads : kh * g.r + j;
-}
+__device__ __forceinline__ int k_head_of(const Geo& g, int h) { return g.tiled ? h % g.n_k_heads : h / g.r; }
 
 // Index into one session's qkv row of the raw input of mixed_qkv channel c.
 __device__ __forceinline__ int qkv_index(const Geo& g, int c) {
@@ -92,21 +60,27 @@ __device__ __forceinline__ int qkv_index(const Geo& g, int c) {
   return (cv / rdv) * g.group + 2 * g.d_k + cv % rdv;
 }
 
-// Conv over (history, x) of channel c, SiLU; rewrites the channel's history. Taps summed in order i = 0..K−1.
-__device__ __forceinline__ float conv_channel(const Geo& g, const float* __restrict__ w, float* __restrict__ hist,
-                                              float x, int c) {
+// SiLU(conv over (history, x)) of channel c; taps summed in order i = 0..K−1. Reads the history only.
+__device__ __forceinline__ float conv_channel(const Geo& g, const float* __restrict__ w, const float* hist, float x,
+                                              int c) {
   const int nh = g.kernel - 1;
   const float* wc = w + static_cast<size_t>(c) * g.kernel;
-  float* hc = hist + static_cast<size_t>(c) * nh;
+  const float* hc = hist + static_cast<size_t>(c) * nh;
   float y = 0.0f;
   for (int i = 0; i < nh; ++i) y = __fadd_rn(y, __fmul_rn(wc[i], hc[i]));
   y = __fadd_rn(y, __fmul_rn(wc[nh], x));
-  for (int i = 0; i + 1 < nh; ++i) hc[i] = hc[i + 1];
-  if (nh > 0) hc[nh - 1] = x;
   return silu_rn(y);
 }
 
-// Σ v[i]² over i < n, by warp 0's lanes (lane-strided, index order) then a butterfly; the result in every lane.
+// Drops the oldest history column of channel c and appends x.
+__device__ __forceinline__ void shift_history(const Geo& g, float* hist, float x, int c) {
+  const int nh = g.kernel - 1;
+  float* hc = hist + static_cast<size_t>(c) * nh;
+  for (int i = 0; i + 1 < nh; ++i) hc[i] = hc[i + 1];
+  if (nh > 0) hc[nh - 1] = x;
+}
+
+// Σ v[i]² over i < n by one warp (lane-strided, index order within a lane) then a butterfly; in every lane.
 __device__ __forceinline__ float warp_sum_squares(const float* v, int n, int lane) {
   float s = 0.0f;
   for (int i = lane; i < n; i += 32) s = __fadd_rn(s, __fmul_rn(v[i], v[i]));
@@ -115,39 +89,62 @@ __device__ __forceinline__ float warp_sum_squares(const float* v, int n, int lan
   return s;
 }
 
-__global__ void __launch_bounds__(kPrepThreads)
-    gdn_prep_kernel(Geo g, GdnDecodeWeights w, GdnDecodeInputs in, const GdnSlot* __restrict__ slots, Ws ws) {
-  __shared__ float uq[kGdnMaxDk];
-  __shared__ float uk[kGdnMaxDk];
+// o: f32 [n_seq][Vd] (the workspace).
+template <int R>
+__global__ void __launch_bounds__(kDeltaThreads)
+    gdn_step_kernel(Geo g, GdnDecodeWeights w, GdnDecodeInputs in, const GdnSlot* __restrict__ slots,
+                    float* __restrict__ o_out) {
+  __shared__ float qs[kDeltaWarps * R];  // conv output of q_kh, then q̂ (zeros past dk)
+  __shared__ float ks[kDeltaWarps * R];  // conv output of k_kh, then k̂
+  __shared__ float red[kDeltaWarps][32];
+  __shared__ float vs[32];
   __shared__ float inv_norm[2];
-  const int kh = static_cast<int>(blockIdx.x);
-  const int n = static_cast<int>(blockIdx.y);
+  __shared__ float gates[2];  // beta, decay
+  const int h = static_cast<int>(blockIdx.y);
+  const int n = static_cast<int>(blockIdx.z);
   const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int kh = k_head_of(g, h);
   const GdnSlot slot = slots[n];
-  const float* row = in.qkv + static_cast<size_t>(n) * g.qkv_stride;
+  const int j = static_cast<int>(blockIdx.x) * 32 + lane;
+  const bool col_ok = j < g.d_v;
+  float* sh = slot.s + static_cast<size_t>(h) * g.d_k * g.d_v;
+  const int i0 = warp * R;
 
-  // q and k channels of kh.
-  for (int t = tid; t < 2 * g.d_k; t += kPrepThreads) {
-    const int c = t < g.d_k ? kh * g.d_k + t : g.key_dim + kh * g.d_k + (t - g.d_k);
-    const float u = conv_channel(g, w.conv1d, slot.conv, row[qkv_index(g, c)], c);
+  // S slice: loads first, so they are in flight during the prologue.
+  float s[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = i0 + r;
+    s[r] = (col_ok && i < g.d_k) ? __ldcs(sh + static_cast<size_t>(i) * g.d_v + j) : 0.0f;
+  }
+
+  // Prologue: q/k conv of kh (history read only), v conv of this block's columns (history shifted), gates of h.
+  const float* row = in.qkv + static_cast<size_t>(n) * g.qkv_stride;
+  for (int t = tid; t < kDeltaWarps * R; t += kDeltaThreads) {
+    float uq = 0.0f;
+    float uk = 0.0f;
     if (t < g.d_k) {
-      uq[t] = u;
+      const int cq = kh * g.d_k + t;
+      const int ck = g.key_dim + kh * g.d_k + t;
+      uq = conv_channel(g, w.conv1d, slot.conv, row[qkv_index(g, cq)], cq);
+      uk = conv_channel(g, w.conv1d, slot.conv, row[qkv_index(g, ck)], ck);
+    }
+    qs[t] = uq;
+    ks[t] = uk;
+  }
+  if (warp == kDeltaWarps - 1) {
+    if (col_ok) {
+      const int c = 2 * g.key_dim + h * g.d_v + j;
+      const float x = row[qkv_index(g, c)];
+      vs[lane] = conv_channel(g, w.conv1d, slot.conv, x, c);
+      shift_history(g, slot.conv, x, c);
     } else {
-      uk[t - g.d_k] = u;
+      vs[lane] = 0.0f;
     }
   }
-  // v channels of the V-heads that read kh.
-  const int n_v = g.r * g.d_v;
-  for (int t = tid; t < n_v; t += kPrepThreads) {
-    const int h = v_head_of(g, kh, t / g.d_v);
-    const int e = t % g.d_v;
-    const int c = 2 * g.key_dim + h * g.d_v + e;
-    ws.v[static_cast<size_t>(n) * g.value_dim + h * g.d_v + e] =
-        conv_channel(g, w.conv1d, slot.conv, row[qkv_index(g, c)], c);
-  }
-  // Gates of those V-heads.
-  for (int j = tid; j < g.r; j += kPrepThreads) {
-    const int h = v_head_of(g, kh, j);
+  if (tid == 32 * (kDeltaWarps - 2)) {
     float b;
     float a;
     if (g.proj == 0) {
@@ -158,58 +155,23 @@ __global__ void __launch_bounds__(kPrepThreads)
       b = ba[h % g.r];
       a = ba[g.r + h % g.r];
     }
-    ws.beta[static_cast<size_t>(n) * g.n_v_heads + h] = sigmoid_rn(b);
-    ws.g[static_cast<size_t>(n) * g.n_v_heads + h] = __fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h])));
+    gates[0] = sigmoid_rn(b);
+    gates[1] = expf(__fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h]))));
   }
   __syncthreads();
-  if (tid < 32) {
-    const float sq = warp_sum_squares(uq, g.d_k, tid);
-    const float sk = warp_sum_squares(uk, g.d_k, tid);
-    if (tid == 0) {
-      inv_norm[0] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(sq, 1e-6f)));
-      inv_norm[1] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(sk, 1e-6f)));
-    }
+  if (warp < 2) {
+    const float ss = warp_sum_squares(warp == 0 ? qs : ks, g.d_k, lane);
+    if (lane == 0) inv_norm[warp] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ss, 1e-6f)));
   }
   __syncthreads();
-  const size_t base = static_cast<size_t>(n) * g.key_dim + static_cast<size_t>(kh) * g.d_k;
-  for (int i = tid; i < g.d_k; i += kPrepThreads) {
-    ws.q[base + i] = __fmul_rn(__fmul_rn(uq[i], inv_norm[0]), g.q_scale);
-    ws.k[base + i] = __fmul_rn(uk[i], inv_norm[1]);
+  for (int t = tid; t < g.d_k; t += kDeltaThreads) {
+    qs[t] = __fmul_rn(__fmul_rn(qs[t], inv_norm[0]), g.q_scale);
+    ks[t] = __fmul_rn(ks[t], inv_norm[1]);
   }
-}
+  __syncthreads();
 
-template <int R>
-__global__ void __launch_bounds__(kDeltaThreads) gdn_delta_kernel(Geo g, const GdnSlot* __restrict__ slots, Ws ws) {
-  __shared__ float qs[kDeltaWarps * R];
-  __shared__ float ks[kDeltaWarps * R];
-  __shared__ float red[kDeltaWarps][32];
-  const int h = static_cast<int>(blockIdx.y);
-  const int n = static_cast<int>(blockIdx.z);
-  const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int kh = g.tiled ? h % g.n_k_heads : h / g.r;
-  const size_t kbase = static_cast<size_t>(n) * g.key_dim + static_cast<size_t>(kh) * g.d_k;
-  for (int i = tid; i < kDeltaWarps * R; i += kDeltaThreads) {
-    qs[i] = i < g.d_k ? ws.q[kbase + i] : 0.0f;
-    ks[i] = i < g.d_k ? ws.k[kbase + i] : 0.0f;
-  }
-  const int j = static_cast<int>(blockIdx.x) * 32 + lane;
-  const bool col_ok = j < g.d_v;
-  float* sh = slots[n].s + static_cast<size_t>(h) * g.d_k * g.d_v;
-  const int i0 = warp * R;
-
-  float s[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int i = i0 + r;
-    s[r] = (col_ok && i < g.d_k) ? __ldcs(sh + static_cast<size_t>(i) * g.d_v + j) : 0.0f;
-  }
-  const float decay = expf(ws.g[static_cast<size_t>(n) * g.n_v_heads + h]);
-  const float beta = ws.beta[static_cast<size_t>(n) * g.n_v_heads + h];
-  const float vj = col_ok ? ws.v[static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v + j] : 0.0f;
-  __syncthreads();  // qs/ks staged
-
+  const float beta = gates[0];
+  const float decay = gates[1];
   float m = 0.0f;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -221,7 +183,7 @@ __global__ void __launch_bounds__(kDeltaThreads) gdn_delta_kernel(Geo g, const G
   m = 0.0f;
 #pragma unroll
   for (int w8 = 0; w8 < kDeltaWarps; ++w8) m = __fadd_rn(m, red[w8][lane]);
-  const float delta = __fmul_rn(__fsub_rn(vj, m), beta);
+  const float delta = __fmul_rn(__fsub_rn(vs[lane], m), beta);
   __syncthreads();  // everyone has read red
 
   float o = 0.0f;
@@ -238,17 +200,18 @@ __global__ void __launch_bounds__(kDeltaThreads) gdn_delta_kernel(Geo g, const G
     o = 0.0f;
 #pragma unroll
     for (int w8 = 0; w8 < kDeltaWarps; ++w8) o = __fadd_rn(o, red[w8][lane]);
-    ws.o[static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v + j] = o;
+    o_out[static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v + j] = o;
   }
 }
 
 __global__ void __launch_bounds__(32)
-    gdn_norm_kernel(Geo g, const float* __restrict__ ssm_norm, GdnDecodeInputs in, Ws ws, float* __restrict__ out) {
+    gdn_norm_kernel(Geo g, const float* __restrict__ ssm_norm, GdnDecodeInputs in, const GdnSlot* __restrict__ slots,
+                    const float* __restrict__ o_in, float* __restrict__ out) {
   const int h = static_cast<int>(blockIdx.x);
   const int n = static_cast<int>(blockIdx.y);
   const int lane = static_cast<int>(threadIdx.x);
   const size_t off = static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v;
-  const float* o = ws.o + off;
+  const float* o = o_in + off;
   const float ss = warp_sum_squares(o, g.d_v, lane);
   const float mean = __fdiv_rn(ss, static_cast<float>(g.d_v));
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, g.eps)));
@@ -263,14 +226,28 @@ __global__ void __launch_bounds__(32)
   for (int e = lane; e < g.d_v; e += 32) {
     out[off + e] = __fmul_rn(__fmul_rn(__fmul_rn(o[e], scale), ssm_norm[e]), silu_rn(z[e]));
   }
+  // The q/k history of K-head kh, shifted once every step kernel that read it has finished.
+  const bool first_of_k_head = g.tiled ? h < g.n_k_heads : h % g.r == 0;
+  if (first_of_k_head) {
+    const int kh = k_head_of(g, h);
+    const GdnSlot slot = slots[n];
+    const float* row = in.qkv + static_cast<size_t>(n) * g.qkv_stride;
+    for (int t = lane; t < 2 * g.d_k; t += 32) {
+      const int c = t < g.d_k ? kh * g.d_k + t : g.key_dim + kh * g.d_k + (t - g.d_k);
+      shift_history(g, slot.conv, row[qkv_index(g, c)], c);
+    }
+  }
 }
 
 template <int R>
-void launch_delta(const Geo& g, const GdnSlot* slots, const Ws& ws, int n_seq, cudaStream_t stream) {
+void launch_step(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots, float* o,
+                 int n_seq, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((g.d_v + 31) / 32), static_cast<unsigned>(g.n_v_heads),
                   static_cast<unsigned>(n_seq));
-  gdn_delta_kernel<R><<<grid, kDeltaThreads, 0, stream>>>(g, slots, ws);
+  gdn_step_kernel<R><<<grid, kDeltaThreads, 0, stream>>>(g, w, in, slots, o);
 }
+
+size_t round4(size_t n) { return (n + 3) / 4 * 4; }
 
 Status invalid(const std::string& what) { return make_error(ErrorCode::kInvalidArgument, "gdn_decode: " + what); }
 
@@ -278,11 +255,7 @@ Status invalid(const std::string& what) { return make_error(ErrorCode::kInvalidA
 
 size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq) {
   if (n_seq <= 0) return 0;
-  const size_t n = static_cast<size_t>(n_seq);
-  const size_t floats = 2 * round4(n * static_cast<size_t>(dims.key_dim())) +
-                        2 * round4(n * static_cast<size_t>(dims.value_dim())) +
-                        2 * round4(n * static_cast<size_t>(dims.n_v_heads));
-  return floats * sizeof(float);
+  return round4(static_cast<size_t>(n_seq) * static_cast<size_t>(dims.value_dim())) * sizeof(float);  // o
 }
 
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
@@ -331,24 +304,21 @@ Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const
   g.tiled = dims.mapping == HeadMapping::kTiled;
   g.eps = dims.eps;
   g.q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dims.d_k)));
-  const Ws ws = carve(dims, n_seq, workspace);
+  float* o = static_cast<float*>(workspace);  // f32 [n_seq][Vd]
 
-  gdn_prep_kernel<<<dim3(static_cast<unsigned>(g.n_k_heads), static_cast<unsigned>(n_seq)), kPrepThreads, 0, stream>>>(
-      g, w, in, slots, ws);
-  KESTREL_CUDA_TRY(cudaGetLastError());
   const int rows = (g.d_k + kDeltaWarps - 1) / kDeltaWarps;
   if (rows <= 4) {
-    launch_delta<4>(g, slots, ws, n_seq, stream);
+    launch_step<4>(g, w, in, slots, o, n_seq, stream);
   } else if (rows <= 8) {
-    launch_delta<8>(g, slots, ws, n_seq, stream);
+    launch_step<8>(g, w, in, slots, o, n_seq, stream);
   } else if (rows <= 16) {
-    launch_delta<16>(g, slots, ws, n_seq, stream);
+    launch_step<16>(g, w, in, slots, o, n_seq, stream);
   } else {
-    launch_delta<32>(g, slots, ws, n_seq, stream);
+    launch_step<32>(g, w, in, slots, o, n_seq, stream);
   }
   KESTREL_CUDA_TRY(cudaGetLastError());
   gdn_norm_kernel<<<dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>(n_seq)), 32, 0, stream>>>(
-      g, w.ssm_norm, in, ws, out);
+      g, w.ssm_norm, in, slots, o, out);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }

@@ -14,9 +14,11 @@
 // State per session (the layout of ref::GdnState, so a slot filled from the reference plugs in unchanged):
 //   s    f32 [Vh][dk][dv]  S_h[i][j] at (h·dk + i)·dv + j
 //   conv f32 [C][K−1]      raw mixed_qkv history per channel, oldest first
-// Three kernels on `stream` (conv/norm/gates per (session, K-head); the delta rule per (session, V-head, 32
-// columns of dv), S read and written exactly once, held in registers; the gated norm per (session, V-head)); no
-// atomics and fixed summation orders, so repeated runs are bit-identical. docs/gpu.md ("GDN decode") has details.
+// Two kernels on `stream`: the step, one block per (session, V-head, 32 columns of dv) that recomputes the q/k
+// conv and norms of its K-head, convolves its v channels and holds its slice of S in registers (S read and written
+// exactly once); then the gated norm per (session, V-head), which also shifts the q/k history once all readers are
+// done. No atomics and fixed summation orders, so repeated runs are bit-identical. docs/gpu.md ("GDN decode") has
+// details.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -60,14 +62,14 @@ struct GdnDecodeInputs {
   const float* ba = nullptr;
 };
 
-// Bytes of device scratch gdn_decode needs for n_seq sessions (q̂, k̂, v, gates, o; no initialisation needed).
+// Bytes of device scratch gdn_decode needs for n_seq sessions (o, f32 [n_seq, Vd]; no initialisation needed).
 size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq);
 
 // dims: must validate(), with conv_kernel >= 1 and d_k <= kGdnMaxDk. slots: device array [n_seq] of GdnSlot
 // (distinct, non-overlapping states). out: device f32 [n_seq, Vd] (the gated-norm output, input of ssm_out); it
 // must not overlap the inputs. workspace: device, >= gdn_decode_workspace_bytes(dims, n_seq), 16-byte aligned.
 // n_seq >= 0 (0 launches nothing). Argument errors (kInvalidArgument naming the field) are found before anything
-// is enqueued; otherwise three kernels are enqueued on `stream` and the call returns without waiting.
+// is enqueued; otherwise two kernels are enqueued on `stream` and the call returns without waiting.
 // Thread-safe (no shared state); the caller keeps every buffer alive until the stream has run, and no other work
 // may touch the slots meanwhile.
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,

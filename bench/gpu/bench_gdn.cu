@@ -1,4 +1,4 @@
-// bench_gdn: one GDN decode step (gpu/gdn_decode: conv + norms + gates + delta rule + gated norm, three kernels)
+// bench_gdn: one GDN decode step (gpu/gdn_decode: conv + norms + gates + delta rule + gated norm, two kernels)
 // per layer at the qwen35moe-35b-a3b shape (Kh 16, Vh 32, dk = dv = 128, conv kernel 4: S is 2 MiB per session)
 // for 1, 8 and 32 sessions, as ratios to limits measured in the same run (bench/gpu/device_timing.cuh):
 //   bytes  = S read + written, conv history read + written, the projection outputs read, the output written
@@ -142,7 +142,7 @@ Status run() {
     const double gbs = static_cast<double>(bytes) / (us * 1e3);
     std::printf("%-8d %6d %12llu %9.2f %10.0f %8.1f%% %8.1f%% %9d\n", n_seq, static_cast<int>(k),
                 static_cast<unsigned long long>(bytes), us, gbs, 100.0 * gbs / lim.peak_read_gbs,
-                100.0 * gbs / lim.copy_gbs, 3);
+                100.0 * gbs / lim.copy_gbs, 2);
   }
   std::printf(
       "\n%%read = (bytes / peak read) / time; %%copy = (bytes / D2D copy rate) / time (target: >= 67%%, "
