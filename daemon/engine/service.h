@@ -6,6 +6,10 @@
 // directly. step() and generate() queue work and return at once; their callbacks run later on the engine thread and
 // MUST NOT block (push into a queue, StartWrite, write a ring slot; never wait on a client). A callback is called
 // exactly once for step(); a GenerateSink gets any number of on_chunk() calls and then exactly one on_done().
+// A request refused at admission (every check runs before anything is queued: bad input, unknown or busy session,
+// a full limit, draining) gets that callback / on_done SYNCHRONOUSLY on the calling thread, before step() or
+// generate() returns; everything later arrives on the engine thread. No Service lock is held during a callback, so
+// a callback may call the Service again (e.g. the next step()), except drain() (it would wait for its own thread).
 // Ownership: the Service borrows the Engine and Model given to create() for its lifetime; sinks are shared_ptr so
 // that a transport may drop its side while the engine still holds the sink.
 //
@@ -41,7 +45,7 @@ using Deadline = std::optional<Clock::time_point>;  // nullopt: none
 struct SamplingOverrides {
   std::optional<float> temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
   std::optional<int32_t> top_k, penalty_last_n;
-  std::optional<uint64_t> seed;
+  std::optional<uint64_t> seed;  // restarts the session's RNG stream from this seed; it continues from there
   // The session's params with the set fields applied (not validated here).
   SamplingParams apply_to(SamplingParams base) const;
 };
@@ -70,6 +74,8 @@ struct ServiceLimits {
   std::chrono::seconds default_idle_ttl{600};
   std::chrono::seconds max_idle_ttl{86400};
   SamplingParams default_sampling{};  // server-wide defaults; seed 0 here means "random per session"
+  // A session created without a seed draws a random one when this is set and default_sampling.seed is 0;
+  // otherwise it uses default_sampling.seed.
   bool random_seed_by_default = true;
 };
 

@@ -17,7 +17,7 @@ using test::ServiceFixture;
 using test::step_sync;
 using test::test_limits;
 
-// One client's script: a prompt step, a generation of 6 tokens, then another step. Returns every token it saw.
+// One client's script: a prompt step, a generation of 4 tokens, then another step. Returns every token it saw.
 std::vector<int32_t> run_client(Service& s, int i) {
   std::vector<int32_t> seen;
   SessionOptions o;
@@ -29,11 +29,11 @@ std::vector<int32_t> run_client(Service& s, int i) {
   if (!sess) return seen;
   StepRequest r;
   r.session = sess->id;
-  r.tokens = iota_tokens(10 + 3 * i, 5 + i, 11);
+  r.tokens = iota_tokens(5 + 2 * i, 5 + i, 11);
   auto a = step_sync(s, r);
   EXPECT_TRUE(a.has_value());
   seen.push_back(a ? a->token : -1);
-  GenerateRequest g = gen_request(sess->id, {a ? a->token : 1}, 6);
+  GenerateRequest g = gen_request(sess->id, {a ? a->token : 1}, 4);
   g.ignore_eos = true;
   auto sink = generate_sync(s, g);
   EXPECT_TRUE(sink->result().has_value());
@@ -51,8 +51,8 @@ std::vector<int32_t> run_client(Service& s, int i) {
 TEST(ServiceConcurrency, EightThreadsGetTheTokensTheyGetAlone) {
   constexpr int kThreads = 8;
   ServiceLimits limits = test_limits();
-  limits.max_batch_tokens = 16;  // prefills of different clients share ticks in chunks
-  auto f = ServiceFixture::make("golden-qwen3next", limits);
+  limits.max_batch_tokens = 8;  // prefills of different clients share ticks in chunks
+  auto f = ServiceFixture::make("golden-qwen35", limits);
   ASSERT_TRUE(f.service);
 
   std::vector<std::vector<int32_t>> alone(kThreads);
@@ -70,7 +70,7 @@ TEST(ServiceConcurrency, EightThreadsGetTheTokensTheyGetAlone) {
   const ServiceStats st = f.service->stats();
   EXPECT_EQ(st.sessions, 0u);
   EXPECT_EQ(st.queued_steps, 0u);
-  EXPECT_EQ(st.tokens_generated, 2u * kThreads * 6);
+  EXPECT_EQ(st.tokens_generated, 2u * kThreads * 4);
   EXPECT_LE(st.ticks - ticks_alone, ticks_alone) << "concurrent clients share ticks";
 }
 

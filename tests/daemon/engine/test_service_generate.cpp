@@ -250,16 +250,20 @@ TEST(ServiceGenerate, Deadlines) {
 
   GenerateRequest req = gen_request(sess->id, iota_tokens(3), 100000);
   req.ignore_eos = true;
-  req.deadline = Clock::now() + std::chrono::milliseconds(150);
+  req.deadline = Clock::now() + std::chrono::milliseconds(200);
   auto sink = generate_sync(*f.service, req);
   ASSERT_FALSE(sink->result());
   EXPECT_EQ(sink->result().error().code, ErrorCode::kDeadlineExceeded);
-  // The session keeps the tokens consumed before the deadline (prompt and generated ones).
+  // The session keeps the tokens consumed before the deadline: the prompt (unless the deadline came first) and
+  // every generated token (the last one pending).
   const int64_t generated = static_cast<int64_t>(sink->tokens().size());
-  EXPECT_GT(generated, 0);
   auto next = step_tokens(*f.service, sess->id, {2});
   ASSERT_TRUE(next);
-  EXPECT_EQ(next->n_past, 3 + generated + 1);
+  if (generated > 0) {
+    EXPECT_EQ(next->n_past, 3 + generated + 1);
+  } else {
+    EXPECT_TRUE(next->n_past == 1 || next->n_past == 4) << next->n_past;
+  }
 }
 
 TEST(ServiceGenerate, CloseSessionAbortsItsGeneration) {

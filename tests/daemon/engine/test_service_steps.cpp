@@ -41,10 +41,10 @@ class ServiceStepTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ServiceStepTest, GreedyAndSeededStepsEqualDirectReference) {
   ServiceLimits limits = test_limits();
-  limits.max_batch_tokens = 7;  // the 30-token prompt runs as several prefill chunks
+  limits.max_batch_tokens = 7;  // the 20-token prompt runs as several prefill chunks
   auto f = ServiceFixture::make(GetParam(), limits);
   ASSERT_TRUE(f.service);
-  const std::vector<std::vector<int32_t>> steps = {iota_tokens(30), {5}, {77, 78}, {900}};
+  const std::vector<std::vector<int32_t>> steps = {iota_tokens(20), {5}, {77, 78}, {900}};
 
   for (const bool seeded : {false, true}) {
     SamplingParams params = limits.default_sampling;
@@ -74,8 +74,8 @@ TEST_P(ServiceStepTest, GreedyAndSeededStepsEqualDirectReference) {
   const ServiceStats st = f.service->stats();
   EXPECT_TRUE(st.serving);
   EXPECT_EQ(st.sessions, 0u);
-  EXPECT_EQ(st.tokens_processed, 2u * (30 + 1 + 2 + 1));
-  EXPECT_GE(st.ticks, 2u * (5 + 3));  // ceil(30 / 7) prefill ticks + 3 single ticks per pass
+  EXPECT_EQ(st.tokens_processed, 2u * (20 + 1 + 2 + 1));
+  EXPECT_GE(st.ticks, 2u * (3 + 3));  // ceil(20 / 7) prefill ticks + 3 single ticks per pass
 }
 
 TEST_P(ServiceStepTest, OverridesApplyToOneRequestAndLogprobsMatch) {
