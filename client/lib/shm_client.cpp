@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "client/lib/transports.h"
@@ -265,7 +266,7 @@ class ShmClient final : public Client {
   }
 
   // Marks the connection dead and fails every pending call with `error`.
-  void fail_all(Error error) {
+  void fail_all(const Error& error) {
     std::map<uint64_t, std::shared_ptr<PendingCall>> calls;
     {
       std::lock_guard<std::mutex> lock(calls_mu_);
@@ -379,7 +380,8 @@ Expected<std::unique_ptr<Client>> make_shm_client(const std::string& control_soc
   }
   void* p = mmap(nullptr, shm::kSegmentSize, PROT_READ | PROT_WRITE, MAP_SHARED, segment_fd, 0);
   if (p == MAP_FAILED)
-    return fail(call_error(kUnavailable, std::string("cannot map the shm segment: ") + strerror(errno)));
+    return fail(call_error(kUnavailable,
+                           "cannot map the shm segment: " + std::error_code(errno, std::system_category()).message()));
   close(segment_fd);
   segment_fd = -1;
   const shm::SegmentView view{static_cast<uint8_t*>(p)};
