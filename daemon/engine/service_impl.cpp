@@ -145,7 +145,7 @@ Expected<std::shared_ptr<Session>> ServiceImpl::new_session(int32_t n_ctx, const
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (draining_) return make_error(ErrorCode::kUnavailable, "kestreld is draining (shutting down): no new sessions");
-    if (table_.size() + reserved_ >= limits_.max_sessions) {
+    if (slots_held_ + reserved_ >= limits_.max_sessions) {
       return make_error(
           ErrorCode::kResourceExhausted,
           "all " + str(limits_.max_sessions) + " sessions are in use (max_sessions); close one or raise the limit");
@@ -163,6 +163,7 @@ Expected<std::shared_ptr<Session>> ServiceImpl::new_session(int32_t n_ctx, const
   --reserved_;
   if (!sampler) return std::move(sampler).error();
   if (!slot) return std::move(slot).error();
+  ++slots_held_;
   auto s = std::make_shared<Session>(std::move(*sampler));
   s->slot = *slot;
   s->n_ctx = n_ctx;
@@ -193,7 +194,7 @@ Expected<SessionInfo> ServiceImpl::clone_session(SessionId id, uint64_t owner) {
     return make_error(ErrorCode::kFailedPrecondition,
                       "session " + std::to_string(id) + " is busy with a request; clone it when the request is done");
   }
-  if (table_.size() + reserved_ >= limits_.max_sessions) {
+  if (slots_held_ + reserved_ >= limits_.max_sessions) {
     return make_error(
         ErrorCode::kResourceExhausted,
         "all " + str(limits_.max_sessions) + " sessions are in use (max_sessions); close one or raise the limit");
@@ -207,6 +208,7 @@ Expected<SessionInfo> ServiceImpl::clone_session(SessionId id, uint64_t owner) {
       return st.error();
     }
   }
+  ++slots_held_;
   dst->n_ctx = src->n_ctx;
   dst->n_fed = src->n_fed;
   dst->pending = src->pending;
@@ -255,8 +257,12 @@ Status ServiceImpl::close_locked(SessionId id, std::vector<SlotId>* slots_to_fre
 
 void ServiceImpl::free_slots(const std::vector<SlotId>& slots) {
   if (slots.empty()) return;
-  std::lock_guard<std::mutex> lk(engine_mu_);
-  for (SlotId slot : slots) engine_.slot_free(slot);
+  {
+    std::lock_guard<std::mutex> lk(engine_mu_);
+    for (SlotId slot : slots) engine_.slot_free(slot);
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  slots_held_ -= static_cast<uint32_t>(slots.size());
 }
 
 Status ServiceImpl::close_session(SessionId id) {

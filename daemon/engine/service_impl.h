@@ -93,6 +93,10 @@ class ServiceImpl final : public Service {
   std::deque<std::shared_ptr<Request>> incoming_;
   uint32_t queued_ = 0;    // admitted requests not yet finished
   uint32_t reserved_ = 0;  // sessions being created (counted against max_sessions)
+  // Engine slots allocated and not yet freed: a closed session holds its slot a little longer than its table entry
+  // (until its request ends, or until the closer frees it), so admission counts slots rather than table entries;
+  // with Engine::max_slots() >= max_sessions the engine then never runs out of slots.
+  uint32_t slots_held_ = 0;
   bool draining_ = false;
   bool stop_ = false;
 
