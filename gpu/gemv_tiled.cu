@@ -3,7 +3,7 @@
 // Work split: a row group (16 rows) is streamed by S warps (S in {1, 2, 4, 8}; each takes a contiguous range of its
 // units of 64 columns) or, for matrices with many row groups, by one warp that then moves on to the row group
 // gridDim.x·8 further (S = 1, persistent). A warp streams its units in batches of kBatch: the weight words and scales
-// of the next kStages - 1 batches are copied into shared memory (cp.async) while the current batch is multiplied,
+// of the next STAGES - 1 batches are copied into shared memory (cp.async) while the current batch is multiplied,
 // so loads stay in flight while the tensor cores work. grid.y walks slices of activation vectors (8, 5 or 2 per slice,
 // by row length, so that a slice's prepared activations fit in shared memory); a slice of nv vectors uses 3·nv MMA
 // columns (hi, mid, lo parts of each vector), i.e. C = ceil(3·nv / 8) column chunks of 8.
@@ -26,7 +26,8 @@
 // (17.6% of the size-matched read); v3.1 prepared x once but loaded scales and B fragments only after the weights
 // arrived, a second and third round trip (50.2%); v3.2 prefetched scales with the weights into registers, double-
 // buffered, persistent warps (49.7%; lm_head 43% → 53%: too few bytes in flight, 2 KiB per warp); v3.3 (this) streams
-// weights and scales through kStages shared-memory stages per warp with cp.async (no registers held by loads).
+// weights and scales through shared-memory stages per warp with cp.async (no registers held by loads), one block of
+// 16 warps per SM so the activations are staged once per SM and 5 stages fit (4 batches, 8 KiB, in flight per warp).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -46,7 +47,7 @@ namespace {
 
 constexpr int kTileRows = 16;
 constexpr int kUnitElems = 64;
-constexpr int kWarps = 8;
+constexpr int kWarps = 16;  // one block of 512 threads per SM: the activations are staged once per SM
 constexpr int kThreads = 32 * kWarps;
 constexpr int kBatch = 4;  // units per prefetch batch (one Q4_K super-block)
 constexpr int kMaxVectors = 32;
@@ -175,7 +176,6 @@ struct Stage {
   } m;
 };
 static_assert(sizeof(Stage) == kBatch * 512 + 256, "a stage is one batch of weights plus 256 bytes of scales");
-constexpr int kStages = 3;  // batches per warp: kStages - 1 in flight ahead of the one being multiplied
 
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
   const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -332,10 +332,11 @@ __device__ __forceinline__ Cursor advance(Cursor c, int range_begin, int range_e
   return c;
 }
 
-template <GgmlType T, int C>
-__global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
+// STAGES: batches per warp, STAGES - 1 of them in flight ahead of the one being multiplied (5, 3 or 2: as many as
+// shared memory holds beside the activations).
+template <GgmlType T, int C, int STAGES>
+__global__ void __launch_bounds__(kThreads, 1) gemv_tiled_kernel(KernelArgs a) {
   extern __shared__ uint4 smem[];
-  __shared__ float red[kWarps][C][32][4];
   __shared__ float tot[kWarps][kTileRows][C * 8];
   const int slice = blockIdx.y;
   const int vec0 = slice * a.lay.slice_vecs;
@@ -345,11 +346,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
   const int g = lane / 4;
   const int t = lane % 4;
 
-  // Dynamic shared memory: [slice activations][kWarps][kStages] stages.
+  // Dynamic shared memory: [slice activations][kWarps][STAGES] stages.
   const uint4* xf_s = smem;
   const float* xs_s = reinterpret_cast<const float*>(smem + a.lay.xf_words());
   const size_t act_words = (a.lay.slice_bytes() + 15) / 16;
-  Stage* stages = reinterpret_cast<Stage*>(smem + act_words) + warp * kStages;
+  Stage* stages = reinterpret_cast<Stage*>(smem + act_words) + warp * STAGES;
 
   // The slice's activations (one cp.async group, the oldest of every thread).
   const uint8_t* src = a.xprep + static_cast<size_t>(slice) * a.lay.slice_bytes();
@@ -367,16 +368,16 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
   Cursor issue{rg_first, range_begin, rg_first < a.n_rg && range_begin < range_end};
   Cursor comp = issue;
 
-  // Prologue: kStages - 1 batches in flight (one group each, empty groups past the end keep the count).
+  // Prologue: STAGES - 1 batches in flight (one group each, empty groups past the end keep the count).
 #pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) {
+  for (int k = 0; k < STAGES - 1; ++k) {
     if (issue.valid) {
       issue_batch<T>(a, issue.rg, issue.u, min(kBatch, range_end - issue.u), lane, stages[k]);
       issue = advance(issue, range_begin, range_end, rg_stride, a.n_rg, persistent);
     }
     cp_async_commit();
   }
-  cp_async_wait<kStages - 1>();  // the activations (issued before the stages) have landed for this thread
+  cp_async_wait<STAGES - 1>();  // the activations (issued before the stages) have landed for this thread
   __syncthreads();
 
   float acc[C][4];
@@ -385,13 +386,13 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
 
   int k = 0;
   while (comp.valid) {
-    cp_async_wait<kStages - 2>();  // batch k has landed (for this lane)
-    __syncwarp();                  // ... and for every lane of the warp
+    cp_async_wait<STAGES - 2>();  // batch k has landed (for this lane)
+    __syncwarp();                 // ... and for every lane of the warp
     const int cnt = min(kBatch, range_end - comp.u);
-    compute_batch<T, C>(stages[k % kStages], comp.u, cnt, lane, xf_s, xs_s, acc);
-    __syncwarp();  // every lane is done with stage k % kStages before it is refilled
+    compute_batch<T, C>(stages[k % STAGES], comp.u, cnt, lane, xf_s, xs_s, acc);
+    __syncwarp();  // every lane is done with stage k % kStages before it is refilled (k % STAGES)
     if (issue.valid) {
-      issue_batch<T>(a, issue.rg, issue.u, min(kBatch, range_end - issue.u), lane, stages[(k + kStages - 1) % kStages]);
+      issue_batch<T>(a, issue.rg, issue.u, min(kBatch, range_end - issue.u), lane, stages[(k + STAGES - 1) % STAGES]);
       issue = advance(issue, range_begin, range_end, rg_stride, a.n_rg, persistent);
     }
     cp_async_commit();
@@ -415,7 +416,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tiled_kernel(KernelArgs a) {
   cp_async_wait<0>();
   if (persistent) return;
 
-    // Split row groups: sum the S partial tiles in warp order.
+  // Split row groups: sum the S partial tiles in warp order, through the (now idle) stage memory.
+  __syncthreads();
+  auto* red = reinterpret_cast<float(*)[C][32][4]>(smem + act_words);  // [kWarps][C][32][4]
 #pragma unroll
   for (int c = 0; c < C; ++c) {
 #pragma unroll
@@ -456,9 +459,19 @@ SliceLayout layout_for(int64_t n_cols, int n_vec) {
   return SliceLayout{static_cast<int>(n_cols / 32), chunks_for(sv), sv};
 }
 
-// Dynamic shared memory of one block: the slice's activations, then kStages stages per warp.
-size_t dynamic_smem(const SliceLayout& lay) {
-  return (lay.slice_bytes() + 15) / 16 * 16 + static_cast<size_t>(kWarps) * kStages * sizeof(Stage);
+// Dynamic shared memory of one block: the slice's activations, then `stages` stages per warp.
+size_t dynamic_smem(const SliceLayout& lay, int stages) {
+  return (lay.slice_bytes() + 15) / 16 * 16 + static_cast<size_t>(kWarps) * stages * sizeof(Stage);
+}
+
+// The most stages (5, 3 or 2) that fit in one block's shared memory beside the activations and the static tiles.
+constexpr size_t kBlockSmem = 227 * 1024;
+int stages_for(const SliceLayout& lay) {
+  const size_t fixed = static_cast<size_t>(kWarps) * kTileRows * lay.c * 8 * sizeof(float);
+  for (int st : {5, 3}) {
+    if (dynamic_smem(lay, st) + fixed <= kBlockSmem) return st;
+  }
+  return 2;
 }
 
 int n_slices(int n_vec, const SliceLayout& lay) { return (n_vec + lay.slice_vecs - 1) / lay.slice_vecs; }
@@ -483,7 +496,7 @@ DeviceFacts device_facts() {
 // Persistent warps when there are many row groups; otherwise S warps per row group so that short matrices still
 // spread over the SMs, with S chosen from the shape only (never from n_vec).
 void pick_split(int64_t n_rg, int64_t n_units, GgmlType type, int* split, int* per) {
-  const int64_t target = static_cast<int64_t>(device_facts().sms) * 16;  // warps: 2 blocks of 8 per SM
+  const int64_t target = static_cast<int64_t>(device_facts().sms) * kWarps;  // one block of 16 warps per SM
   if (n_rg >= target) {
     *split = 1;
     *per = static_cast<int>(n_units);
@@ -498,36 +511,44 @@ void pick_split(int64_t n_rg, int64_t n_units, GgmlType type, int* split, int* p
   *per = p;
 }
 
-template <GgmlType T, int C>
+template <GgmlType T, int C, int STAGES>
 Status launch(const KernelArgs& args, int slices, cudaStream_t stream) {
-  const size_t smem = dynamic_smem(args.lay);
-  // Allow the largest block any shape uses (n_cols 8192, one chunk: 136 KiB + the stages), once per instantiation.
+  const size_t smem = dynamic_smem(args.lay, STAGES);
+  // Allow the whole opt-in shared memory once per instantiation (each launch asks only for what it uses).
   static std::atomic<bool> attr_set{false};
   if (!attr_set.load(std::memory_order_acquire)) {
+    const int most = static_cast<int>(kBlockSmem - sizeof(float) * kWarps * kTileRows * C * 8);
     KESTREL_CUDA_TRY(
-        cudaFuncSetAttribute(gemv_tiled_kernel<T, C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(dynamic_smem(SliceLayout{static_cast<int>(kMaxCols / 32), 1, 2}))));
+        cudaFuncSetAttribute(gemv_tiled_kernel<T, C, STAGES>, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
     attr_set.store(true, std::memory_order_release);
   }
   int blocks = 0;
   if (args.split == 1) {
-    blocks = std::min(args.n_rg / kWarps + 1, device_facts().sms * 2);
+    blocks = std::min(args.n_rg / kWarps + 1, device_facts().sms);
   } else {
     const int rg_per_block = kWarps / args.split;
     blocks = (args.n_rg + rg_per_block - 1) / rg_per_block;
   }
-  gemv_tiled_kernel<T, C>
+  gemv_tiled_kernel<T, C, STAGES>
       <<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(slices)), kThreads, smem, stream>>>(args);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
 
+template <GgmlType T, int C>
+Status launch_stages(const KernelArgs& args, int slices, cudaStream_t stream) {
+  const int st = stages_for(args.lay);
+  if (st == 5) return launch<T, C, 5>(args, slices, stream);
+  if (st == 3) return launch<T, C, 3>(args, slices, stream);
+  return launch<T, C, 2>(args, slices, stream);
+}
+
 template <GgmlType T>
 Status launch_type(const KernelArgs& args, cudaStream_t stream) {
   const int slices = n_slices(args.n_vec, args.lay);
-  if (args.lay.c == 1) return launch<T, 1>(args, slices, stream);
-  if (args.lay.c == 2) return launch<T, 2>(args, slices, stream);
-  return launch<T, 3>(args, slices, stream);
+  if (args.lay.c == 1) return launch_stages<T, 1>(args, slices, stream);
+  if (args.lay.c == 2) return launch_stages<T, 2>(args, slices, stream);
+  return launch_stages<T, 3>(args, slices, stream);
 }
 
 bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) % a) == 0; }
