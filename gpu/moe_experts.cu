@@ -11,7 +11,7 @@
 // down pass ye[entry] = down·h[entry]. The shared expert runs through the same kernel as one expert (stride 0) with
 // every token as its entries, in one extra grid-y slot of the routed launch when its type matches (else in a launch of
 // its own). Combine, grid (⌈H/256⌉, n_tok): out[t] = Σ over t's entries by ascending expert id of ye·w (from 0, as the
-// reference), then + sigmoid(shared gate logit) · shared output.
+// reference), then + sigmoid(shared gate logit, computed in each block) · shared output.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -272,23 +272,43 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(Job j0, Job j1, int j
   }
 }
 
-// out[t] = Σ_j ye[token_entry[t][j]] · entry_weight[...] (+ sigmoid(sgate[t]) · sh[t]).
+// out[t] = Σ_j ye[token_entry[t][j]] · entry_weight[...], plus with kShared sigmoid(gate_inp · x[t]) · sh[t]; the
+// shared gate logit (a dot product of H elements of type T) is computed by each block: 256 lane-strided partial
+// sums, a butterfly per warp, then the 8 warp sums in order.
+template <GgmlType T, bool kShared>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const float* __restrict__ ye, const int32_t* __restrict__ token_entry,
                    const float* __restrict__ entry_weight, int k, const float* __restrict__ sh,
-                   const float* __restrict__ sgate, int h, float* __restrict__ out) {
+                   const uint8_t* __restrict__ gate_inp, const float* __restrict__ x, int h, float* __restrict__ out) {
   const int t = static_cast<int>(blockIdx.y);
-  const int c = static_cast<int>(blockIdx.x) * kCombineThreads + static_cast<int>(threadIdx.x);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int c = static_cast<int>(blockIdx.x) * kCombineThreads + tid;
+  float s = 0.0f;
+  if constexpr (kShared) {
+    using D = Dequant<T>;
+    __shared__ float warp_sums[kCombineThreads / 32];
+    const auto* blocks = reinterpret_cast<const typename D::Block*>(gate_inp);
+    const float* xt = x + static_cast<int64_t>(t) * h;
+    float acc = 0.0f;
+    for (int i = tid; i < h; i += kCombineThreads) {
+      acc = fmaf(D::elem(blocks + i / D::kBlockElems, i % D::kBlockElems), xt[i], acc);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(kFullMask, acc, off);
+    if (tid % 32 == 0) warp_sums[tid / 32] = acc;
+    __syncthreads();
+    float logit = 0.0f;
+#pragma unroll
+    for (int w8 = 0; w8 < kCombineThreads / 32; ++w8) logit += warp_sums[w8];
+    s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logit)));
+  }
   if (c >= h) return;
   float y = 0.0f;
   for (int j = 0; j < k; ++j) {
     const int entry = token_entry[t * k + j];
     y = __fadd_rn(y, __fmul_rn(ye[static_cast<int64_t>(entry) * h + c], entry_weight[entry]));
   }
-  if (sh != nullptr) {
-    const float s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-sgate[t])));
-    y = __fadd_rn(y, __fmul_rn(s, sh[static_cast<int64_t>(t) * h + c]));
-  }
+  if constexpr (kShared) y = __fadd_rn(y, __fmul_rn(s, sh[static_cast<int64_t>(t) * h + c]));
   out[static_cast<int64_t>(t) * h + c] = y;
 }
 
@@ -340,7 +360,6 @@ struct Layout {
   float* ye;      // f32 [n_tok·k, H]
   float* sh_h;    // f32 [n_tok, I_s]
   float* sh_y;    // f32 [n_tok, H]
-  float* sgate;   // f32 [n_tok]
   size_t bytes;
 };
 
@@ -363,7 +382,6 @@ Layout layout_of(const MoeDeviceWeights& w, int n_tok, void* base) {
   l.ye = reinterpret_cast<float*>(take(T * k * H * 4));
   l.sh_h = reinterpret_cast<float*>(take(T * Is * 4));
   l.sh_y = reinterpret_cast<float*>(take(T * H * 4));
-  l.sgate = reinterpret_cast<float*>(take(T * 4));
   l.bytes = at;
   return l;
 }
@@ -498,12 +516,24 @@ Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* 
       KESTREL_TRY(launch_grouped(w.down_shexp.type, false, shared_down, 1, nullptr, stream));
       launches += 2;
     }
-    KESTREL_TRY(gemv(w.shared_gate_inp, x, n_tok, l.sgate, stream));
-    launches += 1;
   }
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
-  combine_kernel<<<grid, kCombineThreads, 0, stream>>>(l.ye, r.token_entry, r.entry_weight, k,
-                                                       w.has_shared_expert() ? l.sh_y : nullptr, l.sgate, H, out);
+  if (w.has_shared_expert()) {
+    const auto* gate_inp = static_cast<const uint8_t*>(w.shared_gate_inp.data);
+    const bool launched = dispatch_dequant_type(
+        w.shared_gate_inp.type,
+        [&](auto tag) {
+          constexpr GgmlType T = decltype(tag)::value;
+          combine_kernel<T, true><<<grid, kCombineThreads, 0, stream>>>(l.ye, r.token_entry, r.entry_weight, k, l.sh_y,
+                                                                        gate_inp, x, H, out);
+          return true;
+        },
+        false);
+    if (!launched) return make_error(ErrorCode::kUnsupported, "moe: ffn_gate_inp_shexp type");
+  } else {
+    combine_kernel<GgmlType::kF32, false>
+        <<<grid, kCombineThreads, 0, stream>>>(l.ye, r.token_entry, r.entry_weight, k, nullptr, nullptr, x, H, out);
+  }
   KESTREL_CUDA_TRY(cudaGetLastError());
   ++launches;
   if (info != nullptr) {

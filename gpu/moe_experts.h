@@ -7,9 +7,9 @@
 // handles (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32), each element dequantized exactly as core does.
 // Launches (on one stream, none waiting for the host): router gemv, moe_route, gate+up over (row tile, active
 // expert) with the expert's token list, down likewise, the shared expert riding along in those two launches as one
-// more "expert" with every token (its own launches when its types differ from the routed experts'), the shared
-// gate logit (gemv), and a combine kernel: 6 launches whatever n_tok (8 with mixed types). Fixed summation orders
-// and no atomics: repeated runs are bit-identical.
+// more "expert" with every token (its own launches when its types differ from the routed experts'), and a combine
+// kernel that also computes the shared gate logit: 5 launches whatever n_tok (7 with mixed types). Fixed
+// summation orders and no atomics: repeated runs are bit-identical.
 #pragma once
 
 #include <cuda_runtime.h>
