@@ -128,12 +128,14 @@ def main():
         check(got_first.wait(30), "the long stream started")
         t0 = time.monotonic()
         daemon.send_signal(signal.SIGTERM)
-        drain_seen = set()
+        drain_seen = []  # distinct consecutive statuses (SERVING until the daemon has handled the signal)
         while daemon.poll() is None and time.monotonic() - t0 < 10:
             try:
-                drain_seen.add(client.health())
+                status = client.health()
             except grpc.RpcError as e:
-                drain_seen.add(e.code().name)
+                status = e.code().name
+            if not drain_seen or drain_seen[-1] != status:
+                drain_seen.append(status)
             time.sleep(0.02)
         t.join(15)
         try:
@@ -141,8 +143,9 @@ def main():
         except subprocess.TimeoutExpired:
             rc = None
         elapsed = time.monotonic() - t0
-        print("health seen while draining:", sorted(drain_seen))
-        check("NOT_SERVING" in drain_seen and "SERVING" not in drain_seen, "health is NOT_SERVING while draining")
+        print("health seen while draining:", " -> ".join(drain_seen))
+        after = drain_seen[drain_seen.index("NOT_SERVING"):] if "NOT_SERVING" in drain_seen else []
+        check(bool(after) and "SERVING" not in after, "health turns NOT_SERVING while draining, and stays so")
         check(result.get("finish") == stubs[0].FINISH_REASON_ABORTED,
               f"the in-flight stream ends with FINISH_REASON_ABORTED ({result})")
         check(rc == 0, f"kestreld exits 0 after SIGTERM (status {rc}, {elapsed:.2f} s)")
