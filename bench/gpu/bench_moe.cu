@@ -43,7 +43,9 @@ constexpr int kXSets = 16;
 // Fills dst (bytes, device) with random bytes and then sets every block's f16 scale(s) to small values, on the
 // host in chunks (quant types); plain F32 is filled with small normal values.
 Status fill_weight(GgmlType t, unsigned char* dst, uint64_t bytes, uint64_t seed) {
-  std::vector<unsigned char> host(std::min<uint64_t>(bytes, 64ull << 20));
+  const size_t block_bytes = ggml_type_traits(t).block_bytes;
+  // Chunks of whole blocks, so every chunk starts at a block boundary.
+  std::vector<unsigned char> host(std::min<uint64_t>(bytes, (64ull << 20) / block_bytes * block_bytes));
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
   auto next = [&s]() {
     s ^= s << 13;
@@ -51,7 +53,6 @@ Status fill_weight(GgmlType t, unsigned char* dst, uint64_t bytes, uint64_t seed
     s ^= s << 17;
     return s;
   };
-  const size_t block_bytes = ggml_type_traits(t).block_bytes;
   std::vector<size_t> offs;
   if (t == GgmlType::kQ4_0 || t == GgmlType::kQ8_0) offs = {0};
   if (t == GgmlType::kQ4_K || t == GgmlType::kQ5_K) offs = {0, 2};
