@@ -170,7 +170,10 @@ TEST_P(ServiceStepTest, ModelInfoAndTokenizer) {
   EXPECT_EQ(info.model_path, test::fixture_model_path(GetParam()));
   EXPECT_EQ(info.file_bytes, f.model->file().file_size());
   EXPECT_EQ(info.placement.size(), 6u);
-  EXPECT_FALSE(info.eos_token_ids.empty());
+  // The GGUF eos id (<|im_end|> in these vocabularies) and <|endoftext|>.
+  const Tokenizer& tok = f.model->tokenizer();
+  EXPECT_EQ(info.eos_token_ids, (std::vector<int32_t>{tok.vocab().eos_id, tok.find_token("<|endoftext|>")}));
+  EXPECT_EQ(tok.vocab().eos_id, tok.find_token("<|im_end|>"));
   EXPECT_LE(info.max_session_ctx, 512);
   auto toks = f.service->tokenize("hello world", false);
   ASSERT_TRUE(toks);
