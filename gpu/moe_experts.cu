@@ -2,16 +2,16 @@
 //
 // Grouped expert kernel, grid (⌈rows/4⌉, max_active = min(E, n_tok·k)), 4 warps: block (x, a) takes active expert
 // a (blocks past *n_active return at once) and warp w row 4x + w of that expert's matrix (of both gate and up in
-// the gate/up pass). The warp walks the row in chunks of 1024 elements, each first copied raw into the warp's
-// slice of shared memory with coalesced 16-byte loads (streaming hint; as gemv.cu), then in groups of 8 consecutive
-// elements (lane l: groups l, l + 32, ...): it dequantizes each group once (scale decoded once per group, each value
-// bit-identical to core's dequantize_row) and multiplies it into the f32 accumulators of up to 8 of the expert's
-// entries at a time (more entries: the row is walked again, from L1/L2), so each expert row is read from memory once
-// for all its tokens. A fixed butterfly sums the lanes. The gate/up pass writes h[entry] = silu(gate·x) · (up·x), the
-// down pass ye[entry] = down·h[entry]. The shared expert runs through the same kernel as one expert (stride 0) with
-// every token as its entries, in one extra grid-y slot of the routed launch when its type matches (else in a launch of
-// its own). Combine, grid (⌈H/256⌉, n_tok): out[t] = Σ over t's entries by ascending expert id of ye·w (from 0, as the
-// reference), then + sigmoid(shared gate logit, computed in each block) · shared output.
+// the gate/up pass). The warp walks the row in chunks (2048 elements, 2 KiB of plain types), each first copied raw into
+// the warp's slice of shared memory with coalesced 16-byte loads (streaming hint; as gemv.cu), then in groups of 8
+// consecutive elements (lane l: groups l, l + 32, ...): it dequantizes each group once (scale decoded once per group,
+// each value bit-identical to core's dequantize_row) and multiplies it into the f32 accumulators of up to 8 of the
+// expert's entries at a time (more entries: the row is walked again, from L1/L2), so each expert row is read from
+// memory once for all its tokens. A fixed butterfly sums the lanes. The gate/up pass writes h[entry] = silu(gate·x) ·
+// (up·x), the down pass ye[entry] = down·h[entry]. The shared expert runs through the same kernel as one expert (stride
+// 0) with every token as its entries, in one extra grid-y slot of the routed launch when its type matches (else in a
+// launch of its own). Combine, grid (⌈H/256⌉, n_tok): out[t] = Σ over t's entries by ascending expert id of ye·w (from
+// 0, as the reference), then + sigmoid(shared gate logit, computed in each block) · shared output.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -26,9 +26,8 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kGroup = 8;          // elements a lane decodes at once (never crosses a block or a sub-block scale)
-constexpr int kEntryTile = 8;      // entries accumulated per pass over a row
-constexpr int kChunkElems = 1024;  // elements of a row staged in shared memory per step (a multiple of every block)
+constexpr int kGroup = 8;      // elements a lane decodes at once (never crosses a block or a sub-block scale)
+constexpr int kEntryTile = 8;  // entries accumulated per pass over a row
 constexpr int kCombineThreads = 256;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
@@ -109,12 +108,14 @@ __device__ __forceinline__ void load_x(const float* __restrict__ p, int n, bool 
   }
 }
 
-// Shared-memory geometry of one staged chunk of kChunkElems elements of type T.
+// Shared-memory geometry of one staged chunk of type T: 2048 elements of the block types (a whole row of the 35B-A3B
+// gate/up experts in one step, at most 2176 bytes), 2 KiB of the plain types.
 template <GgmlType T>
 struct ChunkShape {
   using D = Dequant<T>;
-  static_assert(kChunkElems % D::kBlockElems == 0);
-  static constexpr int kBytes = kChunkElems / D::kBlockElems * static_cast<int>(sizeof(typename D::Block));
+  static constexpr int kElems = D::kBlockElems == 1 ? 2048 / static_cast<int>(sizeof(typename D::Block)) : 2048;
+  static_assert(kElems % D::kBlockElems == 0 && kElems % 256 == 0);
+  static constexpr int kBytes = kElems / D::kBlockElems * static_cast<int>(sizeof(typename D::Block));
   // 16-byte units that cover kBytes starting anywhere up to 14 bytes into the first unit.
   static constexpr int kUnits = (kBytes + 14 + 15) / 16;
   static constexpr int kUnitsPerLane = (kUnits + 31) / 32;
@@ -230,8 +231,8 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(Job j0, Job j1, int j
       acc_a[v] = 0.0f;
       acc_b[v] = 0.0f;
     }
-    for (int base = 0; base < n_cols; base += kChunkElems) {
-      const int elems = min(kChunkElems, n_cols - base);
+    for (int base = 0; base < n_cols; base += Shape::kElems) {
+      const int elems = min(Shape::kElems, n_cols - base);
       const uint8_t* ca = stage_chunk<T>(ra, base, elems, stage_a[warp], lane);
       const uint8_t* cb = kGateUp ? stage_chunk<T>(rb, base, elems, stage_b[warp], lane) : nullptr;
       for (int e0 = kGroup * lane; e0 < elems; e0 += kGroup * 32) {
