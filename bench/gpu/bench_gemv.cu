@@ -350,7 +350,7 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
   return {};
 }
 
-Status run() {
+Status run(const std::string& only) {
   int device = 0;
   KESTREL_CUDA_TRY(cudaGetDevice(&device));
   cudaDeviceProp prop{};
@@ -417,6 +417,9 @@ Status run() {
 
   std::vector<Row> rows;
   for (const Case& c : cases) {
+    const char* kname = c.kernel == Kernel::kRaw ? "raw" : (c.kernel == Kernel::kTiled ? "tiled" : "t+prep");
+    const std::string id = std::string(c.shape.name) + "/" + kname + "/" + std::string(ggml_type_name(c.type));
+    if (!only.empty() && id.find(only) == std::string::npos) continue;
     std::vector<float> x(static_cast<size_t>(kMaxBatch * c.shape.n_in));  // f32 [kMaxBatch, n_in]
     for (float& v : x) v = dist(rng);
     KESTREL_CUDA_TRY(cudaMemcpy(x_dev.floats(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -449,8 +452,10 @@ Status run() {
 }  // namespace
 }  // namespace kestrel::gpu
 
-int main() {
-  const kestrel::Status st = kestrel::gpu::run();
+// bench_gemv [FILTER]: FILTER keeps the cases whose "shape/kernel/type" contains it (e.g. "lm_head/tiled/q4_0",
+// for a profiler run); no argument runs every case.
+int main(int argc, char** argv) {
+  const kestrel::Status st = kestrel::gpu::run(argc > 1 ? argv[1] : "");
   if (!st) {
     std::fprintf(stderr, "bench_gemv: %s\n", st.error().to_string().c_str());
     return 1;
