@@ -42,7 +42,7 @@ install(CODE "
   if(EXISTS \"\${_dest}\")
     message(STATUS \"Keeping existing: \${_dest}\")
   else()
-    file(INSTALL DESTINATION \"\$ENV{DESTDIR}${KESTREL_SYSCONFDIR}/kestrel\" TYPE FILE
+    file(INSTALL DESTINATION \"${KESTREL_SYSCONFDIR}/kestrel\" TYPE FILE
          FILES \"${PROJECT_SOURCE_DIR}/systemd/kestreld.toml.example\" RENAME kestreld.toml)
   endif()
 ")

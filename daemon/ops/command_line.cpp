@@ -61,8 +61,20 @@ Expected<CliResult> parse_command_line(int argc, const char* const* argv, const 
   Parsed p;
   std::unique_ptr<CLI::App> app = make_app(p);
   CliResult result;
+  // CLI11 reads "--shm-socket=" as "the value is the next argument"; an empty value (shm_socket = "" disables the
+  // fast path) must stay empty, so "--name=" is passed on as "--name" "".
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) {  // CLI11 takes the arguments in reverse order
+    const std::string a = argv[i];
+    if (a.size() > 3 && a.rfind("--", 0) == 0 && a.back() == '=' && a.find('=') == a.size() - 1) {
+      args.emplace_back();
+      args.push_back(a.substr(0, a.size() - 1));
+    } else {
+      args.push_back(a);
+    }
+  }
   try {
-    app->parse(argc, argv);
+    app->parse(args);
   } catch (const CLI::ParseError& e) {
     result.action = CliAction::kExit;
     const int rc = app->exit(e, out, err);  // prints the help, the version or the error

@@ -118,10 +118,13 @@ TEST(DaemonConfig, FlagBeatsFileBeatsDefault) {
 TEST(DaemonConfig, ShmSocketFollowsSocketUnlessSetAndEmptyDisablesIt) {
   CliRun moved = run_cli({"--socket", "/srv/k/d.sock"});
   ASSERT_TRUE(moved.result);
+  ASSERT_EQ(moved.result->action, CliAction::kRun);
   EXPECT_EQ(moved.result->config.listen.shm_socket, "/srv/k/kestreld-shm.sock");
 
-  CliRun off = run_cli({"--socket", "/srv/k/d.sock", "--shm-socket="});
+  CliRun off = run_cli({"--socket", "/srv/k/d.sock", "--shm-socket=", "--check-config"});
   ASSERT_TRUE(off.result) << off.result.error().to_string();
+  EXPECT_EQ(off.result->action, CliAction::kCheckConfig) << off.err;
+  EXPECT_EQ(off.result->config.origins.count("listen.shm_socket"), 1u);
   EXPECT_EQ(off.result->config.listen.shm_socket, "");
 
   DaemonConfig c;
