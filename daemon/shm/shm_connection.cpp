@@ -357,7 +357,7 @@ void ShmConnection::handle(const shm::Record& record) {
                     "request " + std::to_string(id) + ": the payload is not a valid kestrel.v1.StepRequest");
         return;
       }
-      handlers_.step(request, deadline, [outbox = outbox_, id](RpcStatus status, v1::StepResponse response) {
+      handlers_.step(request, deadline, [outbox = outbox_, id](RpcStatus status, const v1::StepResponse& response) {
         if (status.ok()) {
           outbox->push(response_record(id, Op::kStep, response, true), false);
         } else {

@@ -9,15 +9,17 @@
 #include <cstring>
 #include <string>
 
+#include "kestrel/shm/control_socket.h"
+
 namespace kestrel::daemon {
 
 Expected<std::shared_ptr<ShmSegment>> ShmSegment::create(uint64_t owner_tag) {
   const int fd = memfd_create("kestrel-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return make_error(ErrorCode::kIo, std::string("memfd_create failed: ") + std::strerror(errno));
+  if (fd < 0) return make_error(ErrorCode::kIo, std::string("memfd_create failed: ") + shm::errno_text(errno));
   const auto fail = [fd](const char* what) -> Error {
     const int err = errno;
     close(fd);
-    return make_error(ErrorCode::kIo, std::string(what) + " failed for a new shm segment: " + std::strerror(err));
+    return make_error(ErrorCode::kIo, std::string(what) + " failed for a new shm segment: " + shm::errno_text(err));
   };
   if (ftruncate(fd, static_cast<off_t>(shm::kSegmentSize)) != 0) return fail("ftruncate");
   if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) return fail("fcntl(F_ADD_SEALS)");

@@ -35,7 +35,7 @@ Expected<std::unique_ptr<ShmServer>> ShmServer::start(ShmServerOptions options, 
     const int err = errno;
     close(listen_fd);
     unlink(options.socket_path.c_str());
-    return make_error(ErrorCode::kIo, std::string("eventfd failed: ") + std::strerror(err));
+    return make_error(ErrorCode::kIo, std::string("eventfd failed: ") + shm::errno_text(err));
   }
   std::unique_ptr<ShmServer> server(new ShmServer(std::move(options), service, handlers, listen_fd, wake_fd));
   server->acceptor_ = std::thread([s = server.get()] { s->accept_loop(); });
@@ -70,7 +70,7 @@ void ShmServer::accept_loop() {
   for (;;) {
     const int r = poll(fds, 2, 1000);
     if (r < 0 && errno != EINTR) {
-      spdlog::error("shm control socket: poll failed: {}; no new shm clients are accepted", std::strerror(errno));
+      spdlog::error("shm control socket: poll failed: {}; no new shm clients are accepted", shm::errno_text(errno));
       return;
     }
     if ((fds[1].revents & POLLIN) != 0) return;
@@ -79,7 +79,7 @@ void ShmServer::accept_loop() {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) {
-        spdlog::warn("shm control socket: accept failed: {}", std::strerror(errno));
+        spdlog::warn("shm control socket: accept failed: {}", shm::errno_text(errno));
         if (errno == EMFILE || errno == ENFILE) poll(nullptr, 0, 100);  // let descriptors free up
       }
       continue;
@@ -97,7 +97,7 @@ void ShmServer::admit(int fd) {
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    spdlog::warn("shm control socket: SO_PEERCRED failed: {}; connection refused", std::strerror(errno));
+    spdlog::warn("shm control socket: SO_PEERCRED failed: {}; connection refused", shm::errno_text(errno));
     refuse(fd, rpc_code::kInternal, "kestreld could not read the peer credentials");
     return;
   }

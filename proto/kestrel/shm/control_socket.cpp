@@ -10,11 +10,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 namespace kestrel::shm {
 namespace {
-
-std::string errno_text(int err) { return std::strerror(err); }
 
 Expected<sockaddr_un> unix_address(const std::string& path) {
   sockaddr_un addr{};
@@ -28,6 +27,8 @@ Expected<sockaddr_un> unix_address(const std::string& path) {
 }
 
 }  // namespace
+
+std::string errno_text(int err) { return std::error_code(err, std::system_category()).message(); }
 
 ControlMessage make_control(ControlType type, const std::string& message, int32_t status) {
   ControlMessage m;

@@ -50,4 +50,7 @@ Expected<int> listen_control_socket(const std::string& path, uint32_t mode, int 
 // Connects to the daemon's control socket.
 Expected<int> connect_control_socket(const std::string& path);
 
+// strerror's text for `err`, thread-safe.
+std::string errno_text(int err);
+
 }  // namespace kestrel::shm
