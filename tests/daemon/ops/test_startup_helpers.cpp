@@ -1,5 +1,6 @@
 // Start-up helpers: prepare_socket_dir() creates missing folders (0750) and refuses a path through a file;
 // load_model() reports progress up to 100% and names the file in its errors.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -7,8 +8,6 @@
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "daemon/ops/model_loader.h"
 #include "daemon/ops/socket_dir.h"
@@ -38,7 +37,7 @@ TEST_F(StartupHelpers, SocketDirCreatedWithMode0750) {
   struct stat st {};
   ASSERT_EQ(::stat((dir_ / "a" / "b").c_str(), &st), 0);
   EXPECT_TRUE(S_ISDIR(st.st_mode));
-  EXPECT_EQ(st.st_mode & 0777 & ~0750u, 0u);  // at most 0750 (the umask may remove more)
+  EXPECT_EQ(st.st_mode & 0777 & ~0750u, 0u);       // at most 0750 (the umask may remove more)
   EXPECT_TRUE(prepare_socket_dir(sock.string()));  // existing folder: fine
 }
 
