@@ -145,7 +145,7 @@ TEST(ServiceAdmission, BusySessionAndQueueLimit) {
   ASSERT_TRUE(a && b);
   StepRequest slow;
   slow.session = a->id;
-  slow.tokens = iota_tokens(100);  // 100 ticks
+  slow.tokens = iota_tokens(40);  // 40 ticks
   auto p = std::make_shared<std::promise<Expected<StepResult>>>();
   auto fut = p->get_future();
   f.service->step(slow, [p](Expected<StepResult> r) { p->set_value(std::move(r)); });
@@ -164,7 +164,7 @@ TEST(ServiceAdmission, BusySessionAndQueueLimit) {
 
   auto r = fut.get();
   ASSERT_TRUE(r);
-  EXPECT_EQ(r->n_past, 100);
+  EXPECT_EQ(r->n_past, 40);
   EXPECT_TRUE(step_tokens(*f.service, b->id, {1}).has_value());
 }
 
