@@ -7,7 +7,8 @@
 // Wiring (kestreld main):
 //   KESTREL_TRY_ASSIGN(auto shm, ShmServer::start(options, service, handlers));
 //   ...                         // serve; ServerStatus.shm_clients follows client_count() through handlers
-//   shm->stop();                // before service.drain(): ends every connection and closes their sessions
+//   service.drain(deadline);    // SIGTERM: in-flight shm streams finish through their connections meanwhile
+//   shm->stop();                // then: ends every connection (clients see UNAVAILABLE), closes their sessions
 //
 // Ownership: borrows service and handlers, which must outlive the ShmServer. Owns the listening socket (its file is
 // removed by stop()), the acceptor thread and one thread per client.
