@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -140,6 +141,8 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "kestreld: %s\n", st.error().message.c_str());
     return 1;
   }
+  // A client that vanishes mid-write must cost an EPIPE on that connection, never the daemon.
+  std::signal(SIGPIPE, SIG_IGN);
   // Before any thread exists: every thread created from here on inherits the blocked signals.
   auto signals = SignalWatcher::start([](int /*signal*/) {
     notify_stopping("stopping at once (second signal)");
