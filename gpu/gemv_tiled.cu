@@ -177,9 +177,11 @@ struct Stage {
 };
 static_assert(sizeof(Stage) == kBatch * 512 + 256, "a stage is one batch of weights plus 256 bytes of scales");
 
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem));
+__device__ __forceinline__ void cp_async16_s(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async8_s(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
@@ -187,26 +189,30 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Issues the copies of one batch into `st` (no commit).
+// Issues the copies of one batch into the stage at shared address `st` (no commit). Addresses are formed once per
+// batch; the per-unit offsets are constants.
 template <GgmlType T>
-__device__ __forceinline__ void issue_batch(const KernelArgs& a, int rg, int u0, int cnt, int lane, Stage& st) {
-  const uint4* qs = a.qs + (static_cast<size_t>(rg) * a.n_units + u0) * 32 + lane;
+__device__ __forceinline__ void issue_batch(const KernelArgs& a, int rg, int u0, int cnt, int lane, uint32_t st) {
+  const size_t unit0 = static_cast<size_t>(rg) * a.n_units + u0;
+  const uint4* qs = a.qs + unit0 * 32 + lane;
+  const uint32_t w_dst = st + static_cast<uint32_t>(offsetof(Stage, w)) + lane * 16;
 #pragma unroll
   for (int i = 0; i < kBatch; ++i) {
-    if (i < cnt) cp_async16(&st.w[i][lane], qs + static_cast<size_t>(i) * 32);
+    if (i < cnt) cp_async16_s(w_dst + i * 512, qs + i * 32);
   }
-  const int g = lane / 4;
   if (lane % 4 != 0) return;
+  const int g = lane / 4;
+  const uint32_t m_dst = st + static_cast<uint32_t>(offsetof(Stage, m));
   if constexpr (T == GgmlType::kQ4_0) {
-    const uint8_t* m = a.meta + (static_cast<size_t>(rg) * a.n_units + u0) * 64 + g * 8;
+    const uint8_t* m = a.meta + unit0 * 64 + g * 8;
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
-      if (i < cnt) cp_async8(&st.m.m0[i][g], m + static_cast<size_t>(i) * 64);
+      if (i < cnt) cp_async8_s(m_dst + (i * 8 + g) * 8, m + i * 64);
     }
   } else {
     const uint8_t* mb = a.meta + (static_cast<size_t>(rg) * (a.n_units / 4) + u0 / 4) * 256;
-    cp_async16(&st.m.mk[g][0], mb + g * 16);
-    cp_async16(&st.m.mk[g][1], mb + (g + 8) * 16);
+    cp_async16_s(m_dst + g * 32, mb + g * 16);
+    cp_async16_s(m_dst + g * 32 + 16, mb + (g + 8) * 16);
   }
 }
 
@@ -215,25 +221,29 @@ __device__ __forceinline__ void compute_batch(const Stage& st, int u0, int cnt, 
                                               const float* xs_s, float (&acc)[C][4]) {
   const int g = lane / 4;
   const int t = lane % 4;
+  // This batch's B fragments and column sums; every index below is a compile-time offset from these.
+  const uint4* xb = xf_s + u0 * 2 * C * 32 + lane;
+  const float* sb = xs_s + u0 * 2 * C * 8 + 2 * t;
 #pragma unroll
   for (int i = 0; i < kBatch; ++i) {
     if (i >= cnt) break;
-    const int u = u0 + i;
     const uint4 w = st.w[i][lane];
     float sc_g[2], sc_g8[2], co_g[2], co_g8[2];  // scale and Σx coefficient per group h, rows g and g + 8
     if constexpr (T == GgmlType::kQ4_0) {
       const uint2 d = st.m.m0[i][g];
-      sc_g[0] = half_to_float(d.x & 0xFFFFu);
-      sc_g8[0] = half_to_float(d.x >> 16);
-      sc_g[1] = half_to_float(d.y & 0xFFFFu);
-      sc_g8[1] = half_to_float(d.y >> 16);
+      const float2 d0 = __half22float2(*reinterpret_cast<const __half2*>(&d.x));
+      const float2 d1 = __half22float2(*reinterpret_cast<const __half2*>(&d.y));
+      sc_g[0] = d0.x;
+      sc_g8[0] = d0.y;
+      sc_g[1] = d1.x;
+      sc_g8[1] = d1.y;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         co_g[h] = -136.0f;  // applied before the scale: d·(mma − 136·Σx)
         co_g8[h] = -136.0f;
       }
     } else {
-      const int j = u % 4;
+      const int j = i;  // Q4_K batches start on a super-block: unit u0 + i is its chunk i
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const uint4 hd = st.m.mk[g][r];
@@ -277,11 +287,10 @@ __device__ __forceinline__ void compute_batch(const Stage& st, int u0, int cnt, 
         A1[2] = dec(w.z >> (8 + sh));
         A1[3] = dec(w.w >> (8 + sh));
       }
-      const int q = 2 * u + h;
 #pragma unroll
       for (int c = 0; c < C; ++c) {
-        const uint4 bf = xf_s[(q * C + c) * 32 + lane];
-        const float2 sx = *reinterpret_cast<const float2*>(xs_s + (q * C + c) * 8 + 2 * t);
+        const uint4 bf = xb[((2 * i + h) * C + c) * 32];
+        const float2 sx = *reinterpret_cast<const float2*>(sb + ((2 * i + h) * C + c) * 8);
         float ct[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         mma(ct, A0[0], A0[1], A0[2], A0[3], bf.x, bf.y);
         mma(ct, A1[0], A1[1], A1[2], A1[3], bf.z, bf.w);
@@ -351,6 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_tiled_kernel(KernelArgs a) {
   const float* xs_s = reinterpret_cast<const float*>(smem + a.lay.xf_words());
   const size_t act_words = (a.lay.slice_bytes() + 15) / 16;
   Stage* stages = reinterpret_cast<Stage*>(smem + act_words) + warp * STAGES;
+  const auto stages_s = static_cast<uint32_t>(__cvta_generic_to_shared(stages));  // shared address of stage 0
 
   // The slice's activations (one cp.async group, the oldest of every thread).
   const uint8_t* src = a.xprep + static_cast<size_t>(slice) * a.lay.slice_bytes();
@@ -372,7 +382,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_tiled_kernel(KernelArgs a) {
 #pragma unroll
   for (int k = 0; k < STAGES - 1; ++k) {
     if (issue.valid) {
-      issue_batch<T>(a, issue.rg, issue.u, min(kBatch, range_end - issue.u), lane, stages[k]);
+      issue_batch<T>(a, issue.rg, issue.u, min(kBatch, range_end - issue.u), lane,
+                     stages_s + static_cast<uint32_t>(k * sizeof(Stage)));
       issue = advance(issue, range_begin, range_end, rg_stride, a.n_rg, persistent);
     }
     cp_async_commit();
@@ -384,18 +395,22 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_tiled_kernel(KernelArgs a) {
 #pragma unroll
   for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
 
-  int k = 0;
+  int k_comp = 0;            // stage of the batch being multiplied
+  int k_issue = STAGES - 1;  // stage the next copy goes to
   while (comp.valid) {
-    cp_async_wait<STAGES - 2>();  // batch k has landed (for this lane)
+    cp_async_wait<STAGES - 2>();  // batch k_comp has landed (for this lane)
     __syncwarp();                 // ... and for every lane of the warp
     const int cnt = min(kBatch, range_end - comp.u);
-    compute_batch<T, C>(stages[k % STAGES], comp.u, cnt, lane, xf_s, xs_s, acc);
-    __syncwarp();  // every lane is done with stage k % kStages before it is refilled (k % STAGES)
+    compute_batch<T, C>(stages[k_comp], comp.u, cnt, lane, xf_s, xs_s, acc);
+    __syncwarp();  // every lane is done with stage k_comp before it is refilled
     if (issue.valid) {
-      issue_batch<T>(a, issue.rg, issue.u, min(kBatch, range_end - issue.u), lane, stages[(k + STAGES - 1) % STAGES]);
+      issue_batch<T>(a, issue.rg, issue.u, min(kBatch, range_end - issue.u), lane,
+                     stages_s + static_cast<uint32_t>(k_issue * sizeof(Stage)));
       issue = advance(issue, range_begin, range_end, rg_stride, a.n_rg, persistent);
     }
     cp_async_commit();
+    k_comp = k_comp + 1 == STAGES ? 0 : k_comp + 1;
+    k_issue = k_issue + 1 == STAGES ? 0 : k_issue + 1;
     const Cursor next = advance(comp, range_begin, range_end, rg_stride, a.n_rg, persistent);
     if (persistent && next.rg != comp.rg) {
 #pragma unroll
@@ -411,7 +426,6 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_tiled_kernel(KernelArgs a) {
       __syncwarp();
     }
     comp = next;
-    ++k;
   }
   cp_async_wait<0>();
   if (persistent) return;
