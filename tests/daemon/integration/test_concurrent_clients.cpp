@@ -145,5 +145,33 @@ TEST(DefaultModel, CliStatusGenerateBench) {
   EXPECT_EQ(d.terminate(std::chrono::seconds(15)), 0) << d.log();
 }
 
+TEST(Cli, ChatResetStartsOver) {
+  auto daemon = DaemonProcess::start(model_options(kGoldenModel));
+  ASSERT_TRUE(daemon) << daemon.error().message;
+  DaemonProcess& d = **daemon;
+  const std::string chat = std::string("'") + KESTREL_CLI_PATH + "' chat --temp 0 -n 6 --connect " + d.grpc_uri();
+  // The same turn after /reset gets the same greedy answer: stdout is that answer twice, one line each.
+  auto [rc, out] = run_command({"/bin/sh", "-c", "printf 'Hi there\\n/reset\\nHi there\\n' | " + chat});
+  ASSERT_EQ(rc, 0) << out;
+  ASSERT_FALSE(out.empty());
+  ASSERT_EQ(out.size() % 2, 0u) << out;
+  const std::string first = out.substr(0, out.size() / 2);
+  EXPECT_EQ(out.substr(out.size() / 2), first);
+  EXPECT_GT(first.size(), 1u);
+  // Without /reset the second answer continues the conversation (the session holds both turns), so the output is
+  // not the first answer twice.
+  auto [rc2, out2] = run_command({"/bin/sh", "-c", "printf 'Hi there\\nHi there\\n/quit\\n' | " + chat});
+  ASSERT_EQ(rc2, 0) << out2;
+  EXPECT_EQ(out2.substr(0, first.size()), first);
+  EXPECT_NE(out2, out);
+  // The chat closed its session when it left.
+  auto c = d.connect_grpc();
+  ASSERT_TRUE(c);
+  auto st = (*c)->server_status();
+  ASSERT_TRUE(st);
+  EXPECT_EQ(st->sessions(), 0u);
+  EXPECT_EQ(d.terminate(std::chrono::seconds(15)), 0) << d.log();
+}
+
 }  // namespace
 }  // namespace kestrel::itest
