@@ -1,7 +1,9 @@
 // Integration: every kind of bad input gets its documented status (docs/api.md "Status codes") on both transports,
 // while a healthy client on another connection keeps generating the same greedy tokens as before, undisturbed.
-// Also a raw shared-memory peer that writes a truncated record and then random bytes into its request ring: the
-// daemon drops that connection only (the shm clients count comes back down) and everyone else goes on.
+// Also raw shared-memory peers (handshake by hand, proto/kestrel/shm): a truncated record or random bytes in the
+// request ring make the daemon drop that connection only; a well-framed record with a garbage payload or an unknown
+// kind is answered with an INVALID_ARGUMENT error record and that connection keeps serving. The shm clients count
+// comes back down and everyone else goes on.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include "kestrel/shm/control_socket.h"
 #include "kestrel/shm/shm_layout.h"
 #include "kestrel/shm/spsc_ring.h"
+#include "kestrel/v1/kestrel.pb.h"
 #include "tests/daemon/integration/daemon_process.h"
 #include "tests/daemon/integration/workload.h"
 
@@ -250,39 +253,53 @@ TEST(BadInputs, GarbageInTheShmRingDropsOnlyThatPeer) {
     shm::ring_bell(v.request_ring()->bell);
     EXPECT_TRUE(wait_dropped(p, std::chrono::seconds(10))) << "random bytes: connection not dropped";
   }
-  {  // 3. A well-framed Step record whose payload is random bytes: an error answer or a dropped connection.
+  {  // 3. Well-framed records the daemon cannot use: a Step whose payload is random bytes, then an unknown kind.
+     // Each gets an INVALID_ARGUMENT error record and the connection goes on serving (a GetServerStatus after them).
     RawPeer p;
     Status st = raw_connect(control, &p);
     ASSERT_TRUE(st) << st.error().message;
     shm::SegmentView v{p.base};
-    std::vector<uint8_t> payload(100);
-    for (auto& b : payload) b = static_cast<uint8_t>(rng());
     shm::RingProducer prod(v.request_ring(), v.request_data());
-    shm::RecordHeader h{};
-    h.kind = shm::request_kind(shm::Op::kStep);
-    h.request_id = 7;
-    auto pushed = prod.push(h, payload);
-    ASSERT_TRUE(pushed && *pushed);
     shm::RingConsumer cons(v.response_ring(), v.response_data(), &v.request_ring()->bell);
-    shm::Record rec;
-    bool answered = false, dropped = false;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!answered && !dropped && std::chrono::steady_clock::now() < deadline) {
-      auto got = cons.pop(&rec);
-      ASSERT_TRUE(got) << got.error().message;
-      if (*got) {
-        answered = true;
-        break;
+    auto send = [&](uint16_t kind, uint64_t id, const std::vector<uint8_t>& payload) {
+      shm::RecordHeader h{};
+      h.kind = kind;
+      h.request_id = id;
+      auto pushed = prod.push(h, payload);
+      return pushed && *pushed;
+    };
+    auto receive = [&](shm::Record* rec) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (std::chrono::steady_clock::now() < deadline) {
+        auto got = cons.pop(rec);
+        if (!got) return false;
+        if (*got) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
-      dropped = shm::shm_load(v.header()->daemon_state) == shm::kStateClosed;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    ASSERT_TRUE(answered || dropped) << "no answer to a garbage Step payload";
-    if (answered) {
-      EXPECT_EQ(rec.header.kind, shm::kKindError);
-      EXPECT_EQ(rec.header.request_id, 7u);
-      EXPECT_EQ(rec.header.status, 3) << "expected INVALID_ARGUMENT (3)";
-    }
+      return false;
+    };
+    std::vector<uint8_t> garbage(100);
+    for (auto& b : garbage) b = static_cast<uint8_t>(rng());
+    ASSERT_TRUE(send(shm::request_kind(shm::Op::kStep), 7, garbage));
+    shm::Record rec;
+    ASSERT_TRUE(receive(&rec)) << "no answer to a garbage Step payload";
+    EXPECT_EQ(rec.header.kind, shm::kKindError);
+    EXPECT_EQ(rec.header.request_id, 7u);
+    EXPECT_EQ(rec.header.status, 3) << "expected INVALID_ARGUMENT (3)";
+    ASSERT_TRUE(send(0x0042, 8, {}));
+    ASSERT_TRUE(receive(&rec)) << "no answer to an unknown record kind";
+    EXPECT_EQ(rec.header.kind, shm::kKindError);
+    EXPECT_EQ(rec.header.request_id, 8u);
+    EXPECT_EQ(rec.header.status, 3) << "expected INVALID_ARGUMENT (3)";
+    std::string req;
+    ASSERT_TRUE(v1::GetServerStatusRequest().SerializeToString(&req));
+    ASSERT_TRUE(send(shm::request_kind(shm::Op::kGetServerStatus), 9, std::vector<uint8_t>(req.begin(), req.end())));
+    ASSERT_TRUE(receive(&rec)) << "no answer to GetServerStatus after the bad records";
+    EXPECT_EQ(rec.header.kind, shm::response_kind(shm::Op::kGetServerStatus));
+    EXPECT_EQ(rec.header.request_id, 9u);
+    v1::ServerStatus status;
+    ASSERT_TRUE(status.ParseFromArray(rec.payload.data(), static_cast<int>(rec.payload.size())));
+    EXPECT_TRUE(status.serving());
   }
   // Every raw connection is gone from the daemon's count; the healthy client never noticed.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
