@@ -187,6 +187,8 @@ TEST_F(GrpcServerTest, FiveMebibyteRequestIsResourceExhausted) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, ErrorCode::kResourceExhausted) << r.error().message;
   EXPECT_EQ(r.error().message.rfind("RESOURCE_EXHAUSTED: ", 0), 0u) << r.error().message;
+  EXPECT_NE(r.error().message.find("larger than max"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("4194304"), std::string::npos) << r.error().message;
   // Just under the limit still works.
   req.set_text(std::string(4 * 1024 * 1024 - 64, 'a'));
   EXPECT_TRUE(c->tokenize(req));
