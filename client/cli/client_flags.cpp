@@ -81,17 +81,22 @@ Expected<std::unique_ptr<client::Client>> connect_client(const ConnectFlags& fla
 }
 
 void add_sampling_flags(CLI::App* cmd, SamplingFlags* f) {
-  f->o_seed = cmd->add_option("--seed", f->seed, "sampling seed (default: the daemon picks one per session)");
-  f->o_temperature = cmd->add_option("--temp", f->temperature, "temperature (0: greedy)");
-  f->o_top_k = cmd->add_option("--top-k", f->top_k, "keep the k most likely tokens (0: off)");
-  f->o_top_p = cmd->add_option("--top-p", f->top_p, "nucleus sampling mass (1: off)");
-  f->o_min_p = cmd->add_option("--min-p", f->min_p, "drop tokens below min-p times the best (0: off)");
-  f->o_repetition_penalty = cmd->add_option("--repeat-penalty", f->repetition_penalty, "repetition penalty (1: off)");
-  f->o_presence_penalty = cmd->add_option("--presence-penalty", f->presence_penalty, "presence penalty (0: off)");
-  f->o_frequency_penalty = cmd->add_option("--frequency-penalty", f->frequency_penalty, "frequency penalty (0: off)");
+  constexpr const char* kGroup = "Sampling (unset: the daemon's defaults)";
+  f->o_seed =
+      cmd->add_option("--seed", f->seed, "sampling seed (default: the daemon picks one per session)")->group(kGroup);
+  f->o_temperature = cmd->add_option("--temp", f->temperature, "temperature (0: greedy)")->group(kGroup);
+  f->o_top_k = cmd->add_option("--top-k", f->top_k, "keep the k most likely tokens (0: off)")->group(kGroup);
+  f->o_top_p = cmd->add_option("--top-p", f->top_p, "nucleus sampling mass (1: off)")->group(kGroup);
+  f->o_min_p = cmd->add_option("--min-p", f->min_p, "drop tokens below min-p times the best (0: off)")->group(kGroup);
+  f->o_repetition_penalty =
+      cmd->add_option("--repeat-penalty", f->repetition_penalty, "repetition penalty (1: off)")->group(kGroup);
+  f->o_presence_penalty =
+      cmd->add_option("--presence-penalty", f->presence_penalty, "presence penalty (0: off)")->group(kGroup);
+  f->o_frequency_penalty =
+      cmd->add_option("--frequency-penalty", f->frequency_penalty, "frequency penalty (0: off)")->group(kGroup);
   f->o_penalty_last_n =
-      cmd->add_option("--repeat-last-n", f->penalty_last_n, "tokens the penalties look back (-1: all, 0: off)");
-  cmd->group("Sampling (unset: the daemon's defaults)");
+      cmd->add_option("--repeat-last-n", f->penalty_last_n, "tokens the penalties look back (-1: all, 0: off)")
+          ->group(kGroup);
 }
 
 v1::SamplingParams to_proto(const SamplingFlags& f) {

@@ -170,9 +170,9 @@ TEST(Drain, ShortStopTimeoutAbortsStreams) {
   ASSERT_TRUE(c) << c.error().message;
   auto mi = (*c)->model_info();
   ASSERT_TRUE(mi) << mi.error().message;
-  DrainOutcome o = drain_with_streams(**daemon, 4, 1000000, mi->max_session_ctx(), seconds(6));
+  DrainOutcome o = drain_with_streams(**daemon, 4, 1000000, mi->max_session_ctx(), seconds(10));
   EXPECT_EQ(o.exit_status, 0) << (*daemon)->log();
-  EXPECT_LT(o.seconds, 1.0 + 3.0) << "kestreld took too long past its 1 s stop timeout";
+  EXPECT_LT(o.seconds, 1.0 + 5.0) << "kestreld took too long past its 1 s stop timeout";
   for (size_t i = 0; i < o.results.size(); ++i) {
     ASSERT_TRUE(o.results[i]) << "stream " << i << ": " << o.results[i].error().message;
     EXPECT_EQ(o.results[i]->finish_reason(), v1::FINISH_REASON_ABORTED) << "stream " << i;
