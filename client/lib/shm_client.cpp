@@ -287,7 +287,7 @@ class ShmClient final : public Client {
   std::string daemon_reason() {
     auto msg = shm::recv_control(socket_fd_, nullptr, 10ms);
     if (msg && msg->type == shm::kControlRefused && msg->message[0] != '\0') {
-      return std::string(": ") + status_name(msg->status) + ": " + msg->message;
+      return std::string(": ") + msg->message;
     }
     return "";
   }

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 #include <thread>
@@ -311,6 +312,51 @@ TEST_F(ShmServerTest, ConnectToMissingSocketIsUnavailable) {
   auto c = Client::connect("shm:///tmp/kestrel-no-such-socket.sock");
   ASSERT_FALSE(c);
   EXPECT_EQ(c.error().code, ErrorCode::kUnavailable);
+}
+
+TEST(ShmServerLimits, ClientsOverTheLimitAreRefusedWithResourceExhausted) {
+  testing::FakeService service;
+  RpcHandlers handlers(service);
+  ShmServerOptions options;
+  options.socket_path = temp_socket_path();
+  options.max_clients = 1;
+  auto server = ShmServer::start(options, service, handlers);
+  ASSERT_TRUE(server) << server.error().message;
+  auto first = Client::connect("shm://" + options.socket_path);
+  ASSERT_TRUE(first) << first.error().message;
+  auto second = Client::connect("shm://" + options.socket_path);
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.error().code, ErrorCode::kResourceExhausted);
+  EXPECT_TRUE(second.error().message.starts_with("RESOURCE_EXHAUSTED: ")) << second.error().message;
+  exercise_client(**first);
+}
+
+TEST(ShmServerLimits, StaleSocketFileIsReplacedAndOtherFilesAreNot) {
+  testing::FakeService service;
+  RpcHandlers handlers(service);
+  ShmServerOptions options;
+  options.socket_path = temp_socket_path();
+  {
+    auto server = ShmServer::start(options, service, handlers);
+    ASSERT_TRUE(server);
+  }
+  // A socket file left by a crashed daemon (simulated: bind without unlink).
+  auto stale = shm::listen_control_socket(options.socket_path, 0600);
+  ASSERT_TRUE(stale);
+  close(*stale);
+  auto server = ShmServer::start(options, service, handlers);
+  ASSERT_TRUE(server) << server.error().message;
+  EXPECT_EQ(std::filesystem::status(options.socket_path).permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+                std::filesystem::perms::group_read | std::filesystem::perms::group_write);
+  (*server)->stop();
+  EXPECT_FALSE(std::filesystem::exists(options.socket_path));
+  // A regular file at the path is not removed.
+  { std::ofstream(options.socket_path) << "not a socket"; }
+  auto refused = ShmServer::start(options, service, handlers);
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error().code, ErrorCode::kFailedPrecondition);
+  std::filesystem::remove(options.socket_path);
 }
 
 // ---- garbage from a raw peer -----------------------------------------------------------------------------------
