@@ -124,10 +124,11 @@ Expected<std::shared_ptr<Session>> ServiceImpl::new_session(int32_t n_ctx, const
     return make_error(ErrorCode::kInvalidArgument, "n_ctx must be >= 0 (0: the default), got " + str(n_ctx));
   if (n_ctx == 0) n_ctx = limits_.default_n_ctx;
   if (n_ctx > limits_.max_session_ctx) {
-    return make_error(ErrorCode::kOutOfRange, "n_ctx " + str(n_ctx) + " is larger than the largest session context, " +
-                                                  str(limits_.max_session_ctx) +
-                                                  " (max_session_ctx, at most the model's training context " +
-                                                  str(model_.hparams().n_ctx_train) + ")");
+    // An admission limit (the daemon's context budget per session), like max_sessions: RESOURCE_EXHAUSTED.
+    return make_error(ErrorCode::kResourceExhausted,
+                      "n_ctx " + str(n_ctx) + " is larger than the largest session context, " +
+                          str(limits_.max_session_ctx) + " (max_session_ctx, at most the model's training context " +
+                          str(model_.hparams().n_ctx_train) + ")");
   }
   if (idle_ttl.count() < 0) {
     return make_error(ErrorCode::kInvalidArgument,

@@ -121,7 +121,7 @@ TEST(ServiceAdmission, BadInputIsRejectedBeforeQueueing) {
   o.n_ctx = 513;  // max_session_ctx is 512
   auto big = f.service->create_session(o);
   ASSERT_FALSE(big);
-  EXPECT_EQ(big.error().code, ErrorCode::kOutOfRange);
+  EXPECT_EQ(big.error().code, ErrorCode::kResourceExhausted);
   EXPECT_TRUE(message_has(big.error(), "512")) << big.error().message;
   o.n_ctx = -1;
   EXPECT_EQ(f.service->create_session(o).error().code, ErrorCode::kInvalidArgument);

@@ -229,7 +229,7 @@ TEST_F(GrpcEndToEndTest, ErrorsFromTheRealService) {
   big.set_n_ctx(1 << 30);
   auto s2 = client_->create_session(big);
   ASSERT_FALSE(s2);
-  EXPECT_EQ(s2.error().code, ErrorCode::kOutOfRange) << s2.error().message;
+  EXPECT_EQ(s2.error().code, ErrorCode::kResourceExhausted) << s2.error().message;
 }
 
 }  // namespace
