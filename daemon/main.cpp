@@ -1,8 +1,8 @@
 // kestreld: the Kestrel inference daemon. Parse → build → run until SIGTERM (design.md §2, docs/operations.md):
 //
-//   config (file + flags) → logging → model (or the embedded default) → engine → service → gRPC and shm servers →
-//   health SERVING + READY=1 → wait for SIGTERM/SIGINT → STOPPING=1, health NOT_SERVING, drain for stop_timeout_s,
-//   servers shut down → exit 0.
+//   config (file + flags) → logging → gRPC listener (health NOT_SERVING, calls UNAVAILABLE) → model (or the embedded
+//   default) → engine → service → attached to the handlers → shm server → health SERVING + READY=1 → wait for
+//   SIGTERM/SIGINT → STOPPING=1, health NOT_SERVING, drain for stop_timeout_s, servers shut down → exit 0.
 //
 // Exit status: 0 after a drain (and for --help, --version, --print-config, --check-config); 1 when start-up fails
 // (one line saying why: bad config, unreadable or corrupt model, socket folder not writable, address in use) or on a
@@ -61,6 +61,19 @@ struct Daemon {
 // Builds the daemon from a validated configuration, reporting progress through the log and STATUS=.
 Expected<Daemon> build(const DaemonConfig& config) {
   Daemon d;
+  // The gRPC listener comes first, with handlers that have no Service yet: while the model loads, grpc.health.v1
+  // answers NOT_SERVING and every other call UNAVAILABLE ("still loading"), instead of connection refused.
+  ServerIdentity identity;
+  identity.version = KESTREL_VERSION;
+  d.handlers = std::make_unique<RpcHandlers>(RpcLimits{}, identity);
+  notify_status("binding " + config.listen.socket);
+  KESTREL_TRY(prepare_socket_dir(config.listen.socket));
+  GrpcServerOptions grpc_options;
+  grpc_options.unix_socket_path = config.listen.socket;
+  grpc_options.unix_socket_mode = static_cast<mode_t>(config.listen.socket_mode);
+  grpc_options.tcp_address = config.listen.tcp;
+  KESTREL_TRY_ASSIGN(d.grpc, GrpcServer::create(*d.handlers, grpc_options));
+
   std::string path = config.model;
   if (path.empty()) {
     notify_status("preparing the default model in " + config.cache_dir);
@@ -90,17 +103,8 @@ Expected<Daemon> build(const DaemonConfig& config) {
   spdlog::info("limits: {} sessions, {} queued steps, n_ctx {} (max {}), {} tokens per tick, idle TTL {} s",
                in_force.max_sessions, in_force.max_queued_steps, in_force.default_n_ctx, in_force.max_session_ctx,
                in_force.max_batch_tokens, in_force.default_idle_ttl.count());
-  ServerIdentity identity;
-  identity.version = KESTREL_VERSION;
-  d.handlers = std::make_unique<RpcHandlers>(*d.service, RpcLimits{}, identity);
+  d.handlers->attach(*d.service);
 
-  notify_status("binding " + config.listen.socket);
-  KESTREL_TRY(prepare_socket_dir(config.listen.socket));
-  GrpcServerOptions grpc_options;
-  grpc_options.unix_socket_path = config.listen.socket;
-  grpc_options.unix_socket_mode = static_cast<mode_t>(config.listen.socket_mode);
-  grpc_options.tcp_address = config.listen.tcp;
-  KESTREL_TRY_ASSIGN(d.grpc, GrpcServer::create(*d.handlers, grpc_options));
   if (!config.listen.shm_socket.empty()) {
     KESTREL_TRY(prepare_socket_dir(config.listen.shm_socket));
     ShmServerOptions shm_options;

@@ -169,26 +169,42 @@ std::string utf8_sanitize(std::string_view bytes) {
 }
 
 RpcHandlers::RpcHandlers(Service& service, RpcLimits limits, ServerIdentity identity)
-    : service_(service),
-      limits_(limits),
-      identity_(std::move(identity)),
-      model_(service.model_info()),
-      service_limits_(service.limits()) {}
+    : RpcHandlers(limits, std::move(identity)) {
+  attach(service);
+}
 
-Status RpcHandlers::check_tokens(const google::protobuf::RepeatedField<int32_t>& tokens, const char* field) const {
+RpcHandlers::RpcHandlers(RpcLimits limits, ServerIdentity identity) : limits_(limits), identity_(std::move(identity)) {}
+
+void RpcHandlers::attach(Service& service) {
+  if (attached_owner_ != nullptr) return;  // once
+  attached_owner_ = std::make_unique<Attached>(Attached{&service, service.model_info(), service.limits()});
+  attached_.store(attached_owner_.get(), std::memory_order_release);
+}
+
+namespace {
+RpcStatus loading_status() {
+  return RpcStatus{rpc_code::kUnavailable,
+                   "kestreld is still loading its model; retry when grpc.health.v1 reports SERVING"};
+}
+}  // namespace
+
+Status RpcHandlers::check_tokens(const Attached& a, const google::protobuf::RepeatedField<int32_t>& tokens,
+                                 const char* field) {
   for (int i = 0; i < tokens.size(); ++i) {
     const int32_t t = tokens.Get(i);
-    if (t < 0 || (model_.n_vocab > 0 && t >= model_.n_vocab)) {
+    if (t < 0 || (a.model.n_vocab > 0 && t >= a.model.n_vocab)) {
       return make_error(ErrorCode::kInvalidArgument,
                         std::string(field) + ": token id " + std::to_string(t) + " at index " + std::to_string(i) +
-                            " is outside the vocabulary [0, " + std::to_string(model_.n_vocab) + ")");
+                            " is outside the vocabulary [0, " + std::to_string(a.model.n_vocab) + ")");
     }
   }
   return ok_status();
 }
 
 RpcStatus RpcHandlers::get_model_info(const v1::GetModelInfoRequest& /*request*/, v1::ModelInfo* out) const {
-  const ModelInfo& m = model_;
+  const Attached* a = ready();
+  if (a == nullptr) return loading_status();
+  const ModelInfo& m = a->model;
   out->set_architecture(m.architecture);
   out->set_name(utf8_sanitize(m.name));
   out->set_n_vocab(m.n_vocab);
@@ -213,13 +229,15 @@ RpcStatus RpcHandlers::get_model_info(const v1::GetModelInfoRequest& /*request*/
 }
 
 RpcStatus RpcHandlers::get_server_status(const v1::GetServerStatusRequest& /*request*/, v1::ServerStatus* out) const {
-  const ServiceStats s = service_.stats();
+  const Attached* a = ready();
+  if (a == nullptr) return loading_status();
+  const ServiceStats s = a->service->stats();
   out->set_version(identity_.version);
   out->set_serving(s.serving);
   out->set_sessions(s.sessions);
-  out->set_max_sessions(service_limits_.max_sessions);
+  out->set_max_sessions(a->limits.max_sessions);
   out->set_queued_steps(s.queued_steps);
-  out->set_max_queued_steps(service_limits_.max_queued_steps);
+  out->set_max_queued_steps(a->limits.max_queued_steps);
   out->set_ticks(s.ticks);
   out->set_tokens_processed(s.tokens_processed);
   out->set_tokens_generated(s.tokens_generated);
@@ -229,16 +247,20 @@ RpcStatus RpcHandlers::get_server_status(const v1::GetServerStatusRequest& /*req
 }
 
 RpcStatus RpcHandlers::tokenize(const v1::TokenizeRequest& request, v1::TokenizeResponse* out) const {
-  Expected<std::vector<int32_t>> tokens = service_.tokenize(request.text(), request.parse_special());
+  const Attached* a = ready();
+  if (a == nullptr) return loading_status();
+  Expected<std::vector<int32_t>> tokens = a->service->tokenize(request.text(), request.parse_special());
   if (!tokens) return to_rpc_status(tokens.error());
   out->mutable_tokens()->Add(tokens->begin(), tokens->end());
   return {};
 }
 
 RpcStatus RpcHandlers::detokenize(const v1::DetokenizeRequest& request, v1::DetokenizeResponse* out) const {
-  if (Status s = check_tokens(request.tokens(), "tokens"); !s) return to_rpc_status(s.error());
+  const Attached* a = ready();
+  if (a == nullptr) return loading_status();
+  if (Status s = check_tokens(*a, request.tokens(), "tokens"); !s) return to_rpc_status(s.error());
   const std::vector<int32_t> ids(request.tokens().begin(), request.tokens().end());
-  Expected<std::string> raw = service_.detokenize(ids);
+  Expected<std::string> raw = a->service->detokenize(ids);
   if (!raw) return to_rpc_status(raw.error());
   out->set_text(utf8_sanitize(*raw));
   out->set_raw(std::move(raw).value());
@@ -246,48 +268,58 @@ RpcStatus RpcHandlers::detokenize(const v1::DetokenizeRequest& request, v1::Deto
 }
 
 RpcStatus RpcHandlers::create_session(const v1::CreateSessionRequest& request, uint64_t owner, v1::SessionInfo* out) {
+  const Attached* a = ready();
+  if (a == nullptr) return loading_status();
   if (request.n_ctx() < 0) {
     return invalid("n_ctx must be >= 0 (0 = the daemon's default), got " + std::to_string(request.n_ctx()));
   }
   SessionOptions options;
   options.n_ctx = request.n_ctx();
   options.sampling = overrides_from(request.sampling());
-  if (Status s = check_overrides(options.sampling, service_limits_.default_sampling); !s) {
+  if (Status s = check_overrides(options.sampling, a->limits.default_sampling); !s) {
     return to_rpc_status(s.error());
   }
   options.idle_ttl = std::chrono::seconds(request.idle_ttl_s());
   options.owner = owner;
-  Expected<SessionInfo> info = service_.create_session(options);
+  Expected<SessionInfo> info = a->service->create_session(options);
   if (!info) return to_rpc_status(info.error());
   session_to_v1(*info, out);
   return {};
 }
 
 RpcStatus RpcHandlers::clone_session(const v1::CloneSessionRequest& request, uint64_t owner, v1::SessionInfo* out) {
+  const Attached* a = ready();
+  if (a == nullptr) return loading_status();
   if (Status s = check_session_id(request.session_id()); !s) return to_rpc_status(s.error());
-  Expected<SessionInfo> info = service_.clone_session(request.session_id(), owner);
+  Expected<SessionInfo> info = a->service->clone_session(request.session_id(), owner);
   if (!info) return to_rpc_status(info.error());
   session_to_v1(*info, out);
   return {};
 }
 
 RpcStatus RpcHandlers::reset_session(const v1::ResetSessionRequest& request, v1::SessionInfo* out) {
+  const Attached* a = ready();
+  if (a == nullptr) return loading_status();
   if (Status s = check_session_id(request.session_id()); !s) return to_rpc_status(s.error());
-  Expected<SessionInfo> info = service_.reset_session(request.session_id());
+  Expected<SessionInfo> info = a->service->reset_session(request.session_id());
   if (!info) return to_rpc_status(info.error());
   session_to_v1(*info, out);
   return {};
 }
 
 RpcStatus RpcHandlers::close_session(const v1::CloseSessionRequest& request, v1::CloseSessionResponse* /*out*/) {
+  const Attached* a = ready();
+  if (a == nullptr) return loading_status();
   if (Status s = check_session_id(request.session_id()); !s) return to_rpc_status(s.error());
-  if (Status s = service_.close_session(request.session_id()); !s) return to_rpc_status(s.error());
+  if (Status s = a->service->close_session(request.session_id()); !s) return to_rpc_status(s.error());
   return {};
 }
 
 RpcStatus RpcHandlers::abort(const v1::AbortRequest& request, v1::AbortResponse* out) {
+  const Attached* a = ready();
+  if (a == nullptr) return loading_status();
   if (Status s = check_session_id(request.session_id()); !s) return to_rpc_status(s.error());
-  Expected<bool> aborted = service_.abort(request.session_id());
+  Expected<bool> aborted = a->service->abort(request.session_id());
   if (!aborted) return to_rpc_status(aborted.error());
   out->set_aborted(*aborted);
   return {};
@@ -295,22 +327,24 @@ RpcStatus RpcHandlers::abort(const v1::AbortRequest& request, v1::AbortResponse*
 
 void RpcHandlers::step(const v1::StepRequest& request, Deadline deadline, StepDone done) {
   auto refuse = [&](const Error& e) { done(to_rpc_status(e), v1::StepResponse{}); };
+  const Attached* a = ready();
+  if (a == nullptr) return done(loading_status(), v1::StepResponse{});
   if (Status s = check_session_id(request.session_id()); !s) return refuse(s.error());
   if (request.tokens().empty()) {
     return refuse(make_error(ErrorCode::kInvalidArgument,
                              "tokens is empty; Step appends at least one token (the previous step's sampled token "
                              "is not appended for you)"));
   }
-  if (Status s = check_tokens(request.tokens(), "tokens"); !s) return refuse(s.error());
+  if (Status s = check_tokens(*a, request.tokens(), "tokens"); !s) return refuse(s.error());
   if (Status s = check_top_logprobs(request.top_logprobs()); !s) return refuse(s.error());
   StepRequest req;
   req.session = request.session_id();
   req.tokens.assign(request.tokens().begin(), request.tokens().end());
   req.sampling = overrides_from(request.sampling());
-  if (Status s = check_overrides(req.sampling, service_limits_.default_sampling); !s) return refuse(s.error());
+  if (Status s = check_overrides(req.sampling, a->limits.default_sampling); !s) return refuse(s.error());
   req.top_logprobs = request.top_logprobs();
   req.deadline = deadline;
-  service_.step(std::move(req), [done = std::move(done)](Expected<StepResult> result) {
+  a->service->step(std::move(req), [done = std::move(done)](Expected<StepResult> result) {
     if (!result) {
       done(to_rpc_status(result.error()), v1::StepResponse{});
       return;
@@ -328,20 +362,22 @@ void RpcHandlers::generate(const v1::GenerateRequest& request, Deadline deadline
                            std::shared_ptr<GenerateStream> stream) {
   auto refuse = [&](const Error& e) { stream->on_done(to_rpc_status(e), v1::GenerateChunk{}); };
   auto bad = [&](std::string message) { refuse(make_error(ErrorCode::kInvalidArgument, std::move(message))); };
+  const Attached* a = ready();
+  if (a == nullptr) return stream->on_done(loading_status(), v1::GenerateChunk{});
 
   GenerateRequest req;
   req.session = request.session_id();
   switch (request.prompt_case()) {
     case v1::GenerateRequest::kText: {
       if (request.text().empty()) return bad("prompt text is empty; send at least one character or token");
-      Expected<std::vector<int32_t>> tokens = service_.tokenize(request.text(), request.parse_special());
+      Expected<std::vector<int32_t>> tokens = a->service->tokenize(request.text(), request.parse_special());
       if (!tokens) return refuse(tokens.error());
       req.prompt = std::move(tokens).value();
       break;
     }
     case v1::GenerateRequest::kTokens:
       if (request.tokens().ids().empty()) return bad("prompt tokens is empty; send at least one token");
-      if (Status s = check_tokens(request.tokens().ids(), "prompt tokens"); !s) return refuse(s.error());
+      if (Status s = check_tokens(*a, request.tokens().ids(), "prompt tokens"); !s) return refuse(s.error());
       req.prompt.assign(request.tokens().ids().begin(), request.tokens().ids().end());
       break;
     case v1::GenerateRequest::PROMPT_NOT_SET: return bad("the request has no prompt; set text or tokens");
@@ -363,7 +399,7 @@ void RpcHandlers::generate(const v1::GenerateRequest& request, Deadline deadline
     return bad("at most " + std::to_string(limits_.max_stop_tokens) + " stop_tokens are allowed, got " +
                std::to_string(request.stop_tokens_size()));
   }
-  if (Status s = check_tokens(request.stop_tokens(), "stop_tokens"); !s) return refuse(s.error());
+  if (Status s = check_tokens(*a, request.stop_tokens(), "stop_tokens"); !s) return refuse(s.error());
   req.stop_tokens.assign(request.stop_tokens().begin(), request.stop_tokens().end());
   if (request.stop_strings_size() > limits_.max_stop_strings) {
     return bad("at most " + std::to_string(limits_.max_stop_strings) + " stop_strings are allowed, got " +
@@ -381,11 +417,11 @@ void RpcHandlers::generate(const v1::GenerateRequest& request, Deadline deadline
   if (Status s = check_top_logprobs(request.top_logprobs()); !s) return refuse(s.error());
   req.top_logprobs = request.top_logprobs();
   req.sampling = overrides_from(request.sampling());
-  if (Status s = check_overrides(req.sampling, service_limits_.default_sampling); !s) return refuse(s.error());
+  if (Status s = check_overrides(req.sampling, a->limits.default_sampling); !s) return refuse(s.error());
   req.ignore_eos = request.ignore_eos();
   req.deadline = deadline;
   req.owner = owner;
-  service_.generate(std::move(req), std::make_shared<StreamSink>(std::move(stream)));
+  a->service->generate(std::move(req), std::make_shared<StreamSink>(std::move(stream)));
 }
 
 }  // namespace kestrel::daemon

@@ -89,6 +89,13 @@ class RpcHandlers {
  public:
   // Reads the Service's model_info() and limits() once (they do not change while it runs).
   explicit RpcHandlers(Service& service, RpcLimits limits = {}, ServerIdentity identity = {});
+  // Without a Service yet (kestreld while it loads its model): every call answers UNAVAILABLE ("loading") until
+  // attach(), so the gRPC listener and its health service (NOT_SERVING) can exist from the first second.
+  explicit RpcHandlers(RpcLimits limits = {}, ServerIdentity identity = {});
+  // Connects the Service once it exists; at most once, from any thread (calls in flight see it or the loading
+  // answer). The Service must outlive every later call.
+  void attach(Service& service);
+  bool attached() const { return attached_.load(std::memory_order_acquire) != nullptr; }
 
   const RpcLimits& limits() const { return limits_; }
   // The number the shm server reports as ServerStatus.shm_clients (it calls this when a client comes or goes).
@@ -130,13 +137,20 @@ class RpcHandlers {
                 std::shared_ptr<GenerateStream> stream);
 
  private:
-  Status check_tokens(const google::protobuf::RepeatedField<int32_t>& tokens, const char* field) const;
+  // The Service and what is read from it once; published by attach() with release, read with acquire.
+  struct Attached {
+    Service* service;
+    ModelInfo model;
+    ServiceLimits limits;
+  };
+  const Attached* ready() const { return attached_.load(std::memory_order_acquire); }
+  static Status check_tokens(const Attached& a, const google::protobuf::RepeatedField<int32_t>& tokens,
+                             const char* field);
 
-  Service& service_;
   RpcLimits limits_;
   ServerIdentity identity_;
-  ModelInfo model_;
-  ServiceLimits service_limits_;
+  std::unique_ptr<Attached> attached_owner_;  // written once, by attach()
+  std::atomic<const Attached*> attached_{nullptr};
   std::atomic<uint32_t> shm_clients_{0};
 };
 

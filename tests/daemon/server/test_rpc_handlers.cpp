@@ -397,3 +397,39 @@ TEST_F(RpcHandlersTest, GenerateErrorsAndCancellation) {
 
 }  // namespace
 }  // namespace kestrel::daemon
+
+namespace kestrel::daemon {
+namespace {
+
+// kestreld binds its listener before the model is loaded: handlers without a Service answer every call UNAVAILABLE
+// (so clients retry) until attach(), and then serve normally.
+TEST(RpcHandlersLoadingTest, UnavailableUntilAttached) {
+  RpcHandlers h(RpcLimits{}, ServerIdentity{"1.2.3", Clock::now()});
+  EXPECT_FALSE(h.attached());
+  v1::ModelInfo info;
+  RpcStatus s = h.get_model_info(v1::GetModelInfoRequest{}, &info);
+  EXPECT_EQ(s.code, rpc_code::kUnavailable);
+  EXPECT_NE(s.message.find("loading"), std::string::npos) << s.message;
+  v1::SessionInfo session;
+  EXPECT_EQ(h.create_session(v1::CreateSessionRequest{}, 0, &session).code, rpc_code::kUnavailable);
+  v1::StepRequest step;
+  step.set_session_id(1);
+  step.add_tokens(1);
+  RpcStatus step_status;
+  h.step(step, std::nullopt, [&](RpcStatus st, v1::StepResponse) { step_status = std::move(st); });
+  EXPECT_EQ(step_status.code, rpc_code::kUnavailable);  // answered on the calling thread
+  v1::GenerateRequest gen;
+  gen.set_text("hi");
+  gen.set_max_tokens(1);
+  EXPECT_EQ(generate(h, gen).code, rpc_code::kUnavailable);
+
+  testing::FakeService service;
+  h.attach(service);
+  EXPECT_TRUE(h.attached());
+  ASSERT_TRUE(h.get_model_info(v1::GetModelInfoRequest{}, &info).ok());
+  EXPECT_EQ(info.n_vocab(), testing::FakeService::kVocab);
+  EXPECT_TRUE(h.create_session(v1::CreateSessionRequest{}, 0, &session).ok());
+}
+
+}  // namespace
+}  // namespace kestrel::daemon
