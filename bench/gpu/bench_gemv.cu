@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/gpu/device_timing.cuh"
 #include "core/base/expected.h"
 #include "core/gguf/ggml_type.h"
 #include "core/quant/quant.h"
@@ -34,137 +35,11 @@
 namespace kestrel::gpu {
 namespace {
 
-constexpr int kReadThreads = 256;  // threads per block of the read kernel
-constexpr int kReadUnroll = 4;     // 16-byte loads in flight per thread per iteration
-constexpr int kMinLaunches = 200;  // launches per graph (rounded up to a multiple of the rotation count)
-constexpr int kReplays = 5;        // timed graph replays; the median is reported
-constexpr int kWarmupReplays = 2;  // untimed replays first
+using namespace bench;  // the read kernel, graph timing and limits shared with bench_gdn and bench_moe
+
 constexpr uint64_t kRotationBytes = 256ull << 20;  // K·B >= this (cold L2: the H200 has 60 MB)
-constexpr uint64_t kPeakBytes = 1ull << 30;        // peak read / copy buffer (1 GiB)
 constexpr int64_t kDistinctRows = 64;              // distinct quantized rows, repeated to fill a weight
 constexpr int kMaxBatch = 8;
-
-// Plain streaming read: sums n16 16-byte words (then the n_tail bytes after them) and writes one partial per block
-// to out[blockIdx.x], so nothing is optimised away. src 16-byte aligned; out: u32 [gridDim.x].
-__global__ void stream_read_kernel(const uint4* __restrict__ src, uint64_t n16, int n_tail,
-                                   unsigned* __restrict__ out) {
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  unsigned acc = 0;
-  for (; i + (kReadUnroll - 1) * stride < n16; i += kReadUnroll * stride) {
-    uint4 v[kReadUnroll];
-#pragma unroll
-    for (int u = 0; u < kReadUnroll; ++u) v[u] = src[i + u * stride];
-#pragma unroll
-    for (int u = 0; u < kReadUnroll; ++u) acc += v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  for (; i < n16; i += stride) {
-    const uint4 v = src[i];
-    acc += v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    const unsigned char* tail = reinterpret_cast<const unsigned char*>(src + n16);
-    for (int b = 0; b < n_tail; ++b) acc += tail[b];
-  }
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  __shared__ unsigned warp_sums[kReadThreads / 32];
-  if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned total = 0;
-    for (int w = 0; w < kReadThreads / 32; ++w) total += warp_sums[w];
-    out[blockIdx.x] = total;
-  }
-}
-
-// Owns one device allocation (bytes, uninitialised).
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  Status allocate(uint64_t bytes) {
-    KESTREL_CUDA_TRY(cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes));
-    return {};
-  }
-  unsigned char* bytes() const { return static_cast<unsigned char*>(ptr_); }
-  float* floats() const { return static_cast<float*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-};
-
-// The read kernel's launch shape for n_bytes: enough 256-thread blocks for one 16-byte load per thread, at most 8
-// resident blocks per SM (the grid-stride loop covers the rest).
-struct ReadPlan {
-  uint64_t n16 = 0;
-  int n_tail = 0;
-  int blocks = 1;
-};
-
-ReadPlan plan_read(uint64_t n_bytes, int sm_count) {
-  ReadPlan p;
-  p.n16 = n_bytes / 16;
-  p.n_tail = static_cast<int>(n_bytes % 16);
-  const uint64_t want = (p.n16 + kReadThreads - 1) / kReadThreads;
-  p.blocks = static_cast<int>(std::clamp<uint64_t>(want, 1, static_cast<uint64_t>(sm_count) * 8));
-  return p;
-}
-
-Status launch_read(const unsigned char* src, const ReadPlan& p, unsigned* partials, cudaStream_t stream) {
-  stream_read_kernel<<<p.blocks, kReadThreads, 0, stream>>>(reinterpret_cast<const uint4*>(src), p.n16, p.n_tail,
-                                                            partials);
-  KESTREL_CUDA_TRY(cudaGetLastError());
-  return {};
-}
-
-// Captures n_launch calls of enqueue(i) (each returning Status) into one CUDA graph, replays it kWarmupReplays
-// times, then times kReplays replays with events; returns the median microseconds per launch.
-template <class Enqueue>
-Expected<double> time_graph_us(cudaStream_t stream, int n_launch, Enqueue&& enqueue) {
-  KESTREL_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-  for (int i = 0; i < n_launch; ++i) {
-    Status st = enqueue(i);
-    if (!st) {
-      cudaGraph_t broken = nullptr;
-      (void)cudaStreamEndCapture(stream, &broken);
-      if (broken != nullptr) (void)cudaGraphDestroy(broken);
-      return st.error();
-    }
-  }
-  cudaGraph_t graph = nullptr;
-  KESTREL_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  (void)cudaGraphDestroy(graph);
-  KESTREL_CUDA_TRY(inst);
-  cudaEvent_t start = nullptr;
-  cudaEvent_t stop = nullptr;
-  std::vector<float> ms(kReplays, 0.0f);
-  Status result = [&]() -> Status {
-    KESTREL_CUDA_TRY(cudaEventCreate(&start));
-    KESTREL_CUDA_TRY(cudaEventCreate(&stop));
-    for (int r = 0; r < kWarmupReplays; ++r) KESTREL_CUDA_TRY(cudaGraphLaunch(exec, stream));
-    KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
-    for (int r = 0; r < kReplays; ++r) {
-      KESTREL_CUDA_TRY(cudaEventRecord(start, stream));
-      KESTREL_CUDA_TRY(cudaGraphLaunch(exec, stream));
-      KESTREL_CUDA_TRY(cudaEventRecord(stop, stream));
-      KESTREL_CUDA_TRY(cudaEventSynchronize(stop));
-      KESTREL_CUDA_TRY(cudaEventElapsedTime(&ms[static_cast<size_t>(r)], start, stop));
-    }
-    return {};
-  }();
-  if (start != nullptr) (void)cudaEventDestroy(start);
-  if (stop != nullptr) (void)cudaEventDestroy(stop);
-  (void)cudaGraphExecDestroy(exec);
-  if (!result) return result.error();
-  std::sort(ms.begin(), ms.end());
-  return static_cast<double>(ms[kReplays / 2]) * 1000.0 / n_launch;
-}
 
 int launches_for(uint64_t k_copies) {
   const uint64_t rounds = (kMinLaunches + k_copies - 1) / k_copies;
@@ -187,11 +62,6 @@ struct Case {
   Kernel kernel = Kernel::kRaw;
 };
 
-struct Limits {
-  double peak_read_gbs = 0;
-  double copy_gbs = 0;
-};
-
 struct Row {
   std::string label;
   Kernel kernel;
@@ -204,30 +74,6 @@ struct Row {
   double pct_matched;
   double matched_gbs;
 };
-
-Expected<Limits> measure_limits(int sm_count, unsigned* partials, cudaStream_t stream) {
-  DeviceBuffer src;
-  DeviceBuffer dst;
-  KESTREL_TRY(src.allocate(kPeakBytes));
-  KESTREL_TRY(dst.allocate(kPeakBytes));
-  KESTREL_CUDA_TRY(cudaMemset(src.bytes(), 0x5a, kPeakBytes));
-  KESTREL_CUDA_TRY(cudaMemset(dst.bytes(), 0, kPeakBytes));
-  KESTREL_CUDA_TRY(cudaDeviceSynchronize());  // the memsets run on the legacy stream; `stream` does not wait for it
-  const ReadPlan plan = plan_read(kPeakBytes, sm_count);
-  Limits lim;
-  KESTREL_TRY_ASSIGN(const double read_us, time_graph_us(stream, kMinLaunches, [&](int) {
-                       return launch_read(src.bytes(), plan, partials, stream);
-                     }));
-  lim.peak_read_gbs = static_cast<double>(kPeakBytes) / (read_us * 1e3);
-  constexpr int kCopies = 50;  // 1 GiB each way per copy: 50 is plenty for a stable median
-  KESTREL_TRY_ASSIGN(
-      const double copy_us, time_graph_us(stream, kCopies, [&](int) -> Status {
-        KESTREL_CUDA_TRY(cudaMemcpyAsync(dst.bytes(), src.bytes(), kPeakBytes, cudaMemcpyDeviceToDevice, stream));
-        return {};
-      }));
-  lim.copy_gbs = 2.0 * static_cast<double>(kPeakBytes) / (copy_us * 1e3);
-  return lim;
-}
 
 // Fills copy 0 of `weights` with n_out rows: kDistinctRows quantized random rows, then doubled in place on the device;
 // then copies it to copies 1..k-1 (each `stride` bytes apart). Returns the host bytes of the distinct rows.
