@@ -23,44 +23,14 @@
 #include "core/quant/quant.h"
 #include "core/reference/matvec.h"
 #include "gpu/gemv.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu {
 namespace {
 
+using test::DeviceBuffer;
+
 constexpr double kRelTol = 1e-5;
-
-bool have_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the error so later calls start clean
-    return false;
-  }
-  return n > 0;
-}
-
-#define REQUIRE_DEVICE()                                          \
-  do {                                                            \
-    if (!have_device()) GTEST_SKIP() << "no CUDA device present"; \
-  } while (0)
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-// Owns one device allocation.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) {
-    if (cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes) != cudaSuccess) ptr_ = nullptr;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  unsigned char* bytes() const { return static_cast<unsigned char*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-};
 
 std::string name_of(GgmlType t) { return std::string(ggml_type_name(t)); }
 
@@ -158,22 +128,24 @@ std::vector<float> run_gemv(GgmlType t, const std::vector<unsigned char>& m, siz
   const size_t y_elems = static_cast<size_t>(n_vec * n_out);
   DeviceBuffer d_y(y_elems * sizeof(float));
   std::vector<float> y(y_elems, std::nanf(""));
-  EXPECT_NE(d_w.bytes(), nullptr);
-  EXPECT_NE(d_x.bytes(), nullptr);
-  EXPECT_NE(d_y.bytes(), nullptr);
-  if (d_w.bytes() == nullptr || d_x.bytes() == nullptr || d_y.bytes() == nullptr) return y;
-  EXPECT_EQ(cudaMemcpy(d_w.bytes() + offset, m.data(), m.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  float* x_dev = reinterpret_cast<float*>(d_x.bytes()) + x_offset;
+  EXPECT_NE(d_w.as<unsigned char>(), nullptr);
+  EXPECT_NE(d_x.as<unsigned char>(), nullptr);
+  EXPECT_NE(d_y.as<unsigned char>(), nullptr);
+  if (d_w.as<unsigned char>() == nullptr || d_x.as<unsigned char>() == nullptr || d_y.as<unsigned char>() == nullptr)
+    return y;
+  EXPECT_EQ(cudaMemcpy(d_w.as<unsigned char>() + offset, m.data(), m.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  float* x_dev = reinterpret_cast<float*>(d_x.as<unsigned char>()) + x_offset;
   EXPECT_EQ(cudaMemcpy(x_dev, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemset(d_y.bytes(), 0xFF, y_elems * sizeof(float)), cudaSuccess);  // NaN until written
+  EXPECT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);  // NaN until written
   cudaStream_t stream = nullptr;
   EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  const DeviceMatrixView view{t, d_w.bytes() + offset, n_in, n_out};
-  const Status s = gemv(view, x_dev, n_vec, reinterpret_cast<float*>(d_y.bytes()), stream);
+  const DeviceMatrixView view{t, d_w.as<unsigned char>() + offset, n_in, n_out};
+  const Status s = gemv(view, x_dev, n_vec, reinterpret_cast<float*>(d_y.as<unsigned char>()), stream);
   EXPECT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(y.data(), d_y.bytes(), y_elems * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(y.data(), d_y.as<unsigned char>(), y_elems * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
   return y;
 }
 
@@ -206,7 +178,7 @@ int check_case(GgmlType t, int64_t n_in, int64_t n_out, int n_vec, size_t offset
 }
 
 TEST(Gemv, EveryTypeShapeAndVectorCountMatchesReference) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(20261129);
   for (GgmlType t : kTypes) {
     for (int64_t n_in : n_in_cases(t)) {
@@ -220,7 +192,7 @@ TEST(Gemv, EveryTypeShapeAndVectorCountMatchesReference) {
 }
 
 TEST(Gemv, MatrixAndActivationsOffSixteenByteBoundaries) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(5);
   // Offsets 2..14 move every row start, so the first and last 16-byte unit of each chunk are partial; x one or
   // three floats past a 16-byte boundary takes the kernel's scalar activation loads.
@@ -233,7 +205,7 @@ TEST(Gemv, MatrixAndActivationsOffSixteenByteBoundaries) {
 }
 
 TEST(Gemv, Q4RowsOfSeveralStepsMatchReference) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(4242);
   // Q4_0/Q4_K rows of whole 256-element groups on 16-byte aligned w and x take the v2 kernel (gpu/gemv_q4.cu),
   // which walks a row in 2048-element steps, 4 rows per warp and 16 per block, vectors in slices of 8: rows of
@@ -253,17 +225,17 @@ TEST(Gemv, Q4RowsOfSeveralStepsMatchReference) {
 }
 
 TEST(Gemv, EmptyRowsWriteZeros) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   DeviceBuffer d_y(3 * 5 * sizeof(float));
-  CUDA_OK(cudaMemset(d_y.bytes(), 0xFF, 3 * 5 * sizeof(float)));
+  KESTREL_CUDA_OK(cudaMemset(d_y.as<unsigned char>(), 0xFF, 3 * 5 * sizeof(float)));
   DeviceBuffer d_x(4);
-  const DeviceMatrixView view{GgmlType::kQ4_K, d_x.bytes(), 0, 5};
-  const Status s =
-      gemv(view, reinterpret_cast<const float*>(d_x.bytes()), 3, reinterpret_cast<float*>(d_y.bytes()), nullptr);
+  const DeviceMatrixView view{GgmlType::kQ4_K, d_x.as<unsigned char>(), 0, 5};
+  const Status s = gemv(view, reinterpret_cast<const float*>(d_x.as<unsigned char>()), 3,
+                        reinterpret_cast<float*>(d_y.as<unsigned char>()), nullptr);
   ASSERT_TRUE(s) << s.error().to_string();
-  CUDA_OK(cudaDeviceSynchronize());
+  KESTREL_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> y(15, 1.0f);
-  CUDA_OK(cudaMemcpy(y.data(), d_y.bytes(), y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  KESTREL_CUDA_OK(cudaMemcpy(y.data(), d_y.as<unsigned char>(), y.size() * sizeof(float), cudaMemcpyDeviceToHost));
   for (float v : y) EXPECT_EQ(v, 0.0f);
 }
 
@@ -272,7 +244,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(Gemv, RepeatedRunsAreBitIdentical) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(77);
   for (GgmlType t : kTypes) {
     constexpr int64_t kOut = 129;

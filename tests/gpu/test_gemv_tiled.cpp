@@ -20,42 +20,14 @@
 #include "core/quant/quant.h"
 #include "core/reference/matvec.h"
 #include "gpu/gemv_tiled.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu {
 namespace {
 
+using test::DeviceBuffer;
+
 constexpr double kRelTol = 1e-5;
-
-bool have_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-#define REQUIRE_DEVICE()                                          \
-  do {                                                            \
-    if (!have_device()) GTEST_SKIP() << "no CUDA device present"; \
-  } while (0)
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) {
-    if (cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes) != cudaSuccess) ptr_ = nullptr;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  unsigned char* bytes() const { return static_cast<unsigned char*>(ptr_); }
-  float* floats() const { return static_cast<float*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-};
 
 // Random quant bytes with finite f16 scales of magnitudes 2^-14 .. 2^6.
 std::vector<uint8_t> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, std::mt19937& rng) {
@@ -91,8 +63,8 @@ struct DeviceTiled {
     std::vector<uint8_t> tiled(q4_tiled_bytes(t, n_in, n_out));
     const Status s = q4_tile(t, raw.data(), n_in, n_out, tiled);
     EXPECT_TRUE(s) << s.error().to_string();
-    EXPECT_EQ(cudaMemcpy(buf.bytes(), tiled.data(), tiled.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    view.data = buf.bytes();
+    EXPECT_EQ(cudaMemcpy(buf.as<unsigned char>(), tiled.data(), tiled.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    view.data = buf.as<unsigned char>();
   }
   DeviceBuffer buf;
   TiledQ4View view;
@@ -104,14 +76,16 @@ std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_
   DeviceBuffer d_xp(tiled_x_bytes(w.view.n_cols, n_vec));
   DeviceBuffer d_y(y_elems * sizeof(float));
   std::vector<float> y(y_elems, std::nanf(""));
-  EXPECT_EQ(cudaMemcpy(d_x.bytes(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemset(d_y.bytes(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
-  const Status p = gemv_tiled_prepare_x(d_x.floats(), w.view.n_cols, n_vec, d_xp.bytes(), nullptr);
+  EXPECT_EQ(cudaMemcpy(d_x.as<unsigned char>(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  EXPECT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
+  const Status p = gemv_tiled_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr);
   EXPECT_TRUE(p) << p.error().to_string();
-  const Status s = gemv_q4_tiled(w.view, d_xp.bytes(), n_vec, d_y.floats(), nullptr);
+  const Status s = gemv_q4_tiled(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr);
   EXPECT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(y.data(), d_y.bytes(), y_elems * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(y.data(), d_y.as<unsigned char>(), y_elems * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
   return y;
 }
 
@@ -179,12 +153,12 @@ void check_type(GgmlType t, const std::vector<Shape>& shapes) {
 }
 
 TEST(GemvTiled, Q4_0MatchesReference) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   check_type(GgmlType::kQ4_0, {{64, 16}, {192, 48}, {2048, 512}, {4096, 160}, {8192, 16}, {2048, 4096}});
 }
 
 TEST(GemvTiled, Q4_KMatchesReference) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {2048, 512}, {4096, 160}, {8192, 16}, {2048, 4096}});
 }
 

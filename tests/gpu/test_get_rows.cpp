@@ -15,45 +15,12 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "gpu/get_rows.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu {
 namespace {
 
-bool have_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the error so later calls start clean
-    return false;
-  }
-  return n > 0;
-}
-
-#define REQUIRE_DEVICE()                                          \
-  do {                                                            \
-    if (!have_device()) GTEST_SKIP() << "no CUDA device present"; \
-  } while (0)
-
-#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-// Owns one device allocation.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) {
-    if (cudaMalloc(&ptr_, bytes == 0 ? 1 : bytes) != cudaSuccess) ptr_ = nullptr;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-
- private:
-  void* ptr_ = nullptr;
-};
+using test::DeviceBuffer;
 
 std::string name_of(GgmlType t) { return std::string(ggml_type_name(t)); }
 
@@ -153,7 +120,7 @@ std::vector<float> run_get_rows(GgmlType t, const std::vector<unsigned char>& m,
 }
 
 TEST(GetRows, EveryTypeMatchesCoreBitForBit) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(4242);
   constexpr int64_t kRows = 37;
   for (const Case& c : kCases) {
@@ -174,7 +141,7 @@ TEST(GetRows, EveryTypeMatchesCoreBitForBit) {
 }
 
 TEST(GetRows, StridesOverManyIdsAndWideRows) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(99);
   // More ids than one grid dimension holds (65535).
   {
@@ -198,32 +165,32 @@ TEST(GetRows, StridesOverManyIdsAndWideRows) {
 }
 
 TEST(GetRows, CheckedEntryPointRefusesBadIdsBeforeLaunching) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(7);
   constexpr int64_t kRows = 9;
   const std::vector<unsigned char> m = random_matrix(GgmlType::kQ4_K, 256, kRows, rng);
   DeviceBuffer d_src(m.size());
   DeviceBuffer d_ids(4 * sizeof(int32_t));
   DeviceBuffer d_dst(4 * 256 * sizeof(float));
-  CUDA_OK(cudaMemcpy(d_src.as<void>(), m.data(), m.size(), cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(d_dst.as<void>(), 0xAB, 4 * 256 * sizeof(float)));
+  KESTREL_CUDA_OK(cudaMemcpy(d_src.as<void>(), m.data(), m.size(), cudaMemcpyHostToDevice));
+  KESTREL_CUDA_OK(cudaMemset(d_dst.as<void>(), 0xAB, 4 * 256 * sizeof(float)));
   const DeviceMatrixView view{GgmlType::kQ4_K, d_src.as<void>(), 256, kRows};
   for (int32_t bad : {static_cast<int32_t>(kRows), -1, std::numeric_limits<int32_t>::max()}) {
     const std::vector<int32_t> ids = {1, 2, bad, 3};
-    CUDA_OK(cudaMemcpy(d_ids.as<void>(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    KESTREL_CUDA_OK(cudaMemcpy(d_ids.as<void>(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     const Status s = get_rows(view, ids, d_ids.as<int32_t>(), d_dst.as<float>(), nullptr);
     ASSERT_FALSE(s);
     EXPECT_EQ(s.error().code, ErrorCode::kOutOfRange);
     EXPECT_NE(s.error().message.find("position 2"), std::string::npos) << s.error().message;
   }
-  CUDA_OK(cudaDeviceSynchronize());
+  KESTREL_CUDA_OK(cudaDeviceSynchronize());
   std::vector<unsigned char> dst(4 * 256 * sizeof(float));
-  CUDA_OK(cudaMemcpy(dst.data(), d_dst.as<void>(), dst.size(), cudaMemcpyDeviceToHost));
+  KESTREL_CUDA_OK(cudaMemcpy(dst.data(), d_dst.as<void>(), dst.size(), cudaMemcpyDeviceToHost));
   for (unsigned char b : dst) ASSERT_EQ(b, 0xAB);  // nothing was written
 }
 
 TEST(GetRows, DeviceIdsEntryPointWritesNaNRowsAndCountsBadIds) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(8);
   constexpr int64_t kRows = 11;
   constexpr int64_t kCols = 512;
@@ -235,18 +202,18 @@ TEST(GetRows, DeviceIdsEntryPointWritesNaNRowsAndCountsBadIds) {
   DeviceBuffer d_ids(ids.size() * sizeof(int32_t));
   DeviceBuffer d_dst(out_elems * sizeof(float));
   DeviceBuffer d_bad(sizeof(int32_t));
-  CUDA_OK(cudaMemcpy(d_src.as<void>(), m.data(), m.size(), cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemcpy(d_ids.as<void>(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  CUDA_OK(cudaMemset(d_bad.as<void>(), 0, sizeof(int32_t)));
+  KESTREL_CUDA_OK(cudaMemcpy(d_src.as<void>(), m.data(), m.size(), cudaMemcpyHostToDevice));
+  KESTREL_CUDA_OK(cudaMemcpy(d_ids.as<void>(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  KESTREL_CUDA_OK(cudaMemset(d_bad.as<void>(), 0, sizeof(int32_t)));
   const DeviceMatrixView view{GgmlType::kQ5_K, d_src.as<void>(), kCols, kRows};
   const Status s = get_rows_device_ids(view, d_ids.as<int32_t>(), static_cast<int64_t>(ids.size()), d_dst.as<float>(),
                                        d_bad.as<int32_t>(), nullptr);
   ASSERT_TRUE(s) << s.error().to_string();
-  CUDA_OK(cudaDeviceSynchronize());
+  KESTREL_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> got(out_elems);
   int32_t n_bad = -1;
-  CUDA_OK(cudaMemcpy(got.data(), d_dst.as<void>(), out_elems * sizeof(float), cudaMemcpyDeviceToHost));
-  CUDA_OK(cudaMemcpy(&n_bad, d_bad.as<void>(), sizeof(int32_t), cudaMemcpyDeviceToHost));
+  KESTREL_CUDA_OK(cudaMemcpy(got.data(), d_dst.as<void>(), out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+  KESTREL_CUDA_OK(cudaMemcpy(&n_bad, d_bad.as<void>(), sizeof(int32_t), cudaMemcpyDeviceToHost));
   EXPECT_EQ(n_bad, 4);
   for (size_t r = 0; r < ids.size(); ++r) {
     const std::vector<float> row(got.begin() + static_cast<int64_t>(r) * kCols,
