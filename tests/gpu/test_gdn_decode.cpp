@@ -27,44 +27,15 @@
 #include "core/reference/gdn_prepare.h"
 #include "core/reference/norm.h"
 #include "gpu/gdn_decode.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu {
 namespace {
 
+using test::DeviceBuffer;
+
 constexpr double kTol = 2e-5;
 constexpr int kSteps = 3;
-
-bool have_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-#define REQUIRE_DEVICE()                                          \
-  do {                                                            \
-    if (!have_device()) GTEST_SKIP() << "no CUDA device present"; \
-  } while (0)
-
-// Owns one device allocation of floats (or bytes).
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) {
-    if (cudaMalloc(&ptr_, bytes == 0 ? 16 : bytes) != cudaSuccess) ptr_ = nullptr;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  float* f() const { return static_cast<float*>(ptr_); }
-  void* get() const { return ptr_; }
-
- private:
-  void* ptr_ = nullptr;
-};
 
 void upload(float* dst, const std::vector<float>& src) {
   ASSERT_EQ(cudaMemcpy(dst, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
@@ -223,45 +194,45 @@ Result run_device(const Problem& p) {
   DeviceBuffer ws(gdn_decode_workspace_bytes(d, p.n_seq));
   DeviceBuffer qkv(p.qkv[0].size() * 4), z(p.z[0].size() * 4), b(p.b[0].size() * 4), a(p.a[0].size() * 4);
   DeviceBuffer ba(p.ba[0].size() * 4);
-  if (states.get() == nullptr || ws.get() == nullptr || out.get() == nullptr) {
+  if (states.as() == nullptr || ws.as() == nullptr || out.as() == nullptr) {
     ADD_FAILURE() << "cudaMalloc failed";
     return r;
   }
   std::vector<GdnSlot> host_slots(N);
   for (size_t n = 0; n < N; ++n) {
-    float* base = states.f() + 1 + perm[n] * slot_elems;
+    float* base = states.as<float>() + 1 + perm[n] * slot_elems;
     host_slots[n].s = base;
     host_slots[n].conv = base + s_elems;
     EXPECT_EQ(cudaMemcpy(base, p.s0[n].data(), s_elems * 4, cudaMemcpyHostToDevice), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(base + s_elems, p.conv0[n].data(), c_elems * 4, cudaMemcpyHostToDevice), cudaSuccess);
   }
-  EXPECT_EQ(cudaMemcpy(slots.get(), host_slots.data(), N * sizeof(GdnSlot), cudaMemcpyHostToDevice), cudaSuccess);
-  upload(conv1d.f(), p.conv1d);
-  upload(dt.f(), p.dt_bias);
-  upload(sa.f(), p.ssm_a);
-  upload(sn.f(), p.ssm_norm);
-  const GdnDecodeWeights w{conv1d.f(), dt.f(), sa.f(), sn.f()};
+  EXPECT_EQ(cudaMemcpy(slots.as(), host_slots.data(), N * sizeof(GdnSlot), cudaMemcpyHostToDevice), cudaSuccess);
+  upload(conv1d.as<float>(), p.conv1d);
+  upload(dt.as<float>(), p.dt_bias);
+  upload(sa.as<float>(), p.ssm_a);
+  upload(sn.as<float>(), p.ssm_norm);
+  const GdnDecodeWeights w{conv1d.as<float>(), dt.as<float>(), sa.as<float>(), sn.as<float>()};
   GdnDecodeInputs in;
-  in.qkv = qkv.f();
-  if (p.proj != ref::GdnProjection::kSsmInBa) in.z = z.f();
+  in.qkv = qkv.as<float>();
+  if (p.proj != ref::GdnProjection::kSsmInBa) in.z = z.as<float>();
   if (p.proj == ref::GdnProjection::kQkvGateBetaAlpha) {
-    in.b = b.f();
-    in.a = a.f();
+    in.b = b.as<float>();
+    in.a = a.as<float>();
   } else {
-    in.ba = ba.f();
+    in.ba = ba.as<float>();
   }
   for (int t = 0; t < kSteps; ++t) {
-    upload(qkv.f(), p.qkv[t]);
-    upload(z.f(), p.z[t]);
-    upload(b.f(), p.b[t]);
-    upload(a.f(), p.a[t]);
-    upload(ba.f(), p.ba[t]);
-    EXPECT_EQ(cudaMemset(out.get(), 0xFF, N * Vd * 4), cudaSuccess);  // NaN until written
-    const Status s =
-        gdn_decode(d, p.proj, w, in, static_cast<const GdnSlot*>(slots.get()), p.n_seq, out.f(), ws.get(), nullptr);
+    upload(qkv.as<float>(), p.qkv[t]);
+    upload(z.as<float>(), p.z[t]);
+    upload(b.as<float>(), p.b[t]);
+    upload(a.as<float>(), p.a[t]);
+    upload(ba.as<float>(), p.ba[t]);
+    EXPECT_EQ(cudaMemset(out.as(), 0xFF, N * Vd * 4), cudaSuccess);  // NaN until written
+    const Status s = gdn_decode(d, p.proj, w, in, static_cast<const GdnSlot*>(slots.as()), p.n_seq, out.as<float>(),
+                                ws.as(), nullptr);
     EXPECT_TRUE(s) << s.error().to_string();
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    r.out[t] = download(out.f(), N * Vd);
+    r.out[t] = download(out.as<float>(), N * Vd);
   }
   for (size_t n = 0; n < N; ++n) {
     r.s.push_back(download(host_slots[n].s, s_elems));
@@ -356,33 +327,33 @@ constexpr auto kBa = ref::GdnProjection::kQkvGateBa;
 constexpr auto kSsmIn = ref::GdnProjection::kSsmInBa;
 
 TEST(GdnDecode, TinyQwen35Tiled) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   check_case({"tiny qwen35", 4, 8, 32, 32, 4, kTiled, kBetaAlpha, 3});
 }
 
 TEST(GdnDecode, TinyQwen3NextGroupedBa) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   check_case({"tiny qwen3next", 4, 8, 32, 32, 4, kGrouped, kBa, 3});
 }
 
 TEST(GdnDecode, TinyQwen3NextLegacySsmIn) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   check_case({"tiny qwen3next legacy ssm_in", 4, 8, 32, 32, 4, kGrouped, kSsmIn, 2});
 }
 
 TEST(GdnDecode, Qwen35Moe35BShape) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   check_case({"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 1});
   check_case({"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 8});
 }
 
 TEST(GdnDecode, Qwen3NextShapeGrouped) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   check_case({"80B-A3B-like", 16, 32, 128, 128, 4, kGrouped, kBa, 4});
 }
 
 TEST(GdnDecode, OddShapes) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   check_case({"odd r=3", 3, 9, 48, 40, 3, kGrouped, kBa, 5});
   check_case({"odd r=3 tiled", 3, 9, 48, 40, 3, kTiled, kBetaAlpha, 2});
   check_case({"odd wide dk", 2, 4, 200, 72, 4, kTiled, kBetaAlpha, 3});

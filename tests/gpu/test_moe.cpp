@@ -27,43 +27,15 @@
 #include "gpu/gemv.h"
 #include "gpu/moe_experts.h"
 #include "gpu/moe_router.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu {
 namespace {
 
+using test::DeviceBuffer;
+
 constexpr double kOutTol = 3e-5;
 constexpr double kWeightTol = 2e-6;
-
-bool have_device() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
-
-#define REQUIRE_DEVICE()                                          \
-  do {                                                            \
-    if (!have_device()) GTEST_SKIP() << "no CUDA device present"; \
-  } while (0)
-
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) {
-    if (cudaMalloc(&ptr_, bytes == 0 ? 16 : bytes) != cudaSuccess) ptr_ = nullptr;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-  float* f() const { return static_cast<float*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-};
 
 // Fast reproducible bytes (the expert stacks are hundreds of MB at the 35B shape).
 struct XorShift {
@@ -185,8 +157,8 @@ struct DeviceMoe {
   MoeDeviceWeights w;
   const void* put(const std::vector<unsigned char>& v) {
     bufs.push_back(std::make_unique<DeviceBuffer>(v.size()));
-    EXPECT_EQ(cudaMemcpy(bufs.back()->get(), v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    return bufs.back()->get();
+    EXPECT_EQ(cudaMemcpy(bufs.back()->as(), v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    return bufs.back()->as();
   }
 };
 
@@ -242,17 +214,17 @@ DeviceRun run_device(const DeviceMoe& d, const std::vector<float>& x, int n_tok)
   DeviceRun r;
   DeviceBuffer dx(x.size() * 4), dout(x.size() * 4), dlog(static_cast<size_t>(n_tok * E) * 4);
   DeviceBuffer ws(moe_workspace_bytes(w, n_tok));
-  if (dx.get() == nullptr || dout.get() == nullptr || ws.get() == nullptr || dlog.get() == nullptr) {
+  if (dx.as() == nullptr || dout.as() == nullptr || ws.as() == nullptr || dlog.as() == nullptr) {
     ADD_FAILURE() << "cudaMalloc failed";
     return r;
   }
-  EXPECT_EQ(cudaMemcpy(dx.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dout.get(), 0xFF, x.size() * 4), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemset(dout.as(), 0xFF, x.size() * 4), cudaSuccess);
   MoeLaunchInfo info;
-  const Status s = moe_forward(w, dx.f(), n_tok, dout.f(), ws.get(), nullptr, &info);
+  const Status s = moe_forward(w, dx.as<float>(), n_tok, dout.as<float>(), ws.as(), nullptr, &info);
   EXPECT_TRUE(s) << s.error().to_string();
   // The router logits as the layer computed them (gemv is deterministic and independent of the batch).
-  const Status sl = gemv(w.router, dx.f(), n_tok, dlog.f(), nullptr);
+  const Status sl = gemv(w.router, dx.as<float>(), n_tok, dlog.as<float>(), nullptr);
   EXPECT_TRUE(sl) << sl.error().to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   r.launches = info.launches;
@@ -262,8 +234,8 @@ DeviceRun run_device(const DeviceMoe& d, const std::vector<float>& x, int n_tok)
   };
   const size_t n_entries = static_cast<size_t>(n_tok * k);
   const size_t max_active = std::min(static_cast<size_t>(E), n_entries);
-  get(r.out, dout.get(), x.size());
-  get(r.logits, dlog.get(), static_cast<size_t>(n_tok * E));
+  get(r.out, dout.as(), x.size());
+  get(r.logits, dlog.as(), static_cast<size_t>(n_tok * E));
   get(r.ids, info.routing.ids, n_entries);
   get(r.weights, info.routing.weights, n_entries);
   EXPECT_EQ(cudaMemcpy(&r.n_active, info.routing.n_active, 4, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -384,31 +356,31 @@ void run_shape(const Shape& s, std::initializer_list<int> n_toks) {
 }
 
 TEST(Moe, TinyQ8_0) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   run_shape({"tiny", 64, 16, 4, 64, 256, GgmlType::kQ8_0, GgmlType::kQ8_0, GgmlType::kQ8_0, GgmlType::kF32},
             {1, 3, 8, 32});
 }
 
 TEST(Moe, TinyQ4_0F16) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   run_shape({"tiny", 64, 16, 4, 64, 256, GgmlType::kQ4_0, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0},
             {1, 8, 32});
 }
 
 TEST(Moe, Qwen35Moe35BShapeQ4_K) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   run_shape({"35B-A3B-like", 2048, 256, 8, 512, 512, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ8_0, GgmlType::kF32},
             {1, 8, 32});
 }
 
 TEST(Moe, Qwen35Moe35BShapeQ4_0) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   run_shape({"35B-A3B-like", 2048, 256, 8, 512, 512, GgmlType::kQ4_0, GgmlType::kQ4_0, GgmlType::kQ4_0, GgmlType::kF32},
             {1, 8, 32});
 }
 
 TEST(Moe, OddShapeTopOneAndAllExperts) {
-  REQUIRE_DEVICE();
+  KESTREL_REQUIRE_DEVICE();
   run_shape({"odd k=1", 96, 5, 1, 40, 24, GgmlType::kQ8_0, GgmlType::kF32, GgmlType::kF16, GgmlType::kF32}, {1, 7});
   run_shape({"odd k=E", 96, 5, 5, 40, 24, GgmlType::kQ8_0, GgmlType::kF16, GgmlType::kF16, GgmlType::kF32}, {2});
 }
