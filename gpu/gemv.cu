@@ -19,6 +19,7 @@
 #include "core/gguf/ggml_type.h"
 #include "gpu/cuda_check.h"
 #include "gpu/dequant.cuh"
+#include "gpu/dequant_group.cuh"
 #include "gpu/gemv.h"
 #include "gpu/gemv_q4.h"
 
@@ -28,7 +29,8 @@ namespace {
 constexpr int kWarps = 4;  // rows per block, one per warp
 constexpr int kThreads = 32 * kWarps;
 constexpr int kChunkElems = 1024;  // elements of a row staged per step (a multiple of every block size)
-constexpr int kGroup = 8;          // consecutive elements one lane takes per step (divides 16: no block/scale crossing)
+constexpr int kGroup =
+    kDequantGroup;  // consecutive elements one lane takes per step (divides 16: no block/scale crossing)
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 static_assert(kChunkElems % (32 * kGroup) == 0 && 16 % kGroup == 0);
 
@@ -56,63 +58,6 @@ __device__ __forceinline__ uint4 load_unit(uintptr_t unit, uintptr_t lo, uintptr
     }
   }
   return make_uint4(word[0], word[1], word[2], word[3]);
-}
-
-// Weights of elements e0 .. e0 + n - 1 of the staged chunk (n < kGroup only at the ragged end of a plain-type row),
-// each bit-identical to Dequant<T>::elem: the group never crosses a block, a K sub-block or a Q6_K scale group, so
-// the scale (and min) is decoded once per group.
-template <GgmlType T>
-__device__ __forceinline__ void group_weights(const typename Dequant<T>::Block* blocks, int e0, int n,
-                                              float (&wv)[kGroup]) {
-  using D = Dequant<T>;
-  if constexpr (D::kBlockElems == 1) {
-#pragma unroll
-    for (int j = 0; j < kGroup; ++j) wv[j] = j < n ? D::elem(blocks + e0 + j, 0) : 0.0f;
-  } else {
-    const auto* b = blocks + e0 / D::kBlockElems;
-    const int i0 = e0 % D::kBlockElems;
-    if constexpr (T == GgmlType::kQ4_0) {
-      const float d = dq_fp16_to_f32(b->d);
-#pragma unroll
-      for (int j = 0; j < kGroup; ++j) wv[j] = __fmul_rn(static_cast<float>(D::quant(b, i0 + j)), d);
-    } else if constexpr (T == GgmlType::kQ8_0) {
-      const float d = dq_fp16_to_f32(b->d);
-#pragma unroll
-      for (int j = 0; j < kGroup; ++j) wv[j] = __fmul_rn(static_cast<float>(b->qs[i0 + j]), d);
-    } else if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
-      float step;
-      float offset;
-      dq_k4_step_offset(b, D::sub_block(i0), &step, &offset);
-#pragma unroll
-      for (int j = 0; j < kGroup; ++j) {
-        wv[j] = __fsub_rn(__fmul_rn(step, static_cast<float>(D::quant(b, i0 + j))), offset);
-      }
-    } else {
-      static_assert(T == GgmlType::kQ6_K);
-      const float step = __fmul_rn(dq_fp16_to_f32(b->d), static_cast<float>(b->scales[D::scale_index(i0)]));
-#pragma unroll
-      for (int j = 0; j < kGroup; ++j) wv[j] = __fmul_rn(step, static_cast<float>(D::quant(b, i0 + j)));
-    }
-  }
-}
-
-// x[0 .. n - 1] into xv (zeros past n); two 16-byte loads when the group is whole and x is aligned for them.
-__device__ __forceinline__ void load_x(const float* __restrict__ p, int n, bool vec4, float (&xv)[kGroup]) {
-  if (vec4 && n == kGroup) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(p));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
-    xv[0] = a.x;
-    xv[1] = a.y;
-    xv[2] = a.z;
-    xv[3] = a.w;
-    xv[4] = b.x;
-    xv[5] = b.y;
-    xv[6] = b.z;
-    xv[7] = b.w;
-  } else {
-#pragma unroll
-    for (int j = 0; j < kGroup; ++j) xv[j] = j < n ? __ldg(p + j) : 0.0f;
-  }
 }
 
 // w: n_out rows of row_bytes; x: f32 [n_vec, n_in]; y: f32 [n_vec, n_out]; n_vec <= NV.
@@ -164,12 +109,12 @@ __global__ void __launch_bounds__(kThreads)
     for (int e0 = kGroup * lane; e0 < elems; e0 += kGroup * 32) {
       const int n = elems - e0 < kGroup ? elems - e0 : kGroup;
       float wv[kGroup];
-      group_weights<T>(blocks, e0, n, wv);
+      dq_group_weights<T>(blocks, e0, n, wv);
 #pragma unroll
       for (int v = 0; v < NV; ++v) {
         if (v < n_vec) {
           float xv[kGroup];
-          load_x(xc + v * n_in + e0, n, x_vec4, xv);
+          dq_load_x(xc + v * n_in + e0, n, x_vec4, xv);
 #pragma unroll
           for (int j = 0; j < kGroup; ++j) {
             if (j < n) acc[v] = fmaf(wv[j], xv[j], acc[v]);

@@ -18,6 +18,7 @@
 
 #include "gpu/cuda_check.h"
 #include "gpu/dequant.cuh"
+#include "gpu/dequant_group.cuh"
 #include "gpu/gemv.h"
 #include "gpu/moe_experts.h"
 
@@ -26,8 +27,8 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kGroup = 8;      // elements a lane decodes at once (never crosses a block or a sub-block scale)
-constexpr int kEntryTile = 8;  // entries accumulated per pass over a row
+constexpr int kGroup = kDequantGroup;  // elements a lane decodes at once (never crosses a block or a sub-block scale)
+constexpr int kEntryTile = 8;          // entries accumulated per pass over a row
 constexpr int kCombineThreads = 256;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
@@ -52,61 +53,6 @@ struct Groups {
 std::string tname(GgmlType t) { return std::string(ggml_type_name(t)); }
 
 __device__ __forceinline__ float silu_rn(float x) { return __fmul_rn(x, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x)))); }
-
-// Weights of elements e0 .. e0 + n − 1 of a row (n < kGroup only at the ragged end of a plain-type row).
-template <GgmlType T>
-__device__ __forceinline__ void group_weights(const uint8_t* row, int e0, int n, float (&wv)[kGroup]) {
-  using D = Dequant<T>;
-  const auto* blocks = reinterpret_cast<const typename D::Block*>(row);
-  if constexpr (D::kBlockElems == 1) {
-#pragma unroll
-    for (int j = 0; j < kGroup; ++j) wv[j] = j < n ? D::elem(blocks + e0 + j, 0) : 0.0f;
-  } else {
-    const auto* b = blocks + e0 / D::kBlockElems;
-    const int i0 = e0 % D::kBlockElems;
-    if constexpr (T == GgmlType::kQ4_0) {
-      const float d = dq_fp16_to_f32(b->d);
-#pragma unroll
-      for (int j = 0; j < kGroup; ++j) wv[j] = __fmul_rn(static_cast<float>(D::quant(b, i0 + j)), d);
-    } else if constexpr (T == GgmlType::kQ8_0) {
-      const float d = dq_fp16_to_f32(b->d);
-#pragma unroll
-      for (int j = 0; j < kGroup; ++j) wv[j] = __fmul_rn(static_cast<float>(b->qs[i0 + j]), d);
-    } else if constexpr (T == GgmlType::kQ4_K || T == GgmlType::kQ5_K) {
-      float step;
-      float offset;
-      dq_k4_step_offset(b, D::sub_block(i0), &step, &offset);
-#pragma unroll
-      for (int j = 0; j < kGroup; ++j) {
-        wv[j] = __fsub_rn(__fmul_rn(step, static_cast<float>(D::quant(b, i0 + j))), offset);
-      }
-    } else {
-      static_assert(T == GgmlType::kQ6_K);
-      const float step = __fmul_rn(dq_fp16_to_f32(b->d), static_cast<float>(b->scales[D::scale_index(i0)]));
-#pragma unroll
-      for (int j = 0; j < kGroup; ++j) wv[j] = __fmul_rn(step, static_cast<float>(D::quant(b, i0 + j)));
-    }
-  }
-}
-
-// x[0 .. n − 1] into xv (zeros past n); two 16-byte loads when the group is whole and aligned.
-__device__ __forceinline__ void load_x(const float* __restrict__ p, int n, bool vec4, float (&xv)[kGroup]) {
-  if (vec4 && n == kGroup) {
-    const float4 lo = __ldg(reinterpret_cast<const float4*>(p));
-    const float4 hi = __ldg(reinterpret_cast<const float4*>(p) + 1);
-    xv[0] = lo.x;
-    xv[1] = lo.y;
-    xv[2] = lo.z;
-    xv[3] = lo.w;
-    xv[4] = hi.x;
-    xv[5] = hi.y;
-    xv[6] = hi.z;
-    xv[7] = hi.w;
-  } else {
-#pragma unroll
-    for (int j = 0; j < kGroup; ++j) xv[j] = j < n ? __ldg(p + j) : 0.0f;
-  }
-}
 
 // Shared-memory geometry of one staged chunk of type T: 2048 elements of the block types (a whole row of the 35B-A3B
 // gate/up experts in one step, at most 2176 bytes), 2 KiB of the plain types.
@@ -239,13 +185,13 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(Job j0, Job j1, int j
         const int n = min(kGroup, elems - e0);
         float wa[kGroup];
         float wb[kGroup];
-        group_weights<T>(ca, e0, n, wa);
-        if constexpr (kGateUp) group_weights<T>(cb, e0, n, wb);
+        dq_group_weights<T>(reinterpret_cast<const typename Dequant<T>::Block*>(ca), e0, n, wa);
+        if constexpr (kGateUp) dq_group_weights<T>(reinterpret_cast<const typename Dequant<T>::Block*>(cb), e0, n, wb);
 #pragma unroll
         for (int v = 0; v < kEntryTile; ++v) {
           if (v < nv) {
             float xv[kGroup];
-            load_x(xr[v] + base + e0, n, x_vec4, xv);
+            dq_load_x(xr[v] + base + e0, n, x_vec4, xv);
 #pragma unroll
             for (int j = 0; j < kGroup; ++j) {
               acc_a[v] = fmaf(wa[j], xv[j], acc_a[v]);  // wa[j] = xv[j] = 0 past n
