@@ -197,27 +197,12 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
 }
 
 Status run(const std::string& only) {
-  int device = 0;
-  KESTREL_CUDA_TRY(cudaGetDevice(&device));
-  cudaDeviceProp prop{};
-  KESTREL_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
-  const int sm_count = prop.multiProcessorCount;
-  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, sm_count, prop.l2CacheSize >> 20);
-
-  cudaStream_t stream = nullptr;
-  KESTREL_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  struct StreamGuard {
-    cudaStream_t s;
-    ~StreamGuard() { (void)cudaStreamDestroy(s); }
-  } guard{stream};
-
-  DeviceBuffer partials;  // u32 [8 · SMs]: one partial per read-kernel block
-  KESTREL_TRY(partials.allocate(static_cast<uint64_t>(sm_count) * 8 * sizeof(unsigned)));
-  unsigned* partials_u32 = reinterpret_cast<unsigned*>(partials.bytes());
-
-  KESTREL_TRY_ASSIGN(const Limits lim, measure_limits(sm_count, partials_u32, stream));
-  std::printf("peak read (1 GiB, plain 16-byte loads): %.0f GB/s; D2D copy (1 GiB, read + written): %.0f GB/s\n",
-              lim.peak_read_gbs, lim.copy_gbs);
+  BenchSetup setup;
+  KESTREL_TRY(setup.start());
+  const int sm_count = setup.sm_count;
+  cudaStream_t stream = setup.stream;
+  const Limits& lim = setup.lim;
+  unsigned* partials_u32 = setup.partials();
 
   // qwen35moe-35b-a3b decode shapes, H = 2048; {n_in, n_out} as ggml's {ne0, ne1}.
   const Shape attn_qkv{"gdn.attn_qkv", 2048, 8192};

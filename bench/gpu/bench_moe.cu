@@ -120,23 +120,10 @@ Status make_layer(GgmlType t, uint64_t seed, Layer& l) {
 }
 
 Status run() {
-  int device = 0;
-  KESTREL_CUDA_TRY(cudaGetDevice(&device));
-  cudaDeviceProp prop{};
-  KESTREL_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
-  const int sm_count = prop.multiProcessorCount;
-  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, sm_count, prop.l2CacheSize >> 20);
-  cudaStream_t stream = nullptr;
-  KESTREL_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  struct StreamGuard {
-    cudaStream_t s;
-    ~StreamGuard() { (void)cudaStreamDestroy(s); }
-  } guard{stream};
-  DeviceBuffer partials;
-  KESTREL_TRY(partials.allocate(static_cast<uint64_t>(sm_count) * 8 * sizeof(unsigned)));
-  KESTREL_TRY_ASSIGN(const Limits lim, measure_limits(sm_count, reinterpret_cast<unsigned*>(partials.bytes()), stream));
-  std::printf("peak read (1 GiB, plain 16-byte loads): %.0f GB/s; D2D copy (1 GiB, read + written): %.0f GB/s\n",
-              lim.peak_read_gbs, lim.copy_gbs);
+  BenchSetup setup;
+  KESTREL_TRY(setup.start());
+  cudaStream_t stream = setup.stream;
+  const Limits& lim = setup.lim;
 
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);

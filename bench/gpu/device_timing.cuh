@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "core/base/expected.h"
@@ -172,5 +173,37 @@ inline Expected<Limits> measure_limits(int sm_count, unsigned* partials, cudaStr
   lim.copy_gbs = 2.0 * static_cast<double>(kPeakBytes) / (copy_us * 1e3);
   return lim;
 }
+
+// The common start of a benchmark run: prints the device, creates a non-blocking stream (destroyed with the setup),
+// allocates the read kernel's partials (u32 [8 · SMs]) and measures and prints both limits.
+struct BenchSetup {
+  int sm_count = 0;
+  cudaStream_t stream = nullptr;
+  DeviceBuffer partials_buf;
+  Limits lim;
+
+  BenchSetup() = default;
+  BenchSetup(const BenchSetup&) = delete;
+  BenchSetup& operator=(const BenchSetup&) = delete;
+  ~BenchSetup() {
+    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  }
+  unsigned* partials() const { return reinterpret_cast<unsigned*>(partials_buf.bytes()); }
+
+  Status start() {
+    int device = 0;
+    KESTREL_CUDA_TRY(cudaGetDevice(&device));
+    cudaDeviceProp prop{};
+    KESTREL_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
+    sm_count = prop.multiProcessorCount;
+    std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, sm_count, prop.l2CacheSize >> 20);
+    KESTREL_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    KESTREL_TRY(partials_buf.allocate(static_cast<uint64_t>(sm_count) * 8 * sizeof(unsigned)));
+    KESTREL_TRY_ASSIGN(lim, measure_limits(sm_count, partials(), stream));
+    std::printf("peak read (1 GiB, plain 16-byte loads): %.0f GB/s; D2D copy (1 GiB, read + written): %.0f GB/s\n",
+                lim.peak_read_gbs, lim.copy_gbs);
+    return {};
+  }
+};
 
 }  // namespace kestrel::gpu::bench
