@@ -213,6 +213,25 @@ Status StateSlots::clone(int src, int dst, int n_used, cudaStream_t stream) {
   return ok_status();
 }
 
+// Layer l of a host session state has this model's geometry (a GDN state of the right size, or a KV cache with the
+// right heads).
+Status StateSlots::check_host_layer(const ref::SessionState& state, uint32_t l) const {
+  if (kinds_[l] == LayerKind::kGatedDeltaNet) {
+    const ref::GdnState& g = state.gdn(l);
+    if (g.s.size() != gdn_s_floats_ || g.conv.size() != gdn_conv_floats_) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "state slots: host state layer " + std::to_string(l) + " is not a GDN layer of this model");
+    }
+    return ok_status();
+  }
+  const ref::KvCache& c = state.kv(l);
+  if (c.n_head_kv != n_head_kv_ || c.head_dim != head_dim_) {
+    return make_error(ErrorCode::kInvalidArgument, "state slots: host state layer " + std::to_string(l) +
+                                                       " is not an attention layer of this model");
+  }
+  return ok_status();
+}
+
 Status StateSlots::download(int slot, int n_used, ref::SessionState& state, cudaStream_t stream) const {
   KESTREL_TRY(check_slot(slot));
   if (n_used < 0 || n_used > n_ctx_ || n_used > state.n_ctx()) {
@@ -222,19 +241,7 @@ Status StateSlots::download(int slot, int n_used, ref::SessionState& state, cuda
   }
   // Check the whole geometry before writing anything into `state`.
   for (uint32_t l = 0; l < n_layer(); ++l) {
-    if (kinds_[l] == LayerKind::kGatedDeltaNet) {
-      const ref::GdnState& g = state.gdn(l);
-      if (g.s.size() != gdn_s_floats_ || g.conv.size() != gdn_conv_floats_) {
-        return make_error(ErrorCode::kInvalidArgument,
-                          "state slots: host state layer " + std::to_string(l) + " is not a GDN layer of this model");
-      }
-    } else {
-      const ref::KvCache& c = state.kv(l);
-      if (c.n_head_kv != n_head_kv_ || c.head_dim != head_dim_) {
-        return make_error(ErrorCode::kInvalidArgument, "state slots: host state layer " + std::to_string(l) +
-                                                           " is not an attention layer of this model");
-      }
-    }
+    KESTREL_TRY(check_host_layer(state, l));
   }
   const uint64_t kv_bytes = static_cast<uint64_t>(n_used) * n_head_kv_ * head_dim_ * sizeof(float);
   for (uint32_t l = 0; l < n_layer(); ++l) {
@@ -261,18 +268,9 @@ Status StateSlots::upload(const ref::SessionState& state, int slot, cudaStream_t
   KESTREL_TRY(check_slot(slot));
   int n_used = -1;
   for (uint32_t l = 0; l < n_layer(); ++l) {
-    if (kinds_[l] == LayerKind::kGatedDeltaNet) {
-      const ref::GdnState& g = state.gdn(l);
-      if (g.s.size() != gdn_s_floats_ || g.conv.size() != gdn_conv_floats_) {
-        return make_error(ErrorCode::kInvalidArgument,
-                          "state slots: host state layer " + std::to_string(l) + " is not a GDN layer of this model");
-      }
-    } else {
+    KESTREL_TRY(check_host_layer(state, l));
+    if (kinds_[l] != LayerKind::kGatedDeltaNet) {
       const ref::KvCache& c = state.kv(l);
-      if (c.n_head_kv != n_head_kv_ || c.head_dim != head_dim_) {
-        return make_error(ErrorCode::kInvalidArgument, "state slots: host state layer " + std::to_string(l) +
-                                                           " is not an attention layer of this model");
-      }
       if (n_used >= 0 && c.n_used != n_used) {
         return make_error(ErrorCode::kInvalidArgument,
                           "state slots: host attention layers disagree on the token count (" + std::to_string(n_used) +

@@ -91,6 +91,7 @@ class StateSlots {
   StateSlots() = default;
   void release();
   Status check_slot(int slot) const;
+  Status check_host_layer(const ref::SessionState& state, uint32_t l) const;
   Status check_layer(uint32_t layer, LayerKind want) const;
   float* at(int slot, uint64_t offset) const;
 
