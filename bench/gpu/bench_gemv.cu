@@ -30,6 +30,7 @@
 #include "core/quant/quant.h"
 #include "gpu/cuda_check.h"
 #include "gpu/gemv.h"
+#include "gpu/gemv_imma.h"
 #include "gpu/gemv_tiled.h"
 
 namespace kestrel::gpu {
@@ -52,9 +53,17 @@ struct Shape {
   int64_t n_out;  // ggml ne1: rows
 };
 
-// gemv() on raw GGUF rows (v1/v2); gemv_q4_tiled() on the re-tiled copy (v3) with x prepared once outside the timed
-// launches (as a decode step does for the matrices that share an x), or with one preparation per launch.
-enum class Kernel { kRaw, kTiled, kTiledPrep };
+// gemv() on raw GGUF rows (v1/v2); gemv_q4_tiled() on the re-tiled copy (v3) and gemv_imma() on the same tiles (v4),
+// each with x prepared once outside the timed launches (as a decode step does for the matrices that share an x, or
+// as the op that produces x writes it), or with one preparation per launch.
+enum class Kernel { kRaw, kTiled, kTiledPrep, kImma, kImmaPrep };
+constexpr int kKernels = 5;
+constexpr const char* kKernelNames[kKernels] = {"raw", "tiled", "t+prep", "imma", "i+prep"};
+constexpr const char* kKernelLong[kKernels] = {"raw (v2)", "tiled (v3, x prepared once)",
+                                               "tiled (v3) + x preparation per call", "imma (v4, x prepared once)",
+                                               "imma (v4) + x preparation per call"};
+bool is_v3(Kernel k) { return k == Kernel::kTiled || k == Kernel::kTiledPrep; }
+bool is_v4(Kernel k) { return k == Kernel::kImma || k == Kernel::kImmaPrep; }
 
 struct Case {
   Shape shape;
@@ -166,26 +175,29 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
                      }));
   const double matched_gbs = static_cast<double>(bytes) / (read_us * 1e3);
 
-  DeviceBuffer xprep_buf;  // prepared activations for the tiled kernel
+  DeviceBuffer xprep_buf;  // prepared activations for the tiled kernels
   void* xprep = nullptr;
   if (c.kernel != Kernel::kRaw) {
-    KESTREL_TRY(xprep_buf.allocate(tiled_x_bytes(c.shape.n_in, kMaxBatch)));
+    KESTREL_TRY(xprep_buf.allocate(is_v3(c.kernel) ? tiled_x_bytes(c.shape.n_in, kMaxBatch)
+                                                   : imma_x_bytes(c.shape.n_in, kMaxBatch)));
     xprep = xprep_buf.bytes();
   }
+  auto prepare = [&](int batch) {
+    return is_v3(c.kernel) ? gemv_tiled_prepare_x(x_dev, c.shape.n_in, batch, xprep, stream)
+                           : gemv_imma_prepare_x(x_dev, c.shape.n_in, batch, xprep, stream);
+  };
   for (const int batch : {1, kMaxBatch}) {
-    if (c.kernel == Kernel::kTiled) {
-      KESTREL_TRY(gemv_tiled_prepare_x(x_dev, c.shape.n_in, batch, xprep, stream));
+    if (c.kernel == Kernel::kTiled || c.kernel == Kernel::kImma) {
+      KESTREL_TRY(prepare(batch));
       KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
     }
     KESTREL_TRY_ASSIGN(
         const double us, time_graph_us(stream, n_launch, [&](int i) -> Status {
           const void* data = weights.bytes() + static_cast<uint64_t>(i) % k * stride;
-          if (c.kernel != Kernel::kRaw) {
-            if (c.kernel == Kernel::kTiledPrep) {
-              KESTREL_TRY(gemv_tiled_prepare_x(x_dev, c.shape.n_in, batch, xprep, stream));
-            }
-            return gemv_q4_tiled(TiledQ4View{c.type, data, c.shape.n_in, c.shape.n_out}, xprep, batch, y_dev, stream);
-          }
+          if (c.kernel == Kernel::kTiledPrep || c.kernel == Kernel::kImmaPrep) KESTREL_TRY(prepare(batch));
+          const TiledQ4View view{c.type, data, c.shape.n_in, c.shape.n_out};
+          if (is_v3(c.kernel)) return gemv_q4_tiled(view, xprep, batch, y_dev, stream);
+          if (is_v4(c.kernel)) return gemv_imma(view, xprep, batch, y_dev, stream);
           return gemv(DeviceMatrixView{c.type, data, c.shape.n_in, c.shape.n_out}, x_dev, batch, y_dev, stream);
         }));
     KESTREL_TRY(check_outputs(c, batch, host_rows, row_bytes, x_host, y_dev));
@@ -227,6 +239,10 @@ Status run(const std::string& only) {
         cases.push_back({s, t, Kernel::kTiled});
         cases.push_back({s, t, Kernel::kTiledPrep});
       }
+      if (gemv_imma_supports(t, s.n_in, s.n_out)) {
+        cases.push_back({s, t, Kernel::kImma});
+        cases.push_back({s, t, Kernel::kImmaPrep});
+      }
     }
   }
   for (const Shape& s : {ssm_out, lm_head}) {
@@ -248,7 +264,7 @@ Status run(const std::string& only) {
 
   std::vector<Row> rows;
   for (const Case& c : cases) {
-    const char* kname = c.kernel == Kernel::kRaw ? "raw" : (c.kernel == Kernel::kTiled ? "tiled" : "t+prep");
+    const char* kname = kKernelNames[static_cast<int>(c.kernel)];
     const std::string id = std::string(c.shape.name) + "/" + kname + "/" + std::string(ggml_type_name(c.type));
     if (!only.empty() && id.find(only) == std::string::npos) continue;
     std::vector<float> x(static_cast<size_t>(kMaxBatch * c.shape.n_in));  // f32 [kMaxBatch, n_in]
@@ -259,23 +275,22 @@ Status run(const std::string& only) {
 
   std::printf("\n%-18s %-6s %-5s %5s %12s %9s %8s %8s %9s %14s\n", "case", "kernel", "type", "batch", "bytes", "us",
               "GB/s", "%peak", "%matched", "matched GB/s");
-  double log_sum[3] = {0, 0, 0};
-  int n_geo[3] = {0, 0, 0};
+  double log_sum[kKernels] = {};
+  int n_geo[kKernels] = {};
   for (const Row& r : rows) {
     const int kv = static_cast<int>(r.kernel);
     std::printf("%-18s %-6s %-5s %5d %12" PRIu64 " %9.2f %8.0f %7.1f%% %8.1f%% %14.0f\n", r.label.c_str(),
-                kv == 0 ? "raw" : (kv == 1 ? "tiled" : "t+prep"), std::string(ggml_type_name(r.type)).c_str(), r.batch,
+                kKernelNames[kv], std::string(ggml_type_name(r.type)).c_str(), r.batch,
                 r.bytes, r.us, r.gbs, r.pct_peak, r.pct_matched, r.matched_gbs);
     if (r.batch == 1 && (r.type == GgmlType::kQ4_0 || r.type == GgmlType::kQ4_K)) {
       log_sum[kv] += std::log(r.pct_matched);
       ++n_geo[kv];
     }
   }
-  for (int kv = 0; kv < 3; ++kv) {
+  for (int kv = 0; kv < kKernels; ++kv) {
     if (n_geo[kv] == 0) continue;
-    const char* names[3] = {"raw (v2)", "tiled (v3, x prepared once)", "tiled (v3) + x preparation per call"};
-    std::printf("geomean %% of size-matched read, batch 1, Q4_0 + Q4_K, %s (%d cases): %.1f%%\n", names[kv], n_geo[kv],
-                std::exp(log_sum[kv] / n_geo[kv]));
+    std::printf("geomean %% of size-matched read, batch 1, Q4_0 + Q4_K, %s (%d cases): %.1f%%\n", kKernelLong[kv],
+                n_geo[kv], std::exp(log_sum[kv] / n_geo[kv]));
   }
   return {};
 }

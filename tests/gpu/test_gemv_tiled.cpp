@@ -1,4 +1,5 @@
-// gpu/gemv_tiled (GEMV v3, re-tiled Q4_0 / Q4_K on bf16 tensor cores) against core's ref::matvec_batch: random
+// gpu/gemv_tiled (GEMV v3, re-tiled Q4_0 / Q4_K on bf16 tensor cores) and gpu/gemv_imma (GEMV v4, the same tiles on
+// u8 x s8 tensor cores with x as four 7-bit digits per power-of-two group scale) against core's ref::matvec_batch: random
 // blocks with wide-ranging scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 12288,
 // n_out 16 .. 2048), every vector-count path (1, 2, 3, 5, 8, 13, 32: one, two and three column chunks, partial and
 // several grid slices); bit-identical repeated runs; each y[v] identical whatever n_vec; shapes and arguments the
@@ -6,19 +7,22 @@
 //
 // Tolerance: |gpu - ref| <= 1e-5 · Σ|w_i · x_i| per output. The kernel's products are exact (bf16 quants × the
 // three bf16 parts of x, which sum to x within 2^-24 relative) and its sums are f32, so it is as close to the exact
-// result as ref's own f32 dot product; 1e-5 leaves room for both orders' rounding at n_in = 12288.
+// result as ref's own f32 dot product; 1e-5 leaves room for both orders' rounding at n_in = 12288. v4's digits carry
+// x to 2^-27 of its 256-element group's largest |x| and its integer sums are exact: the same bound holds.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "core/reference/matvec.h"
+#include "gpu/gemv_imma.h"
 #include "gpu/gemv_tiled.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -70,18 +74,23 @@ struct DeviceTiled {
   TiledQ4View view;
 };
 
-std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_vec) {
+enum class Kernel { kV3, kV4 };
+
+std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_vec, Kernel k) {
   const size_t y_elems = static_cast<size_t>(n_vec * w.view.n_rows);
   DeviceBuffer d_x(x.size() * sizeof(float));
-  DeviceBuffer d_xp(tiled_x_bytes(w.view.n_cols, n_vec));
+  DeviceBuffer d_xp(k == Kernel::kV3 ? tiled_x_bytes(w.view.n_cols, n_vec) : imma_x_bytes(w.view.n_cols, n_vec));
   DeviceBuffer d_y(y_elems * sizeof(float));
   std::vector<float> y(y_elems, std::nanf(""));
   EXPECT_EQ(cudaMemcpy(d_x.as<unsigned char>(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice),
             cudaSuccess);
   EXPECT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
-  const Status p = gemv_tiled_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr);
+  const Status p =
+      k == Kernel::kV3 ? gemv_tiled_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr)
+                       : gemv_imma_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr);
   EXPECT_TRUE(p) << p.error().to_string();
-  const Status s = gemv_q4_tiled(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr);
+  const Status s = k == Kernel::kV3 ? gemv_q4_tiled(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr)
+                                    : gemv_imma(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr);
   EXPECT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(y.data(), d_y.as<unsigned char>(), y_elems * sizeof(float), cudaMemcpyDeviceToHost),
@@ -113,10 +122,11 @@ struct Shape {
   int64_t n_in, n_out;
 };
 
-void check_type(GgmlType t, const std::vector<Shape>& shapes) {
+void check_type(GgmlType t, const std::vector<Shape>& shapes, Kernel k = Kernel::kV3) {
   std::mt19937 rng(1234 + static_cast<int>(t));
   for (const Shape& sh : shapes) {
-    ASSERT_TRUE(q4_tiled_supports(t, sh.n_in, sh.n_out)) << sh.n_in << "x" << sh.n_out;
+    ASSERT_TRUE(k == Kernel::kV3 ? q4_tiled_supports(t, sh.n_in, sh.n_out) : gemv_imma_supports(t, sh.n_in, sh.n_out))
+        << sh.n_in << "x" << sh.n_out;
     const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
     const DeviceTiled w(t, m, sh.n_in, sh.n_out);
     for (int n_vec : {1, 2, 3, 5, 8, 13, 32}) {
@@ -125,7 +135,7 @@ void check_type(GgmlType t, const std::vector<Shape>& shapes) {
       const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(sh.n_in), static_cast<uint64_t>(sh.n_out)};
       ASSERT_TRUE(ref::matvec_batch(qm, x.data(), n_vec, want.data()));
       const std::vector<double> mag = magnitudes(t, m, sh.n_in, sh.n_out, x, n_vec);
-      const std::vector<float> got = run(w, x, n_vec);
+      const std::vector<float> got = run(w, x, n_vec, k);
       int bad = 0;
       double worst = 0.0;
       for (size_t i = 0; i < got.size(); ++i) {
@@ -140,11 +150,11 @@ void check_type(GgmlType t, const std::vector<Shape>& shapes) {
       EXPECT_EQ(bad, 0) << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " n_vec " << n_vec
                         << " worst err/Σ|wx| " << worst;
       // Repeated runs are bit-identical; each vector alone gives the same bits as inside the batch.
-      const std::vector<float> again = run(w, x, n_vec);
+      const std::vector<float> again = run(w, x, n_vec, k);
       EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * sizeof(float)), 0);
       for (int v : {0, n_vec - 1}) {
         const std::vector<float> xv(x.begin() + v * sh.n_in, x.begin() + (v + 1) * sh.n_in);
-        const std::vector<float> alone = run(w, xv, 1);
+        const std::vector<float> alone = run(w, xv, 1, k);
         EXPECT_EQ(std::memcmp(alone.data(), got.data() + v * sh.n_out, alone.size() * sizeof(float)), 0)
             << "vector " << v << " of " << n_vec << " differs from the same vector alone";
       }
@@ -160,6 +170,72 @@ TEST(GemvTiled, Q4_0MatchesReference) {
 TEST(GemvTiled, Q4_KMatchesReference) {
   KESTREL_REQUIRE_DEVICE();
   check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {2048, 512}, {4096, 160}, {8192, 16}, {2048, 4096}});
+}
+
+TEST(GemvImma, Q4_0MatchesReference) {
+  KESTREL_REQUIRE_DEVICE();
+  // 192 and 320 columns end inside a 256-column slice; 4096 takes 16 warps per row group; 512 four row groups per
+  // block.
+  check_type(GgmlType::kQ4_0, {{64, 16}, {192, 48}, {320, 32}, {512, 80}, {2048, 512}, {4096, 160}, {2048, 4096}},
+             Kernel::kV4);
+}
+
+TEST(GemvImma, Q4_KMatchesReference) {
+  KESTREL_REQUIRE_DEVICE();
+  check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {1280, 48}, {2048, 512}, {4096, 160}, {2048, 4096}},
+             Kernel::kV4);
+}
+
+// Activations the digit split must get right: a group of zeros, one huge element among tiny ones (the rest keep
+// their relative precision only to 2^-27 of the group's largest: still within the bound), denormals, and a
+// non-finite value, which turns only its own vector's outputs into NaN.
+TEST(GemvImma, ActivationEdgeCases) {
+  KESTREL_REQUIRE_DEVICE();
+  std::mt19937 rng(99);
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    const int64_t n_in = 1024;
+    const int64_t n_out = 64;
+    const std::vector<uint8_t> m = random_matrix(t, n_in, n_out, rng);
+    const DeviceTiled w(t, m, n_in, n_out);
+    std::vector<float> x = random_vectors(3, n_in, rng);
+    for (int64_t i = 0; i < 256; ++i) x[static_cast<size_t>(i)] = 0.0f;       // vector 0, group 0: zeros
+    x[300] = 3.0e4f;                                                          // vector 0, group 1: one outlier
+    for (int64_t i = 512; i < 768; ++i) x[static_cast<size_t>(i)] = 1e-40f;   // vector 0, group 2: denormals
+    x[static_cast<size_t>(2 * n_in + 5)] = std::numeric_limits<float>::infinity();  // vector 2
+    std::vector<float> want(static_cast<size_t>(3 * n_out));
+    const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out)};
+    ASSERT_TRUE(ref::matvec_batch(qm, x.data(), 2, want.data()));
+    const std::vector<double> mag = magnitudes(t, m, n_in, n_out, x, 2);
+    const std::vector<float> got = run(w, x, 3, Kernel::kV4);
+    for (int64_t i = 0; i < 2 * n_out; ++i) {
+      const auto u = static_cast<size_t>(i);
+      EXPECT_LE(std::fabs(static_cast<double>(got[u]) - want[u]), kRelTol * mag[u] + 1e-30)
+          << ggml_type_name(t) << " vector " << i / n_out << " row " << i % n_out;
+    }
+    for (int64_t i = 2 * n_out; i < 3 * n_out; ++i) EXPECT_TRUE(std::isnan(got[static_cast<size_t>(i)]));
+  }
+}
+
+TEST(GemvImma, RefusesShapesAndArguments) {
+  EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 4160, 16));  // longer than 4096
+  EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 32, 16));    // not whole units
+  EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ6_K, 256, 16));
+  EXPECT_EQ(imma_x_bytes(96, 1), 0u);
+  EXPECT_EQ(imma_x_bytes(64, 33), 0u);
+  alignas(16) static float x[64];
+  alignas(16) static float y[16];
+  alignas(16) static uint8_t w[18 * 2 * 16];
+  alignas(16) static uint8_t xp[4096];
+  ASSERT_LE(imma_x_bytes(64, 1), sizeof(xp));
+  EXPECT_FALSE(gemv_imma_prepare_x(x, 96, 1, xp, nullptr));
+  EXPECT_FALSE(gemv_imma_prepare_x(x + 1, 64, 1, xp, nullptr));
+  const TiledQ4View view{GgmlType::kQ4_0, w, 64, 16};
+  EXPECT_FALSE(gemv_imma(view, xp, 0, y, nullptr));
+  EXPECT_FALSE(gemv_imma(view, xp, 33, y, nullptr));
+  EXPECT_FALSE(gemv_imma(view, xp + 4, 1, y, nullptr));  // xprep not 16-byte aligned
+  EXPECT_FALSE(gemv_imma(view, xp, 1, reinterpret_cast<float*>(xp), nullptr));  // y overlaps xprep
+  const TiledQ4View bad{GgmlType::kQ4_0, w, 64, 17};
+  EXPECT_FALSE(gemv_imma(bad, xp, 1, y, nullptr));
 }
 
 TEST(GemvTiled, TilingKeepsEveryByte) {

@@ -1,0 +1,464 @@
+// gemv_imma (see gemv_imma.h): GEMV v4, re-tiled Q4_0 / Q4_K weights on u8 × s8 tensor-core MMAs.
+//
+// MMA fragments (PTX mma.m16n8k32, 8-bit): lane = 4g + t; A regs {row g k 4t..4t+3, row g+8 k 4t.., row g k 16+4t..,
+// row g+8 k 16+4t..}; B regs {k 4t..4t+3 col g, k 16+4t.. col g}; C {row g col 2t, 2t+1, row g+8 col 2t, 2t+1}.
+// A tile word of lane t (q4_tile) is bytes 4t..4t+3 of a block's 16 quant bytes: its low nibbles are elements 4t..,
+// its high nibbles elements 16+4t.. (Q4_0; Q4_K: low nibbles sub-block 2j, high nibbles sub-block 2j+1, with the
+// words of bytes 4t.. and 16+4t..). So `w & 0x0F0F0F0F` and `(w >> 4) & 0x0F0F0F0F` are A registers as they stand.
+//
+// Columns: MMA column c = 4·(vector of the pair) + digit. Lanes g < 4 load B of the pair's first vector (digit g),
+// lanes g >= 4 of its second; lane t holds C columns 2t, 2t+1: digits 2(t&1), 2(t&1)+1 of vector t >> 1.
+//
+// Per 32-element block b (one MMA):
+//   Q4_0: C starts at 0x4B400000 − 8·Σd (the float 1.5·2^23 as an integer, minus the offset-8 term), so
+//         float_bits(C) − 1.5·2^23 is Σ(q − 8)·d exactly; acc += that · d_b.
+//   Q4_K: C starts at 0; I += C·sc and M += m·Σd in int32 over the super-block (exact: |I| < 2^24), then
+//         acc = d·I − dmin·M.
+// Per round (one row group × 256 columns): partial = s_G · (acc_c0 · 128^−2(t&1) + acc_c1 · 128^−(2(t&1)+1)),
+// added over lane pairs t, t^1 (all four digits), then over the row group's warps in warp order.
+//
+// Memory: weights and scales for the next round are loaded into registers (ld.global.nc, no L1 allocation) before
+// the current round is multiplied; a block is S·R warps (R row groups at once when S < 8) and blocks are persistent
+// (as many as fit on the device), walking row groups gridDim.x·R apart. Prepared activations: pairs 1 (n_vec <= 2)
+// keep the warp's slice in registers for the whole kernel; more pairs load it per round (L1 hits after the first).
+// Vectors beyond 8 go to grid.y slices of 8 (each reads the weights again, mostly from L2).
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "gpu/cuda_check.h"
+#include "gpu/gemv_imma.h"
+
+namespace kestrel::gpu {
+namespace {
+
+constexpr int kTileRows = 16;
+constexpr int kUnitElems = 64;
+constexpr int kUnitsPerSlice = 4;  // 256 columns: one activation scale group, one Q4_K super-block
+constexpr int kGroupElems = 256;
+constexpr int kMaxSlices = static_cast<int>(kImmaMaxCols / kGroupElems);  // 16
+constexpr int kMaxWarps = 16;
+constexpr int kMaxPairs = 4;  // 8 vectors per grid.y slice
+constexpr int kMaxVectors = 32;
+constexpr uint32_t kNibbles = 0x0F0F0F0Fu;
+constexpr int kMagic = 0x4B400000;  // bits of 12582912.0f = 1.5·2^23
+constexpr float kMagicF = 12582912.0f;
+
+// Prepared activations, per vector: frag [unit][digit 0..3][t 0..3] uint4 {b0 blk0, b1 blk0, b0 blk1, b1 blk1},
+// dsum [unit][h 0..1] int4 {Σd blk0 digit 2h, blk0 2h+1, blk1 2h, blk1 2h+1}, scale [group] f32 (16-byte padded).
+// Units are padded to whole groups (zeros).
+struct XLayout {
+  int n_groups = 0;
+  __host__ __device__ int n_units() const { return n_groups * kUnitsPerSlice; }
+  __host__ __device__ size_t frag_bytes() const { return static_cast<size_t>(n_units()) * 256; }
+  __host__ __device__ size_t dsum_bytes() const { return static_cast<size_t>(n_units()) * 32; }
+  __host__ __device__ size_t scale_bytes() const { return (static_cast<size_t>(n_groups) * 4 + 15) / 16 * 16; }
+  __host__ __device__ size_t vec_bytes() const { return frag_bytes() + dsum_bytes() + scale_bytes(); }
+};
+
+XLayout x_layout(int64_t n_cols) { return XLayout{static_cast<int>((n_cols + kGroupElems - 1) / kGroupElems)}; }
+
+// ---- activation preparation -------------------------------------------------------------------------------------
+
+// One warp per (vector, group of 256): lane l takes elements 8l..8l+7 of the group.
+__global__ void __launch_bounds__(128) prepare_x_kernel(const float* __restrict__ x, int n_cols, XLayout lay,
+                                                        uint8_t* __restrict__ out) {
+  const int vec = blockIdx.y;
+  const int grp = blockIdx.x * 4 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (grp >= lay.n_groups) return;
+  const int e0 = grp * kGroupElems + 8 * lane;
+  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (e0 < n_cols) {  // n_cols is a multiple of 64: a lane's 8 elements are all in or all out
+    const float4* src = reinterpret_cast<const float4*>(x + static_cast<size_t>(vec) * n_cols + e0);
+    const float4 a = src[0];
+    const float4 b = src[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+  float m = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    m = fmaxf(m, fabsf(v[j]));
+    finite = finite && isfinite(v[j]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  finite = __all_sync(0xFFFFFFFFu, finite);
+  int ex = 0;
+  (void)frexpf(m, &ex);  // m < 2^ex (0 for m == 0)
+  // Digits: |x / s| < 64, then three more base-128 digits of the remainder (all exact f32 steps).
+  int8_t d[4][8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float r = ldexpf(v[j], 6 - ex);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float dq = rintf(r);
+      d[q][j] = static_cast<int8_t>(dq);
+      r = (r - dq) * 128.0f;
+    }
+  }
+  uint8_t* base = out + static_cast<size_t>(vec) * lay.vec_bytes();
+  auto* frag = reinterpret_cast<uint32_t*>(base);
+  auto* dsum = reinterpret_cast<int*>(base + lay.frag_bytes());
+  auto* scale = reinterpret_cast<float*>(base + lay.frag_bytes() + lay.dsum_bytes());
+  // Element 8l + j of the group: unit u = l / 8, block blk = (l % 8) / 4, k = 8·(l % 4) + j: B register half
+  // k / 16, lane t = (k % 16) / 4.
+  const int u = grp * kUnitsPerSlice + lane / 8;
+  const int blk = (lane % 8) / 4;
+  const int half = (lane % 4) / 2;
+  const int t0 = 2 * (lane % 2);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t w0 = 0, w1 = 0;
+    int s = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w0 |= static_cast<uint32_t>(static_cast<uint8_t>(d[q][j])) << (8 * j);
+      w1 |= static_cast<uint32_t>(static_cast<uint8_t>(d[q][4 + j])) << (8 * j);
+      s += d[q][j] + d[q][4 + j];
+    }
+    const size_t f = (static_cast<size_t>(u) * 16 + q * 4) * 4 + 2 * blk + half;  // word index of (u, q, t = 0)
+    frag[f + static_cast<size_t>(t0) * 4] = w0;
+    frag[f + static_cast<size_t>(t0 + 1) * 4] = w1;
+    s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);
+    s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);
+    if (lane % 4 == 0) dsum[(static_cast<size_t>(u) * 2 + q / 2) * 4 + 2 * blk + q % 2] = s;
+  }
+  if (lane == 0) scale[grp] = finite ? ldexpf(1.0f, ex - 6) : __int_as_float(0x7FC00000);
+}
+
+// ---- the GEMV kernel --------------------------------------------------------------------------------------------
+
+struct KernelArgs {
+  const uint4* qs;      // tiled quant words [rg][unit][lane]
+  const uint8_t* meta;  // tiled scales (gemv_tiled.h)
+  int n_units;          // units of 64 columns per row
+  int n_rg;             // row groups
+  int n_slices;         // S = ceil(n_units / 4): warps per row group
+  int rg_per_block;     // R
+  const uint8_t* xprep;
+  XLayout lay;
+  int n_vec;
+  float* y;  // f32 [n_vec, n_rows]
+  int64_t n_rows;
+};
+
+__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint2 ldg_stream2(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One round's weights for one warp: 4 units of its row group's slice, and their scales.
+struct WeightBuf {
+  uint4 w[kUnitsPerSlice];
+  uint2 m0[kUnitsPerSlice];  // Q4_0: d of (g, blk 0), (g+8, blk 0), (g, blk 1), (g+8, blk 1)
+  uint4 mk[2];               // Q4_K: 16-byte heads of rows g and g + 8 for the super-block
+};
+
+// A pair's activations for one slice, as a lane needs them.
+struct XSlice {
+  uint4 frag[kUnitsPerSlice];
+  int4 dsum[kUnitsPerSlice];
+  float scale;
+};
+
+template <GgmlType T>
+__device__ __forceinline__ void load_weights(const KernelArgs& a, int rg, int slice, int lane, WeightBuf& b) {
+  const bool rg_ok = rg < a.n_rg;
+#pragma unroll
+  for (int i = 0; i < kUnitsPerSlice; ++i) {
+    const int unit = slice * kUnitsPerSlice + i;
+    const bool ok = rg_ok && unit < a.n_units;
+    const size_t tile = static_cast<size_t>(rg) * a.n_units + unit;
+    b.w[i] = ok ? ldg_stream(a.qs + tile * 32 + lane) : make_uint4(0, 0, 0, 0);
+    if constexpr (T == GgmlType::kQ4_0) {
+      b.m0[i] = ok ? ldg_stream2(a.meta + tile * 64 + (lane / 4) * 8) : make_uint2(0, 0);
+    }
+  }
+  if constexpr (T == GgmlType::kQ4_K) {
+    const uint4* head =
+        reinterpret_cast<const uint4*>(a.meta + (static_cast<size_t>(rg) * a.n_slices + slice) * 256) + lane / 4;
+    b.mk[0] = rg_ok ? ldg_stream(head) : make_uint4(0, 0, 0, 0);
+    b.mk[1] = rg_ok ? ldg_stream(head + 8) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+__device__ __forceinline__ void load_x(const KernelArgs& a, int va, int vb, int slice, int lane, XSlice& x) {
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int vf = g < 4 ? va : vb;  // this lane's B columns
+  const int vd = t < 2 ? va : vb;  // this lane's C columns
+  const uint8_t* bf = a.xprep + static_cast<size_t>(vf) * a.lay.vec_bytes();
+  const uint8_t* bd = a.xprep + static_cast<size_t>(vd) * a.lay.vec_bytes();
+  const auto* frag = reinterpret_cast<const uint4*>(bf) + (g % 4) * 4 + t;
+  const auto* dsum = reinterpret_cast<const int4*>(bd + a.lay.frag_bytes()) + (t % 2);
+  const auto* scale = reinterpret_cast<const float*>(bd + a.lay.frag_bytes() + a.lay.dsum_bytes());
+  const bool f_ok = vf < a.n_vec;
+  const bool d_ok = vd < a.n_vec;
+#pragma unroll
+  for (int i = 0; i < kUnitsPerSlice; ++i) {
+    const int unit = slice * kUnitsPerSlice + i;
+    x.frag[i] = f_ok ? __ldg(frag + unit * 16) : make_uint4(0, 0, 0, 0);
+    x.dsum[i] = d_ok ? __ldg(dsum + unit * 2) : make_int4(0, 0, 0, 0);
+  }
+  x.scale = d_ok ? __ldg(scale + slice) : 0.0f;
+}
+
+__device__ __forceinline__ float half_bits(uint32_t bits16) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
+}
+
+// One round of one pair: the lane's partial sums for rows g and g + 8 of its vector (t >> 1), all four digits.
+template <GgmlType T>
+__device__ __forceinline__ void multiply(const WeightBuf& b, const XSlice& x, int lane, float (&out)[2]) {
+  const int t = lane % 4;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // row g col 2t, row g col 2t+1, row g+8 col 2t, row g+8 col 2t+1
+  [[maybe_unused]] int isum[4] = {0, 0, 0, 0};
+  [[maybe_unused]] int msum[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int i = 0; i < kUnitsPerSlice; ++i) {
+    const uint4 w = b.w[i];
+    const uint4 f = x.frag[i];
+    const int4 ds = x.dsum[i];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t b0 = h == 0 ? f.x : f.z;
+      const uint32_t b1 = h == 0 ? f.y : f.w;
+      const int d_c0 = h == 0 ? ds.x : ds.z;  // Σ digits of this block, column 2t
+      const int d_c1 = h == 0 ? ds.y : ds.w;  // column 2t + 1
+      if constexpr (T == GgmlType::kQ4_0) {
+        const uint32_t p = h == 0 ? w.x : w.z;  // row g
+        const uint32_t q = h == 0 ? w.y : w.w;  // row g + 8
+        const int i0 = kMagic - 8 * d_c0;
+        const int i1 = kMagic - 8 * d_c1;
+        int c[4] = {i0, i1, i0, i1};
+        mma_u8s8(c, p & kNibbles, q & kNibbles, (p >> 4) & kNibbles, (q >> 4) & kNibbles, b0, b1);
+        const uint32_t dd = h == 0 ? b.m0[i].x : b.m0[i].y;
+        const float s_g = half_bits(dd & 0xFFFFu);
+        const float s_g8 = half_bits(dd >> 16);
+        acc[0] = __fmaf_rn(__int_as_float(c[0]) - kMagicF, s_g, acc[0]);
+        acc[1] = __fmaf_rn(__int_as_float(c[1]) - kMagicF, s_g, acc[1]);
+        acc[2] = __fmaf_rn(__int_as_float(c[2]) - kMagicF, s_g8, acc[2]);
+        acc[3] = __fmaf_rn(__int_as_float(c[3]) - kMagicF, s_g8, acc[3]);
+      } else {
+        const int sh = 4 * h;
+        int c[4] = {0, 0, 0, 0};
+        mma_u8s8(c, (w.x >> sh) & kNibbles, (w.y >> sh) & kNibbles, (w.z >> sh) & kNibbles, (w.w >> sh) & kNibbles,
+                 b0, b1);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint4 hd = b.mk[r];
+          // Unit i's 24-bit field: sc[2i] | sc[2i+1] << 6 | m[2i] << 12 | m[2i+1] << 18 (q4_tile's re-packing).
+          const uint32_t lo = i < 2 ? hd.y : (i == 2 ? hd.z : hd.w);
+          const uint32_t hi = i < 2 ? hd.z : hd.w;
+          const uint32_t fld = __funnelshift_r(lo, hi, (24 * i) & 31);
+          const int sc = static_cast<int>((fld >> (6 * h)) & 63u);
+          const int mn = static_cast<int>((fld >> (12 + 6 * h)) & 63u);
+          isum[2 * r] += c[2 * r] * sc;
+          isum[2 * r + 1] += c[2 * r + 1] * sc;
+          msum[2 * r] += mn * d_c0;
+          msum[2 * r + 1] += mn * d_c1;
+        }
+      }
+    }
+  }
+  if constexpr (T == GgmlType::kQ4_K) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float d = half_bits(b.mk[r].x & 0xFFFFu);
+      const float dmin = half_bits(b.mk[r].x >> 16);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        acc[2 * r + c] = __fmaf_rn(d, static_cast<float>(isum[2 * r + c]),
+                                   -__fmul_rn(dmin, static_cast<float>(msum[2 * r + c])));
+      }
+    }
+  }
+  const float w0 = (t & 1) ? 1.0f / 16384.0f : 1.0f;  // digit 2(t&1)
+  const float w1 = w0 * (1.0f / 128.0f);               // digit 2(t&1) + 1
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float p = __fmul_rn(x.scale, __fmaf_rn(acc[2 * r + 1], w1, __fmul_rn(acc[2 * r], w0)));
+    out[r] = __fadd_rn(p, __shfl_xor_sync(0xFFFFFFFFu, p, 1));
+  }
+}
+
+template <GgmlType T, int NP>
+__global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a) {
+  // Partial sums per warp, double-buffered by round parity: [buf][warp][vector of the slice][row].
+  __shared__ float part[2][kMaxWarps][2 * kMaxPairs][kTileRows];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int S = a.n_slices;
+  const int R = a.rg_per_block;
+  const int slice = warp % S;
+  const int rl = warp / S;
+  const int vec0 = blockIdx.y * 2 * NP;
+  const int n_threads = S * R * 32;
+
+
+  auto rg_of = [&](int round) { return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R; };
+  auto round_body = [&](const WeightBuf& wb, int round) {
+    const int buf = round & 1;
+#pragma unroll 1
+    for (int p = 0; p < NP; ++p) {  // not unrolled: one pair's activations in registers at a time
+      float out[2];
+      XSlice xs;
+      load_x(a, vec0 + 2 * p, vec0 + 2 * p + 1, slice, lane, xs);
+      multiply<T>(wb, xs, lane, out);
+      if (t % 2 == 0) {
+        part[buf][warp][2 * p + t / 2][g] = out[0];
+        part[buf][warp][2 * p + t / 2][g + 8] = out[1];
+      }
+    }
+    __syncthreads();
+    const int rg0 = rg_of(round);
+    for (int item = threadIdx.x; item < R * 2 * NP * kTileRows; item += n_threads) {
+      const int r = item / (2 * NP * kTileRows);
+      const int v = (item / kTileRows) % (2 * NP);
+      const int row = item % kTileRows;
+      const int rg = rg0 + r;
+      const int vec = vec0 + v;
+      if (rg >= a.n_rg || vec >= a.n_vec) continue;
+      float sum = part[buf][r * S][v][row];
+      for (int s = 1; s < S; ++s) sum = __fadd_rn(sum, part[buf][r * S + s][v][row]);
+      a.y[static_cast<size_t>(vec) * a.n_rows + static_cast<int64_t>(rg) * kTileRows + row] = sum;
+    }
+  };
+
+  // Two register buffers: the next round's weights are in flight while this round is multiplied.
+  WeightBuf b0, b1;
+  int round = 0;
+  if (rg_of(0) >= a.n_rg) return;
+  load_weights<T>(a, rg_of(0) + rl, slice, lane, b0);
+  for (;;) {
+    load_weights<T>(a, rg_of(round + 1) + rl, slice, lane, b1);
+    round_body(b0, round);
+    if (rg_of(++round) >= a.n_rg) break;
+    load_weights<T>(a, rg_of(round + 1) + rl, slice, lane, b0);
+    round_body(b1, round);
+    if (rg_of(++round) >= a.n_rg) break;
+  }
+}
+
+// ---- launch -----------------------------------------------------------------------------------------------------
+
+bool aligned(const void* p, uintptr_t al) { return (reinterpret_cast<uintptr_t>(p) % al) == 0; }
+
+template <GgmlType T, int NP>
+Status launch(const KernelArgs& args, int n_chunks, cudaStream_t stream) {
+  const int threads = args.n_slices * args.rg_per_block * 32;
+  static int per_sm[kMaxWarps + 1] = {};  // blocks per SM by warps per block (benign race: same value written)
+  static int sm_count = 0;
+  const int warps = threads / 32;
+  if (per_sm[warps] == 0) {
+    int dev = 0;
+    KESTREL_CUDA_TRY(cudaGetDevice(&dev));
+    KESTREL_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
+    int n = 0;
+    KESTREL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP>, threads, 0));
+    per_sm[warps] = std::max(1, n);
+  }
+  const int want = (args.n_rg + args.rg_per_block - 1) / args.rg_per_block;
+  const int fit = std::max(1, per_sm[warps] * sm_count / n_chunks);
+  const dim3 grid(static_cast<unsigned>(std::min(want, fit)), static_cast<unsigned>(n_chunks));
+  gemv_imma_kernel<T, NP><<<grid, threads, 0, stream>>>(args);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  return ok_status();
+}
+
+template <GgmlType T>
+Status launch_type(const KernelArgs& args, cudaStream_t stream) {
+  if (args.n_vec <= 2) return launch<T, 1>(args, 1, stream);
+  if (args.n_vec <= 4) return launch<T, 2>(args, 1, stream);
+  return launch<T, 4>(args, (args.n_vec + 2 * kMaxPairs - 1) / (2 * kMaxPairs), stream);
+}
+
+}  // namespace
+
+bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
+  return q4_tiled_supports(type, n_cols, n_rows) && n_cols <= kImmaMaxCols;
+}
+
+uint64_t imma_x_bytes(int64_t n_cols, int n_vec) {
+  if (n_cols <= 0 || n_cols % kUnitElems != 0 || n_cols > kImmaMaxCols || n_vec < 1 || n_vec > kMaxVectors) return 0;
+  return static_cast<uint64_t>(n_vec) * x_layout(n_cols).vec_bytes();
+}
+
+Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream) {
+  if (imma_x_bytes(n_cols, n_vec) == 0) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv_imma_prepare_x: n_cols " + std::to_string(n_cols) +
+                                                       " (a multiple of 64 up to " + std::to_string(kImmaMaxCols) +
+                                                       ") or n_vec " + std::to_string(n_vec) + " (1..32) out of range");
+  }
+  if (x == nullptr || xprep == nullptr || !aligned(x, 16) || !aligned(xprep, 16)) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv_imma_prepare_x: null or misaligned pointer (16 bytes)");
+  }
+  const XLayout lay = x_layout(n_cols);
+  const dim3 grid(static_cast<unsigned>((lay.n_groups + 3) / 4), static_cast<unsigned>(n_vec));
+  prepare_x_kernel<<<grid, 128, 0, stream>>>(x, static_cast<int>(n_cols), lay, static_cast<uint8_t*>(xprep));
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  return ok_status();
+}
+
+Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream) {
+  if (!gemv_imma_supports(w.type, w.n_cols, w.n_rows)) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv_imma: " + std::string(ggml_type_name(w.type)) + " {" +
+                                                       std::to_string(w.n_cols) + ", " + std::to_string(w.n_rows) +
+                                                       "} is not a shape it takes (gemv_imma_supports)");
+  }
+  if (n_vec < 1 || n_vec > kMaxVectors) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv_imma: n_vec " + std::to_string(n_vec) + " is outside [1, 32]");
+  }
+  if (w.data == nullptr || xprep == nullptr || y == nullptr || !aligned(w.data, 16) || !aligned(xprep, 16) ||
+      !aligned(y, 4)) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "gemv_imma: null or misaligned pointer (w and xprep need 16 bytes, y 4)");
+  }
+  const auto x0 = reinterpret_cast<uintptr_t>(xprep);
+  const auto y0 = reinterpret_cast<uintptr_t>(y);
+  const auto x1 = x0 + imma_x_bytes(w.n_cols, n_vec);
+  const auto y1 = y0 + static_cast<uintptr_t>(n_vec) * static_cast<uintptr_t>(w.n_rows) * sizeof(float);
+  if (x0 < y1 && y0 < x1) return make_error(ErrorCode::kInvalidArgument, "gemv_imma: y overlaps xprep");
+  const int64_t n_rg = w.n_rows / kTileRows;
+  const int64_t n_units = w.n_cols / kUnitElems;
+  KernelArgs args{};
+  args.qs = static_cast<const uint4*>(w.data);
+  args.meta = static_cast<const uint8_t*>(w.data) + n_rg * n_units * 512;
+  args.n_units = static_cast<int>(n_units);
+  args.n_rg = static_cast<int>(n_rg);
+  args.n_slices = static_cast<int>((n_units + kUnitsPerSlice - 1) / kUnitsPerSlice);
+  args.rg_per_block = std::max(1, 8 / args.n_slices);
+  args.xprep = static_cast<const uint8_t*>(xprep);
+  args.lay = x_layout(w.n_cols);
+  args.n_vec = n_vec;
+  args.y = y;
+  args.n_rows = w.n_rows;
+  static_assert(kMaxSlices <= kMaxWarps);
+  if (w.type == GgmlType::kQ4_0) return launch_type<GgmlType::kQ4_0>(args, stream);
+  return launch_type<GgmlType::kQ4_K>(args, stream);
+}
+
+}  // namespace kestrel::gpu

@@ -1,0 +1,50 @@
+// gemv_imma: GEMV v4 for Q4_0 / Q4_K weights in the re-tiled layout of gemv_tiled.h (q4_tile: the same bytes,
+// reordered so one 16-byte load per lane feeds tensor-core fragments), on the integer tensor cores.
+//
+// Arithmetic: the 4-bit quants enter a u8 × s8 MMA (m16n8k32) unchanged — the tile words already hold, per lane, the
+// A-fragment bytes of two 32-element blocks, one AND (and one shift) per 8 quants. Each f32 activation is written
+// once per x (gemv_imma_prepare_x) as four signed 7-bit digits of a power-of-two scale per 256 elements:
+//   x = s_G · (d0 + d1/128 + d2/128² + d3/128³) + e,  s_G = 2^(E−6) for the group's largest |x| = m·2^E,
+//   |d| <= 64, |e| <= 2^−22 · s_G < 2^−27 · max|x_G|
+// (the digits are exact for every element within 2^4 of the group's largest; smaller ones keep >= 22 bits). The four
+// digits of a vector are four MMA columns, so one MMA serves two vectors; every integer sum is exact and each
+// 32-element block's sum is scaled in f32 (Q4_0: d·(Σq·x − 8·Σx); Q4_K: d·sc, dmin·m per sub-block, exact int32
+// sums over the super-block). Agreement with ref::matvec_batch: the test holds 1e-5 of Σ|w·x| (measured ~1e-7).
+//
+// Work split: one warp streams a row group (16 rows) × 256 columns (4 tiles, one scale group / Q4_K super-block)
+// per round; the S = n_cols/256 warps of a row group sit in one block and their partial sums are added in warp order
+// through shared memory. No atomics: runs are bit-identical and y[v] does not depend on n_vec.
+// docs/gpu.md ("GEMV v4") has the derivation and docs/benchmarks.md the measurements.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/base/expected.h"
+#include "core/gguf/ggml_type.h"
+#include "gpu/gemv_tiled.h"  // TiledQ4View, q4_tile
+
+namespace kestrel::gpu {
+
+// Longest row gemv_imma takes (16 warps of 256 columns per row group).
+inline constexpr int64_t kImmaMaxCols = 4096;
+
+// True when gemv_imma takes this tiled matrix: q4_tiled_supports() and n_cols <= kImmaMaxCols.
+bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
+
+// Bytes of the prepared form of n_vec vectors of n_cols elements (n_cols a multiple of 64); 0 when out of range.
+uint64_t imma_x_bytes(int64_t n_cols, int n_vec);
+
+// x: device f32 [n_vec, n_cols], 16-byte aligned; xprep: device, imma_x_bytes() bytes, 16-byte aligned.
+// n_cols a multiple of 64 up to kImmaMaxCols, n_vec in [1, 32]. A group holding a non-finite value gets a NaN scale
+// (its outputs become NaN). Enqueues one small kernel; thread-safe; returns without waiting.
+Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream);
+
+// y[v] = W x[v] with x prepared by gemv_imma_prepare_x (same n_cols, at least n_vec vectors, earlier on `stream`).
+// y: device f32 [n_vec, n_rows], 4-byte aligned, not overlapping xprep; n_vec in [1, 32]. Errors are found before
+// the launch and leave y untouched; otherwise one kernel is enqueued and the call returns without waiting.
+// Thread-safe.
+Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream);
+
+}  // namespace kestrel::gpu
