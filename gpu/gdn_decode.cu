@@ -15,6 +15,9 @@
 // Element-wise arithmetic that the reference does without FMA (conv taps, delta-rule products, norms) uses
 // __fmul_rn/__fadd_rn so nvcc cannot contract it; differences from the reference are summation order and the
 // device's expf/log1pf (≤ 2 ulp), which is what the test tolerance covers.
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -25,9 +28,13 @@
 namespace kestrel::gpu {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kDeltaWarps = 8;
 constexpr int kDeltaThreads = 32 * kDeltaWarps;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
+constexpr int kGdnPortableCluster = 8;  // cluster size every sm_90 device schedules
+constexpr int kGdnMaxCluster = 16;      // largest with cudaFuncAttributeNonPortableClusterSizeAllowed
 
 // Geometry shared by the kernels (plain ints, passed by value).
 struct Geo {
@@ -58,6 +65,13 @@ __device__ __forceinline__ int qkv_index(const Geo& g, int c) {
   const int cv = c - 2 * g.key_dim;  // v: V-heads g·r … g·r + r − 1 of K-group g
   const int rdv = g.r * g.d_v;
   return (cv / rdv) * g.group + 2 * g.d_k + cv % rdv;
+}
+
+// Index into one session's legacy qkvz row (kSsmInBa) of z[h·dv + e]: V-heads g·r … g·r + r − 1 of K-group g.
+__device__ __forceinline__ int z_index(const Geo& g, int h, int e) {
+  const int zi = h * g.d_v + e;
+  const int rdv = g.r * g.d_v;
+  return (zi / rdv) * g.group + 2 * g.d_k + rdv + zi % rdv;
 }
 
 // SiLU(conv over (history, x)) of channel c; taps summed in order i = 0..K−1. Reads the history only.
@@ -216,10 +230,8 @@ __global__ void __launch_bounds__(32)
   const float mean = __fdiv_rn(ss, static_cast<float>(g.d_v));
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, g.eps)));
   const float* z;
-  if (g.proj == 2) {  // z_g of the legacy qkvz row: V-heads g·r … g·r + r − 1 of K-group g
-    const int zi = h * g.d_v;
-    const int rdv = g.r * g.d_v;
-    z = in.qkv + static_cast<size_t>(n) * g.qkv_stride + (zi / rdv) * g.group + 2 * g.d_k + rdv + zi % rdv;
+  if (g.proj == 2) {  // z_h of the legacy qkvz row (a head's dv values are contiguous there)
+    z = in.qkv + static_cast<size_t>(n) * g.qkv_stride + z_index(g, h, 0);
   } else {
     z = in.z + off;
   }
@@ -247,9 +259,276 @@ void launch_step(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs&
   gdn_step_kernel<R><<<grid, kDeltaThreads, 0, stream>>>(g, w, in, slots, o);
 }
 
+// The fused step: one cluster of r·⌈dv/32⌉ blocks per (session, K-head); block rank = hr·⌈dv/32⌉ + cb works on
+// V-head hr of the K-head (h = hr·Kh + kh tiled, kh·r + hr grouped) and its columns [32·cb, 32·cb + 32).
+// out: f32 [n_seq][Vd].
+template <int R>
+__global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
+    gdn_fused_kernel(Geo g, GdnDecodeWeights w, GdnDecodeInputs in, const GdnSlot* __restrict__ slots,
+                     float* __restrict__ out) {
+  __shared__ float qs[kDeltaWarps * R];  // conv output of q_kh (zeros past dk)
+  __shared__ float ks[kDeltaWarps * R];  // conv output of k_kh
+  __shared__ float red_m[kDeltaWarps][32];
+  __shared__ float red_o[kDeltaWarps][32];
+  __shared__ float sq_part[2][kDeltaWarps];  // per-warp Σu² of q and k
+  __shared__ float vs[32];
+  __shared__ float gates[2];                // beta, decay
+  __shared__ float col_sq[kGdnMaxCluster];  // Σo² of each column block of this block's V-head (written remotely)
+  cg::cluster_group cluster = cg::this_cluster();
+  // Arrive now, wait before the first distributed-shared-memory store: every block of the cluster has started.
+  cluster.barrier_arrive();
+  const int n_cb = (g.d_v + 31) / 32;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int cb = rank % n_cb;
+  const int hr = rank / n_cb;
+  const int kh = static_cast<int>(blockIdx.y);
+  const int n = static_cast<int>(blockIdx.z);
+  const int h = g.tiled ? hr * g.n_k_heads + kh : kh * g.r + hr;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const GdnSlot slot = slots[n];
+  const int j = cb * 32 + lane;
+  const bool col_ok = j < g.d_v;
+  float* sh = slot.s + static_cast<size_t>(h) * g.d_k * g.d_v;
+  const int i0 = warp * R;
+
+  // S slice first, so its loads are in flight during the prologue.
+  float s[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = i0 + r;
+    s[r] = (col_ok && i < g.d_k) ? __ldcs(sh + static_cast<size_t>(i) * g.d_v + j) : 0.0f;
+  }
+
+  // Prologue. q/k conv of kh, one channel per thread (t < 8R: q channel t, else k channel t − 8R; the history is
+  // only read here), with per-warp sums of squares for the L2 norms; the v conv of this block's columns (history
+  // read and shifted by the same thread); the gates of h; the gate inputs z and ssm_norm of warp 0's column.
+  const float* row = in.qkv + static_cast<size_t>(n) * g.qkv_stride;
+  float sq_q = 0.0f;
+  float sq_k = 0.0f;
+  for (int t = tid; t < 2 * kDeltaWarps * R; t += kDeltaThreads) {
+    const bool is_k = t >= kDeltaWarps * R;
+    const int i = is_k ? t - kDeltaWarps * R : t;
+    float u = 0.0f;
+    if (i < g.d_k) {
+      const int c = (is_k ? g.key_dim : 0) + kh * g.d_k + i;
+      u = conv_channel(g, w.conv1d, slot.conv, row[qkv_index(g, c)], c);
+    }
+    if (is_k) {
+      ks[i] = u;
+      sq_k = __fadd_rn(sq_k, __fmul_rn(u, u));
+    } else {
+      qs[i] = u;
+      sq_q = __fadd_rn(sq_q, __fmul_rn(u, u));
+    }
+  }
+  if (warp == kDeltaWarps - 1) {
+    if (col_ok) {
+      const int c = 2 * g.key_dim + h * g.d_v + j;
+      const float x = row[qkv_index(g, c)];
+      vs[lane] = conv_channel(g, w.conv1d, slot.conv, x, c);
+      shift_history(g, slot.conv, x, c);
+    } else {
+      vs[lane] = 0.0f;
+    }
+  }
+  if (tid == 32 * (kDeltaWarps - 2)) {
+    float b;
+    float a;
+    if (g.proj == 0) {
+      b = in.b[static_cast<size_t>(n) * g.n_v_heads + h];
+      a = in.a[static_cast<size_t>(n) * g.n_v_heads + h];
+    } else {  // ba per K-group [b(r), a(r)], heads in grouped order (ref::gdn_split_ba)
+      const float* ba = in.ba + static_cast<size_t>(n) * 2 * g.n_v_heads + (h / g.r) * 2 * g.r;
+      b = ba[h % g.r];
+      a = ba[g.r + h % g.r];
+    }
+    gates[0] = sigmoid_rn(b);
+    gates[1] = expf(__fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h]))));
+  }
+  float zj = 0.0f;
+  float nj = 0.0f;
+  if (warp == 0 && col_ok) {
+    nj = w.ssm_norm[j];
+    zj = g.proj == 2 ? in.qkv[static_cast<size_t>(n) * g.qkv_stride + z_index(g, h, j)]
+                     : in.z[static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v + j];
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) {
+    sq_q = __fadd_rn(sq_q, __shfl_xor_sync(kFullMask, sq_q, off));
+    sq_k = __fadd_rn(sq_k, __shfl_xor_sync(kFullMask, sq_k, off));
+  }
+  if (lane == 0) {
+    sq_part[0][warp] = sq_q;
+    sq_part[1][warp] = sq_k;
+  }
+  __syncthreads();
+
+  // Norms (every thread sums the warp partials in warp order, so all blocks of kh agree bit for bit), decay, m.
+  float ssq = 0.0f;
+  float ssk = 0.0f;
+#pragma unroll
+  for (int w8 = 0; w8 < kDeltaWarps; ++w8) {
+    ssq = __fadd_rn(ssq, sq_part[0][w8]);
+    ssk = __fadd_rn(ssk, sq_part[1][w8]);
+  }
+  const float inv_q = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssq, 1e-6f)));
+  const float inv_k = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssk, 1e-6f)));
+  const float beta = gates[0];
+  const float decay = gates[1];
+  float m = 0.0f;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    s[r] = __fmul_rn(s[r], decay);
+    m = __fadd_rn(m, __fmul_rn(s[r], __fmul_rn(ks[i0 + r], inv_k)));
+  }
+  red_m[warp][lane] = m;
+  __syncthreads();
+  m = 0.0f;
+#pragma unroll
+  for (int w8 = 0; w8 < kDeltaWarps; ++w8) m = __fadd_rn(m, red_m[w8][lane]);
+  const float delta = __fmul_rn(__fsub_rn(vs[lane], m), beta);
+
+  float o = 0.0f;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float qr = __fmul_rn(__fmul_rn(qs[i0 + r], inv_q), g.q_scale);
+    s[r] = __fadd_rn(s[r], __fmul_rn(__fmul_rn(ks[i0 + r], inv_k), delta));
+    o = __fadd_rn(o, __fmul_rn(s[r], qr));
+    const int i = i0 + r;
+    if (col_ok && i < g.d_k) __stcs(sh + static_cast<size_t>(i) * g.d_v + j, s[r]);
+  }
+  red_o[warp][lane] = o;
+  __syncthreads();
+
+  // Gated RMSNorm across the head's column blocks: warp 0 sums its column, squares, reduces over the 32 columns and
+  // stores the partial into slot cb of every block of the same V-head; after the cluster barrier each block adds
+  // the n_cb partials in column-block order (the same order in every block).
+  cluster.barrier_wait();
+  if (warp == 0) {
+    o = 0.0f;
+#pragma unroll
+    for (int w8 = 0; w8 < kDeltaWarps; ++w8) o = __fadd_rn(o, red_o[w8][lane]);
+    float sq = col_ok ? __fmul_rn(o, o) : 0.0f;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sq = __fadd_rn(sq, __shfl_xor_sync(kFullMask, sq, off));
+    if (lane < n_cb) cluster.map_shared_rank(col_sq, hr * n_cb + lane)[cb] = sq;
+  }
+  cluster.sync();  // also: every block of the cluster has finished reading the q/k history of kh
+  if (warp == 0 && col_ok) {
+    float ss = 0.0f;
+    for (int c = 0; c < n_cb; ++c) ss = __fadd_rn(ss, col_sq[c]);
+    const float mean = __fdiv_rn(ss, static_cast<float>(g.d_v));
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, g.eps)));
+    out[static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v + j] =
+        __fmul_rn(__fmul_rn(__fmul_rn(o, scale), nj), silu_rn(zj));
+  }
+  // The q/k history of kh is read by this cluster only, so block 0 shifts it now.
+  if (rank == 0) {
+    for (int t = tid; t < 2 * g.d_k; t += kDeltaThreads) {
+      const int c = t < g.d_k ? kh * g.d_k + t : g.key_dim + kh * g.d_k + (t - g.d_k);
+      shift_history(g, slot.conv, row[qkv_index(g, c)], c);
+    }
+  }
+}
+
+template <int R>
+Status fused_config(const Geo& g, int n_seq, cudaStream_t stream, cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr,
+                    bool& usable) {
+  const int cluster = g.r * ((g.d_v + 31) / 32);
+  usable = false;
+  if (cluster > kGdnMaxCluster) return ok_status();
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg = cudaLaunchConfig_t{};
+  cfg.gridDim = dim3(static_cast<unsigned>(cluster), static_cast<unsigned>(g.n_k_heads), static_cast<unsigned>(n_seq));
+  cfg.blockDim = dim3(kDeltaThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  if (cluster > kGdnPortableCluster) {
+    // 9..16 blocks: sm_90 allows them once the kernel opts in, where the device can co-schedule them.
+    KESTREL_CUDA_TRY(cudaFuncSetAttribute(gdn_fused_kernel<R>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    int active = 0;
+    if (cudaOccupancyMaxActiveClusters(&active, gdn_fused_kernel<R>, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // not schedulable here: the two-kernel path serves
+      return ok_status();
+    }
+    if (active < 1) return ok_status();
+  }
+  usable = true;
+  return ok_status();
+}
+
+template <int R>
+Expected<int> launch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
+                     int n_seq, float* out, float* o, cudaStream_t stream, bool enqueue) {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr{};
+  bool fused = false;
+  KESTREL_TRY(fused_config<R>(g, std::max(n_seq, 1), stream, cfg, attr, fused));
+  if (!enqueue) return fused ? 1 : 2;
+  if (fused) {
+    KESTREL_CUDA_TRY(cudaLaunchKernelEx(&cfg, gdn_fused_kernel<R>, g, w, in, slots, out));
+    return 1;
+  }
+  launch_step<R>(g, w, in, slots, o, n_seq, stream);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  gdn_norm_kernel<<<dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>(n_seq)), 32, 0, stream>>>(
+      g, w.ssm_norm, in, slots, o, out);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  return 2;
+}
+
 size_t round4(size_t n) { return (n + 3) / 4 * 4; }
 
 Status invalid(const std::string& what) { return make_error(ErrorCode::kInvalidArgument, "gdn_decode: " + what); }
+
+Status check_dims(const ref::GdnDims& dims) {
+  KESTREL_TRY(dims.validate());
+  if (dims.d_k > kGdnMaxDk) {
+    return invalid("d_k " + std::to_string(dims.d_k) + " exceeds " + std::to_string(kGdnMaxDk));
+  }
+  if (dims.conv_kernel < 1) return invalid("conv_kernel " + std::to_string(dims.conv_kernel) + " must be >= 1");
+  return ok_status();
+}
+
+Geo make_geo(const ref::GdnDims& dims, ref::GdnProjection projection) {
+  Geo g{};
+  g.n_k_heads = dims.n_k_heads;
+  g.n_v_heads = dims.n_v_heads;
+  g.d_k = dims.d_k;
+  g.d_v = dims.d_v;
+  g.kernel = dims.conv_kernel;
+  g.r = dims.v_per_k();
+  g.key_dim = dims.key_dim();
+  g.value_dim = dims.value_dim();
+  g.conv_dim = dims.conv_dim();
+  g.proj = projection == ref::GdnProjection::kQkvGateBetaAlpha ? 0
+           : projection == ref::GdnProjection::kQkvGateBa      ? 1
+                                                               : 2;
+  g.qkv_stride = g.proj == 2 ? g.conv_dim + g.value_dim : g.conv_dim;
+  g.group = 2 * g.d_k + 2 * g.r * g.d_v;
+  g.tiled = dims.mapping == HeadMapping::kTiled;
+  g.eps = dims.eps;
+  g.q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dims.d_k)));
+  return g;
+}
+
+// Picks R (rows of S per thread) from dk and launches (enqueue) or only reports the kernel count (!enqueue).
+// o: the workspace, f32 [n_seq][Vd] (two-kernel path only).
+Expected<int> dispatch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
+                       int n_seq, float* out, float* o, cudaStream_t stream, bool enqueue) {
+  const int rows = (g.d_k + kDeltaWarps - 1) / kDeltaWarps;
+  if (rows <= 4) return launch<4>(g, w, in, slots, n_seq, out, o, stream, enqueue);
+  if (rows <= 8) return launch<8>(g, w, in, slots, n_seq, out, o, stream, enqueue);
+  if (rows <= 16) return launch<16>(g, w, in, slots, n_seq, out, o, stream, enqueue);
+  return launch<32>(g, w, in, slots, n_seq, out, o, stream, enqueue);
+}
 
 }  // namespace
 
@@ -261,11 +540,7 @@ size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq) {
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
                   const GdnDecodeInputs& in, const GdnSlot* slots, int n_seq, float* out, void* workspace,
                   cudaStream_t stream) {
-  KESTREL_TRY(dims.validate());
-  if (dims.d_k > kGdnMaxDk) {
-    return invalid("d_k " + std::to_string(dims.d_k) + " exceeds " + std::to_string(kGdnMaxDk));
-  }
-  if (dims.conv_kernel < 1) return invalid("conv_kernel " + std::to_string(dims.conv_kernel) + " must be >= 1");
+  KESTREL_TRY(check_dims(dims));
   if (n_seq < 0 || n_seq > 65535) return invalid("n_seq " + std::to_string(n_seq) + " outside [0, 65535]");
   if (n_seq == 0) return ok_status();
   if (w.conv1d == nullptr || w.dt_bias == nullptr || w.ssm_a == nullptr || w.ssm_norm == nullptr) {
@@ -285,42 +560,15 @@ Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const
   }
   if (slots == nullptr || out == nullptr || workspace == nullptr) return invalid("slots, out or workspace is null");
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) return invalid("workspace is not 16-byte aligned");
-
-  Geo g{};
-  g.n_k_heads = dims.n_k_heads;
-  g.n_v_heads = dims.n_v_heads;
-  g.d_k = dims.d_k;
-  g.d_v = dims.d_v;
-  g.kernel = dims.conv_kernel;
-  g.r = dims.v_per_k();
-  g.key_dim = dims.key_dim();
-  g.value_dim = dims.value_dim();
-  g.conv_dim = dims.conv_dim();
-  g.proj = projection == ref::GdnProjection::kQkvGateBetaAlpha ? 0
-           : projection == ref::GdnProjection::kQkvGateBa      ? 1
-                                                               : 2;
-  g.qkv_stride = g.proj == 2 ? g.conv_dim + g.value_dim : g.conv_dim;
-  g.group = 2 * g.d_k + 2 * g.r * g.d_v;
-  g.tiled = dims.mapping == HeadMapping::kTiled;
-  g.eps = dims.eps;
-  g.q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dims.d_k)));
-  float* o = static_cast<float*>(workspace);  // f32 [n_seq][Vd]
-
-  const int rows = (g.d_k + kDeltaWarps - 1) / kDeltaWarps;
-  if (rows <= 4) {
-    launch_step<4>(g, w, in, slots, o, n_seq, stream);
-  } else if (rows <= 8) {
-    launch_step<8>(g, w, in, slots, o, n_seq, stream);
-  } else if (rows <= 16) {
-    launch_step<16>(g, w, in, slots, o, n_seq, stream);
-  } else {
-    launch_step<32>(g, w, in, slots, o, n_seq, stream);
-  }
-  KESTREL_CUDA_TRY(cudaGetLastError());
-  gdn_norm_kernel<<<dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>(n_seq)), 32, 0, stream>>>(
-      g, w.ssm_norm, in, slots, o, out);
-  KESTREL_CUDA_TRY(cudaGetLastError());
+  const Geo g = make_geo(dims, projection);
+  KESTREL_TRY(dispatch(g, w, in, slots, n_seq, out, static_cast<float*>(workspace), stream, true));
   return ok_status();
+}
+
+Expected<int> gdn_decode_kernel_count(const ref::GdnDims& dims) {
+  KESTREL_TRY(check_dims(dims));
+  return dispatch(make_geo(dims, ref::GdnProjection::kQkvGateBetaAlpha), GdnDecodeWeights{}, GdnDecodeInputs{}, nullptr,
+                  1, nullptr, nullptr, nullptr, false);
 }
 
 }  // namespace kestrel::gpu

@@ -14,11 +14,14 @@
 // State per session (the layout of ref::GdnState, so a slot filled from the reference plugs in unchanged):
 //   s    f32 [Vh][dk][dv]  S_h[i][j] at (h·dk + i)·dv + j
 //   conv f32 [C][K−1]      raw mixed_qkv history per channel, oldest first
-// Two kernels on `stream`: the step, one block per (session, V-head, 32 columns of dv) that recomputes the q/k
-// conv and norms of its K-head, convolves its v channels and holds its slice of S in registers (S read and written
-// exactly once); then the gated norm per (session, V-head), which also shifts the q/k history once all readers are
-// done. No atomics and fixed summation orders, so repeated runs are bit-identical. docs/gpu.md ("GDN decode") has
-// details.
+// One kernel on `stream` where it fits (every preset: r·⌈dv/32⌉ <= 16 blocks): a thread-block cluster per
+// (session, K-head) whose blocks each own (V-head, 32 columns of dv), recompute the q/k conv and norms of the K-head
+// (the history is only read), convolve and shift their v channels, hold their slice of S in registers (S read and
+// written exactly once), exchange the gated-RMSNorm partial sums through distributed shared memory and write the
+// output; block 0 shifts the K-head's q/k history after the cluster barrier (every reader is done). Shapes with
+// more than 16 blocks per K-head (or 9..16 where the device cannot co-schedule them) take two kernels: the step,
+// then the gated norm per (session, V-head), which also shifts the q/k history. No atomics and fixed summation
+// orders, so repeated runs are bit-identical. docs/gpu.md ("GDN decode") has details.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -62,18 +65,24 @@ struct GdnDecodeInputs {
   const float* ba = nullptr;
 };
 
-// Bytes of device scratch gdn_decode needs for n_seq sessions (o, f32 [n_seq, Vd]; no initialisation needed).
+// Bytes of device scratch gdn_decode needs for n_seq sessions (o, f32 [n_seq, Vd], used by the two-kernel path
+// only; no initialisation needed).
 size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq);
 
 // dims: must validate(), with conv_kernel >= 1 and d_k <= kGdnMaxDk. slots: device array [n_seq] of GdnSlot
 // (distinct, non-overlapping states). out: device f32 [n_seq, Vd] (the gated-norm output, input of ssm_out); it
 // must not overlap the inputs. workspace: device, >= gdn_decode_workspace_bytes(dims, n_seq), 16-byte aligned.
 // n_seq >= 0 (0 launches nothing). Argument errors (kInvalidArgument naming the field) are found before anything
-// is enqueued; otherwise two kernels are enqueued on `stream` and the call returns without waiting.
+// is enqueued; otherwise gdn_decode_kernel_count(dims) kernels are enqueued on `stream` and the call returns
+// without waiting.
 // Thread-safe (no shared state); the caller keeps every buffer alive until the stream has run, and no other work
 // may touch the slots meanwhile.
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
                   const GdnDecodeInputs& in, const GdnSlot* slots, int n_seq, float* out, void* workspace,
                   cudaStream_t stream);
+
+// How many kernels gdn_decode enqueues for dims on the current device: 1 (the cluster kernel) or 2 (step + norm).
+// Errors: dims gdn_decode would refuse (kInvalidArgument), or a CUDA error from the cluster query. Thread-safe.
+Expected<int> gdn_decode_kernel_count(const ref::GdnDims& dims);
 
 }  // namespace kestrel::gpu

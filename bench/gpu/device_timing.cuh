@@ -144,6 +144,47 @@ Expected<double> time_graph_us(cudaStream_t stream, int n_launch, Enqueue&& enqu
   return static_cast<double>(ms[kReplays / 2]) * 1000.0 / n_launch;
 }
 
+// Plain streaming copy: dst[i] = src[i] for n16 16-byte words (grid-stride, kReadUnroll loads in flight per thread).
+inline __global__ void stream_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, uint64_t n16) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + (kReadUnroll - 1) * stride < n16; i += kReadUnroll * stride) {
+    uint4 v[kReadUnroll];
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) v[u] = src[i + u * stride];
+#pragma unroll
+    for (int u = 0; u < kReadUnroll; ++u) dst[i + u * stride] = v[u];
+  }
+  for (; i < n16; i += stride) dst[i] = src[i];
+}
+
+// The size-matched copy limit of a kernel that moves `bytes` (read + written): a plain copy of bytes / 2 (rounded
+// up to 16) read and as many written, timed like the kernel (time_graph_us over >= kMinLaunches launches), with
+// src/dst buffer sets used in rotation (launch i on set i % k, k · bytes >= rotation_bytes) so they stay cold in L2
+// as the kernel's states do. Returns the median microseconds per copy.
+inline Expected<double> matched_copy_us(uint64_t bytes, uint64_t rotation_bytes, int sm_count, cudaStream_t stream) {
+  const uint64_t half16 = std::max<uint64_t>(1, (bytes / 2 + 15) / 16);  // 16-byte words each way
+  const uint64_t set_bytes = half16 * 16;
+  const uint64_t k = std::max<uint64_t>(2, (rotation_bytes + 2 * set_bytes - 1) / (2 * set_bytes));
+  DeviceBuffer src;
+  DeviceBuffer dst;
+  KESTREL_TRY(src.allocate(k * set_bytes));
+  KESTREL_TRY(dst.allocate(k * set_bytes));
+  KESTREL_CUDA_TRY(cudaMemset(src.bytes(), 0x5a, k * set_bytes));
+  KESTREL_CUDA_TRY(cudaMemset(dst.bytes(), 0, k * set_bytes));
+  KESTREL_CUDA_TRY(cudaDeviceSynchronize());
+  const ReadPlan plan = plan_read(set_bytes, sm_count);
+  const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
+  return time_graph_us(stream, n_launch, [&](int i) -> Status {
+    const uint64_t set = static_cast<uint64_t>(i) % k;
+    stream_copy_kernel<<<plan.blocks, kReadThreads, 0, stream>>>(
+        reinterpret_cast<const uint4*>(src.bytes() + set * set_bytes),
+        reinterpret_cast<uint4*>(dst.bytes() + set * set_bytes), half16);
+    KESTREL_CUDA_TRY(cudaGetLastError());
+    return {};
+  });
+}
+
 struct Limits {
   double peak_read_gbs = 0;  // plain streaming read of 1 GiB
   double copy_gbs = 0;       // cudaMemcpy D2D of 1 GiB, bytes read + written

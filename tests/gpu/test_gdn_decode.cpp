@@ -3,12 +3,13 @@
 // gdn_gates, delta_rule_step on the V-head's K-head, rms_norm_gated) for several sessions, three consecutive
 // decode steps from random non-zero states, on the tiny presets' head shapes (qwen35 tiled, qwen3next grouped with
 // ba and with the legacy ssm_in qkvz), the 35B-A3B shape (Kh 16, Vh 32, dk = dv = 128, tiled) and odd shapes (r = 3,
-// dk 48 / dv 40, conv kernel 3; dk 200 / dv 72). Sessions use slots in a shuffled order.
+// dk 48 / dv 40, conv kernel 3; dk 200 / dv 72), each layout at 1 and 3 sessions, and clusters of 12 and 16 blocks
+// and the two-kernel fallback (20 blocks per K-head). Sessions use slots in a shuffled order.
 //
 // Tolerance: per (session, V-head), |gpu − ref| <= 2e-5 · max|ref| over that head, for the output and for S and the
 // conv history after the last step. The kernels differ from the reference only in summation order (column sums of
-// S in 8 partial sums, L2/RMS statistics lane-strided) and in expf/log1pf (≤ 2 ulp), ~1e-6 relative.
-// Repeated runs from the same state are bit-identical. Argument checks run without a device.
+// S in 8 partial sums, L2/RMS statistics lane-strided and summed per warp / per column block) and in expf/log1pf (≤ 2
+// ulp), ~1e-6 relative. Repeated runs from the same state are bit-identical. Argument checks run without a device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -314,7 +315,10 @@ void check_case(const Case& c) {
     bad += compare("conv history of session " + std::to_string(n), got.conv[n], want.conv[n], want.conv[n].size(),
                    where, "whole history; element = channel * (K-1) + i", worst);
   }
-  std::printf("  %s: worst error %.3g x tolerance, %d over\n", where.c_str(), worst, bad);
+  const Expected<int> kernels = gdn_decode_kernel_count(p.d);
+  ASSERT_TRUE(kernels) << kernels.error().to_string();
+  std::printf("  %s (%d kernel%s): worst error %.3g x tolerance, %d over\n", where.c_str(), *kernels,
+              *kernels == 1 ? ", cluster" : "s, fallback", worst, bad);
   EXPECT_EQ(bad, 0);
   const Result again = run_device(p);
   EXPECT_TRUE(bit_identical(got, again)) << "repeated run differs";
@@ -344,6 +348,7 @@ TEST(GdnDecode, TinyQwen3NextLegacySsmIn) {
 TEST(GdnDecode, Qwen35Moe35BShape) {
   KESTREL_REQUIRE_DEVICE();
   check_case({"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 1});
+  check_case({"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 3});
   check_case({"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 8});
 }
 
@@ -358,6 +363,36 @@ TEST(GdnDecode, OddShapes) {
   check_case({"odd r=3 tiled", 3, 9, 48, 40, 3, kTiled, kBetaAlpha, 2});
   check_case({"odd wide dk", 2, 4, 200, 72, 4, kTiled, kBetaAlpha, 3});
   check_case({"odd kernel 1", 1, 1, 8, 33, 1, kGrouped, kSsmIn, 1});
+}
+
+// One and three sessions (an odd batch) for each projection layout, on the cluster kernel.
+TEST(GdnDecode, OneAndThreeSessionsEachLayout) {
+  KESTREL_REQUIRE_DEVICE();
+  for (const int n_seq : {1, 3}) {
+    check_case({"qwen35 layout", 4, 8, 64, 64, 4, kTiled, kBetaAlpha, n_seq});
+    check_case({"qwen3next ba layout", 4, 8, 64, 64, 4, kGrouped, kBa, n_seq});
+    check_case({"legacy ssm_in layout", 4, 8, 64, 64, 4, kGrouped, kSsmIn, n_seq});
+  }
+}
+
+// r·⌈dv/32⌉ blocks per K-head: 12 (a non-portable cluster, the Qwen3.5-27B ratio r = 3 at dv 128), 16 (r = 4, the
+// 397B ratio) and 20 (more than a cluster holds: the two-kernel fallback, which must agree just as well).
+TEST(GdnDecode, LargeClustersAndFallback) {
+  KESTREL_REQUIRE_DEVICE();
+  const auto count = [](int kh, int vh, int dv) {
+    ref::GdnDims d = dims_of({"", kh, vh, 32, dv, 4, kTiled, kBetaAlpha, 1});
+    const Expected<int> k = gdn_decode_kernel_count(d);
+    EXPECT_TRUE(k) << k.error().to_string();
+    return k ? *k : 0;
+  };
+  EXPECT_EQ(count(4, 8, 128), 1) << "8 blocks per K-head must take the cluster kernel";
+  EXPECT_EQ(count(1, 5, 128), 2) << "20 blocks per K-head cannot be one cluster";
+  for (const int n_seq : {1, 3}) {
+    check_case({"r=3 dv 128", 2, 6, 128, 128, 4, kTiled, kBetaAlpha, n_seq});
+    check_case({"r=4 dv 128", 1, 4, 64, 128, 4, kGrouped, kBa, n_seq});
+    check_case({"fallback r=5 dv 128", 1, 5, 64, 128, 4, kTiled, kBetaAlpha, n_seq});
+    check_case({"fallback legacy r=5", 1, 5, 32, 128, 4, kGrouped, kSsmIn, n_seq});
+  }
 }
 
 TEST(GdnDecode, RefusesBadArguments) {
