@@ -1,17 +1,26 @@
-// gdn_decode (see gdn_decode.h): two kernels per step.
+// gdn_decode (see gdn_decode.h): one cluster kernel per step, or two kernels where a cluster does not fit.
 //
-//   step   grid (⌈dv/32⌉, Vh, n_seq), 256 threads = 8 warps. Block (cb, h, n) first issues the loads of its slice of
-//          S_h: lane l owns column j = 32·cb + l, warp w rows [w·R, w·R + R) (R = ⌈dk/8⌉ rounded up to 4/8/16/32, a
-//          template), held in registers, so S is read once (a warp reads 128 contiguous bytes of a row) and written
-//          once per step. While those loads are in flight it recomputes what it needs of the prologue: conv + SiLU
-//          of the q and k channels of kh (from the history, which it only reads: every block of a head of kh does
-//          the same arithmetic, so they agree bit for bit), their L2 norms (warp 0 and warp 1: lane-strided partial
-//          sums then a butterfly) and the q scale, conv + SiLU of its 32 v channels (whose history it owns and
-//          shifts), and the gates of h. Then decay, m = Sᵀk̂, δ = (v − m)·beta, S += k̂δᵀ, o = Sᵀq̂; column sums are
-//          per-warp partial sums in row order, then the 8 warps' partials in warp order through shared memory.
-//   norm   grid (Vh, n_seq), one warp: sum of squares of o_h (lane-strided, butterfly), the gated RMSNorm; and the
-//          block of the first V-head of each K-head shifts the q/k channels' history (after every reader is done:
-//          the launches are stream-ordered).
+//   fused  grid (r·⌈dv/32⌉, Kh, n_seq), clusters of r·⌈dv/32⌉ blocks = all V-heads of one K-head of one session;
+//          256 threads = 8 warps. Block rank hr·⌈dv/32⌉ + cb owns V-head hr of the K-head (tiled h = hr·Kh + kh,
+//          grouped h = kh·r + hr) and columns j = 32·cb + lane; warp w holds rows [w·R, w·R + R) of S_h in
+//          registers (R = ⌈dk/8⌉ rounded up to 4/8/16/32, a template), so S is read once (a warp reads 128
+//          contiguous bytes of a row) and written once. The S loads are issued first; while they are in flight the
+//          block computes conv + SiLU of the K-head's q and k channels, one channel per thread (history only read:
+//          every block of the cluster computes the same values bit for bit), with per-warp sums of squares for the
+//          L2 norms; conv + SiLU of its 32 v channels (whose history it alone touches, so it shifts it); the gates
+//          of h; and warp 0 loads z and ssm_norm of its column. Three __syncthreads: after the prologue (norms = the
+//          warp partials in warp order), after m = Sᵀk̂ (column sums in row order per warp, then warp order), after
+//          S += k̂δᵀ, o = Sᵀq̂. Warp 0 then squares its 32 outputs, reduces them and stores the partial into slot cb
+//          of every block of its V-head (distributed shared memory); one cluster barrier, and each block adds the
+//          ⌈dv/32⌉ partials in slot order and writes ((o·s)·ssm_norm)·silu(z). After that barrier every reader of
+//          the q/k history is done, so block 0 shifts it. An arrive at the start and a wait before the remote
+//          stores make sure every block of the cluster has started before its shared memory is written.
+//          Cluster sizes above 8 need cudaFuncAttributeNonPortableClusterSizeAllowed and a positive
+//          cudaOccupancyMaxActiveClusters; above 16 (or where that query says no) the two-kernel path runs.
+//   step   (fallback) grid (⌈dv/32⌉, Vh, n_seq), the same block work up to o, written to the workspace (q/k norms
+//          by warps 0 and 1 after the prologue).
+//   norm   (fallback) grid (Vh, n_seq), one warp: the gated RMSNorm of o_h; the block of the first V-head of each
+//          K-head shifts the q/k history (stream order: every reader is done).
 // Element-wise arithmetic that the reference does without FMA (conv taps, delta-rule products, norms) uses
 // __fmul_rn/__fadd_rn so nvcc cannot contract it; differences from the reference are summation order and the
 // device's expf/log1pf (≤ 2 ulp), which is what the test tolerance covers.
