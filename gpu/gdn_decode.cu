@@ -27,6 +27,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -44,6 +45,7 @@ constexpr int kDeltaThreads = 32 * kDeltaWarps;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr int kGdnPortableCluster = 8;  // cluster size every sm_90 device schedules
 constexpr int kGdnMaxCluster = 16;      // largest with cudaFuncAttributeNonPortableClusterSizeAllowed
+constexpr int kCachedDevices = 16;      // devices whose non-portable cluster answer is cached
 
 // Geometry shared by the kernels (plain ints, passed by value).
 struct Geo {
@@ -460,14 +462,25 @@ Status fused_config(const Geo& g, int n_seq, cudaStream_t stream, cudaLaunchConf
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
   if (cluster > kGdnPortableCluster) {
-    // 9..16 blocks: sm_90 allows them once the kernel opts in, where the device can co-schedule them.
-    KESTREL_CUDA_TRY(cudaFuncSetAttribute(gdn_fused_kernel<R>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    int active = 0;
-    if (cudaOccupancyMaxActiveClusters(&active, gdn_fused_kernel<R>, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();  // not schedulable here: the two-kernel path serves
-      return ok_status();
+    // 9..16 blocks: sm_90 allows them once the kernel opts in, where the device can co-schedule them. The answer
+    // is cached per (device, size) so that later calls (and graph captures) make no CUDA calls here.
+    static std::atomic<signed char> known[kCachedDevices][kGdnMaxCluster - kGdnPortableCluster];  // 0 ?, 1 no, 2 yes
+    int device = 0;
+    KESTREL_CUDA_TRY(cudaGetDevice(&device));
+    std::atomic<signed char>* entry =
+        device < kCachedDevices ? &known[device][cluster - kGdnPortableCluster - 1] : nullptr;
+    const signed char cached = entry != nullptr ? entry->load(std::memory_order_acquire) : 0;
+    if (cached == 1) return ok_status();
+    if (cached == 0) {
+      KESTREL_CUDA_TRY(cudaFuncSetAttribute(gdn_fused_kernel<R>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+      int active = 0;
+      if (cudaOccupancyMaxActiveClusters(&active, gdn_fused_kernel<R>, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();  // not schedulable here: the two-kernel path serves
+        active = 0;
+      }
+      if (entry != nullptr) entry->store(active >= 1 ? 2 : 1, std::memory_order_release);
+      if (active < 1) return ok_status();
     }
-    if (active < 1) return ok_status();
   }
   usable = true;
   return ok_status();
