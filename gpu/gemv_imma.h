@@ -27,8 +27,8 @@
 
 namespace kestrel::gpu {
 
-// Longest row gemv_imma takes (16 warps of 256 columns per row group).
-inline constexpr int64_t kImmaMaxCols = 4096;
+// Longest row gemv_imma and gemv_imma_segments take.
+inline constexpr int64_t kImmaMaxCols = 8192;
 
 // True when gemv_imma takes this tiled matrix: q4_tiled_supports() and n_cols <= kImmaMaxCols.
 bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
@@ -40,6 +40,29 @@ uint64_t imma_x_bytes(int64_t n_cols, int n_vec);
 // n_cols a multiple of 64 up to kImmaMaxCols, n_vec in [1, 32]. A group holding a non-finite value gets a NaN scale
 // (its outputs become NaN). Enqueues one small kernel; thread-safe; returns without waiting.
 Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream);
+
+// One piece of a grouped GEMV (gemv_imma_segments): a tiled matrix (q4_tile output, on the device; n_rows × n_cols
+// as given to the call, the same for every segment) and up to kImmaSegmentVectors prepared vectors it multiplies:
+//   y[out[j] * y_stride + r] = (W x[vec[j]])[r]   for j < n_vec, r < n_rows.
+// The matrix is read once for all its vectors. A table of these may be written by a kernel (e.g. from the MoE
+// routing) before the GEMV runs on the same stream.
+inline constexpr int kImmaSegmentVectors = 8;
+struct ImmaSegment {
+  const void* data = nullptr;  // tiled matrix, 16-byte aligned
+  int32_t n_vec = 0;           // 0 .. kImmaSegmentVectors (0: the segment is skipped)
+  int32_t vec[kImmaSegmentVectors] = {};  // indices of prepared vectors in xprep (< n_x)
+  int32_t out[kImmaSegmentVectors] = {};  // output rows of y (< n_y, the caller's bound)
+  int32_t pad_ = 0;
+};
+static_assert(sizeof(ImmaSegment) == 80, "ImmaSegment is a POD a device kernel writes");
+
+// Grouped GEMV over n_segments segments (device table `segments`, device memory): every segment's matrix has the
+// shape {n_cols, n_rows} and type `type` (gemv_imma_supports); xprep holds n_x
+// prepared vectors of n_cols (gemv_imma_prepare_x with n_vec = n_x); y: device f32, rows of y_stride >= n_rows
+// floats. Out-of-range vec/out entries are the table writer's responsibility: the kernel does not check them (it
+// clamps nothing). Same arithmetic as gemv_imma (the same bits per vector). One kernel; thread-safe.
+Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments,
+                          int n_segments, const void* xprep, float* y, int64_t y_stride, cudaStream_t stream);
 
 // y[v] = W x[v] with x prepared by gemv_imma_prepare_x (same n_cols, at least n_vec vectors, earlier on `stream`).
 // y: device f32 [n_vec, n_rows], 4-byte aligned, not overlapping xprep; n_vec in [1, 32]. Errors are found before
