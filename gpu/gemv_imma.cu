@@ -38,9 +38,7 @@ constexpr int kTileRows = 16;
 constexpr int kUnitElems = 64;
 constexpr int kUnitsPerSlice = 4;  // 256 columns: one activation scale group, one Q4_K super-block
 constexpr int kGroupElems = 256;
-constexpr int kMaxSlices = static_cast<int>(kImmaMaxCols / kGroupElems);  // 16
 constexpr int kMaxWarps = 16;
-constexpr int kMaxPairs = 4;  // 8 vectors per grid.y slice
 constexpr int kMaxVectors = 32;
 constexpr uint32_t kNibbles = 0x0F0F0F0Fu;
 constexpr int kMagic = 0x4B400000;  // bits of 12582912.0f = 1.5·2^23
@@ -63,8 +61,8 @@ XLayout x_layout(int64_t n_cols) { return XLayout{static_cast<int>((n_cols + kGr
 // ---- activation preparation -------------------------------------------------------------------------------------
 
 // One warp per (vector, group of 256): lane l takes elements 8l..8l+7 of the group.
-__global__ void __launch_bounds__(128) prepare_x_kernel(const float* __restrict__ x, int n_cols, XLayout lay,
-                                                        uint8_t* __restrict__ out) {
+__global__ void __launch_bounds__(128)
+    prepare_x_kernel(const float* __restrict__ x, int n_cols, XLayout lay, uint8_t* __restrict__ out) {
   const int vec = blockIdx.y;
   const int grp = blockIdx.x * 4 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -133,21 +131,26 @@ __global__ void __launch_bounds__(128) prepare_x_kernel(const float* __restrict_
 
 // ---- the GEMV kernel --------------------------------------------------------------------------------------------
 
+constexpr int kInlineSegments = (kMaxVectors + kImmaSegmentVectors - 1) / kImmaSegmentVectors;  // dense calls
+
 struct KernelArgs {
-  const uint4* qs;      // tiled quant words [rg][unit][lane]
-  const uint8_t* meta;  // tiled scales (gemv_tiled.h)
-  int n_units;          // units of 64 columns per row
-  int n_rg;             // row groups
-  int n_slices;         // S = ceil(n_units / 4): warps per row group
-  int rg_per_block;     // R
+  const ImmaSegment* table;  // device table, or null: the inline segments
+  ImmaSegment inl[kInlineSegments];
+  int n_seg;
+  int n_units;      // units of 64 columns per row
+  int n_groups;     // groups of 256 columns per row
+  int n_rg;         // row groups per segment
+  int S;            // warps per row group (slices of gps groups)
+  int gps;          // groups per slice
+  int R;            // row groups per block and round
+  size_t meta_off;  // bytes from a tiled matrix's start to its scales
   const uint8_t* xprep;
   XLayout lay;
-  int n_vec;
-  float* y;  // f32 [n_vec, n_rows]
-  int64_t n_rows;
+  float* y;
+  int64_t y_stride;
 };
 
-__device__ __forceinline__ uint4 ldg_stream(const uint4* p) {
+__device__ __forceinline__ uint4 ldg_stream(const void* p) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
@@ -161,74 +164,87 @@ __device__ __forceinline__ uint2 ldg_stream2(const void* p) {
   return r;
 }
 
-__device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// One round's weights for one warp: 4 units of its row group's slice, and their scales.
+// One group's weights for one warp: 4 units of a row group, and their scales.
 struct WeightBuf {
   uint4 w[kUnitsPerSlice];
   uint2 m0[kUnitsPerSlice];  // Q4_0: d of (g, blk 0), (g+8, blk 0), (g, blk 1), (g+8, blk 1)
   uint4 mk[2];               // Q4_K: 16-byte heads of rows g and g + 8 for the super-block
 };
 
-// A pair's activations for one slice, as a lane needs them.
+// A pair's activations for one group, as a lane needs them.
 struct XSlice {
   uint4 frag[kUnitsPerSlice];
   int4 dsum[kUnitsPerSlice];
   float scale;
 };
 
+__device__ __forceinline__ const ImmaSegment& segment(const KernelArgs& a, int s) {
+  return a.table != nullptr ? a.table[s] : a.inl[s];
+}
+
+// A warp's place in its stream: round (row-group item of the block) and group within the warp's slice.
+struct Cursor {
+  int round;
+  int gi;
+};
+
 template <GgmlType T>
-__device__ __forceinline__ void load_weights(const KernelArgs& a, int rg, int slice, int lane, WeightBuf& b) {
-  const bool rg_ok = rg < a.n_rg;
+__device__ __forceinline__ void load_weights(const KernelArgs& a, int item, int n_items, int group, int lane,
+                                             WeightBuf& b) {
+  const bool item_ok = item < n_items && group < a.n_groups;
+  const int seg = item_ok ? item / a.n_rg : 0;
+  const int rg = item_ok ? item % a.n_rg : 0;
+  const ImmaSegment& sg = segment(a, seg);
+  const bool ok = item_ok && sg.n_vec > 0;
+  const auto* base = static_cast<const uint8_t*>(sg.data);
+  const size_t tile0 = static_cast<size_t>(rg) * a.n_units + static_cast<size_t>(group) * kUnitsPerSlice;
+  const uint8_t* qs = base + tile0 * 512 + lane * 16;
+  const uint8_t* m0 = base + a.meta_off + tile0 * 64 + (lane / 4) * 8;
+  const int units_left = a.n_units - group * kUnitsPerSlice;
 #pragma unroll
   for (int i = 0; i < kUnitsPerSlice; ++i) {
-    const int unit = slice * kUnitsPerSlice + i;
-    const bool ok = rg_ok && unit < a.n_units;
-    const size_t tile = static_cast<size_t>(rg) * a.n_units + unit;
-    b.w[i] = ok ? ldg_stream(a.qs + tile * 32 + lane) : make_uint4(0, 0, 0, 0);
-    if constexpr (T == GgmlType::kQ4_0) {
-      b.m0[i] = ok ? ldg_stream2(a.meta + tile * 64 + (lane / 4) * 8) : make_uint2(0, 0);
-    }
+    const bool u_ok = ok && i < units_left;
+    b.w[i] = u_ok ? ldg_stream(qs + i * 512) : make_uint4(0, 0, 0, 0);
+    if constexpr (T == GgmlType::kQ4_0) b.m0[i] = u_ok ? ldg_stream2(m0 + i * 64) : make_uint2(0, 0);
   }
   if constexpr (T == GgmlType::kQ4_K) {
-    const uint4* head =
-        reinterpret_cast<const uint4*>(a.meta + (static_cast<size_t>(rg) * a.n_slices + slice) * 256) + lane / 4;
-    b.mk[0] = rg_ok ? ldg_stream(head) : make_uint4(0, 0, 0, 0);
-    b.mk[1] = rg_ok ? ldg_stream(head + 8) : make_uint4(0, 0, 0, 0);
+    const uint8_t* head = base + a.meta_off + (static_cast<size_t>(rg) * a.n_groups + group) * 256 + (lane / 4) * 16;
+    b.mk[0] = ok ? ldg_stream(head) : make_uint4(0, 0, 0, 0);
+    b.mk[1] = ok ? ldg_stream(head + 128) : make_uint4(0, 0, 0, 0);
   }
 }
 
-__device__ __forceinline__ void load_x(const KernelArgs& a, int va, int vb, int slice, int lane, XSlice& x) {
+// Vectors va and vb (vb < 0: none) of group `group`, as lane needs them.
+__device__ __forceinline__ void load_x(const KernelArgs& a, int va, int vb, int group, int lane, XSlice& x) {
   const int g = lane / 4;
   const int t = lane % 4;
   const int vf = g < 4 ? va : vb;  // this lane's B columns
   const int vd = t < 2 ? va : vb;  // this lane's C columns
-  const uint8_t* bf = a.xprep + static_cast<size_t>(vf) * a.lay.vec_bytes();
-  const uint8_t* bd = a.xprep + static_cast<size_t>(vd) * a.lay.vec_bytes();
-  const auto* frag = reinterpret_cast<const uint4*>(bf) + (g % 4) * 4 + t;
-  const auto* dsum = reinterpret_cast<const int4*>(bd + a.lay.frag_bytes()) + (t % 2);
+  const uint8_t* bf = a.xprep + static_cast<size_t>(vf < 0 ? 0 : vf) * a.lay.vec_bytes();
+  const uint8_t* bd = a.xprep + static_cast<size_t>(vd < 0 ? 0 : vd) * a.lay.vec_bytes();
+  const auto* frag = reinterpret_cast<const uint4*>(bf) + (g % 4) * 4 + t + group * kUnitsPerSlice * 16;
+  const auto* dsum = reinterpret_cast<const int4*>(bd + a.lay.frag_bytes()) + (t % 2) + group * kUnitsPerSlice * 2;
   const auto* scale = reinterpret_cast<const float*>(bd + a.lay.frag_bytes() + a.lay.dsum_bytes());
-  const bool f_ok = vf < a.n_vec;
-  const bool d_ok = vd < a.n_vec;
 #pragma unroll
   for (int i = 0; i < kUnitsPerSlice; ++i) {
-    const int unit = slice * kUnitsPerSlice + i;
-    x.frag[i] = f_ok ? __ldg(frag + unit * 16) : make_uint4(0, 0, 0, 0);
-    x.dsum[i] = d_ok ? __ldg(dsum + unit * 2) : make_int4(0, 0, 0, 0);
+    x.frag[i] = vf >= 0 ? __ldg(frag + i * 16) : make_uint4(0, 0, 0, 0);
+    x.dsum[i] = vd >= 0 ? __ldg(dsum + i * 2) : make_int4(0, 0, 0, 0);
   }
-  x.scale = d_ok ? __ldg(scale + slice) : 0.0f;
+  x.scale = vd >= 0 ? __ldg(scale + group) : 0.0f;
 }
 
 __device__ __forceinline__ float half_bits(uint32_t bits16) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
 }
 
-// One round of one pair: the lane's partial sums for rows g and g + 8 of its vector (t >> 1), all four digits.
+// One group of one pair: the lane's partial sums for rows g and g + 8 of its vector (t >> 1), all four digits.
 template <GgmlType T>
 __device__ __forceinline__ void multiply(const WeightBuf& b, const XSlice& x, int lane, float (&out)[2]) {
   const int t = lane % 4;
@@ -263,8 +279,8 @@ __device__ __forceinline__ void multiply(const WeightBuf& b, const XSlice& x, in
       } else {
         const int sh = 4 * h;
         int c[4] = {0, 0, 0, 0};
-        mma_u8s8(c, (w.x >> sh) & kNibbles, (w.y >> sh) & kNibbles, (w.z >> sh) & kNibbles, (w.w >> sh) & kNibbles,
-                 b0, b1);
+        mma_u8s8(c, (w.x >> sh) & kNibbles, (w.y >> sh) & kNibbles, (w.z >> sh) & kNibbles, (w.w >> sh) & kNibbles, b0,
+                 b1);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const uint4 hd = b.mk[r];
@@ -289,13 +305,13 @@ __device__ __forceinline__ void multiply(const WeightBuf& b, const XSlice& x, in
       const float dmin = half_bits(b.mk[r].x >> 16);
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        acc[2 * r + c] = __fmaf_rn(d, static_cast<float>(isum[2 * r + c]),
-                                   -__fmul_rn(dmin, static_cast<float>(msum[2 * r + c])));
+        acc[2 * r + c] =
+            __fmaf_rn(d, static_cast<float>(isum[2 * r + c]), -__fmul_rn(dmin, static_cast<float>(msum[2 * r + c])));
       }
     }
   }
   const float w0 = (t & 1) ? 1.0f / 16384.0f : 1.0f;  // digit 2(t&1)
-  const float w1 = w0 * (1.0f / 128.0f);               // digit 2(t&1) + 1
+  const float w1 = w0 * (1.0f / 128.0f);              // digit 2(t&1) + 1
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float p = __fmul_rn(x.scale, __fmaf_rn(acc[2 * r + 1], w1, __fmul_rn(acc[2 * r], w0)));
@@ -303,63 +319,108 @@ __device__ __forceinline__ void multiply(const WeightBuf& b, const XSlice& x, in
   }
 }
 
+// NP: most vector pairs per segment (1, 2 or 4).
 template <GgmlType T, int NP>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a) {
-  // Partial sums per warp, double-buffered by round parity: [buf][warp][vector of the slice][row].
-  __shared__ float part[2][kMaxWarps][2 * kMaxPairs][kTileRows];
+  // Partial sums per warp when S > 1, double-buffered by round parity: [buf][warp][vector slot][row].
+  __shared__ float part[2][kMaxWarps][kImmaSegmentVectors][kTileRows];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int S = a.n_slices;
-  const int R = a.rg_per_block;
-  const int slice = warp % S;
+  const int S = a.S;
+  const int R = a.R;
+  const int sl = warp % S;
   const int rl = warp / S;
-  const int vec0 = blockIdx.y * 2 * NP;
+  const int n_items = a.n_seg * a.n_rg;
   const int n_threads = S * R * 32;
+  auto item_of = [&](int round) { return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R; };
+  auto group_of = [&](const Cursor& c) { return sl * a.gps + c.gi; };
+  auto next = [&](Cursor c) { return c.gi + 1 < a.gps ? Cursor{c.round, c.gi + 1} : Cursor{c.round + 1, 0}; };
 
+  float acc[NP][2];
+#pragma unroll
+  for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
 
-  auto rg_of = [&](int round) { return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R; };
-  auto round_body = [&](const WeightBuf& wb, int round) {
-    const int buf = round & 1;
-#pragma unroll 1
-    for (int p = 0; p < NP; ++p) {  // not unrolled: one pair's activations in registers at a time
-      float out[2];
-      XSlice xs;
-      load_x(a, vec0 + 2 * p, vec0 + 2 * p + 1, slice, lane, xs);
-      multiply<T>(wb, xs, lane, out);
-      if (t % 2 == 0) {
-        part[buf][warp][2 * p + t / 2][g] = out[0];
-        part[buf][warp][2 * p + t / 2][g + 8] = out[1];
+  auto step = [&](const WeightBuf& wb, const Cursor& c) {
+    const int item = item_of(c.round) + rl;
+    const bool item_ok = item < n_items;
+    const ImmaSegment& sg = segment(a, item_ok ? item / a.n_rg : 0);
+    const int n_vec = item_ok ? sg.n_vec : 0;
+    const int group = group_of(c);
+    if (group < a.n_groups) {
+#pragma unroll
+      for (int p = 0; p < NP; ++p) {
+        if (2 * p < n_vec) {
+          XSlice xs;
+          load_x(a, sg.vec[2 * p], 2 * p + 1 < n_vec ? sg.vec[2 * p + 1] : -1, group, lane, xs);
+          float out[2];
+          multiply<T>(wb, xs, lane, out);
+          acc[p][0] = __fadd_rn(acc[p][0], out[0]);
+          acc[p][1] = __fadd_rn(acc[p][1], out[1]);
+        }
       }
     }
-    __syncthreads();
-    const int rg0 = rg_of(round);
-    for (int item = threadIdx.x; item < R * 2 * NP * kTileRows; item += n_threads) {
-      const int r = item / (2 * NP * kTileRows);
-      const int v = (item / kTileRows) % (2 * NP);
-      const int row = item % kTileRows;
-      const int rg = rg0 + r;
-      const int vec = vec0 + v;
-      if (rg >= a.n_rg || vec >= a.n_vec) continue;
-      float sum = part[buf][r * S][v][row];
-      for (int s = 1; s < S; ++s) sum = __fadd_rn(sum, part[buf][r * S + s][v][row]);
-      a.y[static_cast<size_t>(vec) * a.n_rows + static_cast<int64_t>(rg) * kTileRows + row] = sum;
+    if (c.gi + 1 < a.gps) return;
+    // The row group's last group of this slice: write y (S == 1) or add the slices in warp order (S > 1).
+    const int rg = item_ok ? item % a.n_rg : 0;
+    if (S == 1) {
+      if (t % 2 == 0) {
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+          const int slot = 2 * p + t / 2;
+          if (slot < n_vec) {
+            float* yo = a.y + static_cast<int64_t>(sg.out[slot]) * a.y_stride + static_cast<int64_t>(rg) * kTileRows;
+            yo[g] = acc[p][0];
+            yo[g + 8] = acc[p][1];
+          }
+        }
+      }
+    } else {
+      const int buf = c.round & 1;
+      if (t % 2 == 0) {
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+          part[buf][warp][2 * p + t / 2][g] = acc[p][0];
+          part[buf][warp][2 * p + t / 2][g + 8] = acc[p][1];
+        }
+      }
+      __syncthreads();
+      const int item0 = item_of(c.round);
+      for (int k = threadIdx.x; k < R * 2 * NP * kTileRows; k += n_threads) {
+        const int r = k / (2 * NP * kTileRows);
+        const int slot = (k / kTileRows) % (2 * NP);
+        const int row = k % kTileRows;
+        const int it = item0 + r;
+        if (it >= n_items) continue;
+        const ImmaSegment& so = segment(a, it / a.n_rg);
+        if (slot >= so.n_vec) continue;
+        float sum = part[buf][r * S][slot][row];
+        for (int s2 = 1; s2 < S; ++s2) sum = __fadd_rn(sum, part[buf][r * S + s2][slot][row]);
+        a.y[static_cast<int64_t>(so.out[slot]) * a.y_stride + static_cast<int64_t>(it % a.n_rg) * kTileRows + row] =
+            sum;
+      }
     }
+#pragma unroll
+    for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
   };
 
-  // Two register buffers: the next round's weights are in flight while this round is multiplied.
+  // Two register buffers: the next group's weights are in flight while this one is multiplied.
+  if (item_of(0) >= n_items) return;
   WeightBuf b0, b1;
-  int round = 0;
-  if (rg_of(0) >= a.n_rg) return;
-  load_weights<T>(a, rg_of(0) + rl, slice, lane, b0);
+  Cursor cur{0, 0};
+  load_weights<T>(a, item_of(0) + rl, n_items, group_of(cur), lane, b0);
   for (;;) {
-    load_weights<T>(a, rg_of(round + 1) + rl, slice, lane, b1);
-    round_body(b0, round);
-    if (rg_of(++round) >= a.n_rg) break;
-    load_weights<T>(a, rg_of(round + 1) + rl, slice, lane, b0);
-    round_body(b1, round);
-    if (rg_of(++round) >= a.n_rg) break;
+    Cursor nx = next(cur);
+    load_weights<T>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b1);
+    step(b0, cur);
+    cur = nx;
+    if (item_of(cur.round) >= n_items) break;
+    nx = next(cur);
+    load_weights<T>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b0);
+    step(b1, cur);
+    cur = nx;
+    if (item_of(cur.round) >= n_items) break;
   }
 }
 
@@ -367,33 +428,66 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
 
 bool aligned(const void* p, uintptr_t al) { return (reinterpret_cast<uintptr_t>(p) % al) == 0; }
 
+// The split of a row: S warps per row group, each streaming gps groups of 256 columns. Matrices with enough row
+// groups to fill the device take S = 1 (no cross-warp sum, no block barrier); smaller ones split their rows further
+// so that ~2048 warps stream at once. Depends only on the matrix shape (so y[v] does not depend on n_vec).
+void pick_split(KernelArgs& a) {
+  constexpr int kWantWarps = 2048;
+  int S = 1;
+  while (S < a.n_groups && S < kMaxWarps && static_cast<int64_t>(a.n_rg) * S < kWantWarps) S *= 2;
+  a.S = S;
+  a.gps = (a.n_groups + S - 1) / S;
+  a.R = std::max(1, 8 / S);
+}
+
 template <GgmlType T, int NP>
-Status launch(const KernelArgs& args, int n_chunks, cudaStream_t stream) {
-  const int threads = args.n_slices * args.rg_per_block * 32;
-  static int per_sm[kMaxWarps + 1] = {};  // blocks per SM by warps per block (benign race: same value written)
+Status launch(const KernelArgs& args, cudaStream_t stream) {
+  const int warps = args.S * args.R;
+  static int per_sm[kMaxWarps + 1] = {};  // blocks per SM by warps per block (a benign race: the same value)
   static int sm_count = 0;
-  const int warps = threads / 32;
   if (per_sm[warps] == 0) {
     int dev = 0;
     KESTREL_CUDA_TRY(cudaGetDevice(&dev));
     KESTREL_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
     int n = 0;
-    KESTREL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP>, threads, 0));
+    KESTREL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP>, warps * 32, 0));
     per_sm[warps] = std::max(1, n);
   }
-  const int want = (args.n_rg + args.rg_per_block - 1) / args.rg_per_block;
-  const int fit = std::max(1, per_sm[warps] * sm_count / n_chunks);
-  const dim3 grid(static_cast<unsigned>(std::min(want, fit)), static_cast<unsigned>(n_chunks));
-  gemv_imma_kernel<T, NP><<<grid, threads, 0, stream>>>(args);
+  const int64_t items = static_cast<int64_t>(args.n_seg) * args.n_rg;
+  const int64_t want = (items + args.R - 1) / args.R;
+  const int64_t fit = static_cast<int64_t>(per_sm[warps]) * sm_count;
+  gemv_imma_kernel<T, NP><<<static_cast<unsigned>(std::min(want, fit)), warps * 32, 0, stream>>>(args);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
 
 template <GgmlType T>
-Status launch_type(const KernelArgs& args, cudaStream_t stream) {
-  if (args.n_vec <= 2) return launch<T, 1>(args, 1, stream);
-  if (args.n_vec <= 4) return launch<T, 2>(args, 1, stream);
-  return launch<T, 4>(args, (args.n_vec + 2 * kMaxPairs - 1) / (2 * kMaxPairs), stream);
+Status launch_pairs(const KernelArgs& args, int max_vec, cudaStream_t stream) {
+  if (max_vec <= 2) return launch<T, 1>(args, stream);
+  if (max_vec <= 4) return launch<T, 2>(args, stream);
+  return launch<T, 4>(args, stream);
+}
+
+Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, cudaStream_t stream) {
+  if (type == GgmlType::kQ4_0) return launch_pairs<GgmlType::kQ4_0>(args, max_vec, stream);
+  return launch_pairs<GgmlType::kQ4_K>(args, max_vec, stream);
+}
+
+KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xprep, float* y, int64_t y_stride) {
+  (void)type;
+  KernelArgs a{};
+  const int64_t n_rg = n_rows / kTileRows;
+  const int64_t n_units = n_cols / kUnitElems;
+  a.n_units = static_cast<int>(n_units);
+  a.n_groups = static_cast<int>((n_units + kUnitsPerSlice - 1) / kUnitsPerSlice);
+  a.n_rg = static_cast<int>(n_rg);
+  a.meta_off = static_cast<size_t>(n_rg * n_units) * 512;
+  a.xprep = static_cast<const uint8_t*>(xprep);
+  a.lay = x_layout(n_cols);
+  a.y = y;
+  a.y_stride = y_stride;
+  pick_split(a);
+  return a;
 }
 
 }  // namespace
@@ -442,23 +536,36 @@ Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, c
   const auto x1 = x0 + imma_x_bytes(w.n_cols, n_vec);
   const auto y1 = y0 + static_cast<uintptr_t>(n_vec) * static_cast<uintptr_t>(w.n_rows) * sizeof(float);
   if (x0 < y1 && y0 < x1) return make_error(ErrorCode::kInvalidArgument, "gemv_imma: y overlaps xprep");
-  const int64_t n_rg = w.n_rows / kTileRows;
-  const int64_t n_units = w.n_cols / kUnitElems;
-  KernelArgs args{};
-  args.qs = static_cast<const uint4*>(w.data);
-  args.meta = static_cast<const uint8_t*>(w.data) + n_rg * n_units * 512;
-  args.n_units = static_cast<int>(n_units);
-  args.n_rg = static_cast<int>(n_rg);
-  args.n_slices = static_cast<int>((n_units + kUnitsPerSlice - 1) / kUnitsPerSlice);
-  args.rg_per_block = std::max(1, 8 / args.n_slices);
-  args.xprep = static_cast<const uint8_t*>(xprep);
-  args.lay = x_layout(w.n_cols);
-  args.n_vec = n_vec;
-  args.y = y;
-  args.n_rows = w.n_rows;
-  static_assert(kMaxSlices <= kMaxWarps);
-  if (w.type == GgmlType::kQ4_0) return launch_type<GgmlType::kQ4_0>(args, stream);
-  return launch_type<GgmlType::kQ4_K>(args, stream);
+  KernelArgs args = base_args(w.type, w.n_cols, w.n_rows, xprep, y, w.n_rows);
+  args.table = nullptr;
+  args.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
+  for (int s = 0; s < args.n_seg; ++s) {
+    ImmaSegment& sg = args.inl[s];
+    sg.data = w.data;
+    sg.n_vec = std::min(kImmaSegmentVectors, n_vec - s * kImmaSegmentVectors);
+    for (int j = 0; j < sg.n_vec; ++j) sg.vec[j] = sg.out[j] = s * kImmaSegmentVectors + j;
+  }
+  return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), stream);
+}
+
+Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
+                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream) {
+  if (!gemv_imma_supports(type, n_cols, n_rows)) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv_imma_segments: " + std::string(ggml_type_name(type)) + " {" +
+                                                       std::to_string(n_cols) + ", " + std::to_string(n_rows) +
+                                                       "} is not a shape it takes (gemv_imma_supports)");
+  }
+  if (n_segments < 0 || (n_segments > 0 && segments == nullptr) || xprep == nullptr || y == nullptr ||
+      !aligned(xprep, 16) || !aligned(y, 4) || y_stride < n_rows) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "gemv_imma_segments: bad table, pointer (xprep 16-byte aligned, y 4) or y_stride " +
+                          std::to_string(y_stride) + " < n_rows " + std::to_string(n_rows));
+  }
+  if (n_segments == 0) return ok_status();
+  KernelArgs args = base_args(type, n_cols, n_rows, xprep, y, y_stride);
+  args.table = segments;
+  args.n_seg = n_segments;
+  return launch_any(type, args, kImmaSegmentVectors, stream);
 }
 
 }  // namespace kestrel::gpu

@@ -280,8 +280,8 @@ Status run(const std::string& only) {
   for (const Row& r : rows) {
     const int kv = static_cast<int>(r.kernel);
     std::printf("%-18s %-6s %-5s %5d %12" PRIu64 " %9.2f %8.0f %7.1f%% %8.1f%% %14.0f\n", r.label.c_str(),
-                kKernelNames[kv], std::string(ggml_type_name(r.type)).c_str(), r.batch,
-                r.bytes, r.us, r.gbs, r.pct_peak, r.pct_matched, r.matched_gbs);
+                kKernelNames[kv], std::string(ggml_type_name(r.type)).c_str(), r.batch, r.bytes, r.us, r.gbs,
+                r.pct_peak, r.pct_matched, r.matched_gbs);
     if (r.batch == 1 && (r.type == GgmlType::kQ4_0 || r.type == GgmlType::kQ4_K)) {
       log_sum[kv] += std::log(r.pct_matched);
       ++n_geo[kv];

@@ -1,6 +1,6 @@
 // gpu/gemv_tiled (GEMV v3, re-tiled Q4_0 / Q4_K on bf16 tensor cores) and gpu/gemv_imma (GEMV v4, the same tiles on
-// u8 x s8 tensor cores with x as four 7-bit digits per power-of-two group scale) against core's ref::matvec_batch: random
-// blocks with wide-ranging scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 12288,
+// u8 x s8 tensor cores with x as four 7-bit digits per power-of-two group scale) against core's ref::matvec_batch:
+// random blocks with wide-ranging scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 12288,
 // n_out 16 .. 2048), every vector-count path (1, 2, 3, 5, 8, 13, 32: one, two and three column chunks, partial and
 // several grid slices); bit-identical repeated runs; each y[v] identical whatever n_vec; shapes and arguments the
 // kernel does not take are refused before anything runs.
@@ -86,8 +86,8 @@ std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_
   EXPECT_EQ(cudaMemcpy(d_x.as<unsigned char>(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice),
             cudaSuccess);
   EXPECT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
-  const Status p =
-      k == Kernel::kV3 ? gemv_tiled_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr)
+  const Status p = k == Kernel::kV3
+                       ? gemv_tiled_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr)
                        : gemv_imma_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr);
   EXPECT_TRUE(p) << p.error().to_string();
   const Status s = k == Kernel::kV3 ? gemv_q4_tiled(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr)
@@ -186,15 +186,16 @@ TEST(GemvTiled, Q4_KMatchesReference) {
 
 TEST(GemvImma, Q4_0MatchesReference) {
   KESTREL_REQUIRE_DEVICE();
-  // 192 and 320 columns end inside a 256-column slice; 4096 takes 16 warps per row group; 512 four row groups per
-  // block.
-  check_type(GgmlType::kQ4_0, {{64, 16}, {192, 48}, {320, 32}, {512, 80}, {2048, 512}, {4096, 160}, {2048, 4096}},
+  // 192 and 320 columns end inside a 256-column group; 4096/8192 columns take 16 warps per row group (8192: two
+  // groups each); 512 four row groups per block; 512 x 32768 one warp per row group streaming two groups (no barrier).
+  check_type(GgmlType::kQ4_0,
+             {{64, 16}, {192, 48}, {320, 32}, {512, 80}, {2048, 512}, {4096, 160}, {8192, 16}, {512, 32768}},
              Kernel::kV4);
 }
 
 TEST(GemvImma, Q4_KMatchesReference) {
   KESTREL_REQUIRE_DEVICE();
-  check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {1280, 48}, {2048, 512}, {4096, 160}, {2048, 4096}},
+  check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {1280, 48}, {2048, 512}, {4096, 160}, {8192, 32}, {512, 32768}},
              Kernel::kV4);
 }
 
@@ -210,9 +211,9 @@ TEST(GemvImma, ActivationEdgeCases) {
     const std::vector<uint8_t> m = random_matrix(t, n_in, n_out, rng);
     const DeviceTiled w(t, m, n_in, n_out);
     std::vector<float> x = random_vectors(3, n_in, rng);
-    for (int64_t i = 0; i < 256; ++i) x[static_cast<size_t>(i)] = 0.0f;       // vector 0, group 0: zeros
-    x[300] = 3.0e4f;                                                          // vector 0, group 1: one outlier
-    for (int64_t i = 512; i < 768; ++i) x[static_cast<size_t>(i)] = 1e-40f;   // vector 0, group 2: denormals
+    for (int64_t i = 0; i < 256; ++i) x[static_cast<size_t>(i)] = 0.0f;             // vector 0, group 0: zeros
+    x[300] = 3.0e4f;                                                                // vector 0, group 1: one outlier
+    for (int64_t i = 512; i < 768; ++i) x[static_cast<size_t>(i)] = 1e-40f;         // vector 0, group 2: denormals
     x[static_cast<size_t>(2 * n_in + 5)] = std::numeric_limits<float>::infinity();  // vector 2
     std::vector<float> want(static_cast<size_t>(3 * n_out));
     const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out)};
@@ -229,7 +230,7 @@ TEST(GemvImma, ActivationEdgeCases) {
 }
 
 TEST(GemvImma, RefusesShapesAndArguments) {
-  EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 4160, 16));  // longer than 4096
+  EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 8256, 16));  // longer than 8192
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 32, 16));    // not whole units
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ6_K, 256, 16));
   EXPECT_EQ(imma_x_bytes(96, 1), 0u);
@@ -244,7 +245,7 @@ TEST(GemvImma, RefusesShapesAndArguments) {
   const TiledQ4View view{GgmlType::kQ4_0, w, 64, 16};
   EXPECT_FALSE(gemv_imma(view, xp, 0, y, nullptr));
   EXPECT_FALSE(gemv_imma(view, xp, 33, y, nullptr));
-  EXPECT_FALSE(gemv_imma(view, xp + 4, 1, y, nullptr));  // xprep not 16-byte aligned
+  EXPECT_FALSE(gemv_imma(view, xp + 4, 1, y, nullptr));                         // xprep not 16-byte aligned
   EXPECT_FALSE(gemv_imma(view, xp, 1, reinterpret_cast<float*>(xp), nullptr));  // y overlaps xprep
   const TiledQ4View bad{GgmlType::kQ4_0, w, 64, 17};
   EXPECT_FALSE(gemv_imma(bad, xp, 1, y, nullptr));
