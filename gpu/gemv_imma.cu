@@ -25,6 +25,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -133,6 +134,21 @@ __global__ void __launch_bounds__(128)
 
 constexpr int kInlineSegments = (kMaxVectors + kImmaSegmentVectors - 1) / kImmaSegmentVectors;  // dense calls
 
+// x / d for x < 2^31 with a multiply: q = (umulhi(x, m) + x) >> s (the round-up method), m and s from the host.
+struct FastDiv {
+  uint32_t d = 1, m = 1, s = 0;
+  static FastDiv make(uint32_t d) {
+    FastDiv f;
+    f.d = d;
+    while ((1ull << f.s) < d) ++f.s;
+    f.m = static_cast<uint32_t>(((1ull << 32) * ((1ull << f.s) - d)) / d + 1);
+    return f;
+  }
+  __device__ __forceinline__ int div(int x) const {
+    return static_cast<int>((__umulhi(static_cast<uint32_t>(x), m) + static_cast<uint32_t>(x)) >> s);
+  }
+};
+
 struct KernelArgs {
   const ImmaSegment* table;  // device table, or null: the inline segments
   ImmaSegment inl[kInlineSegments];
@@ -140,6 +156,7 @@ struct KernelArgs {
   int n_units;      // units of 64 columns per row
   int n_groups;     // groups of 256 columns per row
   int n_rg;         // row groups per segment
+  FastDiv rg_div;   // divides by n_rg
   int S;            // warps per row group (slices of gps groups)
   int gps;          // groups per slice
   int R;            // row groups per block and round
@@ -199,8 +216,8 @@ template <GgmlType T>
 __device__ __forceinline__ void load_weights(const KernelArgs& a, int item, int n_items, int group, int lane,
                                              WeightBuf& b) {
   const bool item_ok = item < n_items && group < a.n_groups;
-  const int seg = item_ok ? item / a.n_rg : 0;
-  const int rg = item_ok ? item % a.n_rg : 0;
+  const int seg = item_ok ? a.rg_div.div(item) : 0;
+  const int rg = item_ok ? item - seg * a.n_rg : 0;
   const ImmaSegment& sg = segment(a, seg);
   const bool ok = item_ok && sg.n_vec > 0;
   const auto* base = static_cast<const uint8_t*>(sg.data);
@@ -345,7 +362,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   auto step = [&](const WeightBuf& wb, const Cursor& c) {
     const int item = item_of(c.round) + rl;
     const bool item_ok = item < n_items;
-    const ImmaSegment& sg = segment(a, item_ok ? item / a.n_rg : 0);
+    const int seg = item_ok ? a.rg_div.div(item) : 0;
+    const ImmaSegment& sg = segment(a, seg);
     const int n_vec = item_ok ? sg.n_vec : 0;
     const int group = group_of(c);
     if (group < a.n_groups) {
@@ -363,7 +381,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
     }
     if (c.gi + 1 < a.gps) return;
     // The row group's last group of this slice: write y (S == 1) or add the slices in warp order (S > 1).
-    const int rg = item_ok ? item % a.n_rg : 0;
+    const int rg = item_ok ? item - seg * a.n_rg : 0;
     if (S == 1) {
       if (t % 2 == 0) {
 #pragma unroll
@@ -393,12 +411,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
         const int row = k % kTileRows;
         const int it = item0 + r;
         if (it >= n_items) continue;
-        const ImmaSegment& so = segment(a, it / a.n_rg);
+        const int so_i = a.rg_div.div(it);
+        const ImmaSegment& so = segment(a, so_i);
         if (slot >= so.n_vec) continue;
         float sum = part[buf][r * S][slot][row];
         for (int s2 = 1; s2 < S; ++s2) sum = __fadd_rn(sum, part[buf][r * S + s2][slot][row]);
-        a.y[static_cast<int64_t>(so.out[slot]) * a.y_stride + static_cast<int64_t>(it % a.n_rg) * kTileRows + row] =
-            sum;
+        a.y[static_cast<int64_t>(so.out[slot]) * a.y_stride + static_cast<int64_t>(it - so_i * a.n_rg) * kTileRows +
+            row] = sum;
       }
     }
 #pragma unroll
@@ -431,10 +450,13 @@ bool aligned(const void* p, uintptr_t al) { return (reinterpret_cast<uintptr_t>(
 // The split of a row: S warps per row group, each streaming gps groups of 256 columns. Matrices with enough row
 // groups to fill the device take S = 1 (no cross-warp sum, no block barrier); smaller ones split their rows further
 // so that ~2048 warps stream at once. Depends only on the matrix shape (so y[v] does not depend on n_vec).
+std::atomic<int> g_forced_split{0};
+
 void pick_split(KernelArgs& a) {
   constexpr int kWantWarps = 2048;
   int S = 1;
   while (S < a.n_groups && S < kMaxWarps && static_cast<int64_t>(a.n_rg) * S < kWantWarps) S *= 2;
+  if (const int f = g_forced_split.load(std::memory_order_relaxed); f > 0) S = std::min(f, kMaxWarps);
   a.S = S;
   a.gps = (a.n_groups + S - 1) / S;
   a.R = std::max(1, 8 / S);
@@ -481,6 +503,7 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
   a.n_units = static_cast<int>(n_units);
   a.n_groups = static_cast<int>((n_units + kUnitsPerSlice - 1) / kUnitsPerSlice);
   a.n_rg = static_cast<int>(n_rg);
+  a.rg_div = FastDiv::make(static_cast<uint32_t>(n_rg));
   a.meta_off = static_cast<size_t>(n_rg * n_units) * 512;
   a.xprep = static_cast<const uint8_t*>(xprep);
   a.lay = x_layout(n_cols);
@@ -491,6 +514,10 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
 }
 
 }  // namespace
+
+void gemv_imma_force_split(int warps_per_row_group) {
+  g_forced_split.store(warps_per_row_group > 0 ? warps_per_row_group : 0, std::memory_order_relaxed);
+}
 
 bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
   return q4_tiled_supports(type, n_cols, n_rows) && n_cols <= kImmaMaxCols;

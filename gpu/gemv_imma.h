@@ -70,4 +70,8 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
 // Thread-safe.
 Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream);
 
+// For benchmarks: force S warps per row group (a power of two, 1..16; 0 restores the choice by shape). Affects
+// calls made after it, process-wide; results stay within the same bound but their bits depend on S.
+void gemv_imma_force_split(int warps_per_row_group);
+
 }  // namespace kestrel::gpu

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -300,7 +301,9 @@ Status run(const std::string& only) {
 
 // bench_gemv [FILTER]: FILTER keeps the cases whose "shape/kernel/type" contains it (e.g. "lm_head/tiled/q4_0",
 // for a profiler run); no argument runs every case.
+// KESTREL_IMMA_SPLIT=S forces GEMV v4's warps per row group (gemv_imma_force_split) for a sweep.
 int main(int argc, char** argv) {
+  if (const char* s = std::getenv("KESTREL_IMMA_SPLIT")) kestrel::gpu::gemv_imma_force_split(std::atoi(s));
   const kestrel::Status st = kestrel::gpu::run(argc > 1 ? argv[1] : "");
   if (!st) {
     std::fprintf(stderr, "bench_gemv: %s\n", st.error().to_string().c_str());
