@@ -1,0 +1,538 @@
+// moe_imma_forward (see moe_imma.h): the MoE layer on GEMV v4's grouped form (gemv_imma_segments).
+//
+// Rows ("entries") of the per-call scratch: routed entry i (moe_route's order: by expert, then token) is row i;
+// with a shared expert, token t's shared row is n_entries + t; n_all rows in all. Gate+up results go to gu
+// f32 [2 · n_all, I] (gate row r at r, up row r at n_all + r), the SwiGLU activations to act f32 [n_all, I] and
+// their prepared form (gemv_imma_prepare_x, one vector per row), the down results to ye f32 [n_all, H].
+//
+// Segment tables (written by table_kernel, one block, from the routing; read by gemv_imma_segments):
+//   gate+up: [shared chunk c: gate, up]·sh_chunks, then per routed chunk q (active experts ascending, each expert's
+//            entries in chunks of 8): gate, up; the rest of the capacity n_vec = 0 (skipped);
+//   down:    [shared chunk c]·sh_chunks, then routed chunk q; the rest n_vec = 0.
+// The routed chunk positions come from an exclusive scan of ⌈count/8⌉ over the active experts. Capacity:
+// Σ ⌈c_e/8⌉ <= Σ (1 + ⌊c_e/8⌋) <= n_active + ⌊n_entries/8⌋, and <= n_entries.
+#include <algorithm>
+#include <cstring>
+#include <cub/block/block_scan.cuh>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpu/cuda_check.h"
+#include "gpu/dequant.cuh"
+#include "gpu/gemv.h"
+#include "gpu/gemv_imma.h"
+#include "gpu/gemv_tiled.h"
+#include "gpu/moe_imma.h"
+
+namespace kestrel::gpu {
+namespace {
+
+constexpr int kTableThreads = 256;
+constexpr int kActThreads = 256;
+constexpr int kCombineThreads = 256;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+std::string tname(GgmlType t) { return std::string(ggml_type_name(t)); }
+
+// Sizes of one call.
+struct Counts {
+  int n_tok = 0;
+  int n_entries = 0;   // n_tok · k
+  int n_all = 0;       // n_entries + (shared ? n_tok : 0)
+  int max_active = 0;  // min(E, n_entries)
+  int max_chunks = 0;  // routed chunks of <= 8 entries, at most
+  int sh_chunks = 0;   // shared expert's chunks of <= 8 tokens
+  int n_seg_gu() const { return 2 * (sh_chunks + max_chunks); }
+  int n_seg_dn() const { return sh_chunks + max_chunks; }
+};
+
+Counts counts_of(const MoeImmaWeights& w, int n_tok) {
+  Counts c;
+  c.n_tok = n_tok;
+  c.n_entries = n_tok * w.n_expert_used;
+  c.n_all = c.n_entries + (w.has_shared_expert() ? n_tok : 0);
+  c.max_active = static_cast<int>(std::min<int64_t>(w.n_expert, c.n_entries));
+  c.max_chunks = std::min(c.n_entries, c.max_active + c.n_entries / kImmaSegmentVectors);
+  c.sh_chunks = w.has_shared_expert() ? (n_tok + kImmaSegmentVectors - 1) / kImmaSegmentVectors : 0;
+  return c;
+}
+
+// Workspace pieces, in order.
+struct Layout {
+  float* logits = nullptr;        // f32 [n_tok, E]
+  void* routing = nullptr;        // moe_routing_bytes
+  uint8_t* xprep = nullptr;       // imma_x_bytes(H, n_tok)
+  ImmaSegment* seg_gu = nullptr;  // [n_seg_gu]
+  ImmaSegment* seg_dn = nullptr;  // [n_seg_dn]
+  float* gu = nullptr;            // f32 [2 · n_all, I]
+  float* act = nullptr;           // f32 [n_all, I]
+  uint8_t* aprep = nullptr;       // n_all prepared vectors of I
+  float* ye = nullptr;            // f32 [n_all, H]
+  size_t bytes = 0;
+};
+
+Layout layout_of(const MoeImmaWeights& w, const Counts& c, void* base) {
+  const size_t E = static_cast<size_t>(w.n_expert), H = static_cast<size_t>(w.n_embd);
+  const size_t I = static_cast<size_t>(w.n_ff), T = static_cast<size_t>(c.n_tok);
+  const size_t all = static_cast<size_t>(c.n_all);
+  auto* p = static_cast<unsigned char*>(base);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    unsigned char* q = p == nullptr ? nullptr : p + at;
+    at += align16(bytes);
+    return q;
+  };
+  Layout l;
+  l.logits = reinterpret_cast<float*>(take(T * E * 4));
+  l.routing = take(moe_routing_bytes(c.n_tok, static_cast<int>(E), w.n_expert_used));
+  l.xprep = take(imma_x_bytes(w.n_embd, c.n_tok));
+  l.seg_gu = reinterpret_cast<ImmaSegment*>(take(static_cast<size_t>(c.n_seg_gu()) * sizeof(ImmaSegment)));
+  l.seg_dn = reinterpret_cast<ImmaSegment*>(take(static_cast<size_t>(c.n_seg_dn()) * sizeof(ImmaSegment)));
+  l.gu = reinterpret_cast<float*>(take(2 * all * I * 4));
+  l.act = reinterpret_cast<float*>(take(all * I * 4));
+  l.aprep = take(all * imma_x_bytes(w.n_ff, 1));
+  l.ye = reinterpret_cast<float*>(take(all * H * 4));
+  l.bytes = at;
+  return l;
+}
+
+// ---- kernels -----------------------------------------------------------------------------------------------------
+
+struct TableArgs {
+  MoeRouting r;
+  const uint8_t* gate;  // tiled stacks
+  const uint8_t* up;
+  const uint8_t* down;
+  uint64_t gu_bytes;  // one expert's gate (= up) matrix
+  uint64_t dn_bytes;  // one expert's down matrix
+  const void* sh_gate;
+  const void* sh_up;
+  const void* sh_down;
+  int n_tok;
+  int n_entries;
+  int n_all;
+  int max_active;
+  int sh_chunks;
+  int n_seg_gu;
+  int n_seg_dn;
+  ImmaSegment* seg_gu;
+  ImmaSegment* seg_dn;
+};
+
+// One chunk's segment: the matrix, n vectors vec[j] → rows out0 + out[j].
+__device__ __forceinline__ void put_segment(ImmaSegment* s, const void* data, int n, const int32_t* vec, int out0,
+                                            const int32_t* out) {
+  ImmaSegment seg;
+  seg.data = data;
+  seg.n_vec = n;
+#pragma unroll
+  for (int j = 0; j < kImmaSegmentVectors; ++j) {
+    seg.vec[j] = j < n ? vec[j] : 0;
+    seg.out[j] = j < n ? out0 + out[j] : 0;
+  }
+  *s = seg;
+}
+
+__device__ __forceinline__ void put_empty(ImmaSegment* s) {
+  ImmaSegment seg;
+  *s = seg;  // n_vec 0: skipped
+}
+
+__global__ void __launch_bounds__(kTableThreads) table_kernel(TableArgs a) {
+  using Scan = cub::BlockScan<int, kTableThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  __shared__ int total_s;
+  const int tid = static_cast<int>(threadIdx.x);
+
+  // Shared expert: chunk c takes tokens 8c .. 8c + 7; its rows are n_entries + token.
+  for (int c = tid; c < a.sh_chunks; c += kTableThreads) {
+    const int t0 = c * kImmaSegmentVectors;
+    const int n = min(kImmaSegmentVectors, a.n_tok - t0);
+    int32_t tok[kImmaSegmentVectors];
+    int32_t row[kImmaSegmentVectors];
+#pragma unroll
+    for (int j = 0; j < kImmaSegmentVectors; ++j) {
+      tok[j] = t0 + j;
+      row[j] = a.n_entries + t0 + j;
+    }
+    put_segment(a.seg_gu + 2 * c, a.sh_gate, n, tok, 0, row);
+    put_segment(a.seg_gu + 2 * c + 1, a.sh_up, n, tok, a.n_all, row);
+    put_segment(a.seg_dn + c, a.sh_down, n, row, 0, row);
+  }
+
+  // Routed experts: slot s's chunks start at the exclusive scan of ⌈count/8⌉ over the slots before it.
+  const int n_active = *a.r.n_active;
+  int running = 0;
+  for (int base = 0; base < a.max_active; base += kTableThreads) {
+    const int s = base + tid;
+    int first = 0;
+    int count = 0;
+    if (s < n_active) {
+      first = a.r.active_offset[s];
+      count = a.r.active_offset[s + 1] - first;
+    }
+    const int chunks = (count + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
+    int pos = 0;
+    int sum = 0;
+    Scan(scan_tmp).ExclusiveSum(chunks, pos, sum);
+    pos += running;
+    running += sum;
+    if (s < n_active) {
+      const int e = a.r.active_expert[s];
+      const uint8_t* g = a.gate + static_cast<uint64_t>(e) * a.gu_bytes;
+      const uint8_t* u = a.up + static_cast<uint64_t>(e) * a.gu_bytes;
+      const uint8_t* d = a.down + static_cast<uint64_t>(e) * a.dn_bytes;
+      for (int q = 0; q < chunks; ++q) {
+        const int e0 = first + q * kImmaSegmentVectors;
+        const int n = min(kImmaSegmentVectors, first + count - e0);
+        int32_t tok[kImmaSegmentVectors];
+        int32_t row[kImmaSegmentVectors];
+#pragma unroll
+        for (int j = 0; j < kImmaSegmentVectors; ++j) {
+          tok[j] = j < n ? a.r.entry_token[e0 + j] : 0;
+          row[j] = e0 + j;
+        }
+        const int at = a.sh_chunks + pos + q;
+        put_segment(a.seg_gu + 2 * at, g, n, tok, 0, row);
+        put_segment(a.seg_gu + 2 * at + 1, u, n, tok, a.n_all, row);
+        put_segment(a.seg_dn + at, d, n, row, 0, row);
+      }
+    }
+    __syncthreads();  // scan_tmp is reused by the next round
+  }
+  if (tid == 0) total_s = running;
+  __syncthreads();
+  const int used = a.sh_chunks + total_s;
+  for (int i = 2 * used + tid; i < a.n_seg_gu; i += kTableThreads) put_empty(a.seg_gu + i);
+  for (int i = used + tid; i < a.n_seg_dn; i += kTableThreads) put_empty(a.seg_dn + i);
+}
+
+// act[r] = silu(gate[r]) · up[r] over n_all rows of I (I a multiple of 64: whole float4s), as ref::swiglu_forward:
+// silu(g) = g · (1 / (1 + e^−g)).
+__global__ void __launch_bounds__(kActThreads)
+    swiglu_kernel(const float4* __restrict__ gu, int64_t n4, float4* __restrict__ act) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kActThreads + threadIdx.x;
+  if (i >= n4) return;
+  const float4 g = gu[i];
+  const float4 u = gu[n4 + i];
+  auto f = [](float gv, float uv) {
+    const float s = __fmul_rn(gv, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-gv))));
+    return __fmul_rn(s, uv);
+  };
+  act[i] = make_float4(f(g.x, u.x), f(g.y, u.y), f(g.z, u.z), f(g.w, u.w));
+}
+
+// out[t] = Σ_j ye[token_entry[t][j]] · entry_weight[...] from 0 in ascending expert order, then with kShared
+// + sigmoid(gate_inp · x[t]) · ye[n_entries + t]; the shared gate logit (a dot product of H elements of type T) is
+// computed by each block: 256 lane-strided partial sums, a butterfly per warp, then the 8 warp sums in order.
+template <GgmlType T, bool kShared>
+__global__ void __launch_bounds__(kCombineThreads)
+    combine_kernel(const float* __restrict__ ye, const int32_t* __restrict__ token_entry,
+                   const float* __restrict__ entry_weight, int k, int n_entries, const uint8_t* __restrict__ gate_inp,
+                   const float* __restrict__ x, int h, float* __restrict__ out) {
+  const int t = static_cast<int>(blockIdx.y);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int c = static_cast<int>(blockIdx.x) * kCombineThreads + tid;
+  float s = 0.0f;
+  if constexpr (kShared) {
+    using D = Dequant<T>;
+    __shared__ float warp_sums[kCombineThreads / 32];
+    const auto* blocks = reinterpret_cast<const typename D::Block*>(gate_inp);
+    const float* xt = x + static_cast<int64_t>(t) * h;
+    float acc = 0.0f;
+    for (int i = tid; i < h; i += kCombineThreads) {
+      acc = fmaf(D::elem(blocks + i / D::kBlockElems, i % D::kBlockElems), xt[i], acc);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(kFullMask, acc, off);
+    if (tid % 32 == 0) warp_sums[tid / 32] = acc;
+    __syncthreads();
+    float logit = 0.0f;
+#pragma unroll
+    for (int w8 = 0; w8 < kCombineThreads / 32; ++w8) logit += warp_sums[w8];
+    s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logit)));
+  }
+  if (c >= h) return;
+  float y = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int entry = token_entry[t * k + j];
+    y = __fadd_rn(y, __fmul_rn(ye[static_cast<int64_t>(entry) * h + c], entry_weight[entry]));
+  }
+  if constexpr (kShared) {
+    y = __fadd_rn(y, __fmul_rn(s, ye[static_cast<int64_t>(n_entries + t) * h + c]));
+  }
+  out[static_cast<int64_t>(t) * h + c] = y;
+}
+
+// ---- checks ------------------------------------------------------------------------------------------------------
+
+Status bad(const std::string& m) { return make_error(ErrorCode::kInvalidArgument, "moe_imma: " + m); }
+Status unsupported(const std::string& m) { return make_error(ErrorCode::kUnsupported, "moe_imma: " + m); }
+
+std::string shape(int64_t a, int64_t b) {
+  std::string s(1, '{');
+  s += std::to_string(a);
+  s += ", ";
+  s += std::to_string(b);
+  s += '}';
+  return s;
+}
+
+bool is_q4(GgmlType t) { return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_K; }
+
+// The shapes every tiled matrix of a layer must take.
+Status check_tiled_shapes(GgmlType t, int64_t H, int64_t I) {
+  if (!is_q4(t)) return unsupported("expert type " + tname(t) + " (GEMV v4 takes Q4_0 and Q4_K)");
+  if (!gemv_imma_supports(t, H, I) || !gemv_imma_supports(t, I, H)) {
+    return unsupported(tname(t) + " experts of " + shape(H, I) + " / " + shape(I, H) +
+                       " (gemv_imma_supports: Q4_0 n_cols % 64, Q4_K n_cols % 256, n_rows % 16, n_cols <= " +
+                       std::to_string(kImmaMaxCols) + ")");
+  }
+  return ok_status();
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+Status moe_imma_check_raw(const MoeDeviceWeights& raw) {
+  KESTREL_TRY(moe_check_weights(raw));
+  const GgmlType t = raw.gate_exps.type;
+  const int64_t H = raw.router.n_cols, I = raw.gate_exps.n_rows;
+  if (raw.up_exps.type != t || raw.down_exps.type != t) {
+    return unsupported("gate/up/down experts must share one type (gate " + tname(t) + ", up " +
+                       tname(raw.up_exps.type) + ", down " + tname(raw.down_exps.type) + ")");
+  }
+  KESTREL_TRY(check_tiled_shapes(t, H, I));
+  if (raw.has_shared_expert()) {
+    if (raw.gate_shexp.type != t || raw.up_shexp.type != t || raw.down_shexp.type != t) {
+      return unsupported("the shared expert's type must be the routed experts' (" + tname(t) + "); got gate " +
+                         tname(raw.gate_shexp.type) + ", up " + tname(raw.up_shexp.type) + ", down " +
+                         tname(raw.down_shexp.type));
+    }
+    if (raw.gate_shexp.n_rows != I) {
+      return unsupported("shared expert ff " + std::to_string(raw.gate_shexp.n_rows) + " differs from the experts' " +
+                         std::to_string(I));
+    }
+  }
+  return ok_status();
+}
+
+Status moe_imma_check_weights(const MoeImmaWeights& w) {
+  if (w.router.data == nullptr || w.router.n_cols != w.n_embd || w.router.n_rows != w.n_expert) {
+    return bad("ffn_gate_inp has shape " + shape(w.router.n_cols, w.router.n_rows) +
+               (w.router.data == nullptr ? " and no data" : "") + ", expected " + shape(w.n_embd, w.n_expert));
+  }
+  if (!gemv_supports(w.router.type)) return unsupported("router type " + tname(w.router.type));
+  if (w.n_expert < 1 || w.n_expert > kMoeMaxExperts || w.n_expert_used < 1 || w.n_expert_used > w.n_expert ||
+      w.n_expert_used > kMoeMaxUsed) {
+    return bad(std::to_string(w.n_expert) + " experts, " + std::to_string(w.n_expert_used) +
+               " used: need 1 <= used <= min(E, 32), E <= 1024");
+  }
+  KESTREL_TRY(check_tiled_shapes(w.type, w.n_embd, w.n_ff));
+  if (w.gate_exps == nullptr || w.up_exps == nullptr || w.down_exps == nullptr || !aligned16(w.gate_exps) ||
+      !aligned16(w.up_exps) || !aligned16(w.down_exps)) {
+    return bad("a routed expert stack (gate, up, down) is null or not 16-byte aligned");
+  }
+  if (w.has_shared_expert()) {
+    if (w.up_shexp == nullptr || w.down_shexp == nullptr || !aligned16(w.gate_shexp) || !aligned16(w.up_shexp) ||
+        !aligned16(w.down_shexp)) {
+      return bad("a shared expert matrix (gate, up, down) is null or not 16-byte aligned");
+    }
+    const DeviceMatrixView& g = w.shared_gate_inp;
+    if (g.data == nullptr || g.n_cols != w.n_embd || g.n_rows != 1) {
+      return bad("ffn_gate_inp_shexp has shape " + shape(g.n_cols, g.n_rows) +
+                 (g.data == nullptr ? " and no data" : "") + ", expected " + shape(w.n_embd, 1));
+    }
+    if (!has_dequant(g.type) || !ggml_row_bytes(g.type, static_cast<uint64_t>(w.n_embd))) {
+      return unsupported("ffn_gate_inp_shexp type " + tname(g.type));
+    }
+  }
+  return ok_status();
+}
+
+Status moe_imma_tile_experts(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_expert,
+                             std::span<uint8_t> out) {
+  const uint64_t tiled = q4_tiled_bytes(type, n_cols, n_rows);
+  if (n_expert < 1 || raw == nullptr || out.size() != tiled * static_cast<uint64_t>(n_expert)) {
+    return bad("moe_imma_tile_experts: " + std::to_string(n_expert) + " experts of " + tname(type) + " " +
+               shape(n_cols, n_rows) + " need " +
+               std::to_string(tiled * static_cast<uint64_t>(std::max<int64_t>(n_expert, 0))) +
+               " output bytes and non-null input; got " + std::to_string(out.size()));
+  }
+  const auto* src = static_cast<const uint8_t*>(raw);
+  for (int64_t e = 0; e < n_expert; ++e) {
+    const uint64_t off = tiled * static_cast<uint64_t>(e);  // raw and tiled bytes are equal
+    KESTREL_TRY(q4_tile(type, src + off, n_cols, n_rows, out.subspan(off, tiled)));
+  }
+  return ok_status();
+}
+
+Expected<std::unique_ptr<MoeImmaLayer>> MoeImmaLayer::from_raw_device(const MoeDeviceWeights& raw) {
+  KESTREL_TRY(moe_imma_check_raw(raw));
+  const GgmlType t = raw.gate_exps.type;
+  const int64_t H = raw.router.n_cols, I = raw.gate_exps.n_rows, E = raw.router.n_rows;
+  const uint64_t gu = q4_tiled_bytes(t, H, I), dn = q4_tiled_bytes(t, I, H);
+  const uint64_t E64 = static_cast<uint64_t>(E);
+  struct Piece {
+    const void* src;
+    int64_t n_cols, n_rows, n_mat;
+    uint64_t bytes;
+  };
+  std::vector<Piece> pieces = {{raw.gate_exps.data, H, I, E, gu * E64},
+                               {raw.up_exps.data, H, I, E, gu * E64},
+                               {raw.down_exps.data, I, H, E, dn * E64}};
+  if (raw.has_shared_expert()) {
+    pieces.push_back({raw.gate_shexp.data, H, I, 1, gu});
+    pieces.push_back({raw.up_shexp.data, H, I, 1, gu});
+    pieces.push_back({raw.down_shexp.data, I, H, 1, dn});
+  }
+  std::unique_ptr<MoeImmaLayer> layer(new MoeImmaLayer());
+  uint64_t total = 0;
+  for (const Piece& p : pieces) total += align16(p.bytes);
+  KESTREL_CUDA_TRY(cudaMalloc(&layer->base_, total));
+  layer->bytes_ = total;
+  std::vector<const void*> placed;
+  std::vector<uint8_t> host_raw;
+  std::vector<uint8_t> host_tiled;
+  uint64_t at = 0;
+  for (const Piece& p : pieces) {
+    host_raw.resize(p.bytes);
+    host_tiled.resize(p.bytes);
+    KESTREL_CUDA_TRY(cudaMemcpy(host_raw.data(), p.src, p.bytes, cudaMemcpyDeviceToHost));
+    KESTREL_TRY(moe_imma_tile_experts(t, host_raw.data(), p.n_cols, p.n_rows, p.n_mat, host_tiled));
+    uint8_t* dst = static_cast<uint8_t*>(layer->base_) + at;
+    KESTREL_CUDA_TRY(cudaMemcpy(dst, host_tiled.data(), p.bytes, cudaMemcpyHostToDevice));
+    placed.push_back(dst);
+    at += align16(p.bytes);
+  }
+  MoeImmaWeights& w = layer->w_;
+  w.type = t;
+  w.n_expert_used = raw.n_expert_used;
+  w.n_embd = H;
+  w.n_ff = I;
+  w.n_expert = E;
+  w.router = raw.router;
+  w.gate_exps = placed[0];
+  w.up_exps = placed[1];
+  w.down_exps = placed[2];
+  if (raw.has_shared_expert()) {
+    w.shared_gate_inp = raw.shared_gate_inp;
+    w.gate_shexp = placed[3];
+    w.up_shexp = placed[4];
+    w.down_shexp = placed[5];
+  }
+  KESTREL_TRY(moe_imma_check_weights(w));
+  return Expected<std::unique_ptr<MoeImmaLayer>>(std::move(layer));
+}
+
+MoeImmaLayer::~MoeImmaLayer() {
+  if (base_ != nullptr) (void)cudaFree(base_);
+}
+
+size_t moe_imma_workspace_bytes(const MoeImmaWeights& w, int n_tok) {
+  if (n_tok < 1 || n_tok > kMoeMaxTokens) return 0;
+  return layout_of(w, counts_of(w, n_tok), nullptr).bytes;
+}
+
+Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
+                        cudaStream_t stream, MoeLaunchInfo* info) {
+  KESTREL_TRY(moe_imma_check_weights(w));
+  if (n_tok < 1 || n_tok > kMoeMaxTokens) {
+    return bad("n_tok " + std::to_string(n_tok) + " outside [1, " + std::to_string(kMoeMaxTokens) + "]");
+  }
+  if (x == nullptr || out == nullptr || workspace == nullptr || !aligned16(x) || !aligned16(workspace)) {
+    return bad("x, out or workspace is null, or x / workspace is not 16-byte aligned");
+  }
+  const int E = static_cast<int>(w.n_expert);
+  const int H = static_cast<int>(w.n_embd);
+  const int I = static_cast<int>(w.n_ff);
+  const int k = w.n_expert_used;
+  const Counts c = counts_of(w, n_tok);
+  const Layout l = layout_of(w, c, workspace);
+  const MoeRouting r = moe_routing_carve(l.routing, n_tok, E, k);
+  // The prepared form of n vectors is n back-to-back vectors (the segments' vec indices rely on it).
+  const uint64_t avec = imma_x_bytes(I, 1);
+  if (avec == 0 || imma_x_bytes(I, 2) != 2 * avec) {
+    return make_error(ErrorCode::kInternal, "moe_imma: imma_x_bytes is not linear in n_vec");
+  }
+  int launches = 0;
+
+  KESTREL_TRY(gemv(w.router, x, n_tok, l.logits, stream));
+  ++launches;
+  KESTREL_TRY(moe_route(l.logits, n_tok, E, k, r, stream));
+  ++launches;
+  KESTREL_TRY(gemv_imma_prepare_x(x, H, n_tok, l.xprep, stream));
+  ++launches;
+
+  TableArgs ta{};
+  ta.r = r;
+  ta.gate = static_cast<const uint8_t*>(w.gate_exps);
+  ta.up = static_cast<const uint8_t*>(w.up_exps);
+  ta.down = static_cast<const uint8_t*>(w.down_exps);
+  ta.gu_bytes = q4_tiled_bytes(w.type, H, I);
+  ta.dn_bytes = q4_tiled_bytes(w.type, I, H);
+  ta.sh_gate = w.gate_shexp;
+  ta.sh_up = w.up_shexp;
+  ta.sh_down = w.down_shexp;
+  ta.n_tok = n_tok;
+  ta.n_entries = c.n_entries;
+  ta.n_all = c.n_all;
+  ta.max_active = c.max_active;
+  ta.sh_chunks = c.sh_chunks;
+  ta.n_seg_gu = c.n_seg_gu();
+  ta.n_seg_dn = c.n_seg_dn();
+  ta.seg_gu = l.seg_gu;
+  ta.seg_dn = l.seg_dn;
+  table_kernel<<<1, kTableThreads, 0, stream>>>(ta);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  ++launches;
+
+  KESTREL_TRY(gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream));
+  ++launches;
+
+  const int64_t n4 = static_cast<int64_t>(c.n_all) * I / 4;
+  swiglu_kernel<<<static_cast<unsigned>((n4 + kActThreads - 1) / kActThreads), kActThreads, 0, stream>>>(
+      reinterpret_cast<const float4*>(l.gu), n4, reinterpret_cast<float4*>(l.act));
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  ++launches;
+  // As many vectors per call as gemv_imma_prepare_x takes (32 today).
+  const int chunk = imma_x_bytes(I, c.n_all) != 0 ? c.n_all : 32;
+  for (int v0 = 0; v0 < c.n_all; v0 += chunk) {
+    const int n = std::min(chunk, c.n_all - v0);
+    KESTREL_TRY(gemv_imma_prepare_x(l.act + static_cast<size_t>(v0) * I, I, n, l.aprep + avec * v0, stream));
+    ++launches;
+  }
+
+  KESTREL_TRY(gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream));
+  ++launches;
+
+  const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
+  if (w.has_shared_expert()) {
+    const auto* gate_inp = static_cast<const uint8_t*>(w.shared_gate_inp.data);
+    const bool launched = dispatch_dequant_type(
+        w.shared_gate_inp.type,
+        [&](auto tag) {
+          constexpr GgmlType T = decltype(tag)::value;
+          combine_kernel<T, true><<<grid, kCombineThreads, 0, stream>>>(l.ye, r.token_entry, r.entry_weight, k,
+                                                                        c.n_entries, gate_inp, x, H, out);
+          return true;
+        },
+        false);
+    if (!launched) return unsupported("ffn_gate_inp_shexp type " + tname(w.shared_gate_inp.type));
+  } else {
+    combine_kernel<GgmlType::kF32, false>
+        <<<grid, kCombineThreads, 0, stream>>>(l.ye, r.token_entry, r.entry_weight, k, c.n_entries, nullptr, x, H, out);
+  }
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  ++launches;
+  if (info != nullptr) {
+    info->launches = launches;
+    info->routing = r;
+  }
+  return ok_status();
+}
+
+}  // namespace kestrel::gpu

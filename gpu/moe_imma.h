@@ -1,0 +1,101 @@
+// moe_imma: the MoE FFN layer on GEMV v4 (gpu/gemv_imma.h) for n_tok tokens (model-spec.md §5.1; ref::moe_forward
+// is the oracle; gpu/moe_experts.h is the raw-block version it replaces for Q4_0 / Q4_K experts).
+//
+// Weights: the routed experts' gate / up / down stacks re-tiled per expert with q4_tile (expert e at
+// e · q4_tiled_bytes(...) in one buffer per role; the same bytes as the raw stack, reordered), the shared expert's
+// three matrices tiled the same way; all six share one type (Q4_0 or Q4_K) and the shared expert's ff equals the
+// routed experts' (true of the qwen35moe / qwen3next presets). The router and the shared-expert gate stay raw
+// (gpu::gemv's types, gpu/dequant.cuh's types).
+//
+// One call, all on one stream, no host synchronisation (launch counts in docs/gpu.md, "MoE on GEMV v4"):
+//   router gemv → moe_route → gemv_imma_prepare_x(x) → one table kernel (the ImmaSegment tables of gate+up and of
+//   down from the routing: per active expert and per chunk of <= 8 of its tokens one gate, one up and one down
+//   segment, plus the shared expert's chunks) → gemv_imma_segments(gate+up) → SwiGLU per entry →
+//   gemv_imma_prepare_x(act) (⌈entries/32⌉ calls) → gemv_imma_segments(down) → combine (Σ over each token's
+//   entries by ascending expert id of w·y, then + sigmoid(shared gate · x) · shared y, as the reference).
+// Each active expert's matrices are read once per call for up to 8 of its tokens (an expert chosen by more than 8
+// tokens is read once per 8; at 32 tokens of a 256-expert top-8 layer that is rare). Fixed summation orders and no
+// atomics in these kernels: repeated runs are bit-identical (given gemv_imma_segments is, as its header says).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "core/base/expected.h"
+#include "core/gguf/ggml_type.h"
+#include "gpu/get_rows.h"     // DeviceMatrixView
+#include "gpu/moe_experts.h"  // MoeDeviceWeights, MoeLaunchInfo
+#include "gpu/moe_router.h"
+
+namespace kestrel::gpu {
+
+// One MoE layer's weights as moe_imma_forward reads them (device pointers, not owned).
+struct MoeImmaWeights {
+  GgmlType type = GgmlType::kQ4_0;   // of all six tiled matrices: Q4_0 or Q4_K
+  int n_expert_used = 0;             // k
+  int64_t n_embd = 0;                // H
+  int64_t n_ff = 0;                  // I: the routed experts' and the shared expert's ff
+  int64_t n_expert = 0;              // E
+  DeviceMatrixView router;           // ffn_gate_inp {H, E}, raw (gemv_supports)
+  const void* gate_exps = nullptr;   // tiled {H, I} × E: expert e at e · q4_tiled_bytes(type, H, I)
+  const void* up_exps = nullptr;     // tiled {H, I} × E
+  const void* down_exps = nullptr;   // tiled {I, H} × E: expert e at e · q4_tiled_bytes(type, I, H)
+  DeviceMatrixView shared_gate_inp;  // ffn_gate_inp_shexp {H, 1}, raw (gpu/dequant.cuh types)
+  const void* gate_shexp = nullptr;  // tiled {H, I}; null when there is no shared expert
+  const void* up_shexp = nullptr;    // tiled {H, I}
+  const void* down_shexp = nullptr;  // tiled {I, H}
+  bool has_shared_expert() const { return gate_shexp != nullptr; }
+};
+
+// True when moe_imma takes raw weights of these shapes and types: gate/up/down stacks (and a shared expert's three
+// matrices, if any) all of one type that gemv_imma_supports at {H, I} and {I, H}, shared ff == I.
+Status moe_imma_check_raw(const MoeDeviceWeights& raw);
+
+// kInvalidArgument / kUnsupported naming the role, before anything runs.
+Status moe_imma_check_weights(const MoeImmaWeights& w);
+
+// Host-side re-tiling of a stack of n_expert raw GGUF matrices (n_rows rows of n_cols, expert-major, as in the
+// file) into out (n_expert · q4_tiled_bytes(type, n_cols, n_rows) bytes): expert e tiled by q4_tile into
+// out[e · q4_tiled_bytes ...]. Pure; thread-safe.
+Status moe_imma_tile_experts(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_expert,
+                             std::span<uint8_t> out);
+
+// Owns the device copies of one layer's tiled expert weights (one allocation); the router and shared-gate views
+// point into the raw weights it was built from, which must outlive it. Not copyable; destroy it on a thread
+// that may call cudaFree (no stream may still be using it).
+class MoeImmaLayer {
+ public:
+  // Reads the raw gate/up/down stacks (and shared-expert matrices) of `raw` back from the device, tiles them on
+  // the host and uploads the tiled forms (synchronous, host-bound: about a second per GB). moe_imma_check_raw first.
+  static Expected<std::unique_ptr<MoeImmaLayer>> from_raw_device(const MoeDeviceWeights& raw);
+  ~MoeImmaLayer();
+  MoeImmaLayer(const MoeImmaLayer&) = delete;
+  MoeImmaLayer& operator=(const MoeImmaLayer&) = delete;
+
+  const MoeImmaWeights& weights() const { return w_; }
+  uint64_t device_bytes() const { return bytes_; }
+
+ private:
+  MoeImmaLayer() = default;
+  void* base_ = nullptr;  // device, bytes_: gate stack, up stack, down stack, shared gate, up, down (16-aligned)
+  uint64_t bytes_ = 0;
+  MoeImmaWeights w_;
+};
+
+// Bytes of device scratch moe_imma_forward needs for n_tok tokens (no initialisation needed); 0 when n_tok is out
+// of [1, kMoeMaxTokens].
+size_t moe_imma_workspace_bytes(const MoeImmaWeights& w, int n_tok);
+
+// x: device f32 [n_tok, H], 16-byte aligned; out: device f32 [n_tok, H], not overlapping x. 1 <= n_tok <=
+// kMoeMaxTokens. workspace: device, >= moe_imma_workspace_bytes(w, n_tok), 16-byte aligned. Errors before
+// anything is enqueued; otherwise the kernels are enqueued on `stream` and the call returns without waiting.
+// info (host, optional) receives the launch count and the routing views (into the workspace). Thread-safe (no
+// shared state); the caller keeps every buffer alive until the stream has run.
+Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
+                        cudaStream_t stream, MoeLaunchInfo* info = nullptr);
+
+}  // namespace kestrel::gpu

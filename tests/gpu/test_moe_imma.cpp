@@ -1,0 +1,384 @@
+// gpu/moe_imma (the MoE layer on GEMV v4) against ref::moe_forward, in Q4_0 and Q4_K, with and without a shared
+// expert, at 1, 3, 8 and 32 tokens: the 35B-A3B shape (H 2048, 256 experts top-8, expert and shared ff 512), odd
+// small shapes (E 24 top-3, H 256 / 512, ff 128 / 256; H 192 with ff 64 and k = E = 5, so every expert takes all
+// 32 tokens in 4 chunks of 8; k = 1), and the argument checks.
+//
+// Routing must match exactly (the inputs are drawn so that the k+1 largest router logits of every token are more
+// than 1e-4 apart, so a last-ulp difference between the device router GEMV and the reference cannot flip a choice).
+// Outputs: |gpu − ref| <= 3e-5 · max|ref| over the token's row, the bound of tests/gpu/test_moe.cpp: GEMV v4's
+// products are exact integer sums scaled per 32-element block in f32, and its digit representation of each
+// activation loses < 2^-27 of its 256-group's largest |x| (gemv_imma.h), so what remains is f32 summation order
+// (~1e-6 of the row scale at these sizes), as in the raw-block version. Repeated runs are bit-identical.
+// Device tests skip without a GPU; gemv_imma_segments must be linked in (gpu/gemv_imma.cu).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/quant/blocks.h"
+#include "core/quant/quant.h"
+#include "core/reference/moe.h"
+#include "gpu/gemv_tiled.h"
+#include "gpu/moe_imma.h"
+#include "tests/gpu/gpu_test_util.h"
+
+namespace kestrel::gpu {
+namespace {
+
+using test::DeviceBuffer;
+
+constexpr double kOutTol = 3e-5;
+
+struct XorShift {
+  uint64_t s;
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+};
+
+// n_mat matrices of n_rows × n_cols: Q4_0 / Q4_K random quant bytes with f16 scales making weights ~ scale (random
+// sign for d, positive for dmin), or F32 values ~ N(0, scale).
+std::vector<unsigned char> random_weights(GgmlType t, int64_t n_cols, int64_t n_rows, int64_t n_mat, float scale,
+                                          uint64_t seed) {
+  const uint64_t row_bytes = *ggml_row_bytes(t, static_cast<uint64_t>(n_cols));
+  const size_t bytes = row_bytes * static_cast<uint64_t>(n_rows * n_mat);
+  std::vector<unsigned char> m(bytes);
+  if (t == GgmlType::kF32) {
+    std::mt19937 gen(static_cast<unsigned>(seed));
+    std::normal_distribution<float> normal(0.0f, scale);
+    for (size_t i = 0; i + 4 <= bytes; i += 4) {
+      const float f = normal(gen);
+      std::memcpy(&m[i], &f, 4);
+    }
+    return m;
+  }
+  XorShift rng{seed * 0x9E3779B97F4A7C15ull + 1};
+  for (size_t i = 0; i + 8 <= bytes; i += 8) {
+    const uint64_t v = rng.next();
+    std::memcpy(&m[i], &v, 8);
+  }
+  const bool k4 = t == GgmlType::kQ4_K;
+  const size_t block_bytes = ggml_type_traits(t).block_bytes;
+  const std::vector<size_t> offs =
+      k4 ? std::vector<size_t>{offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)} : std::vector<size_t>{0};
+  const float typical = k4 ? 256.0f : 4.0f;
+  for (size_t blk = 0; blk < bytes / block_bytes; ++blk) {
+    for (size_t o = 0; o < offs.size(); ++o) {
+      const uint64_t r = rng.next();
+      const float mag = scale / typical * (0.25f + static_cast<float>(r % 1000) / 1000.0f);
+      const float v = (o == 0 && (r >> 20) % 2 == 1) ? -mag : mag;
+      const uint16_t h = f32_to_fp16(v);
+      std::memcpy(&m[blk * block_bytes + offs[o]], &h, 2);
+    }
+  }
+  return m;
+}
+
+struct Shape {
+  std::string name;
+  int h, e, k, ff;
+  bool shared;
+  GgmlType type;
+};
+
+std::string describe(const Shape& s, int n_tok) {
+  std::ostringstream os;
+  os << s.name << " H " << s.h << " E " << s.e << " k " << s.k << " ff " << s.ff << (s.shared ? " +shared" : "") << " "
+     << ggml_type_name(s.type) << " n_tok " << n_tok;
+  return os.str();
+}
+
+struct HostMoe {
+  Shape s;
+  std::vector<unsigned char> router, gate, up, down, sh_inp, sh_gate, sh_up, sh_down;
+  ref::MoeWeights ref;
+};
+
+void make_moe(const Shape& s, HostMoe& m) {
+  m.s = s;
+  const uint64_t seed = static_cast<uint64_t>(s.h * 131 + s.e * 7 + s.k + (s.type == GgmlType::kQ4_K ? 5 : 0));
+  const float x_scale_in = 1.0f / std::sqrt(static_cast<float>(s.h));
+  m.router = random_weights(GgmlType::kF32, s.h, s.e, 1, 2.0f * x_scale_in, seed + 1);
+  m.gate = random_weights(s.type, s.h, s.ff, s.e, 0.02f, seed + 2);
+  m.up = random_weights(s.type, s.h, s.ff, s.e, 0.02f, seed + 3);
+  m.down = random_weights(s.type, s.ff, s.h, s.e, 0.02f, seed + 4);
+  const uint64_t H = static_cast<uint64_t>(s.h), E = static_cast<uint64_t>(s.e), I = static_cast<uint64_t>(s.ff);
+  m.ref.n_expert_used = s.k;
+  m.ref.router = {GgmlType::kF32, m.router.data(), H, E};
+  m.ref.gate_exps = {s.type, m.gate.data(), H, I, E};
+  m.ref.up_exps = {s.type, m.up.data(), H, I, E};
+  m.ref.down_exps = {s.type, m.down.data(), I, H, E};
+  if (s.shared) {
+    m.sh_inp = random_weights(GgmlType::kF32, s.h, 1, 1, x_scale_in, seed + 5);
+    m.sh_gate = random_weights(s.type, s.h, s.ff, 1, 0.02f, seed + 6);
+    m.sh_up = random_weights(s.type, s.h, s.ff, 1, 0.02f, seed + 7);
+    m.sh_down = random_weights(s.type, s.ff, s.h, 1, 0.02f, seed + 8);
+    m.ref.shared_gate_inp = {GgmlType::kF32, m.sh_inp.data(), H, 1};
+    m.ref.gate_shexp = {s.type, m.sh_gate.data(), H, I};
+    m.ref.up_shexp = {s.type, m.sh_up.data(), H, I};
+    m.ref.down_shexp = {s.type, m.sh_down.data(), I, H};
+  }
+}
+
+// Raw device copies of the weights (MoeDeviceWeights), from which MoeImmaLayer builds the tiled ones.
+struct DeviceMoe {
+  std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+  MoeDeviceWeights raw;
+  std::unique_ptr<MoeImmaLayer> layer;
+  const void* put(const std::vector<unsigned char>& v) {
+    bufs.push_back(std::make_unique<DeviceBuffer>(v.size()));
+    EXPECT_EQ(cudaMemcpy(bufs.back()->as(), v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    return bufs.back()->as();
+  }
+};
+
+void upload_moe(const HostMoe& m, DeviceMoe& d) {
+  const Shape& s = m.s;
+  d.raw.n_expert_used = s.k;
+  d.raw.router = {GgmlType::kF32, d.put(m.router), s.h, s.e};
+  d.raw.gate_exps = {s.type, d.put(m.gate), s.h, s.ff, s.e};
+  d.raw.up_exps = {s.type, d.put(m.up), s.h, s.ff, s.e};
+  d.raw.down_exps = {s.type, d.put(m.down), s.ff, s.h, s.e};
+  if (s.shared) {
+    d.raw.shared_gate_inp = {GgmlType::kF32, d.put(m.sh_inp), s.h, 1};
+    d.raw.gate_shexp = {s.type, d.put(m.sh_gate), s.h, s.ff};
+    d.raw.up_shexp = {s.type, d.put(m.sh_up), s.h, s.ff};
+    d.raw.down_shexp = {s.type, d.put(m.sh_down), s.ff, s.h};
+  }
+}
+
+// Activations whose routing has a clear gap between each of the k + 1 largest logits (redrawn per token if not).
+std::vector<float> draw_x(const HostMoe& m, int n_tok, unsigned seed) {
+  const Shape& s = m.s;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n_tok * s.h));
+  std::vector<float> logits(static_cast<size_t>(s.e));
+  for (int t = 0; t < n_tok; ++t) {
+    float* xt = x.data() + static_cast<size_t>(t * s.h);
+    bool clear = false;
+    for (int attempt = 0; attempt < 200 && !clear; ++attempt) {
+      for (int i = 0; i < s.h; ++i) xt[i] = normal(rng);
+      EXPECT_TRUE(ref::matvec(m.ref.router, xt, logits.data()));
+      std::vector<float> sorted = logits;
+      std::sort(sorted.begin(), sorted.end(), [](float a, float b) { return a > b; });
+      clear = true;
+      for (int j = 0; j + 1 < std::min(s.k + 1, s.e); ++j) {
+        clear = clear && sorted[static_cast<size_t>(j)] - sorted[static_cast<size_t>(j + 1)] > 1e-4f;
+      }
+    }
+    EXPECT_TRUE(clear) << "token " << t << ": no draw with clear routing gaps";
+  }
+  return x;
+}
+
+struct DeviceRun {
+  std::vector<float> out;
+  std::vector<int32_t> ids;
+  int n_active = -1;
+  int launches = 0;
+};
+
+DeviceRun run_device(const MoeImmaWeights& w, const std::vector<float>& x, int n_tok) {
+  DeviceRun r;
+  DeviceBuffer dx(x.size() * 4), dout(x.size() * 4), ws(moe_imma_workspace_bytes(w, n_tok));
+  if (dx.as() == nullptr || dout.as() == nullptr || ws.as() == nullptr) {
+    ADD_FAILURE() << "cudaMalloc failed";
+    return r;
+  }
+  EXPECT_EQ(cudaMemcpy(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemset(dout.as(), 0xFF, x.size() * 4), cudaSuccess);  // NaN: an unwritten element fails
+  EXPECT_EQ(cudaMemset(ws.as(), 0xA5, ws.bytes()), cudaSuccess);      // garbage: nothing may rely on zeroed scratch
+  MoeLaunchInfo info;
+  const Status s = moe_imma_forward(w, dx.as<float>(), n_tok, dout.as<float>(), ws.as(), nullptr, &info);
+  EXPECT_TRUE(s) << s.error().to_string();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  r.launches = info.launches;
+  r.out = test::download<float>(dout.as(), x.size());
+  if (s) {
+    r.ids = test::download<int32_t>(info.routing.ids, static_cast<size_t>(n_tok * w.n_expert_used));
+    EXPECT_EQ(cudaMemcpy(&r.n_active, info.routing.n_active, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  return r;
+}
+
+// Launches moe_imma_forward enqueues today: router, route, prepare x, table, gate+up, SwiGLU, ⌈rows/32⌉ prepares of
+// the activations (rows = n_tok·k, + n_tok with a shared expert), down, combine.
+int expected_launches(const Shape& s, int n_tok) {
+  const int rows = n_tok * s.k + (s.shared ? n_tok : 0);
+  return 8 + (rows + 31) / 32;
+}
+
+void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok) {
+  const std::string what = describe(s, n_tok);
+  SCOPED_TRACE(what);
+  const std::vector<float> x = draw_x(m, n_tok, 91u + static_cast<unsigned>(n_tok));
+  std::vector<float> want(x.size());
+  std::vector<int32_t> want_sel(static_cast<size_t>(n_tok * s.k));
+  const Status rs = ref::moe_forward(m.ref, x.data(), n_tok, want.data(), want_sel.data());
+  ASSERT_TRUE(rs) << rs.error().to_string();
+  const MoeImmaWeights& w = d.layer->weights();
+  const DeviceRun got = run_device(w, x, n_tok);
+  ASSERT_EQ(got.out.size(), want.size());
+  ASSERT_EQ(got.ids.size(), want_sel.size());
+  for (size_t i = 0; i < want_sel.size(); ++i) {
+    ASSERT_EQ(got.ids[i], want_sel[i]) << "token " << i / static_cast<size_t>(s.k) << " slot "
+                                       << i % static_cast<size_t>(s.k);
+  }
+  EXPECT_GE(got.launches, 9);
+  EXPECT_LE(got.launches, expected_launches(s, n_tok));
+
+  int bad = 0;
+  double worst = 0.0;
+  size_t worst_at = 0;
+  for (int t = 0; t < n_tok; ++t) {
+    const size_t row = static_cast<size_t>(t * s.h);
+    double scale = 0.0;
+    for (int i = 0; i < s.h; ++i) scale = std::max(scale, std::fabs(double{want[row + static_cast<size_t>(i)]}));
+    for (int i = 0; i < s.h; ++i) {
+      const size_t at = row + static_cast<size_t>(i);
+      const double err = std::fabs(double{got.out[at]} - double{want[at]});
+      double ratio = err / (kOutTol * scale + 1e-30);
+      if (std::isnan(ratio)) ratio = 1e30;
+      if (ratio > worst) {
+        worst = ratio;
+        worst_at = at;
+      }
+      if (!(ratio <= 1.0)) {
+        if (bad == 0) {
+          ADD_FAILURE() << "first mismatch: token " << t << " element " << i << " got " << got.out[at] << " want "
+                        << want[at] << " |err| " << err << " row max|ref| " << scale;
+        }
+        ++bad;
+      }
+    }
+  }
+  std::printf("  %s: worst err %.3g x tolerance (token %zu element %zu), %d over, %d launches, %d active experts\n",
+              what.c_str(), worst, worst_at / static_cast<size_t>(s.h), worst_at % static_cast<size_t>(s.h), bad,
+              got.launches, got.n_active);
+  EXPECT_EQ(bad, 0);
+  const DeviceRun again = run_device(w, x, n_tok);
+  ASSERT_EQ(again.out.size(), got.out.size());
+  EXPECT_EQ(std::memcmp(again.out.data(), got.out.data(), got.out.size() * 4), 0) << "repeated run differs";
+}
+
+void run_shape(const Shape& s, std::initializer_list<int> n_toks) {
+  HostMoe m;
+  make_moe(s, m);
+  DeviceMoe d;
+  upload_moe(m, d);
+  const Status c = moe_imma_check_raw(d.raw);
+  ASSERT_TRUE(c) << c.error().to_string();
+  auto layer = MoeImmaLayer::from_raw_device(d.raw);
+  ASSERT_TRUE(layer) << layer.error().to_string();
+  d.layer = std::move(*layer);
+  for (int n : n_toks) check_case(s, m, d, n);
+}
+
+TEST(MoeImma, TileExpertsIsQ4TilePerExpert) {
+  const int64_t H = 256, I = 64, E = 3;
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    const std::vector<unsigned char> raw = random_weights(t, H, I, E, 0.02f, 3);
+    const uint64_t one = q4_tiled_bytes(t, H, I);
+    std::vector<uint8_t> all(one * E);
+    const Status s = moe_imma_tile_experts(t, raw.data(), H, I, E, all);
+    ASSERT_TRUE(s) << s.error().to_string();
+    std::vector<uint8_t> single(one);
+    for (int64_t e = 0; e < E; ++e) {
+      ASSERT_TRUE(q4_tile(t, raw.data() + one * static_cast<uint64_t>(e), H, I, single));
+      EXPECT_EQ(std::memcmp(single.data(), all.data() + one * static_cast<uint64_t>(e), one), 0) << "expert " << e;
+    }
+    std::vector<uint8_t> short_out(one * E - 16);
+    EXPECT_FALSE(moe_imma_tile_experts(t, raw.data(), H, I, E, short_out));
+  }
+}
+
+TEST(MoeImma, Qwen35Moe35BShapeQ4_0) {
+  KESTREL_REQUIRE_DEVICE();
+  run_shape({"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_0}, {1, 3, 8, 32});
+}
+
+TEST(MoeImma, Qwen35Moe35BShapeQ4_K) {
+  KESTREL_REQUIRE_DEVICE();
+  run_shape({"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_K}, {1, 3, 8, 32});
+}
+
+TEST(MoeImma, OddShapesQ4_0) {
+  KESTREL_REQUIRE_DEVICE();
+  run_shape({"odd", 256, 24, 3, 128, true, GgmlType::kQ4_0}, {1, 3, 8, 32});
+  run_shape({"odd no shared", 256, 24, 3, 128, false, GgmlType::kQ4_0}, {1, 3, 8, 32});
+  run_shape({"k=E (all experts, 4 chunks)", 192, 5, 5, 64, true, GgmlType::kQ4_0}, {1, 3, 32});
+  run_shape({"k=1", 192, 7, 1, 64, false, GgmlType::kQ4_0}, {1, 8, 32});
+}
+
+TEST(MoeImma, OddShapesQ4_K) {
+  KESTREL_REQUIRE_DEVICE();
+  run_shape({"odd", 512, 24, 3, 256, true, GgmlType::kQ4_K}, {1, 3, 8, 32});
+  run_shape({"odd no shared", 256, 24, 3, 256, false, GgmlType::kQ4_K}, {1, 3, 8, 32});
+  run_shape({"k=E (all experts, 4 chunks)", 256, 5, 5, 256, true, GgmlType::kQ4_K}, {32});
+}
+
+TEST(MoeImma, RefusesBadWeightsAndArguments) {
+  alignas(16) static float fake[64] = {};  // never dereferenced: the checks fail before any launch
+  MoeDeviceWeights raw;
+  raw.n_expert_used = 2;
+  raw.router = {GgmlType::kF32, fake, 256, 8};
+  raw.gate_exps = {GgmlType::kQ8_0, fake, 256, 64, 8};
+  raw.up_exps = {GgmlType::kQ8_0, fake, 256, 64, 8};
+  raw.down_exps = {GgmlType::kQ8_0, fake, 64, 256, 8};
+  Status s = moe_imma_check_raw(raw);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code, ErrorCode::kUnsupported);
+  EXPECT_NE(s.error().message.find("q8_0"), std::string::npos) << s.error().message;
+
+  raw.gate_exps.type = raw.up_exps.type = raw.down_exps.type = GgmlType::kQ4_0;
+  EXPECT_TRUE(moe_imma_check_raw(raw));
+  raw.gate_shexp = {GgmlType::kQ4_0, fake, 256, 128};  // shared ff 128 != 64
+  raw.up_shexp = {GgmlType::kQ4_0, fake, 256, 128};
+  raw.down_shexp = {GgmlType::kQ4_0, fake, 128, 256};
+  raw.shared_gate_inp = {GgmlType::kF32, fake, 256, 1};
+  s = moe_imma_check_raw(raw);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code, ErrorCode::kUnsupported);
+  EXPECT_NE(s.error().message.find("shared expert ff"), std::string::npos) << s.error().message;
+
+  MoeImmaWeights w;
+  w.type = GgmlType::kQ4_0;
+  w.n_expert_used = 2;
+  w.n_embd = 256;
+  w.n_ff = 64;
+  w.n_expert = 8;
+  w.router = {GgmlType::kF32, fake, 256, 8};
+  w.gate_exps = w.up_exps = w.down_exps = fake;
+  EXPECT_TRUE(moe_imma_check_weights(w));
+  s = moe_imma_forward(w, fake, kMoeMaxTokens + 1, fake, fake, nullptr);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(moe_imma_workspace_bytes(w, 0), 0u);
+  w.n_ff = 72;  // not a multiple of 64
+  s = moe_imma_check_weights(w);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code, ErrorCode::kUnsupported);
+  w.n_ff = 64;
+  w.type = GgmlType::kQ4_K;  // Q4_K needs n_cols % 256: the down matrix has 64
+  EXPECT_FALSE(moe_imma_check_weights(w));
+  w.type = GgmlType::kQ4_0;
+  w.down_exps = reinterpret_cast<const unsigned char*>(fake) + 4;  // misaligned
+  s = moe_imma_check_weights(w);
+  ASSERT_FALSE(s);
+  EXPECT_EQ(s.error().code, ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kestrel::gpu
