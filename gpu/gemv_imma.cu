@@ -132,8 +132,6 @@ __global__ void __launch_bounds__(128)
 
 // ---- the GEMV kernel --------------------------------------------------------------------------------------------
 
-constexpr int kInlineSegments = (kMaxVectors + kImmaSegmentVectors - 1) / kImmaSegmentVectors;  // dense calls
-
 // x / d for x < 2^31 with a multiply: q = (umulhi(x, m) + x) >> s (the round-up method), m and s from the host.
 struct FastDiv {
   uint32_t d = 1, m = 1, s = 0;
@@ -150,8 +148,9 @@ struct FastDiv {
 };
 
 struct KernelArgs {
-  const ImmaSegment* table;  // device table, or null: the inline segments
-  ImmaSegment inl[kInlineSegments];
+  const ImmaSegment* table;  // kTable: the device table
+  const void* data;          // dense: the matrix; segment s holds vectors 8s .. min(8s + 8, n_vec) - 1
+  int n_vec;                 // dense: vectors in all
   int n_seg;
   int n_units;      // units of 64 columns per row
   int n_groups;     // groups of 256 columns per row
@@ -202,9 +201,33 @@ struct XSlice {
   float scale;
 };
 
-__device__ __forceinline__ const ImmaSegment& segment(const KernelArgs& a, int s) {
-  return a.table != nullptr ? a.table[s] : a.inl[s];
-}
+// Segment s as the kernel sees it: from the device table (kTable) or computed for a dense call (no loads).
+template <bool kTable>
+struct Seg {
+  const ImmaSegment* e;
+  const void* data;
+  int n_vec;
+  int s;
+  __device__ __forceinline__ Seg(const KernelArgs& a, int seg) : s(seg) {
+    if constexpr (kTable) {
+      e = a.table + seg;
+      data = reinterpret_cast<const void*>(__ldg(reinterpret_cast<const unsigned long long*>(&e->data)));
+      n_vec = __ldg(&e->n_vec);
+    } else {
+      e = nullptr;
+      data = a.data;
+      n_vec = min(kImmaSegmentVectors, a.n_vec - seg * kImmaSegmentVectors);
+    }
+  }
+  __device__ __forceinline__ int vec(int j) const {
+    if constexpr (kTable) return __ldg(&e->vec[j]);
+    return s * kImmaSegmentVectors + j;
+  }
+  __device__ __forceinline__ int out(int j) const {
+    if constexpr (kTable) return __ldg(&e->out[j]);
+    return s * kImmaSegmentVectors + j;
+  }
+};
 
 // A warp's place in its stream: round (row-group item of the block) and group within the warp's slice.
 struct Cursor {
@@ -212,13 +235,13 @@ struct Cursor {
   int gi;
 };
 
-template <GgmlType T>
+template <GgmlType T, bool kTable>
 __device__ __forceinline__ void load_weights(const KernelArgs& a, int item, int n_items, int group, int lane,
                                              WeightBuf& b) {
   const bool item_ok = item < n_items && group < a.n_groups;
   const int seg = item_ok ? a.rg_div.div(item) : 0;
   const int rg = item_ok ? item - seg * a.n_rg : 0;
-  const ImmaSegment& sg = segment(a, seg);
+  const Seg<kTable> sg(a, seg);
   const bool ok = item_ok && sg.n_vec > 0;
   const auto* base = static_cast<const uint8_t*>(sg.data);
   const size_t tile0 = static_cast<size_t>(rg) * a.n_units + static_cast<size_t>(group) * kUnitsPerSlice;
@@ -337,7 +360,7 @@ __device__ __forceinline__ void multiply(const WeightBuf& b, const XSlice& x, in
 }
 
 // NP: most vector pairs per segment (1, 2 or 4).
-template <GgmlType T, int NP>
+template <GgmlType T, int NP, bool kTable>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a) {
   // Partial sums per warp when S > 1, double-buffered by round parity: [buf][warp][vector slot][row].
   __shared__ float part[2][kMaxWarps][kImmaSegmentVectors][kTileRows];
@@ -363,7 +386,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
     const int item = item_of(c.round) + rl;
     const bool item_ok = item < n_items;
     const int seg = item_ok ? a.rg_div.div(item) : 0;
-    const ImmaSegment& sg = segment(a, seg);
+    const Seg<kTable> sg(a, seg);
     const int n_vec = item_ok ? sg.n_vec : 0;
     const int group = group_of(c);
     if (group < a.n_groups) {
@@ -371,7 +394,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
       for (int p = 0; p < NP; ++p) {
         if (2 * p < n_vec) {
           XSlice xs;
-          load_x(a, sg.vec[2 * p], 2 * p + 1 < n_vec ? sg.vec[2 * p + 1] : -1, group, lane, xs);
+          load_x(a, sg.vec(2 * p), 2 * p + 1 < n_vec ? sg.vec(2 * p + 1) : -1, group, lane, xs);
           float out[2];
           multiply<T>(wb, xs, lane, out);
           acc[p][0] = __fadd_rn(acc[p][0], out[0]);
@@ -388,7 +411,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
         for (int p = 0; p < NP; ++p) {
           const int slot = 2 * p + t / 2;
           if (slot < n_vec) {
-            float* yo = a.y + static_cast<int64_t>(sg.out[slot]) * a.y_stride + static_cast<int64_t>(rg) * kTileRows;
+            float* yo = a.y + static_cast<int64_t>(sg.out(slot)) * a.y_stride + static_cast<int64_t>(rg) * kTileRows;
             yo[g] = acc[p][0];
             yo[g + 8] = acc[p][1];
           }
@@ -412,11 +435,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
         const int it = item0 + r;
         if (it >= n_items) continue;
         const int so_i = a.rg_div.div(it);
-        const ImmaSegment& so = segment(a, so_i);
+        const Seg<kTable> so(a, so_i);
         if (slot >= so.n_vec) continue;
         float sum = part[buf][r * S][slot][row];
         for (int s2 = 1; s2 < S; ++s2) sum = __fadd_rn(sum, part[buf][r * S + s2][slot][row]);
-        a.y[static_cast<int64_t>(so.out[slot]) * a.y_stride + static_cast<int64_t>(it - so_i * a.n_rg) * kTileRows +
+        a.y[static_cast<int64_t>(so.out(slot)) * a.y_stride + static_cast<int64_t>(it - so_i * a.n_rg) * kTileRows +
             row] = sum;
       }
     }
@@ -428,15 +451,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   if (item_of(0) >= n_items) return;
   WeightBuf b0, b1;
   Cursor cur{0, 0};
-  load_weights<T>(a, item_of(0) + rl, n_items, group_of(cur), lane, b0);
+  load_weights<T, kTable>(a, item_of(0) + rl, n_items, group_of(cur), lane, b0);
   for (;;) {
     Cursor nx = next(cur);
-    load_weights<T>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b1);
+    load_weights<T, kTable>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b1);
     step(b0, cur);
     cur = nx;
     if (item_of(cur.round) >= n_items) break;
     nx = next(cur);
-    load_weights<T>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b0);
+    load_weights<T, kTable>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b0);
     step(b1, cur);
     cur = nx;
     if (item_of(cur.round) >= n_items) break;
@@ -462,7 +485,7 @@ void pick_split(KernelArgs& a) {
   a.R = std::max(1, 8 / S);
 }
 
-template <GgmlType T, int NP>
+template <GgmlType T, int NP, bool kTable>
 Status launch(const KernelArgs& args, cudaStream_t stream) {
   const int warps = args.S * args.R;
   static int per_sm[kMaxWarps + 1] = {};  // blocks per SM by warps per block (a benign race: the same value)
@@ -472,27 +495,32 @@ Status launch(const KernelArgs& args, cudaStream_t stream) {
     KESTREL_CUDA_TRY(cudaGetDevice(&dev));
     KESTREL_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
     int n = 0;
-    KESTREL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP>, warps * 32, 0));
+    KESTREL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP, kTable>, warps * 32, 0));
     per_sm[warps] = std::max(1, n);
   }
   const int64_t items = static_cast<int64_t>(args.n_seg) * args.n_rg;
   const int64_t want = (items + args.R - 1) / args.R;
   const int64_t fit = static_cast<int64_t>(per_sm[warps]) * sm_count;
-  gemv_imma_kernel<T, NP><<<static_cast<unsigned>(std::min(want, fit)), warps * 32, 0, stream>>>(args);
+  gemv_imma_kernel<T, NP, kTable><<<static_cast<unsigned>(std::min(want, fit)), warps * 32, 0, stream>>>(args);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
 
-template <GgmlType T>
+template <GgmlType T, bool kTable>
 Status launch_pairs(const KernelArgs& args, int max_vec, cudaStream_t stream) {
-  if (max_vec <= 2) return launch<T, 1>(args, stream);
-  if (max_vec <= 4) return launch<T, 2>(args, stream);
-  return launch<T, 4>(args, stream);
+  if (max_vec <= 2) return launch<T, 1, kTable>(args, stream);
+  if (max_vec <= 4) return launch<T, 2, kTable>(args, stream);
+  return launch<T, 4, kTable>(args, stream);
 }
 
 Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, cudaStream_t stream) {
-  if (type == GgmlType::kQ4_0) return launch_pairs<GgmlType::kQ4_0>(args, max_vec, stream);
-  return launch_pairs<GgmlType::kQ4_K>(args, max_vec, stream);
+  const bool table = args.table != nullptr;
+  if (type == GgmlType::kQ4_0) {
+    return table ? launch_pairs<GgmlType::kQ4_0, true>(args, max_vec, stream)
+                 : launch_pairs<GgmlType::kQ4_0, false>(args, max_vec, stream);
+  }
+  return table ? launch_pairs<GgmlType::kQ4_K, true>(args, max_vec, stream)
+               : launch_pairs<GgmlType::kQ4_K, false>(args, max_vec, stream);
 }
 
 KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xprep, float* y, int64_t y_stride) {
@@ -565,13 +593,9 @@ Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, c
   if (x0 < y1 && y0 < x1) return make_error(ErrorCode::kInvalidArgument, "gemv_imma: y overlaps xprep");
   KernelArgs args = base_args(w.type, w.n_cols, w.n_rows, xprep, y, w.n_rows);
   args.table = nullptr;
+  args.data = w.data;
+  args.n_vec = n_vec;
   args.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
-  for (int s = 0; s < args.n_seg; ++s) {
-    ImmaSegment& sg = args.inl[s];
-    sg.data = w.data;
-    sg.n_vec = std::min(kImmaSegmentVectors, n_vec - s * kImmaSegmentVectors);
-    for (int j = 0; j < sg.n_vec; ++j) sg.vec[j] = sg.out[j] = s * kImmaSegmentVectors + j;
-  }
   return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), stream);
 }
 
