@@ -10,6 +10,11 @@
 // Weights are random blocks with small f16 scales (valid for every type); the router is F32, the shared gate F32.
 // Each figure is the median of 5 replays of a CUDA graph of >= 200 layer calls, after warm-up.
 //
+// A second table runs the same layers on GEMV v4 (gpu/moe_imma: the expert stacks re-tiled by MoeImmaLayer, the
+// grouped GEMVs as gemv_imma_segments over segment tables built from the routing), same columns plus the
+// size-matched read (the plain read kernel over `weight bytes`, buffers rotated out of L2, timed the same way) and
+// the layer's time as a ratio to it.
+//
 // Usage: build/gpugdn/bin/bench_moe   (no arguments; tens of seconds on an H200, most of it filling weights).
 #include <cuda_runtime.h>
 
@@ -18,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -28,6 +34,7 @@
 #include "core/quant/quant.h"
 #include "gpu/cuda_check.h"
 #include "gpu/moe_experts.h"
+#include "gpu/moe_imma.h"
 
 namespace kestrel::gpu::bench {
 namespace {
@@ -119,6 +126,71 @@ Status make_layer(GgmlType t, uint64_t seed, Layer& l) {
   return moe_check_weights(l.w);
 }
 
+// The plain read kernel over `bytes` (rounded up to 16), timed like the layer: buffer sets of that size used in
+// rotation (launch i on set i % k, k · bytes >= 512 MiB) so every launch reads from memory, not L2.
+Expected<double> matched_read_us(uint64_t bytes, int sm_count, unsigned* partials, cudaStream_t stream) {
+  const uint64_t set_bytes = std::max<uint64_t>(16, (bytes + 15) / 16 * 16);
+  const uint64_t k = std::max<uint64_t>(2, ((512ull << 20) + set_bytes - 1) / set_bytes);
+  DeviceBuffer src;
+  KESTREL_TRY(src.allocate(k * set_bytes));
+  KESTREL_CUDA_TRY(cudaMemset(src.bytes(), 0x5a, k * set_bytes));
+  KESTREL_CUDA_TRY(cudaDeviceSynchronize());
+  const ReadPlan plan = plan_read(set_bytes, sm_count);
+  const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
+  return time_graph_us(stream, n_launch, [&](int i) {
+    return launch_read(src.bytes() + (static_cast<uint64_t>(i) % k) * set_bytes, plan, partials, stream);
+  });
+}
+
+// One row of the GEMV v4 table: batch tokens through the layer copies `imma` (alternately), kXSets activation sets.
+Expected<std::string> imma_row(GgmlType t, int batch, const std::unique_ptr<MoeImmaLayer> (&imma)[kCopies],
+                               uint64_t expert_bytes, uint64_t fixed_bytes, const BenchSetup& setup,
+                               std::mt19937& rng) {
+  cudaStream_t stream = setup.stream;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  DeviceBuffer xs, out, ws;
+  const size_t x_elems = static_cast<size_t>(kXSets) * batch * kH;
+  std::vector<float> x(x_elems);
+  for (auto& v : x) v = normal(rng);
+  KESTREL_TRY(xs.allocate(x_elems * sizeof(float)));
+  KESTREL_CUDA_TRY(cudaMemcpy(xs.floats(), x.data(), x_elems * sizeof(float), cudaMemcpyHostToDevice));
+  KESTREL_TRY(out.allocate(static_cast<uint64_t>(batch) * kH * sizeof(float)));
+  KESTREL_TRY(ws.allocate(moe_imma_workspace_bytes(imma[0]->weights(), batch)));
+  double mean_active = 0;
+  int launches = 0;
+  for (int s = 0; s < kXSets; ++s) {
+    MoeLaunchInfo info;
+    KESTREL_TRY(moe_imma_forward(imma[0]->weights(), xs.floats() + static_cast<size_t>(s) * batch * kH, batch,
+                                 out.floats(), ws.bytes(), stream, &info));
+    int n_active = 0;
+    KESTREL_CUDA_TRY(cudaMemcpyAsync(&n_active, info.routing.n_active, 4, cudaMemcpyDeviceToHost, stream));
+    KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
+    mean_active += n_active;
+    launches = info.launches;
+  }
+  mean_active /= kXSets;
+  std::vector<float> o(static_cast<size_t>(batch) * kH);
+  KESTREL_CUDA_TRY(cudaMemcpy(o.data(), out.floats(), o.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  for (float v : o) {
+    if (!std::isfinite(v)) return make_error(ErrorCode::kInternal, "bench_moe: non-finite output (GEMV v4 path)");
+  }
+  const int n_launch = (kMinLaunches + kXSets - 1) / kXSets * kXSets;
+  KESTREL_TRY_ASSIGN(const double us, time_graph_us(stream, n_launch, [&](int i) {
+                       return moe_imma_forward(imma[i % kCopies]->weights(),
+                                               xs.floats() + static_cast<size_t>(i % kXSets) * batch * kH, batch,
+                                               out.floats(), ws.bytes(), stream);
+                     }));
+  const double bytes = mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
+  KESTREL_TRY_ASSIGN(const double read_us,
+                     matched_read_us(static_cast<uint64_t>(bytes), setup.sm_count, setup.partials(), stream));
+  const double gbs = bytes / (us * 1e3);
+  char line[256];
+  std::snprintf(line, sizeof(line), "%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%%\n",
+                std::string(ggml_type_name(t)).c_str(), batch, mean_active, bytes, us, gbs,
+                100.0 * gbs / setup.lim.peak_read_gbs, launches, read_us, 100.0 * read_us / us);
+  return std::string(line);
+}
+
 Status run() {
   BenchSetup setup;
   KESTREL_TRY(setup.start());
@@ -129,6 +201,7 @@ Status run() {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::printf("\n%-5s %5s %9s %14s %9s %9s %8s %9s\n", "type", "batch", "experts", "weight bytes", "us", "GB/s",
               "%read", "launches");
+  std::vector<std::string> imma_rows;
   for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
     Layer layers[kCopies];
     for (int c = 0; c < kCopies; ++c) KESTREL_TRY(make_layer(t, 100 * static_cast<uint64_t>(c) + 1, layers[c]));
@@ -174,8 +247,22 @@ Status run() {
       std::printf("%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d\n", std::string(ggml_type_name(t)).c_str(), batch,
                   mean_active, bytes, us, gbs, 100.0 * gbs / lim.peak_read_gbs, launches);
     }
+    // The same layers on GEMV v4; rows printed after the raw-block table.
+    std::unique_ptr<MoeImmaLayer> imma[kCopies];
+    for (int c = 0; c < kCopies; ++c) {
+      KESTREL_TRY_ASSIGN(imma[c], MoeImmaLayer::from_raw_device(layers[c].w));
+    }
+    for (const int batch : {1, 8, 32}) {
+      KESTREL_TRY_ASSIGN(std::string row, imma_row(t, batch, imma, expert_bytes, fixed_bytes, setup, rng));
+      imma_rows.push_back(row);
+    }
   }
   std::printf("\n%%read = (weight bytes / peak read) / time (target: >= 67%%, i.e. within 1.5x)\n");
+  std::printf("\nMoE on GEMV v4 (gpu/moe_imma)\n%-5s %5s %9s %14s %9s %9s %8s %9s %9s %9s\n", "type", "batch",
+              "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched");
+  for (const std::string& r : imma_rows) std::printf("%s", r.c_str());
+  std::printf(
+      "\n%%matched = (size-matched plain read time) / layer time; launches = kernels per layer call (graph nodes)\n");
   return {};
 }
 
