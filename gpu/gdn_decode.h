@@ -83,6 +83,10 @@ Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const
 
 // How many kernels gdn_decode enqueues for dims on the current device: 1 (the cluster kernel) or 2 (step + norm).
 // Errors: dims gdn_decode would refuse (kInvalidArgument), or a CUDA error from the cluster query. Thread-safe.
-Expected<int> gdn_decode_kernel_count(const ref::GdnDims& dims);
+Expected<int> gdn_decode_kernel_count(const ref::GdnDims& dims, int n_seq = 1);
+
+// Sessions from which gdn_decode takes the two-kernel path even where the cluster kernel fits (it holds S in fewer
+// blocks per SM; measured faster from 8 sessions on).
+inline constexpr int kGdnFusedMaxSessions = 8;
 
 }  // namespace kestrel::gpu

@@ -74,10 +74,10 @@ Status run() {
   KESTREL_TRY(upload(sn, normal(static_cast<size_t>(d.d_v), 0.3f, rng)));
   const GdnDecodeWeights w{conv1d.floats(), dt.floats(), sa.floats(), sn.floats()};
 
-  KESTREL_TRY_ASSIGN(const int kernels, gdn_decode_kernel_count(d));
   std::printf("\n%-8s %6s %12s %9s %10s %9s %9s %9s %15s %9s\n", "sessions", "sets", "bytes", "us", "GB/s", "%read",
               "%copy", "launches", "matched copy us", "%matched");
   for (const int n_seq : {1, 8, 32}) {
+    KESTREL_TRY_ASSIGN(const int kernels, gdn_decode_kernel_count(d, n_seq));
     const size_t N = static_cast<size_t>(n_seq);
     const uint64_t state_bytes = N * slot_elems * sizeof(float);
     const uint64_t k = std::max<uint64_t>(2, (kRotationBytes + state_bytes - 1) / state_bytes);

@@ -315,7 +315,7 @@ void check_case(const Case& c) {
     bad += compare("conv history of session " + std::to_string(n), got.conv[n], want.conv[n], want.conv[n].size(),
                    where, "whole history; element = channel * (K-1) + i", worst);
   }
-  const Expected<int> kernels = gdn_decode_kernel_count(p.d);
+  const Expected<int> kernels = gdn_decode_kernel_count(p.d, p.n_seq);
   ASSERT_TRUE(kernels) << kernels.error().to_string();
   std::printf("  %s (%d kernel%s): worst error %.3g x tolerance, %d over\n", where.c_str(), *kernels,
               *kernels == 1 ? ", cluster" : "s, fallback", worst, bad);
