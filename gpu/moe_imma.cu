@@ -12,6 +12,7 @@
 // The routed chunk positions come from an exclusive scan of ⌈count/8⌉ over the active experts. Capacity:
 // Σ ⌈c_e/8⌉ <= Σ (1 + ⌊c_e/8⌋) <= n_active + ⌊n_entries/8⌋, and <= n_entries.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <cub/block/block_scan.cuh>
 #include <string>
@@ -32,6 +33,34 @@ constexpr int kTableThreads = 256;
 constexpr int kActThreads = 256;
 constexpr int kCombineThreads = 256;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// Programmatic dependent launch (PDL) of this file's kernels: each starts with grid_dependency_wait() before it
+// touches memory, so letting it launch while the kernel before it drains is safe; on by default.
+std::atomic<bool> g_pdl{true};
+
+// Waits until the previous kernel on the stream has completed and its writes are visible (a no-op when the kernel
+// was not launched as a programmatic dependent).
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+template <class... KArgs, class... Args>
+Status launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = g_pdl.load(std::memory_order_relaxed) ? 1 : 0;
+  KESTREL_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+  return ok_status();
+}
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 std::string tname(GgmlType t) { return std::string(ggml_type_name(t)); }
@@ -145,6 +174,7 @@ __global__ void __launch_bounds__(kTableThreads) table_kernel(TableArgs a) {
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int total_s;
   const int tid = static_cast<int>(threadIdx.x);
+  grid_dependency_wait();
 
   // Shared expert: chunk c takes tokens 8c .. 8c + 7; its rows are n_entries + token.
   for (int c = tid; c < a.sh_chunks; c += kTableThreads) {
@@ -213,6 +243,7 @@ __global__ void __launch_bounds__(kTableThreads) table_kernel(TableArgs a) {
 // silu(g) = g · (1 / (1 + e^−g)).
 __global__ void __launch_bounds__(kActThreads)
     swiglu_kernel(const float4* __restrict__ gu, int64_t n4, float4* __restrict__ act) {
+  grid_dependency_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kActThreads + threadIdx.x;
   if (i >= n4) return;
   const float4 g = gu[i];
@@ -235,6 +266,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int t = static_cast<int>(blockIdx.y);
   const int tid = static_cast<int>(threadIdx.x);
   const int c = static_cast<int>(blockIdx.x) * kCombineThreads + tid;
+  grid_dependency_wait();
   float s = 0.0f;
   if constexpr (kShared) {
     using D = Dequant<T>;
@@ -432,6 +464,8 @@ MoeImmaLayer::~MoeImmaLayer() {
   if (base_ != nullptr) (void)cudaFree(base_);
 }
 
+void moe_imma_set_programmatic_launch(bool on) { g_pdl.store(on, std::memory_order_relaxed); }
+
 size_t moe_imma_workspace_bytes(const MoeImmaWeights& w, int n_tok) {
   if (n_tok < 1 || n_tok > kMoeMaxTokens) return 0;
   return layout_of(w, counts_of(w, n_tok), nullptr).bytes;
@@ -486,17 +520,16 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ta.n_seg_dn = c.n_seg_dn();
   ta.seg_gu = l.seg_gu;
   ta.seg_dn = l.seg_dn;
-  table_kernel<<<1, kTableThreads, 0, stream>>>(ta);
-  KESTREL_CUDA_TRY(cudaGetLastError());
+  KESTREL_TRY(launch_kernel(table_kernel, dim3(1), dim3(kTableThreads), stream, ta));
   ++launches;
 
   KESTREL_TRY(gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream));
   ++launches;
 
   const int64_t n4 = static_cast<int64_t>(c.n_all) * I / 4;
-  swiglu_kernel<<<static_cast<unsigned>((n4 + kActThreads - 1) / kActThreads), kActThreads, 0, stream>>>(
-      reinterpret_cast<const float4*>(l.gu), n4, reinterpret_cast<float4*>(l.act));
-  KESTREL_CUDA_TRY(cudaGetLastError());
+  KESTREL_TRY(launch_kernel(swiglu_kernel, dim3(static_cast<unsigned>((n4 + kActThreads - 1) / kActThreads)),
+                            dim3(kActThreads), stream, reinterpret_cast<const float4*>(l.gu), n4,
+                            reinterpret_cast<float4*>(l.act)));
   ++launches;
   // As many vectors per call as gemv_imma_prepare_x takes (32 today).
   const int chunk = imma_x_bytes(I, c.n_all) != 0 ? c.n_all : 32;
@@ -510,23 +543,24 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ++launches;
 
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
+  const float* ye = l.ye;
+  const int32_t* token_entry = r.token_entry;
+  const float* entry_weight = r.entry_weight;
   if (w.has_shared_expert()) {
     const auto* gate_inp = static_cast<const uint8_t*>(w.shared_gate_inp.data);
-    const bool launched = dispatch_dequant_type(
+    KESTREL_TRY(dispatch_dequant_type(
         w.shared_gate_inp.type,
-        [&](auto tag) {
+        [&](auto tag) -> Status {
           constexpr GgmlType T = decltype(tag)::value;
-          combine_kernel<T, true><<<grid, kCombineThreads, 0, stream>>>(l.ye, r.token_entry, r.entry_weight, k,
-                                                                        c.n_entries, gate_inp, x, H, out);
-          return true;
+          return launch_kernel(combine_kernel<T, true>, grid, dim3(kCombineThreads), stream, ye, token_entry,
+                               entry_weight, k, c.n_entries, gate_inp, x, H, out);
         },
-        false);
-    if (!launched) return unsupported("ffn_gate_inp_shexp type " + tname(w.shared_gate_inp.type));
+        unsupported("ffn_gate_inp_shexp type " + tname(w.shared_gate_inp.type))));
   } else {
-    combine_kernel<GgmlType::kF32, false>
-        <<<grid, kCombineThreads, 0, stream>>>(l.ye, r.token_entry, r.entry_weight, k, c.n_entries, nullptr, x, H, out);
+    const uint8_t* no_gate = nullptr;
+    KESTREL_TRY(launch_kernel(combine_kernel<GgmlType::kF32, false>, grid, dim3(kCombineThreads), stream, ye,
+                              token_entry, entry_weight, k, c.n_entries, no_gate, x, H, out));
   }
-  KESTREL_CUDA_TRY(cudaGetLastError());
   ++launches;
   if (info != nullptr) {
     info->launches = launches;

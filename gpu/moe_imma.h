@@ -86,6 +86,12 @@ class MoeImmaLayer {
   MoeImmaWeights w_;
 };
 
+// The table, SwiGLU and combine kernels are launched as programmatic dependents of the kernel before them (PDL:
+// cudaLaunchAttributeProgrammaticStreamSerialization; each waits for that kernel's completion before touching
+// memory, so results do not change), which hides part of their launch latency. On by default; for benchmarks,
+// process-wide, affects calls made after it. Thread-safe.
+void moe_imma_set_programmatic_launch(bool on);
+
 // Bytes of device scratch moe_imma_forward needs for n_tok tokens (no initialisation needed); 0 when n_tok is out
 // of [1, kMoeMaxTokens].
 size_t moe_imma_workspace_bytes(const MoeImmaWeights& w, int n_tok);

@@ -13,7 +13,7 @@
 // A second table runs the same layers on GEMV v4 (gpu/moe_imma: the expert stacks re-tiled by MoeImmaLayer, the
 // grouped GEMVs as gemv_imma_segments over segment tables built from the routing), same columns plus the
 // size-matched read (the plain read kernel over `weight bytes`, buffers rotated out of L2, timed the same way) and
-// the layer's time as a ratio to it.
+// the layer's time as a ratio to it, and the time with moe_imma's own kernels launched without PDL.
 //
 // Usage: build/gpugdn/bin/bench_moe   (no arguments; tens of seconds on an H200, most of it filling weights).
 #include <cuda_runtime.h>
@@ -180,14 +180,22 @@ Expected<std::string> imma_row(GgmlType t, int batch, const std::unique_ptr<MoeI
                                                xs.floats() + static_cast<size_t>(i % kXSets) * batch * kH, batch,
                                                out.floats(), ws.bytes(), stream);
                      }));
+  // The same without programmatic dependent launches of moe_imma's own kernels.
+  moe_imma_set_programmatic_launch(false);
+  auto us_plain = time_graph_us(stream, n_launch, [&](int i) {
+    return moe_imma_forward(imma[i % kCopies]->weights(), xs.floats() + static_cast<size_t>(i % kXSets) * batch * kH,
+                            batch, out.floats(), ws.bytes(), stream);
+  });
+  moe_imma_set_programmatic_launch(true);
+  if (!us_plain) return us_plain.error();
   const double bytes = mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
   KESTREL_TRY_ASSIGN(const double read_us,
                      matched_read_us(static_cast<uint64_t>(bytes), setup.sm_count, setup.partials(), stream));
   const double gbs = bytes / (us * 1e3);
   char line[256];
-  std::snprintf(line, sizeof(line), "%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%%\n",
+  std::snprintf(line, sizeof(line), "%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%% %9.2f\n",
                 std::string(ggml_type_name(t)).c_str(), batch, mean_active, bytes, us, gbs,
-                100.0 * gbs / setup.lim.peak_read_gbs, launches, read_us, 100.0 * read_us / us);
+                100.0 * gbs / setup.lim.peak_read_gbs, launches, read_us, 100.0 * read_us / us, *us_plain);
   return std::string(line);
 }
 
@@ -258,11 +266,12 @@ Status run() {
     }
   }
   std::printf("\n%%read = (weight bytes / peak read) / time (target: >= 67%%, i.e. within 1.5x)\n");
-  std::printf("\nMoE on GEMV v4 (gpu/moe_imma)\n%-5s %5s %9s %14s %9s %9s %8s %9s %9s %9s\n", "type", "batch",
-              "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched");
+  std::printf("\nMoE on GEMV v4 (gpu/moe_imma)\n%-5s %5s %9s %14s %9s %9s %8s %9s %9s %9s %9s\n", "type", "batch",
+              "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched", "us noPDL");
   for (const std::string& r : imma_rows) std::printf("%s", r.c_str());
   std::printf(
-      "\n%%matched = (size-matched plain read time) / layer time; launches = kernels per layer call (graph nodes)\n");
+      "\n%%matched = (size-matched plain read time) / layer time; launches = kernels per layer call (graph nodes); "
+      "us noPDL = the layer with moe_imma's kernels launched without programmatic dependent launch\n");
   return {};
 }
 

@@ -8,7 +8,8 @@
 // Outputs: |gpu − ref| <= 3e-5 · max|ref| over the token's row, the bound of tests/gpu/test_moe.cpp: GEMV v4's
 // products are exact integer sums scaled per 32-element block in f32, and its digit representation of each
 // activation loses < 2^-27 of its 256-group's largest |x| (gemv_imma.h), so what remains is f32 summation order
-// (~1e-6 of the row scale at these sizes), as in the raw-block version. Repeated runs are bit-identical.
+// (~1e-6 of the row scale at these sizes), as in the raw-block version. Repeated runs are bit-identical, with and
+// without programmatic dependent launches.
 // Device tests skip without a GPU; gemv_imma_segments must be linked in (gpu/gemv_imma.cu).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -271,6 +272,11 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
   const DeviceRun again = run_device(w, x, n_tok);
   ASSERT_EQ(again.out.size(), got.out.size());
   EXPECT_EQ(std::memcmp(again.out.data(), got.out.data(), got.out.size() * 4), 0) << "repeated run differs";
+  moe_imma_set_programmatic_launch(false);  // plain launches: the same bits
+  const DeviceRun plain = run_device(w, x, n_tok);
+  moe_imma_set_programmatic_launch(true);
+  ASSERT_EQ(plain.out.size(), got.out.size());
+  EXPECT_EQ(std::memcmp(plain.out.data(), got.out.data(), got.out.size() * 4), 0) << "run without PDL differs";
 }
 
 void run_shape(const Shape& s, std::initializer_list<int> n_toks) {
