@@ -26,7 +26,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -40,7 +39,7 @@ constexpr int kTileRows = 16;
 constexpr int kUnitElems = 64;
 constexpr int kUnitsPerSlice = 4;  // 256 columns: one activation scale group, one Q4_K super-block
 constexpr int kGroupElems = 256;
-constexpr int kMaxWarps = 8;  // warps per block (S·R)
+constexpr int kMaxWarps = 16;
 constexpr int kMaxVectors = 32;
 constexpr uint32_t kNibbles = 0x0F0F0F0Fu;
 constexpr int kMagic = 0x4B400000;  // bits of 12582912.0f = 1.5·2^23
@@ -167,6 +166,20 @@ struct KernelArgs {
   int64_t y_stride;
 };
 
+__device__ __forceinline__ uint4 ldg_stream(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ uint2 ldg_stream2(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+
 __device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -180,24 +193,6 @@ struct WeightBuf {
   uint2 m0[kUnitsPerSlice];  // Q4_0: d of (g, blk 0), (g+8, blk 0), (g, blk 1), (g+8, blk 1)
   uint4 mk[2];               // Q4_K: 16-byte heads of rows g and g + 8 for the super-block
 };
-
-// One group of one warp in shared memory: the tile words lane-major as the tiles store them, then the group's 256
-// bytes of scales (Q4_0: [unit][g][4 halves]; Q4_K: the super-block's 16 row heads).
-constexpr int kStages = 4;  // groups per warp in shared memory: kStages - 1 in flight while one is multiplied
-struct Stage {
-  uint4 w[kUnitsPerSlice][32];
-  uint4 meta[16];
-};
-static_assert(sizeof(Stage) == 2304, "a stage is 4 tiles of 512 bytes plus 256 bytes of scales");
-
-__device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, bool ok) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem), "l"(gmem), "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 // A pair's activations for one group, as a lane needs them.
 struct XSlice {
@@ -240,44 +235,29 @@ struct Cursor {
   int gi;
 };
 
-// Copies one group of row-group item `item` into the stage at shared address `st` (zeros where out of range).
 template <GgmlType T, bool kTable>
-__device__ __forceinline__ void issue_group(const KernelArgs& a, int item, int n_items, int group, int lane,
-                                            uint32_t st) {
+__device__ __forceinline__ void load_weights(const KernelArgs& a, int item, int n_items, int group, int lane,
+                                             WeightBuf& b) {
   const bool item_ok = item < n_items && group < a.n_groups;
   const int seg = item_ok ? a.rg_div.div(item) : 0;
   const int rg = item_ok ? item - seg * a.n_rg : 0;
   const Seg<kTable> sg(a, seg);
   const bool ok = item_ok && sg.n_vec > 0;
-  const auto* base = static_cast<const uint8_t*>(ok ? sg.data : a.xprep);  // any valid address when !ok
-  const size_t tile0 = ok ? static_cast<size_t>(rg) * a.n_units + static_cast<size_t>(group) * kUnitsPerSlice : 0;
+  const auto* base = static_cast<const uint8_t*>(sg.data);
+  const size_t tile0 = static_cast<size_t>(rg) * a.n_units + static_cast<size_t>(group) * kUnitsPerSlice;
   const uint8_t* qs = base + tile0 * 512 + lane * 16;
+  const uint8_t* m0 = base + a.meta_off + tile0 * 64 + (lane / 4) * 8;
   const int units_left = a.n_units - group * kUnitsPerSlice;
 #pragma unroll
   for (int i = 0; i < kUnitsPerSlice; ++i) {
     const bool u_ok = ok && i < units_left;
-    cp_async16(st + (i * 32 + lane) * 16, u_ok ? qs + i * 512 : base, u_ok);
-  }
-  if (lane < 16) {
-    const uint8_t* m = T == GgmlType::kQ4_0 ? base + a.meta_off + tile0 * 64
-                                            : base + a.meta_off + (static_cast<size_t>(rg) * a.n_groups + group) * 256;
-    const bool m_ok = ok && (T == GgmlType::kQ4_K || lane / 4 < units_left);
-    cp_async16(st + static_cast<uint32_t>(offsetof(Stage, meta)) + lane * 16, m_ok ? m + lane * 16 : base, m_ok);
-  }
-}
-
-template <GgmlType T>
-__device__ __forceinline__ void read_stage(const Stage& st, int lane, WeightBuf& b) {
-  const int g = lane / 4;
-  const auto* meta = reinterpret_cast<const uint8_t*>(st.meta);
-#pragma unroll
-  for (int i = 0; i < kUnitsPerSlice; ++i) {
-    b.w[i] = st.w[i][lane];
-    if constexpr (T == GgmlType::kQ4_0) b.m0[i] = *reinterpret_cast<const uint2*>(meta + i * 64 + g * 8);
+    b.w[i] = u_ok ? ldg_stream(qs + i * 512) : make_uint4(0, 0, 0, 0);
+    if constexpr (T == GgmlType::kQ4_0) b.m0[i] = u_ok ? ldg_stream2(m0 + i * 64) : make_uint2(0, 0);
   }
   if constexpr (T == GgmlType::kQ4_K) {
-    b.mk[0] = st.meta[g];
-    b.mk[1] = st.meta[g + 8];
+    const uint8_t* head = base + a.meta_off + (static_cast<size_t>(rg) * a.n_groups + group) * 256 + (lane / 4) * 16;
+    b.mk[0] = ok ? ldg_stream(head) : make_uint4(0, 0, 0, 0);
+    b.mk[1] = ok ? ldg_stream(head + 128) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -381,7 +361,7 @@ __device__ __forceinline__ void multiply(const WeightBuf& b, const XSlice& x, in
 
 // NP: most vector pairs per segment (1, 2 or 4).
 template <GgmlType T, int NP, bool kTable>
-__global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 3 : 2) gemv_imma_kernel(KernelArgs a) {
+__global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a) {
   // Partial sums per warp when S > 1, double-buffered by round parity: [buf][warp][vector slot][row].
   __shared__ float part[2][kMaxWarps][kImmaSegmentVectors][kTileRows];
   const int warp = threadIdx.x / 32;
@@ -467,35 +447,22 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 3 : 2) gemv_imma_ker
     for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
   };
 
-  // Each warp streams its groups through kStages shared-memory stages (cp.async): kStages - 1 in flight while one
-  // is multiplied; no registers are held by loads in flight.
+  // Two register buffers: the next group's weights are in flight while this one is multiplied.
   if (item_of(0) >= n_items) return;
-  extern __shared__ uint4 dyn_smem[];
-  const auto stages = static_cast<uint32_t>(__cvta_generic_to_shared(dyn_smem)) + warp * kStages * sizeof(Stage);
-  const Stage* stage_ptr = reinterpret_cast<const Stage*>(dyn_smem) + warp * kStages;
-  Cursor ic{0, 0};
-  auto issue = [&](int stage) {
-    if (item_of(ic.round) < n_items) {
-      issue_group<T, kTable>(a, item_of(ic.round) + rl, n_items, group_of(ic), lane,
-                             stages + static_cast<uint32_t>(stage * sizeof(Stage)));
-    }
-    cp_async_commit();  // possibly empty: keeps one group per stage
-    ic = next(ic);
-  };
-#pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) issue(k);
-  Cursor cc{0, 0};
-  int sc = 0;
-  while (item_of(cc.round) < n_items) {
-    cp_async_wait<kStages - 2>();  // this lane's copies of stage sc have landed
-    __syncwarp();                  // ... and every lane's
-    WeightBuf b;
-    read_stage<T>(stage_ptr[sc], lane, b);
-    __syncwarp();  // every lane has read stage sc - 1 (last iteration) before it is refilled
-    issue(sc == 0 ? kStages - 1 : sc - 1);
-    step(b, cc);
-    cc = next(cc);
-    sc = sc + 1 == kStages ? 0 : sc + 1;
+  WeightBuf b0, b1;
+  Cursor cur{0, 0};
+  load_weights<T, kTable>(a, item_of(0) + rl, n_items, group_of(cur), lane, b0);
+  for (;;) {
+    Cursor nx = next(cur);
+    load_weights<T, kTable>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b1);
+    step(b0, cur);
+    cur = nx;
+    if (item_of(cur.round) >= n_items) break;
+    nx = next(cur);
+    load_weights<T, kTable>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b0);
+    step(b1, cur);
+    cur = nx;
+    if (item_of(cur.round) >= n_items) break;
   }
 }
 
@@ -521,7 +488,6 @@ void pick_split(KernelArgs& a) {
 template <GgmlType T, int NP, bool kTable>
 Status launch(const KernelArgs& args, cudaStream_t stream) {
   const int warps = args.S * args.R;
-  const size_t smem = static_cast<size_t>(warps) * kStages * sizeof(Stage);
   static int per_sm[kMaxWarps + 1] = {};  // blocks per SM by warps per block (a benign race: the same value)
   static int sm_count = 0;
   if (per_sm[warps] == 0) {
@@ -529,16 +495,13 @@ Status launch(const KernelArgs& args, cudaStream_t stream) {
     KESTREL_CUDA_TRY(cudaGetDevice(&dev));
     KESTREL_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
     int n = 0;
-    KESTREL_CUDA_TRY(cudaFuncSetAttribute(gemv_imma_kernel<T, NP, kTable>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(kMaxWarps * kStages * sizeof(Stage))));
-    KESTREL_CUDA_TRY(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP, kTable>, warps * 32, smem));
+    KESTREL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP, kTable>, warps * 32, 0));
     per_sm[warps] = std::max(1, n);
   }
   const int64_t items = static_cast<int64_t>(args.n_seg) * args.n_rg;
   const int64_t want = (items + args.R - 1) / args.R;
   const int64_t fit = static_cast<int64_t>(per_sm[warps]) * sm_count;
-  gemv_imma_kernel<T, NP, kTable><<<static_cast<unsigned>(std::min(want, fit)), warps * 32, smem, stream>>>(args);
+  gemv_imma_kernel<T, NP, kTable><<<static_cast<unsigned>(std::min(want, fit)), warps * 32, 0, stream>>>(args);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
