@@ -22,6 +22,17 @@
 // (as many as fit on the device), walking row groups gridDim.x·R apart. Prepared activations: pairs 1 (n_vec <= 2)
 // keep the warp's slice in registers for the whole kernel; more pairs load it per round (L1 hits after the first).
 // Vectors beyond 8 go to grid.y slices of 8 (each reads the weights again, mostly from L2).
+//
+// Measured (bench_gemv, H200, batch 1, % of a size-matched read; docs/benchmarks.md): v4.0 (one group per warp per
+// row group, a block barrier per round) 74.5% geomean, lm_head Q4_0 82%; v4.1 (segments, split by shape) first read
+// each segment through a reference into kernel parameters or the table — dynamic indexing on every load cost a third
+// (59%); dense calls now compute their segments (73–77% on the large shapes). Tried and dropped: cp.async
+// shared-memory stages instead of register double buffers (4 stages, 3 groups in flight, 3 blocks per SM at 80
+// registers: 61% on lm_head — the spills and the extra shared-memory pass cost more than the deeper queue gained),
+// and S = 8 for every row length (lm_head 57% against 70% with one warp per row group). ncu (v4.0, lm_head Q4_0):
+// 89 warp instructions per 512-byte tile, 59% issue-slot use, 15 warps per SM (128 registers), DRAM 73%: the
+// next step is fewer instructions per tile (the Q4_0 magic-number conversion and the per-block scale loads) and
+// fewer registers, not a deeper queue.
 #include <cuda_fp16.h>
 
 #include <algorithm>
