@@ -51,7 +51,8 @@ constexpr int kUnitElems = 64;
 constexpr int kUnitsPerSlice = 4;  // 256 columns: one activation scale group, one Q4_K super-block
 constexpr int kGroupElems = 256;
 constexpr int kMaxWarps = 16;
-constexpr int kMaxVectors = 32;
+constexpr int kMaxVectors = 32;         // per gemv_imma call
+constexpr int kMaxPrepVectors = 65535;  // per gemv_imma_prepare_x call (grid.y)
 constexpr uint32_t kNibbles = 0x0F0F0F0Fu;
 constexpr int kMagic = 0x4B400000;  // bits of 12582912.0f = 1.5·2^23
 constexpr float kMagicF = 12582912.0f;
@@ -486,10 +487,16 @@ bool aligned(const void* p, uintptr_t al) { return (reinterpret_cast<uintptr_t>(
 // so that ~2048 warps stream at once. Depends only on the matrix shape (so y[v] does not depend on n_vec).
 std::atomic<int> g_forced_split{0};
 
-void pick_split(KernelArgs& a) {
+// Grouped calls (a table) keep their row groups whole for up to 4 groups per warp: each segment entry is read from
+// the table once per row group and its matrix streamed, instead of a table read in front of every group.
+void pick_split(KernelArgs& a, bool table) {
   constexpr int kWantWarps = 2048;
   int S = 1;
-  while (S < a.n_groups && S < kMaxWarps && static_cast<int64_t>(a.n_rg) * S < kWantWarps) S *= 2;
+  if (table) {
+    while (S < kMaxWarps && (a.n_groups + S - 1) / S > 4) S *= 2;
+  } else {
+    while (S < a.n_groups && S < kMaxWarps && static_cast<int64_t>(a.n_rg) * S < kWantWarps) S *= 2;
+  }
   if (const int f = g_forced_split.load(std::memory_order_relaxed); f > 0) S = std::min(f, kMaxWarps);
   a.S = S;
   a.gps = (a.n_groups + S - 1) / S;
@@ -548,7 +555,6 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
   a.lay = x_layout(n_cols);
   a.y = y;
   a.y_stride = y_stride;
-  pick_split(a);
   return a;
 }
 
@@ -563,7 +569,9 @@ bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
 }
 
 uint64_t imma_x_bytes(int64_t n_cols, int n_vec) {
-  if (n_cols <= 0 || n_cols % kUnitElems != 0 || n_cols > kImmaMaxCols || n_vec < 1 || n_vec > kMaxVectors) return 0;
+  if (n_cols <= 0 || n_cols % kUnitElems != 0 || n_cols > kImmaMaxCols || n_vec < 1 || n_vec > kMaxPrepVectors) {
+    return 0;
+  }
   return static_cast<uint64_t>(n_vec) * x_layout(n_cols).vec_bytes();
 }
 
@@ -571,7 +579,8 @@ Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xpre
   if (imma_x_bytes(n_cols, n_vec) == 0) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma_prepare_x: n_cols " + std::to_string(n_cols) +
                                                        " (a multiple of 64 up to " + std::to_string(kImmaMaxCols) +
-                                                       ") or n_vec " + std::to_string(n_vec) + " (1..32) out of range");
+                                                       ") or n_vec " + std::to_string(n_vec) +
+                                                       " (1..65535) out of range");
   }
   if (x == nullptr || xprep == nullptr || !aligned(x, 16) || !aligned(xprep, 16)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma_prepare_x: null or misaligned pointer (16 bytes)");
@@ -607,6 +616,7 @@ Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, c
   args.data = w.data;
   args.n_vec = n_vec;
   args.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
+  pick_split(args, false);
   return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), stream);
 }
 
@@ -627,6 +637,7 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
   KernelArgs args = base_args(type, n_cols, n_rows, xprep, y, y_stride);
   args.table = segments;
   args.n_seg = n_segments;
+  pick_split(args, true);
   return launch_any(type, args, kImmaSegmentVectors, stream);
 }
 

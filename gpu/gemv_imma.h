@@ -37,7 +37,7 @@ bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
 uint64_t imma_x_bytes(int64_t n_cols, int n_vec);
 
 // x: device f32 [n_vec, n_cols], 16-byte aligned; xprep: device, imma_x_bytes() bytes, 16-byte aligned.
-// n_cols a multiple of 64 up to kImmaMaxCols, n_vec in [1, 32]. A group holding a non-finite value gets a NaN scale
+// n_cols a multiple of 64 up to kImmaMaxCols, n_vec in [1, 65535]. A group holding a non-finite value gets a NaN scale
 // (its outputs become NaN). Enqueues one small kernel; thread-safe; returns without waiting.
 Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream);
 

@@ -234,7 +234,7 @@ TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 32, 16));    // not whole units
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ6_K, 256, 16));
   EXPECT_EQ(imma_x_bytes(96, 1), 0u);
-  EXPECT_EQ(imma_x_bytes(64, 33), 0u);
+  EXPECT_EQ(imma_x_bytes(64, 65536), 0u);
   alignas(16) static float x[64];
   alignas(16) static float y[16];
   alignas(16) static uint8_t w[18 * 2 * 16];
