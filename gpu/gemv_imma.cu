@@ -247,21 +247,7 @@ struct Cursor {
   int gi;
 };
 
-// Pulls vector v's activations of `group` (the lines lane will load in load_x) into L1 without holding registers.
-__device__ __forceinline__ void prefetch_x(const KernelArgs& a, int v, int group, int lane) {
-  const int g = lane / 4;
-  const int t = lane % 4;
-  const uint8_t* b = a.xprep + static_cast<size_t>(v) * a.lay.vec_bytes();
-  const uint8_t* frag = b + ((g % 4) * 4 + t + group * kUnitsPerSlice * 16) * 16;
-  const uint8_t* dsum = b + a.lay.frag_bytes() + ((t % 2) + group * kUnitsPerSlice * 2) * 16;
-#pragma unroll
-  for (int i = 0; i < kUnitsPerSlice; ++i) {
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(frag + i * 256));
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(dsum + i * 32));
-  }
-}
-
-template <GgmlType T, bool kTable, int NP>
+template <GgmlType T, bool kTable>
 __device__ __forceinline__ void load_weights(const KernelArgs& a, int item, int n_items, int group, int lane,
                                              WeightBuf& b) {
   const bool item_ok = item < n_items && group < a.n_groups;
@@ -284,24 +270,6 @@ __device__ __forceinline__ void load_weights(const KernelArgs& a, int item, int 
     const uint8_t* head = base + a.meta_off + (static_cast<size_t>(rg) * a.n_groups + group) * 256 + (lane / 4) * 16;
     b.mk[0] = ok ? ldg_stream(head) : make_uint4(0, 0, 0, 0);
     b.mk[1] = ok ? ldg_stream(head + 128) : make_uint4(0, 0, 0, 0);
-  }
-  if constexpr (kTable) {
-    // A segment's vectors differ from its neighbours' (L2, not L1): fetch them a step ahead, like the weights.
-    if (ok) {
-      const int g = lane / 4;
-      const int t = lane % 4;
-#pragma unroll
-      for (int p = 0; p < NP; ++p) {
-        if (2 * p < sg.n_vec) {
-          const int vb = 2 * p + 1 < sg.n_vec ? sg.vec(2 * p + 1) : -1;
-          const int va = sg.vec(2 * p);
-          const int vf = g < 4 ? va : vb;
-          const int vd = t < 2 ? va : vb;
-          if (vf >= 0) prefetch_x(a, vf, group, lane);
-          if (vd >= 0 && vd != vf) prefetch_x(a, vd, group, lane);
-        }
-      }
-    }
   }
 }
 
@@ -495,15 +463,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   if (item_of(0) >= n_items) return;
   WeightBuf b0, b1;
   Cursor cur{0, 0};
-  load_weights<T, kTable, NP>(a, item_of(0) + rl, n_items, group_of(cur), lane, b0);
+  load_weights<T, kTable>(a, item_of(0) + rl, n_items, group_of(cur), lane, b0);
   for (;;) {
     Cursor nx = next(cur);
-    load_weights<T, kTable, NP>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b1);
+    load_weights<T, kTable>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b1);
     step(b0, cur);
     cur = nx;
     if (item_of(cur.round) >= n_items) break;
     nx = next(cur);
-    load_weights<T, kTable, NP>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b0);
+    load_weights<T, kTable>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b0);
     step(b1, cur);
     cur = nx;
     if (item_of(cur.round) >= n_items) break;
@@ -653,16 +621,16 @@ Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, c
 }
 
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
-                          int max_vec, const void* xprep, float* y, int64_t y_stride, cudaStream_t stream) {
+                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream) {
   if (!gemv_imma_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma_segments: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
                                                        "} is not a shape it takes (gemv_imma_supports)");
   }
   if (n_segments < 0 || (n_segments > 0 && segments == nullptr) || xprep == nullptr || y == nullptr ||
-      !aligned(xprep, 16) || !aligned(y, 4) || y_stride < n_rows || max_vec < 1 || max_vec > kImmaSegmentVectors) {
+      !aligned(xprep, 16) || !aligned(y, 4) || y_stride < n_rows) {
     return make_error(ErrorCode::kInvalidArgument,
-                      "gemv_imma_segments: bad table, max_vec, pointer (xprep 16-byte aligned, y 4) or y_stride " +
+                      "gemv_imma_segments: bad table, pointer (xprep 16-byte aligned, y 4) or y_stride " +
                           std::to_string(y_stride) + " < n_rows " + std::to_string(n_rows));
   }
   if (n_segments == 0) return ok_status();
@@ -670,7 +638,7 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
   args.table = segments;
   args.n_seg = n_segments;
   pick_split(args, true);
-  return launch_any(type, args, max_vec, stream);
+  return launch_any(type, args, kImmaSegmentVectors, stream);
 }
 
 }  // namespace kestrel::gpu

@@ -61,9 +61,8 @@ static_assert(sizeof(ImmaSegment) == 80, "ImmaSegment is a POD a device kernel w
 // prepared vectors of n_cols (gemv_imma_prepare_x with n_vec = n_x); y: device f32, rows of y_stride >= n_rows
 // floats. Out-of-range vec/out entries are the table writer's responsibility: the kernel does not check them (it
 // clamps nothing). Same arithmetic as gemv_imma (the same bits per vector). One kernel; thread-safe.
-// max_vec: an upper bound on every segment's n_vec (1..kImmaSegmentVectors); smaller bounds pick a leaner kernel.
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
-                          int max_vec, const void* xprep, float* y, int64_t y_stride, cudaStream_t stream);
+                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream);
 
 // y[v] = W x[v] with x prepared by gemv_imma_prepare_x (same n_cols, at least n_vec vectors, earlier on `stream`).
 // y: device f32 [n_vec, n_rows], 4-byte aligned, not overlapping xprep; n_vec in [1, 32]. Errors are found before

@@ -523,8 +523,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   KESTREL_TRY(launch_kernel(table_kernel, dim3(1), dim3(kTableThreads), stream, ta));
   ++launches;
 
-  KESTREL_TRY(gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), std::min(c.n_tok, kImmaSegmentVectors), l.xprep,
-                                 l.gu, I, stream));
+  KESTREL_TRY(gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream));
   ++launches;
 
   const int64_t n4 = static_cast<int64_t>(c.n_all) * I / 4;
@@ -540,8 +539,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
     ++launches;
   }
 
-  KESTREL_TRY(gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), std::min(c.n_tok, kImmaSegmentVectors), l.aprep,
-                                 l.ye, H, stream));
+  KESTREL_TRY(gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream));
   ++launches;
 
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
