@@ -241,6 +241,58 @@ __global__ void __launch_bounds__(kTableThreads) table_kernel(TableArgs a) {
 
 // act[r] = silu(gate[r]) · up[r] over n_all rows of I (I a multiple of 64: whole float4s), as ref::swiglu_forward:
 // silu(g) = g · (1 / (1 + e^−g)).
+// Router logits for an f32 router (ffn_gate_inp, the usual GGUF type): warp = one expert row, its slice of the row
+// in registers (1024 columns at a time), multiplied into every token's x in turn; lane partials in column order, then
+// a butterfly: fixed order, bit-identical runs. gemv()'s generic kernel re-stages x per row and vector and took
+// 144 µs for 32 tokens at E = 256, H = 2048 (ncu); this takes a few.
+constexpr int kRouterWarps = 8;
+constexpr int kRouterChunk = 1024;  // columns per pass: 32 lanes × 8 float4
+
+__global__ void __launch_bounds__(kRouterWarps * 32)
+    router_logits_kernel(const float* __restrict__ w, const float* __restrict__ x, int h, int n_expert, int n_tok,
+                         float* __restrict__ logits) {
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int e = static_cast<int>(blockIdx.x) * kRouterWarps + warp;
+  if (e >= n_expert) return;
+  float acc[kMoeMaxTokens];
+#pragma unroll
+  for (int t = 0; t < kMoeMaxTokens; ++t) acc[t] = 0.0f;
+  const auto* wr = reinterpret_cast<const float4*>(w + static_cast<size_t>(e) * h);
+  for (int c = 0; c < h; c += kRouterChunk) {
+    float4 wv[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int col = c + (i * 32 + lane) * 4;
+      wv[i] = col < h ? __ldg(wr + col / 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int t = 0; t < kMoeMaxTokens; ++t) {
+      if (t >= n_tok) break;
+      const auto* xr = reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * h);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int col = c + (i * 32 + lane) * 4;
+        if (col < h) {
+          const float4 xv = __ldg(xr + col / 4);
+          acc[t] = __fmaf_rn(wv[i].x, xv.x, acc[t]);
+          acc[t] = __fmaf_rn(wv[i].y, xv.y, acc[t]);
+          acc[t] = __fmaf_rn(wv[i].z, xv.z, acc[t]);
+          acc[t] = __fmaf_rn(wv[i].w, xv.w, acc[t]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kMoeMaxTokens; ++t) {
+    if (t >= n_tok) break;
+    float v = acc[t];
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, off));
+    if (lane == 0) logits[static_cast<size_t>(t) * n_expert + e] = v;
+  }
+}
+
 __global__ void __launch_bounds__(kActThreads)
     swiglu_kernel(const float4* __restrict__ gu, int64_t n4, float4* __restrict__ act) {
   grid_dependency_wait();
@@ -494,7 +546,13 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   }
   int launches = 0;
 
-  KESTREL_TRY(gemv(w.router, x, n_tok, l.logits, stream));
+  if (w.router.type == GgmlType::kF32 && H % 4 == 0 && aligned16(w.router.data)) {
+    router_logits_kernel<<<static_cast<unsigned>((E + kRouterWarps - 1) / kRouterWarps), kRouterWarps * 32, 0,
+                           stream>>>(static_cast<const float*>(w.router.data), x, H, E, n_tok, l.logits);
+    KESTREL_CUDA_TRY(cudaGetLastError());
+  } else {
+    KESTREL_TRY(gemv(w.router, x, n_tok, l.logits, stream));
+  }
   ++launches;
   KESTREL_TRY(moe_route(l.logits, n_tok, E, k, r, stream));
   ++launches;

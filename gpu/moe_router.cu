@@ -1,4 +1,4 @@
-// moe_route (see moe_router.h): one block of kWarps warps.
+// moe_route (see moe_router.h): one block of kWarps (32) warps.
 //
 // Phase 1, warp w routes tokens w, w + kWarps, ...: the token's logits are copied to the warp's slice of shared
 // memory (f32 [E]), max by lane-strided max + butterfly (exact), p_e = expf(l_e − max), Σ lane-strided (index order
@@ -18,7 +18,7 @@
 namespace kestrel::gpu {
 namespace {
 
-constexpr int kWarps = 8;
+constexpr int kWarps = 32;  // one warp per token for up to kMoeMaxTokens tokens (phase 1 runs them all at once)
 constexpr int kThreads = 32 * kWarps;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr float kWeightSumMin = 6.103515625e-5f;  // 2^-14, as ref::kMoeWeightSumMin
@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(kThreads)
     moe_route_kernel(const float* __restrict__ logits, int n_tok, int n_expert, int k, MoeRouting r) {
   extern __shared__ float smem[];
   float* p_all = smem;
-  int* counts = reinterpret_cast<int*>(smem + kWarps * n_expert);
+  int* counts = reinterpret_cast<int*>(smem + min(kWarps, n_tok) * n_expert);  // p only for warps with a token
   int* offsets = counts + n_expert;
   int* ranks = offsets + n_expert;
   __shared__ int ids_s[kMoeMaxTokens * kMoeMaxUsed];
@@ -204,7 +204,12 @@ Status moe_route(const float* logits, int n_tok, int n_expert, int k, const MoeR
       r.entry_weight == nullptr || r.token_entry == nullptr) {
     return bad("a null pointer (logits or a MoeRouting field)");
   }
-  const size_t smem = static_cast<size_t>(kWarps) * n_expert * 4 + 3 * static_cast<size_t>(n_expert) * 4;
+  const size_t smem =
+      static_cast<size_t>(std::min(kWarps, n_tok)) * n_expert * 4 + 3 * static_cast<size_t>(n_expert) * 4;
+  static const cudaError_t attr = cudaFuncSetAttribute(  // up to 140 KiB at E = 1024, 32 tokens
+      moe_route_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(kWarps * kMoeMaxExperts * 4 + 3 * kMoeMaxExperts * 4));
+  KESTREL_CUDA_TRY(attr);
   moe_route_kernel<<<1, kThreads, smem, stream>>>(logits, n_tok, n_expert, k, r);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
