@@ -22,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -33,6 +34,7 @@
 #include "core/gguf/ggml_type.h"
 #include "core/quant/quant.h"
 #include "gpu/cuda_check.h"
+#include "gpu/gemv_imma.h"
 #include "gpu/moe_experts.h"
 #include "gpu/moe_imma.h"
 
@@ -278,7 +280,9 @@ Status run() {
 }  // namespace
 }  // namespace kestrel::gpu::bench
 
+// KESTREL_IMMA_SPLIT=S forces GEMV v4's warps per row group (gemv_imma_force_split) for a sweep.
 int main() {
+  if (const char* s = std::getenv("KESTREL_IMMA_SPLIT")) kestrel::gpu::gemv_imma_force_split(std::atoi(s));
   const kestrel::Status st = kestrel::gpu::bench::run();
   if (!st) {
     std::fprintf(stderr, "bench_moe: %s\n", st.error().to_string().c_str());
