@@ -20,6 +20,7 @@
 #include "gpu/dequant.cuh"
 #include "gpu/dequant_group.cuh"
 #include "gpu/gemv.h"
+#include "gpu/moe_combine.cuh"
 #include "gpu/moe_experts.h"
 
 namespace kestrel::gpu {
@@ -29,7 +30,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kGroup = kDequantGroup;  // elements a lane decodes at once (never crosses a block or a sub-block scale)
 constexpr int kEntryTile = 8;          // entries accumulated per pass over a row
-constexpr int kCombineThreads = 256;
+constexpr int kCombineThreads = moe_combine::kThreads;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 // One stack of expert matrices, as the kernel sees it.
@@ -228,33 +229,11 @@ __global__ void __launch_bounds__(kCombineThreads)
                    const float* __restrict__ entry_weight, int k, const float* __restrict__ sh,
                    const uint8_t* __restrict__ gate_inp, const float* __restrict__ x, int h, float* __restrict__ out) {
   const int t = static_cast<int>(blockIdx.y);
-  const int tid = static_cast<int>(threadIdx.x);
-  const int c = static_cast<int>(blockIdx.x) * kCombineThreads + tid;
+  const int c = static_cast<int>(blockIdx.x) * kCombineThreads + static_cast<int>(threadIdx.x);
   float s = 0.0f;
-  if constexpr (kShared) {
-    using D = Dequant<T>;
-    __shared__ float warp_sums[kCombineThreads / 32];
-    const auto* blocks = reinterpret_cast<const typename D::Block*>(gate_inp);
-    const float* xt = x + static_cast<int64_t>(t) * h;
-    float acc = 0.0f;
-    for (int i = tid; i < h; i += kCombineThreads) {
-      acc = fmaf(D::elem(blocks + i / D::kBlockElems, i % D::kBlockElems), xt[i], acc);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(kFullMask, acc, off);
-    if (tid % 32 == 0) warp_sums[tid / 32] = acc;
-    __syncthreads();
-    float logit = 0.0f;
-#pragma unroll
-    for (int w8 = 0; w8 < kCombineThreads / 32; ++w8) logit += warp_sums[w8];
-    s = __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logit)));
-  }
+  if constexpr (kShared) s = moe_combine::shared_gate<T>(gate_inp, x + static_cast<int64_t>(t) * h, h);
   if (c >= h) return;
-  float y = 0.0f;
-  for (int j = 0; j < k; ++j) {
-    const int entry = token_entry[t * k + j];
-    y = __fadd_rn(y, __fmul_rn(ye[static_cast<int64_t>(entry) * h + c], entry_weight[entry]));
-  }
+  float y = moe_combine::routed_sum(ye, token_entry, entry_weight, k, t, c, h);
   if constexpr (kShared) y = __fadd_rn(y, __fmul_rn(s, sh[static_cast<int64_t>(t) * h + c]));
   out[static_cast<int64_t>(t) * h + c] = y;
 }

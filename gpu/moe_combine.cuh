@@ -1,0 +1,49 @@
+// moe_combine.cuh: the per-token combine of an MoE layer's expert outputs, shared by gpu/moe_experts.cu and
+// gpu/moe_imma.cu (ref::moe_forward's order): y = Σ over the token's entries by ascending expert id of ye·w, from 0,
+// then + sigmoid(ffn_gate_inp_shexp · x)·shared. Device code only; include from .cu files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gpu/dequant.cuh"
+
+namespace kestrel::gpu::moe_combine {
+
+constexpr int kThreads = 256;  // block size of the combine kernels (the shared gate's reduction assumes it)
+
+// sigmoid(gate_inp · x_t) for the shared-expert gate {h} of type T; every thread of the block calls it and gets
+// the same value (lane-strided products with fmaf, warp butterflies, warps in order).
+template <GgmlType T>
+__device__ __forceinline__ float shared_gate(const uint8_t* __restrict__ gate_inp, const float* __restrict__ x_t,
+                                             int h) {
+  using D = Dequant<T>;
+  __shared__ float warp_sums[kThreads / 32];
+  const int tid = static_cast<int>(threadIdx.x);
+  const auto* blocks = reinterpret_cast<const typename D::Block*>(gate_inp);
+  float acc = 0.0f;
+  for (int i = tid; i < h; i += kThreads)
+    acc = fmaf(D::elem(blocks + i / D::kBlockElems, i % D::kBlockElems), x_t[i], acc);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, off);
+  if (tid % 32 == 0) warp_sums[tid / 32] = acc;
+  __syncthreads();
+  float logit = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) logit += warp_sums[w];
+  return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logit)));
+}
+
+// Σ_j ye[entry_j]·w[entry_j] at column c over the token's k entries (token_entry row t, ascending expert id).
+__device__ __forceinline__ float routed_sum(const float* __restrict__ ye, const int32_t* __restrict__ token_entry,
+                                            const float* __restrict__ entry_weight, int k, int t, int c, int h) {
+  float y = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int entry = token_entry[t * k + j];
+    y = __fadd_rn(y, __fmul_rn(ye[static_cast<int64_t>(entry) * h + c], entry_weight[entry]));
+  }
+  return y;
+}
+
+}  // namespace kestrel::gpu::moe_combine
