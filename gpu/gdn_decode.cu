@@ -115,6 +115,40 @@ __device__ __forceinline__ float warp_sum_squares(const float* v, int n, int lan
 }
 
 // o: f32 [n_seq][Vd] (the workspace).
+// The block's own v channels (column j of V-head h: conv + SiLU into vs, history shifted; only this block reads
+// them) by the last warp, and the head's gates beta = sigmoid(b), decay = exp(ssm_a·softplus(a + dt_bias)) by one
+// thread of the warp before it. Shared by the cluster kernel and the two-kernel fallback.
+__device__ __forceinline__ void v_channels_and_gates(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in,
+                                                     const GdnSlot& slot, const float* row, int n, int h, int j,
+                                                     bool col_ok, int tid, float* vs, float* gates) {
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  if (warp == kDeltaWarps - 1) {
+    if (col_ok) {
+      const int c = 2 * g.key_dim + h * g.d_v + j;
+      const float x = row[qkv_index(g, c)];
+      vs[lane] = conv_channel(g, w.conv1d, slot.conv, x, c);
+      shift_history(g, slot.conv, x, c);
+    } else {
+      vs[lane] = 0.0f;
+    }
+  }
+  if (tid == 32 * (kDeltaWarps - 2)) {
+    float b;
+    float a;
+    if (g.proj == 0) {
+      b = in.b[static_cast<size_t>(n) * g.n_v_heads + h];
+      a = in.a[static_cast<size_t>(n) * g.n_v_heads + h];
+    } else {  // ba per K-group [b(r), a(r)], heads in grouped order (ref::gdn_split_ba)
+      const float* ba = in.ba + static_cast<size_t>(n) * 2 * g.n_v_heads + (h / g.r) * 2 * g.r;
+      b = ba[h % g.r];
+      a = ba[g.r + h % g.r];
+    }
+    gates[0] = sigmoid_rn(b);
+    gates[1] = expf(__fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h]))));
+  }
+}
+
 template <int R>
 __global__ void __launch_bounds__(kDeltaThreads)
     gdn_step_kernel(Geo g, GdnDecodeWeights w, GdnDecodeInputs in, const GdnSlot* __restrict__ slots,
@@ -159,30 +193,7 @@ __global__ void __launch_bounds__(kDeltaThreads)
     qs[t] = uq;
     ks[t] = uk;
   }
-  if (warp == kDeltaWarps - 1) {
-    if (col_ok) {
-      const int c = 2 * g.key_dim + h * g.d_v + j;
-      const float x = row[qkv_index(g, c)];
-      vs[lane] = conv_channel(g, w.conv1d, slot.conv, x, c);
-      shift_history(g, slot.conv, x, c);
-    } else {
-      vs[lane] = 0.0f;
-    }
-  }
-  if (tid == 32 * (kDeltaWarps - 2)) {
-    float b;
-    float a;
-    if (g.proj == 0) {
-      b = in.b[static_cast<size_t>(n) * g.n_v_heads + h];
-      a = in.a[static_cast<size_t>(n) * g.n_v_heads + h];
-    } else {  // ba per K-group [b(r), a(r)], heads in grouped order (ref::gdn_split_ba)
-      const float* ba = in.ba + static_cast<size_t>(n) * 2 * g.n_v_heads + (h / g.r) * 2 * g.r;
-      b = ba[h % g.r];
-      a = ba[g.r + h % g.r];
-    }
-    gates[0] = sigmoid_rn(b);
-    gates[1] = expf(__fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h]))));
-  }
+  v_channels_and_gates(g, w, in, slot, row, n, h, j, col_ok, tid, vs, gates);
   __syncthreads();
   if (warp < 2) {
     const float ss = warp_sum_squares(warp == 0 ? qs : ks, g.d_k, lane);
@@ -334,30 +345,7 @@ __global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
       sq_q = __fadd_rn(sq_q, __fmul_rn(u, u));
     }
   }
-  if (warp == kDeltaWarps - 1) {
-    if (col_ok) {
-      const int c = 2 * g.key_dim + h * g.d_v + j;
-      const float x = row[qkv_index(g, c)];
-      vs[lane] = conv_channel(g, w.conv1d, slot.conv, x, c);
-      shift_history(g, slot.conv, x, c);
-    } else {
-      vs[lane] = 0.0f;
-    }
-  }
-  if (tid == 32 * (kDeltaWarps - 2)) {
-    float b;
-    float a;
-    if (g.proj == 0) {
-      b = in.b[static_cast<size_t>(n) * g.n_v_heads + h];
-      a = in.a[static_cast<size_t>(n) * g.n_v_heads + h];
-    } else {  // ba per K-group [b(r), a(r)], heads in grouped order (ref::gdn_split_ba)
-      const float* ba = in.ba + static_cast<size_t>(n) * 2 * g.n_v_heads + (h / g.r) * 2 * g.r;
-      b = ba[h % g.r];
-      a = ba[g.r + h % g.r];
-    }
-    gates[0] = sigmoid_rn(b);
-    gates[1] = expf(__fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h]))));
-  }
+  v_channels_and_gates(g, w, in, slot, row, n, h, j, col_ok, tid, vs, gates);
   float zj = 0.0f;
   float nj = 0.0f;
   if (warp == 0 && col_ok) {
