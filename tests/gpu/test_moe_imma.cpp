@@ -30,61 +30,15 @@
 #include "gpu/gemv_tiled.h"
 #include "gpu/moe_imma.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/moe_test_util.h"
 
 namespace kestrel::gpu {
 namespace {
 
 using test::DeviceBuffer;
+using test::random_weights;
 
 constexpr double kOutTol = 3e-5;
-
-struct XorShift {
-  uint64_t s;
-  uint64_t next() {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return s;
-  }
-};
-
-// n_mat matrices of n_rows × n_cols: Q4_0 / Q4_K random quant bytes with f16 scales making weights ~ scale (random
-// sign for d, positive for dmin), or F32 values ~ N(0, scale).
-std::vector<unsigned char> random_weights(GgmlType t, int64_t n_cols, int64_t n_rows, int64_t n_mat, float scale,
-                                          uint64_t seed) {
-  const uint64_t row_bytes = *ggml_row_bytes(t, static_cast<uint64_t>(n_cols));
-  const size_t bytes = row_bytes * static_cast<uint64_t>(n_rows * n_mat);
-  std::vector<unsigned char> m(bytes);
-  if (t == GgmlType::kF32) {
-    std::mt19937 gen(static_cast<unsigned>(seed));
-    std::normal_distribution<float> normal(0.0f, scale);
-    for (size_t i = 0; i + 4 <= bytes; i += 4) {
-      const float f = normal(gen);
-      std::memcpy(&m[i], &f, 4);
-    }
-    return m;
-  }
-  XorShift rng{seed * 0x9E3779B97F4A7C15ull + 1};
-  for (size_t i = 0; i + 8 <= bytes; i += 8) {
-    const uint64_t v = rng.next();
-    std::memcpy(&m[i], &v, 8);
-  }
-  const bool k4 = t == GgmlType::kQ4_K;
-  const size_t block_bytes = ggml_type_traits(t).block_bytes;
-  const std::vector<size_t> offs =
-      k4 ? std::vector<size_t>{offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)} : std::vector<size_t>{0};
-  const float typical = k4 ? 256.0f : 4.0f;
-  for (size_t blk = 0; blk < bytes / block_bytes; ++blk) {
-    for (size_t o = 0; o < offs.size(); ++o) {
-      const uint64_t r = rng.next();
-      const float mag = scale / typical * (0.25f + static_cast<float>(r % 1000) / 1000.0f);
-      const float v = (o == 0 && (r >> 20) % 2 == 1) ? -mag : mag;
-      const uint16_t h = f32_to_fp16(v);
-      std::memcpy(&m[blk * block_bytes + offs[o]], &h, 2);
-    }
-  }
-  return m;
-}
 
 struct Shape {
   std::string name;
@@ -159,29 +113,8 @@ void upload_moe(const HostMoe& m, DeviceMoe& d) {
   }
 }
 
-// Activations whose routing has a clear gap between each of the k + 1 largest logits (redrawn per token if not).
 std::vector<float> draw_x(const HostMoe& m, int n_tok, unsigned seed) {
-  const Shape& s = m.s;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(n_tok * s.h));
-  std::vector<float> logits(static_cast<size_t>(s.e));
-  for (int t = 0; t < n_tok; ++t) {
-    float* xt = x.data() + static_cast<size_t>(t * s.h);
-    bool clear = false;
-    for (int attempt = 0; attempt < 200 && !clear; ++attempt) {
-      for (int i = 0; i < s.h; ++i) xt[i] = normal(rng);
-      EXPECT_TRUE(ref::matvec(m.ref.router, xt, logits.data()));
-      std::vector<float> sorted = logits;
-      std::sort(sorted.begin(), sorted.end(), [](float a, float b) { return a > b; });
-      clear = true;
-      for (int j = 0; j + 1 < std::min(s.k + 1, s.e); ++j) {
-        clear = clear && sorted[static_cast<size_t>(j)] - sorted[static_cast<size_t>(j + 1)] > 1e-4f;
-      }
-    }
-    EXPECT_TRUE(clear) << "token " << t << ": no draw with clear routing gaps";
-  }
-  return x;
+  return test::draw_routable_x(m.ref.router, m.s.h, m.s.e, m.s.k, n_tok, seed);
 }
 
 struct DeviceRun {
