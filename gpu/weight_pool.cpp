@@ -1,4 +1,5 @@
-// WeightPool (see weight_pool.h): one device allocation, bump placement of raw GGUF tensors, all-or-nothing batches.
+// WeightPool (see weight_pool.h): one device allocation, bump placement of GGUF tensors (raw, or Q4 re-tiled),
+// all-or-nothing batches.
 #include "gpu/weight_pool.h"
 
 #include <string>
@@ -119,6 +120,15 @@ Status WeightPool::register_tensors(std::span<const PoolTensorDesc> batch, cudaS
                             std::to_string(bytes) + " bytes, the buffer has " + std::to_string(d.data.size()));
     }
     if (d.data.data() == nullptr) return make_error(ErrorCode::kInvalidArgument, who + " has no data");
+    if (d.layout == PoolLayout::kTiledQ4) {
+      const std::vector<uint64_t> ne = trimmed(d.ne);
+      if (ne.size() < 2 || ne.size() > 3 ||
+          !q4_tiled_supports(d.type, static_cast<int64_t>(ne[0]), static_cast<int64_t>(ne[1]))) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          who + " " + shape_str(d.ne) + " " + std::string(ggml_type_name(d.type)) +
+                              " cannot be tiled (q4_0 / q4_K matrices or 3-D stacks; see q4_tiled_supports)");
+      }
+    }
     const uint64_t start = align_up(offset);
     if (start > budget_ || bytes > budget_ - start) {
       const uint64_t free_now = budget_ - used_;
@@ -137,13 +147,31 @@ Status WeightPool::register_tensors(std::span<const PoolTensorDesc> batch, cudaS
     e.offset = start;
     e.bytes = bytes;
     e.row_bytes = *row_bytes;
+    e.layout = d.layout;
     planned.push_back(std::move(e));
     offset = start + bytes;
   }
-  // 2. Copy; on a CUDA failure the bookkeeping stays as it was.
+  // 2. Copy (tiled tensors through a host buffer, one tensor at a time); on a failure the bookkeeping stays as it
+  // was.
+  std::vector<uint8_t> tiled;
   for (size_t i = 0; i < planned.size(); ++i) {
-    KESTREL_CUDA_TRY(cudaMemcpyAsync(base_ + planned[i].offset, batch[i].data.data(), planned[i].bytes,
-                                     cudaMemcpyHostToDevice, stream));
+    const PoolEntry& e = planned[i];
+    if (e.layout == PoolLayout::kRaw) {
+      KESTREL_CUDA_TRY(
+          cudaMemcpyAsync(base_ + e.offset, batch[i].data.data(), e.bytes, cudaMemcpyHostToDevice, stream));
+      continue;
+    }
+    KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));  // the previous tiled buffer may be reused now
+    const std::vector<uint64_t> ne = trimmed(e.ne);
+    const uint64_t slices = ne.size() == 3 ? ne[2] : 1;
+    const uint64_t slice_bytes = e.bytes / slices;
+    tiled.resize(e.bytes);
+    for (uint64_t j = 0; j < slices; ++j) {
+      KESTREL_TRY(q4_tile(e.type, batch[i].data.data() + j * slice_bytes, static_cast<int64_t>(ne[0]),
+                          static_cast<int64_t>(ne[1]),
+                          std::span<uint8_t>(tiled.data() + j * slice_bytes, slice_bytes)));
+    }
+    KESTREL_CUDA_TRY(cudaMemcpyAsync(base_ + e.offset, tiled.data(), e.bytes, cudaMemcpyHostToDevice, stream));
   }
   KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
   // 3. Commit.
@@ -157,7 +185,8 @@ Status WeightPool::register_tensors(std::span<const PoolTensorDesc> batch, cudaS
   return ok_status();
 }
 
-Status WeightPool::register_catalog(const WeightCatalog& catalog, const GgufFile& file, cudaStream_t stream) {
+Status WeightPool::register_catalog(const WeightCatalog& catalog, const GgufFile& file, cudaStream_t stream,
+                                    bool tile_q4) {
   std::vector<PoolTensorDesc> batch;
   batch.reserve(catalog.entries().size());
   for (const CatalogEntry& ce : catalog.entries()) {
@@ -168,6 +197,11 @@ Status WeightPool::register_catalog(const WeightCatalog& catalog, const GgufFile
     d.ne = ce.info->ne;
     d.placement = ce.placement;
     d.data = file.tensor_data(*ce.info);
+    const std::vector<uint64_t> ne = trimmed(d.ne);
+    if (tile_q4 && d.key != "token_embd.weight" && ne.size() >= 2 && ne.size() <= 3 &&
+        q4_tiled_supports(d.type, static_cast<int64_t>(ne[0]), static_cast<int64_t>(ne[1]))) {
+      d.layout = PoolLayout::kTiledQ4;
+    }
     batch.push_back(std::move(d));
   }
   return register_tensors(batch, stream);
@@ -207,6 +241,10 @@ Expected<const PoolEntry*> WeightPool::entry(const PoolRef& ref) const {
 
 Expected<DeviceMatrixView> WeightPool::view(const PoolRef& ref) const {
   KESTREL_TRY_ASSIGN(const PoolEntry* e, entry(ref));
+  if (e->layout != PoolLayout::kRaw) {
+    return make_error(ErrorCode::kFailedPrecondition,
+                      "weight pool: tensor '" + e->key + "' is stored tiled for GEMV v4; use tiled_view()");
+  }
   DeviceMatrixView v;
   v.type = e->type;
   v.data = base_ + e->offset;
@@ -222,6 +260,10 @@ Expected<DeviceMatrixView> WeightPool::matrix(std::string_view key) const {
 
 Expected<DeviceMatrixView> WeightPool::slice(const PoolRef& ref, uint64_t i2) const {
   KESTREL_TRY_ASSIGN(const PoolEntry* e, entry(ref));
+  if (e->layout != PoolLayout::kRaw) {
+    return make_error(ErrorCode::kFailedPrecondition,
+                      "weight pool: tensor '" + e->key + "' is stored tiled for GEMV v4; use tiled_slice()");
+  }
   const std::vector<uint64_t> ne = trimmed(e->ne);
   if (ne.size() != 3) {
     return make_error(ErrorCode::kInvalidArgument,
@@ -234,6 +276,35 @@ Expected<DeviceMatrixView> WeightPool::slice(const PoolRef& ref, uint64_t i2) co
   DeviceMatrixView v;
   v.type = e->type;
   v.data = base_ + e->offset + i2 * ne[1] * e->row_bytes;
+  v.n_cols = static_cast<int64_t>(ne[0]);
+  v.n_rows = static_cast<int64_t>(ne[1]);
+  return v;
+}
+
+Expected<TiledQ4View> WeightPool::tiled_view(const PoolRef& ref) const {
+  KESTREL_TRY_ASSIGN(const PoolEntry* e, entry(ref));
+  if (trimmed(e->ne).size() != 2) {
+    return make_error(ErrorCode::kInvalidArgument, "weight pool: tensor '" + e->key + "' " + shape_str(e->ne) +
+                                                       " is not a matrix; use tiled_slice()");
+  }
+  return tiled_slice(ref, 0);
+}
+
+Expected<TiledQ4View> WeightPool::tiled_slice(const PoolRef& ref, uint64_t i2) const {
+  KESTREL_TRY_ASSIGN(const PoolEntry* e, entry(ref));
+  if (e->layout != PoolLayout::kTiledQ4) {
+    return make_error(ErrorCode::kFailedPrecondition,
+                      "weight pool: tensor '" + e->key + "' is stored raw; use view() or slice()");
+  }
+  const std::vector<uint64_t> ne = trimmed(e->ne);
+  const uint64_t slices = ne.size() == 3 ? ne[2] : 1;
+  if (i2 >= slices) {
+    return make_error(ErrorCode::kOutOfRange, "weight pool: slice " + std::to_string(i2) + " of tensor '" + e->key +
+                                                  "' " + shape_str(e->ne) + " is out of range");
+  }
+  TiledQ4View v;
+  v.type = e->type;
+  v.data = base_ + e->offset + i2 * (e->bytes / slices);
   v.n_cols = static_cast<int64_t>(ne[0]);
   v.n_rows = static_cast<int64_t>(ne[1]);
   return v;

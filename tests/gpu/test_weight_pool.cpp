@@ -17,8 +17,10 @@
 
 #include "core/gguf/gguf_reader.h"
 #include "core/model/weight_catalog.h"
+#include "core/quant/quant.h"
 #include "core/reference/matvec.h"
 #include "gpu/gemv.h"
+#include "gpu/gemv_imma.h"
 #include "gpu/weight_pool.h"
 #include "tests/core/model/model_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -362,6 +364,171 @@ TEST(WeightPool, RegistersAWholeModelFromItsCatalog) {
     }
     EXPECT_TRUE(pool->matrix("blk.3.attn_q.weight"));
     EXPECT_TRUE(pool->matrix("token_embd.weight"));
+  }
+}
+
+// Q4 weights quantized from random floats (finite scales), n_mat matrices of n_rows × n_cols.
+std::vector<uint8_t> q4_weights(GgmlType t, uint64_t n_cols, uint64_t n_rows, uint64_t n_mat, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const uint64_t row_bytes = *ggml_row_bytes(t, n_cols);
+  std::vector<uint8_t> out(row_bytes * n_rows * n_mat);
+  std::vector<float> row(n_cols);
+  for (uint64_t r = 0; r < n_rows * n_mat; ++r) {
+    for (float& v : row) v = u(rng);
+    EXPECT_TRUE(quantize_row(t, row.data(), out.data() + r * row_bytes, static_cast<int64_t>(n_cols)));
+  }
+  return out;
+}
+
+std::vector<uint8_t> tiled_host(GgmlType t, const std::vector<uint8_t>& raw, uint64_t n_cols, uint64_t n_rows,
+                                uint64_t n_mat) {
+  std::vector<uint8_t> out(raw.size());
+  const uint64_t slice = raw.size() / n_mat;
+  for (uint64_t j = 0; j < n_mat; ++j) {
+    EXPECT_TRUE(q4_tile(t, raw.data() + j * slice, static_cast<int64_t>(n_cols), static_cast<int64_t>(n_rows),
+                        std::span<uint8_t>(out.data() + j * slice, slice)));
+  }
+  return out;
+}
+
+// y = W x through the pool's tiled view and GEMV v4, against ref::matvec on the raw bytes.
+void expect_gemv_imma_matches(const TiledQ4View& v, const std::vector<uint8_t>& raw_slice) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(v.n_cols));
+  for (float& e : x) e = u(rng);
+  DeviceBuffer dx(x.size() * 4), dp(imma_x_bytes(v.n_cols, 1)), dy(static_cast<size_t>(v.n_rows) * 4);
+  ASSERT_TRUE(test::upload(dx, x));
+  ASSERT_TRUE(gemv_imma_prepare_x(dx.as<float>(), v.n_cols, 1, dp.as<unsigned char>(), nullptr));
+  const auto st = gemv_imma(v, dp.as<unsigned char>(), 1, dy.as<float>(), nullptr);
+  ASSERT_TRUE(st) << st.error().to_string();
+  KESTREL_CUDA_OK(cudaDeviceSynchronize());
+  const ref::QuantMatrix qm{v.type, raw_slice.data(), static_cast<uint64_t>(v.n_cols), static_cast<uint64_t>(v.n_rows)};
+  std::vector<float> want(static_cast<size_t>(v.n_rows)), bound(static_cast<size_t>(v.n_rows));
+  ASSERT_TRUE(ref::matvec(qm, x.data(), want.data()));
+  std::vector<float> w(static_cast<size_t>(v.n_cols));
+  const uint64_t row_bytes = *ggml_row_bytes(v.type, static_cast<uint64_t>(v.n_cols));
+  for (int64_t o = 0; o < v.n_rows; ++o) {
+    ASSERT_TRUE(dequantize_row(v.type, raw_slice.data() + static_cast<uint64_t>(o) * row_bytes, w.data(), v.n_cols));
+    double s = 0;
+    for (int64_t i = 0; i < v.n_cols; ++i) s += std::fabs(w[static_cast<size_t>(i)] * x[static_cast<size_t>(i)]);
+    bound[static_cast<size_t>(o)] = static_cast<float>(s);
+  }
+  const auto got = test::download<float>(dy.as(), static_cast<size_t>(v.n_rows));
+  const std::string diff = test::compare_close(got, want, bound, 1e-5);
+  EXPECT_TRUE(diff.empty()) << diff;
+}
+
+TEST(WeightPool, TiledQ4TensorsAreReorderedBytesThatFeedGemvImma) {
+  KESTREL_REQUIRE_DEVICE();
+  auto pool = WeightPool::create(4 << 20);
+  ASSERT_TRUE(pool) << pool.error().to_string();
+  std::vector<HostTensor> ts(3);
+  ts[0].desc = PoolTensorDesc{"blk.0.attn_q.weight", GgmlType::kQ4_0, {256, 48}, PlacementClass::kDense, {},
+                              PoolLayout::kTiledQ4};
+  ts[0].bytes = q4_weights(GgmlType::kQ4_0, 256, 48, 1, 1);
+  ts[1].desc =
+      PoolTensorDesc{"blk.0.ffn_up_exps.weight", GgmlType::kQ4_K, {512, 32, 3}, PlacementClass::kRoutedExperts, {},
+                     PoolLayout::kTiledQ4};
+  ts[1].bytes = q4_weights(GgmlType::kQ4_K, 512, 32, 3, 2);
+  ts[2] = make_tensor("blk.0.attn_norm.weight", GgmlType::kF32, {256}, PlacementClass::kDense, 3);
+  ASSERT_TRUE(pool->register_tensors(descs(ts), nullptr));
+  EXPECT_EQ(pool->bytes_in(PlacementClass::kRoutedExperts), ts[1].bytes.size());
+
+  const auto q = pool->find("blk.0.attn_q.weight");
+  const auto ex = pool->find("blk.0.ffn_up_exps.weight");
+  const auto nm = pool->find("blk.0.attn_norm.weight");
+  ASSERT_TRUE(q && ex && nm);
+  // The device bytes are q4_tile's output, slice by slice.
+  const auto qv = pool->tiled_view(*q);
+  ASSERT_TRUE(qv) << qv.error().to_string();
+  EXPECT_EQ(qv->n_cols, 256);
+  EXPECT_EQ(qv->n_rows, 48);
+  EXPECT_EQ(test::download<uint8_t>(qv->data, ts[0].bytes.size()),
+            tiled_host(GgmlType::kQ4_0, ts[0].bytes, 256, 48, 1));
+  const auto e0 = pool->tiled_slice(*ex, 0);
+  ASSERT_TRUE(e0) << e0.error().to_string();
+  EXPECT_EQ(test::download<uint8_t>(e0->data, ts[1].bytes.size()),
+            tiled_host(GgmlType::kQ4_K, ts[1].bytes, 512, 32, 3));
+  // The layouts are not interchangeable.
+  EXPECT_EQ(pool->view(*q).error().code, ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(pool->slice(*ex, 0).error().code, ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(pool->tiled_view(*nm).error().code, ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(pool->tiled_view(*ex).error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(pool->tiled_slice(*ex, 3).error().code, ErrorCode::kOutOfRange);
+  EXPECT_TRUE(pool->view(*nm));
+  // GEMV v4 reads them: the matrix, and expert 2 of the stack.
+  expect_gemv_imma_matches(*qv, ts[0].bytes);
+  const auto e2 = pool->tiled_slice(*ex, 2);
+  ASSERT_TRUE(e2);
+  const size_t slice = ts[1].bytes.size() / 3;
+  expect_gemv_imma_matches(
+      *e2, std::vector<uint8_t>(ts[1].bytes.begin() + 2 * static_cast<ptrdiff_t>(slice), ts[1].bytes.end()));
+}
+
+TEST(WeightPool, UntileableTensorsAreRefusedBeforeAnyCopy) {
+  KESTREL_REQUIRE_DEVICE();
+  auto pool = WeightPool::create(1 << 20);
+  ASSERT_TRUE(pool);
+  std::vector<HostTensor> ok(1);
+  ok[0] = make_tensor("a", GgmlType::kF32, {64, 2}, PlacementClass::kDense, 1);
+  ASSERT_TRUE(pool->register_tensors(descs(ok), nullptr));
+  const Snapshot before = snap(*pool);
+  for (const auto& [t, ne] : std::vector<std::pair<GgmlType, std::vector<uint64_t>>>{
+           {GgmlType::kQ8_0, {256, 16}},        // not a q4 type
+           {GgmlType::kQ4_0, {256, 17}},        // rows not a multiple of 16
+           {GgmlType::kQ4_K, {256, 16, 2, 2}},  // 4-D
+           {GgmlType::kQ4_0, {256}}}) {         // a vector
+    std::vector<HostTensor> ts(2);
+    ts[0] = make_tensor("b", GgmlType::kF32, {64}, PlacementClass::kDense, 2);
+    ts[1] = make_tensor("c", t, ne, PlacementClass::kDense, 3);
+    ts[1].desc.layout = PoolLayout::kTiledQ4;
+    const auto st = pool->register_tensors(descs(ts), nullptr);
+    ASSERT_FALSE(st);
+    EXPECT_EQ(st.error().code, ErrorCode::kInvalidArgument) << st.error().to_string();
+    EXPECT_TRUE(contains(st.error().message, "'c'")) << st.error().to_string();
+    EXPECT_EQ(snap(*pool), before);
+  }
+}
+
+TEST(WeightPool, CatalogTilesItsQ4MatricesButNotTheEmbedding) {
+  KESTREL_REQUIRE_DEVICE();
+  const ModelHparams hp = kestrel::test::tiny_hparams(Arch::kQwen35Moe);
+  std::vector<kestrel::test::TensorDef> defs = kestrel::test::model_tensors(hp);
+  // Q4_0 for the big matrices whose shapes tile (and the embedding, which must stay raw).
+  int tileable = 0;
+  for (auto& d : defs) {
+    const bool big = d.name.find("attn_q") != std::string::npos || d.name.find("attn_qkv") != std::string::npos ||
+                     d.name.find("exps") != std::string::npos || d.name == "token_embd.weight";
+    if (!big || d.ne.size() < 2 || d.ne[0] % 64 != 0 || d.ne[1] % 16 != 0) continue;
+    d.type = GgmlType::kQ4_0;
+    if (d.name != "token_embd.weight") ++tileable;
+  }
+  ASSERT_GT(tileable, 0) << "the tiny model has no Q4-tileable matrix: the test would check nothing";
+  const std::string path = kestrel::test::write_gguf("pool_tiled.gguf", kestrel::test::hparams_metadata(hp), defs);
+  ASSERT_FALSE(path.empty());
+  auto file = GgufFile::open(path);
+  ASSERT_TRUE(file) << file.error().to_string();
+  auto cat = WeightCatalog::build(*file, hp);
+  ASSERT_TRUE(cat) << cat.error().to_string();
+  auto pool = WeightPool::create(cat->total_bytes() + cat->n_used_tensors() * kPoolAlignment);
+  ASSERT_TRUE(pool);
+  const auto st = pool->register_catalog(*cat, *file, nullptr, /*tile_q4=*/true);
+  ASSERT_TRUE(st) << st.error().to_string();
+  int tiled = 0;
+  for (const PoolEntry& e : pool->entries()) {
+    if (e.layout != PoolLayout::kTiledQ4) continue;
+    ++tiled;
+    EXPECT_NE(e.key, "token_embd.weight");
+    EXPECT_EQ(e.type, GgmlType::kQ4_0) << e.key;
+  }
+  EXPECT_EQ(tiled, tileable);
+  const auto embd = pool->matrix("token_embd.weight");
+  EXPECT_TRUE(embd) << "the embedding stays raw for get_rows";
+  for (size_t c = 0; c < kNumPlacementClasses; ++c) {
+    const auto pc = static_cast<PlacementClass>(c);
+    EXPECT_EQ(pool->bytes_in(pc), cat->bytes_in(pc)) << placement_class_name(pc);
   }
 }
 
