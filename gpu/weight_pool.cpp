@@ -283,6 +283,10 @@ Expected<DeviceMatrixView> WeightPool::slice(const PoolRef& ref, uint64_t i2) co
 
 Expected<TiledQ4View> WeightPool::tiled_view(const PoolRef& ref) const {
   KESTREL_TRY_ASSIGN(const PoolEntry* e, entry(ref));
+  if (e->layout != PoolLayout::kTiledQ4) {
+    return make_error(ErrorCode::kFailedPrecondition,
+                      "weight pool: tensor '" + e->key + "' is stored raw; use view() or slice()");
+  }
   if (trimmed(e->ne).size() != 2) {
     return make_error(ErrorCode::kInvalidArgument, "weight pool: tensor '" + e->key + "' " + shape_str(e->ne) +
                                                        " is not a matrix; use tiled_slice()");
