@@ -1,4 +1,4 @@
-// gemv_imma: GEMV v4 for Q4_0 / Q4_K weights in the re-tiled layout of gemv_tiled.h (q4_tile: the same bytes,
+// gemv_imma: GEMV v4 for Q4_0 / Q4_K weights in the re-tiled layout of q4_tile.h (q4_tile: the same bytes,
 // reordered so one 16-byte load per lane feeds tensor-core fragments), on the integer tensor cores.
 //
 // Arithmetic: the 4-bit quants enter a u8 × s8 MMA (m16n8k32) unchanged — the tile words already hold, per lane, the
@@ -23,7 +23,7 @@
 
 #include "core/base/expected.h"
 #include "core/gguf/ggml_type.h"
-#include "gpu/gemv_tiled.h"  // TiledQ4View, q4_tile
+#include "gpu/q4_tile.h"  // TiledQ4View, q4_tile
 
 namespace kestrel::gpu {
 

@@ -23,9 +23,9 @@
 #include "gpu/dequant.cuh"
 #include "gpu/gemv.h"
 #include "gpu/gemv_imma.h"
-#include "gpu/gemv_tiled.h"
 #include "gpu/moe_combine.cuh"
 #include "gpu/moe_imma.h"
+#include "gpu/q4_tile.h"
 
 namespace kestrel::gpu {
 namespace {

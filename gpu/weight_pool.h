@@ -3,7 +3,7 @@
 // The pool owns one cudaMalloc of `budget` bytes. Tensors are registered under keys (the GGUF name, e.g.
 // "blk.3.attn_q.weight") with their exact ggml shape {ne0, ne1, ...} and type; their raw GGUF blocks are copied
 // byte for byte (no widening: the bytes at view().data are exactly the file's bytes, rows back to back), or, for a
-// Q4_0 / Q4_K matrix registered with PoolLayout::kTiledQ4, re-tiled on the host by q4_tile (gpu/gemv_tiled.h: the
+// Q4_0 / Q4_K matrix registered with PoolLayout::kTiledQ4, re-tiled on the host by q4_tile (gpu/q4_tile.h: the
 // same bytes reordered for GEMV v4, each 2-D slice of a 3-D stack on its own) and read through tiled_view().
 // Each tensor starts at a kPoolAlignment-byte boundary inside the allocation.
 //
@@ -34,8 +34,8 @@
 #include "core/gguf/ggml_type.h"
 #include "core/model/tensor_layout.h"
 #include "core/model/weight_catalog.h"
-#include "gpu/gemv_tiled.h"  // TiledQ4View, q4_tile
-#include "gpu/get_rows.h"    // DeviceMatrixView
+#include "gpu/get_rows.h"  // DeviceMatrixView
+#include "gpu/q4_tile.h"   // TiledQ4View, q4_tile
 
 namespace kestrel::gpu {
 

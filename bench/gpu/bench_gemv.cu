@@ -32,7 +32,7 @@
 #include "gpu/cuda_check.h"
 #include "gpu/gemv.h"
 #include "gpu/gemv_imma.h"
-#include "gpu/gemv_tiled.h"
+#include "gpu/q4_tile.h"
 
 namespace kestrel::gpu {
 namespace {
@@ -54,17 +54,15 @@ struct Shape {
   int64_t n_out;  // ggml ne1: rows
 };
 
-// gemv() on raw GGUF rows (v1/v2); gemv_q4_tiled() on the re-tiled copy (v3) and gemv_imma() on the same tiles (v4),
-// each with x prepared once outside the timed launches (as a decode step does for the matrices that share an x, or
-// as the op that produces x writes it), or with one preparation per launch.
-enum class Kernel { kRaw, kTiled, kTiledPrep, kImma, kImmaPrep };
-constexpr int kKernels = 5;
-constexpr const char* kKernelNames[kKernels] = {"raw", "tiled", "t+prep", "imma", "i+prep"};
-constexpr const char* kKernelLong[kKernels] = {"raw (v2)", "tiled (v3, x prepared once)",
-                                               "tiled (v3) + x preparation per call", "imma (v4, x prepared once)",
+// gemv() on raw GGUF rows (v1/v2); gemv_imma() on the re-tiled copy (v4), with x prepared once outside the timed
+// launches (as a decode step does for the matrices that share an x, or as the op that produces x writes it), or with
+// one preparation per launch. (GEMV v3, bf16 tensor cores on the same tiles, was removed once v4 beat it at every
+// shape; its figures stay in docs/benchmarks.md.)
+enum class Kernel { kRaw, kImma, kImmaPrep };
+constexpr int kKernels = 3;
+constexpr const char* kKernelNames[kKernels] = {"raw", "imma", "i+prep"};
+constexpr const char* kKernelLong[kKernels] = {"raw (v2)", "imma (v4, x prepared once)",
                                                "imma (v4) + x preparation per call"};
-bool is_v3(Kernel k) { return k == Kernel::kTiled || k == Kernel::kTiledPrep; }
-bool is_v4(Kernel k) { return k == Kernel::kImma || k == Kernel::kImmaPrep; }
 
 struct Case {
   Shape shape;
@@ -179,26 +177,22 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
   DeviceBuffer xprep_buf;  // prepared activations for the tiled kernels
   void* xprep = nullptr;
   if (c.kernel != Kernel::kRaw) {
-    KESTREL_TRY(xprep_buf.allocate(is_v3(c.kernel) ? tiled_x_bytes(c.shape.n_in, kMaxBatch)
-                                                   : imma_x_bytes(c.shape.n_in, kMaxBatch)));
+    KESTREL_TRY(xprep_buf.allocate(imma_x_bytes(c.shape.n_in, kMaxBatch)));
     xprep = xprep_buf.bytes();
   }
-  auto prepare = [&](int batch) {
-    return is_v3(c.kernel) ? gemv_tiled_prepare_x(x_dev, c.shape.n_in, batch, xprep, stream)
-                           : gemv_imma_prepare_x(x_dev, c.shape.n_in, batch, xprep, stream);
-  };
+  auto prepare = [&](int batch) { return gemv_imma_prepare_x(x_dev, c.shape.n_in, batch, xprep, stream); };
   for (const int batch : {1, kMaxBatch}) {
-    if (c.kernel == Kernel::kTiled || c.kernel == Kernel::kImma) {
+    if (c.kernel == Kernel::kImma) {
       KESTREL_TRY(prepare(batch));
       KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
     }
     KESTREL_TRY_ASSIGN(
         const double us, time_graph_us(stream, n_launch, [&](int i) -> Status {
           const void* data = weights.bytes() + static_cast<uint64_t>(i) % k * stride;
-          if (c.kernel == Kernel::kTiledPrep || c.kernel == Kernel::kImmaPrep) KESTREL_TRY(prepare(batch));
-          const TiledQ4View view{c.type, data, c.shape.n_in, c.shape.n_out};
-          if (is_v3(c.kernel)) return gemv_q4_tiled(view, xprep, batch, y_dev, stream);
-          if (is_v4(c.kernel)) return gemv_imma(view, xprep, batch, y_dev, stream);
+          if (c.kernel == Kernel::kImmaPrep) KESTREL_TRY(prepare(batch));
+          if (c.kernel != Kernel::kRaw) {
+            return gemv_imma(TiledQ4View{c.type, data, c.shape.n_in, c.shape.n_out}, xprep, batch, y_dev, stream);
+          }
           return gemv(DeviceMatrixView{c.type, data, c.shape.n_in, c.shape.n_out}, x_dev, batch, y_dev, stream);
         }));
     KESTREL_TRY(check_outputs(c, batch, host_rows, row_bytes, x_host, y_dev));
@@ -236,10 +230,6 @@ Status run(const std::string& only) {
     for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
       if (s.n_in % 256 != 0 && t == GgmlType::kQ4_K) continue;
       cases.push_back({s, t, Kernel::kRaw});
-      if (q4_tiled_supports(t, s.n_in, s.n_out)) {
-        cases.push_back({s, t, Kernel::kTiled});
-        cases.push_back({s, t, Kernel::kTiledPrep});
-      }
       if (gemv_imma_supports(t, s.n_in, s.n_out)) {
         cases.push_back({s, t, Kernel::kImma});
         cases.push_back({s, t, Kernel::kImmaPrep});
@@ -299,7 +289,7 @@ Status run(const std::string& only) {
 }  // namespace
 }  // namespace kestrel::gpu
 
-// bench_gemv [FILTER]: FILTER keeps the cases whose "shape/kernel/type" contains it (e.g. "lm_head/tiled/q4_0",
+// bench_gemv [FILTER]: FILTER keeps the cases whose "shape/kernel/type" contains it (e.g. "lm_head/imma/q4_0",
 // for a profiler run); no argument runs every case.
 // KESTREL_IMMA_SPLIT=S forces GEMV v4's warps per row group (gemv_imma_force_split) for a sweep.
 int main(int argc, char** argv) {

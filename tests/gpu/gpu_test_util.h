@@ -1,4 +1,4 @@
-// Small helpers shared by the gpu tests (gemv, gemv_tiled, get_rows and the gpu-pool tests: weight pool, state slots,
+// Small helpers shared by the gpu tests (gemv, gemv_imma, get_rows and the gpu-pool tests: weight pool, state slots,
 // rms_norm, argmax, attention decode): device detection with a clean GTEST_SKIP, an owning device buffer, host<->device
 // copies of vectors and the first-mismatch report every numeric comparison prints. Single-threaded test code.
 #pragma once

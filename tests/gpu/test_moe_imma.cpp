@@ -27,8 +27,8 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "core/reference/moe.h"
-#include "gpu/gemv_tiled.h"
 #include "gpu/moe_imma.h"
+#include "gpu/q4_tile.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/moe_test_util.h"
 

@@ -1,15 +1,14 @@
-// gpu/gemv_tiled (GEMV v3, re-tiled Q4_0 / Q4_K on bf16 tensor cores) and gpu/gemv_imma (GEMV v4, the same tiles on
-// u8 x s8 tensor cores with x as four 7-bit digits per power-of-two group scale) against core's ref::matvec_batch:
-// random blocks with wide-ranging scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 12288,
-// n_out 16 .. 2048), every vector-count path (1, 2, 3, 5, 8, 13, 32: one, two and three column chunks, partial and
-// several grid slices); bit-identical repeated runs; each y[v] identical whatever n_vec; shapes and arguments the
-// kernel does not take are refused before anything runs.
+// gpu/gemv_imma (GEMV v4: re-tiled Q4_0 / Q4_K on u8 x s8 tensor cores, x as four 7-bit digits per power-of-two
+// group scale) and gpu/q4_tile (the tiled layout) against core's ref::matvec_batch: random blocks with wide-ranging
+// scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 8192, n_out 16 .. 32768), every
+// vector-count path (1, 2, 3, 5, 8, 13, 32: one to four pairs per segment, several segments); bit-identical repeated
+// runs; each y[v] identical whatever n_vec; activation edge cases; shapes and arguments the kernel does not take are
+// refused before anything runs.
 //
-// Tolerance: |gpu - ref| <= 1e-5 · Σ|w_i · x_i| per output. The kernel's products are exact (bf16 quants × the
-// three bf16 parts of x, which sum to x within 2^-24 relative) and its sums are f32, so it is as close to the exact
-// result as ref's own f32 dot product; 1e-5 leaves room for both orders' rounding at n_in = 12288. v4 represents each
-// x_i to within 2^-27 · max|x| of its 256-element group G (the last digit's half unit) and its integer sums are exact,
-// so its bound adds that representation error: 1e-5 · Σ|w_i·x_i| + 2^-27 · Σ_G max_G|x| · Σ_{i in G} |w_i|.
+// Tolerance: |gpu - ref| <= 1e-5 · Σ|w_i · x_i| + 2^-27 · Σ_G max_G|x| · Σ_{i in G} |w_i| per output. The integer
+// sums are exact and the per-block scaling is f32, so the first term is the f32 summation-order room (as for ref's
+// own dot product at n_in = 8192); the second is the digit representation's: each x_i is kept to within
+// 2^-27 · max|x| of its 256-element group G (the last digit's half unit).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -24,7 +23,7 @@
 #include "core/quant/quant.h"
 #include "core/reference/matvec.h"
 #include "gpu/gemv_imma.h"
-#include "gpu/gemv_tiled.h"
+#include "gpu/q4_tile.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu {
@@ -33,8 +32,6 @@ namespace {
 using test::DeviceBuffer;
 
 constexpr double kRelTol = 1e-5;
-
-enum class Kernel { kV3, kV4 };
 
 // Random quant bytes with finite f16 scales of magnitudes 2^-14 .. 2^6.
 std::vector<uint8_t> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, std::mt19937& rng) {
@@ -77,21 +74,18 @@ struct DeviceTiled {
   TiledQ4View view;
 };
 
-std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_vec, Kernel k) {
+std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_vec) {
   const size_t y_elems = static_cast<size_t>(n_vec * w.view.n_rows);
   DeviceBuffer d_x(x.size() * sizeof(float));
-  DeviceBuffer d_xp(k == Kernel::kV3 ? tiled_x_bytes(w.view.n_cols, n_vec) : imma_x_bytes(w.view.n_cols, n_vec));
+  DeviceBuffer d_xp(imma_x_bytes(w.view.n_cols, n_vec));
   DeviceBuffer d_y(y_elems * sizeof(float));
   std::vector<float> y(y_elems, std::nanf(""));
   EXPECT_EQ(cudaMemcpy(d_x.as<unsigned char>(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice),
             cudaSuccess);
   EXPECT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
-  const Status p = k == Kernel::kV3
-                       ? gemv_tiled_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr)
-                       : gemv_imma_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr);
+  const Status p = gemv_imma_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr);
   EXPECT_TRUE(p) << p.error().to_string();
-  const Status s = k == Kernel::kV3 ? gemv_q4_tiled(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr)
-                                    : gemv_imma(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr);
+  const Status s = gemv_imma(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr);
   EXPECT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(y.data(), d_y.as<unsigned char>(), y_elems * sizeof(float), cudaMemcpyDeviceToHost),
@@ -99,11 +93,10 @@ std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_
   return y;
 }
 
-// The error bound per output, f64 [n_vec, n_out]: kRelTol · Σ|w_i x_i| from core's dequantize_row, plus for v4 the
+// The error bound per output, f64 [n_vec, n_out]: kRelTol · Σ|w_i x_i| from core's dequantize_row, plus the
 // representation term 2^-27 · Σ_G max_G|x| · Σ_{i in G} |w_i|.
-
 std::vector<double> bounds(GgmlType t, const std::vector<uint8_t>& m, int64_t n_in, int64_t n_out,
-                           const std::vector<float>& x, int n_vec, Kernel k) {
+                           const std::vector<float>& x, int n_vec) {
   const uint64_t row_bytes = *ggml_row_bytes(t, static_cast<uint64_t>(n_in));
   std::vector<float> row(static_cast<size_t>(n_in));
   std::vector<double> mag(static_cast<size_t>(n_vec * n_out), 0.0);
@@ -124,7 +117,7 @@ std::vector<double> bounds(GgmlType t, const std::vector<uint8_t>& m, int64_t n_
         }
         digits += std::ldexp(xmax, -27) * wsum;
       }
-      mag[static_cast<size_t>(v * n_out + o)] = kRelTol * sum + (k == Kernel::kV4 ? digits : 0.0) + 1e-30;
+      mag[static_cast<size_t>(v * n_out + o)] = kRelTol * sum + digits + 1e-30;
     }
   }
   return mag;
@@ -134,11 +127,10 @@ struct Shape {
   int64_t n_in, n_out;
 };
 
-void check_type(GgmlType t, const std::vector<Shape>& shapes, Kernel k = Kernel::kV3) {
+void check_type(GgmlType t, const std::vector<Shape>& shapes) {
   std::mt19937 rng(1234 + static_cast<int>(t));
   for (const Shape& sh : shapes) {
-    ASSERT_TRUE(k == Kernel::kV3 ? q4_tiled_supports(t, sh.n_in, sh.n_out) : gemv_imma_supports(t, sh.n_in, sh.n_out))
-        << sh.n_in << "x" << sh.n_out;
+    ASSERT_TRUE(gemv_imma_supports(t, sh.n_in, sh.n_out)) << sh.n_in << "x" << sh.n_out;
     const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
     const DeviceTiled w(t, m, sh.n_in, sh.n_out);
     for (int n_vec : {1, 2, 3, 5, 8, 13, 32}) {
@@ -146,8 +138,8 @@ void check_type(GgmlType t, const std::vector<Shape>& shapes, Kernel k = Kernel:
       std::vector<float> want(static_cast<size_t>(n_vec * sh.n_out));
       const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(sh.n_in), static_cast<uint64_t>(sh.n_out)};
       ASSERT_TRUE(ref::matvec_batch(qm, x.data(), n_vec, want.data()));
-      const std::vector<double> bound = bounds(t, m, sh.n_in, sh.n_out, x, n_vec, k);
-      const std::vector<float> got = run(w, x, n_vec, k);
+      const std::vector<double> bound = bounds(t, m, sh.n_in, sh.n_out, x, n_vec);
+      const std::vector<float> got = run(w, x, n_vec);
       int bad = 0;
       double worst = 0.0;
       for (size_t i = 0; i < got.size(); ++i) {
@@ -162,11 +154,11 @@ void check_type(GgmlType t, const std::vector<Shape>& shapes, Kernel k = Kernel:
       EXPECT_EQ(bad, 0) << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " n_vec " << n_vec
                         << " worst err/bound " << worst;
       // Repeated runs are bit-identical; each vector alone gives the same bits as inside the batch.
-      const std::vector<float> again = run(w, x, n_vec, k);
+      const std::vector<float> again = run(w, x, n_vec);
       EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * sizeof(float)), 0);
       for (int v : {0, n_vec - 1}) {
         const std::vector<float> xv(x.begin() + v * sh.n_in, x.begin() + (v + 1) * sh.n_in);
-        const std::vector<float> alone = run(w, xv, 1, k);
+        const std::vector<float> alone = run(w, xv, 1);
         EXPECT_EQ(std::memcmp(alone.data(), got.data() + v * sh.n_out, alone.size() * sizeof(float)), 0)
             << "vector " << v << " of " << n_vec << " differs from the same vector alone";
       }
@@ -174,29 +166,17 @@ void check_type(GgmlType t, const std::vector<Shape>& shapes, Kernel k = Kernel:
   }
 }
 
-TEST(GemvTiled, Q4_0MatchesReference) {
-  KESTREL_REQUIRE_DEVICE();
-  check_type(GgmlType::kQ4_0, {{64, 16}, {192, 48}, {2048, 512}, {4096, 160}, {8192, 16}, {2048, 4096}});
-}
-
-TEST(GemvTiled, Q4_KMatchesReference) {
-  KESTREL_REQUIRE_DEVICE();
-  check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {2048, 512}, {4096, 160}, {8192, 16}, {2048, 4096}});
-}
-
 TEST(GemvImma, Q4_0MatchesReference) {
   KESTREL_REQUIRE_DEVICE();
   // 192 and 320 columns end inside a 256-column group; 4096/8192 columns take 16 warps per row group (8192: two
   // groups each); 512 four row groups per block; 512 x 32768 one warp per row group streaming two groups (no barrier).
   check_type(GgmlType::kQ4_0,
-             {{64, 16}, {192, 48}, {320, 32}, {512, 80}, {2048, 512}, {4096, 160}, {8192, 16}, {512, 32768}},
-             Kernel::kV4);
+             {{64, 16}, {192, 48}, {320, 32}, {512, 80}, {2048, 512}, {4096, 160}, {8192, 16}, {512, 32768}});
 }
 
 TEST(GemvImma, Q4_KMatchesReference) {
   KESTREL_REQUIRE_DEVICE();
-  check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {1280, 48}, {2048, 512}, {4096, 160}, {8192, 32}, {512, 32768}},
-             Kernel::kV4);
+  check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {1280, 48}, {2048, 512}, {4096, 160}, {8192, 32}, {512, 32768}});
 }
 
 // Activations the digit split must get right: a group of zeros, one huge element among small ones (those keep
@@ -218,8 +198,8 @@ TEST(GemvImma, ActivationEdgeCases) {
     std::vector<float> want(static_cast<size_t>(3 * n_out));
     const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out)};
     ASSERT_TRUE(ref::matvec_batch(qm, x.data(), 2, want.data()));
-    const std::vector<double> bound = bounds(t, m, n_in, n_out, x, 2, Kernel::kV4);
-    const std::vector<float> got = run(w, x, 3, Kernel::kV4);
+    const std::vector<double> bound = bounds(t, m, n_in, n_out, x, 2);
+    const std::vector<float> got = run(w, x, 3);
     for (int64_t i = 0; i < 2 * n_out; ++i) {
       const auto u = static_cast<size_t>(i);
       EXPECT_LE(std::fabs(static_cast<double>(got[u]) - want[u]), bound[u])
@@ -251,7 +231,7 @@ TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma(bad, xp, 1, y, nullptr));
 }
 
-TEST(GemvTiled, TilingKeepsEveryByte) {
+TEST(Q4Tile, TilingKeepsEveryByte) {
   // The tiled form has the raw size; for Q4_0 it is a permutation of the raw bytes (Q4_K also re-packs the 6-bit
   // scales, checked through the GEMV results above).
   std::mt19937 rng(7);
@@ -270,7 +250,7 @@ TEST(GemvTiled, TilingKeepsEveryByte) {
   }
 }
 
-TEST(GemvTiled, RefusesShapesAndArguments) {
+TEST(Q4Tile, RefusesShapesAndArguments) {
   EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 32, 16));    // n_in not a multiple of 64
   EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 64, 17));    // n_out not a multiple of 16
   EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_K, 128, 16));   // not whole super-blocks
@@ -281,16 +261,6 @@ TEST(GemvTiled, RefusesShapesAndArguments) {
   EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, raw.data(), 64, 17, out));
   std::vector<uint8_t> small(10);
   EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, raw.data(), 64, 16, small));
-  alignas(16) static float x[64];
-  alignas(16) static float y[16];
-  alignas(16) static uint8_t w[18 * 2 * 16];
-  const TiledQ4View view{GgmlType::kQ4_0, w, 64, 16};
-  EXPECT_FALSE(gemv_q4_tiled(view, x, 0, y, nullptr));      // n_vec 0
-  EXPECT_FALSE(gemv_q4_tiled(view, x, 33, y, nullptr));     // n_vec 33
-  EXPECT_FALSE(gemv_q4_tiled(view, x + 1, 1, y, nullptr));  // x not 16-byte aligned
-  EXPECT_FALSE(gemv_q4_tiled(view, x, 1, x, nullptr));      // y overlaps x
-  const TiledQ4View bad{GgmlType::kQ4_0, w, 64, 17};
-  EXPECT_FALSE(gemv_q4_tiled(bad, x, 1, y, nullptr));
 }
 
 }  // namespace
