@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "client/lib/transports.h"
+#include "proto/kestrel/grpc_codes.h"
 
 namespace kestrel::client {
 
@@ -40,20 +41,20 @@ Expected<std::unique_ptr<Client>> Client::connect(const std::string& uri, const 
                     "'" + uri + "': unknown transport; use unix:///path, tcp://host:port or shm:///path");
 }
 
-ErrorCode error_code_from_grpc(int grpc_code) {
-  switch (grpc_code) {
-    case 1: return ErrorCode::kCancelled;           // CANCELLED
-    case 3: return ErrorCode::kInvalidArgument;     // INVALID_ARGUMENT
-    case 4: return ErrorCode::kDeadlineExceeded;    // DEADLINE_EXCEEDED
-    case 5: return ErrorCode::kNotFound;            // NOT_FOUND
-    case 8: return ErrorCode::kResourceExhausted;   // RESOURCE_EXHAUSTED
-    case 9: return ErrorCode::kFailedPrecondition;  // FAILED_PRECONDITION
-    case 10: return ErrorCode::kCancelled;          // ABORTED
-    case 11: return ErrorCode::kOutOfRange;         // OUT_OF_RANGE
-    case 12: return ErrorCode::kUnsupported;        // UNIMPLEMENTED
-    case 14: return ErrorCode::kUnavailable;        // UNAVAILABLE
-    case 15: return ErrorCode::kDataLoss;           // DATA_LOSS
-    default: return ErrorCode::kInternal;           // UNKNOWN, INTERNAL, PERMISSION_DENIED, ...
+ErrorCode error_code_from_grpc(int code) {
+  switch (code) {
+    case grpc_code::kCancelled: return ErrorCode::kCancelled;
+    case grpc_code::kInvalidArgument: return ErrorCode::kInvalidArgument;
+    case grpc_code::kDeadlineExceeded: return ErrorCode::kDeadlineExceeded;
+    case grpc_code::kNotFound: return ErrorCode::kNotFound;
+    case grpc_code::kResourceExhausted: return ErrorCode::kResourceExhausted;
+    case grpc_code::kFailedPrecondition: return ErrorCode::kFailedPrecondition;
+    case grpc_code::kAborted: return ErrorCode::kCancelled;
+    case grpc_code::kOutOfRange: return ErrorCode::kOutOfRange;
+    case grpc_code::kUnimplemented: return ErrorCode::kUnsupported;
+    case grpc_code::kUnavailable: return ErrorCode::kUnavailable;
+    case grpc_code::kDataLoss: return ErrorCode::kDataLoss;
+    default: return ErrorCode::kInternal;  // UNKNOWN, INTERNAL, PERMISSION_DENIED, ...
   }
 }
 

@@ -12,6 +12,7 @@
 #include "client/lib/client.h"
 #include "client/lib/transports.h"
 #include "kestrel/v1/kestrel.grpc.pb.h"
+#include "proto/kestrel/grpc_codes.h"
 
 namespace kestrel::client {
 namespace {
@@ -19,32 +20,10 @@ namespace {
 // Responses can be larger than requests (Detokenize returns text and raw bytes); the daemon is trusted.
 constexpr int kMaxReceiveBytes = 64 * 1024 * 1024;
 
-const char* status_name(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::OK: return "OK";
-    case grpc::StatusCode::CANCELLED: return "CANCELLED";
-    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
-    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED: return "ABORTED";
-    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case grpc::StatusCode::INTERNAL: return "INTERNAL";
-    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
-    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
-    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
-    default: return "UNKNOWN";
-  }
-}
-
 Error error_from(const grpc::Status& status) {
-  return make_error(error_code_from_grpc(static_cast<int>(status.error_code())),
-                    std::string(status_name(status.error_code())) + ": " + status.error_message());
+  return make_error(
+      error_code_from_grpc(static_cast<int>(status.error_code())),
+      std::string(grpc_code::name(static_cast<int>(status.error_code()))) + ": " + status.error_message());
 }
 
 class GrpcClient final : public Client {

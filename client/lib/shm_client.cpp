@@ -24,6 +24,7 @@
 #include "client/lib/transports.h"
 #include "kestrel/shm/control_socket.h"
 #include "kestrel/shm/spsc_ring.h"
+#include "proto/kestrel/grpc_codes.h"
 
 namespace kestrel::client {
 namespace {
@@ -31,17 +32,8 @@ namespace {
 using shm::Op;
 using namespace std::chrono_literals;
 
-const char* status_name(int code) {
-  static constexpr const char* kNames[] = {
-      "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
-      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
-      "DATA_LOSS", "UNAUTHENTICATED"};
-  return code >= 0 && code <= 16 ? kNames[code] : "UNKNOWN";
-}
-
-Error call_error(int grpc_code, const std::string& message) {
-  return make_error(error_code_from_grpc(grpc_code), std::string(status_name(grpc_code)) + ": " + message);
+Error call_error(int code, const std::string& message) {
+  return make_error(error_code_from_grpc(code), std::string(grpc_code::name(code)) + ": " + message);
 }
 
 constexpr int kUnavailable = 14;

@@ -141,16 +141,6 @@ RpcStatus to_rpc_status(const Error& error) {
   return RpcStatus{code, error.message};
 }
 
-const char* rpc_code_name(int code) {
-  static constexpr const char* kNames[] = {
-      "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
-      "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-      "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
-      "DATA_LOSS", "UNAUTHENTICATED"};
-  if (code < 0 || code >= static_cast<int>(std::size(kNames))) return "UNKNOWN";
-  return kNames[code];
-}
-
 std::string utf8_sanitize(std::string_view bytes) {
   std::string out;
   out.reserve(bytes.size());

@@ -26,29 +26,12 @@
 #include "core/base/expected.h"
 #include "daemon/engine/service.h"
 #include "kestrel/v1/kestrel.pb.h"
+#include "proto/kestrel/grpc_codes.h"
 
 namespace kestrel::daemon {
 
-// gRPC status code numbers (grpc::StatusCode), spelled here so that the shm transport needs no gRPC header.
-namespace rpc_code {
-inline constexpr int kOk = 0;
-inline constexpr int kCancelled = 1;
-inline constexpr int kUnknown = 2;
-inline constexpr int kInvalidArgument = 3;
-inline constexpr int kDeadlineExceeded = 4;
-inline constexpr int kNotFound = 5;
-inline constexpr int kAlreadyExists = 6;
-inline constexpr int kPermissionDenied = 7;
-inline constexpr int kResourceExhausted = 8;
-inline constexpr int kFailedPrecondition = 9;
-inline constexpr int kAborted = 10;
-inline constexpr int kOutOfRange = 11;
-inline constexpr int kUnimplemented = 12;
-inline constexpr int kInternal = 13;
-inline constexpr int kUnavailable = 14;
-inline constexpr int kDataLoss = 15;
-inline constexpr int kUnauthenticated = 16;
-}  // namespace rpc_code
+// gRPC status code numbers (proto/kestrel/grpc_codes.h: one table for the daemon, the shm transport and the client).
+namespace rpc_code = ::kestrel::grpc_code;
 
 // The outcome of one call at the edge: a gRPC status code number and the message the client sees.
 struct RpcStatus {
@@ -66,7 +49,7 @@ struct RpcStatus {
 RpcStatus to_rpc_status(const Error& error);
 
 // "NOT_FOUND" for 5, ...; "UNKNOWN" for numbers outside 0..16.
-const char* rpc_code_name(int code);
+inline const char* rpc_code_name(int code) { return grpc_code::name(code); }
 
 // Text with every byte that does not start a well-formed UTF-8 sequence replaced by U+FFFD (one per byte).
 std::string utf8_sanitize(std::string_view bytes);
