@@ -6,7 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <utility>
 
 #include "kestrel/shm/control_socket.h"
@@ -201,7 +203,7 @@ Error ShmConnection::serve() {
   shm::SegmentHeader* header = segment_->view().header();
   auto last_check = Clock::now();
   for (;;) {
-    if (stop_.load(std::memory_order_acquire)) return make_error(ErrorCode::kUnavailable, "kestreld is shutting down");
+    if (stop_.load(std::memory_order_acquire)) return finish_on_stop();
     bool progress = false;
     auto wrote = flush();
     if (!wrote) return std::move(wrote).error();
@@ -233,6 +235,23 @@ Error ShmConnection::serve() {
         },
         options_.idle_check, 200);
   }
+}
+
+// request_stop() comes after the service has drained, so the answer to every request this connection took (a final
+// chunk, a summary, an error) is queued already: write it out while the client keeps reading, for up to
+// stop_flush_timeout, then end the connection. Without this a stream finished by the drain could lose its last
+// records to the close.
+Error ShmConnection::finish_on_stop() {
+  shm::SegmentHeader* header = segment_->view().header();
+  const auto deadline = Clock::now() + options_.stop_flush_timeout;
+  while (Clock::now() < deadline) {
+    auto wrote = flush();
+    if (!wrote) return std::move(wrote).error();
+    if (pending_.empty() && !outbox_->has_new()) break;
+    if (shm::shm_load(header->client_state) == shm::kStateClosed || control_socket_closed()) break;
+    if (!*wrote) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return make_error(ErrorCode::kUnavailable, "kestreld is shutting down");
 }
 
 Expected<bool> ShmConnection::flush() {

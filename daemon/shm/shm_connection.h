@@ -75,7 +75,8 @@ class ShmOutbox {
 struct ShmConnectionOptions {
   size_t max_queued_response_bytes = 8u << 20;
   std::chrono::milliseconds handshake_timeout{5000};
-  std::chrono::milliseconds idle_check{100};  // how often an idle connection looks at its control socket
+  std::chrono::milliseconds idle_check{100};           // how often an idle connection looks at its control socket
+  std::chrono::milliseconds stop_flush_timeout{1000};  // on stop: time to write the answers already queued
 };
 
 class ShmGenerateSink;
@@ -109,6 +110,7 @@ class ShmConnection {
   Expected<bool> flush();
   bool control_socket_closed();
   void cleanup(const Error& reason);
+  Error finish_on_stop();
 
   int socket_fd_;
   ShmPeer peer_;
