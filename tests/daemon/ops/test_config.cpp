@@ -14,6 +14,7 @@
 
 #include "daemon/ops/command_line.h"
 #include "daemon/ops/config.h"
+#include "tests/daemon/scratch_dir.h"
 
 namespace kestrel::daemon::ops {
 namespace {
@@ -27,30 +28,6 @@ Environment test_env() {
   env.xdg_runtime_dir = "/run/user/1000";
   return env;
 }
-
-// A scratch folder removed at the end of the test.
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("kestrel-ops-" + std::to_string(::getpid()) + "-" + std::to_string(n_++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string write(const std::string& name, const std::string& text) const {
-    const fs::path p = path_ / name;
-    std::ofstream(p) << text;
-    return p.string();
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  static inline int n_ = 0;
-  fs::path path_;
-};
 
 struct CliRun {
   Expected<CliResult> result;
@@ -93,7 +70,7 @@ TEST(DaemonConfig, DefaultsWithoutFileOrFlags) {
 }
 
 TEST(DaemonConfig, FlagBeatsFileBeatsDefault) {
-  TempDir dir;
+  ::kestrel::test::ScratchDir dir("kestrel-ops");
   const std::string file = dir.write("k.toml",
                                      "model = \"/models/from-file.gguf\"\n"
                                      "[limits]\n"
@@ -241,7 +218,7 @@ TEST(DaemonConfig, MissingFileIsAnError) {
 }
 
 TEST(DaemonConfig, CrossKeyChecksNameWhereValuesCameFrom) {
-  TempDir dir;
+  ::kestrel::test::ScratchDir dir("kestrel-ops");
   const std::string file = dir.write("k.toml", "[limits]\ndefault_n_ctx = 9000\n");
   CliRun r = run_cli({"--config", file, "--max-session-ctx", "8192"});
   ASSERT_FALSE(r.result);

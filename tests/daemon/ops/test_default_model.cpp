@@ -14,6 +14,7 @@
 
 #include "core/model/model.h"
 #include "daemon/ops/default_model.h"
+#include "tests/daemon/scratch_dir.h"
 
 namespace kestrel::daemon::ops {
 namespace {
@@ -33,15 +34,8 @@ std::vector<std::string> names_in(const fs::path& dir) {
 
 class DefaultModelTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("kestrel-default-model-" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  fs::path dir_;
+  ::kestrel::test::ScratchDir scratch_{"kestrel-default-model"};
+  const fs::path& dir_ = scratch_.path();
 };
 
 TEST_F(DefaultModelTest, FileNameCarriesPresetAndVersion) {

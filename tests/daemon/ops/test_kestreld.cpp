@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/daemon/scratch_dir.h"
+
 extern char** environ;
 
 namespace {
@@ -35,22 +37,6 @@ std::string read_all(const fs::path& p) {
   std::ifstream in(p);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
-
-class Scratch {
- public:
-  Scratch() : dir_(fs::temp_directory_path() / ("kestreld-test-" + std::to_string(::getpid()))) {
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  ~Scratch() {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  fs::path operator/(const std::string& name) const { return dir_ / name; }
-
- private:
-  fs::path dir_;
-};
 
 // A started kestreld with stdout/stderr in files.
 struct Process {
@@ -107,7 +93,7 @@ struct Result {
   std::string out, err;
 };
 
-Result run(const std::vector<std::string>& args, const Scratch& s) {
+Result run(const std::vector<std::string>& args, const ::kestrel::test::ScratchDir& s) {
   Process p = spawn(args, s / "out", s / "err");
   Result r;
   if (p.pid < 0) return r;
@@ -120,7 +106,7 @@ Result run(const std::vector<std::string>& args, const Scratch& s) {
 size_t line_count(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
 
 TEST(Kestreld, HelpPrintAndCheck) {
-  Scratch s;
+  ::kestrel::test::ScratchDir s("kestreld-test");
   Result help = run({"--help"}, s);
   EXPECT_EQ(help.status, 0);
   EXPECT_NE(help.out.find("--max-sessions"), std::string::npos);
@@ -142,7 +128,7 @@ TEST(Kestreld, HelpPrintAndCheck) {
 }
 
 TEST(Kestreld, BadConfigIsOneLineAndStatus1) {
-  Scratch s;
+  ::kestrel::test::ScratchDir s("kestreld-test");
   const fs::path conf = s / "bad.toml";
   std::ofstream(conf) << "[limits]\n\nmax_sessions = 0\n";
   Result r = run({"--config", conf.string()}, s);
@@ -152,7 +138,7 @@ TEST(Kestreld, BadConfigIsOneLineAndStatus1) {
 }
 
 TEST(Kestreld, CorruptModelIsOneLineAndStatus1) {
-  Scratch s;
+  ::kestrel::test::ScratchDir s("kestreld-test");
   const fs::path model = s / "corrupt.gguf";
   std::ofstream(model) << "GGUF this is not a model";
   Result r = run({"--model", model.string(), "--socket", (s / "k.sock").string(), "--log-format", "text"}, s);
@@ -164,7 +150,7 @@ TEST(Kestreld, CorruptModelIsOneLineAndStatus1) {
 }
 
 TEST(Kestreld, UnwritableSocketFolderIsOneLineAndStatus1) {
-  Scratch s;
+  ::kestrel::test::ScratchDir s("kestreld-test");
   std::ofstream(s / "file") << "x";
   // A socket "folder" that is a file cannot be created, whoever runs the test.
   Result r = run({"--cache-dir", kCacheDir, "--socket", (s / "file" / "k.sock").string()}, s);
@@ -211,7 +197,7 @@ class FakeSystemd {
 };
 
 TEST(Kestreld, NotifiesSystemdAndDrainsOnSigterm) {
-  Scratch s;
+  ::kestrel::test::ScratchDir s("kestreld-test");
   FakeSystemd systemd(s / "notify.sock");
   ASSERT_TRUE(systemd.bound());
   const fs::path sock = s / "run" / "kestreld.sock";

@@ -11,6 +11,7 @@
 
 #include "daemon/ops/model_loader.h"
 #include "daemon/ops/socket_dir.h"
+#include "tests/daemon/scratch_dir.h"
 
 namespace kestrel::daemon::ops {
 namespace {
@@ -19,16 +20,8 @@ namespace fs = std::filesystem;
 
 class StartupHelpers : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("kestrel-startup-" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
-  fs::path dir_;
+  ::kestrel::test::ScratchDir scratch_{"kestrel-startup"};
+  const fs::path& dir_ = scratch_.path();
 };
 
 TEST_F(StartupHelpers, SocketDirCreatedWithMode0750) {

@@ -17,6 +17,7 @@
 #include "daemon/engine/service.h"
 #include "daemon/server/grpc_server.h"
 #include "daemon/server/rpc_handlers.h"
+#include "tests/daemon/scratch_dir.h"
 
 namespace kestrel::daemon {
 namespace {
@@ -71,8 +72,6 @@ class GrpcEndToEndTest : public ::testing::Test {
 
   void SetUp() override {
     ASSERT_NE(model_, nullptr);
-    std::string tmpl = "/tmp/kestrel-e2e-XXXXXX";
-    dir_ = mkdtemp(tmpl.data());
     auto engine = make_reference_engine(*model_, 4);
     ASSERT_TRUE(engine) << engine.error().to_string();
     engine_ = std::move(engine).value();
@@ -83,7 +82,7 @@ class GrpcEndToEndTest : public ::testing::Test {
     service_ = std::move(service).value();
     handlers_ = std::make_unique<RpcHandlers>(*service_, RpcLimits{}, ServerIdentity{"test", Clock::now()});
     GrpcServerOptions options;
-    options.unix_socket_path = dir_ + "/kestreld.sock";
+    options.unix_socket_path = (dir_.path() / "kestreld.sock").string();
     auto server = GrpcServer::create(*handlers_, options);
     ASSERT_TRUE(server) << server.error().to_string();
     server_ = std::move(server).value();
@@ -104,8 +103,6 @@ class GrpcEndToEndTest : public ::testing::Test {
     handlers_.reset();
     service_.reset();
     engine_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
   }
 
   static v1::SamplingParams greedy() {
@@ -119,7 +116,7 @@ class GrpcEndToEndTest : public ::testing::Test {
 
   static inline Model* model_ = nullptr;
   static inline std::vector<int32_t>* oracle_ = nullptr;
-  std::string dir_;
+  ::kestrel::test::ScratchDir dir_{"kestrel-e2e"};
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<RpcHandlers> handlers_;

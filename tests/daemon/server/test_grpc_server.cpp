@@ -17,6 +17,7 @@
 #include "daemon/server/grpc_server.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "kestrel/v1/kestrel.grpc.pb.h"
+#include "tests/daemon/scratch_dir.h"
 #include "tests/daemon/server/fake_service.h"
 
 // ThreadSanitizer cannot judge these tests: the system's gRPC, Abseil and Protobuf are not built with it, so the
@@ -44,26 +45,10 @@ class SkipUnderTsan : public ::testing::Environment {
 [[maybe_unused]] ::testing::Environment* const kSkipUnderTsan = ::testing::AddGlobalTestEnvironment(new SkipUnderTsan);
 #endif
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = "/tmp/kestrel-grpc-XXXXXX";
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 class GrpcServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    options_.unix_socket_path = dir_.path() + "/k.sock";
+    options_.unix_socket_path = (dir_ / "k.sock").string();
     auto server = GrpcServer::create(handlers_, options_);
     ASSERT_TRUE(server) << server.error().to_string();
     server_ = std::move(server).value();
@@ -93,7 +78,7 @@ class GrpcServerTest : public ::testing::Test {
     return resp.status();
   }
 
-  TempDir dir_;
+  ::kestrel::test::ScratchDir dir_{"kestrel-grpc"};
   FakeService service_;
   RpcHandlers handlers_{service_};
   GrpcServerOptions options_;
@@ -309,11 +294,11 @@ TEST_F(GrpcServerTest, ShutdownEndsAnInFlightStream) {
 }
 
 TEST(GrpcServerListenTest, StaleSocketIsReplacedLiveOrRegularFileRefused) {
-  TempDir dir;
+  ::kestrel::test::ScratchDir dir("kestrel-grpc");
   FakeService service;
   RpcHandlers handlers(service);
   GrpcServerOptions o;
-  o.unix_socket_path = dir.path() + "/s.sock";
+  o.unix_socket_path = (dir / "s.sock").string();
 
   // A stale socket: bound, then its owner went away without unlinking.
   {
@@ -341,18 +326,18 @@ TEST(GrpcServerListenTest, StaleSocketIsReplacedLiveOrRegularFileRefused) {
   EXPECT_EQ(third.error().code, ErrorCode::kInvalidArgument);
   EXPECT_TRUE(std::filesystem::exists(o.unix_socket_path));
 
-  o.unix_socket_path = dir.path() + "/missing/s.sock";
+  o.unix_socket_path = (dir / "missing/s.sock").string();
   auto fourth = GrpcServer::create(handlers, o);
   ASSERT_FALSE(fourth);
   EXPECT_NE(fourth.error().message.find("does not exist"), std::string::npos);
 }
 
 TEST(GrpcServerListenTest, TcpListenerAndCustomMode) {
-  TempDir dir;
+  ::kestrel::test::ScratchDir dir("kestrel-grpc");
   FakeService service;
   RpcHandlers handlers(service);
   GrpcServerOptions o;
-  o.unix_socket_path = dir.path() + "/t.sock";
+  o.unix_socket_path = (dir / "t.sock").string();
   o.unix_socket_mode = 0600;
   o.tcp_address = "127.0.0.1:0";
   auto server = GrpcServer::create(handlers, o);
