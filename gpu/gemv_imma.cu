@@ -9,19 +9,20 @@
 // Columns: MMA column c = 4·(vector of the pair) + digit. Lanes g < 4 load B of the pair's first vector (digit g),
 // lanes g >= 4 of its second; lane t holds C columns 2t, 2t+1: digits 2(t&1), 2(t&1)+1 of vector t >> 1.
 //
-// Per 32-element block b (one MMA):
-//   Q4_0: C starts at 0x4B400000 − 8·Σd (the float 1.5·2^23 as an integer, minus the offset-8 term), so
-//         float_bits(C) − 1.5·2^23 is Σ(q − 8)·d exactly; acc += that · d_b.
-//   Q4_K: C starts at 0; I += C·sc and M += m·Σd in int32 over the super-block (exact: |I| < 2^24), then
-//         acc = d·I − dmin·M.
-// Per round (one row group × 256 columns): partial = s_G · (acc_c0 · 128^−2(t&1) + acc_c1 · 128^−(2(t&1)+1)),
-// added over lane pairs t, t^1 (all four digits), then over the row group's warps in warp order.
+// Per 32-element block b (one MMA), with h = t & 1 and D = 128·Σd_2h + Σd_2h+1 over the block (prepared with x):
+// a lane's two columns are joined exactly in int32 first, v = 128·c0 + c1 (|v − start| < 2^22), in units of digit
+// 2h + 1, so each block costs one scaling per row.
+//   Q4_0: c1 starts at 0x4B400000 − 8·D (the float 1.5·2^23 as an integer, minus the offset-8 term), so
+//         float_bits(v) − 1.5·2^23 is Σ(q − 8)·(128·d_2h + d_2h+1) exactly; acc += that · d_b.
+//   Q4_K: C starts at 0; I += v·sc and M += m·D in int32 over the super-block (|I| < 2^31), then acc = d·I − dmin·M.
+// Per round (one row group × 256 columns): partial = s_G · acc · 128^−(2h+1), added over lane pairs t, t^1 (all four
+// digits), then over the row group's warps in warp order.
 //
 // Memory: weights and scales for the next round are loaded into registers (ld.global.nc, no L1 allocation) before
 // the current round is multiplied; a block is S·R warps (R row groups at once when S < 8) and blocks are persistent
-// (as many as fit on the device), walking row groups gridDim.x·R apart. Prepared activations: pairs 1 (n_vec <= 2)
-// keep the warp's slice in registers for the whole kernel; more pairs load it per round (L1 hits after the first).
-// Vectors beyond 8 go to grid.y slices of 8 (each reads the weights again, mostly from L2).
+// (as many as fit on the device), walking row groups gridDim.x·R apart. Prepared activations are loaded a unit at a
+// time in each round (L1 hits after the first). Vectors beyond 8 are further segments of 8 (each reads the weights
+// again, mostly from L2).
 //
 // Measured (bench_gemv, H200, batch 1, % of a size-matched read; docs/benchmarks.md): v4.0 (one group per warp per
 // row group, a block barrier per round) 74.5% geomean, lm_head Q4_0 82%; v4.1 (segments, split by shape) first read
@@ -35,6 +36,16 @@
 // fewer registers, not a deeper queue. Grouped calls (MoE): prefetching each segment's activations into L1 a step
 // ahead (prefetch.global.L1) with an NP = 1 kernel when every segment has one vector made moe_imma slower (batch 1
 // 36.5 → 55.6 µs, batch 32 286 → 346 µs): dropped.
+// v4.2 (each block's digit pair joined in int32 before its one scaling, the MMA's C read from registers instead of
+// copied into the accumulators, partial sums in dynamic shared memory sized by the block): lm_head Q4_0 79.5 → 85.2%,
+// geomean 71.0 → 71.1%. Tried in v4.2 and dropped (same session, same bench): (1) a ring of cp.async.bulk stages per
+// warp (one group = 2048 + 256 contiguous bytes per stage, an mbarrier each, lane 0 refilling a stage after
+// __syncwarp): depth 2/3/4/6 gave 63/62/62/56% geomean, lm_head Q4_0 63–68% — ncu: 98 registers, 16 warps per SM,
+// issue slots 64% busy, DRAM 59%: more bytes in flight did not help, the consumer's instructions are the limit;
+// reading the stage straight from shared memory at 64 registers (32 warps per SM) took 123 warp instructions per
+// tile (60%); (2) register caps for 3 or 4 blocks per SM (80 / 64 registers): 120–320 bytes of spills, 62.8% / 53.0%.
+// So the kernel is issue-bound (0.67 instructions per scheduler per cycle with ~4 warps per scheduler): the lever is
+// instructions per tile, not occupancy or queue depth.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -60,13 +71,14 @@ constexpr int kMagic = 0x4B400000;  // bits of 12582912.0f = 1.5·2^23
 constexpr float kMagicF = 12582912.0f;
 
 // Prepared activations, per vector: frag [unit][digit 0..3][t 0..3] uint4 {b0 blk0, b1 blk0, b0 blk1, b1 blk1},
-// dsum [unit][h 0..1] int4 {Σd blk0 digit 2h, blk0 2h+1, blk1 2h, blk1 2h+1}, scale [group] f32 (16-byte padded).
+// dsum [unit][h 0..1] int2 {D blk0, D blk1} with D = 128·Σd(digit 2h) + Σd(digit 2h + 1) over the block's 32
+// elements (the digit pair a lane's two C columns hold, in units of digit 2h + 1), scale [group] f32 (16-byte padded).
 // Units are padded to whole groups (zeros).
 struct XLayout {
   int n_groups = 0;
   __host__ __device__ int n_units() const { return n_groups * kUnitsPerSlice; }
   __host__ __device__ size_t frag_bytes() const { return static_cast<size_t>(n_units()) * 256; }
-  __host__ __device__ size_t dsum_bytes() const { return static_cast<size_t>(n_units()) * 32; }
+  __host__ __device__ size_t dsum_bytes() const { return static_cast<size_t>(n_units()) * 16; }
   __host__ __device__ size_t scale_bytes() const { return (static_cast<size_t>(n_groups) * 4 + 15) / 16 * 16; }
   __host__ __device__ size_t vec_bytes() const { return frag_bytes() + dsum_bytes() + scale_bytes(); }
 };
@@ -124,6 +136,7 @@ __global__ void __launch_bounds__(128)
   const int blk = (lane % 8) / 4;
   const int half = (lane % 4) / 2;
   const int t0 = 2 * (lane % 2);
+  int sums[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     uint32_t w0 = 0, w1 = 0;
@@ -139,7 +152,11 @@ __global__ void __launch_bounds__(128)
     frag[f + static_cast<size_t>(t0 + 1) * 4] = w1;
     s += __shfl_xor_sync(0xFFFFFFFFu, s, 1);
     s += __shfl_xor_sync(0xFFFFFFFFu, s, 2);
-    if (lane % 4 == 0) dsum[(static_cast<size_t>(u) * 2 + q / 2) * 4 + 2 * blk + q % 2] = s;
+    sums[q] = s;  // Σ of digit q over the block's 32 elements (|.| <= 2048)
+  }
+  if (lane % 4 == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) dsum[(static_cast<size_t>(u) * 2 + h) * 2 + blk] = 128 * sums[2 * h] + sums[2 * h + 1];
   }
   if (lane == 0) scale[grp] = finite ? ldexpf(1.0f, ex - 6) : __int_as_float(0x7FC00000);
 }
@@ -194,11 +211,12 @@ __device__ __forceinline__ uint2 ldg_stream2(const void* p) {
   return r;
 }
 
-__device__ __forceinline__ void mma_u8s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+// d = A·B + C with C = {c0, c1, c0, c1} (rows g and g + 8 start alike): C read from registers the caller keeps.
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1, int c0, int c1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%10,%11};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c0), "r"(c1));
 }
 
 // One group's weights for one warp: 4 units of a row group, and their scales.
@@ -208,11 +226,15 @@ struct WeightBuf {
   uint4 mk[2];               // Q4_K: 16-byte heads of rows g and g + 8 for the super-block
 };
 
-// A pair's activations for one group, as a lane needs them.
-struct XSlice {
-  uint4 frag[kUnitsPerSlice];
-  int4 dsum[kUnitsPerSlice];
-  float scale;
+// A pair's activations for one group, where a lane finds them: its B fragments (vector vf), its digit sums and
+// group scale (vector vd, the owner of its C columns). Loaded a unit at a time.
+struct XSource {
+  const uint4* frag = nullptr;  // unit i: frag[16 i]
+  const int2* dsum = nullptr;   // unit i: dsum[2 i] = D of blocks 0 and 1 for this lane's digit pair
+  const float* scale = nullptr;
+  __device__ __forceinline__ uint4 b(int i) const { return frag ? __ldg(frag + i * 16) : make_uint4(0, 0, 0, 0); }
+  __device__ __forceinline__ int2 d(int i) const { return dsum ? __ldg(dsum + i * 2) : make_int2(0, 0); }
+  __device__ __forceinline__ float s() const { return scale ? __ldg(scale) : 0.0f; }
 };
 
 // Segment s as the kernel sees it: from the device table (kTable) or computed for a dense call (no loads).
@@ -276,22 +298,22 @@ __device__ __forceinline__ void load_weights(const KernelArgs& a, int item, int 
 }
 
 // Vectors va and vb (vb < 0: none) of group `group`, as lane needs them.
-__device__ __forceinline__ void load_x(const KernelArgs& a, int va, int vb, int group, int lane, XSlice& x) {
+__device__ __forceinline__ XSource x_source(const KernelArgs& a, int va, int vb, int group, int lane) {
   const int g = lane / 4;
   const int t = lane % 4;
   const int vf = g < 4 ? va : vb;  // this lane's B columns
   const int vd = t < 2 ? va : vb;  // this lane's C columns
-  const uint8_t* bf = a.xprep + static_cast<size_t>(vf < 0 ? 0 : vf) * a.lay.vec_bytes();
-  const uint8_t* bd = a.xprep + static_cast<size_t>(vd < 0 ? 0 : vd) * a.lay.vec_bytes();
-  const auto* frag = reinterpret_cast<const uint4*>(bf) + (g % 4) * 4 + t + group * kUnitsPerSlice * 16;
-  const auto* dsum = reinterpret_cast<const int4*>(bd + a.lay.frag_bytes()) + (t % 2) + group * kUnitsPerSlice * 2;
-  const auto* scale = reinterpret_cast<const float*>(bd + a.lay.frag_bytes() + a.lay.dsum_bytes());
-#pragma unroll
-  for (int i = 0; i < kUnitsPerSlice; ++i) {
-    x.frag[i] = vf >= 0 ? __ldg(frag + i * 16) : make_uint4(0, 0, 0, 0);
-    x.dsum[i] = vd >= 0 ? __ldg(dsum + i * 2) : make_int4(0, 0, 0, 0);
+  XSource x;
+  if (vf >= 0) {
+    const uint8_t* bf = a.xprep + static_cast<size_t>(vf) * a.lay.vec_bytes();
+    x.frag = reinterpret_cast<const uint4*>(bf) + (g % 4) * 4 + t + group * kUnitsPerSlice * 16;
   }
-  x.scale = vd >= 0 ? __ldg(scale + group) : 0.0f;
+  if (vd >= 0) {
+    const uint8_t* bd = a.xprep + static_cast<size_t>(vd) * a.lay.vec_bytes();
+    x.dsum = reinterpret_cast<const int2*>(bd + a.lay.frag_bytes()) + (t % 2) + group * kUnitsPerSlice * 2;
+    x.scale = reinterpret_cast<const float*>(bd + a.lay.frag_bytes() + a.lay.dsum_bytes()) + group;
+  }
+  return x;
 }
 
 __device__ __forceinline__ float half_bits(uint32_t bits16) {
@@ -299,55 +321,56 @@ __device__ __forceinline__ float half_bits(uint32_t bits16) {
 }
 
 // One group of one pair: the lane's partial sums for rows g and g + 8 of its vector (t >> 1), all four digits.
+// A lane's two C columns are digits 2h and 2h + 1 (h = t & 1) of one vector; per MMA they are joined exactly in
+// int32 (128·c0 + c1, |.| < 2^22), so each block costs one scaling per row.
 template <GgmlType T>
-__device__ __forceinline__ void multiply(const WeightBuf& b, const XSlice& x, int lane, float (&out)[2]) {
+__device__ __forceinline__ void multiply(const WeightBuf& src, const XSource& x, int lane, float (&out)[2]) {
   const int t = lane % 4;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // row g col 2t, row g col 2t+1, row g+8 col 2t, row g+8 col 2t+1
-  [[maybe_unused]] int isum[4] = {0, 0, 0, 0};
-  [[maybe_unused]] int msum[4] = {0, 0, 0, 0};
+  float acc[2] = {0.0f, 0.0f};  // rows g, g + 8, in units of digit 2h + 1
+  [[maybe_unused]] int isum[2] = {0, 0};
+  [[maybe_unused]] int msum[2] = {0, 0};
+  [[maybe_unused]] uint4 mk[2];
+  if constexpr (T == GgmlType::kQ4_K) mk[0] = src.mk[0], mk[1] = src.mk[1];
 #pragma unroll
   for (int i = 0; i < kUnitsPerSlice; ++i) {
-    const uint4 w = b.w[i];
-    const uint4 f = x.frag[i];
-    const int4 ds = x.dsum[i];
+    const uint4 w = src.w[i];
+    const uint4 f = x.b(i);
+    const int2 ds = x.d(i);
+    [[maybe_unused]] uint2 m0;
+    if constexpr (T == GgmlType::kQ4_0) m0 = src.m0[i];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint32_t b0 = h == 0 ? f.x : f.z;
       const uint32_t b1 = h == 0 ? f.y : f.w;
-      const int d_c0 = h == 0 ? ds.x : ds.z;  // Σ digits of this block, column 2t
-      const int d_c1 = h == 0 ? ds.y : ds.w;  // column 2t + 1
+      const int dd = h == 0 ? ds.x : ds.y;  // D of this block
       if constexpr (T == GgmlType::kQ4_0) {
         const uint32_t p = h == 0 ? w.x : w.z;  // row g
         const uint32_t q = h == 0 ? w.y : w.w;  // row g + 8
-        const int i0 = kMagic - 8 * d_c0;
-        const int i1 = kMagic - 8 * d_c1;
-        int c[4] = {i0, i1, i0, i1};
-        mma_u8s8(c, p & kNibbles, q & kNibbles, (p >> 4) & kNibbles, (q >> 4) & kNibbles, b0, b1);
-        const uint32_t dd = h == 0 ? b.m0[i].x : b.m0[i].y;
-        const float s_g = half_bits(dd & 0xFFFFu);
-        const float s_g8 = half_bits(dd >> 16);
-        acc[0] = __fmaf_rn(__int_as_float(c[0]) - kMagicF, s_g, acc[0]);
-        acc[1] = __fmaf_rn(__int_as_float(c[1]) - kMagicF, s_g, acc[1]);
-        acc[2] = __fmaf_rn(__int_as_float(c[2]) - kMagicF, s_g8, acc[2]);
-        acc[3] = __fmaf_rn(__int_as_float(c[3]) - kMagicF, s_g8, acc[3]);
+        // c1 starts at 1.5·2^23 − 8·D: 128·c0 + c1 = 1.5·2^23 + Σ(q − 8)·(128·d_2h + d_2h+1), exact as a float.
+        int c[4];
+        mma_u8s8(c, p & kNibbles, q & kNibbles, (p >> 4) & kNibbles, (q >> 4) & kNibbles, b0, b1, 0, kMagic - 8 * dd);
+        const uint32_t sc = h == 0 ? m0.x : m0.y;
+        const float s_g = half_bits(sc & 0xFFFFu);
+        const float s_g8 = half_bits(sc >> 16);
+        acc[0] = __fmaf_rn(__int_as_float(c[0] * 128 + c[1]) - kMagicF, s_g, acc[0]);
+        acc[1] = __fmaf_rn(__int_as_float(c[2] * 128 + c[3]) - kMagicF, s_g8, acc[1]);
       } else {
         const int sh = 4 * h;
-        int c[4] = {0, 0, 0, 0};
+        int c[4];
         mma_u8s8(c, (w.x >> sh) & kNibbles, (w.y >> sh) & kNibbles, (w.z >> sh) & kNibbles, (w.w >> sh) & kNibbles, b0,
-                 b1);
+                 b1, 0, 0);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const uint4 hd = b.mk[r];
+          const uint4 hd = mk[r];
           // Unit i's 24-bit field: sc[2i] | sc[2i+1] << 6 | m[2i] << 12 | m[2i+1] << 18 (q4_tile's re-packing).
           const uint32_t lo = i < 2 ? hd.y : (i == 2 ? hd.z : hd.w);
           const uint32_t hi = i < 2 ? hd.z : hd.w;
           const uint32_t fld = __funnelshift_r(lo, hi, (24 * i) & 31);
           const int sc = static_cast<int>((fld >> (6 * h)) & 63u);
           const int mn = static_cast<int>((fld >> (12 + 6 * h)) & 63u);
-          isum[2 * r] += c[2 * r] * sc;
-          isum[2 * r + 1] += c[2 * r + 1] * sc;
-          msum[2 * r] += mn * d_c0;
-          msum[2 * r + 1] += mn * d_c1;
+          // |128·c0 + c1| < 2^22, times sc < 64, over 8 sub-blocks: < 2^31.
+          isum[r] += (c[2 * r] * 128 + c[2 * r + 1]) * sc;
+          msum[r] += mn * dd;
         }
       }
     }
@@ -355,29 +378,28 @@ __device__ __forceinline__ void multiply(const WeightBuf& b, const XSlice& x, in
   if constexpr (T == GgmlType::kQ4_K) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float d = half_bits(b.mk[r].x & 0xFFFFu);
-      const float dmin = half_bits(b.mk[r].x >> 16);
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        acc[2 * r + c] =
-            __fmaf_rn(d, static_cast<float>(isum[2 * r + c]), -__fmul_rn(dmin, static_cast<float>(msum[2 * r + c])));
-      }
+      const float d = half_bits(mk[r].x & 0xFFFFu);
+      const float dmin = half_bits(mk[r].x >> 16);
+      acc[r] = __fmaf_rn(d, static_cast<float>(isum[r]), -__fmul_rn(dmin, static_cast<float>(msum[r])));
     }
   }
-  const float w0 = (t & 1) ? 1.0f / 16384.0f : 1.0f;  // digit 2(t&1)
-  const float w1 = w0 * (1.0f / 128.0f);              // digit 2(t&1) + 1
+  const float unit = (t & 1) ? 1.0f / 2097152.0f : 1.0f / 128.0f;  // 128^-(2h+1)
+  const float xs = x.s();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float p = __fmul_rn(x.scale, __fmaf_rn(acc[2 * r + 1], w1, __fmul_rn(acc[2 * r], w0)));
+    const float p = __fmul_rn(xs, __fmul_rn(acc[r], unit));
     out[r] = __fadd_rn(p, __shfl_xor_sync(0xFFFFFFFFu, p, 1));
   }
 }
 
+__host__ __device__ constexpr int part_bytes(int warps) { return 2 * warps * kImmaSegmentVectors * kTileRows * 4; }
+
 // NP: most vector pairs per segment (1, 2 or 4).
 template <GgmlType T, int NP, bool kTable>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a) {
-  // Partial sums per warp when S > 1, double-buffered by round parity: [buf][warp][vector slot][row].
-  __shared__ float part[2][kMaxWarps][kImmaSegmentVectors][kTileRows];
+  // Dynamic shared memory: partial sums per warp when S > 1, double-buffered by round parity ([buf][warp][vector
+  // slot][row], part_bytes()).
+  extern __shared__ __align__(128) uint8_t smem[];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
@@ -388,6 +410,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   const int rl = warp / S;
   const int n_items = a.n_seg * a.n_rg;
   const int n_threads = S * R * 32;
+  float* part = reinterpret_cast<float*>(smem);
   auto item_of = [&](int round) { return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R; };
   auto group_of = [&](const Cursor& c) { return sl * a.gps + c.gi; };
   auto next = [&](Cursor c) { return c.gi + 1 < a.gps ? Cursor{c.round, c.gi + 1} : Cursor{c.round + 1, 0}; };
@@ -407,8 +430,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
 #pragma unroll
       for (int p = 0; p < NP; ++p) {
         if (2 * p < n_vec) {
-          XSlice xs;
-          load_x(a, sg.vec(2 * p), 2 * p + 1 < n_vec ? sg.vec(2 * p + 1) : -1, group, lane, xs);
+          const XSource xs = x_source(a, sg.vec(2 * p), 2 * p + 1 < n_vec ? sg.vec(2 * p + 1) : -1, group, lane);
           float out[2];
           multiply<T>(wb, xs, lane, out);
           acc[p][0] = __fadd_rn(acc[p][0], out[0]);
@@ -436,8 +458,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
       if (t % 2 == 0) {
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
-          part[buf][warp][2 * p + t / 2][g] = acc[p][0];
-          part[buf][warp][2 * p + t / 2][g + 8] = acc[p][1];
+          float* pw = part + ((buf * S * R + warp) * kImmaSegmentVectors + 2 * p + t / 2) * kTileRows;
+          pw[g] = acc[p][0];
+          pw[g + 8] = acc[p][1];
         }
       }
       __syncthreads();
@@ -451,8 +474,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
         const int so_i = a.rg_div.div(it);
         const Seg<kTable> so(a, so_i);
         if (slot >= so.n_vec) continue;
-        float sum = part[buf][r * S][slot][row];
-        for (int s2 = 1; s2 < S; ++s2) sum = __fadd_rn(sum, part[buf][r * S + s2][slot][row]);
+        const float* pr = part + ((buf * S * R + r * S) * kImmaSegmentVectors + slot) * kTileRows + row;
+        float sum = pr[0];
+        for (int s2 = 1; s2 < S; ++s2) sum = __fadd_rn(sum, pr[s2 * kImmaSegmentVectors * kTileRows]);
         a.y[static_cast<int64_t>(so.out(slot)) * a.y_stride + static_cast<int64_t>(it - so_i * a.n_rg) * kTileRows +
             row] = sum;
       }
@@ -461,10 +485,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
     for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
   };
 
-  // Two register buffers: the next group's weights are in flight while this one is multiplied.
   if (item_of(0) >= n_items) return;
-  WeightBuf b0, b1;
   Cursor cur{0, 0};
+  // Two register buffers: the next group's weights are in flight while this one is multiplied.
+  WeightBuf b0, b1;
   load_weights<T, kTable>(a, item_of(0) + rl, n_items, group_of(cur), lane, b0);
   for (;;) {
     Cursor nx = next(cur);
@@ -508,6 +532,7 @@ void pick_split(KernelArgs& a, bool table) {
 template <GgmlType T, int NP, bool kTable>
 Status launch(const KernelArgs& args, cudaStream_t stream) {
   const int warps = args.S * args.R;
+  const size_t smem = part_bytes(warps);
   static int per_sm[kMaxWarps + 1] = {};  // blocks per SM by warps per block (a benign race: the same value)
   static int sm_count = 0;
   if (per_sm[warps] == 0) {
@@ -515,13 +540,14 @@ Status launch(const KernelArgs& args, cudaStream_t stream) {
     KESTREL_CUDA_TRY(cudaGetDevice(&dev));
     KESTREL_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
     int n = 0;
-    KESTREL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP, kTable>, warps * 32, 0));
+    KESTREL_CUDA_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP, kTable>, warps * 32, smem));
     per_sm[warps] = std::max(1, n);
   }
   const int64_t items = static_cast<int64_t>(args.n_seg) * args.n_rg;
   const int64_t want = (items + args.R - 1) / args.R;
   const int64_t fit = static_cast<int64_t>(per_sm[warps]) * sm_count;
-  gemv_imma_kernel<T, NP, kTable><<<static_cast<unsigned>(std::min(want, fit)), warps * 32, 0, stream>>>(args);
+  gemv_imma_kernel<T, NP, kTable><<<static_cast<unsigned>(std::min(want, fit)), warps * 32, smem, stream>>>(args);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
