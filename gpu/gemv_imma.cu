@@ -52,6 +52,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "gpu/cuda_check.h"
 #include "gpu/gemv_imma.h"
@@ -227,14 +228,15 @@ struct WeightBuf {
 };
 
 // A pair's activations for one group, where a lane finds them: its B fragments (vector vf), its digit sums and
-// group scale (vector vd, the owner of its C columns). Loaded a unit at a time.
+// group scale (vector vd, the owner of its C columns). A missing second vector reads the first one's (its C columns
+// are never stored), so no load is predicated. Loaded a unit at a time.
 struct XSource {
-  const uint4* frag = nullptr;  // unit i: frag[16 i]
-  const int2* dsum = nullptr;   // unit i: dsum[2 i] = D of blocks 0 and 1 for this lane's digit pair
-  const float* scale = nullptr;
-  __device__ __forceinline__ uint4 b(int i) const { return frag ? __ldg(frag + i * 16) : make_uint4(0, 0, 0, 0); }
-  __device__ __forceinline__ int2 d(int i) const { return dsum ? __ldg(dsum + i * 2) : make_int2(0, 0); }
-  __device__ __forceinline__ float s() const { return scale ? __ldg(scale) : 0.0f; }
+  const uint8_t* frag;   // unit i at + 256 i (uint4)
+  const uint8_t* dsum;   // unit i at + 16 i (int2: D of blocks 0 and 1 for this lane's digit pair)
+  const uint8_t* scale;  // f32
+  __device__ __forceinline__ uint4 b(int i) const { return __ldg(reinterpret_cast<const uint4*>(frag + 256 * i)); }
+  __device__ __forceinline__ int2 d(int i) const { return __ldg(reinterpret_cast<const int2*>(dsum + 16 * i)); }
+  __device__ __forceinline__ float s() const { return __ldg(reinterpret_cast<const float*>(scale)); }
 };
 
 // Segment s as the kernel sees it: from the device table (kTable) or computed for a dense call (no loads).
@@ -271,49 +273,60 @@ struct Cursor {
   int gi;
 };
 
+// The load side of a round: where the warp's row group of that round keeps the first group of its slice (lane's
+// word and scales), found once per round; ok = false past the last item or for an empty segment (zeros then).
+struct WRound {
+  const uint8_t* qs;    // + 2048 per group, + 512 per unit
+  const uint8_t* meta;  // + 256 per group (Q4_0: + 64 per unit; Q4_K: the super-block's heads, rows g + 8 at + 128)
+  bool ok;
+};
+
 template <GgmlType T, bool kTable>
-__device__ __forceinline__ void load_weights(const KernelArgs& a, int item, int n_items, int group, int lane,
-                                             WeightBuf& b) {
-  const bool item_ok = item < n_items && group < a.n_groups;
-  const int seg = item_ok ? a.rg_div.div(item) : 0;
-  const int rg = item_ok ? item - seg * a.n_rg : 0;
+__device__ __forceinline__ WRound w_round(const KernelArgs& a, int item, int n_items, int group0, int lane) {
+  WRound r;
+  r.ok = item < n_items;
+  const int seg = r.ok ? a.rg_div.div(item) : 0;
   const Seg<kTable> sg(a, seg);
-  const bool ok = item_ok && sg.n_vec > 0;
+  r.ok = r.ok && sg.n_vec > 0;
+  const int rg = r.ok ? item - seg * a.n_rg : 0;
   const auto* base = static_cast<const uint8_t*>(sg.data);
-  const size_t tile0 = static_cast<size_t>(rg) * a.n_units + static_cast<size_t>(group) * kUnitsPerSlice;
-  const uint8_t* qs = base + tile0 * 512 + lane * 16;
-  const uint8_t* m0 = base + a.meta_off + tile0 * 64 + (lane / 4) * 8;
-  const int units_left = a.n_units - group * kUnitsPerSlice;
-#pragma unroll
-  for (int i = 0; i < kUnitsPerSlice; ++i) {
-    const bool u_ok = ok && i < units_left;
-    b.w[i] = u_ok ? ldg_stream(qs + i * 512) : make_uint4(0, 0, 0, 0);
-    if constexpr (T == GgmlType::kQ4_0) b.m0[i] = u_ok ? ldg_stream2(m0 + i * 64) : make_uint2(0, 0);
-  }
-  if constexpr (T == GgmlType::kQ4_K) {
-    const uint8_t* head = base + a.meta_off + (static_cast<size_t>(rg) * a.n_groups + group) * 256 + (lane / 4) * 16;
-    b.mk[0] = ok ? ldg_stream(head) : make_uint4(0, 0, 0, 0);
-    b.mk[1] = ok ? ldg_stream(head + 128) : make_uint4(0, 0, 0, 0);
-  }
+  // Q4_K has whole groups (n_units = 4·n_groups), so both types' scales of a group start at tile0 · 64.
+  const size_t tile0 = static_cast<size_t>(rg) * a.n_units + static_cast<size_t>(group0) * kUnitsPerSlice;
+  r.qs = base + tile0 * 512 + lane * 16;
+  r.meta = base + a.meta_off + tile0 * 64 + (T == GgmlType::kQ4_0 ? (lane / 4) * 8 : (lane / 4) * 16);
+  return r;
 }
 
-// Vectors va and vb (vb < 0: none) of group `group`, as lane needs them.
-__device__ __forceinline__ XSource x_source(const KernelArgs& a, int va, int vb, int group, int lane) {
-  const int g = lane / 4;
-  const int t = lane % 4;
-  const int vf = g < 4 ? va : vb;  // this lane's B columns
-  const int vd = t < 2 ? va : vb;  // this lane's C columns
-  XSource x;
-  if (vf >= 0) {
-    const uint8_t* bf = a.xprep + static_cast<size_t>(vf) * a.lay.vec_bytes();
-    x.frag = reinterpret_cast<const uint4*>(bf) + (g % 4) * 4 + t + group * kUnitsPerSlice * 16;
+// Group gi of the round's slice (column group `group`) into registers: whole groups without predicates; the row's
+// last, partial group (Q4_0) and groups past the row's end or the last item read zeros where there is nothing.
+template <GgmlType T>
+__device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int gi, int group, WeightBuf& b) {
+  const uint8_t* qs = r.qs + static_cast<size_t>(gi) * kUnitsPerSlice * 512;
+  const uint8_t* meta = r.meta + static_cast<size_t>(gi) * 256;
+  const int left = a.n_units - group * kUnitsPerSlice;
+  if (r.ok && left >= kUnitsPerSlice) {
+#pragma unroll
+    for (int i = 0; i < kUnitsPerSlice; ++i) {
+      b.w[i] = ldg_stream(qs + i * 512);
+      if constexpr (T == GgmlType::kQ4_0) b.m0[i] = ldg_stream2(meta + i * 64);
+    }
+    if constexpr (T == GgmlType::kQ4_K) {
+      b.mk[0] = ldg_stream(meta);
+      b.mk[1] = ldg_stream(meta + 128);
+    }
+    return;
   }
-  if (vd >= 0) {
-    const uint8_t* bd = a.xprep + static_cast<size_t>(vd) * a.lay.vec_bytes();
-    x.dsum = reinterpret_cast<const int2*>(bd + a.lay.frag_bytes()) + (t % 2) + group * kUnitsPerSlice * 2;
-    x.scale = reinterpret_cast<const float*>(bd + a.lay.frag_bytes() + a.lay.dsum_bytes()) + group;
+#pragma unroll
+  for (int i = 0; i < kUnitsPerSlice; ++i) {
+    const bool u_ok = r.ok && i < left;
+    b.w[i] = u_ok ? ldg_stream(qs + i * 512) : make_uint4(0, 0, 0, 0);
+    if constexpr (T == GgmlType::kQ4_0) b.m0[i] = u_ok ? ldg_stream2(meta + i * 64) : make_uint2(0, 0);
   }
-  return x;
+  if constexpr (T == GgmlType::kQ4_K) {
+    const bool ok = r.ok && left > 0;
+    b.mk[0] = ok ? ldg_stream(meta) : make_uint4(0, 0, 0, 0);
+    b.mk[1] = ok ? ldg_stream(meta + 128) : make_uint4(0, 0, 0, 0);
+  }
 }
 
 __device__ __forceinline__ float half_bits(uint32_t bits16) {
@@ -412,27 +425,68 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   const int n_threads = S * R * 32;
   float* part = reinterpret_cast<float*>(smem);
   auto item_of = [&](int round) { return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R; };
-  auto group_of = [&](const Cursor& c) { return sl * a.gps + c.gi; };
+  const int group0 = sl * a.gps;  // the warp's first group in every round
   auto next = [&](Cursor c) { return c.gi + 1 < a.gps ? Cursor{c.round, c.gi + 1} : Cursor{c.round + 1, 0}; };
 
   float acc[NP][2];
 #pragma unroll
   for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
 
-  auto step = [&](const WeightBuf& wb, const Cursor& c) {
-    const int item = item_of(c.round) + rl;
+  // The compute side of the current round (set when its first group comes): the item, its segment, and per pair the
+  // lane's activation pointers at group0.
+  int item = 0, seg = 0, n_vec = 0;
+  // NP == 1 keeps the pair's two pointers; more pairs keep the two vector indices (fewer registers: no spills) and
+  // form the pointers per group. foff / doff: the lane's offsets at group0 within a vector's frag / dsum regions.
+  using XRef = std::conditional_t<NP == 1, const uint8_t*, int>;
+  XRef xf[NP];
+  XRef xd[NP];
+  const size_t foff = (static_cast<size_t>(group0) * kUnitsPerSlice * 16 + (g % 4) * 4 + t) * 16;
+  const size_t doff = a.lay.frag_bytes() + (static_cast<size_t>(group0) * kUnitsPerSlice * 2 + (t % 2)) * 8;
+  // A group's scale lies at its dsum pointer + sdelta (group0's dsum at (t % 2)·8 + 64·group0 past the region's
+  // start, its scale at dsum_bytes + 4·group0), stepping 4 bytes per group where the dsum steps 64.
+  const int64_t sdelta = static_cast<int64_t>(a.lay.dsum_bytes()) - (t % 2) * 8 - 60 * static_cast<int64_t>(group0);
+  auto x_round = [&](int round) {
+    item = item_of(round) + rl;
     const bool item_ok = item < n_items;
-    const int seg = item_ok ? a.rg_div.div(item) : 0;
+    seg = item_ok ? a.rg_div.div(item) : 0;
     const Seg<kTable> sg(a, seg);
-    const int n_vec = item_ok ? sg.n_vec : 0;
-    const int group = group_of(c);
-    if (group < a.n_groups) {
+    n_vec = item_ok ? sg.n_vec : 0;
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+      if (2 * p < n_vec) {
+        const int va = sg.vec(2 * p);
+        const int vb = 2 * p + 1 < n_vec ? sg.vec(2 * p + 1) : va;
+        const int vf = g < 4 ? va : vb;
+        const int vd = t < 2 ? va : vb;
+        if constexpr (NP == 1) {
+          xf[p] = a.xprep + static_cast<size_t>(vf) * a.lay.vec_bytes() + foff;
+          xd[p] = a.xprep + static_cast<size_t>(vd) * a.lay.vec_bytes() + doff;
+        } else {
+          xf[p] = vf;
+          xd[p] = vd;
+        }
+      }
+    }
+  };
+
+  auto step = [&](const WeightBuf& wb, const Cursor& c) {
+    if (c.gi == 0) x_round(c.round);
+    if (group0 + c.gi < a.n_groups) {
 #pragma unroll
       for (int p = 0; p < NP; ++p) {
         if (2 * p < n_vec) {
-          const XSource xs = x_source(a, sg.vec(2 * p), 2 * p + 1 < n_vec ? sg.vec(2 * p + 1) : -1, group, lane);
+          const uint8_t* pf;
+          const uint8_t* pd;
+          if constexpr (NP == 1) {
+            pf = xf[p], pd = xd[p];
+          } else {
+            pf = a.xprep + static_cast<size_t>(xf[p]) * a.lay.vec_bytes() + foff;
+            pd = a.xprep + static_cast<size_t>(xd[p]) * a.lay.vec_bytes() + doff;
+          }
+          const XSource x{pf + static_cast<size_t>(c.gi) * kUnitsPerSlice * 256,
+                          pd + static_cast<size_t>(c.gi) * kUnitsPerSlice * 16, pd + sdelta + c.gi * 4};
           float out[2];
-          multiply<T>(wb, xs, lane, out);
+          multiply<T>(wb, x, lane, out);
           acc[p][0] = __fadd_rn(acc[p][0], out[0]);
           acc[p][1] = __fadd_rn(acc[p][1], out[1]);
         }
@@ -440,8 +494,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
     }
     if (c.gi + 1 < a.gps) return;
     // The row group's last group of this slice: write y (S == 1) or add the slices in warp order (S > 1).
-    const int rg = item_ok ? item - seg * a.n_rg : 0;
     if (S == 1) {
+      const Seg<kTable> sg(a, seg);
+      const int rg = item - seg * a.n_rg;
       if (t % 2 == 0) {
 #pragma unroll
         for (int p = 0; p < NP; ++p) {
@@ -486,18 +541,23 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   };
 
   if (item_of(0) >= n_items) return;
-  Cursor cur{0, 0};
   // Two register buffers: the next group's weights are in flight while this one is multiplied.
+  Cursor cur{0, 0};
+  WRound wr = w_round<T, kTable>(a, item_of(0) + rl, n_items, group0, lane);
   WeightBuf b0, b1;
-  load_weights<T, kTable>(a, item_of(0) + rl, n_items, group_of(cur), lane, b0);
+  w_load<T>(a, wr, 0, group0, b0);
+  auto load_next = [&](const Cursor& nx, WeightBuf& b) {
+    if (nx.gi == 0) wr = w_round<T, kTable>(a, item_of(nx.round) + rl, n_items, group0, lane);
+    w_load<T>(a, wr, nx.gi, group0 + nx.gi, b);
+  };
   for (;;) {
     Cursor nx = next(cur);
-    load_weights<T, kTable>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b1);
+    load_next(nx, b1);
     step(b0, cur);
     cur = nx;
     if (item_of(cur.round) >= n_items) break;
     nx = next(cur);
-    load_weights<T, kTable>(a, item_of(nx.round) + rl, n_items, group_of(nx), lane, b0);
+    load_next(nx, b0);
     step(b1, cur);
     cur = nx;
     if (item_of(cur.round) >= n_items) break;
