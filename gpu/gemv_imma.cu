@@ -46,6 +46,13 @@
 // tile (60%); (2) register caps for 3 or 4 blocks per SM (80 / 64 registers): 120–320 bytes of spills, 62.8% / 53.0%.
 // So the kernel is issue-bound (0.67 instructions per scheduler per cycle with ~4 warps per scheduler): the lever is
 // instructions per tile, not occupancy or queue depth.
+// v4.3 (per-round state: a warp finds its row group's weight and activation pointers once per round and steps them
+// per group; whole groups load without predicates; a missing second vector of a pair reads the first's): 123 → 62
+// warp instructions per tile (ncu, lm_head Q4_0), geomean 71.1 → 76–77%, lm_head Q4_0 88%, Q4_K 84–86%. ncu now:
+// issue slots 48% busy, 0.76 eligible warps per scheduler, DRAM 79% — latency-bound at 16 warps per SM (126
+// registers). Tried in v4.3 and dropped: lane 0 asking L2 ahead of the register loads with cp.async.bulk.prefetch.L2
+// — the whole next round's slice (geomean 71.8%, lm_head Q4_0 68%) or one group 1/2/3 ahead (75.1/75.1/74.9%,
+// lm_head 80%; MoE at 32 tokens 250 → 293 µs): the prefetched bytes cost more than the latency they hide.
 #include <cuda_fp16.h>
 
 #include <algorithm>
