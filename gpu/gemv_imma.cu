@@ -288,15 +288,33 @@ struct WRound {
   bool ok;
 };
 
-template <GgmlType T, bool kTable>
-__device__ __forceinline__ WRound w_round(const KernelArgs& a, int item, int n_items, int group0, int lane) {
+// What the load side needs of a round's segment, read a round ahead (a table entry is a dependent load: reading it
+// when the round starts would stall the warp in front of its first weight load).
+struct SegHead {
+  const void* data;
+  int item;
+  int seg;
+  bool ok;  // item < n_items and the segment has vectors
+};
+
+template <bool kTable>
+__device__ __forceinline__ SegHead seg_head(const KernelArgs& a, int item, int n_items) {
+  SegHead h;
+  h.item = item;
+  h.ok = item < n_items;
+  h.seg = h.ok ? a.rg_div.div(item) : 0;
+  const Seg<kTable> sg(a, h.seg);
+  h.ok = h.ok && sg.n_vec > 0;
+  h.data = sg.data;
+  return h;
+}
+
+template <GgmlType T>
+__device__ __forceinline__ WRound w_round(const KernelArgs& a, const SegHead& h, int group0, int lane) {
   WRound r;
-  r.ok = item < n_items;
-  const int seg = r.ok ? a.rg_div.div(item) : 0;
-  const Seg<kTable> sg(a, seg);
-  r.ok = r.ok && sg.n_vec > 0;
-  const int rg = r.ok ? item - seg * a.n_rg : 0;
-  const auto* base = static_cast<const uint8_t*>(sg.data);
+  r.ok = h.ok;
+  const int rg = h.ok ? h.item - h.seg * a.n_rg : 0;
+  const auto* base = static_cast<const uint8_t*>(h.data);
   // Q4_K has whole groups (n_units = 4·n_groups), so both types' scales of a group start at tile0 · 64.
   const size_t tile0 = static_cast<size_t>(rg) * a.n_units + static_cast<size_t>(group0) * kUnitsPerSlice;
   r.qs = base + tile0 * 512 + lane * 16;
@@ -550,11 +568,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   if (item_of(0) >= n_items) return;
   // Two register buffers: the next group's weights are in flight while this one is multiplied.
   Cursor cur{0, 0};
-  WRound wr = w_round<T, kTable>(a, item_of(0) + rl, n_items, group0, lane);
+  WRound wr = w_round<T>(a, seg_head<kTable>(a, item_of(0) + rl, n_items), group0, lane);
+  SegHead ahead = seg_head<kTable>(a, item_of(1) + rl, n_items);  // the next round's
   WeightBuf b0, b1;
   w_load<T>(a, wr, 0, group0, b0);
   auto load_next = [&](const Cursor& nx, WeightBuf& b) {
-    if (nx.gi == 0) wr = w_round<T, kTable>(a, item_of(nx.round) + rl, n_items, group0, lane);
+    if (nx.gi == 0) {
+      wr = w_round<T>(a, ahead, group0, lane);
+      ahead = seg_head<kTable>(a, item_of(nx.round + 1) + rl, n_items);
+    }
     w_load<T>(a, wr, nx.gi, group0 + nx.gi, b);
   };
   for (;;) {
@@ -716,24 +738,26 @@ Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, c
 }
 
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
-                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream) {
+                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, int max_segment_vectors) {
   if (!gemv_imma_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma_segments: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
                                                        "} is not a shape it takes (gemv_imma_supports)");
   }
   if (n_segments < 0 || (n_segments > 0 && segments == nullptr) || xprep == nullptr || y == nullptr ||
-      !aligned(xprep, 16) || !aligned(y, 4) || y_stride < n_rows) {
+      !aligned(xprep, 16) || !aligned(y, 4) || y_stride < n_rows || max_segment_vectors < 1 ||
+      max_segment_vectors > kImmaSegmentVectors) {
     return make_error(ErrorCode::kInvalidArgument,
-                      "gemv_imma_segments: bad table, pointer (xprep 16-byte aligned, y 4) or y_stride " +
-                          std::to_string(y_stride) + " < n_rows " + std::to_string(n_rows));
+                      "gemv_imma_segments: bad table, pointer (xprep 16-byte aligned, y 4), max_segment_vectors " +
+                          std::to_string(max_segment_vectors) + " (1..8) or y_stride " + std::to_string(y_stride) +
+                          " < n_rows " + std::to_string(n_rows));
   }
   if (n_segments == 0) return ok_status();
   KernelArgs args = base_args(type, n_cols, n_rows, xprep, y, y_stride);
   args.table = segments;
   args.n_seg = n_segments;
   pick_split(args, true);
-  return launch_any(type, args, kImmaSegmentVectors, stream);
+  return launch_any(type, args, max_segment_vectors, stream);
 }
 
 }  // namespace kestrel::gpu

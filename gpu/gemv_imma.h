@@ -60,9 +60,13 @@ static_assert(sizeof(ImmaSegment) == 80, "ImmaSegment is a POD a device kernel w
 // shape {n_cols, n_rows} and type `type` (gemv_imma_supports); xprep holds n_x
 // prepared vectors of n_cols (gemv_imma_prepare_x with n_vec = n_x); y: device f32, rows of y_stride >= n_rows
 // floats. Out-of-range vec/out entries are the table writer's responsibility: the kernel does not check them (it
-// clamps nothing). Same arithmetic as gemv_imma (the same bits per vector). One kernel; thread-safe.
+// clamps nothing). max_segment_vectors (1..8): a bound on every segment's n_vec that the table writer guarantees (e.g.
+// the token count of an MoE call); a smaller bound runs a kernel with fewer registers — a segment with more vectors
+// than the bound has the excess ignored, so the bound is part of the table's contract like vec/out. Same arithmetic
+// as gemv_imma (the same bits per vector). One kernel; thread-safe.
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
-                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream);
+                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream,
+                          int max_segment_vectors = kImmaSegmentVectors);
 
 // y[v] = W x[v] with x prepared by gemv_imma_prepare_x (same n_cols, at least n_vec vectors, earlier on `stream`).
 // y: device f32 [n_vec, n_rows], 4-byte aligned, not overlapping xprep; n_vec in [1, 32]. Errors are found before

@@ -558,7 +558,9 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   KESTREL_TRY(launch_kernel(table_kernel, dim3(1), dim3(kTableThreads), stream, ta));
   ++launches;
 
-  KESTREL_TRY(gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream));
+  // An expert (or a chunk of the shared expert) sees each token at most once: no segment holds more than n_tok.
+  const int seg_bound = std::min(n_tok, kImmaSegmentVectors);
+  KESTREL_TRY(gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound));
   ++launches;
 
   const int64_t n4 = static_cast<int64_t>(c.n_all) * I / 4;
@@ -574,7 +576,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
     ++launches;
   }
 
-  KESTREL_TRY(gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream));
+  KESTREL_TRY(gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound));
   ++launches;
 
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));

@@ -229,6 +229,10 @@ TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma(view, xp, 1, reinterpret_cast<float*>(xp), nullptr));  // y overlaps xprep
   const TiledQ4View bad{GgmlType::kQ4_0, w, 64, 17};
   EXPECT_FALSE(gemv_imma(bad, xp, 1, y, nullptr));
+  alignas(16) static ImmaSegment seg[1];
+  EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 16, nullptr, 0));  // bound 1..8
+  EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 16, nullptr, 9));
+  EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 15, nullptr));  // y_stride < n_rows
 }
 
 TEST(Q4Tile, TilingKeepsEveryByte) {
