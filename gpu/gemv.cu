@@ -22,6 +22,7 @@
 #include "gpu/dequant_group.cuh"
 #include "gpu/gemv.h"
 #include "gpu/gemv_q4.h"
+#include "gpu/stage_row.cuh"
 
 namespace kestrel::gpu {
 namespace {
@@ -40,25 +41,9 @@ struct ChunkShape {
   using D = Dequant<T>;
   static_assert(kChunkElems % D::kBlockElems == 0);
   static constexpr int kBytes = kChunkElems / D::kBlockElems * static_cast<int>(sizeof(typename D::Block));
-  // 16-byte units that cover kBytes starting anywhere up to 14 bytes into the first unit.
-  static constexpr int kUnits = (kBytes + 14 + 15) / 16;
+  static constexpr int kUnits = stage_row::units_for(kBytes);
   static constexpr int kUnitsPerLane = (kUnits + 31) / 32;
 };
-
-// The aligned 16-byte unit at `unit`, keeping only the bytes in [lo, hi) (both even) and zeros elsewhere.
-__device__ __forceinline__ uint4 load_unit(uintptr_t unit, uintptr_t lo, uintptr_t hi) {
-  if (unit >= lo && unit + 16 <= hi) return __ldcs(reinterpret_cast<const uint4*>(unit));
-  uint32_t word[4] = {0, 0, 0, 0};
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const uintptr_t at = unit + 2 * static_cast<uintptr_t>(k);
-    if (at >= lo && at < hi) {
-      const uint32_t half = __ldcs(reinterpret_cast<const unsigned short*>(at));
-      word[k / 2] |= half << (16 * (k % 2));
-    }
-  }
-  return make_uint4(word[0], word[1], word[2], word[3]);
-}
 
 // w: n_out rows of row_bytes; x: f32 [n_vec, n_in]; y: f32 [n_vec, n_out]; n_vec <= NV.
 template <GgmlType T, int NV>
@@ -75,36 +60,17 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (row >= n_out) return;  // whole warp; no block-wide barrier follows
 
-  const uintptr_t row_start = reinterpret_cast<uintptr_t>(w) + static_cast<uintptr_t>(row * row_bytes);
+  const uint8_t* row_ptr = w + row * row_bytes;
   // Groups start at multiples of 8 elements, so with this their x is 16-byte aligned.
   const bool x_vec4 = reinterpret_cast<uintptr_t>(x) % 16 == 0 && n_in % 4 == 0;
-  const auto* slice = reinterpret_cast<const uint8_t*>(stage[warp]);
   float acc[NV];
 #pragma unroll
   for (int v = 0; v < NV; ++v) acc[v] = 0.0f;
 
   for (int64_t base = 0; base < n_in; base += kChunkElems) {
     const int elems = n_in - base < kChunkElems ? static_cast<int>(n_in - base) : kChunkElems;
-    const uintptr_t lo = row_start + static_cast<uintptr_t>(base / D::kBlockElems) * sizeof(Block);
-    const uintptr_t hi = lo + static_cast<uintptr_t>(elems / D::kBlockElems) * sizeof(Block);
-    const uintptr_t first = lo & ~static_cast<uintptr_t>(15);
-    const int units = static_cast<int>((hi - first + 15) / 16);
-
-    uint4 raw[Shape::kUnitsPerLane];
-#pragma unroll
-    for (int k = 0; k < Shape::kUnitsPerLane; ++k) {
-      const int u = lane + 32 * k;
-      if (u < units) raw[k] = load_unit(first + 16 * static_cast<uintptr_t>(u), lo, hi);
-    }
-    __syncwarp();  // every lane is done reading the previous chunk from the slice
-#pragma unroll
-    for (int k = 0; k < Shape::kUnitsPerLane; ++k) {
-      const int u = lane + 32 * k;
-      if (u < units) stage[warp][u] = raw[k];
-    }
-    __syncwarp();
-
-    const auto* blocks = reinterpret_cast<const Block*>(slice + (lo - first));
+    const auto* blocks = reinterpret_cast<const Block*>(
+        stage_row::stage_chunk<T, Shape::kUnitsPerLane>(row_ptr, base, elems, stage[warp], lane));
     const float* xc = x + base;
     for (int e0 = kGroup * lane; e0 < elems; e0 += kGroup * 32) {
       const int n = elems - e0 < kGroup ? elems - e0 : kGroup;

@@ -22,6 +22,7 @@
 #include "gpu/gemv.h"
 #include "gpu/moe_combine.cuh"
 #include "gpu/moe_experts.h"
+#include "gpu/stage_row.cuh"
 
 namespace kestrel::gpu {
 namespace {
@@ -63,54 +64,9 @@ struct ChunkShape {
   static constexpr int kElems = D::kBlockElems == 1 ? 2048 / static_cast<int>(sizeof(typename D::Block)) : 2048;
   static_assert(kElems % D::kBlockElems == 0 && kElems % 256 == 0);
   static constexpr int kBytes = kElems / D::kBlockElems * static_cast<int>(sizeof(typename D::Block));
-  // 16-byte units that cover kBytes starting anywhere up to 14 bytes into the first unit.
-  static constexpr int kUnits = (kBytes + 14 + 15) / 16;
+  static constexpr int kUnits = stage_row::units_for(kBytes);
   static constexpr int kUnitsPerLane = (kUnits + 31) / 32;
 };
-
-// The aligned 16-byte unit at `unit`, keeping only the bytes in [lo, hi) (both even) and zeros elsewhere, so no
-// byte outside the row is read.
-__device__ __forceinline__ uint4 load_unit(uintptr_t unit, uintptr_t lo, uintptr_t hi) {
-  if (unit >= lo && unit + 16 <= hi) return __ldcs(reinterpret_cast<const uint4*>(unit));
-  uint32_t word[4] = {0, 0, 0, 0};
-#pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const uintptr_t at = unit + 2 * static_cast<uintptr_t>(k);
-    if (at >= lo && at < hi) {
-      const uint32_t half = __ldcs(reinterpret_cast<const unsigned short*>(at));
-      word[k / 2] |= half << (16 * (k % 2));
-    }
-  }
-  return make_uint4(word[0], word[1], word[2], word[3]);
-}
-
-// Copies the raw bytes of elements [base, base + elems) of a row (base a multiple of the block size) into the
-// warp's slice with coalesced 16-byte loads (consecutive lanes, consecutive units); returns where the chunk's
-// first block starts in the slice. Warp-synchronous.
-template <GgmlType T>
-__device__ __forceinline__ const uint8_t* stage_chunk(const uint8_t* row, int base, int elems, uint4* slice, int lane) {
-  using D = Dequant<T>;
-  using Shape = ChunkShape<T>;
-  const uintptr_t lo =
-      reinterpret_cast<uintptr_t>(row) + static_cast<uintptr_t>(base / D::kBlockElems) * sizeof(typename D::Block);
-  const uintptr_t hi = lo + static_cast<uintptr_t>(elems / D::kBlockElems) * sizeof(typename D::Block);
-  const uintptr_t first = lo & ~static_cast<uintptr_t>(15);
-  const int units = static_cast<int>((hi - first + 15) / 16);
-  uint4 raw[Shape::kUnitsPerLane];
-#pragma unroll
-  for (int k = 0; k < Shape::kUnitsPerLane; ++k) {
-    const int u = lane + 32 * k;
-    if (u < units) raw[k] = load_unit(first + 16 * static_cast<uintptr_t>(u), lo, hi);
-  }
-  __syncwarp();  // every lane is done reading the previous chunk from the slice
-#pragma unroll
-  for (int k = 0; k < Shape::kUnitsPerLane; ++k) {
-    const int u = lane + 32 * k;
-    if (u < units) slice[u] = raw[k];
-  }
-  __syncwarp();
-  return reinterpret_cast<const uint8_t*>(slice) + (lo - first);
-}
 
 // One pass over a set of experts: kGateUp: a = gate, b = up, x = f32 [n_tok, n_cols] indexed by entry_token,
 // out = h f32 [entries, n_rows]. !kGateUp: a = down (b unused), x = h f32 [entries, n_cols] indexed by entry,
@@ -180,8 +136,9 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(Job j0, Job j1, int j
     }
     for (int base = 0; base < n_cols; base += Shape::kElems) {
       const int elems = min(Shape::kElems, n_cols - base);
-      const uint8_t* ca = stage_chunk<T>(ra, base, elems, stage_a[warp], lane);
-      const uint8_t* cb = kGateUp ? stage_chunk<T>(rb, base, elems, stage_b[warp], lane) : nullptr;
+      const uint8_t* ca = stage_row::stage_chunk<T, Shape::kUnitsPerLane>(ra, base, elems, stage_a[warp], lane);
+      const uint8_t* cb =
+          kGateUp ? stage_row::stage_chunk<T, Shape::kUnitsPerLane>(rb, base, elems, stage_b[warp], lane) : nullptr;
       for (int e0 = kGroup * lane; e0 < elems; e0 += kGroup * 32) {
         const int n = min(kGroup, elems - e0);
         float wa[kGroup];
