@@ -1,10 +1,13 @@
 // q4_tile (see q4_tile.h): the host-side re-tiling of Q4_0 / Q4_K rows for GEMV v4.
 #include "gpu/q4_tile.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "core/quant/blocks.h"
 #include "core/quant/quant_internal.h"
@@ -15,6 +18,7 @@ namespace {
 constexpr int kTileRows = 16;
 constexpr int kUnitElems = 64;
 constexpr int64_t kMaxCols = 8192;
+constexpr uint64_t kParallelBytes = uint64_t{4} << 20;  // output bytes per worker thread, at least
 
 }  // namespace
 
@@ -31,97 +35,151 @@ uint64_t q4_tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows) {
   return type == GgmlType::kQ4_K ? elems / 256 * sizeof(BlockQ4_K) : elems / 32 * sizeof(BlockQ4_0);
 }
 
-Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, std::span<uint8_t> out) {
-  if (!q4_tiled_supports(type, n_cols, n_rows)) {
-    return make_error(ErrorCode::kInvalidArgument, "q4_tile: " + std::string(ggml_type_name(type)) + " {" +
-                                                       std::to_string(n_cols) + ", " + std::to_string(n_rows) +
-                                                       "} cannot be tiled (q4_0 needs n_cols % 64, q4_K n_cols % "
-                                                       "256, n_rows % 16, n_cols <= 8192)");
+namespace {
+
+// Row groups [rg0, rg1) of one matrix: raw GGUF rows at src, the tiled matrix's qs and meta parts (whole matrix).
+void tile_q4_0_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
+  const int64_t n_units = n_cols / kUnitElems;
+  const int64_t row_bytes = n_cols / 32 * static_cast<int64_t>(sizeof(BlockQ4_0));
+  uint8_t* qs = out;
+  uint8_t* meta = out + n_rg * n_units * 512;
+  auto block = [&](int64_t row, int64_t b) {
+    return src + row * row_bytes + b * static_cast<int64_t>(sizeof(BlockQ4_0));
+  };
+  for (int64_t rg = rg0; rg < rg1; ++rg) {
+    for (int64_t u = 0; u < n_units; ++u) {
+      uint8_t* tile = qs + (rg * n_units + u) * 512;
+      uint8_t* m = meta + (rg * n_units + u) * 64;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4;
+        const int t = lane % 4;
+        const int64_t r0 = rg * kTileRows + g;
+        const int64_t r8 = r0 + 8;
+        // qs of a block start 2 bytes in (after d).
+        std::memcpy(tile + lane * 16 + 0, block(r0, 2 * u) + 2 + 4 * t, 4);
+        std::memcpy(tile + lane * 16 + 4, block(r8, 2 * u) + 2 + 4 * t, 4);
+        std::memcpy(tile + lane * 16 + 8, block(r0, 2 * u + 1) + 2 + 4 * t, 4);
+        std::memcpy(tile + lane * 16 + 12, block(r8, 2 * u + 1) + 2 + 4 * t, 4);
+      }
+      for (int g = 0; g < 8; ++g) {
+        const int64_t r0 = rg * kTileRows + g;
+        std::memcpy(m + g * 8 + 0, block(r0, 2 * u), 2);
+        std::memcpy(m + g * 8 + 2, block(r0 + 8, 2 * u), 2);
+        std::memcpy(m + g * 8 + 4, block(r0, 2 * u + 1), 2);
+        std::memcpy(m + g * 8 + 6, block(r0 + 8, 2 * u + 1), 2);
+      }
+    }
   }
-  if (out.size() != q4_tiled_bytes(type, n_cols, n_rows) || raw == nullptr) {
-    return make_error(ErrorCode::kInvalidArgument, "q4_tile: output holds " + std::to_string(out.size()) +
-                                                       " bytes, the tiled matrix needs " +
-                                                       std::to_string(q4_tiled_bytes(type, n_cols, n_rows)));
+}
+
+void tile_q4_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
+  const int64_t n_units = n_cols / kUnitElems;
+  const int64_t n_sb = n_cols / 256;
+  const int64_t row_bytes = n_sb * static_cast<int64_t>(sizeof(BlockQ4_K));
+  uint8_t* qs = out;
+  uint8_t* meta = out + n_rg * n_units * 512;
+  auto block = [&](int64_t row, int64_t sb) {
+    return src + row * row_bytes + sb * static_cast<int64_t>(sizeof(BlockQ4_K));
+  };
+  constexpr size_t kQsOffset = offsetof(BlockQ4_K, qs);
+  for (int64_t rg = rg0; rg < rg1; ++rg) {
+    for (int64_t u = 0; u < n_units; ++u) {
+      const int64_t sb = u / 4;
+      const int64_t j = u % 4;
+      uint8_t* tile = qs + (rg * n_units + u) * 512;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4;
+        const int t = lane % 4;
+        const int64_t r0 = rg * kTileRows + g;
+        const int64_t r8 = r0 + 8;
+        std::memcpy(tile + lane * 16 + 0, block(r0, sb) + kQsOffset + 32 * j + 4 * t, 4);
+        std::memcpy(tile + lane * 16 + 4, block(r8, sb) + kQsOffset + 32 * j + 4 * t, 4);
+        std::memcpy(tile + lane * 16 + 8, block(r0, sb) + kQsOffset + 32 * j + 16 + 4 * t, 4);
+        std::memcpy(tile + lane * 16 + 12, block(r8, sb) + kQsOffset + 32 * j + 16 + 4 * t, 4);
+      }
+    }
+    for (int64_t sb = 0; sb < n_sb; ++sb) {
+      for (int row = 0; row < kTileRows; ++row) {
+        const uint8_t* b = block(rg * kTileRows + row, sb);
+        uint8_t* m = meta + (rg * n_sb + sb) * 256 + row * 16;
+        std::memcpy(m, b, 4);  // d, dmin
+        // Field j (24 bits at bit 24j, little-endian) = bytes 3j .. 3j + 2.
+        for (int j = 0; j < 4; ++j) {
+          uint8_t sc0, mn0, sc1, mn1;
+          quant_internal::k4_get_scale_min(2 * j, b + offsetof(BlockQ4_K, scales), &sc0, &mn0);
+          quant_internal::k4_get_scale_min(2 * j + 1, b + offsetof(BlockQ4_K, scales), &sc1, &mn1);
+          const uint32_t field = static_cast<uint32_t>(sc0) | (static_cast<uint32_t>(sc1) << 6) |
+                                 (static_cast<uint32_t>(mn0) << 12) | (static_cast<uint32_t>(mn1) << 18);
+          m[4 + 3 * j] = static_cast<uint8_t>(field);
+          m[4 + 3 * j + 1] = static_cast<uint8_t>(field >> 8);
+          m[4 + 3 * j + 2] = static_cast<uint8_t>(field >> 16);
+        }
+      }
+    }
+  }
+}
+
+Status check_shape(const char* what, GgmlType type, int64_t n_cols, int64_t n_rows) {
+  if (q4_tiled_supports(type, n_cols, n_rows)) return ok_status();
+  return make_error(ErrorCode::kInvalidArgument, std::string(what) + ": " + std::string(ggml_type_name(type)) + " {" +
+                                                     std::to_string(n_cols) + ", " + std::to_string(n_rows) +
+                                                     "} cannot be tiled (q4_0 needs n_cols % 64, q4_K n_cols % 256, "
+                                                     "n_rows % 16, n_cols <= 8192)");
+}
+
+}  // namespace
+
+Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, std::span<uint8_t> out) {
+  return q4_tile_stack(type, raw, n_cols, n_rows, 1, out, 1);
+}
+
+Status q4_tile_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_slices,
+                     std::span<uint8_t> out, int max_threads) {
+  KESTREL_TRY(check_shape("q4_tile", type, n_cols, n_rows));
+  const uint64_t slice_bytes = q4_tiled_bytes(type, n_cols, n_rows);
+  if (raw == nullptr || n_slices < 1 || max_threads < 0) {
+    return make_error(ErrorCode::kInvalidArgument, "q4_tile: null input, slice count " + std::to_string(n_slices) +
+                                                       " below 1 or thread count " + std::to_string(max_threads) +
+                                                       " below 0");
+  }
+  if (out.size() / slice_bytes != static_cast<uint64_t>(n_slices) || out.size() % slice_bytes != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "q4_tile: output holds " + std::to_string(out.size()) + " bytes, " +
+                                                       std::to_string(n_slices) + " tiled matrices need " +
+                                                       std::to_string(slice_bytes) + " each");
   }
   const auto* src = static_cast<const uint8_t*>(raw);
-  const int64_t n_units = n_cols / kUnitElems;
   const int64_t n_rg = n_rows / kTileRows;
-  uint8_t* qs = out.data();
-  uint8_t* meta = out.data() + n_rg * n_units * 512;
-  if (type == GgmlType::kQ4_0) {
-    const int64_t row_bytes = n_cols / 32 * static_cast<int64_t>(sizeof(BlockQ4_0));
-    auto block = [&](int64_t row, int64_t b) { return src + row * row_bytes + b * sizeof(BlockQ4_0); };
-    for (int64_t rg = 0; rg < n_rg; ++rg) {
-      for (int64_t u = 0; u < n_units; ++u) {
-        uint8_t* tile = qs + (rg * n_units + u) * 512;
-        uint8_t* m = meta + (rg * n_units + u) * 64;
-        for (int lane = 0; lane < 32; ++lane) {
-          const int g = lane / 4;
-          const int t = lane % 4;
-          const int64_t r0 = rg * kTileRows + g;
-          const int64_t r8 = r0 + 8;
-          // qs of a block start 2 bytes in (after d).
-          std::memcpy(tile + lane * 16 + 0, block(r0, 2 * u) + 2 + 4 * t, 4);
-          std::memcpy(tile + lane * 16 + 4, block(r8, 2 * u) + 2 + 4 * t, 4);
-          std::memcpy(tile + lane * 16 + 8, block(r0, 2 * u + 1) + 2 + 4 * t, 4);
-          std::memcpy(tile + lane * 16 + 12, block(r8, 2 * u + 1) + 2 + 4 * t, 4);
-        }
-        for (int g = 0; g < 8; ++g) {
-          const int64_t r0 = rg * kTileRows + g;
-          std::memcpy(m + g * 8 + 0, block(r0, 2 * u), 2);
-          std::memcpy(m + g * 8 + 2, block(r0 + 8, 2 * u), 2);
-          std::memcpy(m + g * 8 + 4, block(r0, 2 * u + 1), 2);
-          std::memcpy(m + g * 8 + 6, block(r0 + 8, 2 * u + 1), 2);
-        }
+  const int64_t total = n_rg * n_slices;  // row groups of the whole stack
+  // Item k = row group k % n_rg of slice k / n_rg; a worker takes a contiguous range of items.
+  auto work = [&](int64_t k0, int64_t k1) {
+    while (k0 < k1) {
+      const int64_t slice = k0 / n_rg;
+      const int64_t rg0 = k0 % n_rg;
+      const int64_t rg1 = std::min(n_rg, rg0 + (k1 - k0));
+      const uint8_t* s = src + static_cast<uint64_t>(slice) * slice_bytes;
+      uint8_t* o = out.data() + static_cast<uint64_t>(slice) * slice_bytes;
+      if (type == GgmlType::kQ4_0) {
+        tile_q4_0_rows(s, n_cols, n_rg, rg0, rg1, o);
+      } else {
+        tile_q4_k_rows(s, n_cols, n_rg, rg0, rg1, o);
       }
+      k0 += rg1 - rg0;
     }
-  } else {
-    const int64_t n_sb = n_cols / 256;
-    const int64_t row_bytes = n_sb * static_cast<int64_t>(sizeof(BlockQ4_K));
-    auto block = [&](int64_t row, int64_t sb) { return src + row * row_bytes + sb * sizeof(BlockQ4_K); };
-    constexpr size_t kQsOffset = offsetof(BlockQ4_K, qs);
-    for (int64_t rg = 0; rg < n_rg; ++rg) {
-      for (int64_t u = 0; u < n_units; ++u) {
-        const int64_t sb = u / 4;
-        const int64_t j = u % 4;
-        uint8_t* tile = qs + (rg * n_units + u) * 512;
-        for (int lane = 0; lane < 32; ++lane) {
-          const int g = lane / 4;
-          const int t = lane % 4;
-          const int64_t r0 = rg * kTileRows + g;
-          const int64_t r8 = r0 + 8;
-          std::memcpy(tile + lane * 16 + 0, block(r0, sb) + kQsOffset + 32 * j + 4 * t, 4);
-          std::memcpy(tile + lane * 16 + 4, block(r8, sb) + kQsOffset + 32 * j + 4 * t, 4);
-          std::memcpy(tile + lane * 16 + 8, block(r0, sb) + kQsOffset + 32 * j + 16 + 4 * t, 4);
-          std::memcpy(tile + lane * 16 + 12, block(r8, sb) + kQsOffset + 32 * j + 16 + 4 * t, 4);
-        }
-      }
-      for (int64_t sb = 0; sb < n_sb; ++sb) {
-        for (int row = 0; row < kTileRows; ++row) {
-          const uint8_t* b = block(rg * kTileRows + row, sb);
-          uint8_t* m = meta + (rg * n_sb + sb) * 256 + row * 16;
-          std::memcpy(m, b, 4);  // d, dmin
-          uint8_t sc[8];
-          uint8_t mn[8];
-          for (int k = 0; k < 8; ++k)
-            quant_internal::k4_get_scale_min(k, b + offsetof(BlockQ4_K, scales), &sc[k], &mn[k]);
-          uint8_t packed[12] = {};
-          for (int j = 0; j < 4; ++j) {
-            const uint32_t field = static_cast<uint32_t>(sc[2 * j]) | (static_cast<uint32_t>(sc[2 * j + 1]) << 6) |
-                                   (static_cast<uint32_t>(mn[2 * j]) << 12) |
-                                   (static_cast<uint32_t>(mn[2 * j + 1]) << 18);
-            for (int bit = 0; bit < 24; ++bit) {
-              if ((field >> bit) & 1u) {
-                const int at = 24 * j + bit;
-                packed[at / 8] = static_cast<uint8_t>(packed[at / 8] | (1u << (at % 8)));
-              }
-            }
-          }
-          std::memcpy(m + 4, packed, 12);
-        }
-      }
-    }
+  };
+  // Threads: at most max_threads (0: the hardware's), and one per kParallelBytes of output.
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const uint64_t by_size = std::max<uint64_t>(1, out.size() / kParallelBytes);
+  const int64_t n_threads = static_cast<int64_t>(std::min<uint64_t>(
+      {max_threads == 0 ? hw : static_cast<unsigned>(max_threads), by_size, static_cast<uint64_t>(total)}));
+  if (n_threads <= 1) {
+    work(0, total);
+    return ok_status();
   }
+  std::vector<std::thread> pool;
+  pool.reserve(static_cast<size_t>(n_threads - 1));
+  for (int64_t i = 1; i < n_threads; ++i) pool.emplace_back(work, total * i / n_threads, total * (i + 1) / n_threads);
+  work(0, total / n_threads);
+  for (std::thread& th : pool) th.join();
   return ok_status();
 }
 

@@ -38,7 +38,13 @@ bool q4_tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
 uint64_t q4_tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows);
 
 // Host-side re-tiling: raw = n_rows GGUF rows back to back; out.size() == q4_tiled_bytes(). kInvalidArgument when
-// the shape is not supported or a size does not match. Pure function; thread-safe.
+// the shape is not supported or a size does not match. Pure function; thread-safe; one thread.
 Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, std::span<uint8_t> out);
+
+// A stack of n_slices such matrices (a 3-D tensor, e.g. an MoE expert stack), each tiled on its own into consecutive
+// q4_tiled_bytes() slices of out; the same bytes as n_slices q4_tile calls. Row groups are shared out over up to
+// max_threads threads (0: the hardware's; at least 4 MiB of output per thread), joined before it returns.
+Status q4_tile_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_slices,
+                     std::span<uint8_t> out, int max_threads = 0);
 
 }  // namespace kestrel::gpu

@@ -164,13 +164,9 @@ Status WeightPool::register_tensors(std::span<const PoolTensorDesc> batch, cudaS
     KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));  // the previous tiled buffer may be reused now
     const std::vector<uint64_t> ne = trimmed(e.ne);
     const uint64_t slices = ne.size() == 3 ? ne[2] : 1;
-    const uint64_t slice_bytes = e.bytes / slices;
     tiled.resize(e.bytes);
-    for (uint64_t j = 0; j < slices; ++j) {
-      KESTREL_TRY(q4_tile(e.type, batch[i].data.data() + j * slice_bytes, static_cast<int64_t>(ne[0]),
-                          static_cast<int64_t>(ne[1]),
-                          std::span<uint8_t>(tiled.data() + j * slice_bytes, slice_bytes)));
-    }
+    KESTREL_TRY(q4_tile_stack(e.type, batch[i].data.data(), static_cast<int64_t>(ne[0]), static_cast<int64_t>(ne[1]),
+                              static_cast<int64_t>(slices), tiled));
     KESTREL_CUDA_TRY(cudaMemcpyAsync(base_ + e.offset, tiled.data(), e.bytes, cudaMemcpyHostToDevice, stream));
   }
   KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));

@@ -1,9 +1,9 @@
 // gpu/gemv_imma (GEMV v4: re-tiled Q4_0 / Q4_K on u8 x s8 tensor cores, x as four 7-bit digits per power-of-two
-// group scale) and gpu/q4_tile (the tiled layout) against core's ref::matvec_batch: random blocks with wide-ranging
-// scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 8192, n_out 16 .. 32768), every
-// vector-count path (1, 2, 3, 5, 8, 13, 32: one to four pairs per segment, several segments); bit-identical repeated
-// runs; each y[v] identical whatever n_vec; activation edge cases; shapes and arguments the kernel does not take are
-// refused before anything runs.
+// group scale; the tiled layout itself is tested in test_q4_tile.cpp) against core's ref::matvec_batch: random blocks
+// with wide-ranging scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 8192, n_out 16 ..
+// 32768), every vector-count path (1, 2, 3, 5, 8, 13, 32: one to four pairs per segment, several segments);
+// bit-identical repeated runs; each y[v] identical whatever n_vec; activation edge cases; shapes and arguments the
+// kernel does not take are refused before anything runs.
 //
 // Tolerance: |gpu - ref| <= 1e-5 · Σ|w_i · x_i| + 2^-27 · Σ_G max_G|x| · Σ_{i in G} |w_i| per output. The integer
 // sums are exact and the per-block scaling is f32, so the first term is the f32 summation-order room (as for ref's
@@ -233,38 +233,6 @@ TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 16, nullptr, 0));  // bound 1..8
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 16, nullptr, 9));
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 15, nullptr));  // y_stride < n_rows
-}
-
-TEST(Q4Tile, TilingKeepsEveryByte) {
-  // The tiled form has the raw size; for Q4_0 it is a permutation of the raw bytes (Q4_K also re-packs the 6-bit
-  // scales, checked through the GEMV results above).
-  std::mt19937 rng(7);
-  EXPECT_EQ(q4_tiled_bytes(GgmlType::kQ4_K, 512, 32), 2u * 32u * sizeof(BlockQ4_K));
-  for (GgmlType t : {GgmlType::kQ4_0}) {
-    const int64_t n_in = 512;
-    const int64_t n_out = 32;
-    const std::vector<uint8_t> m = random_matrix(t, n_in, n_out, rng);
-    ASSERT_EQ(q4_tiled_bytes(t, n_in, n_out), m.size());
-    std::vector<uint8_t> tiled(m.size());
-    ASSERT_TRUE(q4_tile(t, m.data(), n_in, n_out, tiled));
-    std::vector<uint64_t> count_raw(256, 0), count_tiled(256, 0);
-    for (uint8_t b : m) ++count_raw[b];
-    for (uint8_t b : tiled) ++count_tiled[b];
-    EXPECT_EQ(count_raw, count_tiled) << ggml_type_name(t);
-  }
-}
-
-TEST(Q4Tile, RefusesShapesAndArguments) {
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 32, 16));    // n_in not a multiple of 64
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 64, 17));    // n_out not a multiple of 16
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_K, 128, 16));   // not whole super-blocks
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ8_0, 64, 16));    // other types keep gemv()
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 8256, 16));  // longer than the kernel takes
-  std::vector<uint8_t> raw(18 * 2 * 17);
-  std::vector<uint8_t> out(raw.size());
-  EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, raw.data(), 64, 17, out));
-  std::vector<uint8_t> small(10);
-  EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, raw.data(), 64, 16, small));
 }
 
 }  // namespace

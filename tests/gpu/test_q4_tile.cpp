@@ -1,0 +1,172 @@
+// gpu/q4_tile: the re-tiled Q4_0 / Q4_K layout GEMV v4 reads (host code, no device needed). The tiled bytes are
+// decoded back into GGUF blocks by following the layout q4_tile.h documents, independently of q4_tile's own loops,
+// and must give back the raw matrix byte for byte; a stack tiled on any number of threads equals its slices tiled
+// one by one; shapes and arguments it does not take are refused.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/quant/blocks.h"
+#include "core/quant/quant.h"
+#include "core/quant/quant_internal.h"
+#include "gpu/q4_tile.h"
+
+namespace kestrel::gpu {
+namespace {
+
+// Random blocks with finite f16 scales (the tiling moves bytes; any scale bits would do, finite ones read better).
+std::vector<uint8_t> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, std::mt19937& rng) {
+  std::vector<uint8_t> m(q4_tiled_bytes(t, n_cols, n_rows));
+  for (auto& b : m) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(-2.0f, 2.0f);
+  const size_t block_bytes = t == GgmlType::kQ4_K ? sizeof(BlockQ4_K) : sizeof(BlockQ4_0);
+  for (size_t blk = 0; blk < m.size() / block_bytes; ++blk) {
+    for (size_t off : t == GgmlType::kQ4_K ? std::vector<size_t>{offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)}
+                                           : std::vector<size_t>{offsetof(BlockQ4_0, d)}) {
+      const uint16_t h = f32_to_fp16(scale(rng));
+      std::memcpy(&m[blk * block_bytes + off], &h, sizeof(h));
+    }
+  }
+  return m;
+}
+
+// The raw rows back from a tiled matrix, per the layout in q4_tile.h.
+std::vector<uint8_t> untile(GgmlType t, const std::vector<uint8_t>& tiled, int64_t n_cols, int64_t n_rows) {
+  std::vector<uint8_t> raw(tiled.size());
+  const int64_t n_units = n_cols / 64;
+  const int64_t n_rg = n_rows / 16;
+  const uint8_t* qs = tiled.data();
+  const uint8_t* meta = tiled.data() + n_rg * n_units * 512;
+  if (t == GgmlType::kQ4_0) {
+    const int64_t row_bytes = n_cols / 32 * static_cast<int64_t>(sizeof(BlockQ4_0));
+    auto block = [&](int64_t row, int64_t b) { return raw.data() + row * row_bytes + b * 18; };
+    for (int64_t rg = 0; rg < n_rg; ++rg) {
+      for (int64_t u = 0; u < n_units; ++u) {
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, tw = lane % 4;
+          const uint8_t* word = qs + ((rg * n_units + u) * 32 + lane) * 16;
+          const int64_t r0 = rg * 16 + g, r8 = r0 + 8;
+          std::memcpy(block(r0, 2 * u) + 2 + 4 * tw, word + 0, 4);
+          std::memcpy(block(r8, 2 * u) + 2 + 4 * tw, word + 4, 4);
+          std::memcpy(block(r0, 2 * u + 1) + 2 + 4 * tw, word + 8, 4);
+          std::memcpy(block(r8, 2 * u + 1) + 2 + 4 * tw, word + 12, 4);
+        }
+        for (int g = 0; g < 8; ++g) {
+          const uint8_t* d = meta + ((rg * n_units + u) * 8 + g) * 8;
+          const int64_t r0 = rg * 16 + g;
+          std::memcpy(block(r0, 2 * u), d + 0, 2);
+          std::memcpy(block(r0 + 8, 2 * u), d + 2, 2);
+          std::memcpy(block(r0, 2 * u + 1), d + 4, 2);
+          std::memcpy(block(r0 + 8, 2 * u + 1), d + 6, 2);
+        }
+      }
+    }
+    return raw;
+  }
+  const int64_t n_sb = n_cols / 256;
+  const int64_t row_bytes = n_sb * static_cast<int64_t>(sizeof(BlockQ4_K));
+  auto block = [&](int64_t row, int64_t sb) { return raw.data() + row * row_bytes + sb * 144; };
+  for (int64_t rg = 0; rg < n_rg; ++rg) {
+    for (int64_t u = 0; u < n_units; ++u) {
+      const int64_t sb = u / 4, j = u % 4;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, tw = lane % 4;
+        const uint8_t* word = qs + ((rg * n_units + u) * 32 + lane) * 16;
+        const int64_t r0 = rg * 16 + g, r8 = r0 + 8;
+        const size_t q = offsetof(BlockQ4_K, qs) + 32 * j;
+        std::memcpy(block(r0, sb) + q + 4 * tw, word + 0, 4);
+        std::memcpy(block(r8, sb) + q + 4 * tw, word + 4, 4);
+        std::memcpy(block(r0, sb) + q + 16 + 4 * tw, word + 8, 4);
+        std::memcpy(block(r8, sb) + q + 16 + 4 * tw, word + 12, 4);
+      }
+    }
+    for (int64_t sb = 0; sb < n_sb; ++sb) {
+      for (int row = 0; row < 16; ++row) {
+        const uint8_t* head = meta + ((rg * n_sb + sb) * 16 + row) * 16;
+        uint8_t* b = block(rg * 16 + row, sb);
+        std::memcpy(b, head, 4);  // d, dmin
+        uint8_t* scales = b + offsetof(BlockQ4_K, scales);
+        std::memset(scales, 0, 12);
+        for (int k = 0; k < 8; ++k) {  // field k / 2 at bit 24·(k / 2): sc at 6·(k % 2), m at 12 + 6·(k % 2)
+          uint32_t field = 0;
+          std::memcpy(&field, head + 4 + 3 * (k / 2), 3);
+          const auto sc = static_cast<uint8_t>((field >> (6 * (k % 2))) & 63u);
+          const auto mn = static_cast<uint8_t>((field >> (12 + 6 * (k % 2))) & 63u);
+          quant_internal::k4_put_scale_min(k, sc, mn, scales);
+        }
+      }
+    }
+  }
+  return raw;
+}
+
+TEST(Q4Tile, LayoutDecodesToTheRawRows) {
+  std::mt19937 rng(7);
+  struct Case {
+    GgmlType t;
+    int64_t n_cols, n_rows;
+  };
+  for (const Case& c :
+       {Case{GgmlType::kQ4_0, 64, 16}, Case{GgmlType::kQ4_0, 320, 48}, Case{GgmlType::kQ4_0, 2048, 64},
+        Case{GgmlType::kQ4_K, 256, 16}, Case{GgmlType::kQ4_K, 1280, 32}, Case{GgmlType::kQ4_K, 8192, 16}}) {
+    const std::vector<uint8_t> m = random_matrix(c.t, c.n_cols, c.n_rows, rng);
+    std::vector<uint8_t> tiled(m.size());
+    ASSERT_TRUE(q4_tile(c.t, m.data(), c.n_cols, c.n_rows, tiled));
+    EXPECT_EQ(untile(c.t, tiled, c.n_cols, c.n_rows), m)
+        << ggml_type_name(c.t) << " {" << c.n_cols << ", " << c.n_rows << "}";
+  }
+}
+
+// 37 slices of 3 row groups: ranges cut through slices whatever the thread count.
+TEST(Q4Tile, StackOnThreadsEqualsSlicesOneByOne) {
+  std::mt19937 rng(11);
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    const int64_t n_cols = 512, n_rows = 48, n_slices = 37;
+    const uint64_t slice = q4_tiled_bytes(t, n_cols, n_rows);
+    std::vector<uint8_t> stack;
+    for (int64_t s = 0; s < n_slices; ++s) {
+      const std::vector<uint8_t> m = random_matrix(t, n_cols, n_rows, rng);
+      stack.insert(stack.end(), m.begin(), m.end());
+    }
+    std::vector<uint8_t> want(stack.size());
+    for (int64_t s = 0; s < n_slices; ++s) {
+      ASSERT_TRUE(
+          q4_tile(t, stack.data() + s * slice, n_cols, n_rows, std::span<uint8_t>(want.data() + s * slice, slice)));
+    }
+    for (int threads : {1, 2, 3, 7, 0}) {
+      std::vector<uint8_t> got(stack.size(), 0xAB);
+      ASSERT_TRUE(q4_tile_stack(t, stack.data(), n_cols, n_rows, n_slices, got, threads));
+      EXPECT_EQ(got, want) << ggml_type_name(t) << " threads " << threads;
+    }
+  }
+}
+
+TEST(Q4Tile, TiledSizeIsTheRawSize) {
+  EXPECT_EQ(q4_tiled_bytes(GgmlType::kQ4_K, 512, 32), 2u * 32u * sizeof(BlockQ4_K));
+  EXPECT_EQ(q4_tiled_bytes(GgmlType::kQ4_0, 512, 32), 16u * 32u * sizeof(BlockQ4_0));
+}
+
+TEST(Q4Tile, RefusesShapesAndArguments) {
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 32, 16));    // n_in not a multiple of 64
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 64, 17));    // n_out not a multiple of 16
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_K, 128, 16));   // not whole super-blocks
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ8_0, 64, 16));    // other types keep gemv()
+  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 8256, 16));  // longer than the kernel takes
+  std::vector<uint8_t> raw(18 * 2 * 17);
+  std::vector<uint8_t> out(raw.size());
+  EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, raw.data(), 64, 17, out));
+  std::vector<uint8_t> small(10);
+  EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, raw.data(), 64, 16, small));
+  std::vector<uint8_t> two(2 * 18 * 2 * 16);
+  EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, nullptr, 64, 16, std::span<uint8_t>(two.data(), two.size() / 2)));
+  EXPECT_FALSE(q4_tile_stack(GgmlType::kQ4_0, two.data(), 64, 16, 0, two));      // no slices
+  EXPECT_FALSE(q4_tile_stack(GgmlType::kQ4_0, two.data(), 64, 16, 3, two));      // room for 2
+  EXPECT_FALSE(q4_tile_stack(GgmlType::kQ4_0, two.data(), 64, 16, 2, two, -1));  // thread count
+  EXPECT_TRUE(q4_tile_stack(GgmlType::kQ4_0, two.data(), 64, 16, 2, two, 2));
+}
+
+}  // namespace
+}  // namespace kestrel::gpu
