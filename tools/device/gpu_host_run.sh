@@ -9,19 +9,9 @@
 # Prepare .debs/ here first:  (mkdir -p .debs && cd .debs && apt-get download libgtest-dev libgmock-dev googletest \
 #   libpcre2-dev libpcre2-8-0 nlohmann-json3-dev libcli11-dev libbenchmark-dev libbenchmark1debian)
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-deps=/tmp/kestrel-deps
-mkdir -p "$deps"
-for f in .debs/*.deb; do dpkg -x "$f" "$deps"; done
-libdir=$deps/usr/lib/x86_64-linux-gnu
-export LD_LIBRARY_PATH=$libdir:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-
-cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKESTREL_CUDA=ON -DKESTREL_DAEMON=OFF \
-  -DKESTREL_BENCH=OFF -DKESTREL_NATIVE=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH="$deps/usr" \
-  -DPCRE2_INCLUDE_DIR="$deps/usr/include" -DPCRE2_LIBRARY="$libdir/libpcre2-8.so" >"$OUT/configure.log" 2>&1 ||
-  { tail -30 "$OUT/configure.log"; exit 1; }
+# shellcheck source=tools/device/gpu_configure.sh
+source "$(dirname "$0")/gpu_configure.sh" || exit 1
 cmake --build build/gpu -j"$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error|Error" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "== gpu tests"
 ctest --test-dir build/gpu -L gpu --output-on-failure 2>&1 | tee "$OUT/ctest-gpu.log" | tail -25
