@@ -1,19 +1,26 @@
-// moe_test_util.h: test data shared by tests/gpu/test_moe.cpp and tests/gpu/test_moe_imma.cpp — reproducible random
-// weight stacks of any type gpu/dequant.cuh handles, and activations whose routing is clear of rounding.
+// moe_test_util.h: what tests/gpu/test_moe.cpp and tests/gpu/test_moe_imma.cpp share — reproducible random weight
+// stacks of any type gpu/dequant.cuh handles, activations whose routing is clear of rounding, device copies of the
+// weights, and the check of a layer's outputs against the reference.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "core/reference/matvec.h"
+#include "tests/gpu/block_test_util.h"
+#include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu::test {
 
@@ -28,17 +35,6 @@ struct XorShift {
   }
 };
 
-inline std::vector<size_t> scale_offsets(GgmlType t) {
-  switch (t) {
-    case GgmlType::kQ8_0: return {offsetof(BlockQ8_0, d)};
-    case GgmlType::kQ4_0: return {offsetof(BlockQ4_0, d)};
-    case GgmlType::kQ4_K: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
-    case GgmlType::kQ5_K: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
-    case GgmlType::kQ6_K: return {offsetof(BlockQ6_K, d)};
-    default: return {};
-  }
-}
-
 // n_mat matrices of n_rows × n_cols: random quant bytes with f16 scales making weights of magnitude ~ scale (random
 // sign for d, positive for dmin), or plain values ~ N(0, scale).
 inline std::vector<unsigned char> random_weights(GgmlType t, int64_t n_cols, int64_t n_rows, int64_t n_mat, float scale,
@@ -52,13 +48,7 @@ inline std::vector<unsigned char> random_weights(GgmlType t, int64_t n_cols, int
     std::normal_distribution<float> normal(0.0f, scale);
     const size_t n = static_cast<size_t>(n_cols * n_rows * n_mat);
     for (size_t i = 0; i < n; ++i) {
-      const float f = normal(gen);
-      if (t == GgmlType::kF32) {
-        std::memcpy(&m[4 * i], &f, 4);
-      } else {
-        const uint16_t h = t == GgmlType::kF16 ? f32_to_fp16(f) : f32_to_bf16(f);
-        std::memcpy(&m[2 * i], &h, 2);
-      }
+      store_plain(t, normal(gen), i, m.data());
     }
     return m;
   }
@@ -111,6 +101,52 @@ inline std::vector<float> draw_routable_x(const ref::QuantMatrix& router, int h,
     EXPECT_TRUE(clear) << "token " << t << ": no draw with clear routing gaps";
   }
   return x;
+}
+
+// Device copies of host byte vectors (the layer's weights), owned for the store's lifetime.
+struct DeviceUploads {
+  std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+  const void* put(const std::vector<unsigned char>& v) {
+    bufs.push_back(std::make_unique<DeviceBuffer>(v.size()));
+    EXPECT_EQ(cudaMemcpy(bufs.back()->as(), v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    return bufs.back()->as();
+  }
+};
+
+// The layer's outputs (n_tok rows of h) against the reference's: each within tol × its row's largest |ref| (NaN
+// fails). The first mismatch is a test failure with its token, element and values; one line reports the worst
+// error ratio with the layer's launch count and active experts. Returns how many elements are out of tolerance.
+inline int count_out_of_tolerance(const std::vector<float>& got, const std::vector<float>& want, int n_tok, int h,
+                                  double tol, const std::string& what, int launches, int n_active) {
+  int bad = 0;
+  double worst = 0.0;
+  size_t worst_at = 0;
+  for (int t = 0; t < n_tok; ++t) {
+    const size_t row = static_cast<size_t>(t) * static_cast<size_t>(h);
+    double scale = 0.0;
+    for (int i = 0; i < h; ++i) scale = std::max(scale, std::fabs(double{want[row + static_cast<size_t>(i)]}));
+    for (int i = 0; i < h; ++i) {
+      const size_t at = row + static_cast<size_t>(i);
+      const double err = std::fabs(double{got[at]} - double{want[at]});
+      double ratio = err / (tol * scale + 1e-30);
+      if (std::isnan(ratio)) ratio = 1e30;
+      if (ratio > worst) {
+        worst = ratio;
+        worst_at = at;
+      }
+      if (!(ratio <= 1.0)) {
+        if (bad == 0) {
+          ADD_FAILURE() << "first mismatch: token " << t << " element " << i << " got " << got[at] << " want "
+                        << want[at] << " |err| " << err << " row max|ref| " << scale;
+        }
+        ++bad;
+      }
+    }
+  }
+  std::printf("  %s: worst err %.3g x tolerance (token %zu element %zu), %d over, %d launches, %d active experts\n",
+              what.c_str(), worst, worst_at / static_cast<size_t>(h), worst_at % static_cast<size_t>(h), bad, launches,
+              n_active);
+  return bad;
 }
 
 }  // namespace kestrel::gpu::test

@@ -23,6 +23,7 @@
 #include "core/quant/quant.h"
 #include "core/reference/matvec.h"
 #include "gpu/gemv.h"
+#include "tests/gpu/block_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu {
@@ -47,18 +48,6 @@ std::vector<int64_t> n_in_cases(GgmlType t) {
   return {256, 256 * 5, 2048};
 }
 
-// Byte offsets of the f16 scales inside one block (empty for plain types).
-std::vector<size_t> scale_offsets(GgmlType t) {
-  switch (t) {
-    case GgmlType::kQ8_0: return {offsetof(BlockQ8_0, d)};
-    case GgmlType::kQ4_0: return {offsetof(BlockQ4_0, d)};
-    case GgmlType::kQ4_K: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
-    case GgmlType::kQ5_K: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
-    case GgmlType::kQ6_K: return {offsetof(BlockQ6_K, d)};
-    default: return {};
-  }
-}
-
 // n_rows random rows: quant blocks are random bytes with finite random f16 scales (wide magnitudes, so the
 // relative bound is tested across blocks of very different size); plain types hold finite random values.
 std::vector<unsigned char> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, std::mt19937& rng) {
@@ -69,13 +58,7 @@ std::vector<unsigned char> random_matrix(GgmlType t, int64_t n_cols, int64_t n_r
     std::uniform_int_distribution<int> exponent(-6, 6);
     const size_t n = static_cast<size_t>(n_cols * n_rows);
     for (size_t i = 0; i < n; ++i) {
-      const float f = std::ldexp(mantissa(rng), exponent(rng));
-      if (t == GgmlType::kF32) {
-        std::memcpy(&m[4 * i], &f, 4);
-      } else {
-        const uint16_t h = t == GgmlType::kF16 ? f32_to_fp16(f) : f32_to_bf16(f);
-        std::memcpy(&m[2 * i], &h, 2);
-      }
+      test::store_plain(t, std::ldexp(mantissa(rng), exponent(rng)), i, m.data());
     }
     return m;
   }
@@ -83,7 +66,7 @@ std::vector<unsigned char> random_matrix(GgmlType t, int64_t n_cols, int64_t n_r
   const size_t block_bytes = ggml_type_traits(t).block_bytes;
   std::uniform_int_distribution<int> exponent(-14, 6);
   for (size_t blk = 0; blk < m.size() / block_bytes; ++blk) {
-    for (size_t off : scale_offsets(t)) {
+    for (size_t off : test::scale_offsets(t)) {
       const uint16_t h = f32_to_fp16(std::ldexp(mantissa(rng), exponent(rng)));
       std::memcpy(&m[blk * block_bytes + off], &h, sizeof(h));
     }

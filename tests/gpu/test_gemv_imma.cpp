@@ -24,6 +24,7 @@
 #include "core/reference/matvec.h"
 #include "gpu/gemv_imma.h"
 #include "gpu/q4_tile.h"
+#include "tests/gpu/block_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu {
@@ -41,8 +42,7 @@ std::vector<uint8_t> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, s
   std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
   std::uniform_int_distribution<int> exponent(-14, 6);
   const size_t block_bytes = ggml_type_traits(t).block_bytes;
-  std::vector<size_t> offsets = {offsetof(BlockQ4_0, d)};
-  if (t == GgmlType::kQ4_K) offsets = {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
+  const std::vector<size_t> offsets = test::scale_offsets(t);
   for (size_t blk = 0; blk < m.size() / block_bytes; ++blk) {
     for (size_t off : offsets) {
       const uint16_t h = f32_to_fp16(std::ldexp(mantissa(rng), exponent(rng)));

@@ -15,6 +15,7 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "gpu/get_rows.h"
+#include "tests/gpu/block_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu {
@@ -34,18 +35,6 @@ constexpr Case kCases[] = {
     {GgmlType::kQ4_0, 96}, {GgmlType::kQ4_K, 512}, {GgmlType::kQ5_K, 768}, {GgmlType::kQ6_K, 512},
 };
 
-// Byte offsets of the f16 scales inside one block (empty for plain types).
-std::vector<size_t> scale_offsets(GgmlType t) {
-  switch (t) {
-    case GgmlType::kQ8_0: return {offsetof(BlockQ8_0, d)};
-    case GgmlType::kQ4_0: return {offsetof(BlockQ4_0, d)};
-    case GgmlType::kQ4_K: return {offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)};
-    case GgmlType::kQ5_K: return {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)};
-    case GgmlType::kQ6_K: return {offsetof(BlockQ6_K, d)};
-    default: return {};
-  }
-}
-
 // Random bytes for n_rows rows; block scales replaced by finite halves of random sign and magnitude (subnormal
 // halves included), so both sides compute with finite numbers and NaN payloads cannot differ.
 std::vector<unsigned char> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, std::mt19937& rng) {
@@ -53,7 +42,7 @@ std::vector<unsigned char> random_matrix(GgmlType t, int64_t n_cols, int64_t n_r
   std::vector<unsigned char> m(row_bytes * static_cast<uint64_t>(n_rows));
   for (auto& b : m) b = static_cast<unsigned char>(rng());
   const GgmlTypeTraits traits = ggml_type_traits(t);
-  const std::vector<size_t> offsets = scale_offsets(t);
+  const std::vector<size_t> offsets = test::scale_offsets(t);
   if (!offsets.empty()) {
     std::uniform_real_distribution<float> mantissa(-1.0f, 1.0f);
     std::uniform_int_distribution<int> exponent(-26, 6);

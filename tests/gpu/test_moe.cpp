@@ -85,14 +85,8 @@ void make_moe(const Shape& s, HostMoe& m) {
 }
 
 // Device copies of the weights.
-struct DeviceMoe {
-  std::vector<std::unique_ptr<DeviceBuffer>> bufs;
+struct DeviceMoe : test::DeviceUploads {
   MoeDeviceWeights w;
-  const void* put(const std::vector<unsigned char>& v) {
-    bufs.push_back(std::make_unique<DeviceBuffer>(v.size()));
-    EXPECT_EQ(cudaMemcpy(bufs.back()->as(), v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
-    return bufs.back()->as();
-  }
 };
 
 void upload_moe(const HostMoe& m, DeviceMoe& d) {
@@ -224,34 +218,7 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
   }
   check_grouping(got, n_tok, s.k, s.e);
 
-  int bad = 0;
-  double worst = 0.0;
-  size_t worst_at = 0;
-  for (int t = 0; t < n_tok; ++t) {
-    const size_t row = static_cast<size_t>(t * s.h);
-    double scale = 0.0;
-    for (int i = 0; i < s.h; ++i) scale = std::max(scale, std::fabs(double{want[row + static_cast<size_t>(i)]}));
-    for (int i = 0; i < s.h; ++i) {
-      const size_t at = row + static_cast<size_t>(i);
-      const double err = std::fabs(double{got.out[at]} - double{want[at]});
-      const double ratio = err / (kOutTol * scale + 1e-30);
-      if (!(ratio <= worst)) {
-        worst = std::isnan(ratio) ? 1e30 : ratio;
-        worst_at = at;
-      }
-      if (!(ratio <= 1.0)) {
-        if (bad == 0) {
-          ADD_FAILURE() << "first mismatch: token " << t << " element " << i << " got " << got.out[at] << " want "
-                        << want[at] << " |err| " << err << " row max|ref| " << scale;
-        }
-        ++bad;
-      }
-    }
-  }
-  std::printf("  %s: worst err %.3g x tolerance (token %zu element %zu), %d over, %d launches, %d active experts\n",
-              what.c_str(), worst, worst_at / static_cast<size_t>(s.h), worst_at % static_cast<size_t>(s.h), bad,
-              got.launches, got.n_active);
-  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(test::count_out_of_tolerance(got.out, want, n_tok, s.h, kOutTol, what, got.launches, got.n_active), 0);
   const DeviceRun again = run_device(d, x, n_tok);
   EXPECT_EQ(std::memcmp(again.out.data(), got.out.data(), got.out.size() * 4), 0) << "repeated run differs";
 }

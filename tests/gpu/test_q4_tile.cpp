@@ -13,6 +13,7 @@
 #include "core/quant/quant.h"
 #include "core/quant/quant_internal.h"
 #include "gpu/q4_tile.h"
+#include "tests/gpu/block_test_util.h"
 
 namespace kestrel::gpu {
 namespace {
@@ -24,8 +25,7 @@ std::vector<uint8_t> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, s
   std::uniform_real_distribution<float> scale(-2.0f, 2.0f);
   const size_t block_bytes = t == GgmlType::kQ4_K ? sizeof(BlockQ4_K) : sizeof(BlockQ4_0);
   for (size_t blk = 0; blk < m.size() / block_bytes; ++blk) {
-    for (size_t off : t == GgmlType::kQ4_K ? std::vector<size_t>{offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, dmin)}
-                                           : std::vector<size_t>{offsetof(BlockQ4_0, d)}) {
+    for (size_t off : test::scale_offsets(t)) {
       const uint16_t h = f32_to_fp16(scale(rng));
       std::memcpy(&m[blk * block_bytes + off], &h, sizeof(h));
     }
