@@ -37,6 +37,21 @@ uint64_t q4_tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows) {
 
 namespace {
 
+// Unit u of row group rg: lane 4g + t holds word t of the unit's two 16-byte quant runs (half 0, 1) of rows g and
+// g + 8, in the order {g half 0, g + 8 half 0, g half 1, g + 8 half 1}; quants(row, u, half) points at a run.
+template <class Quants>
+void tile_quants(uint8_t* tile, int64_t rg, int64_t u, const Quants& quants) {
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4;
+    const int t = lane % 4;
+    const int64_t r0 = rg * kTileRows + g;
+    std::memcpy(tile + lane * 16 + 0, quants(r0, u, 0) + 4 * t, 4);
+    std::memcpy(tile + lane * 16 + 4, quants(r0 + 8, u, 0) + 4 * t, 4);
+    std::memcpy(tile + lane * 16 + 8, quants(r0, u, 1) + 4 * t, 4);
+    std::memcpy(tile + lane * 16 + 12, quants(r0 + 8, u, 1) + 4 * t, 4);
+  }
+}
+
 // Row groups [rg0, rg1) of one matrix: raw GGUF rows at src, the tiled matrix's qs and meta parts (whole matrix).
 void tile_q4_0_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
   const int64_t n_units = n_cols / kUnitElems;
@@ -48,19 +63,10 @@ void tile_q4_0_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
   };
   for (int64_t rg = rg0; rg < rg1; ++rg) {
     for (int64_t u = 0; u < n_units; ++u) {
-      uint8_t* tile = qs + (rg * n_units + u) * 512;
+      // A unit is two blocks; a block's 16 quant bytes start 2 bytes in (after d).
+      tile_quants(qs + (rg * n_units + u) * 512, rg, u,
+                  [&](int64_t row, int64_t unit, int half) { return block(row, 2 * unit + half) + 2; });
       uint8_t* m = meta + (rg * n_units + u) * 64;
-      for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane / 4;
-        const int t = lane % 4;
-        const int64_t r0 = rg * kTileRows + g;
-        const int64_t r8 = r0 + 8;
-        // qs of a block start 2 bytes in (after d).
-        std::memcpy(tile + lane * 16 + 0, block(r0, 2 * u) + 2 + 4 * t, 4);
-        std::memcpy(tile + lane * 16 + 4, block(r8, 2 * u) + 2 + 4 * t, 4);
-        std::memcpy(tile + lane * 16 + 8, block(r0, 2 * u + 1) + 2 + 4 * t, 4);
-        std::memcpy(tile + lane * 16 + 12, block(r8, 2 * u + 1) + 2 + 4 * t, 4);
-      }
       for (int g = 0; g < 8; ++g) {
         const int64_t r0 = rg * kTileRows + g;
         std::memcpy(m + g * 8 + 0, block(r0, 2 * u), 2);
@@ -84,19 +90,10 @@ void tile_q4_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
   constexpr size_t kQsOffset = offsetof(BlockQ4_K, qs);
   for (int64_t rg = rg0; rg < rg1; ++rg) {
     for (int64_t u = 0; u < n_units; ++u) {
-      const int64_t sb = u / 4;
-      const int64_t j = u % 4;
-      uint8_t* tile = qs + (rg * n_units + u) * 512;
-      for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane / 4;
-        const int t = lane % 4;
-        const int64_t r0 = rg * kTileRows + g;
-        const int64_t r8 = r0 + 8;
-        std::memcpy(tile + lane * 16 + 0, block(r0, sb) + kQsOffset + 32 * j + 4 * t, 4);
-        std::memcpy(tile + lane * 16 + 4, block(r8, sb) + kQsOffset + 32 * j + 4 * t, 4);
-        std::memcpy(tile + lane * 16 + 8, block(r0, sb) + kQsOffset + 32 * j + 16 + 4 * t, 4);
-        std::memcpy(tile + lane * 16 + 12, block(r8, sb) + kQsOffset + 32 * j + 16 + 4 * t, 4);
-      }
+      // A unit is 32 quant bytes (sub-blocks 2j, 2j + 1 in the nibbles) of super-block u / 4, j = u % 4.
+      tile_quants(qs + (rg * n_units + u) * 512, rg, u, [&](int64_t row, int64_t unit, int half) {
+        return block(row, unit / 4) + kQsOffset + 32 * (unit % 4) + 16 * half;
+      });
     }
     for (int64_t sb = 0; sb < n_sb; ++sb) {
       for (int row = 0; row < kTileRows; ++row) {
