@@ -116,14 +116,6 @@ void tile_q4_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
   }
 }
 
-Status check_shape(const char* what, GgmlType type, int64_t n_cols, int64_t n_rows) {
-  if (q4_tiled_supports(type, n_cols, n_rows)) return ok_status();
-  return make_error(ErrorCode::kInvalidArgument, std::string(what) + ": " + std::string(ggml_type_name(type)) + " {" +
-                                                     std::to_string(n_cols) + ", " + std::to_string(n_rows) +
-                                                     "} cannot be tiled (q4_0 needs n_cols % 64, q4_K n_cols % 256, "
-                                                     "n_rows % 16, n_cols <= 8192)");
-}
-
 }  // namespace
 
 Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, std::span<uint8_t> out) {
@@ -132,7 +124,12 @@ Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, s
 
 Status q4_tile_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_slices,
                      std::span<uint8_t> out, int max_threads) {
-  KESTREL_TRY(check_shape("q4_tile", type, n_cols, n_rows));
+  if (!q4_tiled_supports(type, n_cols, n_rows)) {
+    return make_error(ErrorCode::kInvalidArgument, "q4_tile: " + std::string(ggml_type_name(type)) + " {" +
+                                                       std::to_string(n_cols) + ", " + std::to_string(n_rows) +
+                                                       "} cannot be tiled (q4_0 needs n_cols % 64, q4_K n_cols % "
+                                                       "256, n_rows % 16, n_cols <= 8192)");
+  }
   const uint64_t slice_bytes = q4_tiled_bytes(type, n_cols, n_rows);
   if (raw == nullptr || n_slices < 1 || max_threads < 0) {
     return make_error(ErrorCode::kInvalidArgument, "q4_tile: null input, slice count " + std::to_string(n_slices) +
