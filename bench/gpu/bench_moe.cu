@@ -144,60 +144,80 @@ Expected<double> matched_read_us(uint64_t bytes, int sm_count, unsigned* partial
   });
 }
 
+// One batch size's inputs and what the layer makes of them: kXSets random activation sets of `batch` tokens (drawn
+// with `normal` from `rng`), the output and workspace buffers, and — from one call per set through `forward`
+// (Status(const float* x, MoeLaunchInfo* info)) — the mean number of unique experts and the launches per call.
+// The last call's output must be finite.
+struct BatchRun {
+  DeviceBuffer xs, out, ws;
+  double mean_active = 0;
+  int launches = 0;
+  int batch = 0;
+  const float* x(int set) { return xs.floats() + static_cast<size_t>(set) * batch * kH; }
+};
+
+template <class Forward>
+Status prepare_batch(int batch, uint64_t ws_bytes, std::normal_distribution<float>& normal, std::mt19937& rng,
+                     cudaStream_t stream, const char* path, Forward forward, BatchRun& r) {
+  r.batch = batch;
+  const size_t x_elems = static_cast<size_t>(kXSets) * batch * kH;
+  std::vector<float> x(x_elems);
+  for (auto& v : x) v = normal(rng);
+  KESTREL_TRY(r.xs.allocate(x_elems * sizeof(float)));
+  KESTREL_CUDA_TRY(cudaMemcpy(r.xs.floats(), x.data(), x_elems * sizeof(float), cudaMemcpyHostToDevice));
+  KESTREL_TRY(r.out.allocate(static_cast<uint64_t>(batch) * kH * sizeof(float)));
+  KESTREL_TRY(r.ws.allocate(ws_bytes));
+  for (int s = 0; s < kXSets; ++s) {
+    MoeLaunchInfo info;
+    KESTREL_TRY(forward(r.x(s), &info));
+    int n_active = 0;
+    KESTREL_CUDA_TRY(cudaMemcpyAsync(&n_active, info.routing.n_active, 4, cudaMemcpyDeviceToHost, stream));
+    KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
+    r.mean_active += n_active;
+    r.launches = info.launches;
+  }
+  r.mean_active /= kXSets;
+  std::vector<float> o(static_cast<size_t>(batch) * kH);
+  KESTREL_CUDA_TRY(cudaMemcpy(o.data(), r.out.floats(), o.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  for (float v : o) {
+    if (!std::isfinite(v)) return make_error(ErrorCode::kInternal, std::string("bench_moe: non-finite output") + path);
+  }
+  return {};
+}
+
 // One row of the GEMV v4 table: batch tokens through the layer copies `imma` (alternately), kXSets activation sets.
 Expected<std::string> imma_row(GgmlType t, int batch, const std::unique_ptr<MoeImmaLayer> (&imma)[kCopies],
                                uint64_t expert_bytes, uint64_t fixed_bytes, const BenchSetup& setup,
                                std::mt19937& rng) {
   cudaStream_t stream = setup.stream;
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  DeviceBuffer xs, out, ws;
-  const size_t x_elems = static_cast<size_t>(kXSets) * batch * kH;
-  std::vector<float> x(x_elems);
-  for (auto& v : x) v = normal(rng);
-  KESTREL_TRY(xs.allocate(x_elems * sizeof(float)));
-  KESTREL_CUDA_TRY(cudaMemcpy(xs.floats(), x.data(), x_elems * sizeof(float), cudaMemcpyHostToDevice));
-  KESTREL_TRY(out.allocate(static_cast<uint64_t>(batch) * kH * sizeof(float)));
-  KESTREL_TRY(ws.allocate(moe_imma_workspace_bytes(imma[0]->weights(), batch)));
-  double mean_active = 0;
-  int launches = 0;
-  for (int s = 0; s < kXSets; ++s) {
-    MoeLaunchInfo info;
-    KESTREL_TRY(moe_imma_forward(imma[0]->weights(), xs.floats() + static_cast<size_t>(s) * batch * kH, batch,
-                                 out.floats(), ws.bytes(), stream, &info));
-    int n_active = 0;
-    KESTREL_CUDA_TRY(cudaMemcpyAsync(&n_active, info.routing.n_active, 4, cudaMemcpyDeviceToHost, stream));
-    KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
-    mean_active += n_active;
-    launches = info.launches;
-  }
-  mean_active /= kXSets;
-  std::vector<float> o(static_cast<size_t>(batch) * kH);
-  KESTREL_CUDA_TRY(cudaMemcpy(o.data(), out.floats(), o.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  for (float v : o) {
-    if (!std::isfinite(v)) return make_error(ErrorCode::kInternal, "bench_moe: non-finite output (GEMV v4 path)");
-  }
+  BatchRun r;
+  KESTREL_TRY(prepare_batch(
+      batch, moe_imma_workspace_bytes(imma[0]->weights(), batch), normal, rng, stream, " (GEMV v4 path)",
+      [&](const float* x, MoeLaunchInfo* info) {
+        return moe_imma_forward(imma[0]->weights(), x, batch, r.out.floats(), r.ws.bytes(), stream, info);
+      },
+      r));
   const int n_launch = (kMinLaunches + kXSets - 1) / kXSets * kXSets;
   KESTREL_TRY_ASSIGN(const double us, time_graph_us(stream, n_launch, [&](int i) {
-                       return moe_imma_forward(imma[i % kCopies]->weights(),
-                                               xs.floats() + static_cast<size_t>(i % kXSets) * batch * kH, batch,
-                                               out.floats(), ws.bytes(), stream);
+                       return moe_imma_forward(imma[i % kCopies]->weights(), r.x(i % kXSets), batch, r.out.floats(),
+                                               r.ws.bytes(), stream);
                      }));
   // The same without programmatic dependent launches of moe_imma's own kernels.
   moe_imma_set_programmatic_launch(false);
   auto us_plain = time_graph_us(stream, n_launch, [&](int i) {
-    return moe_imma_forward(imma[i % kCopies]->weights(), xs.floats() + static_cast<size_t>(i % kXSets) * batch * kH,
-                            batch, out.floats(), ws.bytes(), stream);
+    return moe_imma_forward(imma[i % kCopies]->weights(), r.x(i % kXSets), batch, r.out.floats(), r.ws.bytes(), stream);
   });
   moe_imma_set_programmatic_launch(true);
   if (!us_plain) return us_plain.error();
-  const double bytes = mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
+  const double bytes = r.mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
   KESTREL_TRY_ASSIGN(const double read_us,
                      matched_read_us(static_cast<uint64_t>(bytes), setup.sm_count, setup.partials(), stream));
   const double gbs = bytes / (us * 1e3);
   char line[256];
   std::snprintf(line, sizeof(line), "%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%% %9.2f\n",
-                std::string(ggml_type_name(t)).c_str(), batch, mean_active, bytes, us, gbs,
-                100.0 * gbs / setup.lim.peak_read_gbs, launches, read_us, 100.0 * read_us / us, *us_plain);
+                std::string(ggml_type_name(t)).c_str(), batch, r.mean_active, bytes, us, gbs,
+                100.0 * gbs / setup.lim.peak_read_gbs, r.launches, read_us, 100.0 * read_us / us, *us_plain);
   return std::string(line);
 }
 
@@ -219,43 +239,22 @@ Status run() {
     const uint64_t fixed_bytes = bytes_of(GgmlType::kF32, kH, kExperts) + bytes_of(GgmlType::kF32, kH, 1) +
                                  2 * bytes_of(t, kH, kFfShared) + bytes_of(t, kFfShared, kH);
     for (const int batch : {1, 8, 32}) {
-      DeviceBuffer xs, out, ws;
-      const size_t x_elems = static_cast<size_t>(kXSets) * batch * kH;
-      std::vector<float> x(x_elems);
-      for (auto& v : x) v = normal(rng);
-      KESTREL_TRY(xs.allocate(x_elems * sizeof(float)));
-      KESTREL_CUDA_TRY(cudaMemcpy(xs.floats(), x.data(), x_elems * sizeof(float), cudaMemcpyHostToDevice));
-      KESTREL_TRY(out.allocate(static_cast<uint64_t>(batch) * kH * sizeof(float)));
-      KESTREL_TRY(ws.allocate(moe_workspace_bytes(layers[0].w, batch)));
-      // Unique experts per activation set, and the launch count.
-      double mean_active = 0;
-      int launches = 0;
-      for (int s = 0; s < kXSets; ++s) {
-        MoeLaunchInfo info;
-        KESTREL_TRY(moe_forward(layers[0].w, xs.floats() + static_cast<size_t>(s) * batch * kH, batch, out.floats(),
-                                ws.bytes(), stream, &info));
-        int n_active = 0;
-        KESTREL_CUDA_TRY(cudaMemcpyAsync(&n_active, info.routing.n_active, 4, cudaMemcpyDeviceToHost, stream));
-        KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
-        mean_active += n_active;
-        launches = info.launches;
-      }
-      mean_active /= kXSets;
-      std::vector<float> o(static_cast<size_t>(batch) * kH);
-      KESTREL_CUDA_TRY(cudaMemcpy(o.data(), out.floats(), o.size() * sizeof(float), cudaMemcpyDeviceToHost));
-      for (float v : o) {
-        if (!std::isfinite(v)) return make_error(ErrorCode::kInternal, "bench_moe: non-finite output");
-      }
+      BatchRun r;
+      KESTREL_TRY(prepare_batch(
+          batch, moe_workspace_bytes(layers[0].w, batch), normal, rng, stream, "",
+          [&](const float* x, MoeLaunchInfo* info) {
+            return moe_forward(layers[0].w, x, batch, r.out.floats(), r.ws.bytes(), stream, info);
+          },
+          r));
       const int n_launch = (kMinLaunches + kXSets - 1) / kXSets * kXSets;
       KESTREL_TRY_ASSIGN(const double us, time_graph_us(stream, n_launch, [&](int i) {
-                           return moe_forward(layers[i % kCopies].w,
-                                              xs.floats() + static_cast<size_t>(i % kXSets) * batch * kH, batch,
-                                              out.floats(), ws.bytes(), stream);
+                           return moe_forward(layers[i % kCopies].w, r.x(i % kXSets), batch, r.out.floats(),
+                                              r.ws.bytes(), stream);
                          }));
-      const double bytes = mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
+      const double bytes = r.mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
       const double gbs = bytes / (us * 1e3);
       std::printf("%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d\n", std::string(ggml_type_name(t)).c_str(), batch,
-                  mean_active, bytes, us, gbs, 100.0 * gbs / lim.peak_read_gbs, launches);
+                  r.mean_active, bytes, us, gbs, 100.0 * gbs / lim.peak_read_gbs, r.launches);
     }
     // The same layers on GEMV v4; rows printed after the raw-block table.
     std::unique_ptr<MoeImmaLayer> imma[kCopies];
