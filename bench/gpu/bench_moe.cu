@@ -128,22 +128,6 @@ Status make_layer(GgmlType t, uint64_t seed, Layer& l) {
   return moe_check_weights(l.w);
 }
 
-// The plain read kernel over `bytes` (rounded up to 16), timed like the layer: buffer sets of that size used in
-// rotation (launch i on set i % k, k · bytes >= 512 MiB) so every launch reads from memory, not L2.
-Expected<double> matched_read_us(uint64_t bytes, int sm_count, unsigned* partials, cudaStream_t stream) {
-  const uint64_t set_bytes = std::max<uint64_t>(16, (bytes + 15) / 16 * 16);
-  const uint64_t k = std::max<uint64_t>(2, ((512ull << 20) + set_bytes - 1) / set_bytes);
-  DeviceBuffer src;
-  KESTREL_TRY(src.allocate(k * set_bytes));
-  KESTREL_CUDA_TRY(cudaMemset(src.bytes(), 0x5a, k * set_bytes));
-  KESTREL_CUDA_TRY(cudaDeviceSynchronize());
-  const ReadPlan plan = plan_read(set_bytes, sm_count);
-  const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
-  return time_graph_us(stream, n_launch, [&](int i) {
-    return launch_read(src.bytes() + (static_cast<uint64_t>(i) % k) * set_bytes, plan, partials, stream);
-  });
-}
-
 // One batch size's inputs and what the layer makes of them: kXSets random activation sets of `batch` tokens (drawn
 // with `normal` from `rng`), the output and workspace buffers, and — from one call per set through `forward`
 // (Status(const float* x, MoeLaunchInfo* info)) — the mean number of unique experts and the launches per call.
@@ -211,8 +195,8 @@ Expected<std::string> imma_row(GgmlType t, int batch, const std::unique_ptr<MoeI
   moe_imma_set_programmatic_launch(true);
   if (!us_plain) return us_plain.error();
   const double bytes = r.mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
-  KESTREL_TRY_ASSIGN(const double read_us,
-                     matched_read_us(static_cast<uint64_t>(bytes), setup.sm_count, setup.partials(), stream));
+  KESTREL_TRY_ASSIGN(const double read_us, matched_read_us(static_cast<uint64_t>(bytes), 512ull << 20, setup.sm_count,
+                                                           setup.partials(), stream));
   const double gbs = bytes / (us * 1e3);
   char line[256];
   std::snprintf(line, sizeof(line), "%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%% %9.2f\n",

@@ -1,6 +1,7 @@
 // device_timing: the pieces bench_gdn and bench_moe share with the pattern of bench_gemv (docs/benchmarking.md):
-// a plain streaming-read kernel and the device-to-device copy as the limits measured in the same run, and the
-// median time of CUDA-graph replays of back-to-back launches. Header-only, for the benchmark programs alone.
+// a plain streaming-read kernel and the device-to-device copy as the limits measured in the same run, their
+// size-matched forms (the same read or copy over a step's bytes, rotated out of L2), and the median time of
+// CUDA-graph replays of back-to-back launches. Header-only, for the benchmark programs alone.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -156,6 +157,24 @@ inline __global__ void stream_copy_kernel(const uint4* __restrict__ src, uint4* 
     for (int u = 0; u < kReadUnroll; ++u) dst[i + u * stride] = v[u];
   }
   for (; i < n16; i += stride) dst[i] = src[i];
+}
+
+// The size-matched read limit of a step that reads `bytes`: the plain read kernel over that many bytes (rounded up to
+// 16), timed like the step — buffer sets of that size used in rotation (launch i on set i % k, k · bytes >=
+// rotation_bytes) so every launch reads from memory, not L2.
+inline Expected<double> matched_read_us(uint64_t bytes, uint64_t rotation_bytes, int sm_count, unsigned* partials,
+                                        cudaStream_t stream) {
+  const uint64_t set_bytes = std::max<uint64_t>(16, (bytes + 15) / 16 * 16);
+  const uint64_t k = std::max<uint64_t>(2, (rotation_bytes + set_bytes - 1) / set_bytes);
+  DeviceBuffer src;
+  KESTREL_TRY(src.allocate(k * set_bytes));
+  KESTREL_CUDA_TRY(cudaMemset(src.bytes(), 0x5a, k * set_bytes));
+  KESTREL_CUDA_TRY(cudaDeviceSynchronize());
+  const ReadPlan plan = plan_read(set_bytes, sm_count);
+  const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
+  return time_graph_us(stream, n_launch, [&](int i) {
+    return launch_read(src.bytes() + (static_cast<uint64_t>(i) % k) * set_bytes, plan, partials, stream);
+  });
 }
 
 // The size-matched copy limit of a kernel that moves `bytes` (read + written): a plain copy of bytes / 2 (rounded
