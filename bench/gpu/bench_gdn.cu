@@ -11,7 +11,7 @@
 // The states stay cold in the 60 MB L2: K sets of session states (K·bytes >= 256 MiB) are used in rotation, launch
 // i on set i % K. Each figure is the median of 5 replays of a CUDA graph of >= 200 steps, after warm-up.
 //
-// Usage: build/gpugdn/bin/bench_gdn   (no arguments; a few seconds on an H200). docs/benchmarks.md records results.
+// Usage: build/gpu/bin/bench_gdn   (no arguments; a few seconds on an H200). docs/benchmarks.md records results.
 #include <cuda_runtime.h>
 
 #include <algorithm>

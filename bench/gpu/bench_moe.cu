@@ -15,7 +15,7 @@
 // size-matched read (the plain read kernel over `weight bytes`, buffers rotated out of L2, timed the same way) and
 // the layer's time as a ratio to it, and the time with moe_imma's own kernels launched without PDL.
 //
-// Usage: build/gpugdn/bin/bench_moe   (no arguments; tens of seconds on an H200, most of it filling weights).
+// Usage: build/gpu/bin/bench_moe   (no arguments; tens of seconds on an H200, most of it filling weights).
 #include <cuda_runtime.h>
 
 #include <algorithm>
