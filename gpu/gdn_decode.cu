@@ -114,7 +114,28 @@ __device__ __forceinline__ float warp_sum_squares(const float* v, int n, int lan
   return s;
 }
 
-// o: f32 [n_seq][Vd] (the workspace).
+// A warp's slice of S_h: column j of rows [i0, i0 + R), one row per register; p points at row i0, and `rows` of the R
+// rows exist (0 for a column past dv, fewer than R past dk). Row r is at p + r·dv from the one base pointer: the
+// per-row 64-bit index arithmetic, each row predicated on its own, took ~12 instructions a row before the first
+// load could issue (~300 of a warp's ~620 prologue instructions, ncu SASS counts at the 35B-A3B shape).
+__device__ __forceinline__ int slice_rows(const Geo& g, int i0, int R, bool col_ok) {
+  return col_ok ? max(0, min(R, g.d_k - i0)) : 0;
+}
+
+template <int R>
+__device__ __forceinline__ void load_s_slice(const float* p, size_t dv, int rows, float (&s)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) s[r] = r < rows ? __ldcs(p + r * dv) : 0.0f;
+}
+
+template <int R>
+__device__ __forceinline__ void store_s_slice(float* p, size_t dv, int rows, const float (&s)[R]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r < rows) __stcs(p + r * dv, s[r]);
+  }
+}
+
 // The block's own v channels (column j of V-head h: conv + SiLU into vs, history shifted; only this block reads
 // them) by the last warp, and the head's gates beta = sigmoid(b), decay = exp(ssm_a·softplus(a + dt_bias)) by one
 // thread of the warp before it. Shared by the cluster kernel and the two-kernel fallback.
@@ -172,12 +193,11 @@ __global__ void __launch_bounds__(kDeltaThreads)
   const int i0 = warp * R;
 
   // S slice: loads first, so they are in flight during the prologue.
+  const size_t dv = static_cast<size_t>(g.d_v);
+  const int rows = slice_rows(g, i0, R, col_ok);
+  float* s_slice = sh + static_cast<size_t>(i0) * dv + j;
   float s[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int i = i0 + r;
-    s[r] = (col_ok && i < g.d_k) ? __ldcs(sh + static_cast<size_t>(i) * g.d_v + j) : 0.0f;
-  }
+  load_s_slice(s_slice, dv, rows, s);
 
   // Prologue: q/k conv of kh (history read only), v conv of this block's columns (history shifted), gates of h.
   const float* row = in.qkv + static_cast<size_t>(n) * g.qkv_stride;
@@ -227,9 +247,8 @@ __global__ void __launch_bounds__(kDeltaThreads)
   for (int r = 0; r < R; ++r) {
     s[r] = __fadd_rn(s[r], __fmul_rn(ks[i0 + r], delta));
     o = __fadd_rn(o, __fmul_rn(s[r], qs[i0 + r]));
-    const int i = i0 + r;
-    if (col_ok && i < g.d_k) __stcs(sh + static_cast<size_t>(i) * g.d_v + j, s[r]);
   }
+  store_s_slice(s_slice, dv, rows, s);
   red[warp][lane] = o;
   __syncthreads();
   if (warp == 0 && col_ok) {
@@ -316,12 +335,11 @@ __global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
   const int i0 = warp * R;
 
   // S slice first, so its loads are in flight during the prologue.
+  const size_t dv = static_cast<size_t>(g.d_v);
+  const int rows = slice_rows(g, i0, R, col_ok);
+  float* s_slice = sh + static_cast<size_t>(i0) * dv + j;
   float s[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int i = i0 + r;
-    s[r] = (col_ok && i < g.d_k) ? __ldcs(sh + static_cast<size_t>(i) * g.d_v + j) : 0.0f;
-  }
+  load_s_slice(s_slice, dv, rows, s);
 
   // Prologue. q/k conv of kh, one channel per thread (t < 8R: q channel t, else k channel t − 8R; the history is
   // only read here), with per-warp sums of squares for the L2 norms; the v conv of this block's columns (history
@@ -395,9 +413,8 @@ __global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
     const float qr = __fmul_rn(__fmul_rn(qs[i0 + r], inv_q), g.q_scale);
     s[r] = __fadd_rn(s[r], __fmul_rn(__fmul_rn(ks[i0 + r], inv_k), delta));
     o = __fadd_rn(o, __fmul_rn(s[r], qr));
-    const int i = i0 + r;
-    if (col_ok && i < g.d_k) __stcs(sh + static_cast<size_t>(i) * g.d_v + j, s[r]);
   }
+  store_s_slice(s_slice, dv, rows, s);
   red_o[warp][lane] = o;
   __syncthreads();
 

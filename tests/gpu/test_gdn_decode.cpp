@@ -363,6 +363,8 @@ TEST(GdnDecode, OddShapes) {
   check_case({"odd r=3 tiled", 3, 9, 48, 40, 3, kTiled, kBetaAlpha, 2});
   check_case({"odd wide dk", 2, 4, 200, 72, 4, kTiled, kBetaAlpha, 3});
   check_case({"odd kernel 1", 1, 1, 8, 33, 1, kGrouped, kSsmIn, 1});
+  check_case({"kernel 8", 2, 4, 40, 48, 8, kTiled, kBetaAlpha, 2});
+  check_case({"kernel 6 fallback", 1, 5, 24, 128, 6, kGrouped, kBa, 2});
 }
 
 // One and three sessions (an odd batch) for each projection layout, on the cluster kernel.
