@@ -58,6 +58,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -95,21 +96,48 @@ XLayout x_layout(int64_t n_cols) { return XLayout{static_cast<int>((n_cols + kGr
 
 // ---- activation preparation -------------------------------------------------------------------------------------
 
-// One warp per (vector, group of 256): lane l takes elements 8l..8l+7 of the group.
-__global__ void __launch_bounds__(128)
-    prepare_x_kernel(const float* __restrict__ x, int n_cols, XLayout lay, uint8_t* __restrict__ out) {
+// Where prepare_x_kernel takes a vector's elements from: elements e0..e0+7 of row vec (16-byte aligned rows).
+__device__ __forceinline__ void load8(const float* row, int e0, float (&v)[8]) {
+  const float4* src = reinterpret_cast<const float4*>(row + e0);
+  const float4 a = src[0];
+  const float4 b = src[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+// The rows of x as they are.
+struct PlainRows {
+  const float* x;
+  __device__ void load(int vec, int n_cols, int e0, float (&v)[8]) const {
+    load8(x + static_cast<size_t>(vec) * n_cols, e0, v);
+  }
+};
+
+// silu(gate) · up, element by element, as ref::swiglu_forward: silu(g) = g · (1 / (1 + e^−g)), no contraction.
+struct SwigluRows {
+  const float* gate;
+  const float* up;
+  __device__ void load(int vec, int n_cols, int e0, float (&v)[8]) const {
+    float u[8];
+    load8(gate + static_cast<size_t>(vec) * n_cols, e0, v);
+    load8(up + static_cast<size_t>(vec) * n_cols, e0, u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float s = __fmul_rn(v[j], __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v[j]))));
+      v[j] = __fmul_rn(s, u[j]);
+    }
+  }
+};
+
+// One warp per (vector, group of 256): lane l takes elements 8l..8l+7 of the group, from `rows`.
+template <class Rows>
+__global__ void __launch_bounds__(128) prepare_x_kernel(Rows rows, int n_cols, XLayout lay, uint8_t* __restrict__ out) {
   const int vec = blockIdx.y;
   const int grp = blockIdx.x * 4 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (grp >= lay.n_groups) return;
   const int e0 = grp * kGroupElems + 8 * lane;
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  if (e0 < n_cols) {  // n_cols is a multiple of 64: a lane's 8 elements are all in or all out
-    const float4* src = reinterpret_cast<const float4*>(x + static_cast<size_t>(vec) * n_cols + e0);
-    const float4 a = src[0];
-    const float4 b = src[1];
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  }
+  if (e0 < n_cols) rows.load(vec, n_cols, e0, v);  // n_cols is a multiple of 64: a lane's 8 are all in or all out
   float m = 0.0f;
   bool finite = true;
 #pragma unroll
@@ -692,21 +720,38 @@ uint64_t imma_x_bytes(int64_t n_cols, int n_vec) {
   return static_cast<uint64_t>(n_vec) * x_layout(n_cols).vec_bytes();
 }
 
-Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream) {
+namespace {
+
+// The shared checks and launch of gemv_imma_prepare_x / gemv_imma_prepare_swiglu; `inputs` are the row pointers.
+template <class Rows>
+Status prepare(const char* name, Rows rows, std::initializer_list<const float*> inputs, int64_t n_cols, int n_vec,
+               void* xprep, cudaStream_t stream) {
   if (imma_x_bytes(n_cols, n_vec) == 0) {
-    return make_error(ErrorCode::kInvalidArgument, "gemv_imma_prepare_x: n_cols " + std::to_string(n_cols) +
+    return make_error(ErrorCode::kInvalidArgument, std::string(name) + ": n_cols " + std::to_string(n_cols) +
                                                        " (a multiple of 64 up to " + std::to_string(kImmaMaxCols) +
                                                        ") or n_vec " + std::to_string(n_vec) +
                                                        " (1..65535) out of range");
   }
-  if (x == nullptr || xprep == nullptr || !aligned(x, 16) || !aligned(xprep, 16)) {
-    return make_error(ErrorCode::kInvalidArgument, "gemv_imma_prepare_x: null or misaligned pointer (16 bytes)");
-  }
+  bool ok = xprep != nullptr && aligned(xprep, 16);
+  for (const float* p : inputs) ok = ok && p != nullptr && aligned(p, 16);
+  if (!ok)
+    return make_error(ErrorCode::kInvalidArgument, std::string(name) + ": null or misaligned pointer (16 bytes)");
   const XLayout lay = x_layout(n_cols);
   const dim3 grid(static_cast<unsigned>((lay.n_groups + 3) / 4), static_cast<unsigned>(n_vec));
-  prepare_x_kernel<<<grid, 128, 0, stream>>>(x, static_cast<int>(n_cols), lay, static_cast<uint8_t*>(xprep));
+  prepare_x_kernel<<<grid, 128, 0, stream>>>(rows, static_cast<int>(n_cols), lay, static_cast<uint8_t*>(xprep));
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
+}
+
+}  // namespace
+
+Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream) {
+  return prepare("gemv_imma_prepare_x", PlainRows{x}, {x}, n_cols, n_vec, xprep, stream);
+}
+
+Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_cols, int n_vec, void* xprep,
+                                cudaStream_t stream) {
+  return prepare("gemv_imma_prepare_swiglu", SwigluRows{gate, up}, {gate, up}, n_cols, n_vec, xprep, stream);
 }
 
 Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream) {

@@ -41,6 +41,12 @@ uint64_t imma_x_bytes(int64_t n_cols, int n_vec);
 // (its outputs become NaN). Enqueues one small kernel; thread-safe; returns without waiting.
 Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream);
 
+// The prepared form of the SwiGLU activations act[v] = silu(gate[v]) ⊙ up[v], silu(g) = g · (1 / (1 + e^−g)) as
+// ref::swiglu_forward (device expf), without storing act: gate and up are device f32 [n_vec, n_cols] (rows
+// n_cols apart), 16-byte aligned; otherwise as gemv_imma_prepare_x (which it equals on act).
+Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_cols, int n_vec, void* xprep,
+                                cudaStream_t stream);
+
 // One piece of a grouped GEMV (gemv_imma_segments): a tiled matrix (q4_tile output, on the device; n_rows × n_cols
 // as given to the call, the same for every segment) and up to kImmaSegmentVectors prepared vectors it multiplies:
 //   y[out[j] * y_stride + r] = (W x[vec[j]])[r]   for j < n_vec, r < n_rows.

@@ -2,8 +2,8 @@
 //
 // Rows ("entries") of the per-call scratch: routed entry i (moe_route's order: by expert, then token) is row i;
 // with a shared expert, token t's shared row is n_entries + t; n_all rows in all. Gate+up results go to gu
-// f32 [2 · n_all, I] (gate row r at r, up row r at n_all + r), the SwiGLU activations to act f32 [n_all, I] and
-// their prepared form (gemv_imma_prepare_x, one vector per row), the down results to ye f32 [n_all, H].
+// f32 [2 · n_all, I] (gate row r at r, up row r at n_all + r), the SwiGLU activations only in their prepared form
+// (gemv_imma_prepare_swiglu, one vector per row), the down results to ye f32 [n_all, H].
 //
 // Segment tables (written by table_kernel, one block, from the routing; read by gemv_imma_segments):
 //   gate+up: [shared chunk c: gate, up]·sh_chunks, then per routed chunk q (active experts ascending, each expert's
@@ -31,7 +31,6 @@ namespace kestrel::gpu {
 namespace {
 
 constexpr int kTableThreads = 256;
-constexpr int kActThreads = 256;
 constexpr int kCombineThreads = moe_combine::kThreads;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
@@ -97,7 +96,6 @@ struct Layout {
   ImmaSegment* seg_gu = nullptr;  // [n_seg_gu]
   ImmaSegment* seg_dn = nullptr;  // [n_seg_dn]
   float* gu = nullptr;            // f32 [2 · n_all, I]
-  float* act = nullptr;           // f32 [n_all, I]
   uint8_t* aprep = nullptr;       // n_all prepared vectors of I
   float* ye = nullptr;            // f32 [n_all, H]
   size_t bytes = 0;
@@ -121,7 +119,6 @@ Layout layout_of(const MoeImmaWeights& w, const Counts& c, void* base) {
   l.seg_gu = reinterpret_cast<ImmaSegment*>(take(static_cast<size_t>(c.n_seg_gu()) * sizeof(ImmaSegment)));
   l.seg_dn = reinterpret_cast<ImmaSegment*>(take(static_cast<size_t>(c.n_seg_dn()) * sizeof(ImmaSegment)));
   l.gu = reinterpret_cast<float*>(take(2 * all * I * 4));
-  l.act = reinterpret_cast<float*>(take(all * I * 4));
   l.aprep = take(all * imma_x_bytes(w.n_ff, 1));
   l.ye = reinterpret_cast<float*>(take(all * H * 4));
   l.bytes = at;
@@ -240,8 +237,6 @@ __global__ void __launch_bounds__(kTableThreads) table_kernel(TableArgs a) {
   for (int i = used + tid; i < a.n_seg_dn; i += kTableThreads) put_empty(a.seg_dn + i);
 }
 
-// act[r] = silu(gate[r]) · up[r] over n_all rows of I (I a multiple of 64: whole float4s), as ref::swiglu_forward:
-// silu(g) = g · (1 / (1 + e^−g)).
 // Router logits for an f32 router (ffn_gate_inp, the usual GGUF type): warp = one expert row, its slice of the row
 // in registers (1024 columns at a time), multiplied into every token's x in turn; lane partials in column order, then
 // a butterfly: fixed order, bit-identical runs. gemv()'s generic kernel re-stages x per row and vector and took
@@ -292,20 +287,6 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     for (int off = 16; off > 0; off /= 2) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, off));
     if (lane == 0) logits[static_cast<size_t>(t) * n_expert + e] = v;
   }
-}
-
-__global__ void __launch_bounds__(kActThreads)
-    swiglu_kernel(const float4* __restrict__ gu, int64_t n4, float4* __restrict__ act) {
-  grid_dependency_wait();
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kActThreads + threadIdx.x;
-  if (i >= n4) return;
-  const float4 g = gu[i];
-  const float4 u = gu[n4 + i];
-  auto f = [](float gv, float uv) {
-    const float s = __fmul_rn(gv, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-gv))));
-    return __fmul_rn(s, uv);
-  };
-  act[i] = make_float4(f(g.x, u.x), f(g.y, u.y), f(g.z, u.z), f(g.w, u.w));
 }
 
 // out[t] = Σ_j ye[token_entry[t][j]] · entry_weight[...] from 0 in ascending expert order, then with kShared
@@ -563,18 +544,9 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   KESTREL_TRY(gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound));
   ++launches;
 
-  const int64_t n4 = static_cast<int64_t>(c.n_all) * I / 4;
-  KESTREL_TRY(launch_kernel(swiglu_kernel, dim3(static_cast<unsigned>((n4 + kActThreads - 1) / kActThreads)),
-                            dim3(kActThreads), stream, reinterpret_cast<const float4*>(l.gu), n4,
-                            reinterpret_cast<float4*>(l.act)));
+  // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I.
+  KESTREL_TRY(gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(c.n_all) * I, I, c.n_all, l.aprep, stream));
   ++launches;
-  // As many vectors per call as gemv_imma_prepare_x takes (32 today).
-  const int chunk = imma_x_bytes(I, c.n_all) != 0 ? c.n_all : 32;
-  for (int v0 = 0; v0 < c.n_all; v0 += chunk) {
-    const int n = std::min(chunk, c.n_all - v0);
-    KESTREL_TRY(gemv_imma_prepare_x(l.act + static_cast<size_t>(v0) * I, I, n, l.aprep + avec * v0, stream));
-    ++launches;
-  }
 
   KESTREL_TRY(gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound));
   ++launches;

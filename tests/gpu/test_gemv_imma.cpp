@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/quant/blocks.h"
@@ -74,16 +75,21 @@ struct DeviceTiled {
   TiledQ4View view;
 };
 
-std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_vec) {
+// Copies a host array into a device buffer of its size.
+void upload(const DeviceBuffer& d, const std::vector<float>& v) {
+  ASSERT_EQ(d.bytes(), v.size() * sizeof(float));
+  EXPECT_EQ(cudaMemcpy(d.as<unsigned char>(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+// gemv_imma on the n_vec vectors that prepare(xprep) writes on the device.
+template <class Prepare>
+std::vector<float> run_prepared(const DeviceTiled& w, int n_vec, Prepare&& prepare) {
   const size_t y_elems = static_cast<size_t>(n_vec * w.view.n_rows);
-  DeviceBuffer d_x(x.size() * sizeof(float));
   DeviceBuffer d_xp(imma_x_bytes(w.view.n_cols, n_vec));
   DeviceBuffer d_y(y_elems * sizeof(float));
   std::vector<float> y(y_elems, std::nanf(""));
-  EXPECT_EQ(cudaMemcpy(d_x.as<unsigned char>(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice),
-            cudaSuccess);
   EXPECT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
-  const Status p = gemv_imma_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr);
+  const Status p = prepare(d_xp.as<unsigned char>());
   EXPECT_TRUE(p) << p.error().to_string();
   const Status s = gemv_imma(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr);
   EXPECT_TRUE(s) << s.error().to_string();
@@ -91,6 +97,13 @@ std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_
   EXPECT_EQ(cudaMemcpy(y.data(), d_y.as<unsigned char>(), y_elems * sizeof(float), cudaMemcpyDeviceToHost),
             cudaSuccess);
   return y;
+}
+
+std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_vec) {
+  const DeviceBuffer d_x(x.size() * sizeof(float));
+  upload(d_x, x);
+  return run_prepared(
+      w, n_vec, [&](void* xp) { return gemv_imma_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, xp, nullptr); });
 }
 
 // The error bound per output, f64 [n_vec, n_out]: kRelTol · Σ|w_i x_i| from core's dequantize_row, plus the
@@ -127,6 +140,22 @@ struct Shape {
   int64_t n_in, n_out;
 };
 
+// Every output within its bound of the reference (the first few misses reported).
+void expect_within(const std::string& what, const std::vector<float>& got, const std::vector<float>& want,
+                   const std::vector<double>& bound, int64_t n_out) {
+  int bad = 0;
+  double worst = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
+    worst = std::max(worst, err / bound[i]);
+    if (!(err <= bound[i]) && bad++ < 3) {
+      ADD_FAILURE() << what << ": vector " << i / static_cast<size_t>(n_out) << " row "
+                    << i % static_cast<size_t>(n_out) << " got " << got[i] << " want " << want[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << " worst err/bound " << worst;
+}
+
 void check_type(GgmlType t, const std::vector<Shape>& shapes) {
   std::mt19937 rng(1234 + static_cast<int>(t));
   for (const Shape& sh : shapes) {
@@ -140,19 +169,9 @@ void check_type(GgmlType t, const std::vector<Shape>& shapes) {
       ASSERT_TRUE(ref::matvec_batch(qm, x.data(), n_vec, want.data()));
       const std::vector<double> bound = bounds(t, m, sh.n_in, sh.n_out, x, n_vec);
       const std::vector<float> got = run(w, x, n_vec);
-      int bad = 0;
-      double worst = 0.0;
-      for (size_t i = 0; i < got.size(); ++i) {
-        const double err = std::fabs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
-        worst = std::max(worst, err / bound[i]);
-        if (!(err <= bound[i]) && bad++ < 3) {
-          ADD_FAILURE() << ggml_type_name(t) << " n_in " << sh.n_in << " n_out " << sh.n_out << " n_vec " << n_vec
-                        << ": vector " << i / static_cast<size_t>(sh.n_out) << " row "
-                        << i % static_cast<size_t>(sh.n_out) << " got " << got[i] << " want " << want[i];
-        }
-      }
-      EXPECT_EQ(bad, 0) << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " n_vec " << n_vec
-                        << " worst err/bound " << worst;
+      expect_within(std::string(ggml_type_name(t)) + " " + std::to_string(sh.n_in) + "x" + std::to_string(sh.n_out) +
+                        " n_vec " + std::to_string(n_vec),
+                    got, want, bound, sh.n_out);
       // Repeated runs are bit-identical; each vector alone gives the same bits as inside the batch.
       const std::vector<float> again = run(w, x, n_vec);
       EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * sizeof(float)), 0);
@@ -209,6 +228,43 @@ TEST(GemvImma, ActivationEdgeCases) {
   }
 }
 
+// gemv_imma_prepare_swiglu: W · (silu(gate) ⊙ up) against ref::matvec_batch of the host's silu(g)·u, in
+// ref::swiglu_forward's operation order (the device's expf may differ from the host's by an ulp or two, far inside
+// the bound's 1e-5 term); n_cols a multiple of 64 but not of 256 (Q4_0), 1, 3 and 8 vectors; bit-identical repeats.
+TEST(GemvImma, SwigluPreparationMatchesReference) {
+  KESTREL_REQUIRE_DEVICE();
+  std::mt19937 rng(77);
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    const Shape sh = t == GgmlType::kQ4_0 ? Shape{320, 48} : Shape{768, 32};
+    const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
+    const DeviceTiled w(t, m, sh.n_in, sh.n_out);
+    for (const int n_vec : {1, 3, 8}) {
+      const std::vector<float> gate = random_vectors(n_vec, sh.n_in, rng);
+      const std::vector<float> up = random_vectors(n_vec, sh.n_in, rng);
+      std::vector<float> act(gate.size());
+      for (size_t i = 0; i < act.size(); ++i) {
+        const float s = gate[i] * (1.0f / (1.0f + std::exp(-gate[i])));
+        act[i] = s * up[i];
+      }
+      std::vector<float> want(static_cast<size_t>(n_vec * sh.n_out));
+      const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(sh.n_in), static_cast<uint64_t>(sh.n_out)};
+      ASSERT_TRUE(ref::matvec_batch(qm, act.data(), n_vec, want.data()));
+      const DeviceBuffer d_gate(gate.size() * sizeof(float));
+      const DeviceBuffer d_up(up.size() * sizeof(float));
+      upload(d_gate, gate);
+      upload(d_up, up);
+      const auto prepare = [&](void* xp) {
+        return gemv_imma_prepare_swiglu(d_gate.as<float>(), d_up.as<float>(), sh.n_in, n_vec, xp, nullptr);
+      };
+      const std::vector<float> got = run_prepared(w, n_vec, prepare);
+      expect_within("swiglu " + std::string(ggml_type_name(t)) + " n_vec " + std::to_string(n_vec), got, want,
+                    bounds(t, m, sh.n_in, sh.n_out, act, n_vec), sh.n_out);
+      const std::vector<float> again = run_prepared(w, n_vec, prepare);
+      EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * sizeof(float)), 0);
+    }
+  }
+}
+
 TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 8256, 16));  // longer than 8192
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 32, 16));    // not whole units
@@ -222,6 +278,9 @@ TEST(GemvImma, RefusesShapesAndArguments) {
   ASSERT_LE(imma_x_bytes(64, 1), sizeof(xp));
   EXPECT_FALSE(gemv_imma_prepare_x(x, 96, 1, xp, nullptr));
   EXPECT_FALSE(gemv_imma_prepare_x(x + 1, 64, 1, xp, nullptr));
+  EXPECT_FALSE(gemv_imma_prepare_swiglu(x, x + 1, 64, 1, xp, nullptr));    // up misaligned
+  EXPECT_FALSE(gemv_imma_prepare_swiglu(nullptr, x, 64, 1, xp, nullptr));  // gate null
+  EXPECT_FALSE(gemv_imma_prepare_swiglu(x, x, 96, 1, xp, nullptr));        // not whole units
   const TiledQ4View view{GgmlType::kQ4_0, w, 64, 16};
   EXPECT_FALSE(gemv_imma(view, xp, 0, y, nullptr));
   EXPECT_FALSE(gemv_imma(view, xp, 33, y, nullptr));
