@@ -113,6 +113,27 @@ struct DeviceRun {
   int launches = 0;
 };
 
+// Copies n elements from the device into v.
+template <class T>
+void get(std::vector<T>& v, const void* src, size_t n) {
+  v.resize(n);
+  EXPECT_EQ(cudaMemcpy(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+}
+
+// The routing arrays (moe_route's output) into r.
+void read_routing(const MoeRouting& rt, int n_tok, int E, int k, DeviceRun& r) {
+  const size_t n_entries = static_cast<size_t>(n_tok * k);
+  const size_t max_active = std::min(static_cast<size_t>(E), n_entries);
+  get(r.ids, rt.ids, n_entries);
+  get(r.weights, rt.weights, n_entries);
+  EXPECT_EQ(cudaMemcpy(&r.n_active, rt.n_active, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  get(r.active_expert, rt.active_expert, max_active);
+  get(r.active_offset, rt.active_offset, max_active + 1);
+  get(r.entry_token, rt.entry_token, n_entries);
+  get(r.entry_weight, rt.entry_weight, n_entries);
+  get(r.token_entry, rt.token_entry, n_entries);
+}
+
 DeviceRun run_device(const DeviceMoe& d, const std::vector<float>& x, int n_tok) {
   const MoeDeviceWeights& w = d.w;
   const int H = static_cast<int>(w.router.n_cols), E = static_cast<int>(w.router.n_rows), k = w.n_expert_used;
@@ -133,22 +154,9 @@ DeviceRun run_device(const DeviceMoe& d, const std::vector<float>& x, int n_tok)
   EXPECT_TRUE(sl) << sl.error().to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   r.launches = info.launches;
-  auto get = [](auto& v, const void* src, size_t n) {
-    v.resize(n);
-    EXPECT_EQ(cudaMemcpy(v.data(), src, n * sizeof(v[0]), cudaMemcpyDeviceToHost), cudaSuccess);
-  };
-  const size_t n_entries = static_cast<size_t>(n_tok * k);
-  const size_t max_active = std::min(static_cast<size_t>(E), n_entries);
   get(r.out, dout.as(), x.size());
   get(r.logits, dlog.as(), static_cast<size_t>(n_tok * E));
-  get(r.ids, info.routing.ids, n_entries);
-  get(r.weights, info.routing.weights, n_entries);
-  EXPECT_EQ(cudaMemcpy(&r.n_active, info.routing.n_active, 4, cudaMemcpyDeviceToHost), cudaSuccess);
-  get(r.active_expert, info.routing.active_expert, max_active);
-  get(r.active_offset, info.routing.active_offset, max_active + 1);
-  get(r.entry_token, info.routing.entry_token, n_entries);
-  get(r.entry_weight, info.routing.entry_weight, n_entries);
-  get(r.token_entry, info.routing.token_entry, n_entries);
+  read_routing(info.routing, n_tok, E, k, r);
   (void)H;
   return r;
 }
@@ -261,6 +269,56 @@ TEST(Moe, OddShapeTopOneAndAllExperts) {
   KESTREL_REQUIRE_DEVICE();
   run_shape({"odd k=1", 96, 5, 1, 40, 24, GgmlType::kQ8_0, GgmlType::kF32, GgmlType::kF16, GgmlType::kF32}, {1, 7});
   run_shape({"odd k=E", 96, 5, 5, 40, 24, GgmlType::kQ8_0, GgmlType::kF16, GgmlType::kF16, GgmlType::kF32}, {2});
+}
+
+// moe_route alone on crafted logits, against ref::moe_route on the same logits (ids exact, weights to kWeightTol)
+// and the host grouping of its ids: logits from {−1, 0, 0.5} (many bit-equal p: the lower expert id must win, in
+// every round), E not a multiple of 32, E = 512 (16 logits a lane) and E = kMoeMaxExperts with k = kMoeMaxUsed
+// (32 a lane), 1 to 32 tokens; repeated runs bit-identical.
+TEST(Moe, RouteTiesAndExpertCounts) {
+  KESTREL_REQUIRE_DEVICE();
+  struct Case {
+    int e, k, n_tok;
+    bool ties;
+  };
+  std::mt19937 rng(2024);
+  for (const Case c : {Case{300, 7, 32, false}, Case{300, 7, 5, true}, Case{33, 32, 2, true}, Case{512, 10, 32, false},
+                       Case{512, 10, 3, true}, Case{kMoeMaxExperts, kMoeMaxUsed, 3, true},
+                       Case{kMoeMaxExperts, 8, 32, false}, Case{256, 8, 1, true}}) {
+    SCOPED_TRACE("E " + std::to_string(c.e) + " k " + std::to_string(c.k) + " n_tok " + std::to_string(c.n_tok) +
+                 (c.ties ? " ties" : ""));
+    std::vector<float> logits(static_cast<size_t>(c.n_tok * c.e));
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    std::uniform_int_distribution<int> pick(0, 2);
+    constexpr float kLevels[3] = {-1.0f, 0.0f, 0.5f};
+    for (auto& v : logits) v = c.ties ? kLevels[pick(rng)] : normal(rng);
+    DeviceBuffer dlog(logits.size() * 4);
+    DeviceBuffer dr(moe_routing_bytes(c.n_tok, c.e, c.k));
+    ASSERT_EQ(cudaMemcpy(dlog.as(), logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    const MoeRouting rt = moe_routing_carve(dr.as(), c.n_tok, c.e, c.k);
+    DeviceRun runs[2];
+    for (DeviceRun& run : runs) {
+      const Status st = moe_route(dlog.as<float>(), c.n_tok, c.e, c.k, rt, nullptr);
+      ASSERT_TRUE(st) << st.error().to_string();
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      read_routing(rt, c.n_tok, c.e, c.k, run);
+    }
+    const DeviceRun& got = runs[0];
+    for (int t = 0; t < c.n_tok; ++t) {
+      std::vector<int32_t> ids(static_cast<size_t>(c.k));
+      std::vector<float> wts(static_cast<size_t>(c.k));
+      ref::moe_route(logits.data() + static_cast<size_t>(t * c.e), c.e, c.k, ids.data(), wts.data());
+      for (int j = 0; j < c.k; ++j) {
+        const size_t i = static_cast<size_t>(t * c.k + j);
+        ASSERT_EQ(got.ids[i], ids[static_cast<size_t>(j)]) << "token " << t << " slot " << j;
+        EXPECT_NEAR(got.weights[i], wts[static_cast<size_t>(j)], kWeightTol * std::fabs(wts[static_cast<size_t>(j)]))
+            << "token " << t << " slot " << j;
+      }
+    }
+    check_grouping(got, c.n_tok, c.k, c.e);
+    EXPECT_EQ(runs[1].ids, got.ids);
+    EXPECT_EQ(std::memcmp(runs[1].weights.data(), got.weights.data(), got.weights.size() * 4), 0);
+  }
 }
 
 TEST(Moe, RefusesBadArguments) {
