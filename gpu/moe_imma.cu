@@ -5,7 +5,7 @@
 // f32 [2 · n_all, I] (gate row r at r, up row r at n_all + r), the SwiGLU activations only in their prepared form
 // (gemv_imma_prepare_swiglu, one vector per row), the down results to ye f32 [n_all, H].
 //
-// Segment tables (written by table_kernel, one block, from the routing; read by gemv_imma_segments):
+// Segment tables (written by route_table_kernel, one block, right after it routes; read by gemv_imma_segments):
 //   gate+up: [shared chunk c: gate, up]·sh_chunks, then per routed chunk q (active experts ascending, each expert's
 //            entries in chunks of 8): gate, up; the rest of the capacity n_vec = 0 (skipped);
 //   down:    [shared chunk c]·sh_chunks, then routed chunk q; the rest n_vec = 0.
@@ -23,14 +23,15 @@
 #include "gpu/dequant.cuh"
 #include "gpu/gemv.h"
 #include "gpu/gemv_imma.h"
+#include "gpu/imma_prepare.cuh"
 #include "gpu/moe_combine.cuh"
 #include "gpu/moe_imma.h"
+#include "gpu/moe_route.cuh"
 #include "gpu/q4_tile.h"
 
 namespace kestrel::gpu {
 namespace {
 
-constexpr int kTableThreads = 256;
 constexpr int kCombineThreads = moe_combine::kThreads;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
@@ -167,15 +168,17 @@ __device__ __forceinline__ void put_empty(ImmaSegment* s) {
   *s = seg;  // n_vec 0: skipped
 }
 
-__global__ void __launch_bounds__(kTableThreads) table_kernel(TableArgs a) {
-  using Scan = cub::BlockScan<int, kTableThreads>;
+// The segment tables from the routing a.r, by one block of kBlock threads (its reads of a.r follow a barrier after
+// the routing's writes).
+template <int kBlock>
+__device__ __forceinline__ void write_tables(const TableArgs& a) {
+  using Scan = cub::BlockScan<int, kBlock>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int total_s;
   const int tid = static_cast<int>(threadIdx.x);
-  grid_dependency_wait();
 
   // Shared expert: chunk c takes tokens 8c .. 8c + 7; its rows are n_entries + token.
-  for (int c = tid; c < a.sh_chunks; c += kTableThreads) {
+  for (int c = tid; c < a.sh_chunks; c += kBlock) {
     const int t0 = c * kImmaSegmentVectors;
     const int n = min(kImmaSegmentVectors, a.n_tok - t0);
     int32_t tok[kImmaSegmentVectors];
@@ -193,7 +196,7 @@ __global__ void __launch_bounds__(kTableThreads) table_kernel(TableArgs a) {
   // Routed experts: slot s's chunks start at the exclusive scan of ⌈count/8⌉ over the slots before it.
   const int n_active = *a.r.n_active;
   int running = 0;
-  for (int base = 0; base < a.max_active; base += kTableThreads) {
+  for (int base = 0; base < a.max_active; base += kBlock) {
     const int s = base + tid;
     int first = 0;
     int count = 0;
@@ -233,8 +236,19 @@ __global__ void __launch_bounds__(kTableThreads) table_kernel(TableArgs a) {
   if (tid == 0) total_s = running;
   __syncthreads();
   const int used = a.sh_chunks + total_s;
-  for (int i = 2 * used + tid; i < a.n_seg_gu; i += kTableThreads) put_empty(a.seg_gu + i);
-  for (int i = used + tid; i < a.n_seg_dn; i += kTableThreads) put_empty(a.seg_dn + i);
+  for (int i = 2 * used + tid; i < a.n_seg_gu; i += kBlock) put_empty(a.seg_gu + i);
+  for (int i = used + tid; i < a.n_seg_dn; i += kBlock) put_empty(a.seg_dn + i);
+}
+
+// Routing (moe_route_dev::route_block, the same code as moe_route) and then the segment tables from it, in one block:
+// one launch where moe_route and a table kernel were two.
+template <int kPer>
+__global__ void __launch_bounds__(moe_route_dev::kThreads)
+    route_table_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a) {
+  grid_dependency_wait();
+  moe_route_dev::route_block<kPer>(logits, a.n_tok, n_expert, k, a.r);
+  __syncthreads();  // the routing's global writes are visible to the whole block
+  write_tables<moe_route_dev::kThreads>(a);
 }
 
 // Router logits for an f32 router (ffn_gate_inp, the usual GGUF type): warp = one expert row, its slice of the row
@@ -244,12 +258,11 @@ __global__ void __launch_bounds__(kTableThreads) table_kernel(TableArgs a) {
 constexpr int kRouterWarps = 8;
 constexpr int kRouterChunk = 1024;  // columns per pass: 32 lanes × 8 float4
 
-__global__ void __launch_bounds__(kRouterWarps * 32)
-    router_logits_kernel(const float* __restrict__ w, const float* __restrict__ x, int h, int n_expert, int n_tok,
-                         float* __restrict__ logits) {
+__device__ __forceinline__ void router_logits_block(const float* __restrict__ w, const float* __restrict__ x, int h,
+                                                    int n_expert, int n_tok, float* __restrict__ logits, int block) {
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int e = static_cast<int>(blockIdx.x) * kRouterWarps + warp;
+  const int e = block * kRouterWarps + warp;
   if (e >= n_expert) return;
   float acc[kMoeMaxTokens];
 #pragma unroll
@@ -287,6 +300,24 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
     for (int off = 16; off > 0; off /= 2) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, off));
     if (lane == 0) logits[static_cast<size_t>(t) * n_expert + e] = v;
   }
+}
+
+// The f32 router's logits (blocks [0, router_blocks), kRouterWarps experts each) and x's prepared form for the
+// grouped gate+up GEMV (the blocks after: per token ⌈groups/kRouterWarps⌉ blocks, a warp per 256-element group) in
+// one launch — the two only read x.
+__global__ void __launch_bounds__(kRouterWarps * 32)
+    router_prepare_kernel(const float* __restrict__ w, const float* __restrict__ x, int h, int n_expert, int n_tok,
+                          float* __restrict__ logits, int router_blocks, imma_prep::XLayout lay,
+                          uint8_t* __restrict__ xprep) {
+  const int b = static_cast<int>(blockIdx.x);
+  if (b < router_blocks) {
+    router_logits_block(w, x, h, n_expert, n_tok, logits, b);
+    return;
+  }
+  const int per_tok = (lay.n_groups + kRouterWarps - 1) / kRouterWarps;
+  const int vec = (b - router_blocks) / per_tok;
+  const int grp = (b - router_blocks) % per_tok * kRouterWarps + static_cast<int>(threadIdx.x) / 32;
+  imma_prep::prepare_group(imma_prep::PlainRows{x}, h, lay, xprep, vec, grp, static_cast<int>(threadIdx.x) % 32);
 }
 
 // out[t] = Σ_j ye[token_entry[t][j]] · entry_weight[...] from 0 in ascending expert order, then with kShared
@@ -504,17 +535,17 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   }
   int launches = 0;
 
-  if (w.router.type == GgmlType::kF32 && H % 4 == 0 && aligned16(w.router.data)) {
-    router_logits_kernel<<<static_cast<unsigned>((E + kRouterWarps - 1) / kRouterWarps), kRouterWarps * 32, 0,
-                           stream>>>(static_cast<const float*>(w.router.data), x, H, E, n_tok, l.logits);
+  const bool f32_router = w.router.type == GgmlType::kF32 && H % 4 == 0 && aligned16(w.router.data);
+  if (f32_router) {  // logits and x's preparation in one launch
+    const int router_blocks = (E + kRouterWarps - 1) / kRouterWarps;
+    const imma_prep::XLayout lay = imma_prep::x_layout(H);
+    const int prep_blocks = n_tok * ((lay.n_groups + kRouterWarps - 1) / kRouterWarps);
+    router_prepare_kernel<<<static_cast<unsigned>(router_blocks + prep_blocks), kRouterWarps * 32, 0, stream>>>(
+        static_cast<const float*>(w.router.data), x, H, E, n_tok, l.logits, router_blocks, lay, l.xprep);
     KESTREL_CUDA_TRY(cudaGetLastError());
   } else {
     KESTREL_TRY(gemv(w.router, x, n_tok, l.logits, stream));
   }
-  ++launches;
-  KESTREL_TRY(moe_route(l.logits, n_tok, E, k, r, stream));
-  ++launches;
-  KESTREL_TRY(gemv_imma_prepare_x(x, H, n_tok, l.xprep, stream));
   ++launches;
 
   TableArgs ta{};
@@ -536,8 +567,25 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ta.n_seg_dn = c.n_seg_dn();
   ta.seg_gu = l.seg_gu;
   ta.seg_dn = l.seg_dn;
-  KESTREL_TRY(launch_kernel(table_kernel, dim3(1), dim3(kTableThreads), stream, ta));
+  switch (moe_route_dev::route_per_lane(E)) {
+    case 8:
+      KESTREL_TRY(
+          launch_kernel(route_table_kernel<8>, dim3(1), dim3(moe_route_dev::kThreads), stream, l.logits, E, k, ta));
+      break;
+    case 16:
+      KESTREL_TRY(
+          launch_kernel(route_table_kernel<16>, dim3(1), dim3(moe_route_dev::kThreads), stream, l.logits, E, k, ta));
+      break;
+    default:
+      KESTREL_TRY(launch_kernel(route_table_kernel<kMoeMaxExperts / 32>, dim3(1), dim3(moe_route_dev::kThreads), stream,
+                                l.logits, E, k, ta));
+      break;
+  }
   ++launches;
+  if (!f32_router) {
+    KESTREL_TRY(gemv_imma_prepare_x(x, H, n_tok, l.xprep, stream));
+    ++launches;
+  }
 
   // An expert (or a chunk of the shared expert) sees each token at most once: no segment holds more than n_tok.
   const int seg_bound = std::min(n_tok, kImmaSegmentVectors);

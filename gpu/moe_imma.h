@@ -8,11 +8,12 @@
 // (gpu::gemv's types, gpu/dequant.cuh's types).
 //
 // One call, all on one stream, no host synchronisation (launch counts in docs/gpu.md, "MoE on GEMV v4"):
-//   router gemv → moe_route → gemv_imma_prepare_x(x) → one table kernel (the ImmaSegment tables of gate+up and of
-//   down from the routing: per active expert and per chunk of <= 8 of its tokens one gate, one up and one down
-//   segment, plus the shared expert's chunks) → gemv_imma_segments(gate+up) → gemv_imma_prepare_swiglu (SwiGLU per
+//   router logits (an f32 router: with x's preparation, gemv_imma_prepare_x's code, in the same launch; other types:
+//   gpu::gemv, then gemv_imma_prepare_x(x)) → one block that routes (moe_route's code, gpu/moe_route.cuh) and then writes the ImmaSegment tables
+//   of gate+up and of down from the routing (per active expert and per chunk of <= 8 of its tokens one gate, one up
+//   and one down segment, plus the shared expert's chunks) → gemv_imma_segments(gate+up) → gemv_imma_prepare_swiglu (SwiGLU per
 //   entry, written only in prepared form) → gemv_imma_segments(down) → combine (Σ over each token's entries by
-//   ascending expert id of w·y, then + sigmoid(shared gate · x) · shared y, as the reference): 8 launches.
+//   ascending expert id of w·y, then + sigmoid(shared gate · x) · shared y, as the reference): 6 launches (7 with a router that is not f32).
 // Each active expert's matrices are read once per call for up to 8 of its tokens (an expert chosen by more than 8
 // tokens is read once per 8; at 32 tokens of a 256-expert top-8 layer that is rare). Fixed summation orders and no
 // atomics in these kernels: repeated runs are bit-identical (given gemv_imma_segments is, as its header says).
@@ -86,7 +87,7 @@ class MoeImmaLayer {
   MoeImmaWeights w_;
 };
 
-// The table and combine kernels are launched as programmatic dependents of the kernel before them (PDL:
+// The route-and-tables and combine kernels are launched as programmatic dependents of the kernel before them (PDL:
 // cudaLaunchAttributeProgrammaticStreamSerialization; each waits for that kernel's completion before touching
 // memory, so results do not change), which hides part of their launch latency. On by default; for benchmarks,
 // process-wide, affects calls made after it. Thread-safe.

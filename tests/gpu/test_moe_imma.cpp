@@ -1,7 +1,8 @@
 // gpu/moe_imma (the MoE layer on GEMV v4) against ref::moe_forward, in Q4_0 and Q4_K, with and without a shared
 // expert, at 1, 3, 8 and 32 tokens: the 35B-A3B shape (H 2048, 256 experts top-8, expert and shared ff 512), odd
 // small shapes (E 24 top-3, H 256 / 512, ff 128 / 256; H 192 with ff 64 and k = E = 5, so every expert takes all
-// 32 tokens in 4 chunks of 8; k = 1), and the argument checks.
+// 32 tokens in 4 chunks of 8; k = 1; a Q8_0 router, which takes the gemv + separate preparation path), the launch
+// count, and the argument checks.
 //
 // Routing must match exactly (the inputs are drawn so that the k+1 largest router logits of every token are more
 // than 1e-4 apart, so a last-ulp difference between the device router GEMV and the reference cannot flip a choice).
@@ -45,12 +46,14 @@ struct Shape {
   int h, e, k, ff;
   bool shared;
   GgmlType type;
+  GgmlType router = GgmlType::kF32;  // ffn_gate_inp (f32: the router-and-prepare kernel; else gemv + a preparation)
 };
 
 std::string describe(const Shape& s, int n_tok) {
   std::ostringstream os;
   os << s.name << " H " << s.h << " E " << s.e << " k " << s.k << " ff " << s.ff << (s.shared ? " +shared" : "") << " "
-     << ggml_type_name(s.type) << " n_tok " << n_tok;
+     << ggml_type_name(s.type) << (s.router != GgmlType::kF32 ? " router " : "")
+     << (s.router != GgmlType::kF32 ? ggml_type_name(s.router) : "") << " n_tok " << n_tok;
   return os.str();
 }
 
@@ -64,13 +67,13 @@ void make_moe(const Shape& s, HostMoe& m) {
   m.s = s;
   const uint64_t seed = static_cast<uint64_t>(s.h * 131 + s.e * 7 + s.k + (s.type == GgmlType::kQ4_K ? 5 : 0));
   const float x_scale_in = 1.0f / std::sqrt(static_cast<float>(s.h));
-  m.router = random_weights(GgmlType::kF32, s.h, s.e, 1, 2.0f * x_scale_in, seed + 1);
+  m.router = random_weights(s.router, s.h, s.e, 1, 2.0f * x_scale_in, seed + 1);
   m.gate = random_weights(s.type, s.h, s.ff, s.e, 0.02f, seed + 2);
   m.up = random_weights(s.type, s.h, s.ff, s.e, 0.02f, seed + 3);
   m.down = random_weights(s.type, s.ff, s.h, s.e, 0.02f, seed + 4);
   const uint64_t H = static_cast<uint64_t>(s.h), E = static_cast<uint64_t>(s.e), I = static_cast<uint64_t>(s.ff);
   m.ref.n_expert_used = s.k;
-  m.ref.router = {GgmlType::kF32, m.router.data(), H, E};
+  m.ref.router = {s.router, m.router.data(), H, E};
   m.ref.gate_exps = {s.type, m.gate.data(), H, I, E};
   m.ref.up_exps = {s.type, m.up.data(), H, I, E};
   m.ref.down_exps = {s.type, m.down.data(), I, H, E};
@@ -95,7 +98,7 @@ struct DeviceMoe : test::DeviceUploads {
 void upload_moe(const HostMoe& m, DeviceMoe& d) {
   const Shape& s = m.s;
   d.raw.n_expert_used = s.k;
-  d.raw.router = {GgmlType::kF32, d.put(m.router), s.h, s.e};
+  d.raw.router = {s.router, d.put(m.router), s.h, s.e};
   d.raw.gate_exps = {s.type, d.put(m.gate), s.h, s.ff, s.e};
   d.raw.up_exps = {s.type, d.put(m.up), s.h, s.ff, s.e};
   d.raw.down_exps = {s.type, d.put(m.down), s.ff, s.h, s.e};
@@ -141,9 +144,9 @@ DeviceRun run_device(const MoeImmaWeights& w, const std::vector<float>& x, int n
   return r;
 }
 
-// Launches moe_imma_forward enqueues: router, route, prepare x, table, gate+up, the SwiGLU activations' preparation,
-// down, combine — at any n_tok.
-constexpr int kExpectedLaunches = 8;
+// Launches moe_imma_forward enqueues at any n_tok: router logits with x's preparation (an f32 router; else the
+// router gemv and the preparation apart), route + tables, gate+up, the SwiGLU activations' preparation, down, combine.
+int expected_launches(const Shape& s) { return s.router == GgmlType::kF32 ? 6 : 7; }
 
 void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok) {
   const std::string what = describe(s, n_tok);
@@ -161,7 +164,7 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
     ASSERT_EQ(got.ids[i], want_sel[i]) << "token " << i / static_cast<size_t>(s.k) << " slot "
                                        << i % static_cast<size_t>(s.k);
   }
-  EXPECT_EQ(got.launches, kExpectedLaunches);
+  EXPECT_EQ(got.launches, expected_launches(s));
 
   EXPECT_EQ(test::count_out_of_tolerance(got.out, want, n_tok, s.h, kOutTol, what, got.launches, got.n_active), 0);
   const DeviceRun again = run_device(w, x, n_tok);
@@ -221,6 +224,7 @@ TEST(MoeImma, OddShapesQ4_0) {
   run_shape({"odd no shared", 256, 24, 3, 128, false, GgmlType::kQ4_0}, {1, 3, 8, 32});
   run_shape({"k=E (all experts, 4 chunks)", 192, 5, 5, 64, true, GgmlType::kQ4_0}, {1, 3, 32});
   run_shape({"k=1", 192, 7, 1, 64, false, GgmlType::kQ4_0}, {1, 8, 32});
+  run_shape({"Q8_0 router", 256, 24, 3, 128, true, GgmlType::kQ4_0, GgmlType::kQ8_0}, {1, 8});
 }
 
 TEST(MoeImma, OddShapesQ4_K) {

@@ -1,0 +1,179 @@
+// moe_route.cuh: the device side of moe_route (see moe_router.h), for kernels that route inside a larger block
+// program (moe_router.cu's own kernel, moe_imma's route-and-tables kernel). One block of kThreads (1024) threads.
+//
+// Phase 1, warp w routes tokens w, w + kWarps, ...: lane l holds the token's logits l, l + 32, ... in registers
+// (kPer of them: 8 up to E = 256, 16 up to 512, else 32), max by lane-strided max + butterfly (exact), p_e = expf(l_e −
+// max), Σ lane-strided (index order within a lane) + butterfly, p_e /= Σ; then k rounds of arg-max over the
+// not-yet-taken experts: each lane's best (the lowest index among its equals), the warp's largest p by one
+// max-reduction of its bits and the lowest index holding it by one min-reduction (the reference's total order: larger
+// p, then lower index), the winner's register set to −1. Every lane sums the k selected p in selection order and lane j
+// divides its selection's p by the clamped sum. (Before: p in shared memory and a 10-shuffle butterfly per round — 11
+// µs at one token under ncu, more than the layer's expert GEMVs.) Phase 2 (after a barrier), the grouping: per-expert
+// counts over the block's shared copy of the ids, a block-wide exclusive scan (per warp, then over the warp totals) of
+// the counts and of the active flags, then thread e writes expert e's entries in token order, and each token's entries
+// are ranked by expert id.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "gpu/moe_router.h"
+
+namespace kestrel::gpu::moe_route_dev {
+
+constexpr int kWarps = 32;  // one warp per token for up to kMoeMaxTokens tokens (phase 1 runs them all at once)
+constexpr int kThreads = 32 * kWarps;
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+constexpr float kWeightSumMin = 6.103515625e-5f;  // 2^-14, as ref::kMoeWeightSumMin
+static_assert(kThreads >= kMoeMaxExperts, "phase 2 gives each expert a thread");
+
+// Inclusive scan of v over the block (kThreads threads, thread order); `totals` holds kWarps ints of shared memory.
+// Ends with a barrier, so `totals` may be reused after it.
+__device__ __forceinline__ int block_inclusive_scan(int v, int* totals) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const int o = __shfl_up_sync(kFullMask, v, off);
+    if (lane >= off) v += o;
+  }
+  if (lane == 31) totals[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    int t = totals[lane];
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+      const int o = __shfl_up_sync(kFullMask, t, off);
+      if (lane >= off) t += o;
+    }
+    totals[lane] = t;
+  }
+  __syncthreads();
+  const int before = warp > 0 ? totals[warp - 1] : 0;
+  __syncthreads();
+  return v + before;
+}
+
+// Routes token t's logits lg (n_expert of them) by one warp; lane j < k receives selection j (id, p).
+template <int kPer>
+__device__ __forceinline__ void route_token(const float* __restrict__ lg, int n_expert, int k, int lane, int& my_id,
+                                            float& my_p, float& sel_sum) {
+  float v[kPer];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < n_expert ? lg[e] : -INFINITY;
+    mx = fmaxf(mx, v[i]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, off));
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if (lane + 32 * i < n_expert) {
+      v[i] = expf(__fsub_rn(v[i], mx));
+      sum = __fadd_rn(sum, v[i]);
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(kFullMask, sum, off));
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) v[i] = lane + 32 * i < n_expert ? __fdiv_rn(v[i], sum) : -1.0f;  // taken: −1
+
+  sel_sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    float best_p = -1.0f;
+    int best_e = n_expert;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (v[i] > best_p) {  // strict: the lowest index among equals within the lane
+        best_p = v[i];
+        best_e = lane + 32 * i;
+      }
+    }
+    // Every p is >= 0 (or −1: taken or absent): the bits of a non-negative float order like the float, + 1 keeps 0
+    // for "nothing here".
+    const unsigned key = best_p >= 0.0f ? __float_as_uint(best_p) + 1u : 0u;
+    const unsigned top = __reduce_max_sync(kFullMask, key);
+    const int win = static_cast<int>(__reduce_min_sync(kFullMask, key == top ? static_cast<unsigned>(best_e) : ~0u));
+    const float win_p = top > 0u ? __uint_as_float(top - 1u) : -1.0f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (lane + 32 * i == win) v[i] = -1.0f;
+    }
+    sel_sum = __fadd_rn(sel_sum, win_p);  // every lane, same order
+    if (lane == j) {
+      my_p = win_p;
+      my_id = win;
+    }
+  }
+}
+
+// The whole routing of n_tok tokens by one block of kThreads threads (see the head of this file); r in global memory.
+// Returns after the grouping's last shared-memory use; the caller puts a __syncthreads() between this and any read
+// of r by other threads of the block.
+template <int kPer>
+__device__ __forceinline__ void route_block(const float* __restrict__ logits, int n_tok, int n_expert, int k,
+                                            const MoeRouting& r) {
+  __shared__ int ids_s[kMoeMaxTokens * kMoeMaxUsed];
+  __shared__ float w_s[kMoeMaxTokens * kMoeMaxUsed];
+  __shared__ int totals[kWarps];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+
+  for (int t = warp; t < n_tok; t += kWarps) {
+    int my_id = 0;
+    float my_p = 0.0f;
+    float sel_sum = 0.0f;
+    route_token<kPer>(logits + static_cast<size_t>(t) * n_expert, n_expert, k, lane, my_id, my_p, sel_sum);
+    const float denom = fmaxf(sel_sum, kWeightSumMin);
+    if (lane < k) {
+      const float wt = __fdiv_rn(my_p, denom);
+      r.ids[t * k + lane] = my_id;
+      r.weights[t * k + lane] = wt;
+      ids_s[t * k + lane] = my_id;
+      w_s[t * k + lane] = wt;
+    }
+  }
+  __syncthreads();
+
+  // Grouping: thread e counts expert e's entries; exclusive scans of the counts and of the active flags.
+  const int n_entries = n_tok * k;
+  const int e = tid;
+  int c = 0;
+  if (e < n_expert) {
+    for (int i = 0; i < n_entries; ++i) c += ids_s[i] == e ? 1 : 0;
+  }
+  const int a = c > 0 ? 1 : 0;
+  const int off = block_inclusive_scan(c, totals) - c;
+  const int rank = block_inclusive_scan(a, totals) - a;
+  if (e == n_expert - 1) {
+    *r.n_active = rank + a;
+    r.active_offset[rank + a] = off + c;
+  }
+  if (c > 0) {
+    r.active_expert[rank] = e;
+    r.active_offset[rank] = off;
+    int pos = off;
+    for (int t = 0; t < n_tok; ++t) {
+      for (int j = 0; j < k; ++j) {
+        if (ids_s[t * k + j] != e) continue;
+        r.entry_token[pos] = t;
+        r.entry_weight[pos] = w_s[t * k + j];
+        int below = 0;  // the token's selections with a lower expert id
+        for (int jj = 0; jj < k; ++jj) below += ids_s[t * k + jj] < e ? 1 : 0;
+        r.token_entry[t * k + below] = pos;
+        ++pos;
+      }
+    }
+  }
+}
+
+// Logits a lane holds for n_expert experts: the kPer the route kernels are instantiated for.
+__host__ __device__ constexpr int route_per_lane(int n_expert) {
+  return n_expert <= 8 * 32 ? 8 : n_expert <= 16 * 32 ? 16 : kMoeMaxExperts / 32;
+}
+
+}  // namespace kestrel::gpu::moe_route_dev
