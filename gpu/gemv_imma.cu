@@ -65,6 +65,7 @@
 #include "gpu/cuda_check.h"
 #include "gpu/gemv_imma.h"
 #include "gpu/imma_prepare.cuh"
+#include "gpu/pdl.cuh"
 
 namespace kestrel::gpu {
 namespace {
@@ -89,6 +90,8 @@ constexpr float kMagicF = 12582912.0f;
 // One warp per (vector, group of 256), four a block.
 template <class Rows>
 __global__ void __launch_bounds__(128) prepare_x_kernel(Rows rows, int n_cols, XLayout lay, uint8_t* __restrict__ out) {
+  pdl_trigger();
+  pdl_wait();
   imma_prep::prepare_group(rows, n_cols, lay, out, static_cast<int>(blockIdx.y),
                            static_cast<int>(blockIdx.x * 4 + threadIdx.x / 32), static_cast<int>(threadIdx.x % 32));
 }
@@ -362,6 +365,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   // Dynamic shared memory: partial sums per warp when S > 1, double-buffered by round parity ([buf][warp][vector
   // slot][row], part_bytes()).
   extern __shared__ __align__(128) uint8_t smem[];
+  pdl_trigger();  // a programmatic launch (gpu/pdl.cuh) overlaps only the launches; the wait keeps the data order
+  pdl_wait();
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
@@ -543,7 +548,7 @@ void pick_split(KernelArgs& a, bool table) {
 }
 
 template <GgmlType T, int NP, bool kTable>
-Status launch(const KernelArgs& args, cudaStream_t stream) {
+Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
   const int warps = args.S * args.R;
   const size_t smem = part_bytes(warps);
   static int per_sm[kMaxWarps + 1] = {};  // blocks per SM by warps per block (a benign race: the same value)
@@ -560,26 +565,25 @@ Status launch(const KernelArgs& args, cudaStream_t stream) {
   const int64_t items = static_cast<int64_t>(args.n_seg) * args.n_rg;
   const int64_t want = (items + args.R - 1) / args.R;
   const int64_t fit = static_cast<int64_t>(per_sm[warps]) * sm_count;
-  gemv_imma_kernel<T, NP, kTable><<<static_cast<unsigned>(std::min(want, fit)), warps * 32, smem, stream>>>(args);
-  KESTREL_CUDA_TRY(cudaGetLastError());
-  return ok_status();
+  return launch_programmatic(programmatic, gemv_imma_kernel<T, NP, kTable>,
+                             dim3(static_cast<unsigned>(std::min(want, fit))), dim3(warps * 32), smem, stream, args);
 }
 
 template <GgmlType T, bool kTable>
-Status launch_pairs(const KernelArgs& args, int max_vec, cudaStream_t stream) {
-  if (max_vec <= 2) return launch<T, 1, kTable>(args, stream);
-  if (max_vec <= 4) return launch<T, 2, kTable>(args, stream);
-  return launch<T, 4, kTable>(args, stream);
+Status launch_pairs(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
+  if (max_vec <= 2) return launch<T, 1, kTable>(args, programmatic, stream);
+  if (max_vec <= 4) return launch<T, 2, kTable>(args, programmatic, stream);
+  return launch<T, 4, kTable>(args, programmatic, stream);
 }
 
-Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, cudaStream_t stream) {
+Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
   const bool table = args.table != nullptr;
   if (type == GgmlType::kQ4_0) {
-    return table ? launch_pairs<GgmlType::kQ4_0, true>(args, max_vec, stream)
-                 : launch_pairs<GgmlType::kQ4_0, false>(args, max_vec, stream);
+    return table ? launch_pairs<GgmlType::kQ4_0, true>(args, max_vec, programmatic, stream)
+                 : launch_pairs<GgmlType::kQ4_0, false>(args, max_vec, programmatic, stream);
   }
-  return table ? launch_pairs<GgmlType::kQ4_K, true>(args, max_vec, stream)
-               : launch_pairs<GgmlType::kQ4_K, false>(args, max_vec, stream);
+  return table ? launch_pairs<GgmlType::kQ4_K, true>(args, max_vec, programmatic, stream)
+               : launch_pairs<GgmlType::kQ4_K, false>(args, max_vec, programmatic, stream);
 }
 
 KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xprep, float* y, int64_t y_stride) {
@@ -621,7 +625,7 @@ namespace {
 // The shared checks and launch of gemv_imma_prepare_x / gemv_imma_prepare_swiglu; `inputs` are the row pointers.
 template <class Rows>
 Status prepare(const char* name, Rows rows, std::initializer_list<const float*> inputs, int64_t n_cols, int n_vec,
-               void* xprep, cudaStream_t stream) {
+               void* xprep, bool programmatic, cudaStream_t stream) {
   if (imma_x_bytes(n_cols, n_vec) == 0) {
     return make_error(ErrorCode::kInvalidArgument, std::string(name) + ": n_cols " + std::to_string(n_cols) +
                                                        " (a multiple of 64 up to " + std::to_string(kImmaMaxCols) +
@@ -634,20 +638,20 @@ Status prepare(const char* name, Rows rows, std::initializer_list<const float*> 
     return make_error(ErrorCode::kInvalidArgument, std::string(name) + ": null or misaligned pointer (16 bytes)");
   const XLayout lay = x_layout(n_cols);
   const dim3 grid(static_cast<unsigned>((lay.n_groups + 3) / 4), static_cast<unsigned>(n_vec));
-  prepare_x_kernel<<<grid, 128, 0, stream>>>(rows, static_cast<int>(n_cols), lay, static_cast<uint8_t*>(xprep));
-  KESTREL_CUDA_TRY(cudaGetLastError());
-  return ok_status();
+  return launch_programmatic(programmatic, prepare_x_kernel<Rows>, grid, dim3(128), 0, stream, rows,
+                             static_cast<int>(n_cols), lay, static_cast<uint8_t*>(xprep));
 }
 
 }  // namespace
 
 Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream) {
-  return prepare("gemv_imma_prepare_x", PlainRows{x}, {x}, n_cols, n_vec, xprep, stream);
+  return prepare("gemv_imma_prepare_x", PlainRows{x}, {x}, n_cols, n_vec, xprep, false, stream);
 }
 
 Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_cols, int n_vec, void* xprep,
-                                cudaStream_t stream) {
-  return prepare("gemv_imma_prepare_swiglu", SwigluRows{gate, up}, {gate, up}, n_cols, n_vec, xprep, stream);
+                                cudaStream_t stream, bool programmatic) {
+  return prepare("gemv_imma_prepare_swiglu", SwigluRows{gate, up}, {gate, up}, n_cols, n_vec, xprep, programmatic,
+                 stream);
 }
 
 Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream) {
@@ -675,11 +679,12 @@ Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, c
   args.n_vec = n_vec;
   args.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
   pick_split(args, false);
-  return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), stream);
+  return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), false, stream);
 }
 
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
-                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, int max_segment_vectors) {
+                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, int max_segment_vectors,
+                          bool programmatic) {
   if (!gemv_imma_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma_segments: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
@@ -698,7 +703,7 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
   args.table = segments;
   args.n_seg = n_segments;
   pick_split(args, true);
-  return launch_any(type, args, max_segment_vectors, stream);
+  return launch_any(type, args, max_segment_vectors, programmatic, stream);
 }
 
 }  // namespace kestrel::gpu

@@ -43,9 +43,10 @@ Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xpre
 
 // The prepared form of the SwiGLU activations act[v] = silu(gate[v]) ⊙ up[v], silu(g) = g · (1 / (1 + e^−g)) as
 // ref::swiglu_forward (device expf), without storing act: gate and up are device f32 [n_vec, n_cols] (rows
-// n_cols apart), 16-byte aligned; otherwise as gemv_imma_prepare_x (which it equals on act).
+// n_cols apart), 16-byte aligned; otherwise as gemv_imma_prepare_x (which it equals on act). programmatic: launched
+// as a programmatic dependent of the kernel before it (gpu/pdl.cuh: the launches overlap, the results do not change).
 Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_cols, int n_vec, void* xprep,
-                                cudaStream_t stream);
+                                cudaStream_t stream, bool programmatic = false);
 
 // One piece of a grouped GEMV (gemv_imma_segments): a tiled matrix (q4_tile output, on the device; n_rows × n_cols
 // as given to the call, the same for every segment) and up to kImmaSegmentVectors prepared vectors it multiplies:
@@ -69,10 +70,10 @@ static_assert(sizeof(ImmaSegment) == 80, "ImmaSegment is a POD a device kernel w
 // clamps nothing). max_segment_vectors (1..8): a bound on every segment's n_vec that the table writer guarantees (e.g.
 // the token count of an MoE call); a smaller bound runs a kernel with fewer registers — a segment with more vectors
 // than the bound has the excess ignored, so the bound is part of the table's contract like vec/out. Same arithmetic
-// as gemv_imma (the same bits per vector). One kernel; thread-safe.
+// as gemv_imma (the same bits per vector). One kernel; thread-safe. programmatic: as gemv_imma_prepare_swiglu.
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream,
-                          int max_segment_vectors = kImmaSegmentVectors);
+                          int max_segment_vectors = kImmaSegmentVectors, bool programmatic = false);
 
 // y[v] = W x[v] with x prepared by gemv_imma_prepare_x (same n_cols, at least n_vec vectors, earlier on `stream`).
 // y: device f32 [n_vec, n_rows], 4-byte aligned, not overlapping xprep; n_vec in [1, 32]. Errors are found before

@@ -9,11 +9,12 @@
 //
 // One call, all on one stream, no host synchronisation (launch counts in docs/gpu.md, "MoE on GEMV v4"):
 //   router logits (an f32 router: with x's preparation, gemv_imma_prepare_x's code, in the same launch; other types:
-//   gpu::gemv, then gemv_imma_prepare_x(x)) → one block that routes (moe_route's code, gpu/moe_route.cuh) and then writes the ImmaSegment tables
-//   of gate+up and of down from the routing (per active expert and per chunk of <= 8 of its tokens one gate, one up
-//   and one down segment, plus the shared expert's chunks) → gemv_imma_segments(gate+up) → gemv_imma_prepare_swiglu (SwiGLU per
-//   entry, written only in prepared form) → gemv_imma_segments(down) → combine (Σ over each token's entries by
-//   ascending expert id of w·y, then + sigmoid(shared gate · x) · shared y, as the reference): 6 launches (7 with a router that is not f32).
+//   gpu::gemv, then gemv_imma_prepare_x(x)) → one block that routes (moe_route's code, gpu/moe_route.cuh) and then
+//   writes the ImmaSegment tables of gate+up and of down from the routing (per active expert and per chunk of <= 8 of
+//   its tokens one gate, one up and one down segment, plus the shared expert's chunks) → gemv_imma_segments(gate+up) →
+//   gemv_imma_prepare_swiglu (SwiGLU per entry, written only in prepared form) → gemv_imma_segments(down) → combine (Σ
+//   over each token's entries by ascending expert id of w·y, then + sigmoid(shared gate · x) · shared y, as the
+//   reference): 6 launches (7 with a router that is not f32).
 // Each active expert's matrices are read once per call for up to 8 of its tokens (an expert chosen by more than 8
 // tokens is read once per 8; at 32 tokens of a 256-expert top-8 layer that is rare). Fixed summation orders and no
 // atomics in these kernels: repeated runs are bit-identical (given gemv_imma_segments is, as its header says).
@@ -87,10 +88,10 @@ class MoeImmaLayer {
   MoeImmaWeights w_;
 };
 
-// The route-and-tables and combine kernels are launched as programmatic dependents of the kernel before them (PDL:
-// cudaLaunchAttributeProgrammaticStreamSerialization; each waits for that kernel's completion before touching
-// memory, so results do not change), which hides part of their launch latency. On by default; for benchmarks,
-// process-wide, affects calls made after it. Thread-safe.
+// At one token, every kernel after the first is launched as a programmatic dependent of the kernel before it (PDL,
+// gpu/pdl.cuh: each triggers its dependents and waits for its predecessor at its start, so results do not change and
+// only the launches overlap; measured slower from 8 tokens, moe_imma.cu says by how much). On by default; for
+// benchmarks, process-wide, affects calls made after it. Thread-safe.
 void moe_imma_set_programmatic_launch(bool on);
 
 // Bytes of device scratch moe_imma_forward needs for n_tok tokens (no initialisation needed); 0 when n_tok is out

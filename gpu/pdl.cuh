@@ -1,0 +1,54 @@
+// pdl.cuh: programmatic dependent launch (PDL, sm_90) for chains of kernels on one stream.
+//
+// A kernel launched with launch_programmatic() may start while the kernel before it on the stream is still running,
+// once every block of that kernel has called pdl_trigger() (or exited). Each such kernel calls pdl_trigger() and then
+// pdl_wait() before it touches memory: the wait returns when the kernel before it has completed and its writes are
+// visible, so results do not depend on the overlap — what overlaps is the launch itself (block scheduling, parameter
+// load, the first instructions), which otherwise sits between every pair of dependent kernels. The kernel before
+// triggered only after all its own blocks were resident, so the waiting blocks never keep it from running. Without
+// the launch attribute both calls are no-ops.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "core/base/expected.h"
+#include "gpu/cuda_check.h"
+
+namespace kestrel::gpu {
+
+// Lets the next kernel on the stream, if launched programmatically, begin launching.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Waits until the kernel before this one on the stream has completed and its writes are visible.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel before it on
+// the stream when `programmatic` (the kernel must call pdl_wait() before touching memory).
+template <class... KArgs, class... Args>
+Status launch_programmatic(bool programmatic, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                           cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = programmatic ? 1 : 0;
+  KESTREL_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+  return ok_status();
+}
+
+}  // namespace kestrel::gpu
