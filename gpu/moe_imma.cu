@@ -557,20 +557,10 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ta.n_seg_dn = c.n_seg_dn();
   ta.seg_gu = l.seg_gu;
   ta.seg_dn = l.seg_dn;
-  switch (moe_route_dev::route_per_lane(E)) {
-    case 8:
-      KESTREL_TRY(launch_kernel(pdl, route_table_kernel<8>, dim3(1), dim3(moe_route_dev::kThreads), stream, l.logits, E,
-                                k, ta));
-      break;
-    case 16:
-      KESTREL_TRY(launch_kernel(pdl, route_table_kernel<16>, dim3(1), dim3(moe_route_dev::kThreads), stream, l.logits,
-                                E, k, ta));
-      break;
-    default:
-      KESTREL_TRY(launch_kernel(pdl, route_table_kernel<kMoeMaxExperts / 32>, dim3(1), dim3(moe_route_dev::kThreads),
-                                stream, l.logits, E, k, ta));
-      break;
-  }
+  KESTREL_TRY(moe_route_dev::with_route_per_lane(E, [&](auto per) {
+    return launch_kernel(pdl, route_table_kernel<decltype(per)::value>, dim3(1), dim3(moe_route_dev::kThreads), stream,
+                         l.logits, E, k, ta);
+  }));
   ++launches;
   if (!f32_router) {
     KESTREL_TRY(gemv_imma_prepare_x(x, H, n_tok, l.xprep, stream));

@@ -16,6 +16,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "gpu/moe_router.h"
 
 namespace kestrel::gpu::moe_route_dev {
@@ -171,9 +173,14 @@ __device__ __forceinline__ void route_block(const float* __restrict__ logits, in
   }
 }
 
-// Logits a lane holds for n_expert experts: the kPer the route kernels are instantiated for.
-__host__ __device__ constexpr int route_per_lane(int n_expert) {
-  return n_expert <= 8 * 32 ? 8 : n_expert <= 16 * 32 ? 16 : kMoeMaxExperts / 32;
+// Calls f(std::integral_constant<int, kPer>{}) with the logits a lane holds for n_expert experts (the kPer a route
+// kernel is instantiated for): 8 up to 256 experts, 16 up to 512 (qwen3next), else 32 — at 64 registers (1024
+// threads) the last spills a few, for E > 512 only.
+template <class F>
+auto with_route_per_lane(int n_expert, F&& f) {
+  if (n_expert <= 8 * 32) return f(std::integral_constant<int, 8>{});
+  if (n_expert <= 16 * 32) return f(std::integral_constant<int, 16>{});
+  return f(std::integral_constant<int, kMoeMaxExperts / 32>{});
 }
 
 }  // namespace kestrel::gpu::moe_route_dev

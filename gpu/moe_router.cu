@@ -65,15 +65,9 @@ Status moe_route(const float* logits, int n_tok, int n_expert, int k, const MoeR
       r.entry_weight == nullptr || r.token_entry == nullptr) {
     return bad("a null pointer (logits or a MoeRouting field)");
   }
-  switch (moe_route_dev::route_per_lane(n_expert)) {
-    case 8: moe_route_kernel<8><<<1, kThreads, 0, stream>>>(logits, n_tok, n_expert, k, r); break;
-    case 16:  // qwen3next's 512
-      moe_route_kernel<16><<<1, kThreads, 0, stream>>>(logits, n_tok, n_expert, k, r);
-      break;
-    default:  // 32 logits a lane at 64 registers (1024 threads): a few spilled, for E > 512 only
-      moe_route_kernel<kMoeMaxExperts / 32><<<1, kThreads, 0, stream>>>(logits, n_tok, n_expert, k, r);
-      break;
-  }
+  moe_route_dev::with_route_per_lane(n_expert, [&](auto per) {
+    moe_route_kernel<decltype(per)::value><<<1, kThreads, 0, stream>>>(logits, n_tok, n_expert, k, r);
+  });
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
