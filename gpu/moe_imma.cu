@@ -36,12 +36,12 @@ namespace {
 constexpr int kCombineThreads = moe_combine::kThreads;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
-// Programmatic dependent launch (gpu/pdl.cuh) of every kernel of the layer after the first, at up to
-// kProgrammaticMaxTokens tokens: each kernel triggers its dependents and waits for the kernel before it at its start,
-// so only the launches overlap. Measured on the H200 (35B-A3B shape, Q4_0): 1 token 25.5 → 23.8 µs, but 8 tokens
-// 83.7 → 90.3 µs and 32 tokens 232 → 237 µs (2–7 tokens not measured), hence the bound. On by default.
-std::atomic<bool> g_pdl{true};
-constexpr int kProgrammaticMaxTokens = 1;
+// Programmatic dependent launch (gpu/pdl.cuh) of every kernel of the layer after the first, for calls of up to
+// g_pdl_max_tokens tokens: each kernel triggers its dependents and waits for the kernel before it at its start, so
+// only the launches overlap. Measured on the H200 (35B-A3B shape, Q4_0): 1 token 25.5 → 23.8 µs, but 8 tokens
+// 83.7 → 90.3 µs and 32 tokens 232 → 237 µs, hence kMoeImmaProgrammaticMaxTokens (bench_moe times 1, 2, 4, 8 and 32
+// tokens both ways).
+std::atomic<int> g_pdl_max_tokens{kMoeImmaProgrammaticMaxTokens};
 
 template <class... KArgs, class... Args>
 Status launch_kernel(bool programmatic, void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream,
@@ -494,7 +494,7 @@ MoeImmaLayer::~MoeImmaLayer() {
   if (base_ != nullptr) (void)cudaFree(base_);
 }
 
-void moe_imma_set_programmatic_launch(bool on) { g_pdl.store(on, std::memory_order_relaxed); }
+void moe_imma_set_programmatic_max_tokens(int n_tok) { g_pdl_max_tokens.store(n_tok, std::memory_order_relaxed); }
 
 size_t moe_imma_workspace_bytes(const MoeImmaWeights& w, int n_tok) {
   if (n_tok < 1 || n_tok > kMoeMaxTokens) return 0;
@@ -523,7 +523,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
     return make_error(ErrorCode::kInternal, "moe_imma: imma_x_bytes is not linear in n_vec");
   }
   int launches = 0;
-  const bool pdl = g_pdl.load(std::memory_order_relaxed) && n_tok <= kProgrammaticMaxTokens;
+  const bool pdl = n_tok <= g_pdl_max_tokens.load(std::memory_order_relaxed);
 
   const bool f32_router = w.router.type == GgmlType::kF32 && H % 4 == 0 && aligned16(w.router.data);
   if (f32_router) {  // logits and x's preparation in one launch

@@ -88,11 +88,15 @@ class MoeImmaLayer {
   MoeImmaWeights w_;
 };
 
-// At one token, every kernel after the first is launched as a programmatic dependent of the kernel before it (PDL,
-// gpu/pdl.cuh: each triggers its dependents and waits for its predecessor at its start, so results do not change and
-// only the launches overlap; measured slower from 8 tokens, moe_imma.cu says by how much). On by default; for
-// benchmarks, process-wide, affects calls made after it. Thread-safe.
-void moe_imma_set_programmatic_launch(bool on);
+// Calls of up to this many tokens launch every kernel after the first as a programmatic dependent of the kernel
+// before it (PDL, gpu/pdl.cuh: each triggers its dependents and waits for its predecessor at its start, so results do
+// not change and only the launches overlap). Measured faster at one token and slower at 8 and 32 (moe_imma.cu says by
+// how much), hence the default.
+inline constexpr int kMoeImmaProgrammaticMaxTokens = 1;
+
+// Sets that bound (0: no programmatic launches; kMoeMaxTokens: every call), process-wide, for calls made after it;
+// for benchmarks and tests. Thread-safe.
+void moe_imma_set_programmatic_max_tokens(int n_tok);
 
 // Bytes of device scratch moe_imma_forward needs for n_tok tokens (no initialisation needed); 0 when n_tok is out
 // of [1, kMoeMaxTokens].

@@ -13,7 +13,8 @@
 // A second table runs the same layers on GEMV v4 (gpu/moe_imma: the expert stacks re-tiled by MoeImmaLayer, the
 // grouped GEMVs as gemv_imma_segments over segment tables built from the routing), same columns plus the
 // size-matched read (the plain read kernel over `weight bytes`, buffers rotated out of L2, timed the same way) and
-// the layer's time as a ratio to it, and the time with moe_imma's own kernels launched without PDL.
+// the layer's time as a ratio to it, at 1, 2, 4, 8 and 32 tokens, and the times with moe_imma's kernels launched
+// plainly and all as programmatic dependents (gpu/pdl.cuh; the default does so up to kMoeImmaProgrammaticMaxTokens).
 //
 // Usage: build/gpu/bin/bench_moe   (no arguments; tens of seconds on an H200, most of it filling weights).
 #include <cuda_runtime.h>
@@ -187,21 +188,26 @@ Expected<std::string> imma_row(GgmlType t, int batch, const std::unique_ptr<MoeI
                        return moe_imma_forward(imma[i % kCopies]->weights(), r.x(i % kXSets), batch, r.out.floats(),
                                                r.ws.bytes(), stream);
                      }));
-  // The same without programmatic dependent launches of moe_imma's own kernels.
-  moe_imma_set_programmatic_launch(false);
-  auto us_plain = time_graph_us(stream, n_launch, [&](int i) {
-    return moe_imma_forward(imma[i % kCopies]->weights(), r.x(i % kXSets), batch, r.out.floats(), r.ws.bytes(), stream);
-  });
-  moe_imma_set_programmatic_launch(true);
-  if (!us_plain) return us_plain.error();
+  // The same with moe_imma's kernels launched plainly, and all as programmatic dependents.
+  double us_as[2] = {0.0, 0.0};
+  for (int m = 0; m < 2; ++m) {
+    moe_imma_set_programmatic_max_tokens(m == 0 ? 0 : kMoeMaxTokens);
+    auto t_m = time_graph_us(stream, n_launch, [&](int i) {
+      return moe_imma_forward(imma[i % kCopies]->weights(), r.x(i % kXSets), batch, r.out.floats(), r.ws.bytes(),
+                              stream);
+    });
+    moe_imma_set_programmatic_max_tokens(kMoeImmaProgrammaticMaxTokens);
+    if (!t_m) return t_m.error();
+    us_as[m] = *t_m;
+  }
   const double bytes = r.mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
   KESTREL_TRY_ASSIGN(const double read_us, matched_read_us(static_cast<uint64_t>(bytes), 512ull << 20, setup.sm_count,
                                                            setup.partials(), stream));
   const double gbs = bytes / (us * 1e3);
   char line[256];
-  std::snprintf(line, sizeof(line), "%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%% %9.2f\n",
+  std::snprintf(line, sizeof(line), "%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%% %9.2f %9.2f\n",
                 std::string(ggml_type_name(t)).c_str(), batch, r.mean_active, bytes, us, gbs,
-                100.0 * gbs / setup.lim.peak_read_gbs, r.launches, read_us, 100.0 * read_us / us, *us_plain);
+                100.0 * gbs / setup.lim.peak_read_gbs, r.launches, read_us, 100.0 * read_us / us, us_as[0], us_as[1]);
   return std::string(line);
 }
 
@@ -245,18 +251,20 @@ Status run() {
     for (int c = 0; c < kCopies; ++c) {
       KESTREL_TRY_ASSIGN(imma[c], MoeImmaLayer::from_raw_device(layers[c].w));
     }
-    for (const int batch : {1, 8, 32}) {
+    for (const int batch : {1, 2, 4, 8, 32}) {
       KESTREL_TRY_ASSIGN(std::string row, imma_row(t, batch, imma, expert_bytes, fixed_bytes, setup, rng));
       imma_rows.push_back(row);
     }
   }
   std::printf("\n%%read = (weight bytes / peak read) / time (target: >= 67%%, i.e. within 1.5x)\n");
-  std::printf("\nMoE on GEMV v4 (gpu/moe_imma)\n%-5s %5s %9s %14s %9s %9s %8s %9s %9s %9s %9s\n", "type", "batch",
-              "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched", "us noPDL");
+  std::printf("\nMoE on GEMV v4 (gpu/moe_imma)\n%-5s %5s %9s %14s %9s %9s %8s %9s %9s %9s %9s %9s\n", "type", "batch",
+              "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched", "us noPDL",
+              "us allPDL");
   for (const std::string& r : imma_rows) std::printf("%s", r.c_str());
   std::printf(
       "\n%%matched = (size-matched plain read time) / layer time; launches = kernels per layer call (graph nodes); "
-      "us noPDL = the layer with moe_imma's kernels launched without programmatic dependent launch\n");
+      "us noPDL / us allPDL = the layer with moe_imma's kernels launched plainly / all as programmatic dependents "
+      "(us: programmatic up to kMoeImmaProgrammaticMaxTokens tokens)\n");
   return {};
 }
 

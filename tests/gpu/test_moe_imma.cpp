@@ -170,11 +170,15 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
   const DeviceRun again = run_device(w, x, n_tok);
   ASSERT_EQ(again.out.size(), got.out.size());
   EXPECT_EQ(std::memcmp(again.out.data(), got.out.data(), got.out.size() * 4), 0) << "repeated run differs";
-  moe_imma_set_programmatic_launch(false);  // plain launches: the same bits
-  const DeviceRun plain = run_device(w, x, n_tok);
-  moe_imma_set_programmatic_launch(true);
-  ASSERT_EQ(plain.out.size(), got.out.size());
-  EXPECT_EQ(std::memcmp(plain.out.data(), got.out.data(), got.out.size() * 4), 0) << "run without PDL differs";
+  // Plain launches and programmatic launches at every size: the same bits.
+  for (const int pdl_max : {0, kMoeMaxTokens}) {
+    moe_imma_set_programmatic_max_tokens(pdl_max);
+    const DeviceRun other = run_device(w, x, n_tok);
+    moe_imma_set_programmatic_max_tokens(kMoeImmaProgrammaticMaxTokens);
+    ASSERT_EQ(other.out.size(), got.out.size());
+    EXPECT_EQ(std::memcmp(other.out.data(), got.out.data(), got.out.size() * 4), 0)
+        << "programmatic launches up to " << pdl_max << " tokens: the output differs";
+  }
 }
 
 void run_shape(const Shape& s, std::initializer_list<int> n_toks) {
