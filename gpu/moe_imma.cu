@@ -38,9 +38,9 @@ constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
 // Programmatic dependent launch (gpu/pdl.cuh) of every kernel of the layer after the first, for calls of up to
 // g_pdl_max_tokens tokens: each kernel triggers its dependents and waits for the kernel before it at its start, so
-// only the launches overlap. Measured on the H200 (35B-A3B shape, Q4_0): 1 token 25.5 → 23.8 µs, but 8 tokens
-// 83.7 → 90.3 µs and 32 tokens 232 → 237 µs, hence kMoeImmaProgrammaticMaxTokens (bench_moe times 1, 2, 4, 8 and 32
-// tokens both ways).
+// only the launches overlap. Measured on the H200 (35B-A3B shape, Q4_0, bench_moe plain vs all-programmatic): 1 token
+// 25.4 → 23.8 µs, but 2 tokens 32.4 → 32.8, 4 tokens 46.3 → 49.3, 8 tokens 82.8 → 90.4 and 32 tokens 230 → 235 µs,
+// hence kMoeImmaProgrammaticMaxTokens = 1.
 std::atomic<int> g_pdl_max_tokens{kMoeImmaProgrammaticMaxTokens};
 
 template <class... KArgs, class... Args>
