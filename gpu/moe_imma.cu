@@ -310,7 +310,9 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
 
 // out[t] = Σ_j ye[token_entry[t][j]] · entry_weight[...] from 0 in ascending expert order, then with kShared
 // + sigmoid(gate_inp · x[t]) · ye[n_entries + t]; the shared gate logit (a dot product of H elements of type T) is
-// computed by each block: 256 lane-strided partial sums, a butterfly per warp, then the 8 warp sums in order.
+// computed by each block: 256 lane-strided partial sums, a butterfly per warp, then the 8 warp sums in order. It reads
+// only the layer's input x (written before the layer's first, plainly launched kernel began) and a weight, so it runs
+// before the wait for the down GEMV: under a programmatic launch it overlaps that GEMV.
 template <GgmlType T, bool kShared>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const float* __restrict__ ye, const int32_t* __restrict__ token_entry,
@@ -319,9 +321,9 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int t = static_cast<int>(blockIdx.y);
   const int c = static_cast<int>(blockIdx.x) * kCombineThreads + static_cast<int>(threadIdx.x);
   pdl_trigger();
-  pdl_wait();
   float s = 0.0f;
   if constexpr (kShared) s = moe_combine::shared_gate<T>(gate_inp, x + static_cast<int64_t>(t) * h, h);
+  pdl_wait();
   if (c >= h) return;
   float y = moe_combine::routed_sum(ye, token_entry, entry_weight, k, t, c, h);
   if constexpr (kShared) y = __fadd_rn(y, __fmul_rn(s, ye[static_cast<int64_t>(n_entries + t) * h + c]));
