@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Instruments a COPY of the source tree for the GDN phase-clock measurements of docs/benchmarks.md
+("GDN decode step: where the 1-session time goes"); never run it on your working tree.
+
+It edits gpu/gdn_decode.cu and bench/gpu/bench_gdn.cu of the copy in place:
+  - the cluster kernel (gdn_fused_kernel) stamps clock64() at block entry, after each of its three __syncthreads,
+    after the cluster barrier wait, after the cluster sync and at its end (thread 0 of each block, plus the global
+    timer at entry and end), into a device array;
+  - bench_gdn prints, after timing each one-kernel case, the median and maximum of each stamp over the blocks of the
+    last launch, the spread of block start times and the blocks' durations;
+  - --no-s-loads / --no-s-stores knock out the S-slice loads (registers get constants) or stores (kept behind a
+    condition that never holds, so the arithmetic stays), to see what the step costs without that traffic.
+
+Usage, on the lent GPU machine (tools/device/gpu_targets.sh builds and runs):
+  cp -r . /tmp/clk && python3 tools/device/gdn_phase_clocks.py /tmp/clk [--no-s-loads] [--no-s-stores]
+  (cd /tmp/clk && OUT=$OUT bash tools/device/gpu_targets.sh bench_gdn build/gpu/bin/bench_gdn)
+"""
+import argparse
+import sys
+
+
+def replace_once(text, old, new, what):
+    if text.count(old) != 1:
+        sys.exit(f"gdn_phase_clocks: expected one '{what}' in the source, found {text.count(old)}; "
+                 "the kernel changed — update this script")
+    return text.replace(old, new)
+
+
+DUMP = r'''
+namespace {
+__device__ long long g_phase_clock[4096][8];
+__device__ unsigned long long g_phase_timer[4096][2];
+}  // namespace
+
+// Prints the stamps of the last launch's first n_blocks blocks (dev instrumentation, tools/device/gdn_phase_clocks.py).
+void gdn_print_phase_clocks(int n_blocks) {
+  static long long clk[4096][8];
+  static unsigned long long tmr[4096][2];
+  if (n_blocks > 4096) n_blocks = 4096;
+  if (cudaMemcpyFromSymbol(clk, g_phase_clock, sizeof(clk)) != cudaSuccess ||
+      cudaMemcpyFromSymbol(tmr, g_phase_timer, sizeof(tmr)) != cudaSuccess) {
+    std::printf("phase clocks: copy failed\n");
+    return;
+  }
+  unsigned long long lo = ~0ull, hi = 0;
+  for (int b = 0; b < n_blocks; ++b) {
+    lo = std::min(lo, tmr[b][0]);
+    hi = std::max(hi, tmr[b][1]);
+  }
+  std::printf("phase clocks (cycles from block entry): median / max over %d blocks; global timer span %llu ns\n",
+              n_blocks, hi - lo);
+  const char* names[7] = {"entry", "prologue sync", "m sync", "o sync", "cluster wait", "cluster sync", "end"};
+  auto median_max = [n_blocks](std::vector<long long> v) {
+    std::sort(v.begin(), v.end());
+    return std::make_pair(v[static_cast<size_t>(n_blocks / 2)], v.back());
+  };
+  for (int k = 1; k < 7; ++k) {
+    std::vector<long long> v;
+    for (int b = 0; b < n_blocks; ++b) v.push_back(clk[b][k]);
+    const auto mm = median_max(v);
+    std::printf("  %-14s %8lld %8lld\n", names[k], mm.first, mm.second);
+  }
+  std::vector<long long> start, dur;
+  for (int b = 0; b < n_blocks; ++b) {
+    start.push_back(static_cast<long long>(tmr[b][0] - lo));
+    dur.push_back(static_cast<long long>(tmr[b][1] - tmr[b][0]));
+  }
+  const auto s = median_max(start);
+  const auto d = median_max(dur);
+  std::printf("  block start spread (ns): median %lld max %lld; block duration (ns): median %lld max %lld\n", s.first,
+              s.second, d.first, d.second);
+}
+
+namespace {
+'''
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("root", help="the copy of the source tree to instrument")
+    ap.add_argument("--no-s-loads", action="store_true", help="knock out the S-slice loads")
+    ap.add_argument("--no-s-stores", action="store_true", help="knock out the S-slice stores")
+    a = ap.parse_args()
+
+    path = a.root + "/gpu/gdn_decode.cu"
+    src = open(path).read()
+    head = src.index("gdn_fused_kernel(Geo g")
+    body_start = src.index("{", src.index("float* __restrict__ out)", head)) + 1
+    body_end = src.index("\ntemplate <int R>\nStatus fused_config")
+    body = src[body_start:body_end]
+    body = replace_once(body, "  cg::cluster_group cluster = cg::this_cluster();",
+                        "  long long clk[8] = {};\n  clk[0] = clock64();\n  unsigned long long t_entry = 0, t_end = 0;\n"
+                        "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t_entry));\n"
+                        "  cg::cluster_group cluster = cg::this_cluster();", "cluster_group line")
+    if body.count("  __syncthreads();\n") != 3:
+        sys.exit("gdn_phase_clocks: the cluster kernel no longer has three __syncthreads; update this script")
+    at = 0
+    for k in (1, 2, 3):
+        i = body.index("  __syncthreads();\n", at) + len("  __syncthreads();\n")
+        stamp = f"  clk[{k}] = clock64();\n"
+        body = body[:i] + stamp + body[i:]
+        at = i + len(stamp)
+    body = replace_once(body, "  cluster.barrier_wait();\n", "  cluster.barrier_wait();\n  clk[4] = clock64();\n",
+                        "cluster.barrier_wait")
+    body = replace_once(body, "  cluster.sync();", "  cluster.sync();\n  clk[5] = clock64();", "cluster.sync")
+    last = body.rindex("}")
+    body = body[:last] + """  clk[6] = clock64();
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_end));
+  if (threadIdx.x == 0) {
+    const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (b < 4096) {
+      for (int k = 0; k < 8; ++k) g_phase_clock[b][k] = clk[k] - clk[0];
+      g_phase_timer[b][0] = t_entry;
+      g_phase_timer[b][1] = t_end;
+    }
+  }
+""" + body[last:]
+    src = src[:body_start] + body + src[body_end:]
+    src = replace_once(src, "namespace {\n\nnamespace cg", DUMP + "\nnamespace cg", "anonymous namespace head")
+    src = replace_once(src, "#include <string>\n", "#include <string>\n#include <cstdio>\n#include <utility>\n"
+                       "#include <vector>\n", "#include <string>")
+    if a.no_s_loads:
+        src = replace_once(src, "s[r] = r < rows ? __ldcs(p + r * dv) : 0.0f;",
+                           "s[r] = r < rows ? 0.001f * static_cast<float>(r) : 0.0f;", "S-slice load")
+    if a.no_s_stores:
+        src = replace_once(src, "if (r < rows) __stcs(p + r * dv, s[r]);",
+                           "if (r < rows && s[r] == 12345.0f) __stcs(p + r * dv, s[r]);", "S-slice store")
+    open(path, "w").write(src)
+
+    bench = a.root + "/bench/gpu/bench_gdn.cu"
+    b = open(bench).read()
+    b = replace_once(b, "namespace kestrel::gpu::bench {",
+                     "namespace kestrel::gpu {\nvoid gdn_print_phase_clocks(int n_blocks);\n}\n"
+                     "namespace kestrel::gpu::bench {", "bench namespace")
+    b = replace_once(b, "    // Sanity: the outputs are finite",
+                     "    if (kernels == 1) gdn_print_phase_clocks(d.v_per_k() * ((d.d_v + 31) / 32) * d.n_k_heads * n_seq);\n"
+                     "    // Sanity: the outputs are finite", "bench sanity comment")
+    open(bench, "w").write(b)
+
+
+if __name__ == "__main__":
+    main()
