@@ -13,18 +13,18 @@
 namespace kestrel {
 
 enum class ErrorCode {
-  kInvalidArgument,    // the caller passed something malformed (bad flag, bad token id, bad shape)
-  kNotFound,           // a named thing does not exist (file, tensor, metadata key, session)
-  kOutOfRange,         // a value is outside what the model or file allows (context overflow, offset past end)
-  kDataLoss,           // a file or buffer is corrupt or truncated
-  kUnsupported,        // well-formed but not something Kestrel implements (unknown quant type, architecture)
-  kIo,                 // the operating system refused (open, mmap, write)
-  kResourceExhausted,  // a budget or limit is full (memory, sessions, queue)
-  kFailedPrecondition, // the system is not in a state where this can run
-  kCancelled,          // the caller (or an Abort) cancelled the request
-  kDeadlineExceeded,   // the request's deadline passed before its work finished
-  kUnavailable,        // the service is not serving right now (loading, draining); retrying later can succeed
-  kInternal,           // a bug: an invariant did not hold
+  kInvalidArgument,     // the caller passed something malformed (bad flag, bad token id, bad shape)
+  kNotFound,            // a named thing does not exist (file, tensor, metadata key, session)
+  kOutOfRange,          // a value is outside what the model or file allows (context overflow, offset past end)
+  kDataLoss,            // a file or buffer is corrupt or truncated
+  kUnsupported,         // well-formed but not something Kestrel implements (unknown quant type, architecture)
+  kIo,                  // the operating system refused (open, mmap, write)
+  kResourceExhausted,   // a budget or limit is full (memory, sessions, queue)
+  kFailedPrecondition,  // the system is not in a state where this can run
+  kCancelled,           // the caller (or an Abort) cancelled the request
+  kDeadlineExceeded,    // the request's deadline passed before its work finished
+  kUnavailable,         // the service is not serving right now (loading, draining); retrying later can succeed
+  kInternal,            // a bug: an invariant did not hold
 };
 
 const char* error_code_name(ErrorCode code);
@@ -44,8 +44,10 @@ inline Error make_error(ErrorCode code, std::string message) { return Error{code
 template <class T>
 class [[nodiscard]] Expected {
  public:
-  Expected(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT(google-explicit-constructor): value-or-error return type
-  Expected(Error error) : v_(std::in_place_index<1>, std::move(error)) {}  // NOLINT(google-explicit-constructor): same
+  // NOLINTNEXTLINE(google-explicit-constructor): value-or-error return type
+  Expected(T value) : v_(std::in_place_index<0>, std::move(value)) {}
+  // NOLINTNEXTLINE(google-explicit-constructor): same
+  Expected(Error error) : v_(std::in_place_index<1>, std::move(error)) {}
 
   bool has_value() const { return v_.index() == 0; }
   explicit operator bool() const { return has_value(); }
@@ -86,7 +88,8 @@ template <>
 class [[nodiscard]] Expected<void> {
  public:
   Expected() = default;
-  Expected(Error error) : error_(std::move(error)), ok_(false) {}  // NOLINT(google-explicit-constructor): value-or-error return type
+  // NOLINTNEXTLINE(google-explicit-constructor): value-or-error return type
+  Expected(Error error) : error_(std::move(error)), ok_(false) {}
 
   bool has_value() const { return ok_; }
   explicit operator bool() const { return ok_; }
@@ -114,9 +117,9 @@ inline Status ok_status() { return {}; }
 #define KESTREL_CONCAT(a, b) KESTREL_CONCAT_INNER(a, b)
 
 // Propagates the error of an Expected<...> expression; discards its value.
-#define KESTREL_TRY(expr)                                   \
-  do {                                                      \
-    auto&& kestrel_try_result_ = (expr);                    \
+#define KESTREL_TRY(expr)                                                    \
+  do {                                                                       \
+    auto&& kestrel_try_result_ = (expr);                                     \
     if (!kestrel_try_result_) return std::move(kestrel_try_result_).error(); \
   } while (0)
 

@@ -81,15 +81,17 @@ Expected<GgmlType> ggml_type_from_name(std::string_view name) {
     if (!known.empty()) known += ", ";
     known += e.traits.name;
   }
-  return make_error(ErrorCode::kInvalidArgument, "unknown tensor type '" + std::string(name) + "' (known: " + known + ")");
+  return make_error(ErrorCode::kInvalidArgument,
+                    "unknown tensor type '" + std::string(name) + "' (known: " + known + ")");
 }
 
 Expected<uint64_t> ggml_row_bytes(GgmlType type, uint64_t n_elems) {
   const GgmlTypeTraits t = ggml_type_traits(type);
   if (t.block_bytes == 0) return make_error(ErrorCode::kInvalidArgument, "invalid tensor type");
   if (n_elems % t.block_elems != 0) {
-    return make_error(ErrorCode::kInvalidArgument, "row of " + std::to_string(n_elems) + " elements is not a multiple of " +
-                                                       std::string(t.name) + "'s block of " + std::to_string(t.block_elems));
+    return make_error(ErrorCode::kInvalidArgument, "row of " + std::to_string(n_elems) +
+                                                       " elements is not a multiple of " + std::string(t.name) +
+                                                       "'s block of " + std::to_string(t.block_elems));
   }
   return n_elems / t.block_elems * t.block_bytes;
 }

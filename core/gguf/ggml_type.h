@@ -49,9 +49,9 @@ enum class GgmlType : uint32_t {
 };
 
 struct GgmlTypeTraits {
-  std::string_view name;   // ggml's name, e.g. "q4_K"
-  uint32_t block_elems;    // elements per block (1 for plain types)
-  uint32_t block_bytes;    // bytes per block
+  std::string_view name;  // ggml's name, e.g. "q4_K"
+  uint32_t block_elems;   // elements per block (1 for plain types)
+  uint32_t block_bytes;   // bytes per block
 };
 
 // Traits of a known type; nullopt for a value that is not a ggml type (e.g. read from a corrupt file).

@@ -16,20 +16,20 @@ namespace kestrel {
 
 // Where a tensor belongs for placement accounting (design.md §3 "Placement").
 enum class PlacementClass {
-  kEmbedding,       // token_embd, output (lm_head), output_norm
-  kDense,           // per-layer norms, GDN, attention, dense FFN, router: resident on the GPU when it exists
-  kRoutedExperts,   // ffn_{gate,up,down}_exps
-  kSharedExpert,    // ffn_*_shexp
+  kEmbedding,      // token_embd, output (lm_head), output_norm
+  kDense,          // per-layer norms, GDN, attention, dense FFN, router: resident on the GPU when it exists
+  kRoutedExperts,  // ffn_{gate,up,down}_exps
+  kSharedExpert,   // ffn_*_shexp
 };
 std::string_view placement_class_name(PlacementClass c);
 
 struct TensorSpec {
-  std::string name;             // "blk.3.attn_q.weight"
-  std::vector<uint64_t> ne;     // ggml order
-  int32_t layer = -1;           // -1 for globals
+  std::string name;          // "blk.3.attn_q.weight"
+  std::vector<uint64_t> ne;  // ggml order
+  int32_t layer = -1;        // -1 for globals
   PlacementClass placement = PlacementClass::kDense;
-  bool optional = false;        // e.g. output.weight (absent: tied to token_embd)
-  bool quantizable = true;      // false: stays F32 in real files (norms, ssm_a, dt bias, conv1d, router)
+  bool optional = false;    // e.g. output.weight (absent: tied to token_embd)
+  bool quantizable = true;  // false: stays F32 in real files (norms, ssm_a, dt bias, conv1d, router)
 };
 
 enum class GdnInputLayout {

@@ -1,9 +1,9 @@
-#include "core/base/expected.h"
-
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
+
+#include "core/base/expected.h"
 
 namespace kestrel {
 namespace {
