@@ -43,12 +43,6 @@ constexpr unsigned kFullMask = 0xFFFFFFFFu;
 // hence kMoeImmaProgrammaticMaxTokens = 1.
 std::atomic<int> g_pdl_max_tokens{kMoeImmaProgrammaticMaxTokens};
 
-template <class... KArgs, class... Args>
-Status launch_kernel(bool programmatic, void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream,
-                     Args&&... args) {
-  return launch_programmatic(programmatic, kernel, grid, block, 0, stream, std::forward<Args>(args)...);
-}
-
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 std::string tname(GgmlType t) { return std::string(ggml_type_name(t)); }
 
@@ -560,8 +554,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ta.seg_gu = l.seg_gu;
   ta.seg_dn = l.seg_dn;
   KESTREL_TRY(moe_route_dev::with_route_per_lane(E, [&](auto per) {
-    return launch_kernel(pdl, route_table_kernel<decltype(per)::value>, dim3(1), dim3(moe_route_dev::kThreads), stream,
-                         l.logits, E, k, ta);
+    return launch_programmatic(pdl, route_table_kernel<decltype(per)::value>, dim3(1), dim3(moe_route_dev::kThreads), 0,
+                               stream, l.logits, E, k, ta);
   }));
   ++launches;
   if (!f32_router) {
@@ -592,14 +586,14 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
         w.shared_gate_inp.type,
         [&](auto tag) -> Status {
           constexpr GgmlType T = decltype(tag)::value;
-          return launch_kernel(pdl, combine_kernel<T, true>, grid, dim3(kCombineThreads), stream, ye, token_entry,
-                               entry_weight, k, c.n_entries, gate_inp, x, H, out);
+          return launch_programmatic(pdl, combine_kernel<T, true>, grid, dim3(kCombineThreads), 0, stream, ye,
+                                     token_entry, entry_weight, k, c.n_entries, gate_inp, x, H, out);
         },
         unsupported("ffn_gate_inp_shexp type " + tname(w.shared_gate_inp.type))));
   } else {
     const uint8_t* no_gate = nullptr;
-    KESTREL_TRY(launch_kernel(pdl, combine_kernel<GgmlType::kF32, false>, grid, dim3(kCombineThreads), stream, ye,
-                              token_entry, entry_weight, k, c.n_entries, no_gate, x, H, out));
+    KESTREL_TRY(launch_programmatic(pdl, combine_kernel<GgmlType::kF32, false>, grid, dim3(kCombineThreads), 0, stream,
+                                    ye, token_entry, entry_weight, k, c.n_entries, no_gate, x, H, out));
   }
   ++launches;
   if (info != nullptr) {

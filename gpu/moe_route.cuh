@@ -9,13 +9,14 @@
 // p, then lower index), the winner's register set to −1. Every lane sums the k selected p in selection order and lane j
 // divides its selection's p by the clamped sum. (Before: p in shared memory and a 10-shuffle butterfly per round — 11
 // µs at one token under ncu, more than the layer's expert GEMVs.) Phase 2 (after a barrier), the grouping: per-expert
-// counts over the block's shared copy of the ids, a block-wide exclusive scan (per warp, then over the warp totals) of
+// counts over the block's shared copy of the ids, a block-wide exclusive scan (cub::BlockScan) of
 // the counts and of the active flags, then thread e writes expert e's entries in token order, and each token's entries
 // are ranked by expert id.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <cub/block/block_scan.cuh>
 #include <type_traits>
 
 #include "gpu/moe_router.h"
@@ -27,33 +28,6 @@ constexpr int kThreads = 32 * kWarps;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr float kWeightSumMin = 6.103515625e-5f;  // 2^-14, as ref::kMoeWeightSumMin
 static_assert(kThreads >= kMoeMaxExperts, "phase 2 gives each expert a thread");
-
-// Inclusive scan of v over the block (kThreads threads, thread order); `totals` holds kWarps ints of shared memory.
-// Ends with a barrier, so `totals` may be reused after it.
-__device__ __forceinline__ int block_inclusive_scan(int v, int* totals) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-#pragma unroll
-  for (int off = 1; off < 32; off *= 2) {
-    const int o = __shfl_up_sync(kFullMask, v, off);
-    if (lane >= off) v += o;
-  }
-  if (lane == 31) totals[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    int t = totals[lane];
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const int o = __shfl_up_sync(kFullMask, t, off);
-      if (lane >= off) t += o;
-    }
-    totals[lane] = t;
-  }
-  __syncthreads();
-  const int before = warp > 0 ? totals[warp - 1] : 0;
-  __syncthreads();
-  return v + before;
-}
 
 // Routes token t's logits lg (n_expert of them) by one warp; lane j < k receives selection j (id, p).
 template <int kPer>
@@ -119,7 +93,8 @@ __device__ __forceinline__ void route_block(const float* __restrict__ logits, in
                                             const MoeRouting& r) {
   __shared__ int ids_s[kMoeMaxTokens * kMoeMaxUsed];
   __shared__ float w_s[kMoeMaxTokens * kMoeMaxUsed];
-  __shared__ int totals[kWarps];
+  using Scan = cub::BlockScan<int, kThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32;
@@ -149,8 +124,11 @@ __device__ __forceinline__ void route_block(const float* __restrict__ logits, in
     for (int i = 0; i < n_entries; ++i) c += ids_s[i] == e ? 1 : 0;
   }
   const int a = c > 0 ? 1 : 0;
-  const int off = block_inclusive_scan(c, totals) - c;
-  const int rank = block_inclusive_scan(a, totals) - a;
+  int off = 0;
+  int rank = 0;
+  Scan(scan_tmp).ExclusiveSum(c, off);
+  __syncthreads();  // scan_tmp is reused
+  Scan(scan_tmp).ExclusiveSum(a, rank);
   if (e == n_expert - 1) {
     *r.n_active = rank + a;
     r.active_offset[rank + a] = off + c;

@@ -75,12 +75,6 @@ struct DeviceTiled {
   TiledQ4View view;
 };
 
-// Copies a host array into a device buffer of its size.
-void upload(const DeviceBuffer& d, const std::vector<float>& v) {
-  ASSERT_EQ(d.bytes(), v.size() * sizeof(float));
-  EXPECT_EQ(cudaMemcpy(d.as<unsigned char>(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-}
-
 // gemv_imma on the n_vec vectors that prepare(xprep) writes on the device.
 template <class Prepare>
 std::vector<float> run_prepared(const DeviceTiled& w, int n_vec, Prepare&& prepare) {
@@ -100,8 +94,8 @@ std::vector<float> run_prepared(const DeviceTiled& w, int n_vec, Prepare&& prepa
 }
 
 std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_vec) {
-  const DeviceBuffer d_x(x.size() * sizeof(float));
-  upload(d_x, x);
+  DeviceBuffer d_x(x.size() * sizeof(float));
+  EXPECT_TRUE(test::upload(d_x, x));
   return run_prepared(
       w, n_vec, [&](void* xp) { return gemv_imma_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, xp, nullptr); });
 }
@@ -249,10 +243,10 @@ TEST(GemvImma, SwigluPreparationMatchesReference) {
       std::vector<float> want(static_cast<size_t>(n_vec * sh.n_out));
       const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(sh.n_in), static_cast<uint64_t>(sh.n_out)};
       ASSERT_TRUE(ref::matvec_batch(qm, act.data(), n_vec, want.data()));
-      const DeviceBuffer d_gate(gate.size() * sizeof(float));
-      const DeviceBuffer d_up(up.size() * sizeof(float));
-      upload(d_gate, gate);
-      upload(d_up, up);
+      DeviceBuffer d_gate(gate.size() * sizeof(float));
+      DeviceBuffer d_up(up.size() * sizeof(float));
+      ASSERT_TRUE(test::upload(d_gate, gate));
+      ASSERT_TRUE(test::upload(d_up, up));
       const auto prepare = [&](void* xp) {
         return gemv_imma_prepare_swiglu(d_gate.as<float>(), d_up.as<float>(), sh.n_in, n_vec, xp, nullptr);
       };

@@ -113,11 +113,12 @@ struct DeviceRun {
   int launches = 0;
 };
 
-// Copies n elements from the device into v.
+// Copies n elements from the device into v (test::download, which returns nothing on a failed copy).
 template <class T>
 void get(std::vector<T>& v, const void* src, size_t n) {
-  v.resize(n);
-  EXPECT_EQ(cudaMemcpy(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  v = test::download<T>(src, n);
+  EXPECT_EQ(v.size(), n) << "device-to-host copy failed";
+  v.resize(n);  // zeros after a failed copy, as before: the checks that follow fail instead of reading past the end
 }
 
 // The routing arrays (moe_route's output) into r.
