@@ -53,6 +53,13 @@
 // registers). Tried in v4.3 and dropped: lane 0 asking L2 ahead of the register loads with cp.async.bulk.prefetch.L2
 // — the whole next round's slice (geomean 71.8%, lm_head Q4_0 68%) or one group 1/2/3 ahead (75.1/75.1/74.9%,
 // lm_head 80%; MoE at 32 tokens 250 → 293 µs): the prefetched bytes cost more than the latency they hide.
+// v4.4: per-warp clock stamps (tools/device/gemv_phase_clocks.py) showed a warp's first weight load issued ~700
+// (0.07 MB) to ~1000 (4.7 MB) cycles after its entry — the split's runtime division by S and the address chain —
+// and the first group multiplied ~1700 cycles after that; a one-wave launch ends ~1 µs before the next one starts
+// in either kernel (the graph's launch gap). The split is now shifts (S and R powers of two), and a dense call
+// issues its first group's loads before its programmatic wait (gpu/pdl.cuh), so in a chain of programmatic launches
+// the address arithmetic, the launch gap and the weights' DRAM latency overlap the kernel before: 4.7 MB 4.1 → 3.0
+// µs, 0.07 MB 2.6 → 1.9 µs per launch (docs/benchmarks.md, "GEMV v4.4").
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -122,7 +129,8 @@ struct KernelArgs {
   int n_groups;     // groups of 256 columns per row
   int n_rg;         // row groups per segment
   FastDiv rg_div;   // divides by n_rg
-  int S;            // warps per row group (slices of gps groups)
+  int S;            // warps per row group (slices of gps groups), a power of two
+  int s_log;        // log2(S)
   int gps;          // groups per slice
   int R;            // row groups per block and round
   size_t meta_off;  // bytes from a tiled matrix's start to its scales
@@ -365,16 +373,19 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   // Dynamic shared memory: partial sums per warp when S > 1, double-buffered by round parity ([buf][warp][vector
   // slot][row], part_bytes()).
   extern __shared__ __align__(128) uint8_t smem[];
-  pdl_trigger();  // a programmatic launch (gpu/pdl.cuh) overlaps only the launches; the wait keeps the data order
-  pdl_wait();
+  // Under a programmatic launch (gpu/pdl.cuh) the next kernel may launch now. A dense call reads its resident weights
+  // (which no kernel writes) before it waits for the kernel before it: the address arithmetic and the first group's
+  // loads overlap that kernel's end. The table, the prepared x and y are touched only after the wait.
+  pdl_trigger();
+  if constexpr (kTable) pdl_wait();
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
   const int t = lane % 4;
   const int S = a.S;
   const int R = a.R;
-  const int sl = warp % S;
-  const int rl = warp / S;
+  const int sl = warp & (S - 1);
+  const int rl = warp >> a.s_log;
   const int n_items = a.n_seg * a.n_rg;
   const int n_threads = S * R * 32;
   float* part = reinterpret_cast<float*>(smem);
@@ -501,6 +512,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   SegHead ahead = seg_head<kTable>(a, item_of(1) + rl, n_items);  // the next round's
   WeightBuf b0, b1;
   w_load<T>(a, wr, 0, group0, b0);
+  if constexpr (!kTable) pdl_wait();
   auto load_next = [&](const Cursor& nx, WeightBuf& b) {
     if (nx.gi == 0) {
       wr = w_round<T>(a, ahead, group0, lane);
@@ -541,8 +553,13 @@ void pick_split(KernelArgs& a, bool table) {
   } else {
     while (S < a.n_groups && S < kMaxWarps && static_cast<int64_t>(a.n_rg) * S < kWantWarps) S *= 2;
   }
-  if (const int f = g_forced_split.load(std::memory_order_relaxed); f > 0) S = std::min(f, kMaxWarps);
+  if (const int f = g_forced_split.load(std::memory_order_relaxed); f > 0) {
+    S = 1;
+    while (2 * S <= std::min(f, kMaxWarps)) S *= 2;
+  }
   a.S = S;
+  a.s_log = 0;
+  while ((1 << a.s_log) < S) ++a.s_log;
   a.gps = (a.n_groups + S - 1) / S;
   a.R = std::max(1, 8 / S);
 }
@@ -654,7 +671,7 @@ Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_co
                  stream);
 }
 
-Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream) {
+Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream, bool programmatic) {
   if (!gemv_imma_supports(w.type, w.n_cols, w.n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma: " + std::string(ggml_type_name(w.type)) + " {" +
                                                        std::to_string(w.n_cols) + ", " + std::to_string(w.n_rows) +
@@ -679,7 +696,7 @@ Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, c
   args.n_vec = n_vec;
   args.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
   pick_split(args, false);
-  return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), false, stream);
+  return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), programmatic, stream);
 }
 
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,

@@ -78,11 +78,14 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
 // y[v] = W x[v] with x prepared by gemv_imma_prepare_x (same n_cols, at least n_vec vectors, earlier on `stream`).
 // y: device f32 [n_vec, n_rows], 4-byte aligned, not overlapping xprep; n_vec in [1, 32]. Errors are found before
 // the launch and leave y untouched; otherwise one kernel is enqueued and the call returns without waiting.
-// Thread-safe.
-Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream);
+// Thread-safe. programmatic: launched as a programmatic dependent of the kernel before it (gpu/pdl.cuh); its first
+// weight loads then overlap that kernel's end (w must not be written by any kernel while resident), and the
+// results do not change.
+Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream,
+                 bool programmatic = false);
 
-// For benchmarks: force S warps per row group (a power of two, 1..16; 0 restores the choice by shape). Affects
-// calls made after it, process-wide; results stay within the same bound but their bits depend on S.
+// For benchmarks: force S warps per row group (rounded down to a power of two, 1..16; 0 restores the choice by shape).
+// Affects calls made after it, process-wide; results stay within the same bound but their bits depend on S.
 void gemv_imma_force_split(int warps_per_row_group);
 
 }  // namespace kestrel::gpu

@@ -7,6 +7,9 @@
 // load, the first instructions), which otherwise sits between every pair of dependent kernels. The kernel before
 // triggered only after all its own blocks were resident, so the waiting blocks never keep it from running. Without
 // the launch attribute both calls are no-ops.
+// Before the wait a kernel may read only memory that no kernel writes while the chain runs (resident weights): the
+// kernels before it may still be running. gemv_imma's dense calls load their first weights there, so those loads
+// overlap the end of the kernel before.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -3,6 +3,9 @@
 //   peak read   a plain streaming-read kernel (16-byte loads, grid-stride) over one 1 GiB buffer;
 //   copy        cudaMemcpy device-to-device of 1 GiB (bytes read + written; printed for reference only);
 //   size-matched read  the same read kernel over the same K rotating weight copies each GEMV case reads.
+// GEMV v4 (x prepared once) is also timed as a chain of programmatic launches (gpu/pdl.cuh: each launch may start
+// while the one before ends; its first weight loads are issued before it waits), against the read kernel chained
+// the same way ("us PDL", "%m PDL") — the form a decode step runs its GEMVs in.
 // Every figure is the median of 5 replays of a CUDA graph of back-to-back launches (>= 200), after warm-up, timed
 // with CUDA events. Weights stay cold in the 60 MB L2: each case keeps K copies of its weight (K·B >= 256 MiB, K >= 2)
 // and launch i reads copy i % K; the launch count is a multiple of K, so every copy is read once per replay and
@@ -81,6 +84,8 @@ struct Row {
   double pct_peak;
   double pct_matched;
   double matched_gbs;
+  double us_pdl = 0;           // a chain of programmatic launches (imma only; 0: not measured)
+  double pct_matched_pdl = 0;  // against the read kernel's chain of programmatic launches
 };
 
 // Fills copy 0 of `weights` with n_out rows: kDistinctRows quantized random rows, then doubled in place on the device;
@@ -173,6 +178,10 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
                                           stream);
                      }));
   const double matched_gbs = static_cast<double>(bytes) / (read_us * 1e3);
+  KESTREL_TRY_ASSIGN(const double read_pdl_us, time_graph_us(stream, n_launch, [&](int i) {
+                       return launch_read(weights.bytes() + static_cast<uint64_t>(i) % k * stride, plan, partials,
+                                          stream, true);
+                     }));
 
   DeviceBuffer xprep_buf;  // prepared activations for the tiled kernels
   void* xprep = nullptr;
@@ -197,8 +206,30 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
         }));
     KESTREL_TRY(check_outputs(c, batch, host_rows, row_bytes, x_host, y_dev));
     const double gbs = static_cast<double>(bytes) / (us * 1e3);
-    rows.push_back(Row{c.shape.name, c.kernel, c.type, batch, bytes, us, gbs, 100.0 * gbs / lim.peak_read_gbs,
-                       100.0 * gbs / matched_gbs, matched_gbs});
+    Row row{c.shape.name,
+            c.kernel,
+            c.type,
+            batch,
+            bytes,
+            us,
+            gbs,
+            100.0 * gbs / lim.peak_read_gbs,
+            100.0 * gbs / matched_gbs,
+            matched_gbs};
+    if (c.kernel == Kernel::kImma) {
+      // The same launches as programmatic dependents of each other, as a decode step chains them (the weight loads
+      // start during the launch before), against the read kernel chained the same way.
+      KESTREL_CUDA_TRY(cudaMemset(y_dev, 0xFF, static_cast<size_t>(batch * c.shape.n_out) * sizeof(float)));
+      KESTREL_TRY_ASSIGN(
+          const double us_pdl, time_graph_us(stream, n_launch, [&](int i) -> Status {
+            const void* data = weights.bytes() + static_cast<uint64_t>(i) % k * stride;
+            return gemv_imma(TiledQ4View{c.type, data, c.shape.n_in, c.shape.n_out}, xprep, batch, y_dev, stream, true);
+          }));
+      KESTREL_TRY(check_outputs(c, batch, host_rows, row_bytes, x_host, y_dev));
+      row.us_pdl = us_pdl;
+      row.pct_matched_pdl = 100.0 * read_pdl_us / us_pdl;
+    }
+    rows.push_back(row);
   }
   return {};
 }
@@ -264,24 +295,38 @@ Status run(const std::string& only) {
     KESTREL_TRY(run_case(c, lim, sm_count, partials_u32, x_dev.floats(), x, y_dev.floats(), stream, rng, rows));
   }
 
-  std::printf("\n%-18s %-6s %-5s %5s %12s %9s %8s %8s %9s %14s\n", "case", "kernel", "type", "batch", "bytes", "us",
-              "GB/s", "%peak", "%matched", "matched GB/s");
+  std::printf("\n%-18s %-6s %-5s %5s %12s %9s %8s %8s %9s %14s %8s %9s\n", "case", "kernel", "type", "batch", "bytes",
+              "us", "GB/s", "%peak", "%matched", "matched GB/s", "us PDL", "%m PDL");
   double log_sum[kKernels] = {};
   int n_geo[kKernels] = {};
+  double log_sum_pdl = 0;
+  int n_geo_pdl = 0;
   for (const Row& r : rows) {
     const int kv = static_cast<int>(r.kernel);
-    std::printf("%-18s %-6s %-5s %5d %12" PRIu64 " %9.2f %8.0f %7.1f%% %8.1f%% %14.0f\n", r.label.c_str(),
+    std::printf("%-18s %-6s %-5s %5d %12" PRIu64 " %9.2f %8.0f %7.1f%% %8.1f%% %14.0f", r.label.c_str(),
                 kKernelNames[kv], std::string(ggml_type_name(r.type)).c_str(), r.batch, r.bytes, r.us, r.gbs,
                 r.pct_peak, r.pct_matched, r.matched_gbs);
+    if (r.us_pdl > 0) std::printf(" %8.2f %8.1f%%", r.us_pdl, r.pct_matched_pdl);
+    std::printf("\n");
     if (r.batch == 1 && (r.type == GgmlType::kQ4_0 || r.type == GgmlType::kQ4_K)) {
       log_sum[kv] += std::log(r.pct_matched);
       ++n_geo[kv];
+      if (r.us_pdl > 0) {
+        log_sum_pdl += std::log(r.pct_matched_pdl);
+        ++n_geo_pdl;
+      }
     }
   }
   for (int kv = 0; kv < kKernels; ++kv) {
     if (n_geo[kv] == 0) continue;
     std::printf("geomean %% of size-matched read, batch 1, Q4_0 + Q4_K, %s (%d cases): %.1f%%\n", kKernelLong[kv],
                 n_geo[kv], std::exp(log_sum[kv] / n_geo[kv]));
+  }
+  if (n_geo_pdl > 0) {
+    std::printf(
+        "geomean %% of size-matched read, batch 1, Q4_0 + Q4_K, imma (v4), both as chains of programmatic "
+        "launches (%d cases): %.1f%%\n",
+        n_geo_pdl, std::exp(log_sum_pdl / n_geo_pdl));
   }
   return {};
 }

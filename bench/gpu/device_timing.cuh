@@ -13,6 +13,7 @@
 
 #include "core/base/expected.h"
 #include "gpu/cuda_check.h"
+#include "gpu/pdl.cuh"
 
 namespace kestrel::gpu::bench {
 
@@ -24,9 +25,13 @@ constexpr int kWarmupReplays = 2;            // untimed replays first
 constexpr uint64_t kPeakBytes = 1ull << 30;  // peak read / copy buffer (1 GiB)
 
 // Plain streaming read: sums n16 16-byte words (then the n_tail bytes after them) and writes one partial per block
-// to out[blockIdx.x], so nothing is optimised away. src 16-byte aligned; out: u32 [gridDim.x].
-inline __global__ void stream_read_kernel(const uint4* __restrict__ src, uint64_t n16, int n_tail,
-                                          unsigned* __restrict__ out) {
+// to out[blockIdx.x], so nothing is optimised away. src 16-byte aligned; out: u32 [gridDim.x]. kPdl: the form for
+// a chain of programmatic launches (gpu/pdl.cuh) — the next launch may start at once, and only the store of the
+// partial waits for the launch before (the source is read-only, as resident weights are).
+template <bool kPdl = false>
+__global__ void stream_read_kernel(const uint4* __restrict__ src, uint64_t n16, int n_tail,
+                                   unsigned* __restrict__ out) {
+  if constexpr (kPdl) pdl_trigger();
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   unsigned acc = 0;
@@ -52,6 +57,7 @@ inline __global__ void stream_read_kernel(const uint4* __restrict__ src, uint64_
   if (threadIdx.x == 0) {
     unsigned total = 0;
     for (int w = 0; w < kReadThreads / 32; ++w) total += warp_sums[w];
+    if constexpr (kPdl) pdl_wait();
     out[blockIdx.x] = total;
   }
 }
@@ -93,7 +99,13 @@ inline ReadPlan plan_read(uint64_t n_bytes, int sm_count) {
   return p;
 }
 
-inline Status launch_read(const unsigned char* src, const ReadPlan& p, unsigned* partials, cudaStream_t stream) {
+// programmatic: the read kernel's chain form, launched as a programmatic dependent of the launch before it.
+inline Status launch_read(const unsigned char* src, const ReadPlan& p, unsigned* partials, cudaStream_t stream,
+                          bool programmatic = false) {
+  if (programmatic) {
+    return launch_programmatic(true, stream_read_kernel<true>, dim3(p.blocks), dim3(kReadThreads), 0, stream,
+                               reinterpret_cast<const uint4*>(src), p.n16, p.n_tail, partials);
+  }
   stream_read_kernel<<<p.blocks, kReadThreads, 0, stream>>>(reinterpret_cast<const uint4*>(src), p.n16, p.n_tail,
                                                             partials);
   KESTREL_CUDA_TRY(cudaGetLastError());
@@ -162,8 +174,9 @@ inline __global__ void stream_copy_kernel(const uint4* __restrict__ src, uint4* 
 // The size-matched read limit of a step that reads `bytes`: the plain read kernel over that many bytes (rounded up to
 // 16), timed like the step — buffer sets of that size used in rotation (launch i on set i % k, k · bytes >=
 // rotation_bytes) so every launch reads from memory, not L2.
+// programmatic: the chain of programmatic launches (the read kernel's kPdl form).
 inline Expected<double> matched_read_us(uint64_t bytes, uint64_t rotation_bytes, int sm_count, unsigned* partials,
-                                        cudaStream_t stream) {
+                                        cudaStream_t stream, bool programmatic = false) {
   const uint64_t set_bytes = std::max<uint64_t>(16, (bytes + 15) / 16 * 16);
   const uint64_t k = std::max<uint64_t>(2, (rotation_bytes + set_bytes - 1) / set_bytes);
   DeviceBuffer src;
@@ -173,7 +186,7 @@ inline Expected<double> matched_read_us(uint64_t bytes, uint64_t rotation_bytes,
   const ReadPlan plan = plan_read(set_bytes, sm_count);
   const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
   return time_graph_us(stream, n_launch, [&](int i) {
-    return launch_read(src.bytes() + (static_cast<uint64_t>(i) % k) * set_bytes, plan, partials, stream);
+    return launch_read(src.bytes() + (static_cast<uint64_t>(i) % k) * set_bytes, plan, partials, stream, programmatic);
   });
 }
 

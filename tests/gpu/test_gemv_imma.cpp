@@ -259,6 +259,49 @@ TEST(GemvImma, SwigluPreparationMatchesReference) {
   }
 }
 
+// Programmatic launches (gpu/pdl.cuh): a dense call loads its first weights before it waits for the kernel before
+// it, and must read the prepared x only after. A chain on one stream — prepare x_i (a plain launch), then
+// gemv_imma as a programmatic dependent, for several x_i in turn into one xprep buffer — gives the bits of plain
+// launches; a read of xprep ahead of the wait would see the previous x_i (or the zeros written first).
+TEST(GemvImma, ProgrammaticChainGivesPlainBits) {
+  KESTREL_REQUIRE_DEVICE();
+  std::mt19937 rng(2024);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    for (const Shape sh : {Shape{2048, 512}, Shape{4096, 160}, Shape{768, 48}, Shape{512, 32768}}) {
+      const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
+      const DeviceTiled w(t, m, sh.n_in, sh.n_out);
+      for (const int n_vec : {1, 3, 8}) {
+        constexpr int kChain = 4;
+        const std::vector<float> x = random_vectors(kChain * n_vec, sh.n_in, rng);
+        const size_t y_elems = static_cast<size_t>(n_vec * sh.n_out);
+        DeviceBuffer d_x(x.size() * sizeof(float));
+        DeviceBuffer d_xp(imma_x_bytes(sh.n_in, n_vec));
+        DeviceBuffer d_y(kChain * y_elems * sizeof(float));
+        ASSERT_TRUE(test::upload(d_x, x));
+        ASSERT_EQ(cudaMemsetAsync(d_xp.as<unsigned char>(), 0, imma_x_bytes(sh.n_in, n_vec), stream), cudaSuccess);
+        for (int i = 0; i < kChain; ++i) {
+          const float* xi = d_x.as<float>() + static_cast<size_t>(i * n_vec) * static_cast<size_t>(sh.n_in);
+          ASSERT_TRUE(gemv_imma_prepare_x(xi, sh.n_in, n_vec, d_xp.as<unsigned char>(), stream));
+          ASSERT_TRUE(gemv_imma(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>() + i * y_elems, stream, true));
+        }
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        const std::vector<float> chained = test::download<float>(d_y.as<float>(), kChain * y_elems);
+        for (int i = 0; i < kChain; ++i) {
+          const std::vector<float> xi(x.begin() + static_cast<ptrdiff_t>(i * n_vec * sh.n_in),
+                                      x.begin() + static_cast<ptrdiff_t>((i + 1) * n_vec * sh.n_in));
+          const std::vector<float> plain = run(w, xi, n_vec);
+          EXPECT_EQ(std::memcmp(plain.data(), chained.data() + i * y_elems, y_elems * sizeof(float)), 0)
+              << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " n_vec " << n_vec << " link " << i
+              << ": the programmatic launch differs from a plain one";
+        }
+      }
+    }
+  }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
 TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 8256, 16));  // longer than 8192
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 32, 16));    // not whole units
