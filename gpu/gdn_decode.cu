@@ -34,6 +34,7 @@
 
 #include "gpu/cuda_check.h"
 #include "gpu/gdn_decode.h"
+#include "gpu/pdl.cuh"
 
 namespace kestrel::gpu {
 namespace {
@@ -302,8 +303,11 @@ void launch_step(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs&
 
 // The fused step: one cluster of r·⌈dv/32⌉ blocks per (session, K-head); block rank = hr·⌈dv/32⌉ + cb works on
 // V-head hr of the K-head (h = hr·Kh + kh tiled, kh·r + hr grouped) and its columns [32·cb, 32·cb + 32).
-// out: f32 [n_seq][Vd].
-template <int R>
+// out: f32 [n_seq][Vd]. kPdl: the form for a programmatic launch (gpu/pdl.cuh) — the next kernel may launch at
+// once, and the slot pointer and S slice are loaded before the wait for the kernel before (the states are written
+// only by this layer's step, a decode step apart). A template, not a flag: the wait orders the code after it for the
+// compiler too, and in plain launches that order cost 4% (6.44 → 6.70 µs at one session, bench_gdn).
+template <int R, bool kPdl>
 __global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
     gdn_fused_kernel(Geo g, GdnDecodeWeights w, GdnDecodeInputs in, const GdnSlot* __restrict__ slots,
                      float* __restrict__ out) {
@@ -318,6 +322,7 @@ __global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
   cg::cluster_group cluster = cg::this_cluster();
   // Arrive now, wait before the first distributed-shared-memory store: every block of the cluster has started.
   cluster.barrier_arrive();
+  if constexpr (kPdl) pdl_trigger();
   const int n_cb = (g.d_v + 31) / 32;
   const int rank = static_cast<int>(cluster.block_rank());
   const int cb = rank % n_cb;
@@ -340,6 +345,7 @@ __global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
   float* s_slice = sh + static_cast<size_t>(i0) * dv + j;
   float s[R];
   load_s_slice(s_slice, dv, rows, s);
+  if constexpr (kPdl) pdl_wait();
 
   // Prologue. q/k conv of kh, one channel per thread (t < 8R: q channel t, else k channel t − 8R; the history is
   // only read here), with per-warp sums of squares for the L2 norms; the v conv of this block's columns (history
@@ -477,11 +483,15 @@ Status fused_config(const Geo& g, int n_seq, cudaStream_t stream, cudaLaunchConf
     const signed char cached = entry != nullptr ? entry->load(std::memory_order_acquire) : 0;
     if (cached == 1) return ok_status();
     if (cached == 0) {
-      KESTREL_CUDA_TRY(cudaFuncSetAttribute(gdn_fused_kernel<R>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
       int active = 0;
-      if (cudaOccupancyMaxActiveClusters(&active, gdn_fused_kernel<R>, &cfg) != cudaSuccess) {
-        (void)cudaGetLastError();  // not schedulable here: the two-kernel path serves
-        active = 0;
+      for (auto* kernel : {gdn_fused_kernel<R, false>, gdn_fused_kernel<R, true>}) {
+        KESTREL_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+        int a = 0;
+        if (cudaOccupancyMaxActiveClusters(&a, kernel, &cfg) != cudaSuccess) {
+          (void)cudaGetLastError();  // not schedulable here: the two-kernel path serves
+          a = 0;
+        }
+        active = kernel == gdn_fused_kernel<R, false> ? a : std::min(active, a);
       }
       if (entry != nullptr) entry->store(active >= 1 ? 2 : 1, std::memory_order_release);
       if (active < 1) return ok_status();
@@ -493,17 +503,25 @@ Status fused_config(const Geo& g, int n_seq, cudaStream_t stream, cudaLaunchConf
 
 template <int R>
 Expected<int> launch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
-                     int n_seq, float* out, float* o, cudaStream_t stream, bool enqueue) {
+                     int n_seq, float* out, float* o, bool programmatic, cudaStream_t stream, bool enqueue) {
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr{};
+  cudaLaunchAttribute attrs[2] = {};
   bool fused = false;
-  KESTREL_TRY(fused_config<R>(g, std::max(n_seq, 1), stream, cfg, attr, fused));
+  KESTREL_TRY(fused_config<R>(g, std::max(n_seq, 1), stream, cfg, attrs[0], fused));
   // The cluster kernel wins on latency at a few sessions; from kGdnFusedMaxSessions on, the two-kernel path's
   // higher occupancy wins (35B-A3B shape on the H200: 1 session 6.5 vs 9.6 µs, 8: 21.6 vs 19.8, 32: 79 vs 56 µs).
   fused = fused && n_seq < kGdnFusedMaxSessions;
   if (!enqueue) return fused ? 1 : 2;
+  if (fused && programmatic) {
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attrs;
+    cfg.numAttrs = 2;
+    KESTREL_CUDA_TRY(cudaLaunchKernelEx(&cfg, gdn_fused_kernel<R, true>, g, w, in, slots, out));
+    return 1;
+  }
   if (fused) {
-    KESTREL_CUDA_TRY(cudaLaunchKernelEx(&cfg, gdn_fused_kernel<R>, g, w, in, slots, out));
+    KESTREL_CUDA_TRY(cudaLaunchKernelEx(&cfg, gdn_fused_kernel<R, false>, g, w, in, slots, out));
     return 1;
   }
   launch_step<R>(g, w, in, slots, o, n_seq, stream);
@@ -552,12 +570,12 @@ Geo make_geo(const ref::GdnDims& dims, ref::GdnProjection projection) {
 // Picks R (rows of S per thread) from dk and launches (enqueue) or only reports the kernel count (!enqueue).
 // o: the workspace, f32 [n_seq][Vd] (two-kernel path only).
 Expected<int> dispatch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
-                       int n_seq, float* out, float* o, cudaStream_t stream, bool enqueue) {
+                       int n_seq, float* out, float* o, bool programmatic, cudaStream_t stream, bool enqueue) {
   const int rows = (g.d_k + kDeltaWarps - 1) / kDeltaWarps;
-  if (rows <= 4) return launch<4>(g, w, in, slots, n_seq, out, o, stream, enqueue);
-  if (rows <= 8) return launch<8>(g, w, in, slots, n_seq, out, o, stream, enqueue);
-  if (rows <= 16) return launch<16>(g, w, in, slots, n_seq, out, o, stream, enqueue);
-  return launch<32>(g, w, in, slots, n_seq, out, o, stream, enqueue);
+  if (rows <= 4) return launch<4>(g, w, in, slots, n_seq, out, o, programmatic, stream, enqueue);
+  if (rows <= 8) return launch<8>(g, w, in, slots, n_seq, out, o, programmatic, stream, enqueue);
+  if (rows <= 16) return launch<16>(g, w, in, slots, n_seq, out, o, programmatic, stream, enqueue);
+  return launch<32>(g, w, in, slots, n_seq, out, o, programmatic, stream, enqueue);
 }
 
 }  // namespace
@@ -569,7 +587,7 @@ size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq) {
 
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
                   const GdnDecodeInputs& in, const GdnSlot* slots, int n_seq, float* out, void* workspace,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, bool programmatic) {
   KESTREL_TRY(check_dims(dims));
   if (n_seq < 0 || n_seq > 65535) return invalid("n_seq " + std::to_string(n_seq) + " outside [0, 65535]");
   if (n_seq == 0) return ok_status();
@@ -591,14 +609,14 @@ Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const
   if (slots == nullptr || out == nullptr || workspace == nullptr) return invalid("slots, out or workspace is null");
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) return invalid("workspace is not 16-byte aligned");
   const Geo g = make_geo(dims, projection);
-  KESTREL_TRY(dispatch(g, w, in, slots, n_seq, out, static_cast<float*>(workspace), stream, true));
+  KESTREL_TRY(dispatch(g, w, in, slots, n_seq, out, static_cast<float*>(workspace), programmatic, stream, true));
   return ok_status();
 }
 
 Expected<int> gdn_decode_kernel_count(const ref::GdnDims& dims, int n_seq) {
   KESTREL_TRY(check_dims(dims));
   return dispatch(make_geo(dims, ref::GdnProjection::kQkvGateBetaAlpha), GdnDecodeWeights{}, GdnDecodeInputs{}, nullptr,
-                  std::max(n_seq, 1), nullptr, nullptr, nullptr, false);
+                  std::max(n_seq, 1), nullptr, nullptr, false, nullptr, false);
 }
 
 }  // namespace kestrel::gpu

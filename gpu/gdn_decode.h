@@ -77,9 +77,15 @@ size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq);
 // without waiting.
 // Thread-safe (no shared state); the caller keeps every buffer alive until the stream has run, and no other work
 // may touch the slots meanwhile.
+// programmatic: where the step is the one cluster kernel, it is launched as a programmatic dependent of the kernel
+// before it on `stream` (gpu/pdl.cuh) and loads its slot pointers and S slices before it waits for that kernel: the
+// slot array and the states must not be written by any kernel that may still be running (in a decode step a layer's
+// states are written only by its own step, a decode step apart). The inputs, the output and the history are touched
+// after the wait, and the results are the same bits. The two-kernel path launches plainly either way (chained, it
+// gained nothing at 8 sessions and lost 4% at 32: docs/benchmarks.md).
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
                   const GdnDecodeInputs& in, const GdnSlot* slots, int n_seq, float* out, void* workspace,
-                  cudaStream_t stream);
+                  cudaStream_t stream, bool programmatic = false);
 
 // How many kernels gdn_decode enqueues for dims on the current device: 1 (the cluster kernel) or 2 (step + norm).
 // Errors: dims gdn_decode would refuse (kInvalidArgument), or a CUDA error from the cluster query. Thread-safe.

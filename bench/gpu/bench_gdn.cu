@@ -7,7 +7,10 @@
 //            read + written bytes, like the step);
 //   matched copy = a plain copy kernel of the same bytes (half read, half written, buffers rotated out of L2 like
 //            the states), timed exactly like the step; %matched = matched-copy time / step time (the issue-5
-//            target: >= 67%, i.e. the step within 1.5x of moving its bytes).
+//            target: >= 67%, i.e. the step within 1.5x of moving its bytes);
+//   PDL    = the same steps as a chain of programmatic launches (gpu/pdl.cuh; each step loads its states before it
+//            waits for the one before, as a decode step chains its kernels), against the copy kernel chained the
+//            same way (its loads before the wait, its stores after).
 // The states stay cold in the 60 MB L2: K sets of session states (K·bytes >= 256 MiB) are used in rotation, launch
 // i on set i % K. Each figure is the median of 5 replays of a CUDA graph of >= 200 steps, after warm-up.
 //
@@ -74,8 +77,8 @@ Status run() {
   KESTREL_TRY(upload(sn, normal(static_cast<size_t>(d.d_v), 0.3f, rng)));
   const GdnDecodeWeights w{conv1d.floats(), dt.floats(), sa.floats(), sn.floats()};
 
-  std::printf("\n%-8s %6s %12s %9s %10s %9s %9s %9s %15s %9s\n", "sessions", "sets", "bytes", "us", "GB/s", "%read",
-              "%copy", "launches", "matched copy us", "%matched");
+  std::printf("\n%-8s %6s %12s %9s %10s %9s %9s %9s %15s %9s %8s %12s %9s\n", "sessions", "sets", "bytes", "us", "GB/s",
+              "%read", "%copy", "launches", "matched copy us", "%matched", "us PDL", "copy PDL us", "%m PDL");
   for (const int n_seq : {1, 8, 32}) {
     KESTREL_TRY_ASSIGN(const int kernels, gdn_decode_kernel_count(d, n_seq));
     const size_t N = static_cast<size_t>(n_seq);
@@ -115,11 +118,14 @@ Status run() {
 
     const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
     const GdnSlot* slots_dev = reinterpret_cast<const GdnSlot*>(slots.bytes());
-    KESTREL_TRY_ASSIGN(const double us, time_graph_us(stream, n_launch, [&](int i) {
-                         return gdn_decode(d, ref::GdnProjection::kQkvGateBetaAlpha, w, in,
-                                           slots_dev + static_cast<uint64_t>(i) % k * N, n_seq, out.floats(),
-                                           ws.bytes(), stream);
-                       }));
+    auto time_steps = [&](bool programmatic) {
+      return time_graph_us(stream, n_launch, [&](int i) {
+        return gdn_decode(d, ref::GdnProjection::kQkvGateBetaAlpha, w, in, slots_dev + static_cast<uint64_t>(i) % k * N,
+                          n_seq, out.floats(), ws.bytes(), stream, programmatic);
+      });
+    };
+    KESTREL_TRY_ASSIGN(const double us, time_steps(false));
+    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));
     // Sanity: the outputs are finite (a broken launch cannot pass as fast).
     std::vector<float> o(N * Vd);
     KESTREL_CUDA_TRY(cudaMemcpy(o.data(), out.floats(), o.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -132,9 +138,11 @@ Status run() {
                            + (C * 4 + 2 * Vh + static_cast<size_t>(d.d_v)) * sizeof(float);  // layer weights
     const double gbs = static_cast<double>(bytes) / (us * 1e3);
     KESTREL_TRY_ASSIGN(const double copy_us, matched_copy_us(bytes, kRotationBytes, setup.sm_count, stream));
-    std::printf("%-8d %6d %12llu %9.2f %10.0f %8.1f%% %8.1f%% %9d %15.2f %8.1f%%\n", n_seq, static_cast<int>(k),
-                static_cast<unsigned long long>(bytes), us, gbs, 100.0 * gbs / lim.peak_read_gbs,
-                100.0 * gbs / lim.copy_gbs, kernels, copy_us, 100.0 * copy_us / us);
+    KESTREL_TRY_ASSIGN(const double copy_pdl_us, matched_copy_us(bytes, kRotationBytes, setup.sm_count, stream, true));
+    std::printf("%-8d %6d %12llu %9.2f %10.0f %8.1f%% %8.1f%% %9d %15.2f %8.1f%% %8.2f %12.2f %8.1f%%\n", n_seq,
+                static_cast<int>(k), static_cast<unsigned long long>(bytes), us, gbs, 100.0 * gbs / lim.peak_read_gbs,
+                100.0 * gbs / lim.copy_gbs, kernels, copy_us, 100.0 * copy_us / us, us_pdl, copy_pdl_us,
+                100.0 * copy_pdl_us / us_pdl);
   }
   std::printf(
       "\n%%read = (bytes / peak read) / time; %%copy = (bytes / D2D copy rate) / time; %%matched = time of a plain "

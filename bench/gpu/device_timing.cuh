@@ -158,16 +158,23 @@ Expected<double> time_graph_us(cudaStream_t stream, int n_launch, Enqueue&& enqu
 }
 
 // Plain streaming copy: dst[i] = src[i] for n16 16-byte words (grid-stride, kReadUnroll loads in flight per thread).
-inline __global__ void stream_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, uint64_t n16) {
+// kPdl: the form for a chain of programmatic launches — the next launch may start at once, the first loads are
+// issued before the wait for the launch before, every store after it (as a chained state update loads its state
+// early and writes it late).
+template <bool kPdl = false>
+__global__ void stream_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, uint64_t n16) {
+  if constexpr (kPdl) pdl_trigger();
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (; i + (kReadUnroll - 1) * stride < n16; i += kReadUnroll * stride) {
     uint4 v[kReadUnroll];
 #pragma unroll
     for (int u = 0; u < kReadUnroll; ++u) v[u] = src[i + u * stride];
+    if constexpr (kPdl) pdl_wait();
 #pragma unroll
     for (int u = 0; u < kReadUnroll; ++u) dst[i + u * stride] = v[u];
   }
+  if constexpr (kPdl) pdl_wait();
   for (; i < n16; i += stride) dst[i] = src[i];
 }
 
@@ -193,8 +200,10 @@ inline Expected<double> matched_read_us(uint64_t bytes, uint64_t rotation_bytes,
 // The size-matched copy limit of a kernel that moves `bytes` (read + written): a plain copy of bytes / 2 (rounded
 // up to 16) read and as many written, timed like the kernel (time_graph_us over >= kMinLaunches launches), with
 // src/dst buffer sets used in rotation (launch i on set i % k, k · bytes >= rotation_bytes) so they stay cold in L2
-// as the kernel's states do. Returns the median microseconds per copy.
-inline Expected<double> matched_copy_us(uint64_t bytes, uint64_t rotation_bytes, int sm_count, cudaStream_t stream) {
+// as the kernel's states do. Returns the median microseconds per copy. programmatic: the chain of programmatic
+// launches (the copy kernel's kPdl form).
+inline Expected<double> matched_copy_us(uint64_t bytes, uint64_t rotation_bytes, int sm_count, cudaStream_t stream,
+                                        bool programmatic = false) {
   const uint64_t half16 = std::max<uint64_t>(1, (bytes / 2 + 15) / 16);  // 16-byte words each way
   const uint64_t set_bytes = half16 * 16;
   const uint64_t k = std::max<uint64_t>(2, (rotation_bytes + 2 * set_bytes - 1) / (2 * set_bytes));
@@ -209,9 +218,13 @@ inline Expected<double> matched_copy_us(uint64_t bytes, uint64_t rotation_bytes,
   const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
   return time_graph_us(stream, n_launch, [&](int i) -> Status {
     const uint64_t set = static_cast<uint64_t>(i) % k;
-    stream_copy_kernel<<<plan.blocks, kReadThreads, 0, stream>>>(
-        reinterpret_cast<const uint4*>(src.bytes() + set * set_bytes),
-        reinterpret_cast<uint4*>(dst.bytes() + set * set_bytes), half16);
+    const auto* from = reinterpret_cast<const uint4*>(src.bytes() + set * set_bytes);
+    auto* to = reinterpret_cast<uint4*>(dst.bytes() + set * set_bytes);
+    if (programmatic) {
+      return launch_programmatic(true, stream_copy_kernel<true>, dim3(plan.blocks), dim3(kReadThreads), 0, stream, from,
+                                 to, half16);
+    }
+    stream_copy_kernel<<<plan.blocks, kReadThreads, 0, stream>>>(from, to, half16);
     KESTREL_CUDA_TRY(cudaGetLastError());
     return {};
   });

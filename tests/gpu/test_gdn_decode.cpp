@@ -242,6 +242,87 @@ Result run_device(const Problem& p) {
   return r;
 }
 
+// The same kSteps steps on three copies of the sessions' states (sets 0, 1, 2, same start), all enqueued on one
+// stream without a host sync: per step, set 0 by a plain launch, then sets 1 and 2 as programmatic dependents
+// (gpu/pdl.cuh). A programmatic step loads its states before it waits, so a set is never written by the launch
+// just before its own; the plain launch of set 0 waits for everything before it, so a set's previous step has
+// completed by then. Returns the three sets' results.
+std::vector<Result> run_device_chain(const Problem& p) {
+  constexpr int kSets = 3;
+  const ref::GdnDims& d = p.d;
+  const size_t C = static_cast<size_t>(d.conv_dim()), Vd = static_cast<size_t>(d.value_dim());
+  const size_t Vh = static_cast<size_t>(d.n_v_heads), N = static_cast<size_t>(p.n_seq);
+  const size_t s_elems = Vh * static_cast<size_t>(d.d_k) * static_cast<size_t>(d.d_v);
+  const size_t c_elems = C * static_cast<size_t>(d.conv_kernel - 1);
+  const size_t slot_elems = s_elems + c_elems;
+  std::vector<Result> r(kSets);
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    ADD_FAILURE() << "cudaStreamCreate failed";
+    return r;
+  }
+  DeviceBuffer states(kSets * N * slot_elems * sizeof(float));
+  DeviceBuffer slots(kSets * N * sizeof(GdnSlot));
+  DeviceBuffer conv1d(p.conv1d.size() * 4), dt(p.dt_bias.size() * 4), sa(p.ssm_a.size() * 4);
+  DeviceBuffer sn(p.ssm_norm.size() * 4), out(kSteps * kSets * N * Vd * 4);
+  DeviceBuffer ws(gdn_decode_workspace_bytes(d, p.n_seq));
+  const size_t qkv_n = p.qkv[0].size(), z_n = p.z[0].size(), b_n = p.b[0].size(), ba_n = p.ba[0].size();
+  DeviceBuffer qkv(kSteps * qkv_n * 4), z(kSteps * z_n * 4), b(kSteps * b_n * 4), a(kSteps * b_n * 4);
+  DeviceBuffer ba(kSteps * ba_n * 4);
+  std::vector<GdnSlot> host_slots(kSets * N);
+  for (size_t j = 0; j < kSets; ++j) {
+    for (size_t n = 0; n < N; ++n) {
+      float* base = states.as<float>() + (j * N + n) * slot_elems;
+      host_slots[j * N + n] = GdnSlot{base, base + s_elems};
+      upload(base, p.s0[n]);
+      upload(base + s_elems, p.conv0[n]);
+    }
+  }
+  EXPECT_EQ(cudaMemcpy(slots.as(), host_slots.data(), host_slots.size() * sizeof(GdnSlot), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  upload(conv1d.as<float>(), p.conv1d);
+  upload(dt.as<float>(), p.dt_bias);
+  upload(sa.as<float>(), p.ssm_a);
+  upload(sn.as<float>(), p.ssm_norm);
+  for (int t = 0; t < kSteps; ++t) {
+    upload(qkv.as<float>() + t * qkv_n, p.qkv[t]);
+    upload(z.as<float>() + t * z_n, p.z[t]);
+    upload(b.as<float>() + t * b_n, p.b[t]);
+    upload(a.as<float>() + t * b_n, p.a[t]);
+    upload(ba.as<float>() + t * ba_n, p.ba[t]);
+  }
+  const GdnDecodeWeights w{conv1d.as<float>(), dt.as<float>(), sa.as<float>(), sn.as<float>()};
+  for (int t = 0; t < kSteps; ++t) {
+    GdnDecodeInputs in;
+    in.qkv = qkv.as<float>() + t * qkv_n;
+    if (p.proj != ref::GdnProjection::kSsmInBa) in.z = z.as<float>() + t * z_n;
+    if (p.proj == ref::GdnProjection::kQkvGateBetaAlpha) {
+      in.b = b.as<float>() + t * b_n;
+      in.a = a.as<float>() + t * b_n;
+    } else {
+      in.ba = ba.as<float>() + t * ba_n;
+    }
+    for (size_t j = 0; j < kSets; ++j) {
+      float* o = out.as<float>() + (static_cast<size_t>(t) * kSets + j) * N * Vd;
+      const Status s = gdn_decode(d, p.proj, w, in, static_cast<const GdnSlot*>(slots.as()) + j * N, p.n_seq, o,
+                                  ws.as(), stream, /*programmatic=*/j > 0);
+      EXPECT_TRUE(s) << s.error().to_string();
+    }
+  }
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  for (size_t j = 0; j < kSets; ++j) {
+    for (int t = 0; t < kSteps; ++t) {
+      r[j].out[t] = download(out.as<float>() + (static_cast<size_t>(t) * kSets + j) * N * Vd, N * Vd);
+    }
+    for (size_t n = 0; n < N; ++n) {
+      r[j].s.push_back(download(host_slots[j * N + n].s, s_elems));
+      r[j].conv.push_back(download(host_slots[j * N + n].conv, c_elems));
+    }
+  }
+  return r;
+}
+
 // Compares per block of `block` elements (a head); reports the worst ratio err / (kTol · max|want| of the block)
 // and the first element over the bound. Returns the number of elements over it.
 int compare(const std::string& what, const std::vector<float>& got, const std::vector<float>& want, size_t block,
@@ -394,6 +475,26 @@ TEST(GdnDecode, LargeClustersAndFallback) {
     check_case({"r=4 dv 128", 1, 4, 64, 128, 4, kGrouped, kBa, n_seq});
     check_case({"fallback r=5 dv 128", 1, 5, 64, 128, 4, kTiled, kBetaAlpha, n_seq});
     check_case({"fallback legacy r=5", 1, 5, 32, 128, 4, kGrouped, kSsmIn, n_seq});
+  }
+}
+
+// Programmatic launches give the bits of plain ones (outputs of every step, final S and conv history), on the
+// cluster kernel and on the two-kernel path (8 sessions, and r = 5), in each projection layout.
+TEST(GdnDecode, ProgrammaticChainGivesPlainBits) {
+  KESTREL_REQUIRE_DEVICE();
+  for (const Case& c : std::vector<Case>{{"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 1},
+                                         {"35B-A3B two kernels", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 8},
+                                         {"tiny qwen3next", 4, 8, 32, 32, 4, kGrouped, kBa, 3},
+                                         {"tiny legacy ssm_in", 4, 8, 32, 32, 4, kGrouped, kSsmIn, 2},
+                                         {"fallback r=5", 1, 5, 64, 128, 4, kTiled, kBetaAlpha, 3}}) {
+    SCOPED_TRACE(case_name(c));
+    const Problem p = make_problem(c, 4321u + static_cast<unsigned>(c.n_seq));
+    const Result plain = run_device(p);
+    const std::vector<Result> chained = run_device_chain(p);
+    for (size_t j = 0; j < chained.size(); ++j) {
+      EXPECT_TRUE(bit_identical(plain, chained[j])) << "set " << j << (j == 0 ? " (plain launches)" : " (programmatic)")
+                                                    << " of the chain differs from plain synchronous steps";
+    }
   }
 }
 
