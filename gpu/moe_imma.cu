@@ -43,11 +43,20 @@ constexpr unsigned kFullMask = 0xFFFFFFFFu;
 // hence kMoeImmaProgrammaticMaxTokens = 1.
 std::atomic<int> g_pdl_max_tokens{kMoeImmaProgrammaticMaxTokens};
 
+// Vectors per segment (chunk) of the grouped GEMVs' tables: the GEMV kernel is picked for the largest (1–2: one
+// vector pair, 3–4: two, 5–8: four). Measured on the H200 (bench_moe, 35B-A3B shape, Q4_0, chunks of 2 / 4 / 8): 8
+// tokens 56.3 / 62.0 / 77.8 µs, 32 tokens 149.5 / 172.1 / 201.3 µs (1–2 tokens the same): an expert with more tokens
+// is read once per chunk (the second time mostly from L2), but the one-pair kernel keeps every warp busy where the
+// four-pair one (spilling at 128 registers) waited on segments of one or two vectors. moe_imma_set_segment_vectors
+// moves it for benchmarks.
+std::atomic<int> g_chunk{kMoeImmaSegmentVectors};
+
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 std::string tname(GgmlType t) { return std::string(ggml_type_name(t)); }
 
 // Sizes of one call.
 struct Counts {
+  int chunk = kImmaSegmentVectors;  // vectors per segment at most
   int n_tok = 0;
   int n_entries = 0;   // n_tok · k
   int n_all = 0;       // n_entries + (shared ? n_tok : 0)
@@ -58,14 +67,16 @@ struct Counts {
   int n_seg_dn() const { return sh_chunks + max_chunks; }
 };
 
-Counts counts_of(const MoeImmaWeights& w, int n_tok) {
+// chunk: the call's vectors per segment; the workspace is laid out for chunk 1 (the most segments).
+Counts counts_of(const MoeImmaWeights& w, int n_tok, int chunk) {
   Counts c;
+  c.chunk = chunk;
   c.n_tok = n_tok;
   c.n_entries = n_tok * w.n_expert_used;
   c.n_all = c.n_entries + (w.has_shared_expert() ? n_tok : 0);
   c.max_active = static_cast<int>(std::min<int64_t>(w.n_expert, c.n_entries));
-  c.max_chunks = std::min(c.n_entries, c.max_active + c.n_entries / kImmaSegmentVectors);
-  c.sh_chunks = w.has_shared_expert() ? (n_tok + kImmaSegmentVectors - 1) / kImmaSegmentVectors : 0;
+  c.max_chunks = std::min(c.n_entries, c.max_active + c.n_entries / chunk);
+  c.sh_chunks = w.has_shared_expert() ? (n_tok + chunk - 1) / chunk : 0;
   return c;
 }
 
@@ -122,6 +133,7 @@ struct TableArgs {
   int n_entries;
   int n_all;
   int max_active;
+  int chunk;  // vectors per segment at most
   int sh_chunks;
   int n_seg_gu;
   int n_seg_dn;
@@ -159,8 +171,8 @@ __device__ __forceinline__ void write_tables(const TableArgs& a) {
 
   // Shared expert: chunk c takes tokens 8c .. 8c + 7; its rows are n_entries + token.
   for (int c = tid; c < a.sh_chunks; c += kBlock) {
-    const int t0 = c * kImmaSegmentVectors;
-    const int n = min(kImmaSegmentVectors, a.n_tok - t0);
+    const int t0 = c * a.chunk;
+    const int n = min(a.chunk, a.n_tok - t0);
     int32_t tok[kImmaSegmentVectors];
     int32_t row[kImmaSegmentVectors];
 #pragma unroll
@@ -184,7 +196,7 @@ __device__ __forceinline__ void write_tables(const TableArgs& a) {
       first = a.r.active_offset[s];
       count = a.r.active_offset[s + 1] - first;
     }
-    const int chunks = (count + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
+    const int chunks = (count + a.chunk - 1) / a.chunk;
     int pos = 0;
     int sum = 0;
     Scan(scan_tmp).ExclusiveSum(chunks, pos, sum);
@@ -196,8 +208,8 @@ __device__ __forceinline__ void write_tables(const TableArgs& a) {
       const uint8_t* u = a.up + static_cast<uint64_t>(e) * a.gu_bytes;
       const uint8_t* d = a.down + static_cast<uint64_t>(e) * a.dn_bytes;
       for (int q = 0; q < chunks; ++q) {
-        const int e0 = first + q * kImmaSegmentVectors;
-        const int n = min(kImmaSegmentVectors, first + count - e0);
+        const int e0 = first + q * a.chunk;
+        const int n = min(a.chunk, first + count - e0);
         int32_t tok[kImmaSegmentVectors];
         int32_t row[kImmaSegmentVectors];
 #pragma unroll
@@ -520,9 +532,13 @@ MoeImmaLayer::~MoeImmaLayer() {
 
 void moe_imma_set_programmatic_max_tokens(int n_tok) { g_pdl_max_tokens.store(n_tok, std::memory_order_relaxed); }
 
+void moe_imma_set_segment_vectors(int n) {
+  g_chunk.store(std::clamp(n, 1, kImmaSegmentVectors), std::memory_order_relaxed);
+}
+
 size_t moe_imma_workspace_bytes(const MoeImmaWeights& w, int n_tok) {
   if (n_tok < 1 || n_tok > kMoeMaxTokens) return 0;
-  return layout_of(w, counts_of(w, n_tok), nullptr).bytes;
+  return layout_of(w, counts_of(w, n_tok, 1), nullptr).bytes;
 }
 
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
@@ -538,8 +554,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   const int H = static_cast<int>(w.n_embd);
   const int I = static_cast<int>(w.n_ff);
   const int k = w.n_expert_used;
-  const Counts c = counts_of(w, n_tok);
-  const Layout l = layout_of(w, c, workspace);
+  const Counts c = counts_of(w, n_tok, g_chunk.load(std::memory_order_relaxed));
+  const Layout l = layout_of(w, counts_of(w, n_tok, 1), workspace);
   const MoeRouting r = moe_routing_carve(l.routing, n_tok, E, k);
   // The prepared form of n vectors is n back-to-back vectors (the segments' vec indices rely on it).
   const uint64_t avec = imma_x_bytes(I, 1);
@@ -587,6 +603,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ta.n_entries = c.n_entries;
   ta.n_all = c.n_all;
   ta.max_active = c.max_active;
+  ta.chunk = c.chunk;
   ta.sh_chunks = c.sh_chunks;
   ta.n_seg_gu = c.n_seg_gu();
   ta.n_seg_dn = c.n_seg_dn();
@@ -603,7 +620,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   }
 
   // An expert (or a chunk of the shared expert) sees each token at most once: no segment holds more than n_tok.
-  const int seg_bound = std::min(n_tok, kImmaSegmentVectors);
+  const int seg_bound = std::min(n_tok, c.chunk);
   KESTREL_TRY(gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound, pdl));
   ++launches;
 

@@ -98,6 +98,14 @@ inline constexpr int kMoeImmaProgrammaticMaxTokens = 1;
 // for benchmarks and tests. Thread-safe.
 void moe_imma_set_programmatic_max_tokens(int n_tok);
 
+// Vectors per segment of the grouped GEMVs: an expert with more tokens than that is read once per chunk of them, and
+// the GEMV kernel is picked for the largest chunk (moe_imma.cu has the measurements behind the default).
+inline constexpr int kMoeImmaSegmentVectors = 2;
+
+// Sets it (clamped to 1..kImmaSegmentVectors), process-wide, for calls made after it; for benchmarks and tests.
+// Thread-safe.
+void moe_imma_set_segment_vectors(int n);
+
 // Bytes of device scratch moe_imma_forward needs for n_tok tokens (no initialisation needed); 0 when n_tok is out
 // of [1, kMoeMaxTokens].
 size_t moe_imma_workspace_bytes(const MoeImmaWeights& w, int n_tok);

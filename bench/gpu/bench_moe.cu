@@ -14,7 +14,8 @@
 // grouped GEMVs as gemv_imma_segments over segment tables built from the routing), same columns plus the
 // size-matched read (the plain read kernel over `weight bytes`, buffers rotated out of L2, timed the same way) and
 // the layer's time as a ratio to it, at 1, 2, 4, 8 and 32 tokens, and the times with moe_imma's kernels launched
-// plainly and all as programmatic dependents (gpu/pdl.cuh; the default does so up to kMoeImmaProgrammaticMaxTokens).
+// plainly and all as programmatic dependents (gpu/pdl.cuh; the default does so up to kMoeImmaProgrammaticMaxTokens),
+// and with at most 1, 4 and 8 vectors per grouped-GEMV segment (moe_imma_set_segment_vectors; the default 2).
 //
 // Usage: build/gpu/bin/bench_moe   (no arguments; tens of seconds on an H200, most of it filling weights).
 #include <cuda_runtime.h>
@@ -200,14 +201,29 @@ Expected<std::string> imma_row(GgmlType t, int batch, const std::unique_ptr<MoeI
     if (!t_m) return t_m.error();
     us_as[m] = *t_m;
   }
+  // The same with at most 1, 4 and 8 vectors per grouped-GEMV segment (the default: kMoeImmaSegmentVectors).
+  constexpr int kSegAlt[3] = {1, 4, 8};
+  double us_seg[3] = {0.0, 0.0, 0.0};
+  for (int m = 0; m < 3; ++m) {
+    moe_imma_set_segment_vectors(kSegAlt[m]);
+    auto t_m = time_graph_us(stream, n_launch, [&](int i) {
+      return moe_imma_forward(imma[i % kCopies]->weights(), r.x(i % kXSets), batch, r.out.floats(), r.ws.bytes(),
+                              stream);
+    });
+    moe_imma_set_segment_vectors(kMoeImmaSegmentVectors);
+    if (!t_m) return t_m.error();
+    us_seg[m] = *t_m;
+  }
   const double bytes = r.mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
   KESTREL_TRY_ASSIGN(const double read_us, matched_read_us(static_cast<uint64_t>(bytes), 512ull << 20, setup.sm_count,
                                                            setup.partials(), stream));
   const double gbs = bytes / (us * 1e3);
   char line[256];
-  std::snprintf(line, sizeof(line), "%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%% %9.2f %9.2f\n",
+  std::snprintf(line, sizeof(line),
+                "%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%% %9.2f %9.2f %9.2f %9.2f %9.2f\n",
                 std::string(ggml_type_name(t)).c_str(), batch, r.mean_active, bytes, us, gbs,
-                100.0 * gbs / setup.lim.peak_read_gbs, r.launches, read_us, 100.0 * read_us / us, us_as[0], us_as[1]);
+                100.0 * gbs / setup.lim.peak_read_gbs, r.launches, read_us, 100.0 * read_us / us, us_as[0], us_as[1],
+                us_seg[0], us_seg[1], us_seg[2]);
   return std::string(line);
 }
 
@@ -257,14 +273,16 @@ Status run() {
     }
   }
   std::printf("\n%%read = (weight bytes / peak read) / time (target: >= 67%%, i.e. within 1.5x)\n");
-  std::printf("\nMoE on GEMV v4 (gpu/moe_imma)\n%-5s %5s %9s %14s %9s %9s %8s %9s %9s %9s %9s %9s\n", "type", "batch",
-              "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched", "us noPDL",
-              "us allPDL");
+  std::printf("\nMoE on GEMV v4 (gpu/moe_imma)\n%-5s %5s %9s %14s %9s %9s %8s %9s %9s %9s %9s %9s %9s %9s %9s\n",
+              "type", "batch", "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched",
+              "us noPDL", "us allPDL", "us seg1", "us seg4", "us seg8");
   for (const std::string& r : imma_rows) std::printf("%s", r.c_str());
   std::printf(
       "\n%%matched = (size-matched plain read time) / layer time; launches = kernels per layer call (graph nodes); "
       "us noPDL / us allPDL = the layer with moe_imma's kernels launched plainly / all as programmatic dependents "
-      "(us: programmatic up to kMoeImmaProgrammaticMaxTokens tokens)\n");
+      "(us: programmatic up to kMoeImmaProgrammaticMaxTokens tokens); us seg1 / seg4 / seg8 = at most 1 / 4 / 8 "
+      "vectors per "
+      "grouped-GEMV segment (us: kMoeImmaSegmentVectors = 2)\n");
   return {};
 }
 

@@ -179,6 +179,17 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
     EXPECT_EQ(std::memcmp(other.out.data(), got.out.data(), got.out.size() * 4), 0)
         << "programmatic launches up to " << pdl_max << " tokens: the output differs";
   }
+  // Segments of at most 1, 3 and 8 vectors (the default: kMoeImmaSegmentVectors; experts with more tokens are read
+  // in several chunks, the GEMV kernel picked for the largest): each vector's sums do not depend on its segment, so
+  // the same bits.
+  for (const int chunk : {1, 3, 8}) {
+    moe_imma_set_segment_vectors(chunk);
+    const DeviceRun other = run_device(w, x, n_tok);
+    moe_imma_set_segment_vectors(kMoeImmaSegmentVectors);
+    ASSERT_EQ(other.out.size(), got.out.size());
+    EXPECT_EQ(std::memcmp(other.out.data(), got.out.data(), got.out.size() * 4), 0)
+        << "segments of at most " << chunk << " vectors: the output differs";
+  }
 }
 
 void run_shape(const Shape& s, std::initializer_list<int> n_toks) {
