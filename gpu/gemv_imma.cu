@@ -60,6 +60,11 @@
 // issues its first group's loads before its programmatic wait (gpu/pdl.cuh), so in a chain of programmatic launches
 // the address arithmetic, the launch gap and the weights' DRAM latency overlap the kernel before: 4.7 MB 4.1 → 3.0
 // µs, 0.07 MB 2.6 → 1.9 µs per launch (docs/benchmarks.md, "GEMV v4.4").
+// Tried after v4.4 and dropped: dense calls of more than 2 vectors as segments of 2 on the one-pair kernel,
+// interleaved by row group (a row group's segments on neighbouring blocks, so its weights come from DRAM once), as
+// moe_imma's grouped calls now run. Batch 8: 0.07–0.6 MB matrices 6.4 → 3.1 µs, but 4.7–9.4 MB 8.0 → 9.4 µs and
+// lm_head 195 → 232 µs; and the item-split branch it put in front of the first loads cost batch 1 ~0.15 µs (attn_k
+// 2.73 → 2.91 µs). A per-shape choice would need the split compiled out of the dense batch-1 kernel.
 #include <cuda_fp16.h>
 
 #include <algorithm>
