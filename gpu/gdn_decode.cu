@@ -17,6 +17,8 @@
 //          stores make sure every block of the cluster has started before its shared memory is written.
 //          Cluster sizes above 8 need cudaFuncAttributeNonPortableClusterSizeAllowed and a positive
 //          cudaOccupancyMaxActiveClusters; above 16 (or where that query says no) the two-kernel path runs.
+//          gdn_decode(..., programmatic) launches the kernel's kPdl instantiation as a programmatic dependent: slot
+//          pointer and S slice loaded before griddepcontrol.wait, everything else after it.
 //   step   (fallback) grid (⌈dv/32⌉, Vh, n_seq), the same block work up to o, written to the workspace (q/k norms
 //          by warps 0 and 1 after the prologue).
 //   norm   (fallback) grid (Vh, n_seq), one warp: the gated RMSNorm of o_h; the block of the first V-head of each

@@ -7,10 +7,10 @@
 //
 // Segment tables (written by route_table_kernel, one block, right after it routes; read by gemv_imma_segments):
 //   gate+up: [shared chunk c: gate, up]·sh_chunks, then per routed chunk q (active experts ascending, each expert's
-//            entries in chunks of 8): gate, up; the rest of the capacity n_vec = 0 (skipped);
+//            entries in chunks of C = the call's vectors per segment): gate, up; the rest n_vec = 0 (skipped);
 //   down:    [shared chunk c]·sh_chunks, then routed chunk q; the rest n_vec = 0.
-// The routed chunk positions come from an exclusive scan of ⌈count/8⌉ over the active experts. Capacity:
-// Σ ⌈c_e/8⌉ <= Σ (1 + ⌊c_e/8⌋) <= n_active + ⌊n_entries/8⌋, and <= n_entries.
+// The routed chunk positions come from an exclusive scan of ⌈count/C⌉ over the active experts. Capacity:
+// Σ ⌈c_e/C⌉ <= Σ (1 + ⌊c_e/C⌋) <= n_active + ⌊n_entries/C⌋, and <= n_entries (the workspace holds C = 1's).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -169,7 +169,7 @@ __device__ __forceinline__ void write_tables(const TableArgs& a) {
   __shared__ int total_s;
   const int tid = static_cast<int>(threadIdx.x);
 
-  // Shared expert: chunk c takes tokens 8c .. 8c + 7; its rows are n_entries + token.
+  // Shared expert: chunk c takes tokens C·c .. C·c + C − 1; its rows are n_entries + token.
   for (int c = tid; c < a.sh_chunks; c += kBlock) {
     const int t0 = c * a.chunk;
     const int n = min(a.chunk, a.n_tok - t0);
@@ -362,6 +362,21 @@ __global__ void __launch_bounds__(kCombineThreads)
   float y = moe_combine::routed_sum(ye, token_entry, entry_weight, k, t, c, h);
   if constexpr (kShared) y = __fadd_rn(y, __fmul_rn(s, ye[static_cast<int64_t>(n_entries + t) * h + c]));
   out[static_cast<int64_t>(t) * h + c] = y;
+}
+
+// The staged router kernel may use router_stage_bytes(kMoeMaxTokens) of dynamic shared memory (above the default 48
+// KB): set once per device (a function attribute is per device), the answer cached.
+Status opt_in_router_stage() {
+  static_assert(kMoeMaxTokens * kRouterHalf * sizeof(float) <= 227 * 1024, "the staged x fits shared memory");
+  constexpr int kCachedDevices = 16;
+  static std::atomic<bool> done[kCachedDevices];
+  int device = 0;
+  KESTREL_CUDA_TRY(cudaGetDevice(&device));
+  if (device < kCachedDevices && done[device].load(std::memory_order_acquire)) return ok_status();
+  KESTREL_CUDA_TRY(cudaFuncSetAttribute(router_prepare_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(router_stage_bytes(kMoeMaxTokens))));
+  if (device < kCachedDevices) done[device].store(true, std::memory_order_release);
+  return ok_status();
 }
 
 // ---- checks ------------------------------------------------------------------------------------------------------
@@ -572,11 +587,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
     const int prep_blocks = n_tok * ((lay.n_groups + kRouterWarps - 1) / kRouterWarps);
     const dim3 grid(static_cast<unsigned>(router_blocks + prep_blocks));
     if (n_tok >= kRouterStageMinTokens) {
-      static_assert(kMoeMaxTokens * kRouterHalf * sizeof(float) <= 227 * 1024, "the staged x fits shared memory");
-      static const cudaError_t opt_in =
-          cudaFuncSetAttribute(router_prepare_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(router_stage_bytes(kMoeMaxTokens)));
-      KESTREL_CUDA_TRY(opt_in);
+      KESTREL_TRY(opt_in_router_stage());
       router_prepare_kernel<true><<<grid, kRouterWarps * 32, router_stage_bytes(n_tok), stream>>>(
           static_cast<const float*>(w.router.data), x, H, E, n_tok, l.logits, router_blocks, lay, l.xprep);
     } else {

@@ -185,18 +185,18 @@ Expected<std::string> imma_row(GgmlType t, int batch, const std::unique_ptr<MoeI
       },
       r));
   const int n_launch = (kMinLaunches + kXSets - 1) / kXSets * kXSets;
-  KESTREL_TRY_ASSIGN(const double us, time_graph_us(stream, n_launch, [&](int i) {
-                       return moe_imma_forward(imma[i % kCopies]->weights(), r.x(i % kXSets), batch, r.out.floats(),
-                                               r.ws.bytes(), stream);
-                     }));
+  auto time_layer = [&]() {
+    return time_graph_us(stream, n_launch, [&](int i) {
+      return moe_imma_forward(imma[i % kCopies]->weights(), r.x(i % kXSets), batch, r.out.floats(), r.ws.bytes(),
+                              stream);
+    });
+  };
+  KESTREL_TRY_ASSIGN(const double us, time_layer());
   // The same with moe_imma's kernels launched plainly, and all as programmatic dependents.
   double us_as[2] = {0.0, 0.0};
   for (int m = 0; m < 2; ++m) {
     moe_imma_set_programmatic_max_tokens(m == 0 ? 0 : kMoeMaxTokens);
-    auto t_m = time_graph_us(stream, n_launch, [&](int i) {
-      return moe_imma_forward(imma[i % kCopies]->weights(), r.x(i % kXSets), batch, r.out.floats(), r.ws.bytes(),
-                              stream);
-    });
+    auto t_m = time_layer();
     moe_imma_set_programmatic_max_tokens(kMoeImmaProgrammaticMaxTokens);
     if (!t_m) return t_m.error();
     us_as[m] = *t_m;
@@ -206,10 +206,7 @@ Expected<std::string> imma_row(GgmlType t, int batch, const std::unique_ptr<MoeI
   double us_seg[3] = {0.0, 0.0, 0.0};
   for (int m = 0; m < 3; ++m) {
     moe_imma_set_segment_vectors(kSegAlt[m]);
-    auto t_m = time_graph_us(stream, n_launch, [&](int i) {
-      return moe_imma_forward(imma[i % kCopies]->weights(), r.x(i % kXSets), batch, r.out.floats(), r.ws.bytes(),
-                              stream);
-    });
+    auto t_m = time_layer();
     moe_imma_set_segment_vectors(kMoeImmaSegmentVectors);
     if (!t_m) return t_m.error();
     us_seg[m] = *t_m;

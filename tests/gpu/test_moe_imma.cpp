@@ -170,25 +170,27 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
   const DeviceRun again = run_device(w, x, n_tok);
   ASSERT_EQ(again.out.size(), got.out.size());
   EXPECT_EQ(std::memcmp(again.out.data(), got.out.data(), got.out.size() * 4), 0) << "repeated run differs";
-  // Plain launches and programmatic launches at every size: the same bits.
+  // Settings that must not change a bit, each applied around one more run: plain and programmatic launches at every
+  // size; segments of at most 1, 3 and 8 vectors (the default: kMoeImmaSegmentVectors; experts with more tokens are
+  // read in several chunks, the GEMV kernel picked for the largest — each vector's sums do not depend on its segment).
+  const auto expect_same_bits = [&](const std::string& setting, auto&& apply, auto&& restore) {
+    apply();
+    const DeviceRun other = run_device(w, x, n_tok);
+    restore();
+    ASSERT_EQ(other.out.size(), got.out.size());
+    EXPECT_EQ(std::memcmp(other.out.data(), got.out.data(), got.out.size() * 4), 0)
+        << setting << ": the output differs";
+  };
   for (const int pdl_max : {0, kMoeMaxTokens}) {
-    moe_imma_set_programmatic_max_tokens(pdl_max);
-    const DeviceRun other = run_device(w, x, n_tok);
-    moe_imma_set_programmatic_max_tokens(kMoeImmaProgrammaticMaxTokens);
-    ASSERT_EQ(other.out.size(), got.out.size());
-    EXPECT_EQ(std::memcmp(other.out.data(), got.out.data(), got.out.size() * 4), 0)
-        << "programmatic launches up to " << pdl_max << " tokens: the output differs";
+    expect_same_bits(
+        "programmatic launches up to " + std::to_string(pdl_max) + " tokens",
+        [&] { moe_imma_set_programmatic_max_tokens(pdl_max); },
+        [] { moe_imma_set_programmatic_max_tokens(kMoeImmaProgrammaticMaxTokens); });
   }
-  // Segments of at most 1, 3 and 8 vectors (the default: kMoeImmaSegmentVectors; experts with more tokens are read
-  // in several chunks, the GEMV kernel picked for the largest): each vector's sums do not depend on its segment, so
-  // the same bits.
   for (const int chunk : {1, 3, 8}) {
-    moe_imma_set_segment_vectors(chunk);
-    const DeviceRun other = run_device(w, x, n_tok);
-    moe_imma_set_segment_vectors(kMoeImmaSegmentVectors);
-    ASSERT_EQ(other.out.size(), got.out.size());
-    EXPECT_EQ(std::memcmp(other.out.data(), got.out.data(), got.out.size() * 4), 0)
-        << "segments of at most " << chunk << " vectors: the output differs";
+    expect_same_bits(
+        "segments of at most " + std::to_string(chunk) + " vectors", [&] { moe_imma_set_segment_vectors(chunk); },
+        [] { moe_imma_set_segment_vectors(kMoeImmaSegmentVectors); });
   }
 }
 

@@ -18,12 +18,7 @@ Usage, on the lent GPU machine (tools/device/gpu_targets.sh builds and runs):
 import argparse
 import sys
 
-
-def replace_once(text, old, new, what):
-    if text.count(old) != 1:
-        sys.exit(f"gdn_phase_clocks: expected one '{what}' in the source, found {text.count(old)}; "
-                 "the kernel changed — update this script")
-    return text.replace(old, new)
+from source_patch import replace_once
 
 
 DUMP = r'''

@@ -19,15 +19,8 @@ Usage, on the lent GPU machine:
   (cd /tmp/clk && OUT=$OUT bash tools/device/gpu_targets.sh bench_gemv "build/gpu/bin/bench_gemv /imma/")
 """
 import argparse
-import sys
 
-
-def replace_once(text, old, new, what):
-    if text.count(old) != 1:
-        sys.exit(f"gemv_phase_clocks: expected one '{what}' in the source, found {text.count(old)}; "
-                 "the kernel changed — update this script")
-    return text.replace(old, new)
-
+from source_patch import replace_once
 
 GEMV_DUMP = r'''
 constexpr int kClkWarps = 8192;
