@@ -511,7 +511,9 @@ Expected<int> launch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInp
   bool fused = false;
   KESTREL_TRY(fused_config<R>(g, std::max(n_seq, 1), stream, cfg, attrs[0], fused));
   // The cluster kernel wins on latency at a few sessions; from kGdnFusedMaxSessions on, the two-kernel path's
-  // higher occupancy wins (35B-A3B shape on the H200: 1 session 6.5 vs 9.6 µs, 8: 21.6 vs 19.8, 32: 79 vs 56 µs).
+  // higher occupancy wins (35B-A3B shape on the H200: 1 session 6.5 vs 9.6 µs, 8: 21.6 vs 19.8, 32: 79 vs 56 µs;
+  // again on 2026-11-30 after the cluster kernel's S-slice addressing and kPdl form: 8 sessions 21.3 vs 19.3 µs, 32:
+  // 76.8 vs 55.5, chained 20.9 vs 19.3 and 75.8 vs 55.6).
   fused = fused && n_seq < kGdnFusedMaxSessions;
   if (!enqueue) return fused ? 1 : 2;
   if (fused && programmatic) {
