@@ -69,6 +69,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cstring>
 #include <initializer_list>
 #include <string>
@@ -563,8 +564,7 @@ void pick_split(KernelArgs& a, bool table) {
     while (2 * S <= std::min(f, kMaxWarps)) S *= 2;
   }
   a.S = S;
-  a.s_log = 0;
-  while ((1 << a.s_log) < S) ++a.s_log;
+  a.s_log = std::countr_zero(static_cast<unsigned>(S));
   a.gps = (a.n_groups + S - 1) / S;
   a.R = std::max(1, 8 / S);
 }

@@ -7,9 +7,10 @@
 // load, the first instructions), which otherwise sits between every pair of dependent kernels. The kernel before
 // triggered only after all its own blocks were resident, so the waiting blocks never keep it from running. Without
 // the launch attribute both calls are no-ops.
-// Before the wait a kernel may read only memory that no kernel writes while the chain runs (resident weights): the
-// kernels before it may still be running. gemv_imma's dense calls load their first weights there, so those loads
-// overlap the end of the kernel before.
+// Before the wait a kernel may read only memory that no kernel which may still be running writes — the kernels before
+// it may be: resident weights (gemv_imma's dense calls load their first weights there, overlapping the end of the
+// kernel before), or a layer's recurrent state, written only by that layer's own step a decode step earlier
+// (gdn_decode's cluster kernel loads its S slices there).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,8 +36,18 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// The launch attribute that makes a cudaLaunchKernelEx launch a programmatic dependent of the kernel before it (for
+// launches that carry other attributes too, e.g. a cluster shape).
+inline cudaLaunchAttribute programmatic_attribute() {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  return attr;
+}
+
 // Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel before it on
-// the stream when `programmatic` (the kernel must call pdl_wait() before touching memory).
+// the stream when `programmatic` (the kernel must call pdl_wait() before it touches memory the kernels before it may
+// write).
 template <class... KArgs, class... Args>
 Status launch_programmatic(bool programmatic, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                            cudaStream_t stream, Args&&... args) {
@@ -45,9 +56,7 @@ Status launch_programmatic(bool programmatic, void (*kernel)(KArgs...), dim3 gri
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr = programmatic_attribute();
   cfg.attrs = &attr;
   cfg.numAttrs = programmatic ? 1 : 0;
   KESTREL_CUDA_TRY(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));

@@ -102,14 +102,9 @@ inline ReadPlan plan_read(uint64_t n_bytes, int sm_count) {
 // programmatic: the read kernel's chain form, launched as a programmatic dependent of the launch before it.
 inline Status launch_read(const unsigned char* src, const ReadPlan& p, unsigned* partials, cudaStream_t stream,
                           bool programmatic = false) {
-  if (programmatic) {
-    return launch_programmatic(true, stream_read_kernel<true>, dim3(p.blocks), dim3(kReadThreads), 0, stream,
-                               reinterpret_cast<const uint4*>(src), p.n16, p.n_tail, partials);
-  }
-  stream_read_kernel<<<p.blocks, kReadThreads, 0, stream>>>(reinterpret_cast<const uint4*>(src), p.n16, p.n_tail,
-                                                            partials);
-  KESTREL_CUDA_TRY(cudaGetLastError());
-  return {};
+  return launch_programmatic(programmatic, programmatic ? stream_read_kernel<true> : stream_read_kernel<false>,
+                             dim3(p.blocks), dim3(kReadThreads), 0, stream, reinterpret_cast<const uint4*>(src), p.n16,
+                             p.n_tail, partials);
 }
 
 // Captures n_launch calls of enqueue(i) (each returning Status) into one CUDA graph, replays it kWarmupReplays
@@ -218,15 +213,10 @@ inline Expected<double> matched_copy_us(uint64_t bytes, uint64_t rotation_bytes,
   const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
   return time_graph_us(stream, n_launch, [&](int i) -> Status {
     const uint64_t set = static_cast<uint64_t>(i) % k;
-    const auto* from = reinterpret_cast<const uint4*>(src.bytes() + set * set_bytes);
-    auto* to = reinterpret_cast<uint4*>(dst.bytes() + set * set_bytes);
-    if (programmatic) {
-      return launch_programmatic(true, stream_copy_kernel<true>, dim3(plan.blocks), dim3(kReadThreads), 0, stream, from,
-                                 to, half16);
-    }
-    stream_copy_kernel<<<plan.blocks, kReadThreads, 0, stream>>>(from, to, half16);
-    KESTREL_CUDA_TRY(cudaGetLastError());
-    return {};
+    return launch_programmatic(programmatic, programmatic ? stream_copy_kernel<true> : stream_copy_kernel<false>,
+                               dim3(plan.blocks), dim3(kReadThreads), 0, stream,
+                               reinterpret_cast<const uint4*>(src.bytes() + set * set_bytes),
+                               reinterpret_cast<uint4*>(dst.bytes() + set * set_bytes), half16);
   });
 }
 

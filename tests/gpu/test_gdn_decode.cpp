@@ -177,102 +177,42 @@ Result run_reference(const Problem& p) {
   return r;
 }
 
-// Runs the kSteps steps on the device. Session n lives in slot perm[n] of one state allocation.
-Result run_device(const Problem& p) {
+// Runs the kSteps steps on the device for n_sets copies of the sessions' states (each from p's start) on one stream.
+// Session n of set j lives in slot j·N + perm[n] of one state allocation, off 16-byte boundaries. chain == false: a
+// host sync after each step. chain == true: no sync until the end; per step set 0 by a plain launch, then the other
+// sets as programmatic dependents (gpu/pdl.cuh). A programmatic step loads its states before it waits, so a set is
+// never written by the launch just before its own; the plain launch of set 0 waits for everything before it, so a
+// set's previous step has completed by then. Returns each set's results.
+std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain) {
   const ref::GdnDims& d = p.d;
   const size_t C = static_cast<size_t>(d.conv_dim()), Vd = static_cast<size_t>(d.value_dim());
   const size_t Vh = static_cast<size_t>(d.n_v_heads), N = static_cast<size_t>(p.n_seq);
+  const size_t sets = static_cast<size_t>(n_sets);
   const size_t s_elems = Vh * static_cast<size_t>(d.d_k) * static_cast<size_t>(d.d_v);
   const size_t c_elems = C * static_cast<size_t>(d.conv_kernel - 1);
   const size_t slot_elems = s_elems + c_elems + 3;  // +3: slots start off 16-byte boundaries
-  Result r;
+  std::vector<Result> r(sets);
   std::vector<size_t> perm(N);
   for (size_t n = 0; n < N; ++n) perm[n] = (n * 7 + 3) % N;  // 7 is coprime with every n_seq used
-  DeviceBuffer states((N * slot_elems + 1) * sizeof(float));
-  DeviceBuffer slots(N * sizeof(GdnSlot));
+  DeviceBuffer states((sets * N * slot_elems + 1) * sizeof(float));
+  DeviceBuffer slots(sets * N * sizeof(GdnSlot));
   DeviceBuffer conv1d(p.conv1d.size() * 4), dt(p.dt_bias.size() * 4), sa(p.ssm_a.size() * 4);
-  DeviceBuffer sn(p.ssm_norm.size() * 4), out(N * Vd * 4);
+  DeviceBuffer sn(p.ssm_norm.size() * 4), out(kSteps * sets * N * Vd * 4);
   DeviceBuffer ws(gdn_decode_workspace_bytes(d, p.n_seq));
-  DeviceBuffer qkv(p.qkv[0].size() * 4), z(p.z[0].size() * 4), b(p.b[0].size() * 4), a(p.a[0].size() * 4);
-  DeviceBuffer ba(p.ba[0].size() * 4);
-  if (states.as() == nullptr || ws.as() == nullptr || out.as() == nullptr) {
-    ADD_FAILURE() << "cudaMalloc failed";
-    return r;
-  }
-  std::vector<GdnSlot> host_slots(N);
-  for (size_t n = 0; n < N; ++n) {
-    float* base = states.as<float>() + 1 + perm[n] * slot_elems;
-    host_slots[n].s = base;
-    host_slots[n].conv = base + s_elems;
-    EXPECT_EQ(cudaMemcpy(base, p.s0[n].data(), s_elems * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(base + s_elems, p.conv0[n].data(), c_elems * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  EXPECT_EQ(cudaMemcpy(slots.as(), host_slots.data(), N * sizeof(GdnSlot), cudaMemcpyHostToDevice), cudaSuccess);
-  upload(conv1d.as<float>(), p.conv1d);
-  upload(dt.as<float>(), p.dt_bias);
-  upload(sa.as<float>(), p.ssm_a);
-  upload(sn.as<float>(), p.ssm_norm);
-  const GdnDecodeWeights w{conv1d.as<float>(), dt.as<float>(), sa.as<float>(), sn.as<float>()};
-  GdnDecodeInputs in;
-  in.qkv = qkv.as<float>();
-  if (p.proj != ref::GdnProjection::kSsmInBa) in.z = z.as<float>();
-  if (p.proj == ref::GdnProjection::kQkvGateBetaAlpha) {
-    in.b = b.as<float>();
-    in.a = a.as<float>();
-  } else {
-    in.ba = ba.as<float>();
-  }
-  for (int t = 0; t < kSteps; ++t) {
-    upload(qkv.as<float>(), p.qkv[t]);
-    upload(z.as<float>(), p.z[t]);
-    upload(b.as<float>(), p.b[t]);
-    upload(a.as<float>(), p.a[t]);
-    upload(ba.as<float>(), p.ba[t]);
-    EXPECT_EQ(cudaMemset(out.as(), 0xFF, N * Vd * 4), cudaSuccess);  // NaN until written
-    const Status s = gdn_decode(d, p.proj, w, in, static_cast<const GdnSlot*>(slots.as()), p.n_seq, out.as<float>(),
-                                ws.as(), nullptr);
-    EXPECT_TRUE(s) << s.error().to_string();
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    r.out[t] = download(out.as<float>(), N * Vd);
-  }
-  for (size_t n = 0; n < N; ++n) {
-    r.s.push_back(download(host_slots[n].s, s_elems));
-    r.conv.push_back(download(host_slots[n].conv, c_elems));
-  }
-  return r;
-}
-
-// The same kSteps steps on three copies of the sessions' states (sets 0, 1, 2, same start), all enqueued on one
-// stream without a host sync: per step, set 0 by a plain launch, then sets 1 and 2 as programmatic dependents
-// (gpu/pdl.cuh). A programmatic step loads its states before it waits, so a set is never written by the launch
-// just before its own; the plain launch of set 0 waits for everything before it, so a set's previous step has
-// completed by then. Returns the three sets' results.
-std::vector<Result> run_device_chain(const Problem& p) {
-  constexpr int kSets = 3;
-  const ref::GdnDims& d = p.d;
-  const size_t C = static_cast<size_t>(d.conv_dim()), Vd = static_cast<size_t>(d.value_dim());
-  const size_t Vh = static_cast<size_t>(d.n_v_heads), N = static_cast<size_t>(p.n_seq);
-  const size_t s_elems = Vh * static_cast<size_t>(d.d_k) * static_cast<size_t>(d.d_v);
-  const size_t c_elems = C * static_cast<size_t>(d.conv_kernel - 1);
-  const size_t slot_elems = s_elems + c_elems;
-  std::vector<Result> r(kSets);
-  cudaStream_t stream = nullptr;
-  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
-    ADD_FAILURE() << "cudaStreamCreate failed";
-    return r;
-  }
-  DeviceBuffer states(kSets * N * slot_elems * sizeof(float));
-  DeviceBuffer slots(kSets * N * sizeof(GdnSlot));
-  DeviceBuffer conv1d(p.conv1d.size() * 4), dt(p.dt_bias.size() * 4), sa(p.ssm_a.size() * 4);
-  DeviceBuffer sn(p.ssm_norm.size() * 4), out(kSteps * kSets * N * Vd * 4);
-  DeviceBuffer ws(gdn_decode_workspace_bytes(d, p.n_seq));
+  // Every step's inputs at once (a chain runs without host syncs).
   const size_t qkv_n = p.qkv[0].size(), z_n = p.z[0].size(), b_n = p.b[0].size(), ba_n = p.ba[0].size();
   DeviceBuffer qkv(kSteps * qkv_n * 4), z(kSteps * z_n * 4), b(kSteps * b_n * 4), a(kSteps * b_n * 4);
   DeviceBuffer ba(kSteps * ba_n * 4);
-  std::vector<GdnSlot> host_slots(kSets * N);
-  for (size_t j = 0; j < kSets; ++j) {
+  cudaStream_t stream = nullptr;
+  if (states.as() == nullptr || ws.as() == nullptr || out.as() == nullptr ||
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    ADD_FAILURE() << "cudaMalloc or cudaStreamCreate failed";
+    return r;
+  }
+  std::vector<GdnSlot> host_slots(sets * N);
+  for (size_t j = 0; j < sets; ++j) {
     for (size_t n = 0; n < N; ++n) {
-      float* base = states.as<float>() + (j * N + n) * slot_elems;
+      float* base = states.as<float>() + 1 + (j * N + perm[n]) * slot_elems;
       host_slots[j * N + n] = GdnSlot{base, base + s_elems};
       upload(base, p.s0[n]);
       upload(base + s_elems, p.conv0[n]);
@@ -291,7 +231,9 @@ std::vector<Result> run_device_chain(const Problem& p) {
     upload(a.as<float>() + t * b_n, p.a[t]);
     upload(ba.as<float>() + t * ba_n, p.ba[t]);
   }
+  EXPECT_EQ(cudaMemset(out.as(), 0xFF, kSteps * sets * N * Vd * 4), cudaSuccess);  // NaN until written
   const GdnDecodeWeights w{conv1d.as<float>(), dt.as<float>(), sa.as<float>(), sn.as<float>()};
+  auto out_of = [&](int t, size_t j) { return out.as<float>() + (static_cast<size_t>(t) * sets + j) * N * Vd; };
   for (int t = 0; t < kSteps; ++t) {
     GdnDecodeInputs in;
     in.qkv = qkv.as<float>() + t * qkv_n;
@@ -302,19 +244,19 @@ std::vector<Result> run_device_chain(const Problem& p) {
     } else {
       in.ba = ba.as<float>() + t * ba_n;
     }
-    for (size_t j = 0; j < kSets; ++j) {
-      float* o = out.as<float>() + (static_cast<size_t>(t) * kSets + j) * N * Vd;
-      const Status s = gdn_decode(d, p.proj, w, in, static_cast<const GdnSlot*>(slots.as()) + j * N, p.n_seq, o,
-                                  ws.as(), stream, /*programmatic=*/j > 0);
+    for (size_t j = 0; j < sets; ++j) {
+      const Status s = gdn_decode(d, p.proj, w, in, static_cast<const GdnSlot*>(slots.as()) + j * N, p.n_seq,
+                                  out_of(t, j), ws.as(), stream, /*programmatic=*/chain && j > 0);
       EXPECT_TRUE(s) << s.error().to_string();
+    }
+    if (!chain) {
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     }
   }
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
-  for (size_t j = 0; j < kSets; ++j) {
-    for (int t = 0; t < kSteps; ++t) {
-      r[j].out[t] = download(out.as<float>() + (static_cast<size_t>(t) * kSets + j) * N * Vd, N * Vd);
-    }
+  for (size_t j = 0; j < sets; ++j) {
+    for (int t = 0; t < kSteps; ++t) r[j].out[t] = download(out_of(t, j), N * Vd);
     for (size_t n = 0; n < N; ++n) {
       r[j].s.push_back(download(host_slots[j * N + n].s, s_elems));
       r[j].conv.push_back(download(host_slots[j * N + n].conv, c_elems));
@@ -322,6 +264,9 @@ std::vector<Result> run_device_chain(const Problem& p) {
   }
   return r;
 }
+
+// The kSteps steps of one set of states, plain launches, a host sync after each.
+Result run_device(const Problem& p) { return run_device_sets(p, 1, false).front(); }
 
 // Compares per block of `block` elements (a head); reports the worst ratio err / (kTol · max|want| of the block)
 // and the first element over the bound. Returns the number of elements over it.
@@ -490,7 +435,7 @@ TEST(GdnDecode, ProgrammaticChainGivesPlainBits) {
     SCOPED_TRACE(case_name(c));
     const Problem p = make_problem(c, 4321u + static_cast<unsigned>(c.n_seq));
     const Result plain = run_device(p);
-    const std::vector<Result> chained = run_device_chain(p);
+    const std::vector<Result> chained = run_device_sets(p, 3, true);
     for (size_t j = 0; j < chained.size(); ++j) {
       EXPECT_TRUE(bit_identical(plain, chained[j])) << "set " << j << (j == 0 ? " (plain launches)" : " (programmatic)")
                                                     << " of the chain differs from plain synchronous steps";
