@@ -1,4 +1,5 @@
-// gdn_decode (see gdn_decode.h): one cluster kernel per step, or two kernels where a cluster does not fit.
+// gdn_decode (see gdn_decode.h): one cluster kernel or one per-V-head kernel per step, or two kernels for shapes
+// neither holds. The per-V-head kernel is described above its code (gdn_head_kernel).
 //
 //   fused  grid (r·⌈dv/32⌉, Kh, n_seq), clusters of r·⌈dv/32⌉ blocks = all V-heads of one K-head of one session;
 //          256 threads = 8 warps. Block rank hr·⌈dv/32⌉ + cb owns V-head hr of the K-head (tiled h = hr·Kh + kh,
@@ -19,10 +20,10 @@
 //          cudaOccupancyMaxActiveClusters; above 16 (or where that query says no) the two-kernel path runs.
 //          gdn_decode(..., programmatic) launches the kernel's kPdl instantiation as a programmatic dependent: slot
 //          pointer and S slice loaded before griddepcontrol.wait, everything else after it.
-//   step   (fallback) grid (⌈dv/32⌉, Vh, n_seq), the same block work up to o, written to the workspace (q/k norms
-//          by warps 0 and 1 after the prologue).
-//   norm   (fallback) grid (Vh, n_seq), one warp: the gated RMSNorm of o_h; the block of the first V-head of each
-//          K-head shifts the q/k history (stream order: every reader is done).
+//   step   (fallback) grid (⌈dv/32⌉, Vh, n_seq), the same block work up to o, written to out (q/k norms by warps 0
+//          and 1 after the prologue).
+//   norm   (fallback) grid (Vh, n_seq), one warp: the gated RMSNorm of o_h, in place in out; the block of the first
+//          V-head of each K-head shifts the q/k history (stream order: every reader is done).
 // Element-wise arithmetic that the reference does without FMA (conv taps, delta-rule products, norms) uses
 // __fmul_rn/__fadd_rn so nvcc cannot contract it; differences from the reference are summation order and the
 // device's expf/log1pf (≤ 2 ulp), which is what the test tolerance covers.
@@ -262,14 +263,15 @@ __global__ void __launch_bounds__(kDeltaThreads)
   }
 }
 
-__global__ void __launch_bounds__(32)
-    gdn_norm_kernel(Geo g, const float* __restrict__ ssm_norm, GdnDecodeInputs in, const GdnSlot* __restrict__ slots,
-                    const float* __restrict__ o_in, float* __restrict__ out) {
+// In place: reads o_h from out and overwrites it with the gated norm (each lane reads all of o_h for the sum of
+// squares, then rewrites only the elements it reads again).
+__global__ void __launch_bounds__(32) gdn_norm_kernel(Geo g, const float* __restrict__ ssm_norm, GdnDecodeInputs in,
+                                                      const GdnSlot* __restrict__ slots, float* out) {
   const int h = static_cast<int>(blockIdx.x);
   const int n = static_cast<int>(blockIdx.y);
   const int lane = static_cast<int>(threadIdx.x);
   const size_t off = static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v;
-  const float* o = o_in + off;
+  const float* o = out + off;
   const float ss = warp_sum_squares(o, g.d_v, lane);
   const float mean = __fdiv_rn(ss, static_cast<float>(g.d_v));
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, g.eps)));
@@ -457,6 +459,206 @@ __global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
   }
 }
 
+// The per-V-head step: grid (Vh, n_seq), 512 threads = 16 warps, one block per (session, V-head) holding all of S_h
+// in registers — warp w rows [8w, 8w + 8), lane columns lane + 32c (c < 4), so dk, dv <= 128 — and the gated norm
+// inside the block: no cluster, no second kernel. The prologue runs one channel per thread at once: threads 0–127
+// q of kh, 128–255 k of kh (history read only; every V-head block of kh computes the same values bit for bit),
+// 256–383 the v channels of h (history shifted by the same thread), 384–511 z and ssm_norm of a column, thread 384
+// also the gates. The q/k history of kh is read by the r blocks of its V-heads, so the last of them to finish
+// reading (a counter per (session, K-head) in the workspace, zero between calls) shifts it. Five __syncthreads.
+// Summation orders: L2 sums per warp then in warp order (as the cluster kernel), column sums per warp (8 rows) then
+// the 16 warp partials in order, Σo² per warp of 32 columns then in warp order.
+// kFull: dk = dv = 128 compiled in (every preset): no per-row or per-column predicates, immediate offsets. Under the
+// 64-register cap of two blocks per SM the generic form spills 60 bytes and the full one 24, and it shows where
+// nothing hides latency: one session 9.7 vs 6.9 µs (bench_gdn, 35B-A3B shape, H200). Measured and not kept (same
+// run): one block per SM (no spills; 1–4 sessions 0.3 µs faster, 8–32 sessions 16–17% slower: 15.95 vs 13.73 µs
+// at 8, 54.4 vs 46.6 at 32), and 1024 threads of 4 rows a warp (no spills; 16.4 µs at 8, 56.7 at 32).
+constexpr int kHeadWarps = 16;
+constexpr int kHeadThreads = 32 * kHeadWarps;
+constexpr int kHeadRows = 8;  // rows of S_h per warp
+constexpr int kHeadCols = 4;  // columns of S_h per lane
+constexpr int kHeadMaxD = kHeadWarps * kHeadRows;
+static_assert(kHeadMaxD == 32 * kHeadCols, "the per-V-head kernel covers dk and dv up to the same bound");
+
+template <bool kPdl, bool kFull>
+__global__ void __launch_bounds__(kHeadThreads, 2)
+    gdn_head_kernel(Geo g, GdnDecodeWeights w, GdnDecodeInputs in, const GdnSlot* __restrict__ slots,
+                    unsigned* __restrict__ readers, float* __restrict__ out) {
+  __shared__ float qs[kHeadMaxD];  // conv output of q_kh, k_kh (zeros past dk)
+  __shared__ float ks[kHeadMaxD];
+  __shared__ float vs[kHeadMaxD];     // conv output of v_h (zeros past dv)
+  __shared__ float zs[kHeadMaxD];     // silu(z) of h
+  __shared__ float nrm[kHeadMaxD];    // ssm_norm
+  __shared__ float delta[kHeadMaxD];  // (v − Sᵀk̂)·beta
+  __shared__ float red[kHeadWarps][kHeadMaxD];
+  __shared__ float sq_part[2][kHeadWarps];
+  __shared__ float gates[2];  // beta, decay
+  __shared__ bool last_reader;
+  if constexpr (kPdl) pdl_trigger();
+  const int h = static_cast<int>(blockIdx.x);
+  const int n = static_cast<int>(blockIdx.y);
+  const int kh = k_head_of(g, h);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const GdnSlot slot = slots[n];
+  const int i0 = warp * kHeadRows;
+  const size_t dv = kFull ? kHeadMaxD : static_cast<size_t>(g.d_v);
+  const int rows = kFull ? kHeadRows : max(0, min(kHeadRows, g.d_k - i0));
+  float* s_slice = slot.s + (static_cast<size_t>(h) * (kFull ? kHeadMaxD : g.d_k) + i0) * dv + lane;
+  float s[kHeadRows][kHeadCols];
+#pragma unroll
+  for (int r = 0; r < kHeadRows; ++r) {
+#pragma unroll
+    for (int c = 0; c < kHeadCols; ++c) {
+      s[r][c] = kFull || (r < rows && lane + 32 * c < g.d_v) ? __ldcs(s_slice + r * dv + 32 * c) : 0.0f;
+    }
+  }
+  if constexpr (kPdl) pdl_wait();
+
+  // Prologue, one channel per thread.
+  const float* row = in.qkv + static_cast<size_t>(n) * g.qkv_stride;
+  const int part = tid / kHeadMaxD;  // 0 q, 1 k, 2 v, 3 z/norm
+  const int e = tid % kHeadMaxD;
+  float x_qk = 0.0f;  // raw input of this thread's q/k channel (for the history shift)
+  float sq = 0.0f;
+  if (part < 2) {
+    float u = 0.0f;
+    if (e < g.d_k) {
+      const int c = (part == 1 ? g.key_dim : 0) + kh * g.d_k + e;
+      x_qk = row[qkv_index(g, c)];
+      u = conv_channel(g, w.conv1d, slot.conv, x_qk, c);
+    }
+    (part == 0 ? qs : ks)[e] = u;
+    sq = __fmul_rn(u, u);
+  } else if (part == 2) {
+    float u = 0.0f;
+    if (e < g.d_v) {
+      const int c = 2 * g.key_dim + h * g.d_v + e;
+      const float x = row[qkv_index(g, c)];
+      u = conv_channel(g, w.conv1d, slot.conv, x, c);
+      shift_history(g, slot.conv, x, c);
+    }
+    vs[e] = u;
+  } else if (part == 3) {
+    if (e < g.d_v) {
+      nrm[e] = w.ssm_norm[e];
+      zs[e] = silu_rn(g.proj == 2 ? row[z_index(g, h, e)]
+                                  : in.z[static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v + e]);
+    }
+    if (e == 0) {
+      float b;
+      float a;
+      if (g.proj == 0) {
+        b = in.b[static_cast<size_t>(n) * g.n_v_heads + h];
+        a = in.a[static_cast<size_t>(n) * g.n_v_heads + h];
+      } else {  // ba per K-group [b(r), a(r)], heads in grouped order (ref::gdn_split_ba)
+        const float* ba = in.ba + static_cast<size_t>(n) * 2 * g.n_v_heads + (h / g.r) * 2 * g.r;
+        b = ba[h % g.r];
+        a = ba[g.r + h % g.r];
+      }
+      gates[0] = sigmoid_rn(b);
+      gates[1] = expf(__fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h]))));
+    }
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) sq = __fadd_rn(sq, __shfl_xor_sync(kFullMask, sq, off));
+  if (lane == 0 && part < 2) sq_part[part][warp % (kHeadMaxD / 32)] = sq;
+  __syncthreads();  // 1: prologue done; every q/k history read of this block has completed
+  if (tid == 0) {
+    __threadfence();
+    unsigned* counter = readers + static_cast<size_t>(n) * g.n_k_heads + kh;
+    last_reader = atomicAdd(counter, 1u) == static_cast<unsigned>(g.r - 1);
+    if (last_reader) *counter = 0u;  // every reader has counted: ready for the next call
+  }
+
+  float ssq = 0.0f;
+  float ssk = 0.0f;
+#pragma unroll
+  for (int w4 = 0; w4 < kHeadMaxD / 32; ++w4) {
+    ssq = __fadd_rn(ssq, sq_part[0][w4]);
+    ssk = __fadd_rn(ssk, sq_part[1][w4]);
+  }
+  const float inv_q = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssq, 1e-6f)));
+  const float inv_k = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssk, 1e-6f)));
+  const float beta = gates[0];
+  const float decay = gates[1];
+  float m[kHeadCols] = {};
+#pragma unroll
+  for (int r = 0; r < kHeadRows; ++r) {
+    const float kr = __fmul_rn(ks[i0 + r], inv_k);
+#pragma unroll
+    for (int c = 0; c < kHeadCols; ++c) {
+      s[r][c] = __fmul_rn(s[r][c], decay);
+      m[c] = __fadd_rn(m[c], __fmul_rn(s[r][c], kr));
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kHeadCols; ++c) red[warp][lane + 32 * c] = m[c];
+  __syncthreads();  // 2
+  if (tid < kHeadMaxD) {
+    float mj = 0.0f;
+#pragma unroll
+    for (int w16 = 0; w16 < kHeadWarps; ++w16) mj = __fadd_rn(mj, red[w16][tid]);
+    delta[tid] = __fmul_rn(__fsub_rn(vs[tid], mj), beta);
+  }
+  __syncthreads();  // 3
+
+  float o[kHeadCols] = {};
+#pragma unroll
+  for (int r = 0; r < kHeadRows; ++r) {
+    const float kr = __fmul_rn(ks[i0 + r], inv_k);
+    const float qr = __fmul_rn(__fmul_rn(qs[i0 + r], inv_q), g.q_scale);
+#pragma unroll
+    for (int c = 0; c < kHeadCols; ++c) {
+      s[r][c] = __fadd_rn(s[r][c], __fmul_rn(kr, delta[lane + 32 * c]));
+      o[c] = __fadd_rn(o[c], __fmul_rn(s[r][c], qr));
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kHeadRows; ++r) {
+#pragma unroll
+    for (int c = 0; c < kHeadCols; ++c) {
+      if (kFull || (r < rows && lane + 32 * c < g.d_v)) __stcs(s_slice + r * dv + 32 * c, s[r][c]);
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kHeadCols; ++c) red[warp][lane + 32 * c] = o[c];
+  __syncthreads();  // 4
+
+  // Gated RMSNorm over the head's dv columns, by warps 0–3 (thread = column).
+  float oj = 0.0f;
+  if (tid < kHeadMaxD) {
+#pragma unroll
+    for (int w16 = 0; w16 < kHeadWarps; ++w16) oj = __fadd_rn(oj, red[w16][tid]);
+    float sq_o = tid < g.d_v ? __fmul_rn(oj, oj) : 0.0f;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sq_o = __fadd_rn(sq_o, __shfl_xor_sync(kFullMask, sq_o, off));
+    if (lane == 0) sq_part[0][warp] = sq_o;  // the L2 partials were read before barrier 2
+  }
+  __syncthreads();  // 5
+  if (tid < g.d_v) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int w4 = 0; w4 < kHeadMaxD / 32; ++w4) ss = __fadd_rn(ss, sq_part[0][w4]);
+    const float mean = __fdiv_rn(ss, static_cast<float>(g.d_v));
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, g.eps)));
+    out[static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v + tid] =
+        __fmul_rn(__fmul_rn(__fmul_rn(oj, scale), nrm[tid]), zs[tid]);
+  }
+  // The last reader of kh's q/k history shifts it (its own reads are done: barrier 1).
+  if (last_reader && part < 2 && e < g.d_k) {
+    __threadfence();
+    shift_history(g, slot.conv, x_qk, (part == 1 ? g.key_dim : 0) + kh * g.d_k + e);
+  }
+}
+
+using HeadKernel = void (*)(Geo, GdnDecodeWeights, GdnDecodeInputs, const GdnSlot*, unsigned*, float*);
+HeadKernel head_kernel(bool programmatic, bool full) {
+  if (programmatic) return full ? gdn_head_kernel<true, true> : gdn_head_kernel<true, false>;
+  return full ? gdn_head_kernel<false, true> : gdn_head_kernel<false, false>;
+}
+
 template <int R>
 Status fused_config(const Geo& g, int n_seq, cudaStream_t stream, cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr,
                     bool& usable) {
@@ -503,33 +705,65 @@ Status fused_config(const Geo& g, int n_seq, cudaStream_t stream, cudaLaunchConf
   return ok_status();
 }
 
+// gdn_decode_force_kernel's setting (GdnKernel::kAuto: the measured choice below).
+std::atomic<GdnKernel> g_forced{GdnKernel::kAuto};
+
+// Which kernel a call takes. The measured choice on the H200 at the 35B-A3B shape: see choose_kernel's body.
+GdnKernel choose_kernel(const Geo& g, int n_seq, bool cluster_ok) {
+  const bool head_ok = g.d_k <= kHeadMaxD && g.d_v <= kHeadMaxD;
+  switch (g_forced.load(std::memory_order_relaxed)) {
+    case GdnKernel::kCluster:
+      if (cluster_ok) return GdnKernel::kCluster;
+      break;
+    case GdnKernel::kPerHead:
+      if (head_ok) return GdnKernel::kPerHead;
+      break;
+    case GdnKernel::kTwoKernel: return GdnKernel::kTwoKernel;
+    case GdnKernel::kAuto: break;
+  }
+  // 35B-A3B shape on the H200 (bench_gdn, 2026-11-30), cluster / per-head / two-kernel µs: 1 session 6.44 / 6.91 /
+  // 9.60, 2: 7.84 / 7.72 / 10.78, 4: 13.63 / 9.49 / 12.77, 8: 21.51 / 13.84 / 19.42, 32: 77.0 / 46.6 / 55.5. The
+  // cluster kernel wins on latency at one session; the per-V-head kernel from kGdnPerHeadMinSessions on. Where the
+  // per-V-head kernel cannot serve (dk or dv > 128) the cluster kernel runs below kGdnClusterMaxSessions and the
+  // two-kernel path's higher occupancy from there on (8 sessions 21.3 vs 19.3 µs, 32: 76.8 vs 55.5).
+  if (cluster_ok && n_seq < kGdnPerHeadMinSessions) return GdnKernel::kCluster;
+  if (head_ok) return GdnKernel::kPerHead;
+  if (cluster_ok && n_seq < kGdnClusterMaxSessions) return GdnKernel::kCluster;
+  return GdnKernel::kTwoKernel;
+}
+
 template <int R>
-Expected<int> launch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
-                     int n_seq, float* out, float* o, bool programmatic, cudaStream_t stream, bool enqueue) {
+Expected<GdnKernel> launch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
+                           int n_seq, float* out, unsigned* readers, bool programmatic, cudaStream_t stream,
+                           bool enqueue) {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attrs[2] = {};
-  bool fused = false;
-  KESTREL_TRY(fused_config<R>(g, std::max(n_seq, 1), stream, cfg, attrs[0], fused));
-  // The cluster kernel wins on latency at a few sessions; from kGdnFusedMaxSessions on, the two-kernel path's
-  // higher occupancy wins (35B-A3B shape on the H200: 1 session 6.5 vs 9.6 µs, 8: 21.6 vs 19.8, 32: 79 vs 56 µs;
-  // again on 2026-11-30 after the cluster kernel's S-slice addressing and kPdl form: 8 sessions 21.3 vs 19.3 µs, 32:
-  // 76.8 vs 55.5, chained 20.9 vs 19.3 and 75.8 vs 55.6).
-  fused = fused && n_seq < kGdnFusedMaxSessions;
-  if (!enqueue) return fused ? 1 : 2;
-  if (fused) {
-    attrs[1] = programmatic_attribute();
-    cfg.attrs = attrs;
-    cfg.numAttrs = programmatic ? 2 : 1;
-    KESTREL_CUDA_TRY(cudaLaunchKernelEx(&cfg, programmatic ? gdn_fused_kernel<R, true> : gdn_fused_kernel<R, false>, g,
-                                        w, in, slots, out));
-    return 1;
+  bool cluster_ok = false;
+  KESTREL_TRY(fused_config<R>(g, std::max(n_seq, 1), stream, cfg, attrs[0], cluster_ok));
+  const GdnKernel kernel = choose_kernel(g, n_seq, cluster_ok);
+  if (!enqueue) return kernel;
+  switch (kernel) {
+    case GdnKernel::kCluster:
+      attrs[1] = programmatic_attribute();
+      cfg.attrs = attrs;
+      cfg.numAttrs = programmatic ? 2 : 1;
+      KESTREL_CUDA_TRY(cudaLaunchKernelEx(&cfg, programmatic ? gdn_fused_kernel<R, true> : gdn_fused_kernel<R, false>,
+                                          g, w, in, slots, out));
+      break;
+    case GdnKernel::kPerHead:
+      KESTREL_TRY(launch_programmatic(programmatic, head_kernel(programmatic, g.d_k == kHeadMaxD && g.d_v == kHeadMaxD),
+                                      dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>(n_seq)),
+                                      dim3(kHeadThreads), 0, stream, g, w, in, slots, readers, out));
+      break;
+    default:
+      launch_step<R>(g, w, in, slots, out, n_seq, stream);
+      KESTREL_CUDA_TRY(cudaGetLastError());
+      gdn_norm_kernel<<<dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>(n_seq)), 32, 0, stream>>>(
+          g, w.ssm_norm, in, slots, out);
+      KESTREL_CUDA_TRY(cudaGetLastError());
+      break;
   }
-  launch_step<R>(g, w, in, slots, o, n_seq, stream);
-  KESTREL_CUDA_TRY(cudaGetLastError());
-  gdn_norm_kernel<<<dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>(n_seq)), 32, 0, stream>>>(
-      g, w.ssm_norm, in, slots, o, out);
-  KESTREL_CUDA_TRY(cudaGetLastError());
-  return 2;
+  return kernel;
 }
 
 size_t round4(size_t n) { return (n + 3) / 4 * 4; }
@@ -567,22 +801,23 @@ Geo make_geo(const ref::GdnDims& dims, ref::GdnProjection projection) {
   return g;
 }
 
-// Picks R (rows of S per thread) from dk and launches (enqueue) or only reports the kernel count (!enqueue).
-// o: the workspace, f32 [n_seq][Vd] (two-kernel path only).
-Expected<int> dispatch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
-                       int n_seq, float* out, float* o, bool programmatic, cudaStream_t stream, bool enqueue) {
+// Picks R (rows of S per thread in the cluster and step kernels) from dk and launches (enqueue) or only reports the
+// kernel (!enqueue). readers: the workspace, u32 [n_seq][Kh] (per-V-head kernel only).
+Expected<GdnKernel> dispatch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
+                             int n_seq, float* out, unsigned* readers, bool programmatic, cudaStream_t stream,
+                             bool enqueue) {
   const int rows = (g.d_k + kDeltaWarps - 1) / kDeltaWarps;
-  if (rows <= 4) return launch<4>(g, w, in, slots, n_seq, out, o, programmatic, stream, enqueue);
-  if (rows <= 8) return launch<8>(g, w, in, slots, n_seq, out, o, programmatic, stream, enqueue);
-  if (rows <= 16) return launch<16>(g, w, in, slots, n_seq, out, o, programmatic, stream, enqueue);
-  return launch<32>(g, w, in, slots, n_seq, out, o, programmatic, stream, enqueue);
+  if (rows <= 4) return launch<4>(g, w, in, slots, n_seq, out, readers, programmatic, stream, enqueue);
+  if (rows <= 8) return launch<8>(g, w, in, slots, n_seq, out, readers, programmatic, stream, enqueue);
+  if (rows <= 16) return launch<16>(g, w, in, slots, n_seq, out, readers, programmatic, stream, enqueue);
+  return launch<32>(g, w, in, slots, n_seq, out, readers, programmatic, stream, enqueue);
 }
 
 }  // namespace
 
 size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq) {
   if (n_seq <= 0) return 0;
-  return round4(static_cast<size_t>(n_seq) * static_cast<size_t>(dims.value_dim())) * sizeof(float);  // o
+  return round4(static_cast<size_t>(n_seq) * static_cast<size_t>(dims.n_k_heads)) * sizeof(unsigned);  // readers
 }
 
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
@@ -609,14 +844,28 @@ Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const
   if (slots == nullptr || out == nullptr || workspace == nullptr) return invalid("slots, out or workspace is null");
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) return invalid("workspace is not 16-byte aligned");
   const Geo g = make_geo(dims, projection);
-  KESTREL_TRY(dispatch(g, w, in, slots, n_seq, out, static_cast<float*>(workspace), programmatic, stream, true));
+  KESTREL_TRY(dispatch(g, w, in, slots, n_seq, out, static_cast<unsigned*>(workspace), programmatic, stream, true));
   return ok_status();
 }
 
-Expected<int> gdn_decode_kernel_count(const ref::GdnDims& dims, int n_seq) {
+Expected<GdnKernel> gdn_decode_kernel(const ref::GdnDims& dims, int n_seq) {
   KESTREL_TRY(check_dims(dims));
   return dispatch(make_geo(dims, ref::GdnProjection::kQkvGateBetaAlpha), GdnDecodeWeights{}, GdnDecodeInputs{}, nullptr,
                   std::max(n_seq, 1), nullptr, nullptr, false, nullptr, false);
 }
+
+int gdn_kernel_launches(GdnKernel kernel) { return kernel == GdnKernel::kTwoKernel ? 2 : 1; }
+
+const char* gdn_kernel_name(GdnKernel kernel) {
+  switch (kernel) {
+    case GdnKernel::kCluster: return "cluster";
+    case GdnKernel::kPerHead: return "per-head";
+    case GdnKernel::kTwoKernel: return "two-kernel";
+    case GdnKernel::kAuto: break;
+  }
+  return "auto";
+}
+
+void gdn_decode_force_kernel(GdnKernel kernel) { g_forced.store(kernel, std::memory_order_relaxed); }
 
 }  // namespace kestrel::gpu

@@ -1,6 +1,6 @@
-// bench_gdn: one GDN decode step (gpu/gdn_decode: conv + norms + gates + delta rule + gated norm, one cluster kernel)
-// per layer at the qwen35moe-35b-a3b shape (Kh 16, Vh 32, dk = dv = 128, conv kernel 4: S is 2 MiB per session)
-// for 1, 8 and 32 sessions, as ratios to limits measured in the same run (bench/gpu/device_timing.cuh):
+// bench_gdn: one GDN decode step (gpu/gdn_decode: conv + norms + gates + delta rule + gated norm) per layer at the
+// qwen35moe-35b-a3b shape (Kh 16, Vh 32, dk = dv = 128, conv kernel 4: S is 2 MiB per session) for 1 to 32
+// sessions, as ratios to limits measured in the same run (bench/gpu/device_timing.cuh):
 //   bytes  = S read + written, conv history read + written, the projection outputs read, the output written
 //            (the layer's small weights are counted too; the q̂/k̂/v/o workspace round trip is not);
 //   ratio  = (bytes / peak read bandwidth) / measured time, and the same against the D2D copy rate (which moves
@@ -10,7 +10,9 @@
 //            target: >= 67%, i.e. the step within 1.5x of moving its bytes);
 //   PDL    = the same steps as a chain of programmatic launches (gpu/pdl.cuh; each step loads its states before it
 //            waits for the one before, as a decode step chains its kernels), against the copy kernel chained the
-//            same way (its loads before the wait, its stores after).
+//            same way (its loads before the wait, its stores after);
+//   kernel = the kernel gdn_decode picks; us cluster / per-head / two-kernel = each kernel forced
+//            (gdn_decode_force_kernel), plain launches, so the choice can be checked against them.
 // The states stay cold in the 60 MB L2: K sets of session states (K·bytes >= 256 MiB) are used in rotation, launch
 // i on set i % K. Each figure is the median of 5 replays of a CUDA graph of >= 200 steps, after warm-up.
 //
@@ -77,10 +79,11 @@ Status run() {
   KESTREL_TRY(upload(sn, normal(static_cast<size_t>(d.d_v), 0.3f, rng)));
   const GdnDecodeWeights w{conv1d.floats(), dt.floats(), sa.floats(), sn.floats()};
 
-  std::printf("\n%-8s %6s %12s %9s %10s %9s %9s %9s %15s %9s %8s %12s %9s\n", "sessions", "sets", "bytes", "us", "GB/s",
-              "%read", "%copy", "launches", "matched copy us", "%matched", "us PDL", "copy PDL us", "%m PDL");
-  for (const int n_seq : {1, 8, 32}) {
-    KESTREL_TRY_ASSIGN(const int kernels, gdn_decode_kernel_count(d, n_seq));
+  std::printf("\n%-8s %6s %12s %9s %10s %9s %9s %10s %15s %9s %8s %12s %9s %10s %10s %10s\n", "sessions", "sets",
+              "bytes", "us", "GB/s", "%read", "%copy", "kernel", "matched copy us", "%matched", "us PDL", "copy PDL us",
+              "%m PDL", "cluster", "per-head", "two-kernel");
+  for (const int n_seq : {1, 2, 4, 8, 16, 32}) {
+    KESTREL_TRY_ASSIGN(const GdnKernel kernel, gdn_decode_kernel(d, n_seq));
     const size_t N = static_cast<size_t>(n_seq);
     const uint64_t state_bytes = N * slot_elems * sizeof(float);
     const uint64_t k = std::max<uint64_t>(2, (kRotationBytes + state_bytes - 1) / state_bytes);
@@ -109,6 +112,7 @@ Status run() {
     KESTREL_TRY(upload(a, normal(N * Vh, 1.0f, rng)));
     KESTREL_TRY(out.allocate(N * Vd * sizeof(float)));
     KESTREL_TRY(ws.allocate(gdn_decode_workspace_bytes(d, n_seq)));
+    KESTREL_CUDA_TRY(cudaMemset(ws.bytes(), 0, gdn_decode_workspace_bytes(d, n_seq)));
     GdnDecodeInputs in;
     in.qkv = qkv.floats();
     in.z = z.floats();
@@ -126,6 +130,16 @@ Status run() {
     };
     KESTREL_TRY_ASSIGN(const double us, time_steps(false));
     KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));
+    double us_forced[3] = {};  // cluster, per-head, two-kernel; 0 where the kernel cannot serve the shape
+    const GdnKernel forced[3] = {GdnKernel::kCluster, GdnKernel::kPerHead, GdnKernel::kTwoKernel};
+    for (int f = 0; f < 3; ++f) {
+      gdn_decode_force_kernel(forced[f]);
+      const Expected<GdnKernel> served = gdn_decode_kernel(d, n_seq);
+      const Expected<double> t = served && *served == forced[f] ? time_steps(false) : Expected<double>(0.0);
+      gdn_decode_force_kernel(GdnKernel::kAuto);
+      if (!served) return served.error();
+      KESTREL_TRY_ASSIGN(us_forced[f], t);
+    }
     // Sanity: the outputs are finite (a broken launch cannot pass as fast).
     std::vector<float> o(N * Vd);
     KESTREL_CUDA_TRY(cudaMemcpy(o.data(), out.floats(), o.size() * sizeof(float), cudaMemcpyDeviceToHost));
@@ -139,10 +153,11 @@ Status run() {
     const double gbs = static_cast<double>(bytes) / (us * 1e3);
     KESTREL_TRY_ASSIGN(const double copy_us, matched_copy_us(bytes, kRotationBytes, setup.sm_count, stream));
     KESTREL_TRY_ASSIGN(const double copy_pdl_us, matched_copy_us(bytes, kRotationBytes, setup.sm_count, stream, true));
-    std::printf("%-8d %6d %12llu %9.2f %10.0f %8.1f%% %8.1f%% %9d %15.2f %8.1f%% %8.2f %12.2f %8.1f%%\n", n_seq,
-                static_cast<int>(k), static_cast<unsigned long long>(bytes), us, gbs, 100.0 * gbs / lim.peak_read_gbs,
-                100.0 * gbs / lim.copy_gbs, kernels, copy_us, 100.0 * copy_us / us, us_pdl, copy_pdl_us,
-                100.0 * copy_pdl_us / us_pdl);
+    std::printf(
+        "%-8d %6d %12llu %9.2f %10.0f %8.1f%% %8.1f%% %10s %15.2f %8.1f%% %8.2f %12.2f %8.1f%% %10.2f %10.2f %10.2f\n",
+        n_seq, static_cast<int>(k), static_cast<unsigned long long>(bytes), us, gbs, 100.0 * gbs / lim.peak_read_gbs,
+        100.0 * gbs / lim.copy_gbs, gdn_kernel_name(kernel), copy_us, 100.0 * copy_us / us, us_pdl, copy_pdl_us,
+        100.0 * copy_pdl_us / us_pdl, us_forced[0], us_forced[1], us_forced[2]);
   }
   std::printf(
       "\n%%read = (bytes / peak read) / time; %%copy = (bytes / D2D copy rate) / time; %%matched = time of a plain "

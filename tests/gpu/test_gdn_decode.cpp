@@ -4,17 +4,20 @@
 // decode steps from random non-zero states, on the tiny presets' head shapes (qwen35 tiled, qwen3next grouped with
 // ba and with the legacy ssm_in qkvz), the 35B-A3B shape (Kh 16, Vh 32, dk = dv = 128, tiled) and odd shapes (r = 3,
 // dk 48 / dv 40, conv kernel 3; dk 200 / dv 72), each layout at 1 and 3 sessions, and clusters of 12 and 16 blocks
-// and the two-kernel fallback (20 blocks per K-head). Sessions use slots in a shuffled order.
+// and shapes no cluster holds (20 blocks per K-head). Every case runs on each of the three kernels that can serve
+// its shape (gdn_decode_force_kernel). Sessions use slots in a shuffled order; the workspace must come back zero.
 //
 // Tolerance: per (session, V-head), |gpu − ref| <= 2e-5 · max|ref| over that head, for the output and for S and the
 // conv history after the last step. The kernels differ from the reference only in summation order (column sums of
-// S in 8 partial sums, L2/RMS statistics lane-strided and summed per warp / per column block) and in expf/log1pf (≤ 2
-// ulp), ~1e-6 relative. Repeated runs from the same state are bit-identical. Argument checks run without a device.
+// S in 8 or 16 partial sums, L2/RMS statistics lane-strided and summed per warp / per column block) and in
+// expf/log1pf (≤ 2 ulp), ~1e-6 relative. Repeated runs from the same state are bit-identical. Argument checks run
+// without a device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -198,7 +201,8 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain) {
   DeviceBuffer slots(sets * N * sizeof(GdnSlot));
   DeviceBuffer conv1d(p.conv1d.size() * 4), dt(p.dt_bias.size() * 4), sa(p.ssm_a.size() * 4);
   DeviceBuffer sn(p.ssm_norm.size() * 4), out(kSteps * sets * N * Vd * 4);
-  DeviceBuffer ws(gdn_decode_workspace_bytes(d, p.n_seq));
+  const size_t ws_bytes = gdn_decode_workspace_bytes(d, p.n_seq);
+  DeviceBuffer ws(ws_bytes);
   // Every step's inputs at once (a chain runs without host syncs).
   const size_t qkv_n = p.qkv[0].size(), z_n = p.z[0].size(), b_n = p.b[0].size(), ba_n = p.ba[0].size();
   DeviceBuffer qkv(kSteps * qkv_n * 4), z(kSteps * z_n * 4), b(kSteps * b_n * 4), a(kSteps * b_n * 4);
@@ -232,6 +236,7 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain) {
     upload(ba.as<float>() + t * ba_n, p.ba[t]);
   }
   EXPECT_EQ(cudaMemset(out.as(), 0xFF, kSteps * sets * N * Vd * 4), cudaSuccess);  // NaN until written
+  EXPECT_EQ(cudaMemset(ws.as(), 0, ws_bytes), cudaSuccess);                        // zero before the first call
   const GdnDecodeWeights w{conv1d.as<float>(), dt.as<float>(), sa.as<float>(), sn.as<float>()};
   auto out_of = [&](int t, size_t j) { return out.as<float>() + (static_cast<size_t>(t) * sets + j) * N * Vd; };
   for (int t = 0; t < kSteps; ++t) {
@@ -255,6 +260,10 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain) {
   }
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  std::vector<unsigned char> ws_after(ws_bytes, 0xAB);
+  EXPECT_EQ(cudaMemcpy(ws_after.data(), ws.as(), ws_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(std::count(ws_after.begin(), ws_after.end(), 0), static_cast<std::ptrdiff_t>(ws_bytes))
+      << "gdn_decode must leave its workspace zero";
   for (size_t j = 0; j < sets; ++j) {
     for (int t = 0; t < kSteps; ++t) r[j].out[t] = download(out_of(t, j), N * Vd);
     for (size_t n = 0; n < N; ++n) {
@@ -321,14 +330,32 @@ bool bit_identical(const Result& x, const Result& y) {
   return true;
 }
 
-void check_case(const Case& c) {
-  SCOPED_TRACE(case_name(c));
-  const Problem p = make_problem(c, 1234u + static_cast<unsigned>(c.dk * 7 + c.vh + c.n_seq));
-  const Result want = run_reference(p);
+// Forces gdn_decode onto one kernel for its lifetime (gdn_decode_force_kernel), then restores the automatic choice.
+class ForcedKernel {
+ public:
+  explicit ForcedKernel(GdnKernel k) { gdn_decode_force_kernel(k); }
+  ~ForcedKernel() { gdn_decode_force_kernel(GdnKernel::kAuto); }
+  ForcedKernel(const ForcedKernel&) = delete;
+  ForcedKernel& operator=(const ForcedKernel&) = delete;
+};
+
+constexpr GdnKernel kKernels[] = {GdnKernel::kCluster, GdnKernel::kPerHead, GdnKernel::kTwoKernel};
+
+// Whether gdn_decode, forced onto `kernel`, can run the problem's shape on it.
+bool serves(GdnKernel kernel, const ref::GdnDims& d, int n_seq) {
+  const ForcedKernel force(kernel);
+  const Expected<GdnKernel> k = gdn_decode_kernel(d, n_seq);
+  EXPECT_TRUE(k) << k.error().to_string();
+  return k && *k == kernel;
+}
+
+void check_kernel(const Case& c, const Problem& p, const Result& want, GdnKernel kernel) {
+  const std::string where = case_name(c) + " on " + gdn_kernel_name(kernel);
+  SCOPED_TRACE(where);
+  const ForcedKernel force(kernel);
   const Result got = run_device(p);
   if (got.s.size() != want.s.size()) return;
   const size_t dv = static_cast<size_t>(c.dv);
-  const std::string where = case_name(c);
   int bad = 0;
   double worst = 0.0;
   for (int t = 0; t < kSteps; ++t) {
@@ -341,13 +368,20 @@ void check_case(const Case& c) {
     bad += compare("conv history of session " + std::to_string(n), got.conv[n], want.conv[n], want.conv[n].size(),
                    where, "whole history; element = channel * (K-1) + i", worst);
   }
-  const Expected<int> kernels = gdn_decode_kernel_count(p.d, p.n_seq);
-  ASSERT_TRUE(kernels) << kernels.error().to_string();
-  std::printf("  %s (%d kernel%s): worst error %.3g x tolerance, %d over\n", where.c_str(), *kernels,
-              *kernels == 1 ? ", cluster" : "s, fallback", worst, bad);
+  std::printf("  %s: worst error %.3g x tolerance, %d over\n", where.c_str(), worst, bad);
   EXPECT_EQ(bad, 0);
   const Result again = run_device(p);
   EXPECT_TRUE(bit_identical(got, again)) << "repeated run differs";
+}
+
+// The case on every kernel that serves its shape (the two-kernel path serves all).
+void check_case(const Case& c) {
+  SCOPED_TRACE(case_name(c));
+  const Problem p = make_problem(c, 1234u + static_cast<unsigned>(c.dk * 7 + c.vh + c.n_seq));
+  const Result want = run_reference(p);
+  for (const GdnKernel kernel : kKernels) {
+    if (serves(kernel, p.d, p.n_seq)) check_kernel(c, p, want, kernel);
+  }
 }
 
 constexpr auto kTiled = HeadMapping::kTiled;
@@ -390,7 +424,7 @@ TEST(GdnDecode, OddShapes) {
   check_case({"odd wide dk", 2, 4, 200, 72, 4, kTiled, kBetaAlpha, 3});
   check_case({"odd kernel 1", 1, 1, 8, 33, 1, kGrouped, kSsmIn, 1});
   check_case({"kernel 8", 2, 4, 40, 48, 8, kTiled, kBetaAlpha, 2});
-  check_case({"kernel 6 fallback", 1, 5, 24, 128, 6, kGrouped, kBa, 2});
+  check_case({"kernel 6 r=5", 1, 5, 24, 128, 6, kGrouped, kBa, 2});
 }
 
 // One and three sessions (an odd batch) for each projection layout, on the cluster kernel.
@@ -404,41 +438,48 @@ TEST(GdnDecode, OneAndThreeSessionsEachLayout) {
 }
 
 // r·⌈dv/32⌉ blocks per K-head: 12 (a non-portable cluster, the Qwen3.5-27B ratio r = 3 at dv 128), 16 (r = 4, the
-// 397B ratio) and 20 (more than a cluster holds: the two-kernel fallback, which must agree just as well).
+// 397B ratio) and 20 (more than a cluster holds: the per-V-head kernel and the two-kernel path, which must agree
+// just as well).
 TEST(GdnDecode, LargeClustersAndFallback) {
   KESTREL_REQUIRE_DEVICE();
-  const auto count = [](int kh, int vh, int dv) {
-    ref::GdnDims d = dims_of({"", kh, vh, 32, dv, 4, kTiled, kBetaAlpha, 1});
-    const Expected<int> k = gdn_decode_kernel_count(d);
+  const auto chosen = [](int kh, int vh, int dk, int dv) {
+    ref::GdnDims d = dims_of({"", kh, vh, dk, dv, 4, kTiled, kBetaAlpha, 1});
+    const Expected<GdnKernel> k = gdn_decode_kernel(d);
     EXPECT_TRUE(k) << k.error().to_string();
-    return k ? *k : 0;
+    return k ? *k : GdnKernel::kAuto;
   };
-  EXPECT_EQ(count(4, 8, 128), 1) << "8 blocks per K-head must take the cluster kernel";
-  EXPECT_EQ(count(1, 5, 128), 2) << "20 blocks per K-head cannot be one cluster";
+  EXPECT_EQ(chosen(4, 8, 32, 128), GdnKernel::kCluster) << "8 blocks per K-head, one session: the cluster kernel";
+  EXPECT_EQ(chosen(1, 5, 32, 128), GdnKernel::kPerHead) << "20 blocks per K-head cannot be one cluster";
+  EXPECT_EQ(chosen(1, 5, 32, 160), GdnKernel::kTwoKernel) << "dv 160 is more than a per-V-head block holds";
   for (const int n_seq : {1, 3}) {
     check_case({"r=3 dv 128", 2, 6, 128, 128, 4, kTiled, kBetaAlpha, n_seq});
     check_case({"r=4 dv 128", 1, 4, 64, 128, 4, kGrouped, kBa, n_seq});
-    check_case({"fallback r=5 dv 128", 1, 5, 64, 128, 4, kTiled, kBetaAlpha, n_seq});
-    check_case({"fallback legacy r=5", 1, 5, 32, 128, 4, kGrouped, kSsmIn, n_seq});
+    check_case({"r=5 dv 128", 1, 5, 64, 128, 4, kTiled, kBetaAlpha, n_seq});
+    check_case({"legacy r=5", 1, 5, 32, 128, 4, kGrouped, kSsmIn, n_seq});
   }
 }
 
-// Programmatic launches give the bits of plain ones (outputs of every step, final S and conv history), on the
-// cluster kernel and on the two-kernel path (8 sessions, and r = 5), in each projection layout.
+// Programmatic launches give the bits of plain ones (outputs of every step, final S and conv history), on each
+// kernel, in each projection layout.
 TEST(GdnDecode, ProgrammaticChainGivesPlainBits) {
   KESTREL_REQUIRE_DEVICE();
   for (const Case& c : std::vector<Case>{{"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 1},
-                                         {"35B-A3B two kernels", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 8},
+                                         {"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 8},
                                          {"tiny qwen3next", 4, 8, 32, 32, 4, kGrouped, kBa, 3},
                                          {"tiny legacy ssm_in", 4, 8, 32, 32, 4, kGrouped, kSsmIn, 2},
-                                         {"fallback r=5", 1, 5, 64, 128, 4, kTiled, kBetaAlpha, 3}}) {
-    SCOPED_TRACE(case_name(c));
+                                         {"r=5", 1, 5, 64, 128, 4, kTiled, kBetaAlpha, 3}}) {
     const Problem p = make_problem(c, 4321u + static_cast<unsigned>(c.n_seq));
-    const Result plain = run_device(p);
-    const std::vector<Result> chained = run_device_sets(p, 3, true);
-    for (size_t j = 0; j < chained.size(); ++j) {
-      EXPECT_TRUE(bit_identical(plain, chained[j])) << "set " << j << (j == 0 ? " (plain launches)" : " (programmatic)")
-                                                    << " of the chain differs from plain synchronous steps";
+    for (const GdnKernel kernel : kKernels) {
+      if (!serves(kernel, p.d, p.n_seq)) continue;
+      SCOPED_TRACE(case_name(c) + " on " + gdn_kernel_name(kernel));
+      const ForcedKernel force(kernel);
+      const Result plain = run_device(p);
+      const std::vector<Result> chained = run_device_sets(p, 3, true);
+      for (size_t j = 0; j < chained.size(); ++j) {
+        EXPECT_TRUE(bit_identical(plain, chained[j]))
+            << "set " << j << (j == 0 ? " (plain launches)" : " (programmatic)")
+            << " of the chain differs from plain synchronous steps";
+      }
     }
   }
 }
