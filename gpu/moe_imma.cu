@@ -244,20 +244,32 @@ __global__ void __launch_bounds__(moe_route_dev::kThreads)
   write_tables<moe_route_dev::kThreads>(a);
 }
 
-// Router logits for an f32 router (ffn_gate_inp, the usual GGUF type): warp = one expert row, its slice of the row
-// in registers (1024 columns at a time), multiplied into every token's x in turn; lane partials in column order, then
-// a butterfly: fixed order, bit-identical runs. gemv()'s generic kernel re-stages x per row and vector and took
-// 144 µs for 32 tokens at E = 256, H = 2048 (ncu); this takes a few.
-// kStaged (from kRouterStageMinTokens tokens): each half of a 1024-column pass of every token's x is first copied to
+// Router logits for an f32 router (ffn_gate_inp, the usual GGUF type): a block takes kRouterWarps experts (a warp
+// each) for a group of up to kRouterTokens tokens; the warp holds its slice of the expert's row in registers (1024
+// columns at a time) and multiplies it into each token's x in turn; lane partials in column order, then a butterfly:
+// fixed order, bit-identical runs, the same bits whatever the grouping. gemv()'s generic kernel re-stages x per row
+// and vector and took 144 µs for 32 tokens at E = 256, H = 2048 (ncu); this takes a few.
+// kStaged (from kRouterStageMinTokens tokens): each half of a 1024-column pass of the group's x is first copied to
 // shared memory by the whole block, so the block's 8 warps (experts) read it from there; unstaged, every warp read
-// all tokens' x through L1 from L2 (32 tokens: 256 KB per warp, 64 MB per layer; 60 µs under ncu). The same FMAs in
-// the same order either way.
+// all tokens' x through L1 from L2 (32 tokens: 256 KB per warp, 64 MB per layer; 60 µs under ncu). Token groups:
+// with all 32 tokens in one block (32 blocks on 32 SMs, each warp 2048 FMAs and 512 shared-memory float4 reads a
+// lane) the router took 23 µs at 32 tokens and 8.9 at 8 (ncu); groups of 4 spread it over 8× the blocks, each
+// re-reading its experts' rows (from L2 after the first).
 constexpr int kRouterWarps = 8;
 constexpr int kRouterChunk = 1024;  // columns per pass: 32 lanes × 8 float4
 constexpr int kRouterHalf = kRouterChunk / 2;
+constexpr int kRouterTokens = 4;  // tokens per block
 constexpr int kRouterStageMinTokens = 2;
 
-size_t router_stage_bytes(int n_tok) { return static_cast<size_t>(n_tok) * kRouterHalf * sizeof(float); }
+static_assert(kRouterTokens * kRouterHalf * sizeof(float) <= 48 * 1024, "a group's staged x needs no opt-in");
+
+size_t router_stage_bytes(int n_tok) {
+  return static_cast<size_t>(std::min(n_tok, kRouterTokens)) * kRouterHalf * sizeof(float);
+}
+
+int router_blocks_of(int n_expert, int n_tok) {
+  return (n_expert + kRouterWarps - 1) / kRouterWarps * ((n_tok + kRouterTokens - 1) / kRouterTokens);
+}
 
 template <bool kStaged>
 __device__ __forceinline__ void router_logits_block(const float* __restrict__ w, const float* __restrict__ x, int h,
@@ -265,12 +277,15 @@ __device__ __forceinline__ void router_logits_block(const float* __restrict__ w,
                                                     float4* xs) {
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int e = block * kRouterWarps + warp;
+  const int expert_blocks = (n_expert + kRouterWarps - 1) / kRouterWarps;
+  const int e = block % expert_blocks * kRouterWarps + warp;
+  const int t0 = block / expert_blocks * kRouterTokens;
+  const int nt = min(kRouterTokens, n_tok - t0);
   if (!kStaged && e >= n_expert) return;  // staged: every warp takes part in the staging
   const bool active = e < n_expert;
-  float acc[kMoeMaxTokens];
+  float acc[kRouterTokens];
 #pragma unroll
-  for (int t = 0; t < kMoeMaxTokens; ++t) acc[t] = 0.0f;
+  for (int t = 0; t < kRouterTokens; ++t) acc[t] = 0.0f;
   const auto* wr = reinterpret_cast<const float4*>(w + static_cast<size_t>(active ? e : 0) * h);
   for (int c = 0; c < h; c += kRouterChunk) {
     float4 wv[8];
@@ -282,19 +297,19 @@ __device__ __forceinline__ void router_logits_block(const float* __restrict__ w,
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       if constexpr (kStaged) {
-        // xs[t·128 + q] = x[t][c + 512·half + 4q .. +3] (zeros past h).
-        for (int q = static_cast<int>(threadIdx.x); q < n_tok * (kRouterHalf / 4); q += kRouterWarps * 32) {
+        // xs[t·128 + q] = x[t0 + t][c + 512·half + 4q .. +3] (zeros past h).
+        for (int q = static_cast<int>(threadIdx.x); q < nt * (kRouterHalf / 4); q += kRouterWarps * 32) {
           const int t = q / (kRouterHalf / 4);
           const int col = c + half * kRouterHalf + (q % (kRouterHalf / 4)) * 4;
-          xs[q] = col < h ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * h + col))
+          xs[q] = col < h ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t0 + t) * h + col))
                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
         __syncthreads();
       }
 #pragma unroll
-      for (int t = 0; t < kMoeMaxTokens; ++t) {
-        if (t >= n_tok || !active) break;
-        const auto* xr = reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * h);
+      for (int t = 0; t < kRouterTokens; ++t) {
+        if (t >= nt || !active) break;
+        const auto* xr = reinterpret_cast<const float4*>(x + static_cast<size_t>(t0 + t) * h);
 #pragma unroll
         for (int i = 4 * half; i < 4 * half + 4; ++i) {
           const int col = c + (i * 32 + lane) * 4;
@@ -312,16 +327,17 @@ __device__ __forceinline__ void router_logits_block(const float* __restrict__ w,
   }
   if (!active) return;
 #pragma unroll
-  for (int t = 0; t < kMoeMaxTokens; ++t) {
-    if (t >= n_tok) break;
+  for (int t = 0; t < kRouterTokens; ++t) {
+    if (t >= nt) break;
     float v = acc[t];
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, off));
-    if (lane == 0) logits[static_cast<size_t>(t) * n_expert + e] = v;
+    if (lane == 0) logits[static_cast<size_t>(t0 + t) * n_expert + e] = v;
   }
 }
 
-// The f32 router's logits (blocks [0, router_blocks), kRouterWarps experts each) and x's prepared form for the
+// The f32 router's logits (blocks [0, router_blocks): router_blocks_of, kRouterWarps experts × a token group each) and
+// x's prepared form for the
 // grouped gate+up GEMV (the blocks after: per token ⌈groups/kRouterWarps⌉ blocks, a warp per 256-element group) in
 // one launch — the two only read x. kStaged: dynamic shared memory of router_stage_bytes(n_tok).
 template <bool kStaged>
@@ -362,21 +378,6 @@ __global__ void __launch_bounds__(kCombineThreads)
   float y = moe_combine::routed_sum(ye, token_entry, entry_weight, k, t, c, h);
   if constexpr (kShared) y = __fadd_rn(y, __fmul_rn(s, ye[static_cast<int64_t>(n_entries + t) * h + c]));
   out[static_cast<int64_t>(t) * h + c] = y;
-}
-
-// The staged router kernel may use router_stage_bytes(kMoeMaxTokens) of dynamic shared memory (above the default 48
-// KB): set once per device (a function attribute is per device), the answer cached.
-Status opt_in_router_stage() {
-  static_assert(kMoeMaxTokens * kRouterHalf * sizeof(float) <= 227 * 1024, "the staged x fits shared memory");
-  constexpr int kCachedDevices = 16;
-  static std::atomic<bool> done[kCachedDevices];
-  int device = 0;
-  KESTREL_CUDA_TRY(cudaGetDevice(&device));
-  if (device < kCachedDevices && done[device].load(std::memory_order_acquire)) return ok_status();
-  KESTREL_CUDA_TRY(cudaFuncSetAttribute(router_prepare_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(router_stage_bytes(kMoeMaxTokens))));
-  if (device < kCachedDevices) done[device].store(true, std::memory_order_release);
-  return ok_status();
 }
 
 // ---- checks ------------------------------------------------------------------------------------------------------
@@ -582,12 +583,11 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
 
   const bool f32_router = w.router.type == GgmlType::kF32 && H % 4 == 0 && aligned16(w.router.data);
   if (f32_router) {  // logits and x's preparation in one launch
-    const int router_blocks = (E + kRouterWarps - 1) / kRouterWarps;
+    const int router_blocks = router_blocks_of(E, n_tok);
     const imma_prep::XLayout lay = imma_prep::x_layout(H);
     const int prep_blocks = n_tok * ((lay.n_groups + kRouterWarps - 1) / kRouterWarps);
     const dim3 grid(static_cast<unsigned>(router_blocks + prep_blocks));
     if (n_tok >= kRouterStageMinTokens) {
-      KESTREL_TRY(opt_in_router_stage());
       router_prepare_kernel<true><<<grid, kRouterWarps * 32, router_stage_bytes(n_tok), stream>>>(
           static_cast<const float*>(w.router.data), x, H, E, n_tok, l.logits, router_blocks, lay, l.xprep);
     } else {
