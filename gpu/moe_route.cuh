@@ -11,7 +11,8 @@
 // µs at one token under ncu, more than the layer's expert GEMVs.) Phase 2 (after a barrier), the grouping, a thread
 // per entry and a thread per expert: entry (t, j) sets bit t of its expert's token mask (shared-memory atomicOr; the
 // result does not depend on the order); expert e's count is the mask's population, its entries start at the
-// exclusive scan (cub::BlockScan) of the counts and its rank among the active experts at the scan of the flags; entry
+// exclusive scan (cub::BlockScan) of the counts and its rank among the active experts at the scan of the flags (one
+// scan of both, packed count | flag << 16: each total is at most 1024); entry
 // (t, j) lands at its expert's start + the tokens below t in the mask, and its slot in the token's list at the number
 // of the token's experts with a lower id. (Before: thread e scanned all n_tok·k ids to count, and again to place its
 // entries — 49 µs at 32 tokens under ncu, one warp of the 1024-thread block busy at a time.)
@@ -89,11 +90,17 @@ __device__ __forceinline__ void route_token(const float* __restrict__ lg, int n_
 }
 
 // The whole routing of n_tok tokens by one block of kThreads threads (see the head of this file); r in global memory.
-// Returns after the grouping's last shared-memory use; the caller puts a __syncthreads() between this and any read
-// of r by other threads of the block.
+// Returns the grouping as it stays in shared memory (for the rest of the block, e.g. moe_imma's table writer, which
+// then needs no global round trip); the caller puts a __syncthreads() between this and any read of r or of the
+// returned arrays by other threads of the block.
+struct BlockRoute {
+  const unsigned* mask;  // [n_expert] bit t: token t chose the expert
+  const int* first;      // [n_expert] the expert's first entry (entries by expert, then token)
+};
+
 template <int kPer>
-__device__ __forceinline__ void route_block(const float* __restrict__ logits, int n_tok, int n_expert, int k,
-                                            const MoeRouting& r) {
+__device__ __forceinline__ BlockRoute route_block(const float* __restrict__ logits, int n_tok, int n_expert, int k,
+                                                  const MoeRouting& r) {
   __shared__ int ids_s[kMoeMaxTokens * kMoeMaxUsed];
   __shared__ float w_s[kMoeMaxTokens * kMoeMaxUsed];
   __shared__ unsigned mask_s[kMoeMaxExperts];  // bit t: token t selected the expert
@@ -132,11 +139,11 @@ __device__ __forceinline__ void route_block(const float* __restrict__ logits, in
   const int e = tid;
   const int c = e < n_expert ? __popc(mask_s[e]) : 0;
   const int a = c > 0 ? 1 : 0;
-  int off = 0;
-  int rank = 0;
-  Scan(scan_tmp).ExclusiveSum(c, off);
-  __syncthreads();  // scan_tmp is reused
-  Scan(scan_tmp).ExclusiveSum(a, rank);
+  static_assert(kMoeMaxTokens * kMoeMaxUsed < (1 << 16) && kMoeMaxExperts < (1 << 16), "packed scan fields");
+  int packed = 0;
+  Scan(scan_tmp).ExclusiveSum(c | a << 16, packed);
+  const int off = packed & 0xFFFF;
+  const int rank = packed >> 16;
   if (e == n_expert - 1) {
     *r.n_active = rank + a;
     r.active_offset[rank + a] = off + c;
@@ -158,6 +165,7 @@ __device__ __forceinline__ void route_block(const float* __restrict__ logits, in
     for (int jj = 0; jj < k; ++jj) below += ids_s[t * k + jj] < x ? 1 : 0;
     r.token_entry[t * k + below] = pos;
   }
+  return BlockRoute{mask_s, off_s};
 }
 
 // Calls f(std::integral_constant<int, kPer>{}) with the logits a lane holds for n_expert experts (the kPer a route
