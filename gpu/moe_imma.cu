@@ -283,13 +283,22 @@ __device__ __forceinline__ void router_logits_block(const float* __restrict__ w,
 #pragma unroll
   for (int t = 0; t < kRouterTokens; ++t) acc[t] = 0.0f;
   const auto* wr = reinterpret_cast<const float4*>(w + static_cast<size_t>(active ? e : 0) * h);
-  for (int c = 0; c < h; c += kRouterChunk) {
-    float4 wv[8];
+  // The row a pass at a time, the next pass's weights loaded before this one's FMAs (one DRAM round trip in front of
+  // the first FMA instead of one per pass).
+  auto load_pass = [&](int c, float4(&wv)[8]) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int col = c + (i * 32 + lane) * 4;
       wv[i] = active && col < h ? __ldg(wr + col / 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+  };
+  float4 wnext[8];
+  load_pass(0, wnext);
+  for (int c = 0; c < h; c += kRouterChunk) {
+    float4 wv[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) wv[i] = wnext[i];
+    if (c + kRouterChunk < h) load_pass(c + kRouterChunk, wnext);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       if constexpr (kStaged) {
