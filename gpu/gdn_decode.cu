@@ -723,10 +723,11 @@ GdnKernel choose_kernel(const Geo& g, int n_seq, bool cluster_ok) {
   }
   // 35B-A3B shape on the H200 (bench_gdn, 2026-11-30), cluster / per-head / two-kernel µs: 1 session 6.44 / 6.91 /
   // 9.60, 2: 7.84 / 7.72 / 10.78, 4: 13.63 / 9.49 / 12.77, 8: 21.51 / 13.84 / 19.42, 32: 77.0 / 46.6 / 55.5. The
-  // cluster kernel wins on latency at one session; the per-V-head kernel from kGdnPerHeadMinSessions on. Where the
-  // per-V-head kernel cannot serve (dk or dv > 128) the cluster kernel runs below kGdnClusterMaxSessions and the
-  // two-kernel path's higher occupancy from there on (8 sessions 21.3 vs 19.3 µs, 32: 76.8 vs 55.5).
-  if (cluster_ok && n_seq < kGdnPerHeadMinSessions) return GdnKernel::kCluster;
+  // per-V-head kernel serves every batch size where it can: at one session the cluster kernel is 0.5 µs faster, but
+  // with one kernel for every batch a session's bits do not depend on the batch it runs in (the cluster kernel's
+  // column sums in the per-V-head kernel's order cost it those 0.5 µs: 6.83 µs). Where the per-V-head kernel cannot
+  // serve (dk or dv > 128) the cluster kernel runs below kGdnClusterMaxSessions and the two-kernel path's higher
+  // occupancy from there on (8 sessions 21.3 vs 19.3 µs, 32: 76.8 vs 55.5).
   if (head_ok) return GdnKernel::kPerHead;
   if (cluster_ok && n_seq < kGdnClusterMaxSessions) return GdnKernel::kCluster;
   return GdnKernel::kTwoKernel;

@@ -114,10 +114,10 @@ const char* gdn_kernel_name(GdnKernel kernel);
 // it), process-wide; for benchmarks and tests. Thread-safe.
 void gdn_decode_force_kernel(GdnKernel kernel);
 
-// Sessions from which gdn_decode takes the per-V-head kernel where it serves (measured faster than the cluster kernel
-// from 2 sessions on), and, for shapes it cannot serve, from which it takes the two-kernel path even where the
-// cluster kernel fits (measured faster from 8 on). gdn_decode.cu's choose_kernel has the figures.
-inline constexpr int kGdnPerHeadMinSessions = 2;
+// gdn_decode takes the per-V-head kernel at every batch size where it serves (dk, dv <= 128: every preset), so a
+// session's results do not depend on the batch it runs in. For larger heads it takes the cluster kernel below
+// kGdnClusterMaxSessions sessions where it fits and the two-kernel path from there (measured faster from 8 on);
+// those results do depend on the batch size. gdn_decode.cu's choose_kernel has the figures.
 inline constexpr int kGdnClusterMaxSessions = 8;
 
 }  // namespace kestrel::gpu

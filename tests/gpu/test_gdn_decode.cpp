@@ -448,14 +448,59 @@ TEST(GdnDecode, LargeClustersAndFallback) {
     EXPECT_TRUE(k) << k.error().to_string();
     return k ? *k : GdnKernel::kAuto;
   };
-  EXPECT_EQ(chosen(4, 8, 32, 128), GdnKernel::kCluster) << "8 blocks per K-head, one session: the cluster kernel";
-  EXPECT_EQ(chosen(1, 5, 32, 128), GdnKernel::kPerHead) << "20 blocks per K-head cannot be one cluster";
-  EXPECT_EQ(chosen(1, 5, 32, 160), GdnKernel::kTwoKernel) << "dv 160 is more than a per-V-head block holds";
+  EXPECT_EQ(chosen(4, 8, 32, 128), GdnKernel::kPerHead) << "dk, dv <= 128: the per-V-head kernel";
+  EXPECT_EQ(chosen(4, 8, 160, 128), GdnKernel::kCluster) << "dk 160, 8 blocks per K-head, one session: a cluster";
+  EXPECT_EQ(chosen(1, 5, 32, 160), GdnKernel::kTwoKernel) << "dv 160 and 25 blocks per K-head: neither one kernel";
   for (const int n_seq : {1, 3}) {
     check_case({"r=3 dv 128", 2, 6, 128, 128, 4, kTiled, kBetaAlpha, n_seq});
     check_case({"r=4 dv 128", 1, 4, 64, 128, 4, kGrouped, kBa, n_seq});
     check_case({"r=5 dv 128", 1, 5, 64, 128, 4, kTiled, kBetaAlpha, n_seq});
     check_case({"legacy r=5", 1, 5, 32, 128, 4, kGrouped, kSsmIn, n_seq});
+  }
+}
+
+// The problem of p's first session alone (its state, weights and inputs; the same bits as in p).
+Problem first_session(const Problem& p) {
+  Problem one = p;
+  one.n_seq = 1;
+  one.s0.resize(1);
+  one.conv0.resize(1);
+  const size_t Vd = static_cast<size_t>(p.d.value_dim()), Vh = static_cast<size_t>(p.d.n_v_heads);
+  for (int t = 0; t < kSteps; ++t) {
+    one.qkv[t].resize(static_cast<size_t>(p.qkv_width()));
+    one.z[t].resize(Vd);
+    one.b[t].resize(Vh);
+    one.a[t].resize(Vh);
+    one.ba[t].resize(2 * Vh);
+  }
+  return one;
+}
+
+// A session's steps give the same bits whichever batch it runs in (gdn_decode takes the per-V-head kernel at every
+// batch size where dk, dv <= 128): session 0 of 3 and 8 sessions against the same session alone, in each projection
+// layout; outputs, S and history.
+TEST(GdnDecode, SessionBitsDoNotDependOnTheBatch) {
+  KESTREL_REQUIRE_DEVICE();
+  for (const Case& c : std::vector<Case>{{"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 8},
+                                         {"80B-A3B-like", 16, 32, 128, 128, 4, kGrouped, kBa, 3},
+                                         {"legacy ssm_in dk 64", 4, 8, 64, 64, 4, kGrouped, kSsmIn, 3}}) {
+    SCOPED_TRACE(case_name(c));
+    const Problem batch = make_problem(c, 555u + static_cast<unsigned>(c.n_seq));
+    const Problem alone = first_session(batch);
+    const Result rb = run_device(batch);
+    const Result r1 = run_device(alone);
+    ASSERT_EQ(r1.s.size(), 1u);
+    ASSERT_FALSE(rb.s.empty());
+    const size_t Vd = static_cast<size_t>(batch.d.value_dim());
+    for (int t = 0; t < kSteps; ++t) {
+      ASSERT_GE(rb.out[t].size(), Vd);
+      EXPECT_EQ(std::memcmp(r1.out[t].data(), rb.out[t].data(), Vd * 4), 0) << "output of step " << t;
+    }
+    ASSERT_EQ(r1.s[0].size(), rb.s[0].size());
+    ASSERT_EQ(r1.conv[0].size(), rb.conv[0].size());
+    EXPECT_EQ(std::memcmp(r1.s[0].data(), rb.s[0].data(), r1.s[0].size() * 4), 0) << "state S after the steps";
+    EXPECT_EQ(std::memcmp(r1.conv[0].data(), rb.conv[0].data(), r1.conv[0].size() * 4), 0)
+        << "conv history after the steps";
   }
 }
 

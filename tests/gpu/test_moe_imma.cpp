@@ -10,13 +10,14 @@
 // products are exact integer sums scaled per 32-element block in f32, and its digit representation of each
 // activation loses < 2^-27 of its 256-group's largest |x| (gemv_imma.h), so what remains is f32 summation order
 // (~1e-6 of the row scale at these sizes), as in the raw-block version. Repeated runs are bit-identical, with and
-// without programmatic dependent launches.
+// without programmatic dependent launches, and a token's output does not depend on the batch it is in.
 // Device tests skip without a GPU; gemv_imma_segments must be linked in (gpu/gemv_imma.cu).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -233,6 +234,35 @@ TEST(MoeImma, Qwen35Moe35BShapeQ4_0) {
 TEST(MoeImma, Qwen35Moe35BShapeQ4_K) {
   KESTREL_REQUIRE_DEVICE();
   run_shape({"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_K}, {1, 3, 8, 32});
+}
+
+// A token's output is the same bits whichever batch it runs in (the router's token groups, the routing per token, the
+// grouped GEMVs' segments of two and the shape-only split make the layer batch-invariant): the first 1, 3 and 8
+// tokens of a 32-token batch, run alone, against the 32-token run.
+TEST(MoeImma, TokenBitsDoNotDependOnTheBatch) {
+  KESTREL_REQUIRE_DEVICE();
+  for (const GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    const Shape s{"35B-A3B-like", 2048, 256, 8, 512, true, type};
+    SCOPED_TRACE(describe(s, 32));
+    HostMoe m;
+    make_moe(s, m);
+    DeviceMoe d;
+    upload_moe(m, d);
+    auto layer = MoeImmaLayer::from_raw_device(d.raw);
+    ASSERT_TRUE(layer) << layer.error().to_string();
+    const MoeImmaWeights& w = (*layer)->weights();
+    const std::vector<float> x = draw_x(m, 32, 77u);
+    const DeviceRun all = run_device(w, x, 32);
+    ASSERT_EQ(all.out.size(), x.size());
+    for (const int n : {1, 3, 8}) {
+      const size_t len = static_cast<size_t>(n) * static_cast<size_t>(s.h);
+      const DeviceRun part =
+          run_device(w, std::vector<float>(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(len)), n);
+      ASSERT_EQ(part.out.size(), len);
+      EXPECT_EQ(std::memcmp(part.out.data(), all.out.data(), len * 4), 0)
+          << "the first " << n << " tokens alone differ from the same tokens in a batch of 32";
+    }
+  }
 }
 
 TEST(MoeImma, OddShapesQ4_0) {
