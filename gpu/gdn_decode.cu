@@ -140,6 +140,38 @@ __device__ __forceinline__ void store_s_slice(float* p, size_t dv, int rows, con
   }
 }
 
+// The q and k L2 norms' 1/sqrt(Σ + 1e-6) from N per-warp partial sums of squares each (q_part, k_part), added in warp
+// order.
+template <int N>
+__device__ __forceinline__ void inv_l2(const float* q_part, const float* k_part, float& inv_q, float& inv_k) {
+  float ssq = 0.0f;
+  float ssk = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    ssq = __fadd_rn(ssq, q_part[i]);
+    ssk = __fadd_rn(ssk, k_part[i]);
+  }
+  inv_q = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssq, 1e-6f)));
+  inv_k = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssk, 1e-6f)));
+}
+
+// The gates of V-head h of session n into gates[0..1]: beta = sigmoid(b), decay = exp(ssm_a·softplus(a + dt_bias)).
+__device__ __forceinline__ void head_gates(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, int n,
+                                           int h, float* gates) {
+  float b;
+  float a;
+  if (g.proj == 0) {
+    b = in.b[static_cast<size_t>(n) * g.n_v_heads + h];
+    a = in.a[static_cast<size_t>(n) * g.n_v_heads + h];
+  } else {  // ba per K-group [b(r), a(r)], heads in grouped order (ref::gdn_split_ba)
+    const float* ba = in.ba + static_cast<size_t>(n) * 2 * g.n_v_heads + (h / g.r) * 2 * g.r;
+    b = ba[h % g.r];
+    a = ba[g.r + h % g.r];
+  }
+  gates[0] = sigmoid_rn(b);
+  gates[1] = expf(__fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h]))));
+}
+
 // The block's own v channels (column j of V-head h: conv + SiLU into vs, history shifted; only this block reads
 // them) by the last warp, and the head's gates beta = sigmoid(b), decay = exp(ssm_a·softplus(a + dt_bias)) by one
 // thread of the warp before it. Shared by the cluster kernel and the two-kernel fallback.
@@ -158,20 +190,7 @@ __device__ __forceinline__ void v_channels_and_gates(const Geo& g, const GdnDeco
       vs[lane] = 0.0f;
     }
   }
-  if (tid == 32 * (kDeltaWarps - 2)) {
-    float b;
-    float a;
-    if (g.proj == 0) {
-      b = in.b[static_cast<size_t>(n) * g.n_v_heads + h];
-      a = in.a[static_cast<size_t>(n) * g.n_v_heads + h];
-    } else {  // ba per K-group [b(r), a(r)], heads in grouped order (ref::gdn_split_ba)
-      const float* ba = in.ba + static_cast<size_t>(n) * 2 * g.n_v_heads + (h / g.r) * 2 * g.r;
-      b = ba[h % g.r];
-      a = ba[g.r + h % g.r];
-    }
-    gates[0] = sigmoid_rn(b);
-    gates[1] = expf(__fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h]))));
-  }
+  if (tid == 32 * (kDeltaWarps - 2)) head_gates(g, w, in, n, h, gates);
 }
 
 template <int R>
@@ -393,15 +412,9 @@ __global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
   __syncthreads();
 
   // Norms (every thread sums the warp partials in warp order, so all blocks of kh agree bit for bit), decay, m.
-  float ssq = 0.0f;
-  float ssk = 0.0f;
-#pragma unroll
-  for (int w8 = 0; w8 < kDeltaWarps; ++w8) {
-    ssq = __fadd_rn(ssq, sq_part[0][w8]);
-    ssk = __fadd_rn(ssk, sq_part[1][w8]);
-  }
-  const float inv_q = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssq, 1e-6f)));
-  const float inv_k = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssk, 1e-6f)));
+  float inv_q;
+  float inv_k;
+  inv_l2<kDeltaWarps>(sq_part[0], sq_part[1], inv_q, inv_k);
   const float beta = gates[0];
   const float decay = gates[1];
   float m = 0.0f;
@@ -547,18 +560,7 @@ __global__ void __launch_bounds__(kHeadThreads, 2)
                                   : in.z[static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v + e]);
     }
     if (e == 0) {
-      float b;
-      float a;
-      if (g.proj == 0) {
-        b = in.b[static_cast<size_t>(n) * g.n_v_heads + h];
-        a = in.a[static_cast<size_t>(n) * g.n_v_heads + h];
-      } else {  // ba per K-group [b(r), a(r)], heads in grouped order (ref::gdn_split_ba)
-        const float* ba = in.ba + static_cast<size_t>(n) * 2 * g.n_v_heads + (h / g.r) * 2 * g.r;
-        b = ba[h % g.r];
-        a = ba[g.r + h % g.r];
-      }
-      gates[0] = sigmoid_rn(b);
-      gates[1] = expf(__fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h]))));
+      head_gates(g, w, in, n, h, gates);
     }
   }
 #pragma unroll
@@ -572,15 +574,9 @@ __global__ void __launch_bounds__(kHeadThreads, 2)
     if (last_reader) *counter = 0u;  // every reader has counted: ready for the next call
   }
 
-  float ssq = 0.0f;
-  float ssk = 0.0f;
-#pragma unroll
-  for (int w4 = 0; w4 < kHeadMaxD / 32; ++w4) {
-    ssq = __fadd_rn(ssq, sq_part[0][w4]);
-    ssk = __fadd_rn(ssk, sq_part[1][w4]);
-  }
-  const float inv_q = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssq, 1e-6f)));
-  const float inv_k = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssk, 1e-6f)));
+  float inv_q;
+  float inv_k;
+  inv_l2<kHeadMaxD / 32>(sq_part[0], sq_part[1], inv_q, inv_k);
   const float beta = gates[0];
   const float decay = gates[1];
   float m[kHeadCols] = {};
