@@ -14,12 +14,13 @@
 // State per session (the layout of ref::GdnState, so a slot filled from the reference plugs in unchanged):
 //   s    f32 [Vh][dk][dv]  S_h[i][j] at (h·dk + i)·dv + j
 //   conv f32 [C][K−1]      raw mixed_qkv history per channel, oldest first
-// Three kernels serve it (GdnKernel; gdn_decode picks by shape and batch, from measurements):
+// Three kernels serve it (GdnKernel; gdn_decode picks by shape, and for heads above 128 by batch size, from
+// measurements; kGdnClusterMaxSessions below):
 //   kCluster   a thread-block cluster per (session, K-head) whose blocks each own (V-head, 32 columns of dv),
 //              recompute the q/k conv and norms of the K-head (the history is only read), convolve and shift their
 //              v channels, hold their slice of S in registers (S read and written exactly once), exchange the
 //              gated-RMSNorm partial sums through distributed shared memory and write the output; block 0 shifts
-//              the K-head's q/k history after the cluster barrier. Where r·⌈dv/32⌉ <= 16 (every preset).
+//              the K-head's q/k history after the cluster barrier. Where r·⌈dv/32⌉ <= 16.
 //   kPerHead   a block of 512 threads per (session, V-head) holding all of S_h in registers, the gated norm inside
 //              the block; the last of a K-head's r blocks to read its q/k history (a counter in the workspace)
 //              shifts it. Where dk, dv <= 128 (every preset).
@@ -90,8 +91,9 @@ size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq);
 // zero before the first call (above). n_seq >= 0 (0 launches nothing). Argument errors (kInvalidArgument naming the
 // field) are found before anything is enqueued; otherwise gdn_kernel_launches(gdn_decode_kernel(dims, n_seq))
 // kernels are enqueued on `stream` and the call returns without waiting.
-// Thread-safe (no shared state); the caller keeps every buffer alive until the stream has run, and no other work
-// may touch the slots meanwhile.
+// Thread-safe where concurrent calls have their own workspaces (a workspace serves one call at a time, in stream
+// order); the caller keeps every buffer alive until the stream has run, and no other work may touch the slots
+// meanwhile.
 // programmatic: where the step is one kernel (kCluster, kPerHead), it is launched as a programmatic dependent of the
 // kernel before it on `stream` (gpu/pdl.cuh) and loads its slot pointers and S slices before it waits for that
 // kernel: the slot array and the states must not be written by any kernel that may still be running (in a decode
