@@ -9,7 +9,7 @@
 //   gate+up: [shared chunk c: gate, up]·sh_chunks, then per routed chunk q (active experts ascending, each expert's
 //            entries in chunks of C = the call's vectors per segment): gate, up; the rest n_vec = 0 (skipped);
 //   down:    [shared chunk c]·sh_chunks, then routed chunk q; the rest n_vec = 0.
-// The routed chunk positions come from an exclusive scan of ⌈count/C⌉ over the active experts. Capacity:
+// The routed chunk positions come from an exclusive scan of ⌈count/C⌉ over the experts (write_tables). Capacity:
 // Σ ⌈c_e/C⌉ <= Σ (1 + ⌊c_e/C⌋) <= n_active + ⌊n_entries/C⌋, and <= n_entries (the workspace holds C = 1's).
 #include <algorithm>
 #include <atomic>
