@@ -427,7 +427,7 @@ TEST(GdnDecode, OddShapes) {
   check_case({"kernel 6 r=5", 1, 5, 24, 128, 6, kGrouped, kBa, 2});
 }
 
-// One and three sessions (an odd batch) for each projection layout, on the cluster kernel.
+// One and three sessions (an odd batch) for each projection layout, on each kernel.
 TEST(GdnDecode, OneAndThreeSessionsEachLayout) {
   KESTREL_REQUIRE_DEVICE();
   for (const int n_seq : {1, 3}) {
