@@ -342,9 +342,8 @@ __device__ __forceinline__ void router_logits_block(const float* __restrict__ w,
 }
 
 // The f32 router's logits (blocks [0, router_blocks): router_blocks_of, kRouterWarps experts × a token group each) and
-// x's prepared form for the
-// grouped gate+up GEMV (the blocks after: per token ⌈groups/kRouterWarps⌉ blocks, a warp per 256-element group) in
-// one launch — the two only read x. kStaged: dynamic shared memory of router_stage_bytes(n_tok).
+// x's prepared form for the grouped gate+up GEMV (the blocks after: per token ⌈groups/kRouterWarps⌉ blocks, a warp per
+// 256-element group) in one launch — the two only read x. kStaged: dynamic shared memory of router_stage_bytes(n_tok).
 template <bool kStaged>
 __global__ void __launch_bounds__(kRouterWarps * 32)
     router_prepare_kernel(const float* __restrict__ w, const float* __restrict__ x, int h, int n_expert, int n_tok,

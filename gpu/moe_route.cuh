@@ -12,10 +12,10 @@
 // per entry and a thread per expert: entry (t, j) sets bit t of its expert's token mask (shared-memory atomicOr; the
 // result does not depend on the order); expert e's count is the mask's population, its entries start at the
 // exclusive scan (cub::BlockScan) of the counts and its rank among the active experts at the scan of the flags (one
-// scan of both, packed count | flag << 16: each total is at most 1024); entry
-// (t, j) lands at its expert's start + the tokens below t in the mask, and its slot in the token's list at the number
-// of the token's experts with a lower id. (Before: thread e scanned all n_tok·k ids to count, and again to place its
-// entries — 49 µs at 32 tokens under ncu, one warp of the 1024-thread block busy at a time.)
+// scan of both, packed count | flag << 16: each total is at most 1024); entry (t, j) lands at its expert's start + the
+// tokens below t in the mask, and its slot in the token's list at the number of the token's experts with a lower id.
+// (Before: thread e scanned all n_tok·k ids to count, and again to place its entries — 49 µs at 32 tokens under ncu,
+// one warp of the 1024-thread block busy at a time.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -131,8 +131,8 @@ __device__ __forceinline__ BlockRoute route_block(const float* __restrict__ logi
   }
   __syncthreads();
 
-  // Grouping: entry i = (t, j) marks token t in its expert's mask; thread e counts expert e's tokens; exclusive scans
-  // of the counts and of the active flags.
+  // Grouping: entry i = (t, j) marks token t in its expert's mask; thread e counts expert e's tokens; one exclusive
+  // scan of the counts and the active flags.
   const int n_entries = n_tok * k;
   if (tid < n_entries) atomicOr(&mask_s[ids_s[tid]], 1u << (tid / k));
   __syncthreads();

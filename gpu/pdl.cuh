@@ -10,7 +10,7 @@
 // Before the wait a kernel may read only memory that no kernel which may still be running writes — the kernels before
 // it may be: resident weights (gemv_imma's dense calls load their first weights there, overlapping the end of the
 // kernel before), or a layer's recurrent state, written only by that layer's own step a decode step earlier
-// (gdn_decode's cluster kernel loads its S slices there).
+// (gdn_decode's one-kernel forms load their S slices there).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -20,7 +20,7 @@ Usage, on the lent GPU machine:
 """
 import argparse
 
-from source_patch import replace_once
+from source_patch import apply_edits
 
 GEMV_DUMP = r'''
 constexpr int kClkWarps = 8192;
@@ -124,25 +124,26 @@ inline void read_print_phase_clocks(double us_per_launch) {
 
 def instrument_gemv(root):
     path = root + "/gpu/gemv_imma.cu"
-    src = open(path).read()
-    src = replace_once(src, "#include <type_traits>\n",
-                       "#include <type_traits>\n#include <cstdio>\n#include <utility>\n#include <vector>\n",
-                       "#include <type_traits>")
-    src = replace_once(src, "// ---- the GEMV kernel ---", GEMV_DUMP + "\n// ---- the GEMV kernel ---", "kernel banner")
-    src = replace_once(src, "  extern __shared__ __align__(128) uint8_t smem[];\n",
-                       "  extern __shared__ __align__(128) uint8_t smem[];\n  long long clk[5] = {};\n"
-                       "  clk[0] = clock64();\n  const unsigned long long t_entry = global_ns();\n"
-                       "  bool stamped2 = false, stamped3 = false;\n", "kernel entry")
-    src = replace_once(src, "          multiply<T>(wb, x, lane, out);\n",
-                       "          multiply<T>(wb, x, lane, out);\n"
-                       "          if (!stamped2) {\n            if (out[0] == 1.2345e30f) asm volatile(\"trap;\");\n"
-                       "            clk[2] = clock64();\n            stamped2 = true;\n          }\n",
-                       "multiply call")
-    src = replace_once(src, "      __syncthreads();\n      const int item0",
-                       "      __syncthreads();\n      if (!stamped3) clk[3] = clock64(), stamped3 = true;\n"
-                       "      const int item0", "reduction barrier")
-    src = replace_once(src, "  w_load<T>(a, wr, 0, group0, b0);\n",
-                       "  w_load<T>(a, wr, 0, group0, b0);\n  clk[1] = clock64();\n", "first w_load")
+    src = apply_edits(open(path).read(), [
+        ("#include <type_traits>\n",
+         "#include <type_traits>\n#include <cstdio>\n#include <utility>\n#include <vector>\n",
+         "#include <type_traits>"),
+        ("// ---- the GEMV kernel ---", GEMV_DUMP + "\n// ---- the GEMV kernel ---", "kernel banner"),
+        ("  extern __shared__ __align__(128) uint8_t smem[];\n",
+         "  extern __shared__ __align__(128) uint8_t smem[];\n  long long clk[5] = {};\n"
+         "  clk[0] = clock64();\n  const unsigned long long t_entry = global_ns();\n"
+         "  bool stamped2 = false, stamped3 = false;\n", "kernel entry"),
+        ("          multiply<T>(wb, x, lane, out);\n",
+         "          multiply<T>(wb, x, lane, out);\n"
+         "          if (!stamped2) {\n            if (out[0] == 1.2345e30f) asm volatile(\"trap;\");\n"
+         "            clk[2] = clock64();\n            stamped2 = true;\n          }\n",
+         "multiply call"),
+        ("      __syncthreads();\n      const int item0",
+         "      __syncthreads();\n      if (!stamped3) clk[3] = clock64(), stamped3 = true;\n"
+         "      const int item0", "reduction barrier"),
+        ("  w_load<T>(a, wr, 0, group0, b0);\n",
+         "  w_load<T>(a, wr, 0, group0, b0);\n  clk[1] = clock64();\n", "first w_load"),
+    ])
     end = src.index("// ---- launch ---")
     last = src.rindex("}", 0, end)
     src = src[:last] + """  clk[4] = clock64();
@@ -159,43 +160,44 @@ def instrument_gemv(root):
 
 def instrument_read(root):
     path = root + "/bench/gpu/device_timing.cuh"
-    src = open(path).read()
-    src = replace_once(src, "// Plain streaming read:", READ_DUMP + "// Plain streaming read:", "read kernel comment")
-    src = replace_once(src, "  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;\n"
-                       "  uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;\n"
-                       "  unsigned acc = 0;\n",
-                       "  unsigned long long t_entry;\n  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t_entry));\n"
-                       "  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;\n"
-                       "  uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;\n"
-                       "  unsigned acc = 0;\n", "read kernel head")
-    src = replace_once(src, "    out[blockIdx.x] = total;\n  }\n}\n",
-                       "    out[blockIdx.x] = total;\n    unsigned long long t_end;\n"
-                       "    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t_end));\n"
-                       "    if (blockIdx.x < kReadClkBlocks) g_read_tmr[blockIdx.x][0] = t_entry, "
-                       "g_read_tmr[blockIdx.x][1] = t_end;\n  }\n}\n", "read kernel end")
+    src = apply_edits(open(path).read(), [
+        ("// Plain streaming read:", READ_DUMP + "// Plain streaming read:", "read kernel comment"),
+        ("  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;\n"
+         "  uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;\n"
+         "  unsigned acc = 0;\n",
+         "  unsigned long long t_entry;\n  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t_entry));\n"
+         "  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;\n"
+         "  uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;\n"
+         "  unsigned acc = 0;\n", "read kernel head"),
+        ("    out[blockIdx.x] = total;\n  }\n}\n",
+         "    out[blockIdx.x] = total;\n    unsigned long long t_end;\n"
+         "    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t_end));\n"
+         "    if (blockIdx.x < kReadClkBlocks) g_read_tmr[blockIdx.x][0] = t_entry, "
+         "g_read_tmr[blockIdx.x][1] = t_end;\n  }\n}\n", "read kernel end"),
+    ])
     open(path, "w").write(src)
 
 
 def instrument_bench(root):
     path = root + "/bench/gpu/bench_gemv.cu"
-    b = open(path).read()
-    b = replace_once(b, "namespace kestrel::gpu {\nnamespace {\n",
-                     "namespace kestrel::gpu {\nvoid gemv_reset_phase_clocks();\n"
-                     "void gemv_print_phase_clocks(double us_per_launch);\nnamespace {\n", "bench namespace")
-    b = replace_once(b, "  const ReadPlan plan = plan_read(bytes, sm_count);\n",
-                     "  const ReadPlan plan = plan_read(bytes, sm_count);\n  read_reset_phase_clocks();\n",
-                     "read plan")
-    b = replace_once(b, "  const double matched_gbs =",
-                     "  std::printf(\"%s/%s/%s\\n\", c.shape.name, kKernelNames[static_cast<int>(c.kernel)], "
-                     "std::string(ggml_type_name(c.type)).c_str());\n  read_print_phase_clocks(read_us);\n"
-                     "  const double matched_gbs =", "matched gbs")
-    b = replace_once(b, "    KESTREL_TRY_ASSIGN(\n        const double us, time_graph_us(",
-                     "    gemv_reset_phase_clocks();\n    KESTREL_TRY_ASSIGN(\n        const double us, time_graph_us(",
-                     "gemv timing")
-    b = replace_once(b, "    KESTREL_TRY(check_outputs(c, batch, host_rows, row_bytes, x_host, y_dev));\n    const double gbs",
-                     "    if (batch == 1 && c.kernel == Kernel::kImma) gemv_print_phase_clocks(us);\n"
-                     "    KESTREL_TRY(check_outputs(c, batch, host_rows, row_bytes, x_host, y_dev));\n    const double gbs",
-                     "check call")
+    b = apply_edits(open(path).read(), [
+        ("namespace kestrel::gpu {\nnamespace {\n",
+         "namespace kestrel::gpu {\nvoid gemv_reset_phase_clocks();\n"
+         "void gemv_print_phase_clocks(double us_per_launch);\nnamespace {\n", "bench namespace"),
+        ("  const ReadPlan plan = plan_read(bytes, sm_count);\n",
+         "  const ReadPlan plan = plan_read(bytes, sm_count);\n  read_reset_phase_clocks();\n", "read plan"),
+        ("  const double matched_gbs =",
+         "  std::printf(\"%s/%s/%s\\n\", c.shape.name, kKernelNames[static_cast<int>(c.kernel)], "
+         "std::string(ggml_type_name(c.type)).c_str());\n  read_print_phase_clocks(read_us);\n"
+         "  const double matched_gbs =", "matched gbs"),
+        ("    KESTREL_TRY_ASSIGN(\n        const double us, time_graph_us(",
+         "    gemv_reset_phase_clocks();\n    KESTREL_TRY_ASSIGN(\n        const double us, time_graph_us(",
+         "gemv timing"),
+        ("    KESTREL_TRY(check_outputs(c, batch, host_rows, row_bytes, x_host, y_dev));\n    const double gbs",
+         "    if (batch == 1 && c.kernel == Kernel::kImma) gemv_print_phase_clocks(us);\n"
+         "    KESTREL_TRY(check_outputs(c, batch, host_rows, row_bytes, x_host, y_dev));\n    const double gbs",
+         "check call"),
+    ])
     open(path, "w").write(b)
 
 

@@ -11,3 +11,23 @@ def replace_once(text, old, new, what):
         sys.exit(f"{tool}: expected one '{what}' in the source, found {text.count(old)}; "
                  "the kernel changed — update this script")
     return text.replace(old, new)
+
+
+def apply_edits(text, edits):
+    """text after each (old, new, what) of `edits` in turn, each by replace_once."""
+    for old, new, what in edits:
+        text = replace_once(text, old, new, what)
+    return text
+
+
+def function_body(text, signature):
+    """(start, end) of the body of the function whose declaration contains `signature`: from just after its opening
+    brace to its closing brace, by counting braces (the kernels these scripts edit have none in strings)."""
+    i = text.index("{", text.index(signature)) + 1
+    depth = 1
+    j = i
+    while depth:
+        c = text[j]
+        depth += 1 if c == "{" else -1 if c == "}" else 0
+        j += 1
+    return i, j - 1
