@@ -65,6 +65,12 @@
 // moe_imma's grouped calls now run. Batch 8: 0.07–0.6 MB matrices 6.4 → 3.1 µs, but 4.7–9.4 MB 8.0 → 9.4 µs and
 // lm_head 195 → 232 µs; and the item-split branch it put in front of the first loads cost batch 1 ~0.15 µs (attn_k
 // 2.73 → 2.91 µs). A per-shape choice would need the split compiled out of the dense batch-1 kernel.
+// v4.5: the cross-warp sum loads all S partials before its first add (it loaded and added one at a time, S dependent
+// shared-memory round trips; S = 16 on every matrix of <= 128 row groups): 0.1–0.2 µs off each small call, geomean
+// 77.7 → 80.4% (4.7 MB 4.12 → 3.96 µs, 0.6 MB 2.75 → 2.59; bench_gemv, H200, same run). Tried with it and dropped:
+// grouped calls walking their items in runs of 2 / 4 / 8 rounds per block (neighbouring row groups of one segment, so
+// its activations stay in L1): moe_imma at 32 tokens 133.4 → 130.6 / 133.6 / 144.3 µs — the activations' L2 reads
+// are not what holds the grouped GEMVs back (ncu: 30–40% of their stalls wait on L1TEX, 7–8 cycles per instruction).
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -501,8 +507,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
         const Seg<kTable> so(a, so_i);
         if (slot >= so.n_vec) continue;
         const float* pr = part + ((buf * S * R + r * S) * kImmaSegmentVectors + slot) * kTileRows + row;
-        float sum = pr[0];
-        for (int s2 = 1; s2 < S; ++s2) sum = __fadd_rn(sum, pr[s2 * kImmaSegmentVectors * kTileRows]);
+        // All S partials are loaded before the first add (a loop over the runtime S loaded and added one at a time:
+        // S dependent shared-memory round trips on every small call's path); the adds keep warp order.
+        float v[kMaxWarps];
+#pragma unroll
+        for (int s2 = 0; s2 < kMaxWarps; ++s2) v[s2] = s2 < S ? pr[s2 * kImmaSegmentVectors * kTileRows] : 0.0f;
+        float sum = v[0];
+#pragma unroll
+        for (int s2 = 1; s2 < kMaxWarps; ++s2) sum = s2 < S ? __fadd_rn(sum, v[s2]) : sum;
         a.y[static_cast<int64_t>(so.out(slot)) * a.y_stride + static_cast<int64_t>(it - so_i * a.n_rg) * kTileRows +
             row] = sum;
       }
