@@ -581,7 +581,11 @@ void pick_split(KernelArgs& a, bool table) {
   // Grouped calls in blocks of 4 warps (R = 4 / S): the same warps per SM in smaller blocks, 1 µs faster at 8 and 32
   // tokens of moe_imma (53.95 vs 54.91, 132.4 vs 133.7 µs, bench_moe, H200), the same elsewhere. One warp per row
   // group for grouped calls (S = 1) measured 126.8 vs 132.4 µs at 32 tokens but 24.0 vs 22.7 at one (half the warps
-  // stream a small call): kept at the shape rule, which must not depend on the batch (S orders the sums).
+  // stream a small call): kept at the shape rule, which must not depend on the batch (S orders the sums). Measured
+  // again after v4.5 with the sums in a fixed chunk order (a warp streaming a whole row group added its C chunks in
+  // registers in the order of the cross-warp sum, so S = 1 and S = C gave the same bits — test_gemv_imma's
+  // GroupedCallBitsDoNotDependOnItsItemCount passed with it) and S = 1 from 4096 items: moe_imma 32 tokens 132.6 vs
+  // 131.4–133.4 µs, 8 tokens 54.4 vs 53.9–54.3 — no gain, so not kept.
   a.R = table ? std::max(1, 4 / S) : std::max(1, 8 / S);
 }
 

@@ -12,8 +12,9 @@
 // sums over the super-block). Agreement with ref::matvec_batch: the test holds 1e-5 of Σ|w·x| (measured ~1e-7).
 //
 // Work split: one warp streams a row group (16 rows) × 256 columns (4 tiles, one scale group / Q4_K super-block)
-// per round; the S = n_cols/256 warps of a row group sit in one block and their partial sums are added in warp order
-// through shared memory. No atomics: runs are bit-identical and y[v] does not depend on n_vec.
+// per round; the S warps of a row group (S from the shape alone) sit in one block and their partial sums are added
+// in warp order through shared memory. No atomics: runs are bit-identical, y[v] does not depend on n_vec, and a
+// grouped call's segment does not depend on the other segments or the table's length.
 // docs/gpu.md ("GEMV v4") has the derivation and docs/benchmarks.md the measurements.
 #pragma once
 
@@ -70,7 +71,8 @@ static_assert(sizeof(ImmaSegment) == 80, "ImmaSegment is a POD a device kernel w
 // clamps nothing). max_segment_vectors (1..8): a bound on every segment's n_vec that the table writer guarantees (e.g.
 // the token count of an MoE call); a smaller bound runs a kernel with fewer registers — a segment with more vectors
 // than the bound has the excess ignored, so the bound is part of the table's contract like vec/out. Same arithmetic
-// as gemv_imma (the same bits per vector). One kernel; thread-safe. programmatic: as gemv_imma_prepare_swiglu.
+// as gemv_imma; grouped calls split a row into slices of at most 4 groups, so S (and the last bits) may differ from
+// a dense call's. One kernel; thread-safe. programmatic: as gemv_imma_prepare_swiglu.
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream,
                           int max_segment_vectors = kImmaSegmentVectors, bool programmatic = false);

@@ -2,8 +2,9 @@
 // group scale; the tiled layout itself is tested in test_q4_tile.cpp) against core's ref::matvec_batch: random blocks
 // with wide-ranging scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 8192, n_out 16 ..
 // 32768), every vector-count path (1, 2, 3, 5, 8, 13, 32: one to four pairs per segment, several segments);
-// bit-identical repeated runs; each y[v] identical whatever n_vec; activation edge cases; shapes and arguments the
-// kernel does not take are refused before anything runs.
+// bit-identical repeated runs; each y[v] identical whatever n_vec; grouped calls (segment tables) whose bits do not
+// depend on the table's length; activation edge cases; shapes and arguments the kernel does not take are refused
+// before anything runs.
 //
 // Tolerance: |gpu - ref| <= 1e-5 · Σ|w_i · x_i| + 2^-27 · Σ_G max_G|x| · Σ_{i in G} |w_i| per output. The integer
 // sums are exact and the per-block scaling is f32, so the first term is the f32 summation-order room (as for ref's
@@ -300,6 +301,82 @@ TEST(GemvImma, ProgrammaticChainGivesPlainBits) {
     }
   }
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+// A grouped call's (gemv_imma_segments) segment gives the same bits whatever else the table holds: its split must
+// not follow the item count (a split chosen by it would reorder the sums, as the MoE layer's batch would). The same
+// three segments (two matrices, vector pairs and a single vector, one vector in two segments) run alone, then
+// followed by empty segments (n_vec = 0) to 8192 items: the same bits, each within its bound of ref::matvec_batch,
+// for tables of the one-pair and the four-pair kernel. Rows of 2048 (S = 2), 2368 (ten groups, the last slice
+// partial: S = 4) and 4096 columns (S = 4).
+TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
+  KESTREL_REQUIRE_DEVICE();
+  std::mt19937 rng(515);
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    for (const Shape sh : {Shape{2048, 64}, Shape{t == GgmlType::kQ4_0 ? 2368 : 4096, 48}}) {
+      const std::vector<uint8_t> ma = random_matrix(t, sh.n_in, sh.n_out, rng);
+      const std::vector<uint8_t> mb = random_matrix(t, sh.n_in, sh.n_out, rng);
+      const DeviceTiled wa(t, ma, sh.n_in, sh.n_out);
+      const DeviceTiled wb(t, mb, sh.n_in, sh.n_out);
+      constexpr int kVec = 4;
+      constexpr int kOut = 5;
+      const std::vector<float> x = random_vectors(kVec, sh.n_in, rng);
+      DeviceBuffer d_x(x.size() * sizeof(float));
+      DeviceBuffer d_xp(imma_x_bytes(sh.n_in, kVec));
+      ASSERT_TRUE(test::upload(d_x, x));
+      ASSERT_TRUE(gemv_imma_prepare_x(d_x.as<float>(), sh.n_in, kVec, d_xp.as<unsigned char>(), nullptr));
+      // Segment j: matrix, vectors, output rows (y row out[k] = W x[vec[k]]).
+      struct Use {
+        const DeviceTiled* w;
+        const std::vector<uint8_t>* m;
+        std::vector<int> vec, out;
+      };
+      const std::vector<Use> uses = {{&wa, &ma, {0, 1}, {0, 1}}, {&wb, &mb, {2}, {2}}, {&wa, &ma, {3, 1}, {3, 4}}};
+      const int n_rg = static_cast<int>(sh.n_out / 16);
+      const int n_big = (8192 + n_rg - 1) / n_rg;  // segments for 8192 items
+      std::vector<ImmaSegment> table(static_cast<size_t>(n_big));
+      for (size_t j = 0; j < uses.size(); ++j) {
+        table[j].data = uses[j].w->view.data;
+        table[j].n_vec = static_cast<int32_t>(uses[j].vec.size());
+        for (size_t k = 0; k < uses[j].vec.size(); ++k) {
+          table[j].vec[k] = uses[j].vec[k];
+          table[j].out[k] = uses[j].out[k];
+        }
+      }
+      DeviceBuffer d_table(table.size() * sizeof(ImmaSegment));
+      ASSERT_TRUE(test::upload(d_table, table));
+      const size_t y_elems = static_cast<size_t>(kOut * sh.n_out);
+      for (const int bound_vec : {2, 8}) {
+        std::vector<float> got[2];
+        for (int big = 0; big < 2; ++big) {
+          DeviceBuffer d_y(y_elems * sizeof(float));
+          ASSERT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
+          const int n_seg = big ? n_big : static_cast<int>(uses.size());
+          const Status s = gemv_imma_segments(t, sh.n_in, sh.n_out, d_table.as<ImmaSegment>(), n_seg,
+                                              d_xp.as<unsigned char>(), d_y.as<float>(), sh.n_out, nullptr, bound_vec);
+          ASSERT_TRUE(s) << s.error().to_string();
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          got[big] = test::download<float>(d_y.as<float>(), y_elems);
+        }
+        const std::string what = std::string(ggml_type_name(t)) + " " + std::to_string(sh.n_in) + "x" +
+                                 std::to_string(sh.n_out) + " bound " + std::to_string(bound_vec);
+        EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), y_elems * sizeof(float)), 0)
+            << what << ": the segments' bits depend on the table's length";
+        for (const Use& u : uses) {
+          for (size_t k = 0; k < u.vec.size(); ++k) {
+            const std::vector<float> xv(x.begin() + u.vec[k] * sh.n_in, x.begin() + (u.vec[k] + 1) * sh.n_in);
+            std::vector<float> want(static_cast<size_t>(sh.n_out));
+            const ref::QuantMatrix qm{t, u.m->data(), static_cast<uint64_t>(sh.n_in), static_cast<uint64_t>(sh.n_out)};
+            ASSERT_TRUE(ref::matvec_batch(qm, xv.data(), 1, want.data()));
+            const std::vector<float> row(got[1].begin() + u.out[k] * sh.n_out,
+                                         got[1].begin() + (u.out[k] + 1) * sh.n_out);
+            expect_within(what + " y row " + std::to_string(u.out[k]), row, want,
+                          bounds(t, *u.m, sh.n_in, sh.n_out, xv, 1), sh.n_out);
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(GemvImma, RefusesShapesAndArguments) {
