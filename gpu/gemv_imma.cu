@@ -84,6 +84,7 @@
 #include "gpu/cuda_check.h"
 #include "gpu/gemv_imma.h"
 #include "gpu/imma_prepare.cuh"
+#include "gpu/ld_stream.cuh"
 #include "gpu/pdl.cuh"
 
 namespace kestrel::gpu {
@@ -151,20 +152,6 @@ struct KernelArgs {
   float* y;
   int64_t y_stride;
 };
-
-__device__ __forceinline__ uint4 ldg_stream(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ uint2 ldg_stream2(const void* p) {
-  uint2 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-  return r;
-}
 
 // d = A·B + C with C = {c0, c1, c0, c1} (rows g and g + 8 start alike): C read from registers the caller keeps.
 __device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,

@@ -5,14 +5,16 @@
 // slices spread over the matrix) or the same loads interleaved (at load i the grid reads one contiguous window).
 // A diagnostic, built by hand on the lent GPU machine:
 //
-//   nvcc -O3 -std=c++17 --generate-code=arch=compute_90,code=sm_90 -o /tmp/read_pattern tools/device/read_pattern.cu
-//   /tmp/read_pattern
+//   nvcc -O3 -std=c++17 --generate-code=arch=compute_90,code=sm_90 -I. -o /tmp/read_pattern
+//   tools/device/read_pattern.cu /tmp/read_pattern
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+#include "gpu/ld_stream.cuh"
 #define CK(x)                                        \
   do {                                               \
     cudaError_t e = (x);                             \
@@ -41,14 +43,6 @@ __global__ void k_stream(const uint4* __restrict__ p, uint64_t n16) {
   if (acc == 0x12345678u) g_sink[blockIdx.x] = acc;
 }
 
-__device__ __forceinline__ uint4 ldg_na(const void* q) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(q));
-  return r;
-}
-
 // mode 0: warp w reads its own contiguous slice (kUnits × 512 B), all loads at once (the GEMV's)
 // mode 1: warp w reads unit i at (i·W + w)·512 (at load i the grid reads one contiguous window)
 // mode 2: as 0 but plain ld.global.nc (L1 allocating)
@@ -61,7 +55,7 @@ __global__ void __launch_bounds__(256) k_slices(const uint8_t* __restrict__ p, i
   for (int i = 0; i < kUnits; ++i) {
     const size_t off =
         kMode == 1 ? ((size_t)i * n_warps + w) * 512 + lane * 16 : ((size_t)w * kUnits + i) * 512 + lane * 16;
-    v[i] = kMode == 2 ? __ldg(reinterpret_cast<const uint4*>(p + off)) : ldg_na(p + off);
+    v[i] = kMode == 2 ? __ldg(reinterpret_cast<const uint4*>(p + off)) : kestrel::gpu::ldg_stream(p + off);
   }
   unsigned acc = 0;
 #pragma unroll
