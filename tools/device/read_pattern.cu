@@ -1,8 +1,10 @@
-// read_pattern: does GEMV v4's access pattern read slower than a grid-stride stream? (docs/benchmarks.md, "GEMV v4.5")
-// Reads one 9.4 MB matrix's bytes (gdn.attn_qkv, Q4_0) per launch, 24 buffers rotated out of the 60 MB L2, in CUDA
-// graphs of 240 launches (median of 5 replays): the stream of bench/gpu/device_timing.cuh, and warps that each load
-// their own contiguous 2 / 4 / 8 KB slice all at once (the GEMV's pattern: every warp's loads issued together,
-// slices spread over the matrix) or the same loads interleaved (at load i the grid reads one contiguous window).
+// read_pattern: how fast GEMV v4's loads alone read on the H200 (docs/benchmarks.md, "GEMV v4.5"). Bytes of one
+// projection per launch, 24 buffers rotated out of the 60 MB L2, CUDA graphs of 240 launches (median of 5 replays):
+//   1. the stream of bench/gpu/device_timing.cuh against warps that each load their own contiguous 2 / 4 / 8 KB slice
+//      at once (the GEMV's pattern) or the same loads interleaved (at load i the grid reads one contiguous window);
+//   2. the GEMV's request mix in blocks of 16 warps: weights, + the prepared x every SM reads (from L2 per warp, or
+//      staged in shared memory), + Q4_0's scales (4 LDG.64 a group from their own region, or after the quants, or one
+//      request a group), + the x digit sums.
 // A diagnostic, built by hand on the lent GPU machine:
 //
 //   nvcc -O3 -std=c++17 --generate-code=arch=compute_90,code=sm_90 -I. -o /tmp/read_pattern
@@ -63,6 +65,121 @@ __global__ void __launch_bounds__(256) k_slices(const uint8_t* __restrict__ p, i
   if (acc == 0x12345678u) g_sink[w & 0xFFFF] = acc;
 }
 
+// blocks of 16 warps (a row group's slices); warp s of a block reads its kUnits × 512 B weight slice and, kX = 1,
+// one uint4 a lane of x per unit from global (16 KB region, slice s's part; lanes 16..31 repeat 0..15 as the GEMV's
+// missing second vector does); kX = 2: the block first copies x (kX bytes) into shared memory, then reads it there.
+template <int kUnits, int kX>
+__global__ void __launch_bounds__(512)
+    k_gemvlike(const uint8_t* __restrict__ p, const uint8_t* __restrict__ xs, int n_warps) {
+  __shared__ uint4 xsh[16 * kUnits * 16];
+  const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int w = blockIdx.x * 16 + s;
+  uint4 v[kUnits];
+  uint4 xv[kUnits];
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) v[i] = kestrel::gpu::ldg_stream(p + ((size_t)w * kUnits + i) * 512 + lane * 16);
+  if constexpr (kX == 2) {
+    const uint4* xg = reinterpret_cast<const uint4*>(xs);
+    for (int q = threadIdx.x; q < 16 * kUnits * 16; q += 512) xsh[q] = __ldg(xg + q);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) {
+    const int q = (s * kUnits + i) * 16 + lane % 16;
+    if constexpr (kX == 1)
+      xv[i] = __ldg(reinterpret_cast<const uint4*>(xs) + q);
+    else if constexpr (kX == 2)
+      xv[i] = xsh[q];
+    else
+      xv[i] = make_uint4(0, 0, 0, 0);
+  }
+  unsigned acc = 0;
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) acc += (v[i].x ^ v[i].y ^ v[i].z ^ v[i].w) + (xv[i].x ^ xv[i].w);
+  if (w < n_warps && acc == 0x12345678u) g_sink[w & 0xFFFF] = acc;
+}
+
+// kM: 0 none, 1 Q4_0 scales from a separate region (the tiled layout: 64 B a tile, lane/4 picks 8 B), 2 the same
+// scales right after the warp's quants (interleaved layout); kD: the x digit sums (int2 a lane a unit, L2).
+template <int kUnits, int kM, bool kD>
+__global__ void __launch_bounds__(512) k_full(const uint8_t* __restrict__ p, const uint8_t* __restrict__ meta,
+                                              const uint8_t* __restrict__ xs, int n_warps) {
+  const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int w = blockIdx.x * 16 + s;
+  uint4 v[kUnits];
+  uint2 m[kUnits];
+  uint4 xv[kUnits];
+  int2 dv[kUnits];
+  const size_t stride = kM == 2 ? 576 : 512;  // interleaved: 512 B quants + 64 B scales a tile
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) {
+    const size_t t = (size_t)w * kUnits + i;
+    v[i] = kestrel::gpu::ldg_stream(p + t * stride + lane * 16);
+    if constexpr (kM == 1)
+      m[i] = kestrel::gpu::ldg_stream2(meta + t * 64 + (lane / 4) * 8);
+    else if constexpr (kM == 2)
+      m[i] = kestrel::gpu::ldg_stream2(p + t * stride + 512 + (lane / 4) * 8);
+    else
+      m[i] = make_uint2(0, 0);
+  }
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) {
+    const int q = (s * kUnits + i) * 16 + lane % 16;
+    xv[i] = __ldg(reinterpret_cast<const uint4*>(xs) + q);
+    if constexpr (kD)
+      dv[i] = __ldg(reinterpret_cast<const int2*>(xs + 32768) + q);
+    else
+      dv[i] = make_int2(0, 0);
+  }
+  unsigned acc = 0;
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i)
+    acc += (v[i].x ^ v[i].y ^ v[i].z ^ v[i].w) + (xv[i].x ^ xv[i].w) + m[i].x + m[i].y + dv[i].x + dv[i].y;
+  if (w < n_warps && acc == 0x12345678u) g_sink[w & 0xFFFF] = acc;
+}
+
+// One request a group for the scales: kM = 3 scales apart, lane L loads 8 B at the group's 256 B + 8L; kM = 4 the same
+// 256 B right after the group's 2 KB of quants. kD2: the digit sums as 2 LDG.128 a group (32 B a lane) instead of 4
+// LDG.64.
+template <int kUnits, int kM, int kD>
+__global__ void __launch_bounds__(512) k_grp(const uint8_t* __restrict__ p, const uint8_t* __restrict__ meta,
+                                             const uint8_t* __restrict__ xs, int n_warps) {
+  const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int w = blockIdx.x * 16 + s;
+  constexpr int kG = kUnits / 4;
+  uint4 v[kUnits];
+  uint2 m[kG];
+  uint4 xv[kUnits];
+  int4 dv[kUnits];
+  const size_t gstride = kM == 4 ? 2304 : 2048;
+#pragma unroll
+  for (int gi = 0; gi < kG; ++gi) {
+    const size_t gidx = (size_t)w * kG + gi;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[gi * 4 + i] = kestrel::gpu::ldg_stream(p + gidx * gstride + i * 512 + lane * 16);
+    m[gi] = kM == 3 ? kestrel::gpu::ldg_stream2(meta + gidx * 256 + lane * 8)
+                    : kestrel::gpu::ldg_stream2(p + gidx * gstride + 2048 + lane * 8);
+  }
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) {
+    const int q = (s * kUnits + i) * 16 + lane % 16;
+    xv[i] = __ldg(reinterpret_cast<const uint4*>(xs) + q);
+    if (kD == 2 && i % 2 == 0)
+      dv[i] = __ldg(reinterpret_cast<const int4*>(xs + 32768) + q);
+    else if (kD == 1) {
+      const int2 d2 = __ldg(reinterpret_cast<const int2*>(xs + 32768) + q);
+      dv[i] = make_int4(d2.x, d2.y, 0, 0);
+    } else
+      dv[i] = make_int4(0, 0, 0, 0);
+  }
+  unsigned acc = 0;
+#pragma unroll
+  for (int i = 0; i < kUnits; ++i) acc += (v[i].x ^ v[i].y ^ v[i].z ^ v[i].w) + (xv[i].x ^ xv[i].w) + dv[i].x + dv[i].w;
+#pragma unroll
+  for (int gi = 0; gi < kG; ++gi) acc += m[gi].x + m[gi].y;
+  if (w < n_warps && acc == 0x12345678u) g_sink[w & 0xFFFF] = acc;
+}
+
 template <class F>
 float time_graph(F&& launch, int n_launch) {
   cudaStream_t s;
@@ -88,6 +205,72 @@ float time_graph(F&& launch, int n_launch) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2] * 1000.0f / n_launch;
+}
+
+template <int kUnits>
+void run(const char* name, size_t bytes) {
+  const int kSets = 24;
+  std::vector<uint8_t*> buf(kSets);
+  for (auto& b : buf) {
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(b, 1, bytes));
+  }
+  uint8_t* xs;
+  CK(cudaMalloc(&xs, 65536));
+  CK(cudaMemset(xs, 2, 65536));
+  const int W = static_cast<int>(bytes / (kUnits * 512));
+  const int blocks = (W + 15) / 16;
+  const int N = 240;
+  const float t0 = time_graph(
+      [&](int i, cudaStream_t s) { k_gemvlike<kUnits, 0><<<blocks, 512, 0, s>>>(buf[i % kSets], xs, W); }, N);
+  const float t1 = time_graph(
+      [&](int i, cudaStream_t s) { k_gemvlike<kUnits, 1><<<blocks, 512, 0, s>>>(buf[i % kSets], xs, W); }, N);
+  const float t2 = time_graph(
+      [&](int i, cudaStream_t s) { k_gemvlike<kUnits, 2><<<blocks, 512, 0, s>>>(buf[i % kSets], xs, W); }, N);
+  printf("%-26s %d blocks: weights only %.2f us; + x per warp from L2 %.2f us; + x staged in smem %.2f us\n", name,
+         blocks, t0, t1, t2);
+  for (auto& b : buf) CK(cudaFree(b));
+  CK(cudaFree(xs));
+}
+
+template <int kUnits>
+void run_full(const char* name, size_t bytes) {
+  const int kSets = 24;
+  std::vector<uint8_t*> buf(kSets), meta(kSets);
+  for (int i = 0; i < kSets; ++i) {
+    CK(cudaMalloc(&buf[i], bytes * 9 / 8));
+    CK(cudaMemset(buf[i], 1, bytes * 9 / 8));
+    CK(cudaMalloc(&meta[i], bytes / 8));
+    CK(cudaMemset(meta[i], 1, bytes / 8));
+  }
+  uint8_t* xs;
+  CK(cudaMalloc(&xs, 131072));
+  CK(cudaMemset(xs, 2, 131072));
+  const int W = static_cast<int>(bytes / (kUnits * 512));
+  const int blocks = (W + 15) / 16;
+  const int N = 240;
+#define T(M, D)                                                                              \
+  time_graph(                                                                                \
+      [&](int i, cudaStream_t s) {                                                           \
+        k_full<kUnits, M, D><<<blocks, 512, 0, s>>>(buf[i % kSets], meta[i % kSets], xs, W); \
+      },                                                                                     \
+      N)
+  const float a = T(0, false), b = T(1, false), c = T(0, true), d = T(1, true), e = T(2, true);
+#undef T
+  printf("%-26s w+x %.2f; +scales apart %.2f; +dsum %.2f; +both %.2f; scales interleaved +dsum %.2f us\n", name, a, b,
+         c, d, e);
+#define G(M, D)                                                                             \
+  time_graph(                                                                               \
+      [&](int i, cudaStream_t s) {                                                          \
+        k_grp<kUnits, M, D><<<blocks, 512, 0, s>>>(buf[i % kSets], meta[i % kSets], xs, W); \
+      },                                                                                    \
+      N)
+  const float f = G(3, 1), g = G(4, 1), h = G(3, 2), j = G(4, 2), k = G(3, 0);
+#undef G
+  printf(
+      "%-26s one scale request a group: apart +dsum %.2f; after quants +dsum %.2f; apart +dsum x2 %.2f; after quants "
+      "+dsum x2 %.2f; apart no dsum %.2f us\n",
+      name, f, g, h, j, k);
 }
 
 int main() {
@@ -130,5 +313,12 @@ int main() {
     pr("slices 8 KB interleaved (1152 warps)",
        time_graph([&](int i, cudaStream_t s) { k_slices<16, 1><<<(W + 7) / 8, 256, 0, s>>>(buf[i % kSets], W); }, N));
   }
+  // The GEMV's whole request mix (blocks of 16 warps = a row group's slices; bytes = the quants, scales 1/8 more).
+  run<4>("4.7 MB, 1 group a warp", 4718592);
+  run<8>("9.4 MB, 2 groups a warp", 9437184);
+  run<4>("0.6 MB, 1 group a warp", 589824);
+  run_full<4>("4.7 MB, 1 group a warp", 4194304);
+  run_full<8>("9.4 MB, 2 groups a warp", 8388608);
+  run_full<4>("0.6 MB, 1 group a warp", 524288);
   return 0;
 }
