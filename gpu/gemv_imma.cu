@@ -72,7 +72,7 @@
 // its activations stay in L1): moe_imma at 32 tokens 133.4 → 130.6 / 133.6 / 144.3 µs — the activations' L2 reads
 // are not what holds the grouped GEMVs back (ncu: 30–40% of their stalls wait on L1TEX, 7–8 cycles per instruction).
 // Also dropped: Q4_0's scales as one 8-byte load a lane and group (the group's 256 B in one request instead of four),
-// each unit's taken from lane 8i + g by shuffles: the loads alone read 9.4 MB 17% faster (tools/device/
+// each unit's taken from lane 8i + g by shuffles: the loads alone read 9.4 MB 4–17% faster (tools/device/
 // read_pattern.cu), but the shuffles on the multiply's path cost more — lm_head Q4_0 76.1 → 81.1 µs, geomean
 // 79.7 → 78.9%; and a layout with each group's scales right after its quants (same loads, contiguous): geomean 80.1 →
 // 77.7%, Q4_K slower on every shape.

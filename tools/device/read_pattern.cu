@@ -99,84 +99,55 @@ __global__ void __launch_bounds__(512)
   if (w < n_warps && acc == 0x12345678u) g_sink[w & 0xFFFF] = acc;
 }
 
-// kM: 0 none, 1 Q4_0 scales from a separate region (the tiled layout: 64 B a tile, lane/4 picks 8 B), 2 the same
-// scales right after the warp's quants (interleaved layout); kD: the x digit sums (int2 a lane a unit, L2).
-template <int kUnits, int kM, bool kD>
-__global__ void __launch_bounds__(512) k_full(const uint8_t* __restrict__ p, const uint8_t* __restrict__ meta,
-                                              const uint8_t* __restrict__ xs, int n_warps) {
-  const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int w = blockIdx.x * 16 + s;
-  uint4 v[kUnits];
-  uint2 m[kUnits];
-  uint4 xv[kUnits];
-  int2 dv[kUnits];
-  const size_t stride = kM == 2 ? 576 : 512;  // interleaved: 512 B quants + 64 B scales a tile
-#pragma unroll
-  for (int i = 0; i < kUnits; ++i) {
-    const size_t t = (size_t)w * kUnits + i;
-    v[i] = kestrel::gpu::ldg_stream(p + t * stride + lane * 16);
-    if constexpr (kM == 1)
-      m[i] = kestrel::gpu::ldg_stream2(meta + t * 64 + (lane / 4) * 8);
-    else if constexpr (kM == 2)
-      m[i] = kestrel::gpu::ldg_stream2(p + t * stride + 512 + (lane / 4) * 8);
-    else
-      m[i] = make_uint2(0, 0);
-  }
-#pragma unroll
-  for (int i = 0; i < kUnits; ++i) {
-    const int q = (s * kUnits + i) * 16 + lane % 16;
-    xv[i] = __ldg(reinterpret_cast<const uint4*>(xs) + q);
-    if constexpr (kD)
-      dv[i] = __ldg(reinterpret_cast<const int2*>(xs + 32768) + q);
-    else
-      dv[i] = make_int2(0, 0);
-  }
-  unsigned acc = 0;
-#pragma unroll
-  for (int i = 0; i < kUnits; ++i)
-    acc += (v[i].x ^ v[i].y ^ v[i].z ^ v[i].w) + (xv[i].x ^ xv[i].w) + m[i].x + m[i].y + dv[i].x + dv[i].y;
-  if (w < n_warps && acc == 0x12345678u) g_sink[w & 0xFFFF] = acc;
-}
-
-// One request a group for the scales: kM = 3 scales apart, lane L loads 8 B at the group's 256 B + 8L; kM = 4 the same
-// 256 B right after the group's 2 KB of quants. kD2: the digit sums as 2 LDG.128 a group (32 B a lane) instead of 4
-// LDG.64.
+// The GEMV's request mix in blocks of 16 warps. Scales (kM): 0 none; 1 Q4_0's as tiled (64 B a unit in their own
+// region, lane / 4 picks 8 B: 4 LDG.64 a group); 2 the same right after each unit's quants; 3 one request a group
+// (lane L loads 8 B at the group's 256 B + 8L) from their own region; 4 the same 256 B right after the group's 2 KB
+// of quants. Digit sums (kD): 0 none; 1 an int2 a lane a unit (4 LDG.64 a group, as now); 2 an int4 a lane every
+// second unit (2 LDG.128 a group).
 template <int kUnits, int kM, int kD>
-__global__ void __launch_bounds__(512) k_grp(const uint8_t* __restrict__ p, const uint8_t* __restrict__ meta,
+__global__ void __launch_bounds__(512) k_mix(const uint8_t* __restrict__ p, const uint8_t* __restrict__ meta,
                                              const uint8_t* __restrict__ xs, int n_warps) {
   const int s = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int w = blockIdx.x * 16 + s;
   constexpr int kG = kUnits / 4;
+  constexpr size_t kUnitStride = kM == 2 ? 576 : 512;                // quants (+ scales) a unit
+  constexpr size_t kGroupStride = kM == 4 ? 2304 : 4 * kUnitStride;  // a group of 4 units (+ its scales)
   uint4 v[kUnits];
-  uint2 m[kG];
+  uint2 m[kUnits];
   uint4 xv[kUnits];
   int4 dv[kUnits];
-  const size_t gstride = kM == 4 ? 2304 : 2048;
 #pragma unroll
-  for (int gi = 0; gi < kG; ++gi) {
-    const size_t gidx = (size_t)w * kG + gi;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[gi * 4 + i] = kestrel::gpu::ldg_stream(p + gidx * gstride + i * 512 + lane * 16);
-    m[gi] = kM == 3 ? kestrel::gpu::ldg_stream2(meta + gidx * 256 + lane * 8)
-                    : kestrel::gpu::ldg_stream2(p + gidx * gstride + 2048 + lane * 8);
+  for (int i = 0; i < kUnits; ++i) {
+    const size_t g0 = ((size_t)w * kG + i / 4) * kGroupStride;  // the group's first byte
+    const size_t t = (size_t)w * kUnits + i;                    // the unit
+    v[i] = kestrel::gpu::ldg_stream(p + g0 + (i % 4) * kUnitStride + lane * 16);
+    m[i] = make_uint2(0, 0);
+    if constexpr (kM == 1) m[i] = kestrel::gpu::ldg_stream2(meta + t * 64 + (lane / 4) * 8);
+    if constexpr (kM == 2) m[i] = kestrel::gpu::ldg_stream2(p + g0 + (i % 4) * kUnitStride + 512 + (lane / 4) * 8);
+    if constexpr (kM == 3) {
+      if (i % 4 == 0) m[i] = kestrel::gpu::ldg_stream2(meta + (t / 4) * 256 + lane * 8);
+    }
+    if constexpr (kM == 4) {
+      if (i % 4 == 0) m[i] = kestrel::gpu::ldg_stream2(p + g0 + 2048 + lane * 8);
+    }
   }
 #pragma unroll
   for (int i = 0; i < kUnits; ++i) {
     const int q = (s * kUnits + i) * 16 + lane % 16;
     xv[i] = __ldg(reinterpret_cast<const uint4*>(xs) + q);
-    if (kD == 2 && i % 2 == 0)
-      dv[i] = __ldg(reinterpret_cast<const int4*>(xs + 32768) + q);
-    else if (kD == 1) {
+    dv[i] = make_int4(0, 0, 0, 0);
+    if constexpr (kD == 1) {
       const int2 d2 = __ldg(reinterpret_cast<const int2*>(xs + 32768) + q);
       dv[i] = make_int4(d2.x, d2.y, 0, 0);
-    } else
-      dv[i] = make_int4(0, 0, 0, 0);
+    }
+    if constexpr (kD == 2) {
+      if (i % 2 == 0) dv[i] = __ldg(reinterpret_cast<const int4*>(xs + 32768) + q);
+    }
   }
   unsigned acc = 0;
 #pragma unroll
-  for (int i = 0; i < kUnits; ++i) acc += (v[i].x ^ v[i].y ^ v[i].z ^ v[i].w) + (xv[i].x ^ xv[i].w) + dv[i].x + dv[i].w;
-#pragma unroll
-  for (int gi = 0; gi < kG; ++gi) acc += m[gi].x + m[gi].y;
+  for (int i = 0; i < kUnits; ++i)
+    acc += (v[i].x ^ v[i].y ^ v[i].z ^ v[i].w) + (xv[i].x ^ xv[i].w) + m[i].x + m[i].y + dv[i].x + dv[i].w;
   if (w < n_warps && acc == 0x12345678u) g_sink[w & 0xFFFF] = acc;
 }
 
@@ -207,17 +178,25 @@ float time_graph(F&& launch, int n_launch) {
   return t[t.size() / 2] * 1000.0f / n_launch;
 }
 
+// n device buffers of `bytes`, every byte `fill` (n = 24 of a projection's size rotate it out of the 60 MB L2).
+std::vector<uint8_t*> buffers(int n, size_t bytes, int fill) {
+  std::vector<uint8_t*> v(static_cast<size_t>(n));
+  for (auto& b : v) {
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(b, fill, bytes));
+  }
+  return v;
+}
+
+void free_all(const std::vector<uint8_t*>& v) {
+  for (uint8_t* b : v) CK(cudaFree(b));
+}
+
 template <int kUnits>
 void run(const char* name, size_t bytes) {
   const int kSets = 24;
-  std::vector<uint8_t*> buf(kSets);
-  for (auto& b : buf) {
-    CK(cudaMalloc(&b, bytes));
-    CK(cudaMemset(b, 1, bytes));
-  }
-  uint8_t* xs;
-  CK(cudaMalloc(&xs, 65536));
-  CK(cudaMemset(xs, 2, 65536));
+  const std::vector<uint8_t*> buf = buffers(kSets, bytes, 1);
+  uint8_t* xs = buffers(1, 65536, 2)[0];
   const int W = static_cast<int>(bytes / (kUnits * 512));
   const int blocks = (W + 15) / 16;
   const int N = 240;
@@ -229,58 +208,43 @@ void run(const char* name, size_t bytes) {
       [&](int i, cudaStream_t s) { k_gemvlike<kUnits, 2><<<blocks, 512, 0, s>>>(buf[i % kSets], xs, W); }, N);
   printf("%-26s %d blocks: weights only %.2f us; + x per warp from L2 %.2f us; + x staged in smem %.2f us\n", name,
          blocks, t0, t1, t2);
-  for (auto& b : buf) CK(cudaFree(b));
-  CK(cudaFree(xs));
+  free_all(buf);
+  free_all({xs});
 }
 
 template <int kUnits>
 void run_full(const char* name, size_t bytes) {
   const int kSets = 24;
-  std::vector<uint8_t*> buf(kSets), meta(kSets);
-  for (int i = 0; i < kSets; ++i) {
-    CK(cudaMalloc(&buf[i], bytes * 9 / 8));
-    CK(cudaMemset(buf[i], 1, bytes * 9 / 8));
-    CK(cudaMalloc(&meta[i], bytes / 8));
-    CK(cudaMemset(meta[i], 1, bytes / 8));
-  }
-  uint8_t* xs;
-  CK(cudaMalloc(&xs, 131072));
-  CK(cudaMemset(xs, 2, 131072));
+  const std::vector<uint8_t*> buf = buffers(kSets, bytes * 9 / 8, 1);  // quants (+ scales, interleaved forms)
+  const std::vector<uint8_t*> meta = buffers(kSets, bytes / 8, 1);     // scales in their own region
+  uint8_t* xs = buffers(1, 131072, 2)[0];
   const int W = static_cast<int>(bytes / (kUnits * 512));
   const int blocks = (W + 15) / 16;
   const int N = 240;
-#define T(M, D)                                                                              \
-  time_graph(                                                                                \
-      [&](int i, cudaStream_t s) {                                                           \
-        k_full<kUnits, M, D><<<blocks, 512, 0, s>>>(buf[i % kSets], meta[i % kSets], xs, W); \
-      },                                                                                     \
+#define T(M, D)                                                                             \
+  time_graph(                                                                               \
+      [&](int i, cudaStream_t s) {                                                          \
+        k_mix<kUnits, M, D><<<blocks, 512, 0, s>>>(buf[i % kSets], meta[i % kSets], xs, W); \
+      },                                                                                    \
       N)
-  const float a = T(0, false), b = T(1, false), c = T(0, true), d = T(1, true), e = T(2, true);
+  const float a = T(0, 0), b = T(1, 0), c = T(0, 1), d = T(1, 1), e = T(2, 1);
+  const float f = T(3, 1), g = T(4, 1), h = T(3, 2), j = T(4, 2), k = T(3, 0);
 #undef T
   printf("%-26s w+x %.2f; +scales apart %.2f; +dsum %.2f; +both %.2f; scales interleaved +dsum %.2f us\n", name, a, b,
          c, d, e);
-#define G(M, D)                                                                             \
-  time_graph(                                                                               \
-      [&](int i, cudaStream_t s) {                                                          \
-        k_grp<kUnits, M, D><<<blocks, 512, 0, s>>>(buf[i % kSets], meta[i % kSets], xs, W); \
-      },                                                                                    \
-      N)
-  const float f = G(3, 1), g = G(4, 1), h = G(3, 2), j = G(4, 2), k = G(3, 0);
-#undef G
   printf(
       "%-26s one scale request a group: apart +dsum %.2f; after quants +dsum %.2f; apart +dsum x2 %.2f; after quants "
       "+dsum x2 %.2f; apart no dsum %.2f us\n",
       name, f, g, h, j, k);
+  free_all(buf);
+  free_all(meta);
+  free_all({xs});
 }
 
 int main() {
   const size_t bytes = 9437184;  // gdn.attn_qkv Q4_0 quants + scales
   const int kSets = 24;          // 226 MB rotated: out of the 60 MB L2
-  std::vector<uint8_t*> buf(kSets);
-  for (auto& b : buf) {
-    CK(cudaMalloc(&b, bytes));
-    CK(cudaMemset(b, 1, bytes));
-  }
+  const std::vector<uint8_t*> buf = buffers(kSets, bytes, 1);
   const int N = 240;
   auto pr = [&](const char* name, float us) { printf("%-40s %7.2f us  %6.0f GB/s\n", name, us, bytes / us / 1e3); };
   pr("stream (grid 132x8 x256, 4 in flight)",
