@@ -704,10 +704,19 @@ Status fused_config(const Geo& g, int n_seq, cudaStream_t stream, cudaLaunchConf
 // gdn_decode_force_kernel's setting (GdnKernel::kAuto: the measured choice below).
 std::atomic<GdnKernel> g_forced{GdnKernel::kAuto};
 
-// Which kernel a call takes. The measured choice on the H200 at the 35B-A3B shape: see choose_kernel's body.
-GdnKernel choose_kernel(const Geo& g, int n_seq, bool cluster_ok) {
-  const bool head_ok = g.d_k <= kHeadMaxD && g.d_v <= kHeadMaxD;
-  switch (g_forced.load(std::memory_order_relaxed)) {
+bool head_kernel_serves(const Geo& g) { return g.d_k <= kHeadMaxD && g.d_v <= kHeadMaxD; }
+
+// Whether choose_kernel looks at cluster_ok for g under `forced`: only where the per-V-head kernel is not taken
+// first. Elsewhere (every preset, unforced) the cluster launch is neither configured nor queried.
+bool cluster_considered(const Geo& g, GdnKernel forced) {
+  return forced == GdnKernel::kCluster || (forced != GdnKernel::kTwoKernel && !head_kernel_serves(g));
+}
+
+// Which kernel a call takes under `forced` (cluster_ok matters only where cluster_considered). The measured choice
+// on the H200 at the 35B-A3B shape: see the body.
+GdnKernel choose_kernel(const Geo& g, int n_seq, GdnKernel forced, bool cluster_ok) {
+  const bool head_ok = head_kernel_serves(g);
+  switch (forced) {
     case GdnKernel::kCluster:
       if (cluster_ok) return GdnKernel::kCluster;
       break;
@@ -736,8 +745,11 @@ Expected<GdnKernel> launch(const Geo& g, const GdnDecodeWeights& w, const GdnDec
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attrs[2] = {};
   bool cluster_ok = false;
-  KESTREL_TRY(fused_config<R>(g, std::max(n_seq, 1), stream, cfg, attrs[0], cluster_ok));
-  const GdnKernel kernel = choose_kernel(g, n_seq, cluster_ok);
+  const GdnKernel forced = g_forced.load(std::memory_order_relaxed);
+  if (cluster_considered(g, forced)) {
+    KESTREL_TRY(fused_config<R>(g, std::max(n_seq, 1), stream, cfg, attrs[0], cluster_ok));
+  }
+  const GdnKernel kernel = choose_kernel(g, n_seq, forced, cluster_ok);
   if (!enqueue) return kernel;
   switch (kernel) {
     case GdnKernel::kCluster:

@@ -16,7 +16,7 @@ Usage, on the lent GPU machine:
 """
 import argparse
 
-from source_patch import replace_once
+from source_patch import replace_once, span_once
 
 # (start, end, what) of each launch statement of moe_imma_forward, in the order of KESTREL_MOE_DUP's numbers.
 LAUNCHES = [
@@ -42,11 +42,7 @@ def main():
                      "  int launches = 0;\n  static const int dup = std::getenv(\"KESTREL_MOE_DUP\") != nullptr\n"
                      "      ? std::atoi(std::getenv(\"KESTREL_MOE_DUP\")) : -1;\n", "int launches = 0;")
     for i, (start, end, what) in enumerate(LAUNCHES):
-        a = s.find(start)
-        b = s.find(end, a) if a >= 0 else -1
-        if a < 0 or b < 0:
-            replace_once("", start, "", what)  # exits naming the launch: the source changed
-        b += len(end)
+        a, b = span_once(s, start, end, what)
         s = s[:a] + f"for (int rep_ = 0; rep_ < (dup == {i} ? 2 : 1); ++rep_) {{\n" + s[a:b] + "\n}\n" + s[b:]
     with open(path, "w") as f:
         f.write(s)

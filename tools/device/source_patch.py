@@ -1,4 +1,4 @@
-"""Shared by the tools/device/*_phase_clocks.py scripts: edits of a copy of the source tree that fail loudly when the
+"""Shared by the tools/device/*.py scripts: edits of a copy of the source tree that fail loudly when the
 code they expect has changed."""
 import os
 import sys
@@ -11,6 +11,18 @@ def replace_once(text, old, new, what):
         sys.exit(f"{tool}: expected one '{what}' in the source, found {text.count(old)}; "
                  "the kernel changed — update this script")
     return text.replace(old, new)
+
+
+def span_once(text, start, end, what):
+    """(a, b): `start`'s one occurrence in text and the end of the first `end` after it; exits naming `what` unless
+    `start` occurs exactly once and `end` follows it."""
+    a = text.find(start)
+    b = text.find(end, a) if a >= 0 else -1
+    if text.count(start) != 1 or b < 0:
+        tool = os.path.basename(sys.argv[0])
+        sys.exit(f"{tool}: expected one '{what}' in the source (from {start.strip()[:40]!r} to {end.strip()[:40]!r}); "
+                 "the code changed — update this script")
+    return a, b + len(end)
 
 
 def apply_edits(text, edits):
