@@ -45,7 +45,24 @@ struct PlainRows {
   }
 };
 
-// silu(gate) · up, element by element, as ref::swiglu_forward: silu(g) = g · (1 / (1 + e^−g)), no contraction.
+// silu(g) · u as ref::swiglu_forward: silu(g) = g · (1 / (1 + e^−g)), no contraction.
+__device__ __forceinline__ float swiglu(float g, float u) {
+  const float s = __fmul_rn(g, __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-g))));
+  return __fmul_rn(s, u);
+}
+
+// The rows of x as they are, read through L2 only (ld.global.cg): for rows another block wrote during the same kernel.
+struct L2Rows {
+  const float* x;
+  __device__ void load(int vec, int n_cols, int e0, float (&v)[8]) const {
+    const auto* src = reinterpret_cast<const float4*>(x + static_cast<size_t>(vec) * n_cols + e0);
+    const float4 a = __ldcg(src);
+    const float4 b = __ldcg(src + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  }
+};
+
+// silu(gate) · up, element by element (swiglu).
 struct SwigluRows {
   const float* gate;
   const float* up;
@@ -54,10 +71,7 @@ struct SwigluRows {
     load8(gate + static_cast<size_t>(vec) * n_cols, e0, v);
     load8(up + static_cast<size_t>(vec) * n_cols, e0, u);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float s = __fmul_rn(v[j], __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-v[j]))));
-      v[j] = __fmul_rn(s, u[j]);
-    }
+    for (int j = 0; j < 8; ++j) v[j] = swiglu(v[j], u[j]);
   }
 };
 

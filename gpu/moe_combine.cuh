@@ -35,6 +35,25 @@ __device__ __forceinline__ float shared_gate(const uint8_t* __restrict__ gate_in
   return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logit)));
 }
 
+// shared_gate's value computed by one warp (lane = its lane), the same bits: the warp plays the block's kThreads / 32
+// warps in turn (each one's lane-strided products and butterfly) and adds their sums in the same order.
+template <GgmlType T>
+__device__ __forceinline__ float shared_gate_warp(const uint8_t* __restrict__ gate_inp, const float* __restrict__ x_t,
+                                                  int h, int lane) {
+  using D = Dequant<T>;
+  const auto* blocks = reinterpret_cast<const typename D::Block*>(gate_inp);
+  float logit = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    float acc = 0.0f;
+    for (int i = 32 * w + lane; i < h; i += kThreads)
+      acc = fmaf(D::elem(blocks + i / D::kBlockElems, i % D::kBlockElems), x_t[i], acc);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, off);
+    logit += acc;
+  }
+  return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logit)));
+}
+
 // Σ_j ye[entry_j]·w[entry_j] at column c over the token's k entries (token_entry row t, ascending expert id).
 __device__ __forceinline__ float routed_sum(const float* __restrict__ ye, const int32_t* __restrict__ token_entry,
                                             const float* __restrict__ entry_weight, int k, int t, int c, int h) {

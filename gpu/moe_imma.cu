@@ -26,7 +26,9 @@
 #include "gpu/imma_prepare.cuh"
 #include "gpu/moe_combine.cuh"
 #include "gpu/moe_imma.h"
+#include "gpu/moe_imma_one.h"
 #include "gpu/moe_route.cuh"
+#include "gpu/moe_router_logits.cuh"
 #include "gpu/pdl.cuh"
 #include "gpu/q4_tile.h"
 
@@ -34,7 +36,12 @@ namespace kestrel::gpu {
 namespace {
 
 constexpr int kCombineThreads = moe_combine::kThreads;
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
+using moe_router_logits::kRouterStageMinTokens;
+using moe_router_logits::kRouterTokens;
+using moe_router_logits::kRouterWarps;
+using moe_router_logits::router_blocks_of;
+using moe_router_logits::router_logits_block;
+using moe_router_logits::router_stage_bytes;
 
 // Programmatic dependent launch (gpu/pdl.cuh) of every kernel of the layer after the first, for calls of up to
 // g_pdl_max_tokens tokens: each kernel triggers its dependents and waits for the kernel before it at its start, so
@@ -50,6 +57,9 @@ std::atomic<int> g_pdl_max_tokens{kMoeImmaProgrammaticMaxTokens};
 // four-pair one (spilling at 128 registers) waited on segments of one or two vectors. moe_imma_set_segment_vectors
 // moves it for benchmarks.
 std::atomic<int> g_chunk{kMoeImmaSegmentVectors};
+
+// One token in one launch (moe_imma_one.h) where the layer allows it; off: the chain at every size (tests, benches).
+std::atomic<bool> g_single_launch{true};
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 std::string tname(GgmlType t) { return std::string(ggml_type_name(t)); }
@@ -240,107 +250,6 @@ __global__ void __launch_bounds__(moe_route_dev::kThreads)
   write_tables<moe_route_dev::kThreads>(a, rt, n_expert);
 }
 
-// Router logits for an f32 router (ffn_gate_inp, the usual GGUF type): a block takes kRouterWarps experts (a warp
-// each) for a group of up to kRouterTokens tokens; the warp holds its slice of the expert's row in registers (1024
-// columns at a time) and multiplies it into each token's x in turn; lane partials in column order, then a butterfly:
-// fixed order, bit-identical runs, the same bits whatever the grouping. gemv()'s generic kernel re-stages x per row
-// and vector and took 144 µs for 32 tokens at E = 256, H = 2048 (ncu); this takes a few.
-// kStaged (from kRouterStageMinTokens tokens): each half of a 1024-column pass of the group's x is first copied to
-// shared memory by the whole block, so the block's 8 warps (experts) read it from there; unstaged, every warp read
-// all tokens' x through L1 from L2 (32 tokens: 256 KB per warp, 64 MB per layer; 60 µs under ncu). Token groups:
-// with all 32 tokens in one block (32 blocks on 32 SMs, each warp 2048 FMAs and 512 shared-memory float4 reads a
-// lane) the router took 23 µs at 32 tokens and 8.9 at 8 (ncu); groups of 4 spread it over 8× the blocks, each
-// re-reading its experts' rows (from L2 after the first).
-constexpr int kRouterWarps = 8;
-constexpr int kRouterChunk = 1024;  // columns per pass: 32 lanes × 8 float4
-constexpr int kRouterHalf = kRouterChunk / 2;
-constexpr int kRouterTokens = 4;  // tokens per block
-constexpr int kRouterStageMinTokens = 2;
-
-static_assert(kRouterTokens * kRouterHalf * sizeof(float) <= 48 * 1024, "a group's staged x needs no opt-in");
-
-size_t router_stage_bytes(int n_tok) {
-  return static_cast<size_t>(std::min(n_tok, kRouterTokens)) * kRouterHalf * sizeof(float);
-}
-
-int router_blocks_of(int n_expert, int n_tok) {
-  return (n_expert + kRouterWarps - 1) / kRouterWarps * ((n_tok + kRouterTokens - 1) / kRouterTokens);
-}
-
-template <bool kStaged>
-__device__ __forceinline__ void router_logits_block(const float* __restrict__ w, const float* __restrict__ x, int h,
-                                                    int n_expert, int n_tok, float* __restrict__ logits, int block,
-                                                    float4* xs) {
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int expert_blocks = (n_expert + kRouterWarps - 1) / kRouterWarps;
-  const int e = block % expert_blocks * kRouterWarps + warp;
-  const int t0 = block / expert_blocks * kRouterTokens;
-  const int nt = min(kRouterTokens, n_tok - t0);
-  if (!kStaged && e >= n_expert) return;  // staged: every warp takes part in the staging
-  const bool active = e < n_expert;
-  float acc[kRouterTokens];
-#pragma unroll
-  for (int t = 0; t < kRouterTokens; ++t) acc[t] = 0.0f;
-  const auto* wr = reinterpret_cast<const float4*>(w + static_cast<size_t>(active ? e : 0) * h);
-  // The row a pass at a time, the next pass's weights loaded before this one's FMAs (one DRAM round trip in front of
-  // the first FMA instead of one per pass).
-  auto load_pass = [&](int c, float4(&wv)[8]) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int col = c + (i * 32 + lane) * 4;
-      wv[i] = active && col < h ? __ldg(wr + col / 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-  };
-  float4 wnext[8];
-  load_pass(0, wnext);
-  for (int c = 0; c < h; c += kRouterChunk) {
-    float4 wv[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) wv[i] = wnext[i];
-    if (c + kRouterChunk < h) load_pass(c + kRouterChunk, wnext);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if constexpr (kStaged) {
-        // xs[t·128 + q] = x[t0 + t][c + 512·half + 4q .. +3] (zeros past h).
-        for (int q = static_cast<int>(threadIdx.x); q < nt * (kRouterHalf / 4); q += kRouterWarps * 32) {
-          const int t = q / (kRouterHalf / 4);
-          const int col = c + half * kRouterHalf + (q % (kRouterHalf / 4)) * 4;
-          xs[q] = col < h ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t0 + t) * h + col))
-                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-        __syncthreads();
-      }
-#pragma unroll
-      for (int t = 0; t < kRouterTokens; ++t) {
-        if (t >= nt || !active) break;
-        const auto* xr = reinterpret_cast<const float4*>(x + static_cast<size_t>(t0 + t) * h);
-#pragma unroll
-        for (int i = 4 * half; i < 4 * half + 4; ++i) {
-          const int col = c + (i * 32 + lane) * 4;
-          if (col < h) {
-            const float4 xv = kStaged ? xs[t * (kRouterHalf / 4) + (i - 4 * half) * 32 + lane] : __ldg(xr + col / 4);
-            acc[t] = __fmaf_rn(wv[i].x, xv.x, acc[t]);
-            acc[t] = __fmaf_rn(wv[i].y, xv.y, acc[t]);
-            acc[t] = __fmaf_rn(wv[i].z, xv.z, acc[t]);
-            acc[t] = __fmaf_rn(wv[i].w, xv.w, acc[t]);
-          }
-        }
-      }
-      if constexpr (kStaged) __syncthreads();  // before the next half overwrites xs
-    }
-  }
-  if (!active) return;
-#pragma unroll
-  for (int t = 0; t < kRouterTokens; ++t) {
-    if (t >= nt) break;
-    float v = acc[t];
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, off));
-    if (lane == 0) logits[static_cast<size_t>(t0 + t) * n_expert + e] = v;
-  }
-}
-
 // The f32 router's logits (blocks [0, router_blocks): router_blocks_of, kRouterWarps experts × a token group each) and
 // x's prepared form for the grouped gate+up GEMV (the blocks after: per token ⌈groups/kRouterWarps⌉ blocks, a warp per
 // 256-element group) in one launch — the two only read x. kStaged: dynamic shared memory of router_stage_bytes(n_tok).
@@ -353,7 +262,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   pdl_trigger();  // launched plainly (the layer's first kernel): lets the route-and-tables kernel launch early
   const int b = static_cast<int>(blockIdx.x);
   if (b < router_blocks) {
-    router_logits_block<kStaged>(w, x, h, n_expert, n_tok, logits, b, router_xs);
+    router_logits_block<kStaged>(w, x, h, n_expert, n_tok, logits, b, static_cast<int>(threadIdx.x) / 32, router_xs);
     return;
   }
   const int per_tok = (lay.n_groups + kRouterWarps - 1) / kRouterWarps;
@@ -556,10 +465,20 @@ void moe_imma_set_segment_vectors(int n) {
   g_chunk.store(std::clamp(n, 1, kImmaSegmentVectors), std::memory_order_relaxed);
 }
 
+// The workspace: the one-launch path's counters first (no other path writes them), then either path's scratch.
 size_t moe_imma_workspace_bytes(const MoeImmaWeights& w, int n_tok) {
   if (n_tok < 1 || n_tok > kMoeMaxTokens) return 0;
-  return layout_of(w, counts_of(w, n_tok, 1), nullptr).bytes;
+  return moe_imma_one_counter_bytes(w) +
+         std::max(layout_of(w, counts_of(w, n_tok, 1), nullptr).bytes, moe_imma_one_scratch_bytes(w));
 }
+
+Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStream_t stream) {
+  if (workspace == nullptr) return bad("moe_imma_workspace_init: null workspace");
+  KESTREL_CUDA_TRY(cudaMemsetAsync(workspace, 0, moe_imma_one_counter_bytes(w), stream));
+  return ok_status();
+}
+
+void moe_imma_set_single_launch(bool on) { g_single_launch.store(on, std::memory_order_relaxed); }
 
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
                         cudaStream_t stream, MoeLaunchInfo* info) {
@@ -570,12 +489,23 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   if (x == nullptr || out == nullptr || workspace == nullptr || !aligned16(x) || !aligned16(workspace)) {
     return bad("x, out or workspace is null, or x / workspace is not 16-byte aligned");
   }
+  void* const counters = workspace;
+  void* const scratch = static_cast<unsigned char*>(workspace) + moe_imma_one_counter_bytes(w);
+  if (n_tok == 1 && g_single_launch.load(std::memory_order_relaxed) && moe_imma_one_supports(w)) {
+    MoeRouting r1;
+    KESTREL_TRY(moe_imma_one_forward(w, x, out, counters, scratch, stream, &r1));
+    if (info != nullptr) {
+      info->launches = 1;
+      info->routing = r1;
+    }
+    return ok_status();
+  }
   const int E = static_cast<int>(w.n_expert);
   const int H = static_cast<int>(w.n_embd);
   const int I = static_cast<int>(w.n_ff);
   const int k = w.n_expert_used;
   const Counts c = counts_of(w, n_tok, g_chunk.load(std::memory_order_relaxed));
-  const Layout l = layout_of(w, counts_of(w, n_tok, 1), workspace);
+  const Layout l = layout_of(w, counts_of(w, n_tok, 1), scratch);
   const MoeRouting r = moe_routing_carve(l.routing, n_tok, E, k);
   // The prepared form of n vectors is n back-to-back vectors (the segments' vec indices rely on it).
   const uint64_t avec = imma_x_bytes(I, 1);

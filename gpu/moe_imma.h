@@ -14,7 +14,7 @@
 //   its tokens one gate, one up and one down segment, plus the shared expert's chunks) → gemv_imma_segments(gate+up) →
 //   gemv_imma_prepare_swiglu (SwiGLU per entry, written only in prepared form) → gemv_imma_segments(down) → combine (Σ
 //   over each token's entries by ascending expert id of w·y, then + sigmoid(shared gate · x) · shared y, as the
-//   reference): 6 launches (7 with a router that is not f32).
+//   reference): 6 launches (7 with a router that is not f32). One token: one launch (moe_imma_set_single_launch).
 // Each active expert's matrices are read once per call for up to 8 of its tokens (an expert chosen by more than 8
 // tokens is read once per 8; at 32 tokens of a 256-expert top-8 layer that is rare). Fixed summation orders and no
 // atomics in these kernels: repeated runs are bit-identical (given gemv_imma_segments is, as its header says).
@@ -106,9 +106,19 @@ inline constexpr int kMoeImmaSegmentVectors = 2;
 // Thread-safe.
 void moe_imma_set_segment_vectors(int n);
 
-// Bytes of device scratch moe_imma_forward needs for n_tok tokens (no initialisation needed); 0 when n_tok is out
-// of [1, kMoeMaxTokens].
+// One token in one launch: at n_tok == 1, moe_imma_forward runs the whole layer as one cooperative kernel
+// (gpu/moe_imma_one.h) where moe_imma_one_supports() holds (an f32 router and shared gate, H <= 4096, I <= 2048, ...),
+// with the chain's bits. Off (process-wide, for calls made after it; tests and benchmarks): the chain at every size.
+// Thread-safe.
+void moe_imma_set_single_launch(bool on);
+
+// Bytes of device scratch moe_imma_forward needs for calls of up to n_tok tokens; 0 when n_tok is out of [1,
+// kMoeMaxTokens]. The first bytes hold the one-launch path's counters: zero them once (moe_imma_workspace_init)
+// before the workspace's first call; every call leaves them zero, and no call reads the rest before writing it.
 size_t moe_imma_workspace_bytes(const MoeImmaWeights& w, int n_tok);
+
+// Zeroes the workspace's counters (cudaMemsetAsync on `stream`). Once per workspace, before its first call.
+Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStream_t stream);
 
 // x: device f32 [n_tok, H], 16-byte aligned; out: device f32 [n_tok, H], not overlapping x. 1 <= n_tok <=
 // kMoeMaxTokens. workspace: device, >= moe_imma_workspace_bytes(w, n_tok), 16-byte aligned. Errors before

@@ -30,6 +30,7 @@
 #include "core/quant/quant.h"
 #include "core/reference/moe.h"
 #include "gpu/moe_imma.h"
+#include "gpu/moe_imma_one.h"
 #include "gpu/q4_tile.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/moe_test_util.h"
@@ -132,6 +133,7 @@ DeviceRun run_device(const MoeImmaWeights& w, const std::vector<float>& x, int n
   EXPECT_EQ(cudaMemcpy(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   EXPECT_EQ(cudaMemset(dout.as(), 0xFF, x.size() * 4), cudaSuccess);  // NaN: an unwritten element fails
   EXPECT_EQ(cudaMemset(ws.as(), 0xA5, ws.bytes()), cudaSuccess);      // garbage: nothing may rely on zeroed scratch
+  EXPECT_TRUE(moe_imma_workspace_init(w, ws.as(), nullptr));          // but the counters, zeroed once
   MoeLaunchInfo info;
   const Status s = moe_imma_forward(w, dx.as<float>(), n_tok, dout.as<float>(), ws.as(), nullptr, &info);
   EXPECT_TRUE(s) << s.error().to_string();
@@ -145,9 +147,13 @@ DeviceRun run_device(const MoeImmaWeights& w, const std::vector<float>& x, int n
   return r;
 }
 
-// Launches moe_imma_forward enqueues at any n_tok: router logits with x's preparation (an f32 router; else the
-// router gemv and the preparation apart), route + tables, gate+up, the SwiGLU activations' preparation, down, combine.
-int expected_launches(const Shape& s) { return s.router == GgmlType::kF32 ? 6 : 7; }
+// Launches moe_imma_forward enqueues: one token of a layer moe_imma_one takes, one; otherwise router logits with x's
+// preparation (an f32 router; else the router gemv and the preparation apart), route + tables, gate+up, the SwiGLU
+// activations' preparation, down, combine.
+int expected_launches(const Shape& s, const MoeImmaWeights& w, int n_tok) {
+  if (n_tok == 1 && moe_imma_one_supports(w)) return 1;
+  return s.router == GgmlType::kF32 ? 6 : 7;
+}
 
 void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok) {
   const std::string what = describe(s, n_tok);
@@ -165,7 +171,7 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
     ASSERT_EQ(got.ids[i], want_sel[i]) << "token " << i / static_cast<size_t>(s.k) << " slot "
                                        << i % static_cast<size_t>(s.k);
   }
-  EXPECT_EQ(got.launches, expected_launches(s));
+  EXPECT_EQ(got.launches, expected_launches(s, w, n_tok));
 
   EXPECT_EQ(test::count_out_of_tolerance(got.out, want, n_tok, s.h, kOutTol, what, got.launches, got.n_active), 0);
   const DeviceRun again = run_device(w, x, n_tok);
@@ -188,6 +194,9 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
         [&] { moe_imma_set_programmatic_max_tokens(pdl_max); },
         [] { moe_imma_set_programmatic_max_tokens(kMoeImmaProgrammaticMaxTokens); });
   }
+  expect_same_bits(  // one token: the chain against the one-launch path
+      "the six-launch chain at every size", [] { moe_imma_set_single_launch(false); },
+      [] { moe_imma_set_single_launch(true); });
   for (const int chunk : {1, 3, 8}) {
     expect_same_bits(
         "segments of at most " + std::to_string(chunk) + " vectors", [&] { moe_imma_set_segment_vectors(chunk); },
@@ -261,6 +270,41 @@ TEST(MoeImma, TokenBitsDoNotDependOnTheBatch) {
       ASSERT_EQ(part.out.size(), len);
       EXPECT_EQ(std::memcmp(part.out.data(), all.out.data(), len * 4), 0)
           << "the first " << n << " tokens alone differ from the same tokens in a batch of 32";
+    }
+  }
+}
+
+// One workspace through calls of 32 tokens (the chain) and of one token (one launch), in turns: the chain never
+// touches the counters, and every one-launch call leaves them zero for the next.
+TEST(MoeImma, OneLaunchCountersSurviveChainCallsAndReset) {
+  KESTREL_REQUIRE_DEVICE();
+  const Shape s{"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_0};
+  HostMoe m;
+  make_moe(s, m);
+  DeviceMoe d;
+  upload_moe(m, d);
+  auto layer = MoeImmaLayer::from_raw_device(d.raw);
+  ASSERT_TRUE(layer) << layer.error().to_string();
+  const MoeImmaWeights& w = (*layer)->weights();
+  ASSERT_TRUE(moe_imma_one_supports(w));
+  const std::vector<float> x = draw_x(m, 32, 5u);
+  const DeviceRun alone = run_device(w, std::vector<float>(x.begin(), x.begin() + s.h), 1);
+  DeviceBuffer dx(x.size() * 4), dout(x.size() * 4), ws(moe_imma_workspace_bytes(w, 32));
+  ASSERT_EQ(cudaMemcpy(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(ws.as(), 0x5A, ws.bytes()), cudaSuccess);
+  ASSERT_TRUE(moe_imma_workspace_init(w, ws.as(), nullptr));
+  const size_t n_ctr = moe_imma_one_counter_bytes(w);
+  for (int round = 0; round < 3; ++round) {
+    for (const int n : {32, 1, 1}) {
+      ASSERT_TRUE(moe_imma_forward(w, dx.as<float>(), n, dout.as<float>(), ws.as(), nullptr));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+      const std::vector<uint8_t> ctr = test::download<uint8_t>(ws.as(), n_ctr);
+      EXPECT_EQ(std::count(ctr.begin(), ctr.end(), uint8_t{0}), static_cast<std::ptrdiff_t>(n_ctr))
+          << "counters not zero after a call of " << n << " tokens, round " << round;
+      if (n == 1) {
+        const std::vector<float> out = test::download<float>(dout.as(), static_cast<size_t>(s.h));
+        EXPECT_EQ(std::memcmp(out.data(), alone.out.data(), out.size() * 4), 0) << "round " << round;
+      }
     }
   }
 }

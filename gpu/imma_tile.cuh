@@ -1,0 +1,135 @@
+// imma_tile.cuh: GEMV v4's per-group arithmetic on the re-tiled Q4_0 / Q4_K layout (gpu/q4_tile.h) and the prepared
+// activations (gpu/imma_prepare.cuh): the u8 × s8 tensor-core MMA, a warp's registers for one group of a row group,
+// and the multiply of one group for one vector pair. gemv_imma.cu's head derives the arithmetic; gemv_imma.cu and
+// moe_imma_one.cu (the one-launch MoE layer) both multiply with it. Device code only; include from .cu files.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/gguf/ggml_type.h"
+#include "gpu/imma_prepare.cuh"
+
+namespace kestrel::gpu::imma_tile {
+
+using imma_prep::kUnitsPerSlice;
+constexpr int kTileRows = 16;
+constexpr int kUnitElems = 64;
+constexpr uint32_t kNibbles = 0x0F0F0F0Fu;
+constexpr int kMagic = 0x4B400000;  // bits of 12582912.0f = 1.5·2^23
+constexpr float kMagicF = 12582912.0f;
+
+// d = A·B + C with C = {c0, c1, c0, c1} (rows g and g + 8 start alike): C read from registers the caller keeps.
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1, int c0, int c1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%10,%11};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c0), "r"(c1));
+}
+
+// One group's weights for one warp: 4 units of a row group, and their scales.
+struct WeightBuf {
+  uint4 w[kUnitsPerSlice];
+  uint2 m0[kUnitsPerSlice];  // Q4_0: d of (g, blk 0), (g+8, blk 0), (g, blk 1), (g+8, blk 1)
+  uint4 mk[2];               // Q4_K: 16-byte heads of rows g and g + 8 for the super-block
+};
+
+// A pair's activations for one group, where a lane finds them: its B fragments (vector vf), its digit sums and
+// group scale (vector vd, the owner of its C columns). A missing second vector reads the first one's (its C columns
+// are never stored), so no load is predicated. Loaded a unit at a time; kL2: through L2 only (ld.global.cg), for
+// activations another block wrote during the same kernel (the non-coherent path may not see them).
+template <bool kL2 = false>
+struct XSourceT {
+  const uint8_t* frag;   // unit i at + 256 i (uint4)
+  const uint8_t* dsum;   // unit i at + 16 i (int2: D of blocks 0 and 1 for this lane's digit pair)
+  const uint8_t* scale;  // f32
+  __device__ __forceinline__ uint4 b(int i) const { return ld(reinterpret_cast<const uint4*>(frag + 256 * i)); }
+  __device__ __forceinline__ int2 d(int i) const { return ld(reinterpret_cast<const int2*>(dsum + 16 * i)); }
+  __device__ __forceinline__ float s() const { return ld(reinterpret_cast<const float*>(scale)); }
+  template <class V>
+  __device__ __forceinline__ static V ld(const V* p) {
+    if constexpr (kL2) return __ldcg(p);
+    return __ldg(p);
+  }
+};
+using XSource = XSourceT<false>;
+
+__device__ __forceinline__ float half_bits(uint32_t bits16) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
+}
+
+// One group of one pair: the lane's partial sums for rows g and g + 8 of its vector (t >> 1), all four digits.
+// A lane's two C columns are digits 2h and 2h + 1 (h = t & 1) of one vector; per MMA they are joined exactly in
+// int32 (128·c0 + c1, |.| < 2^22), so each block costs one scaling per row.
+template <GgmlType T, class XS>
+__device__ __forceinline__ void multiply(const WeightBuf& src, const XS& x, int lane, float (&out)[2]) {
+  const int t = lane % 4;
+  float acc[2] = {0.0f, 0.0f};  // rows g, g + 8, in units of digit 2h + 1
+  [[maybe_unused]] int isum[2] = {0, 0};
+  [[maybe_unused]] int msum[2] = {0, 0};
+  [[maybe_unused]] uint4 mk[2];
+  if constexpr (T == GgmlType::kQ4_K) mk[0] = src.mk[0], mk[1] = src.mk[1];
+#pragma unroll
+  for (int i = 0; i < kUnitsPerSlice; ++i) {
+    const uint4 w = src.w[i];
+    const uint4 f = x.b(i);
+    const int2 ds = x.d(i);
+    [[maybe_unused]] uint2 m0;
+    if constexpr (T == GgmlType::kQ4_0) m0 = src.m0[i];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t b0 = h == 0 ? f.x : f.z;
+      const uint32_t b1 = h == 0 ? f.y : f.w;
+      const int dd = h == 0 ? ds.x : ds.y;  // D of this block
+      if constexpr (T == GgmlType::kQ4_0) {
+        const uint32_t p = h == 0 ? w.x : w.z;  // row g
+        const uint32_t q = h == 0 ? w.y : w.w;  // row g + 8
+        // c1 starts at 1.5·2^23 − 8·D: 128·c0 + c1 = 1.5·2^23 + Σ(q − 8)·(128·d_2h + d_2h+1), exact as a float.
+        int c[4];
+        mma_u8s8(c, p & kNibbles, q & kNibbles, (p >> 4) & kNibbles, (q >> 4) & kNibbles, b0, b1, 0, kMagic - 8 * dd);
+        const uint32_t sc = h == 0 ? m0.x : m0.y;
+        const float s_g = half_bits(sc & 0xFFFFu);
+        const float s_g8 = half_bits(sc >> 16);
+        acc[0] = __fmaf_rn(__int_as_float(c[0] * 128 + c[1]) - kMagicF, s_g, acc[0]);
+        acc[1] = __fmaf_rn(__int_as_float(c[2] * 128 + c[3]) - kMagicF, s_g8, acc[1]);
+      } else {
+        const int sh = 4 * h;
+        int c[4];
+        mma_u8s8(c, (w.x >> sh) & kNibbles, (w.y >> sh) & kNibbles, (w.z >> sh) & kNibbles, (w.w >> sh) & kNibbles, b0,
+                 b1, 0, 0);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint4 hd = mk[r];
+          // Unit i's 24-bit field: sc[2i] | sc[2i+1] << 6 | m[2i] << 12 | m[2i+1] << 18 (q4_tile's re-packing).
+          const uint32_t lo = i < 2 ? hd.y : (i == 2 ? hd.z : hd.w);
+          const uint32_t hi = i < 2 ? hd.z : hd.w;
+          const uint32_t fld = __funnelshift_r(lo, hi, (24 * i) & 31);
+          const int sc = static_cast<int>((fld >> (6 * h)) & 63u);
+          const int mn = static_cast<int>((fld >> (12 + 6 * h)) & 63u);
+          // |128·c0 + c1| < 2^22, times sc < 64, over 8 sub-blocks: < 2^31.
+          isum[r] += (c[2 * r] * 128 + c[2 * r + 1]) * sc;
+          msum[r] += mn * dd;
+        }
+      }
+    }
+  }
+  if constexpr (T == GgmlType::kQ4_K) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float d = half_bits(mk[r].x & 0xFFFFu);
+      const float dmin = half_bits(mk[r].x >> 16);
+      acc[r] = __fmaf_rn(d, static_cast<float>(isum[r]), -__fmul_rn(dmin, static_cast<float>(msum[r])));
+    }
+  }
+  const float unit = (t & 1) ? 1.0f / 2097152.0f : 1.0f / 128.0f;  // 128^-(2h+1)
+  const float xs = x.s();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float p = __fmul_rn(xs, __fmul_rn(acc[r], unit));
+    out[r] = __fadd_rn(p, __shfl_xor_sync(0xFFFFFFFFu, p, 1));
+  }
+}
+
+}  // namespace kestrel::gpu::imma_tile

@@ -1,0 +1,658 @@
+// moe_imma_one (see moe_imma_one.h): the one-token MoE layer in one launch.
+//
+// Slots: routed entry i (i < k: the token's i-th selected expert by ascending id, the chain's entry order) and, with
+// a shared expert, slot k. Scratch (f32 unless said):
+//   logits [E]; routing (moe_routing_carve for one token); xprep (x prepared, imma_x_bytes(H, 1));
+//   gpart [slot][rg of I][row 16][gate, up][group of H] — each gate+up task's per-group sums (row stride gstride);
+//   act [slot][I] — silu(gate) · up; aprep [slot] — act prepared (imma_x_bytes(I, 1) each);
+//   dpart [rg of H][row 16][slot][group of I] — each down task's per-group sums (row stride dstride); sgate [1].
+// Counters (u32, at the workspace's start): x prepared, logits, shared gate, warps done; then per slot and row group of
+// I the finished gate+up tasks, per slot and activation group the finished row groups, per slot the prepared
+// activation groups, per output row group the finished down tasks.
+//
+// Bits: each group's sums come from imma_tile::multiply as in gemv_imma_segments; a row's groups are added as the
+// grouped GEMV adds them (S slices of gps groups: each slice from 0 in group order, then the slices in order —
+// pick_split in gemv_imma.cu: S the smallest power of two with ⌈groups / S⌉ <= 4); SwiGLU, the preparation, the
+// router's logits, the routing and the combine use the chain's device functions. So out is bit-identical to the
+// chain's.
+//
+// Progress: a warp takes tasks gw, gw + W, ... (W warps, all resident: a cooperative launch) and every task waits only
+// for tasks earlier in the list (the routing a block computes waits only for the logits), so the earliest unfinished
+// task can always run. A wait that outlasts ~2 s (a broken counter) traps instead of hanging the device.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "gpu/cuda_check.h"
+#include "gpu/gemv_imma.h"
+#include "gpu/imma_prepare.cuh"
+#include "gpu/imma_tile.cuh"
+#include "gpu/ld_stream.cuh"
+#include "gpu/moe_combine.cuh"
+#include "gpu/moe_imma_one.h"
+#include "gpu/moe_route.cuh"
+#include "gpu/moe_router_logits.cuh"
+#include "gpu/q4_tile.h"
+
+namespace kestrel::gpu {
+namespace {
+
+using imma_prep::kGroupElems;
+using imma_prep::kUnitsPerSlice;
+using imma_prep::XLayout;
+using imma_tile::kTileRows;
+using imma_tile::kUnitElems;
+using imma_tile::WeightBuf;
+using XSourceL2 = imma_tile::XSourceT<true>;
+
+constexpr unsigned kFull = 0xFFFFFFFFu;
+constexpr int kWarps = 16;         // per block (512 threads, one block per SM at <= 128 registers)
+constexpr int kTaskGroups = 2;     // 256-column groups per GEMV task
+constexpr int kMaxGroupsH = 16;    // H <= 4096
+constexpr int kMaxDownSums = 32;   // slots · groups of I, one row's down partials
+constexpr int kMaxRowsI = 2048;    // I
+constexpr int kMaxExperts = 512;   // E (routing with up to 16 logits a lane)
+constexpr int kFixedCounters = 4;  // x prepared, logits, shared gate, warps done
+enum { kCtrX = 0, kCtrLogits = 1, kCtrSgate = 2, kCtrDone = 3 };
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+int round4(int n) { return (n + 3) / 4 * 4; }
+
+// The chain's split of a grouped GEMV row (gemv_imma.cu, pick_split for tables).
+void grouped_split(int n_groups, int& S, int& gps) {
+  S = 1;
+  while (S < 16 && (n_groups + S - 1) / S > 4) S *= 2;
+  gps = (n_groups + S - 1) / S;
+}
+
+// Everything of one call, by value.
+struct OneArgs {
+  const float* router;
+  const float* x;
+  float* out;
+  const uint8_t* gate;
+  const uint8_t* up;
+  const uint8_t* down;
+  const uint8_t* gate_sh;
+  const uint8_t* up_sh;
+  const uint8_t* down_sh;
+  const uint8_t* sh_inp;  // f32 [H]
+  uint64_t gu_bytes;      // one expert's tiled gate (= up) matrix
+  uint64_t dn_bytes;      // one expert's tiled down matrix
+  int E, k, H, I, n_slots;
+  int nGH, nGI;             // 256-column groups of H and of I
+  int nUH, nUI;             // 64-column units
+  int rgI, rgH;             // row groups (16 rows) of the gate/up and of the down matrices
+  int n_gch, n_ich;         // tasks per row group
+  size_t meta_gu, meta_dn;  // bytes from a tiled matrix's start to its scales
+  int gps_gu, gps_dn;       // the chain's groups per slice
+  XLayout lay_h, lay_i;
+  int gstride, dstride;  // row strides of gpart, dpart (floats)
+  // scratch
+  float* logits;
+  MoeRouting r;
+  uint8_t* xprep;
+  float* gpart;
+  float* act;
+  uint8_t* aprep;
+  float* dpart;
+  float* sgate;
+  // counters
+  unsigned* ctr;
+  int off_rg, off_act, off_ready, off_comb, n_ctr;
+  // task list starts
+  int t_sgate, t_router, t_sh_gu, t_sh_dn, t_write, t_gu, t_dn, t_end;
+};
+
+// ---- synchronisation ---------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+constexpr long long kSpinLimitCycles = 4'000'000'000LL;  // ~2 s
+
+// Every lane waits until *p >= target (acquire: what was written before the increments that reached it is visible).
+__device__ __forceinline__ void wait_geq(const unsigned* p, unsigned target) {
+  if (ld_acquire(p) >= target) return;
+  const long long t0 = clock64();
+  unsigned ns = 32;
+  while (ld_acquire(p) < target) {
+    __nanosleep(ns);
+    ns = min(ns * 2, 256u);
+    if (clock64() - t0 > kSpinLimitCycles) __trap();
+  }
+}
+
+// The warp's writes so far, then one increment of *p (release); returns the value before it to every lane. The last
+// arriver (old == target − 1) may then read what every other arriver wrote (through L2: __ldcg).
+__device__ __forceinline__ unsigned release_add(unsigned* p, int lane) {
+  __syncwarp();
+  unsigned old = 0;
+  if (lane == 0) {
+    __threadfence();
+    old = atomicAdd(p, 1u);
+    __threadfence();
+  }
+  return __shfl_sync(kFull, old, 0);
+}
+
+// ---- per-block routing ---------------------------------------------------------------------------------------------
+
+struct BlockRouting {
+  int state;  // 0: nobody, 1: a warp is routing, 2: ready
+  int id[kMoeMaxUsed];
+  float w[kMoeMaxUsed];
+  float lg[kMaxExperts];
+};
+
+// Routes the token from the logits in lg (route_token, as the chain): lane j < k gets selection j (descending p) with
+// its weight; rank = the selection's place by ascending expert id.
+template <int kPer>
+__device__ __forceinline__ void route_from(const float* lg, const OneArgs& a, int lane, int& id, float& wt, int& rank) {
+  float p = 0.0f, sel_sum = 0.0f;
+  id = 0;
+  moe_route_dev::route_token<kPer>(lg, a.E, a.k, lane, id, p, sel_sum);
+  wt = __fdiv_rn(p, fmaxf(sel_sum, moe_route_dev::kWeightSumMin));
+  rank = 0;
+  for (int j = 0; j < a.k; ++j) rank += __shfl_sync(kFull, id, j) < id ? 1 : 0;
+}
+
+// The block's routing, computed by the first warp that asks (after the logits are complete), waited for by the rest.
+template <int kPer>
+__device__ __forceinline__ void need_routing(BlockRouting& br, const OneArgs& a, int lane) {
+  volatile int* state = &br.state;
+  if (*state == 2) {
+    __threadfence_block();
+    return;
+  }
+  int won = 0;
+  if (lane == 0) won = atomicCAS(&br.state, 0, 1) == 0 ? 1 : 0;
+  won = __shfl_sync(kFull, won, 0);
+  if (won) {
+    wait_geq(a.ctr + kCtrLogits, static_cast<unsigned>(a.E));
+    for (int e = lane; e < a.E; e += 32) br.lg[e] = __ldcg(a.logits + e);
+    __syncwarp();
+    int id = 0, rank = 0;
+    float wt = 0.0f;
+    route_from<kPer>(br.lg, a, lane, id, wt, rank);
+    if (lane < a.k) {
+      br.id[rank] = id;
+      br.w[rank] = wt;
+    }
+    __syncwarp();
+    __threadfence_block();
+    if (lane == 0) *state = 2;
+  } else {
+    while (*state != 2) __nanosleep(32);
+    __threadfence_block();
+  }
+}
+
+// ---- GEMV pieces ---------------------------------------------------------------------------------------------------
+
+// Group grp of row group rg of a tiled matrix into registers (units past the row's end read as zeros).
+template <GgmlType T>
+__device__ __forceinline__ void load_group(const uint8_t* base, size_t meta_off, int n_units, int rg, int grp, int lane,
+                                           WeightBuf& b) {
+  const size_t tile0 = static_cast<size_t>(rg) * n_units + static_cast<size_t>(grp) * kUnitsPerSlice;
+  const uint8_t* qs = base + tile0 * 512 + lane * 16;
+  const uint8_t* meta = base + meta_off + tile0 * 64 + (T == GgmlType::kQ4_0 ? (lane / 4) * 8 : (lane / 4) * 16);
+  const int left = n_units - grp * kUnitsPerSlice;
+#pragma unroll
+  for (int i = 0; i < kUnitsPerSlice; ++i) {
+    const bool ok = i < left;
+    b.w[i] = ok ? ldg_stream(qs + i * 512) : make_uint4(0, 0, 0, 0);
+    if constexpr (T == GgmlType::kQ4_0) b.m0[i] = ok ? ldg_stream2(meta + i * 64) : make_uint2(0, 0);
+  }
+  if constexpr (T == GgmlType::kQ4_K) {  // whole groups only (n_cols % 256 == 0)
+    b.mk[0] = ldg_stream(meta);
+    b.mk[1] = ldg_stream(meta + 128);
+  }
+}
+
+// Where a lane finds group grp of one prepared vector xb (gemv_imma_kernel's offsets for a pair of one vector).
+__device__ __forceinline__ XSourceL2 x_source(const uint8_t* xb, const XLayout& lay, int grp, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  return XSourceL2{xb + (static_cast<size_t>(grp) * 64 + (g % 4) * 4 + t) * 16,
+                   xb + lay.frag_bytes() + (static_cast<size_t>(grp) * 8 + (t % 2)) * 8,
+                   xb + lay.frag_bytes() + lay.dsum_bytes() + static_cast<size_t>(grp) * 4};
+}
+
+// Adds a row's per-group sums as the grouped GEMV does: slices of gps groups, each from 0 in group order, then the
+// slices in order (an empty slice adds +0, which changes nothing: no sum here is −0). Call with the groups in order;
+// `done` after the row's last group.
+struct RowSum {
+  float acc = 0.0f, sum = 0.0f;
+  bool first = true;
+  __device__ __forceinline__ void add(float v, int gi, int gps, int n_groups) {
+    acc = __fadd_rn(acc, v);
+    if ((gi + 1) % gps == 0 || gi + 1 == n_groups) {
+      sum = first ? acc : __fadd_rn(sum, acc);
+      first = false;
+      acc = 0.0f;
+    }
+  }
+  __device__ __forceinline__ float take() {
+    const float s = sum;
+    acc = sum = 0.0f;
+    first = true;
+    return s;
+  }
+};
+
+// Lanes 0..15 (row = lane) load n floats (n <= 32, a multiple of 4 in storage) of row `row` of a partial array.
+template <int kMax>
+__device__ __forceinline__ void load_row(const float* p, int n, float (&v)[kMax]) {
+#pragma unroll
+  for (int q = 0; q < kMax / 4; ++q) {
+    const float4 f = 4 * q < n ? __ldcg(reinterpret_cast<const float4*>(p) + q) : make_float4(0, 0, 0, 0);
+    v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+  }
+}
+
+// ---- tasks ---------------------------------------------------------------------------------------------------------
+
+template <GgmlType T, int kPer>
+struct Tasks {
+  const OneArgs& a;
+  BlockRouting& br;
+  int lane;
+
+  __device__ __forceinline__ int expert(int slot) const { return br.id[slot]; }
+
+  __device__ __forceinline__ void prepare_x(int grp) const {
+    imma_prep::prepare_group(imma_prep::PlainRows{a.x}, a.H, a.lay_h, a.xprep, 0, grp, lane);
+    release_add(a.ctr + kCtrX, lane);
+  }
+
+  __device__ __forceinline__ void shared_gate() const {
+    const float s = moe_combine::shared_gate_warp<GgmlType::kF32>(a.sh_inp, a.x, a.H, lane);
+    if (lane == 0) *a.sgate = s;
+    release_add(a.ctr + kCtrSgate, lane);
+  }
+
+  __device__ __forceinline__ void router_row(int e) const {
+    moe_router_logits::router_logits_block<false>(a.router, a.x, a.H, a.E, 1, a.logits,
+                                                  e / moe_router_logits::kRouterWarps,
+                                                  e % moe_router_logits::kRouterWarps, nullptr);
+    release_add(a.ctr + kCtrLogits, lane);
+  }
+
+  // The routing views for MoeLaunchInfo (moe_route's layout for one token).
+  __device__ __forceinline__ void write_routing() const {
+    need_routing<kPer>(br, a, lane);
+    int id = 0, rank = 0;
+    float wt = 0.0f;
+    route_from<kPer>(br.lg, a, lane, id, wt, rank);
+    if (lane < a.k) {
+      a.r.ids[lane] = id;
+      a.r.weights[lane] = wt;
+      a.r.active_expert[rank] = id;
+      a.r.active_offset[rank] = rank;
+      a.r.entry_token[rank] = 0;
+      a.r.entry_weight[rank] = wt;
+      a.r.token_entry[rank] = rank;
+    }
+    if (lane == 0) {
+      *a.r.n_active = a.k;
+      a.r.active_offset[a.k] = a.k;
+    }
+  }
+
+  // Gate (m = 0) or up (m = 1) of slot, row group rg, groups ch·kTaskGroups.. of the row.
+  __device__ __forceinline__ void gate_up(int slot, int m, int rg, int ch) const {
+    const uint8_t* base;
+    if (slot < a.k) {
+      need_routing<kPer>(br, a, lane);
+      base = (m == 0 ? a.gate : a.up) + static_cast<uint64_t>(expert(slot)) * a.gu_bytes;
+    } else {
+      base = m == 0 ? a.gate_sh : a.up_sh;
+    }
+    const int grp0 = ch * kTaskGroups;
+    WeightBuf b[kTaskGroups];
+#pragma unroll
+    for (int q = 0; q < kTaskGroups; ++q) {
+      if (grp0 + q < a.nGH) load_group<T>(base, a.meta_gu, a.nUH, rg, grp0 + q, lane, b[q]);
+    }
+    wait_geq(a.ctr + kCtrX, static_cast<unsigned>(a.nGH));
+    const int g = lane / 4, t = lane % 4;
+    float* part = a.gpart + (static_cast<size_t>(slot) * a.rgI + rg) * kTileRows * a.gstride + m * a.nGH;
+#pragma unroll
+    for (int q = 0; q < kTaskGroups; ++q) {
+      if (grp0 + q < a.nGH) {
+        float out[2];
+        imma_tile::multiply<T>(b[q], x_source(a.xprep, a.lay_h, grp0 + q, lane), lane, out);
+        if (t == 0) {
+          part[g * a.gstride + grp0 + q] = out[0];
+          part[(g + 8) * a.gstride + grp0 + q] = out[1];
+        }
+      }
+    }
+    if (release_add(a.ctr + a.off_rg + slot * a.rgI + rg, lane) + 1 == static_cast<unsigned>(2 * a.n_gch)) {
+      finish_gate_up_rows(slot, rg);
+    }
+  }
+
+  // The last gate+up task of (slot, rg): the 16 rows' gate and up sums, SwiGLU into act; the last row group of an
+  // activation group prepares it; the last group marks the slot's activations ready.
+  __device__ __forceinline__ void finish_gate_up_rows(int slot, int rg) const {
+    if (lane < kTileRows) {
+      const float* p = a.gpart + ((static_cast<size_t>(slot) * a.rgI + rg) * kTileRows + lane) * a.gstride;
+      float v[2 * kMaxGroupsH];
+      load_row<2 * kMaxGroupsH>(p, 2 * a.nGH, v);
+      RowSum rs;
+      float gate = 0.0f, up = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 2 * kMaxGroupsH; ++i) {
+        if (i < 2 * a.nGH) {
+          const int gi = i < a.nGH ? i : i - a.nGH;
+          rs.add(v[i], gi, a.gps_gu, a.nGH);
+          if (gi + 1 == a.nGH) {
+            const float s = rs.take();
+            if (i < a.nGH) {
+              gate = s;
+            } else {
+              up = s;
+            }
+          }
+        }
+      }
+      a.act[static_cast<size_t>(slot) * a.I + rg * kTileRows + lane] = imma_prep::swiglu(gate, up);
+    }
+    const int rows_per_group = kGroupElems / kTileRows;
+    const int j = rg / rows_per_group;
+    const int in_group = min(rows_per_group, a.rgI - j * rows_per_group);
+    if (release_add(a.ctr + a.off_act + slot * a.nGI + j, lane) + 1 == static_cast<unsigned>(in_group)) {
+      imma_prep::prepare_group(imma_prep::L2Rows{a.act}, a.I, a.lay_i, a.aprep, slot, j, lane);
+      release_add(a.ctr + a.off_ready + slot, lane);
+    }
+  }
+
+  // Down rows of output row group rg for slot, groups ch·kTaskGroups.. of I.
+  __device__ __forceinline__ void down(int slot, int rg, int ch) const {
+    const uint8_t* base;
+    if (slot < a.k) {
+      need_routing<kPer>(br, a, lane);
+      base = a.down + static_cast<uint64_t>(expert(slot)) * a.dn_bytes;
+    } else {
+      base = a.down_sh;
+    }
+    const int grp0 = ch * kTaskGroups;
+    WeightBuf b[kTaskGroups];
+#pragma unroll
+    for (int q = 0; q < kTaskGroups; ++q) {
+      if (grp0 + q < a.nGI) load_group<T>(base, a.meta_dn, a.nUI, rg, grp0 + q, lane, b[q]);
+    }
+    wait_geq(a.ctr + a.off_ready + slot, static_cast<unsigned>(a.nGI));
+    const uint8_t* xb = a.aprep + static_cast<size_t>(slot) * a.lay_i.vec_bytes();
+    const int g = lane / 4, t = lane % 4;
+    float* part = a.dpart + static_cast<size_t>(rg) * kTileRows * a.dstride + slot * a.nGI;
+#pragma unroll
+    for (int q = 0; q < kTaskGroups; ++q) {
+      if (grp0 + q < a.nGI) {
+        float out[2];
+        imma_tile::multiply<T>(b[q], x_source(xb, a.lay_i, grp0 + q, lane), lane, out);
+        if (t == 0) {
+          part[g * a.dstride + grp0 + q] = out[0];
+          part[(g + 8) * a.dstride + grp0 + q] = out[1];
+        }
+      }
+    }
+    if (release_add(a.ctr + a.off_comb + rg, lane) + 1 == static_cast<unsigned>(a.n_slots * a.n_ich)) combine(rg);
+  }
+
+  // The last down task of output row group rg: each slot's row sums, then out = Σ by ascending expert id of y·w, then
+  // + sigmoid(shared gate)·shared y (moe_combine's order).
+  __device__ __forceinline__ void combine(int rg) const {
+    need_routing<kPer>(br, a, lane);
+    float sg = 0.0f;
+    if (a.n_slots > a.k) {
+      wait_geq(a.ctr + kCtrSgate, 1u);
+      sg = __ldcg(a.sgate);
+    }
+    if (lane < kTileRows) {  // all lanes stay on one path: the next task's warp-wide steps need them
+      const float* p = a.dpart + (static_cast<size_t>(rg) * kTileRows + lane) * a.dstride;
+      float v[kMaxDownSums];
+      const int n = a.n_slots * a.nGI;
+      load_row<kMaxDownSums>(p, n, v);
+      RowSum rs;
+      float y = 0.0f;
+      int slot = 0, gi = 0;
+#pragma unroll
+      for (int i = 0; i < kMaxDownSums; ++i) {
+        if (i < n) {
+          rs.add(v[i], gi, a.gps_dn, a.nGI);
+          if (++gi == a.nGI) {
+            const float ye = rs.take();
+            y = slot < a.k ? __fadd_rn(y, __fmul_rn(ye, br.w[slot])) : __fadd_rn(y, __fmul_rn(sg, ye));
+            ++slot;
+            gi = 0;
+          }
+        }
+      }
+      a.out[rg * kTileRows + lane] = y;
+    }
+  }
+
+  __device__ __forceinline__ void run(int task) const {
+    if (task < a.t_sgate) return prepare_x(task);
+    if (task < a.t_router) return shared_gate();
+    if (task < a.t_sh_gu) return router_row(task - a.t_router);
+    if (task < a.t_sh_dn) {
+      const int i = task - a.t_sh_gu;  // (rg, m, ch)
+      return gate_up(a.k, i / a.n_gch % 2, i / (2 * a.n_gch), i % a.n_gch);
+    }
+    if (task < a.t_write) {
+      const int i = task - a.t_sh_dn;  // (rg, ch)
+      return down(a.k, i / a.n_ich, i % a.n_ich);
+    }
+    if (task < a.t_gu) return write_routing();
+    if (task < a.t_dn) {
+      const int i = task - a.t_gu;  // (slot, rg, m, ch)
+      const int per_slot = 2 * a.rgI * a.n_gch;
+      const int r = i % per_slot;
+      return gate_up(i / per_slot, r / a.n_gch % 2, r / (2 * a.n_gch), r % a.n_gch);
+    }
+    const int i = task - a.t_dn;  // (rg, slot, ch)
+    return down(i / a.n_ich % a.k, i / (a.n_ich * a.k), i % a.n_ich);
+  }
+};
+
+template <GgmlType T, int kPer>
+__global__ void __launch_bounds__(kWarps * 32, 1) moe_one_kernel(OneArgs a) {
+  __shared__ BlockRouting br;
+  if (threadIdx.x == 0) br.state = 0;
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int n_warps = static_cast<int>(gridDim.x) * kWarps;
+  const int gw = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / 32;
+  const Tasks<T, kPer> tasks{a, br, lane};
+  for (int task = gw; task < a.t_end; task += n_warps) tasks.run(task);
+  // The last warp to finish puts the counters back to zero for the next call (every other warp is past its waits).
+  if (release_add(a.ctr + kCtrDone, lane) + 1 == static_cast<unsigned>(n_warps)) {
+    for (int i = lane; i < a.n_ctr; i += 32) a.ctr[i] = 0u;
+  }
+}
+
+// ---- host
+// ------------------------------------------------------------------------------------------------------------
+
+struct Shape {
+  int E, k, H, I, n_slots, nGH, nGI, rgI, rgH;
+};
+
+Shape shape_of(const MoeImmaWeights& w) {
+  Shape s;
+  s.E = static_cast<int>(w.n_expert);
+  s.k = w.n_expert_used;
+  s.H = static_cast<int>(w.n_embd);
+  s.I = static_cast<int>(w.n_ff);
+  s.n_slots = s.k + (w.has_shared_expert() ? 1 : 0);
+  s.nGH = (s.H + kGroupElems - 1) / kGroupElems;
+  s.nGI = (s.I + kGroupElems - 1) / kGroupElems;
+  s.rgI = s.I / kTileRows;
+  s.rgH = s.H / kTileRows;
+  return s;
+}
+
+int counters_of(const Shape& s) { return kFixedCounters + s.n_slots * s.rgI + s.n_slots * s.nGI + s.n_slots + s.rgH; }
+
+// Scratch pieces, in order (null base: sizes only).
+struct Scratch {
+  float* logits;
+  void* routing;
+  uint8_t* xprep;
+  float* gpart;
+  float* act;
+  uint8_t* aprep;
+  float* dpart;
+  float* sgate;
+  size_t bytes;
+};
+
+Scratch scratch_of(const MoeImmaWeights& w, const Shape& s, void* base) {
+  auto* p = static_cast<unsigned char*>(base);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    unsigned char* q = p == nullptr ? nullptr : p + at;
+    at += align16(bytes);
+    return q;
+  };
+  Scratch c;
+  c.logits = reinterpret_cast<float*>(take(static_cast<size_t>(s.E) * 4));
+  c.routing = take(moe_routing_bytes(1, s.E, s.k));
+  c.xprep = take(imma_x_bytes(w.n_embd, 1));
+  c.gpart = reinterpret_cast<float*>(
+      take(static_cast<size_t>(s.n_slots) * s.rgI * kTileRows * static_cast<size_t>(round4(2 * s.nGH)) * 4));
+  c.act = reinterpret_cast<float*>(take(static_cast<size_t>(s.n_slots) * s.I * 4));
+  c.aprep = take(static_cast<size_t>(s.n_slots) * imma_x_bytes(w.n_ff, 1));
+  c.dpart = reinterpret_cast<float*>(
+      take(static_cast<size_t>(s.rgH) * kTileRows * static_cast<size_t>(round4(s.n_slots * s.nGI)) * 4));
+  c.sgate = reinterpret_cast<float*>(take(4));
+  c.bytes = at;
+  return c;
+}
+
+template <GgmlType T, int kPer>
+Status launch(const OneArgs& args, cudaStream_t stream) {
+  static std::atomic<int> grid{0};  // SMs × resident blocks (a benign race: the same value)
+  if (grid.load(std::memory_order_relaxed) == 0) {
+    int dev = 0, sms = 0, per_sm = 0;
+    KESTREL_CUDA_TRY(cudaGetDevice(&dev));
+    KESTREL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    KESTREL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_one_kernel<T, kPer>, kWarps * 32, 0));
+    if (per_sm < 1) return make_error(ErrorCode::kInternal, "moe_imma_one: the kernel does not fit an SM");
+    grid.store(sms * per_sm, std::memory_order_relaxed);
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(grid.load(std::memory_order_relaxed)));
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeCooperative;  // every block resident at once, or the launch fails
+  attr.val.cooperative = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  KESTREL_CUDA_TRY(cudaLaunchKernelEx(&cfg, moe_one_kernel<T, kPer>, args));
+  return ok_status();
+}
+
+}  // namespace
+
+bool moe_imma_one_supports(const MoeImmaWeights& w) {
+  if (!moe_imma_check_weights(w)) return false;
+  const Shape s = shape_of(w);
+  const bool f32_router =
+      w.router.type == GgmlType::kF32 && s.H % 4 == 0 && reinterpret_cast<uintptr_t>(w.router.data) % 16 == 0;
+  const bool f32_gate = !w.has_shared_expert() || w.shared_gate_inp.type == GgmlType::kF32;
+  return f32_router && f32_gate && s.E <= kMaxExperts && s.nGH <= kMaxGroupsH && s.I <= kMaxRowsI &&
+         s.n_slots * s.nGI <= kMaxDownSums;
+}
+
+size_t moe_imma_one_counter_bytes(const MoeImmaWeights& w) {
+  return align16(static_cast<size_t>(counters_of(shape_of(w))) * 4);
+}
+
+size_t moe_imma_one_scratch_bytes(const MoeImmaWeights& w) { return scratch_of(w, shape_of(w), nullptr).bytes; }
+
+Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out, void* counters, void* scratch,
+                            cudaStream_t stream, MoeRouting* routing) {
+  if (!moe_imma_one_supports(w)) {
+    return make_error(ErrorCode::kUnsupported, "moe_imma_one: this layer's shape or types (moe_imma_one_supports)");
+  }
+  if (x == nullptr || out == nullptr || counters == nullptr || scratch == nullptr ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(scratch) % 16 != 0) {
+    return make_error(ErrorCode::kInvalidArgument, "moe_imma_one: null or misaligned pointer");
+  }
+  const Shape s = shape_of(w);
+  const Scratch c = scratch_of(w, s, scratch);
+  OneArgs a{};
+  a.router = static_cast<const float*>(w.router.data);
+  a.x = x;
+  a.out = out;
+  a.gate = static_cast<const uint8_t*>(w.gate_exps);
+  a.up = static_cast<const uint8_t*>(w.up_exps);
+  a.down = static_cast<const uint8_t*>(w.down_exps);
+  a.gate_sh = static_cast<const uint8_t*>(w.gate_shexp);
+  a.up_sh = static_cast<const uint8_t*>(w.up_shexp);
+  a.down_sh = static_cast<const uint8_t*>(w.down_shexp);
+  a.sh_inp = static_cast<const uint8_t*>(w.shared_gate_inp.data);
+  a.gu_bytes = q4_tiled_bytes(w.type, w.n_embd, w.n_ff);
+  a.dn_bytes = q4_tiled_bytes(w.type, w.n_ff, w.n_embd);
+  a.E = s.E;
+  a.k = s.k;
+  a.H = s.H;
+  a.I = s.I;
+  a.n_slots = s.n_slots;
+  a.nGH = s.nGH;
+  a.nGI = s.nGI;
+  a.nUH = s.H / kUnitElems;
+  a.nUI = s.I / kUnitElems;
+  a.rgI = s.rgI;
+  a.rgH = s.rgH;
+  a.n_gch = (s.nGH + kTaskGroups - 1) / kTaskGroups;
+  a.n_ich = (s.nGI + kTaskGroups - 1) / kTaskGroups;
+  a.meta_gu = static_cast<size_t>(s.rgI) * a.nUH * 512;
+  a.meta_dn = static_cast<size_t>(s.rgH) * a.nUI * 512;
+  int S = 1;
+  grouped_split(s.nGH, S, a.gps_gu);
+  grouped_split(s.nGI, S, a.gps_dn);
+  a.lay_h = imma_prep::x_layout(s.H);
+  a.lay_i = imma_prep::x_layout(s.I);
+  a.gstride = round4(2 * s.nGH);
+  a.dstride = round4(s.n_slots * s.nGI);
+  a.logits = c.logits;
+  a.r = moe_routing_carve(c.routing, 1, s.E, s.k);
+  a.xprep = c.xprep;
+  a.gpart = c.gpart;
+  a.act = c.act;
+  a.aprep = c.aprep;
+  a.dpart = c.dpart;
+  a.sgate = c.sgate;
+  a.ctr = static_cast<unsigned*>(counters);
+  a.off_rg = kFixedCounters;
+  a.off_act = a.off_rg + s.n_slots * s.rgI;
+  a.off_ready = a.off_act + s.n_slots * s.nGI;
+  a.off_comb = a.off_ready + s.n_slots;
+  a.n_ctr = counters_of(s);
+  const bool shared = w.has_shared_expert();
+  a.t_sgate = s.nGH;
+  a.t_router = a.t_sgate + (shared ? 1 : 0);
+  a.t_sh_gu = a.t_router + s.E;
+  a.t_sh_dn = a.t_sh_gu + (shared ? 2 * s.rgI * a.n_gch : 0);
+  a.t_write = a.t_sh_dn + (shared ? s.rgH * a.n_ich : 0);
+  a.t_gu = a.t_write + 1;
+  a.t_dn = a.t_gu + s.k * 2 * s.rgI * a.n_gch;
+  a.t_end = a.t_dn + s.k * s.rgH * a.n_ich;
+  if (routing != nullptr) *routing = a.r;
+  const bool q40 = w.type == GgmlType::kQ4_0;
+  if (s.E <= 8 * 32) return q40 ? launch<GgmlType::kQ4_0, 8>(a, stream) : launch<GgmlType::kQ4_K, 8>(a, stream);
+  return q40 ? launch<GgmlType::kQ4_0, 16>(a, stream) : launch<GgmlType::kQ4_K, 16>(a, stream);
+}
+
+}  // namespace kestrel::gpu

@@ -1,0 +1,48 @@
+// moe_imma_one: the MoE layer of moe_imma (gpu/moe_imma.h) for ONE token in one launch — the path moe_imma_forward
+// takes at n_tok == 1 where moe_imma_one_supports() holds. Internal to moe_imma: callers use moe_imma_forward.
+//
+// The six-launch chain (router → route + tables → gate+up → SwiGLU preparation → down → combine) spends most of a
+// one-token layer on its launches' latencies (docs/benchmarks.md, "MoE layer: what each launch costs in the chain":
+// the four small kernels 11.7 of 22.6 µs). Here every warp of a persistent, co-resident grid takes a fixed list of
+// warp tasks and each task waits only for what it reads, through counters (acquire loads, release increments):
+//   x's preparation (a warp per 256-element group), the shared-expert gate logit, the router's logits (a warp per
+//   expert), the shared expert's gate+up and down, then the routed experts' gate+up and down;
+//   a block routes once, in the first of its warps that needs the routing (the others wait in shared memory);
+//   the last of a row group's gate+up tasks adds its partial sums and applies SwiGLU, the last row group of an
+//   activation group prepares that group for the down GEMV, and the last down task of an output row group combines
+//   the experts' rows into `out`.
+// Weights are loaded before the wait for the activations they multiply (a down task streams its expert's rows while
+// gate+up still runs). The arithmetic and every summation order are the chain's (the same device functions; the
+// partial sums of each row are added in the chain's slices and warp order), so the output bits are the chain's: a
+// token's output still does not depend on its batch (test_moe_imma checks both).
+//
+// Counters live in the first moe_imma_counter_bytes of the caller's workspace: zero before the first call
+// (moe_imma_workspace_init), and the last warp of every call puts them back to zero.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "core/base/expected.h"
+#include "gpu/moe_imma.h"
+
+namespace kestrel::gpu {
+
+// True when the one-launch path takes this layer: an f32 router (H % 4 == 0, 16-byte aligned) of at most 512 experts,
+// an f32 shared-expert gate (if any), H <= 4096, I <= 2048, (k + shared) · ⌈I / 256⌉ <= 32.
+bool moe_imma_one_supports(const MoeImmaWeights& w);
+
+// Bytes of the counters at the workspace's start (16-aligned; any layer).
+size_t moe_imma_one_counter_bytes(const MoeImmaWeights& w);
+
+// Bytes of the path's scratch after the counters.
+size_t moe_imma_one_scratch_bytes(const MoeImmaWeights& w);
+
+// One token: x, out device f32 [H] (x 16-byte aligned); counters: moe_imma_one_counter_bytes, zero; scratch:
+// moe_imma_one_scratch_bytes, 16-byte aligned (no initialisation). One cooperative launch on `stream`; routing
+// receives the token's routing views (inside scratch). Errors before anything is enqueued.
+Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out, void* counters, void* scratch,
+                            cudaStream_t stream, MoeRouting* routing);
+
+}  // namespace kestrel::gpu

@@ -1,0 +1,116 @@
+// moe_router_logits.cuh: an f32 router's logits (ffn_gate_inp · x) for moe_imma's router-and-prepare kernel and for
+// the one-launch layer (moe_imma_one.cu), which computes the same logits warp by warp. Device code only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+
+namespace kestrel::gpu::moe_router_logits {
+
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+// Router logits for an f32 router (ffn_gate_inp, the usual GGUF type): a block takes kRouterWarps experts (a warp
+// each) for a group of up to kRouterTokens tokens; the warp holds its slice of the expert's row in registers (1024
+// columns at a time) and multiplies it into each token's x in turn; lane partials in column order, then a butterfly:
+// fixed order, bit-identical runs, the same bits whatever the grouping. gemv()'s generic kernel re-stages x per row
+// and vector and took 144 µs for 32 tokens at E = 256, H = 2048 (ncu); this takes a few.
+// kStaged (from kRouterStageMinTokens tokens): each half of a 1024-column pass of the group's x is first copied to
+// shared memory by the whole block, so the block's 8 warps (experts) read it from there; unstaged, every warp read
+// all tokens' x through L1 from L2 (32 tokens: 256 KB per warp, 64 MB per layer; 60 µs under ncu). Token groups:
+// with all 32 tokens in one block (32 blocks on 32 SMs, each warp 2048 FMAs and 512 shared-memory float4 reads a
+// lane) the router took 23 µs at 32 tokens and 8.9 at 8 (ncu); groups of 4 spread it over 8× the blocks, each
+// re-reading its experts' rows (from L2 after the first).
+constexpr int kRouterWarps = 8;
+constexpr int kRouterChunk = 1024;  // columns per pass: 32 lanes × 8 float4
+constexpr int kRouterHalf = kRouterChunk / 2;
+constexpr int kRouterTokens = 4;  // tokens per block
+constexpr int kRouterStageMinTokens = 2;
+
+static_assert(kRouterTokens * kRouterHalf * sizeof(float) <= 48 * 1024, "a group's staged x needs no opt-in");
+
+inline size_t router_stage_bytes(int n_tok) {
+  return static_cast<size_t>(std::min(n_tok, kRouterTokens)) * kRouterHalf * sizeof(float);
+}
+
+inline int router_blocks_of(int n_expert, int n_tok) {
+  return (n_expert + kRouterWarps - 1) / kRouterWarps * ((n_tok + kRouterTokens - 1) / kRouterTokens);
+}
+
+// Block `block`'s share, warp `warp` of it (kStaged: all kRouterWarps warps of the block call it together; unstaged,
+// one warp alone computes expert block % expert_blocks · kRouterWarps + warp for its token group).
+template <bool kStaged>
+__device__ __forceinline__ void router_logits_block(const float* __restrict__ w, const float* __restrict__ x, int h,
+                                                    int n_expert, int n_tok, float* __restrict__ logits, int block,
+                                                    int warp, float4* xs) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int expert_blocks = (n_expert + kRouterWarps - 1) / kRouterWarps;
+  const int e = block % expert_blocks * kRouterWarps + warp;
+  const int t0 = block / expert_blocks * kRouterTokens;
+  const int nt = min(kRouterTokens, n_tok - t0);
+  if (!kStaged && e >= n_expert) return;  // staged: every warp takes part in the staging
+  const bool active = e < n_expert;
+  float acc[kRouterTokens];
+#pragma unroll
+  for (int t = 0; t < kRouterTokens; ++t) acc[t] = 0.0f;
+  const auto* wr = reinterpret_cast<const float4*>(w + static_cast<size_t>(active ? e : 0) * h);
+  // The row a pass at a time, the next pass's weights loaded before this one's FMAs (one DRAM round trip in front of
+  // the first FMA instead of one per pass).
+  auto load_pass = [&](int c, float4(&wv)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int col = c + (i * 32 + lane) * 4;
+      wv[i] = active && col < h ? __ldg(wr + col / 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  float4 wnext[8];
+  load_pass(0, wnext);
+  for (int c = 0; c < h; c += kRouterChunk) {
+    float4 wv[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) wv[i] = wnext[i];
+    if (c + kRouterChunk < h) load_pass(c + kRouterChunk, wnext);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if constexpr (kStaged) {
+        // xs[t·128 + q] = x[t0 + t][c + 512·half + 4q .. +3] (zeros past h).
+        for (int q = static_cast<int>(threadIdx.x); q < nt * (kRouterHalf / 4); q += kRouterWarps * 32) {
+          const int t = q / (kRouterHalf / 4);
+          const int col = c + half * kRouterHalf + (q % (kRouterHalf / 4)) * 4;
+          xs[q] = col < h ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t0 + t) * h + col))
+                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        __syncthreads();
+      }
+#pragma unroll
+      for (int t = 0; t < kRouterTokens; ++t) {
+        if (t >= nt || !active) break;
+        const auto* xr = reinterpret_cast<const float4*>(x + static_cast<size_t>(t0 + t) * h);
+#pragma unroll
+        for (int i = 4 * half; i < 4 * half + 4; ++i) {
+          const int col = c + (i * 32 + lane) * 4;
+          if (col < h) {
+            const float4 xv = kStaged ? xs[t * (kRouterHalf / 4) + (i - 4 * half) * 32 + lane] : __ldg(xr + col / 4);
+            acc[t] = __fmaf_rn(wv[i].x, xv.x, acc[t]);
+            acc[t] = __fmaf_rn(wv[i].y, xv.y, acc[t]);
+            acc[t] = __fmaf_rn(wv[i].z, xv.z, acc[t]);
+            acc[t] = __fmaf_rn(wv[i].w, xv.w, acc[t]);
+          }
+        }
+      }
+      if constexpr (kStaged) __syncthreads();  // before the next half overwrites xs
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int t = 0; t < kRouterTokens; ++t) {
+    if (t >= nt) break;
+    float v = acc[t];
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) v = __fadd_rn(v, __shfl_xor_sync(kFullMask, v, off));
+    if (lane == 0) logits[static_cast<size_t>(t0 + t) * n_expert + e] = v;
+  }
+}
+
+}  // namespace kestrel::gpu::moe_router_logits
