@@ -58,8 +58,9 @@ std::atomic<int> g_pdl_max_tokens{kMoeImmaProgrammaticMaxTokens};
 // moves it for benchmarks.
 std::atomic<int> g_chunk{kMoeImmaSegmentVectors};
 
-// One token in one launch (moe_imma_one.h) where the layer allows it; off: the chain at every size (tests, benches).
-std::atomic<bool> g_single_launch{true};
+// One token in one launch (moe_imma_one.h) where the layer allows it; off (the default, kMoeImmaSingleLaunch): the
+// chain at every size.
+std::atomic<bool> g_single_launch{kMoeImmaSingleLaunch};
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 std::string tname(GgmlType t) { return std::string(ggml_type_name(t)); }

@@ -14,7 +14,7 @@
 //   its tokens one gate, one up and one down segment, plus the shared expert's chunks) → gemv_imma_segments(gate+up) →
 //   gemv_imma_prepare_swiglu (SwiGLU per entry, written only in prepared form) → gemv_imma_segments(down) → combine (Σ
 //   over each token's entries by ascending expert id of w·y, then + sigmoid(shared gate · x) · shared y, as the
-//   reference): 6 launches (7 with a router that is not f32). One token: one launch (moe_imma_set_single_launch).
+//   reference): 6 launches (7 with a router that is not f32); one token in one launch with moe_imma_set_single_launch.
 // Each active expert's matrices are read once per call for up to 8 of its tokens (an expert chosen by more than 8
 // tokens is read once per 8; at 32 tokens of a 256-expert top-8 layer that is rare). Fixed summation orders and no
 // atomics in these kernels: repeated runs are bit-identical (given gemv_imma_segments is, as its header says).
@@ -106,10 +106,12 @@ inline constexpr int kMoeImmaSegmentVectors = 2;
 // Thread-safe.
 void moe_imma_set_segment_vectors(int n);
 
-// One token in one launch: at n_tok == 1, moe_imma_forward runs the whole layer as one cooperative kernel
+// One token in one launch: when on, at n_tok == 1 moe_imma_forward runs the whole layer as one cooperative kernel
 // (gpu/moe_imma_one.h) where moe_imma_one_supports() holds (an f32 router and shared gate, H <= 4096, I <= 2048, ...),
-// with the chain's bits. Off (process-wide, for calls made after it; tests and benchmarks): the chain at every size.
-// Thread-safe.
+// with the chain's bits. Off by default: it is correct and tested but not yet faster than the chain (H200, 35B-A3B
+// shape: 53 vs 22.5 µs; docs/benchmarks.md, "MoE: one token in one launch"). Process-wide, for calls made after it;
+// thread-safe.
+inline constexpr bool kMoeImmaSingleLaunch = false;
 void moe_imma_set_single_launch(bool on);
 
 // Bytes of device scratch moe_imma_forward needs for calls of up to n_tok tokens; 0 when n_tok is out of [1,

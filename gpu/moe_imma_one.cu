@@ -19,6 +19,13 @@
 // Progress: a warp takes tasks gw, gw + W, ... (W warps, all resident: a cooperative launch) and every task waits only
 // for tasks earlier in the list (the routing a block computes waits only for the logits), so the earliest unfinished
 // task can always run. A wait that outlasts ~2 s (a broken counter) traps instead of hanging the device.
+//
+// Status (H200, bench_moe "us one"; docs/benchmarks.md, "MoE: one token in one launch"): correct, 54 µs against the
+// chain's 22.6, so off by default (kMoeImmaSingleLaunch). tools/device/moe_one_phases.py showed the routing known only
+// at ~14 µs (router rows end at 5–9, then need_routing's logits loop is 8 dependent L2 loads) and at 25–31 µs in
+// blocks that first need it in a second task. Tried: polling counters per warp (42 µs) → per-block flag words (46) →
+// release atomics with the rare tasks out of line (53.5; the atomics alone made no difference). Next: route once in
+// the last router-row arrival and publish ids and weights; unroll the logits loads; re-time the inlined form.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>

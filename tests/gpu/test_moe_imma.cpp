@@ -10,7 +10,8 @@
 // products are exact integer sums scaled per 32-element block in f32, and its digit representation of each
 // activation loses < 2^-27 of its 256-group's largest |x| (gemv_imma.h), so what remains is f32 summation order
 // (~1e-6 of the row scale at these sizes), as in the raw-block version. Repeated runs are bit-identical, with and
-// without programmatic dependent launches, and a token's output does not depend on the batch it is in.
+// without programmatic dependent launches, and a token's output does not depend on the batch it is in. One-token cases
+// run the one-launch form (gpu/moe_imma_one.h, turned on here; off by default) and must give the chain's bits.
 // Device tests skip without a GPU; gemv_imma_segments must be linked in (gpu/gemv_imma.cu).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -150,6 +151,7 @@ DeviceRun run_device(const MoeImmaWeights& w, const std::vector<float>& x, int n
 // Launches moe_imma_forward enqueues: one token of a layer moe_imma_one takes, one; otherwise router logits with x's
 // preparation (an f32 router; else the router gemv and the preparation apart), route + tables, gate+up, the SwiGLU
 // activations' preparation, down, combine.
+// (check_case runs with the one-launch path on, and compares the chain against it.)
 int expected_launches(const Shape& s, const MoeImmaWeights& w, int n_tok) {
   if (n_tok == 1 && moe_imma_one_supports(w)) return 1;
   return s.router == GgmlType::kF32 ? 6 : 7;
@@ -158,6 +160,10 @@ int expected_launches(const Shape& s, const MoeImmaWeights& w, int n_tok) {
 void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok) {
   const std::string what = describe(s, n_tok);
   SCOPED_TRACE(what);
+  moe_imma_set_single_launch(true);  // off by default (not yet faster); every case checks it at one token
+  struct SingleLaunchDefault {
+    ~SingleLaunchDefault() { moe_imma_set_single_launch(kMoeImmaSingleLaunch); }
+  } single_launch_default;
   const std::vector<float> x = draw_x(m, n_tok, 91u + static_cast<unsigned>(n_tok));
   std::vector<float> want(x.size());
   std::vector<int32_t> want_sel(static_cast<size_t>(n_tok * s.k));
@@ -287,6 +293,10 @@ TEST(MoeImma, OneLaunchCountersSurviveChainCallsAndReset) {
   ASSERT_TRUE(layer) << layer.error().to_string();
   const MoeImmaWeights& w = (*layer)->weights();
   ASSERT_TRUE(moe_imma_one_supports(w));
+  moe_imma_set_single_launch(true);
+  struct SingleLaunchDefault {
+    ~SingleLaunchDefault() { moe_imma_set_single_launch(kMoeImmaSingleLaunch); }
+  } single_launch_default;
   const std::vector<float> x = draw_x(m, 32, 5u);
   const DeviceRun alone = run_device(w, std::vector<float>(x.begin(), x.begin() + s.h), 1);
   DeviceBuffer dx(x.size() * 4), dout(x.size() * 4), ws(moe_imma_workspace_bytes(w, 32));

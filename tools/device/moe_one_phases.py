@@ -21,10 +21,11 @@ from source_patch import apply_edits, function_body
 
 KINDS = ["x prep", "shared gate", "router row", "shared g+u", "shared down", "write routing", "gate+up", "down",
          "routing (winner)", "g+u row finish", "act prepare", "combine", "down wait end", "-", "warp exit",
-         "warp entry"]
+         "warp entry", "g+u routing known", "g+u loads issued", "g+u x ready", "g+u multiplied", "g+u arrived",
+         "down multiplied", "down arrived", "-"]
 
 HEAD = r'''
-__device__ unsigned long long g_ph[16][4];     // rare events per kind: min start, max start, min end, max end
+__device__ unsigned long long g_ph[24][4];     // rare events per kind: min start, max start, min end, max end
 __device__ unsigned long long g_pw[4096][6];   // per warp: entry, task 1 start, end, task 2 start, end, exit
 __device__ int g_pk[4096];                     // per warp: kind of task 1 | kind of task 2 << 8 | tasks << 16
 __device__ unsigned g_ph_calls;
@@ -68,16 +69,16 @@ REPORT = r'''
       const unsigned call = g_ph_calls++;
       if (call % 1000 == 20) {
         ph_fold(static_cast<int>(gridDim.x) * kWarps);
-        const char* names[16] = NAMES;
+        const char* names[24] = NAMES;
         const unsigned long long t0 = g_ph[15][0];
         printf("moe_one phases (call %u, us from the first warp entry): kind, first start, last start, first end, last end\n", call);
-        for (int k = 0; k < 16; ++k) {
+        for (int k = 0; k < 24; ++k) {
           if (g_ph[k][1] == 0) continue;
           printf("  %-18s %8.2f %8.2f %8.2f %8.2f\n", names[k], (g_ph[k][0] - t0) * 1e-3, (g_ph[k][1] - t0) * 1e-3,
                  (g_ph[k][2] - t0) * 1e-3, (g_ph[k][3] - t0) * 1e-3);
         }
       }
-      for (int k = 0; k < 16; ++k) {
+      for (int k = 0; k < 24; ++k) {
         g_ph[k][0] = g_ph[k][2] = ~0ull;
         g_ph[k][1] = g_ph[k][3] = 0ull;
       }
@@ -122,6 +123,25 @@ def main():
         ("static_cast<unsigned>(a.n_slots * a.n_ich), lane)) combine(rg);",
          "static_cast<unsigned>(a.n_slots * a.n_ich), lane)) {\n      const unsigned long long c0 = ph_now();\n"
          "      combine(rg);\n      ph_mark(11, c0, ph_now(), lane);\n    }", "the combine call"),
+    ]
+    # Inside the routed gate+up and down tasks, sampled (one row group in 8: the atomics stay few).
+    def ev(kind, cond):
+        return f"    if ({cond}) {{ const unsigned long long e_ = ph_now(); ph_mark({kind}, e_, e_, lane); }}\n"
+    gu = "slot < a.k && (rg & 7) == 0"
+    edits += [
+        ("      base = (m == 0 ? a.gate : a.up) + static_cast<uint64_t>(expert(slot)) * a.gu_bytes;\n",
+         "      base = (m == 0 ? a.gate : a.up) + static_cast<uint64_t>(expert(slot)) * a.gu_bytes;\n" + ev(16, "(rg & 7) == 0"),
+         "the gate+up routing"),
+        ("    wait_bit(kBitX, a.flags + blockIdx.x, br.seen);\n    const int g = lane / 4, t = lane % 4;\n",
+         ev(17, gu) + "    wait_bit(kBitX, a.flags + blockIdx.x, br.seen);\n" + ev(18, gu) +
+         "    const int g = lane / 4, t = lane % 4;\n", "the gate+up wait"),
+        ("    if (arrive(a.ctr + a.off_rg + slot * a.rgI + rg, static_cast<unsigned>(2 * a.n_gch), lane)) {\n",
+         ev(19, gu) + "    const bool last_ = arrive(a.ctr + a.off_rg + slot * a.rgI + rg, static_cast<unsigned>(2 * a.n_gch), lane);\n"
+         + ev(20, gu) + "    if (last_) {\n", "the gate+up arrival"),
+        ("    if (arrive(a.ctr + a.off_comb + rg, static_cast<unsigned>(a.n_slots * a.n_ich), lane)) {\n",
+         ev(21, "slot < a.k && (rg & 7) == 0") +
+         "    const bool last_ = arrive(a.ctr + a.off_comb + rg, static_cast<unsigned>(a.n_slots * a.n_ich), lane);\n"
+         + ev(22, "slot < a.k && (rg & 7) == 0") + "    if (last_) {\n", "the down arrival"),
     ]
     if args.no_cooperative:
         edits.append(("  cfg.numAttrs = 1;\n", "  cfg.numAttrs = 0;\n", "the cooperative attribute"))
