@@ -17,15 +17,16 @@
 // chain's.
 //
 // Progress: a warp takes tasks gw, gw + W, ... (W warps, all resident: a cooperative launch) and every task waits only
-// for tasks earlier in the list (the routing a block computes waits only for the logits), so the earliest unfinished
-// task can always run. A wait that outlasts ~2 s (a broken counter) traps instead of hanging the device.
+// for tasks earlier in the list (the routing, computed inside the last router task, only for the logits), so the
+// earliest unfinished task can always run. A wait that outlasts ~2 s (a broken counter) traps instead of hanging the
+// device.
 //
-// Status (H200, bench_moe "us one"; docs/benchmarks.md, "MoE: one token in one launch"): correct, 54 µs against the
-// chain's 22.6, so off by default (kMoeImmaSingleLaunch). tools/device/moe_one_phases.py showed the routing known only
-// at ~14 µs (router rows end at 5–9, then need_routing's logits loop is 8 dependent L2 loads) and at 25–31 µs in
-// blocks that first need it in a second task. Tried: polling counters per warp (42 µs) → per-block flag words (46) →
-// release atomics with the rare tasks out of line (53.5; the atomics alone made no difference). Next: route once in
-// the last router-row arrival and publish ids and weights; unroll the logits loads; re-time the inlined form.
+// Status (H200, bench_moe "us one"; docs/benchmarks.md, "MoE: one token in one launch"): correct, slower than the chain
+// (22.6 µs), so off by default (kMoeImmaSingleLaunch). Tried: polling counters per warp (42 µs) → per-block flag words
+// (46) → release atomics with the rare tasks out of line (53.5; the atomics alone made no difference); the phase times
+// (tools/device/moe_one_phases.py) then showed the routing known only at ~14 µs and at 25–31 µs in blocks that first
+// needed it in a second task, so the routing is now computed once, by the warp whose arrival completes the logits.
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -63,7 +64,7 @@ constexpr int kMaxExperts = 512;   // E (routing with up to 16 logits a lane)
 constexpr int kFixedCounters = 4;  // x prepared, logits, shared gate, warps done
 enum { kCtrX = 0, kCtrLogits = 1, kCtrSgate = 2, kCtrDone = 3 };
 // Bits of a block's flag word: what its warps may wait for.
-constexpr unsigned long long kBitX = 1ull << 0, kBitLogits = 1ull << 1, kBitSgate = 1ull << 2;
+constexpr unsigned long long kBitX = 1ull << 0, kBitRouting = 1ull << 1, kBitSgate = 1ull << 2;
 __host__ __device__ constexpr unsigned long long ready_bit(int slot) { return 1ull << (3 + slot); }
 static_assert(3 + kMoeMaxUsed + 1 <= 64, "a flag word holds every slot");
 constexpr int kMaxBlocks = 1024;  // flag words (the grid: SMs × resident blocks)
@@ -116,7 +117,7 @@ struct OneArgs {
   int n_blocks;
   int off_rg, off_act, off_ready, off_comb, n_ctr;
   // task list starts
-  int t_sgate, t_router, t_sh_gu, t_sh_dn, t_write, t_gu, t_dn, t_end;
+  int t_sgate, t_router, t_sh_gu, t_sh_dn, t_gu, t_dn, t_end;
 };
 
 // ---- synchronisation ---------------------------------------------------------------------------------------------
@@ -176,57 +177,47 @@ __device__ __forceinline__ bool arrive(unsigned* p, unsigned target, int lane) {
   return __shfl_sync(kFull, old, 0) + 1 == target;
 }
 
-// ---- per-block routing ---------------------------------------------------------------------------------------------
+// ---- routing -------------------------------------------------------------------------------------------------------
 
-struct BlockRouting {
-  unsigned long long seen;  // the flag bits this block has seen set
-  int state;                // routing: 0 nobody, 1 a warp is routing, 2 ready
-  int id[kMoeMaxUsed];
-  float w[kMoeMaxUsed];
-  float lg[kMaxExperts];
+struct BlockState {
+  unsigned long long seen;       // the flag bits this block has seen set
+  float lg[kMaxExperts];         // the logits, for the one warp of the grid that routes
+  float w[kWarps][kMoeMaxUsed];  // per warp: the slots' routing weights, for a combine
 };
 
-// Routes the token from the logits in lg (route_token, as the chain): lane j < k gets selection j (descending p) with
-// its weight; rank = the selection's place by ascending expert id.
+// Routes the token (route_token, as the chain) in the warp whose arrival completed the logits, once for the grid:
+// writes the routing views (moe_route's layout for one token; slot i's expert and weight are active_expert[i] and
+// entry_weight[i], by ascending id) and publishes them. Before: every block routed for itself in the first warp that
+// needed it — the logits read in a rolled loop (8 dependent L2 loads), and blocks that needed the routing only in a
+// second task routed at 25–31 µs of a 54 µs layer.
 template <int kPer>
-__device__ __forceinline__ void route_from(const float* lg, const OneArgs& a, int lane, int& id, float& wt, int& rank) {
+__device__ __noinline__ void route_once(const OneArgs& a, float* lg, int lane) {
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int e = lane + 32 * i;
+    if (e < a.E) lg[e] = __ldcg(a.logits + e);
+  }
+  __syncwarp();
   float p = 0.0f, sel_sum = 0.0f;
-  id = 0;
+  int id = 0;
   moe_route_dev::route_token<kPer>(lg, a.E, a.k, lane, id, p, sel_sum);
-  wt = __fdiv_rn(p, fmaxf(sel_sum, moe_route_dev::kWeightSumMin));
-  rank = 0;
+  const float wt = __fdiv_rn(p, fmaxf(sel_sum, moe_route_dev::kWeightSumMin));
+  int rank = 0;
   for (int j = 0; j < a.k; ++j) rank += __shfl_sync(kFull, id, j) < id ? 1 : 0;
-}
-
-// The block's routing, computed by the first warp that asks (after the logits are complete), waited for by the rest.
-template <int kPer>
-__device__ __noinline__ void need_routing(BlockRouting& br, const OneArgs& a, int lane) {
-  volatile int* state = &br.state;
-  if (*state == 2) {
-    __threadfence_block();
-    return;
+  if (lane < a.k) {
+    a.r.ids[lane] = id;
+    a.r.weights[lane] = wt;
+    a.r.active_expert[rank] = id;
+    a.r.active_offset[rank] = rank;
+    a.r.entry_token[rank] = 0;
+    a.r.entry_weight[rank] = wt;
+    a.r.token_entry[rank] = rank;
   }
-  int won = 0;
-  if (lane == 0) won = atomicCAS(&br.state, 0, 1) == 0 ? 1 : 0;
-  won = __shfl_sync(kFull, won, 0);
-  if (won) {
-    wait_bit(kBitLogits, a.flags + blockIdx.x, br.seen);
-    for (int e = lane; e < a.E; e += 32) br.lg[e] = __ldcg(a.logits + e);
-    __syncwarp();
-    int id = 0, rank = 0;
-    float wt = 0.0f;
-    route_from<kPer>(br.lg, a, lane, id, wt, rank);
-    if (lane < a.k) {
-      br.id[rank] = id;
-      br.w[rank] = wt;
-    }
-    __syncwarp();
-    __threadfence_block();
-    if (lane == 0) *state = 2;
-  } else {
-    while (*state != 2) __nanosleep(32);
-    __threadfence_block();
+  if (lane == 0) {
+    *a.r.n_active = a.k;
+    a.r.active_offset[a.k] = a.k;
   }
+  publish(kBitRouting, a.flags, a.n_blocks, lane);
 }
 
 // ---- GEMV pieces ---------------------------------------------------------------------------------------------------
@@ -296,55 +287,37 @@ __device__ __forceinline__ void load_row(const float* p, int n, float (&v)[kMax]
 template <GgmlType T, int kPer>
 struct Tasks {
   const OneArgs& a;
-  BlockRouting& br;
+  BlockState& br;
   int lane;
 
-  __device__ __forceinline__ int expert(int slot) const { return br.id[slot]; }
+  // Slot's expert, once the routing is published.
+  __device__ __forceinline__ int expert(int slot) const {
+    wait_bit(kBitRouting, a.flags + blockIdx.x, br.seen);
+    return __ldcg(a.r.active_expert + slot);
+  }
 
-  __device__ __noinline__ void prepare_x(int grp) const {
+  __device__ __forceinline__ void prepare_x(int grp) const {
     imma_prep::prepare_group(imma_prep::PlainRows{a.x}, a.H, a.lay_h, a.xprep, 0, grp, lane);
     if (arrive(a.ctr + kCtrX, static_cast<unsigned>(a.nGH), lane)) publish(kBitX, a.flags, a.n_blocks, lane);
   }
 
-  __device__ __noinline__ void shared_gate() const {
+  __device__ __forceinline__ void shared_gate() const {
     const float s = moe_combine::shared_gate_warp<GgmlType::kF32>(a.sh_inp, a.x, a.H, lane);
     if (lane == 0) *a.sgate = s;
     publish(kBitSgate, a.flags, a.n_blocks, lane);
   }
 
-  __device__ __noinline__ void router_row(int e) const {
+  __device__ __forceinline__ void router_row(int e) const {
     moe_router_logits::router_logits_block<false>(a.router, a.x, a.H, a.E, 1, a.logits,
                                                   e / moe_router_logits::kRouterWarps,
                                                   e % moe_router_logits::kRouterWarps, nullptr);
-    if (arrive(a.ctr + kCtrLogits, static_cast<unsigned>(a.E), lane)) publish(kBitLogits, a.flags, a.n_blocks, lane);
-  }
-
-  // The routing views for MoeLaunchInfo (moe_route's layout for one token).
-  __device__ __noinline__ void write_routing() const {
-    need_routing<kPer>(br, a, lane);
-    int id = 0, rank = 0;
-    float wt = 0.0f;
-    route_from<kPer>(br.lg, a, lane, id, wt, rank);
-    if (lane < a.k) {
-      a.r.ids[lane] = id;
-      a.r.weights[lane] = wt;
-      a.r.active_expert[rank] = id;
-      a.r.active_offset[rank] = rank;
-      a.r.entry_token[rank] = 0;
-      a.r.entry_weight[rank] = wt;
-      a.r.token_entry[rank] = rank;
-    }
-    if (lane == 0) {
-      *a.r.n_active = a.k;
-      a.r.active_offset[a.k] = a.k;
-    }
+    if (arrive(a.ctr + kCtrLogits, static_cast<unsigned>(a.E), lane)) route_once<kPer>(a, br.lg, lane);
   }
 
   // Gate (m = 0) or up (m = 1) of slot, row group rg, groups ch·kTaskGroups.. of the row.
   __device__ __forceinline__ void gate_up(int slot, int m, int rg, int ch) const {
     const uint8_t* base;
     if (slot < a.k) {
-      need_routing<kPer>(br, a, lane);
       base = (m == 0 ? a.gate : a.up) + static_cast<uint64_t>(expert(slot)) * a.gu_bytes;
     } else {
       base = m == 0 ? a.gate_sh : a.up_sh;
@@ -376,7 +349,7 @@ struct Tasks {
 
   // The last gate+up task of (slot, rg): the 16 rows' gate and up sums, SwiGLU into act; the last row group of an
   // activation group prepares it; the last group marks the slot's activations ready.
-  __device__ __noinline__ void finish_gate_up_rows(int slot, int rg) const {
+  __device__ __forceinline__ void finish_gate_up_rows(int slot, int rg) const {
     if (lane < kTileRows) {
       const float* p = a.gpart + ((static_cast<size_t>(slot) * a.rgI + rg) * kTileRows + lane) * a.gstride;
       float v[2 * kMaxGroupsH];
@@ -415,7 +388,6 @@ struct Tasks {
   __device__ __forceinline__ void down(int slot, int rg, int ch) const {
     const uint8_t* base;
     if (slot < a.k) {
-      need_routing<kPer>(br, a, lane);
       base = a.down + static_cast<uint64_t>(expert(slot)) * a.dn_bytes;
     } else {
       base = a.down_sh;
@@ -446,8 +418,11 @@ struct Tasks {
 
   // The last down task of output row group rg: each slot's row sums, then out = Σ by ascending expert id of y·w, then
   // + sigmoid(shared gate)·shared y (moe_combine's order).
-  __device__ __noinline__ void combine(int rg) const {
-    need_routing<kPer>(br, a, lane);
+  __device__ __forceinline__ void combine(int rg) const {
+    wait_bit(kBitRouting, a.flags + blockIdx.x, br.seen);
+    float* w = br.w[threadIdx.x / 32];
+    if (lane < a.k) w[lane] = __ldcg(a.r.entry_weight + lane);
+    __syncwarp();
     float sg = 0.0f;
     if (a.n_slots > a.k) {
       wait_bit(kBitSgate, a.flags + blockIdx.x, br.seen);
@@ -467,7 +442,7 @@ struct Tasks {
           rs.add(v[i], gi, a.gps_dn, a.nGI);
           if (++gi == a.nGI) {
             const float ye = rs.take();
-            y = slot < a.k ? __fadd_rn(y, __fmul_rn(ye, br.w[slot])) : __fadd_rn(y, __fmul_rn(sg, ye));
+            y = slot < a.k ? __fadd_rn(y, __fmul_rn(ye, w[slot])) : __fadd_rn(y, __fmul_rn(sg, ye));
             ++slot;
             gi = 0;
           }
@@ -483,7 +458,6 @@ struct Tasks {
     if (task < a.t_sgate) return prepare_x(task);
     if (task < a.t_router) return shared_gate();
     if (task < a.t_sh_gu) return router_row(task - a.t_router);
-    if (task >= a.t_write && task < a.t_gu) return write_routing();
     int slot, rg, ch;
     if (task < a.t_sh_dn || (task >= a.t_gu && task < a.t_dn)) {
       // gate+up: the shared expert's (rg, m, ch), then the routed experts' (slot, rg, m, ch)
@@ -497,7 +471,7 @@ struct Tasks {
       return gate_up(slot, r / a.n_gch % 2, rg, ch);
     }
     // down: the shared expert's (rg, ch), then the routed experts' (rg, slot, ch)
-    if (task < a.t_write) {
+    if (task < a.t_gu) {
       const int i = task - a.t_sh_dn;
       slot = a.k;
       rg = i / a.n_ich;
@@ -514,9 +488,8 @@ struct Tasks {
 
 template <GgmlType T, int kPer>
 __global__ void __launch_bounds__(kWarps * 32, 1) moe_one_kernel(const __grid_constant__ OneArgs a) {
-  __shared__ BlockRouting br;
+  __shared__ BlockState br;
   if (threadIdx.x == 0) {
-    br.state = 0;
     br.seen = 0ull;
   }
   __syncthreads();
@@ -708,8 +681,7 @@ Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out,
   a.t_router = a.t_sgate + (shared ? 1 : 0);
   a.t_sh_gu = a.t_router + s.E;
   a.t_sh_dn = a.t_sh_gu + (shared ? 2 * s.rgI * a.n_gch : 0);
-  a.t_write = a.t_sh_dn + (shared ? s.rgH * a.n_ich : 0);
-  a.t_gu = a.t_write + 1;
+  a.t_gu = a.t_sh_dn + (shared ? s.rgH * a.n_ich : 0);
   a.t_dn = a.t_gu + s.k * 2 * s.rgI * a.n_gch;
   a.t_end = a.t_dn + s.k * s.rgH * a.n_ich;
   if (routing != nullptr) *routing = a.r;

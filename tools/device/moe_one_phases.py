@@ -4,7 +4,7 @@
 
 Every warp stamps %globaltimer (ns, one clock for all SMs) at its entry and exit and around each of its tasks into its
 own slots (thousands of atomics on one address would serialise and distort what they measure); the rarer events —
-the block's routing, the end of a down task's wait for its activations, the gate+up row finish, the activation
+the routing, the end of a down task's wait for its activations, the gate+up row finish, the activation
 preparation and the combine — keep the earliest and latest start and end per kind with 64-bit atomics. The last
 block of every 1000th call (from the 20th) folds the warps' slots per kind and prints every kind relative to the
 earliest warp entry; every call then resets the atomics' slots.
@@ -19,8 +19,8 @@ import argparse
 
 from source_patch import apply_edits, function_body
 
-KINDS = ["x prep", "shared gate", "router row", "shared g+u", "shared down", "write routing", "gate+up", "down",
-         "routing (winner)", "g+u row finish", "act prepare", "combine", "down wait end", "-", "warp exit",
+KINDS = ["x prep", "shared gate", "router row", "shared g+u", "shared down", "-", "gate+up", "down",
+         "routing", "g+u row finish", "act prepare", "combine", "down wait end", "-", "warp exit",
          "warp entry", "g+u routing known", "g+u loads issued", "g+u x ready", "g+u multiplied", "g+u arrived",
          "down multiplied", "down arrived", "-"]
 
@@ -46,8 +46,7 @@ __device__ __forceinline__ int ph_kind(const OneArgs& a, int task) {
   if (task < a.t_router) return 1;
   if (task < a.t_sh_gu) return 2;
   if (task < a.t_sh_dn) return 3;
-  if (task < a.t_write) return 4;
-  if (task < a.t_gu) return 5;
+  if (task < a.t_gu) return 4;
   if (task < a.t_dn) return 6;
   return 7;
 }
@@ -105,10 +104,9 @@ def main():
          "    g_pk[gw] = pk | nt << 16;\n  }", "the task loop"),
         ("    for (int b = lane; b < a.n_blocks; b += 32) a.flags[b] = 0ull;\n",
          "    for (int b = lane; b < a.n_blocks; b += 32) a.flags[b] = 0ull;\n" + REPORT, "the counter reset"),
-        ("  if (won) {\n    wait_bit(kBitLogits,", "  if (won) {\n    const unsigned long long rs0 = ph_now();\n"
-         "    wait_bit(kBitLogits,", "the routing winner"),
-        ("    if (lane == 0) *state = 2;\n", "    if (lane == 0) *state = 2;\n    ph_mark(8, rs0, ph_now(), lane);\n",
-         "the routing's end"),
+        ("lane)) route_once<kPer>(a, br.lg, lane);",
+         "lane)) {\n      const unsigned long long rs0 = ph_now();\n      route_once<kPer>(a, br.lg, lane);\n"
+         "      ph_mark(8, rs0, ph_now(), lane);\n    }", "the routing"),
         ("    wait_bit(ready_bit(slot), a.flags + blockIdx.x, br.seen);\n",
          "    wait_bit(ready_bit(slot), a.flags + blockIdx.x, br.seen);\n"
          "    ph_mark(12, ph_now(), ph_now(), lane);\n", "the down wait"),
