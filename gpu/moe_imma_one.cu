@@ -117,7 +117,7 @@ struct OneArgs {
   int n_blocks;
   int off_rg, off_act, off_ready, off_comb, n_ctr;
   // task list starts
-  int t_sgate, t_router, t_sh_gu, t_sh_dn, t_gu, t_dn, t_end;
+  int t_sgate, t_router, t_sh_gu, t_gu, t_sh_dn, t_dn, t_end;  // in this order
 };
 
 // ---- synchronisation ---------------------------------------------------------------------------------------------
@@ -156,12 +156,11 @@ __device__ __forceinline__ void wait_bit(unsigned long long bit, const unsigned 
   if ((threadIdx.x % 32) == 0) atomicOr(&seen, v);
 }
 
-// Sets `bit` in every block's flag word with release semantics (what the warp wrote or acquired is visible first).
+// Sets `bit` in every block's flag word, after one fence (what the warp wrote or acquired is visible first).
 __device__ __forceinline__ void publish(unsigned long long bit, unsigned long long* words, int n_blocks, int lane) {
   __syncwarp();
-  for (int b = lane; b < n_blocks; b += 32) {
-    asm volatile("red.release.gpu.global.or.b64 [%0], %1;" ::"l"(words + b), "l"(bit) : "memory");
-  }
+  fence_acq_rel();
+  for (int b = lane; b < n_blocks; b += 32) atomicOr(words + b, bit);
 }
 
 // The warp's writes so far, then one arrival at *p (a release increment); true in the warp whose arrival made it
@@ -181,6 +180,8 @@ __device__ __forceinline__ bool arrive(unsigned* p, unsigned target, int lane) {
 
 struct BlockState {
   unsigned long long seen;       // the flag bits this block has seen set
+  int ids_state;                 // 0: the routing's ids not here, 1: a warp is loading them, 2: here
+  int ids[kMoeMaxUsed];          // slot i's expert (ascending ids)
   float lg[kMaxExperts];         // the logits, for the one warp of the grid that routes
   float w[kWarps][kMoeMaxUsed];  // per warp: the slots' routing weights, for a combine
 };
@@ -290,10 +291,24 @@ struct Tasks {
   BlockState& br;
   int lane;
 
-  // Slot's expert, once the routing is published.
+  // Slot's expert, once the routing is published: the block's first warp to ask copies the k ids into shared memory.
   __device__ __forceinline__ int expert(int slot) const {
-    wait_bit(kBitRouting, a.flags + blockIdx.x, br.seen);
-    return __ldcg(a.r.active_expert + slot);
+    volatile int* state = &br.ids_state;
+    if (*state != 2) {
+      int won = 0;
+      if (lane == 0) won = atomicCAS(&br.ids_state, 0, 1) == 0 ? 1 : 0;
+      if (__shfl_sync(kFull, won, 0)) {
+        wait_bit(kBitRouting, a.flags + blockIdx.x, br.seen);
+        if (lane < a.k) br.ids[lane] = __ldcg(a.r.active_expert + lane);
+        __syncwarp();
+        __threadfence_block();
+        if (lane == 0) *state = 2;
+      } else {
+        while (*state != 2) __nanosleep(32);
+      }
+    }
+    __threadfence_block();
+    return br.ids[slot];
   }
 
   __device__ __forceinline__ void prepare_x(int grp) const {
@@ -459,9 +474,9 @@ struct Tasks {
     if (task < a.t_router) return shared_gate();
     if (task < a.t_sh_gu) return router_row(task - a.t_router);
     int slot, rg, ch;
-    if (task < a.t_sh_dn || (task >= a.t_gu && task < a.t_dn)) {
+    if (task < a.t_sh_dn) {
       // gate+up: the shared expert's (rg, m, ch), then the routed experts' (slot, rg, m, ch)
-      const bool shared = task < a.t_sh_dn;
+      const bool shared = task < a.t_gu;
       const int per_slot = 2 * a.rgI * a.n_gch;
       const int i = shared ? task - a.t_sh_gu : task - a.t_gu;
       const int r = i % per_slot;
@@ -471,7 +486,7 @@ struct Tasks {
       return gate_up(slot, r / a.n_gch % 2, rg, ch);
     }
     // down: the shared expert's (rg, ch), then the routed experts' (rg, slot, ch)
-    if (task < a.t_gu) {
+    if (task < a.t_dn) {
       const int i = task - a.t_sh_dn;
       slot = a.k;
       rg = i / a.n_ich;
@@ -491,6 +506,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) moe_one_kernel(const __grid_co
   __shared__ BlockState br;
   if (threadIdx.x == 0) {
     br.seen = 0ull;
+    br.ids_state = 0;
   }
   __syncthreads();
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -680,9 +696,12 @@ Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out,
   a.t_sgate = s.nGH;
   a.t_router = a.t_sgate + (shared ? 1 : 0);
   a.t_sh_gu = a.t_router + s.E;
-  a.t_sh_dn = a.t_sh_gu + (shared ? 2 * s.rgI * a.n_gch : 0);
-  a.t_gu = a.t_sh_dn + (shared ? s.rgH * a.n_ich : 0);
-  a.t_dn = a.t_gu + s.k * 2 * s.rgI * a.n_gch;
+  // Every gate+up task before any down task: a down task waits for its activations, and one in a warp's first round
+  // (the shared expert's came right after its gate+up) held that warp until ~20 µs, so its second task — gate+up — was
+  // the layer's last.
+  a.t_gu = a.t_sh_gu + (shared ? 2 * s.rgI * a.n_gch : 0);
+  a.t_sh_dn = a.t_gu + s.k * 2 * s.rgI * a.n_gch;
+  a.t_dn = a.t_sh_dn + (shared ? s.rgH * a.n_ich : 0);
   a.t_end = a.t_dn + s.k * s.rgH * a.n_ich;
   if (routing != nullptr) *routing = a.r;
   const bool q40 = w.type == GgmlType::kQ4_0;

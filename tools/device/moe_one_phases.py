@@ -20,9 +20,9 @@ import argparse
 from source_patch import apply_edits, function_body
 
 KINDS = ["x prep", "shared gate", "router row", "shared g+u", "shared down", "-", "gate+up", "down",
-         "routing", "g+u row finish", "act prepare", "combine", "down wait end", "-", "warp exit",
+         "routing", "g+u row finish", "act prepare", "combine", "down wait end", "route: logits in", "warp exit",
          "warp entry", "g+u routing known", "g+u loads issued", "g+u x ready", "g+u multiplied", "g+u arrived",
-         "down multiplied", "down arrived", "-"]
+         "down multiplied", "down arrived", "route: selected"]
 
 HEAD = r'''
 __device__ unsigned long long g_ph[24][4];     // rare events per kind: min start, max start, min end, max end
@@ -45,9 +45,9 @@ __device__ __forceinline__ int ph_kind(const OneArgs& a, int task) {
   if (task < a.t_sgate) return 0;
   if (task < a.t_router) return 1;
   if (task < a.t_sh_gu) return 2;
-  if (task < a.t_sh_dn) return 3;
-  if (task < a.t_gu) return 4;
-  if (task < a.t_dn) return 6;
+  if (task < a.t_gu) return 3;
+  if (task < a.t_sh_dn) return 6;
+  if (task < a.t_dn) return 4;
   return 7;
 }
 // Folds the warps' slots into g_ph (kinds 0..7 from their tasks, 14 exit, 15 entry): lane 0, serially.
@@ -127,6 +127,12 @@ def main():
         return f"    if ({cond}) {{ const unsigned long long e_ = ph_now(); ph_mark({kind}, e_, e_, lane); }}\n"
     gu = "slot < a.k && (rg & 7) == 0"
     edits += [
+        ("  __syncwarp();\n  float p = 0.0f, sel_sum = 0.0f;\n",
+         "  __syncwarp();\n  { const unsigned long long e_ = ph_now(); ph_mark(13, e_, e_, lane); }\n"
+         "  float p = 0.0f, sel_sum = 0.0f;\n", "the routing's logits"),
+        ("  if (lane == 0) {\n    *a.r.n_active = a.k;\n",
+         "  { const unsigned long long e_ = ph_now(); ph_mark(23, e_, e_, lane); }\n"
+         "  if (lane == 0) {\n    *a.r.n_active = a.k;\n", "the routing's selection"),
         ("      base = (m == 0 ? a.gate : a.up) + static_cast<uint64_t>(expert(slot)) * a.gu_bytes;\n",
          "      base = (m == 0 ? a.gate : a.up) + static_cast<uint64_t>(expert(slot)) * a.gu_bytes;\n" + ev(16, "(rg & 7) == 0"),
          "the gate+up routing"),
