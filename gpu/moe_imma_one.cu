@@ -21,11 +21,13 @@
 // earliest unfinished task can always run. A wait that outlasts ~2 s (a broken counter) traps instead of hanging the
 // device.
 //
-// Status (H200, bench_moe "us one"; docs/benchmarks.md, "MoE: one token in one launch"): correct, slower than the chain
-// (22.6 µs), so off by default (kMoeImmaSingleLaunch). Tried: polling counters per warp (42 µs) → per-block flag words
-// (46) → release atomics with the rare tasks out of line (53.5; the atomics alone made no difference); the phase times
-// (tools/device/moe_one_phases.py) then showed the routing known only at ~14 µs and at 25–31 µs in blocks that first
-// needed it in a second task, so the routing is now computed once, by the warp whose arrival completes the logits.
+// Status (H200, bench_moe "us one"; docs/benchmarks.md, "MoE: one token in one launch"): correct, 38.1 µs against the
+// chain's 22.7, so off by default (kMoeImmaSingleLaunch). Tried: polling counters per warp (42 µs) → per-block flag
+// words (46) → release atomics with the rare tasks out of line (53.5; the atomics alone made no difference) → the
+// routing once, by the warp whose arrival completes the logits, instead of per block (39.6) → gate+up tasks all before
+// down tasks, the ids cached per block (38.1). What remains is a chain of ~1 µs memory round trips per link (router
+// rows, routing, gate+up, row finish, preparation, down, combine), each paid in series by a warp with one or two
+// tasks; fewer links, not cheaper ones, would pay.
 
 #include <algorithm>
 #include <atomic>
