@@ -25,7 +25,8 @@
 // chain's 22.7, so off by default (kMoeImmaSingleLaunch). Tried: polling counters per warp (42 µs) → per-block flag
 // words (46) → release atomics with the rare tasks out of line (53.5; the atomics alone made no difference) → the
 // routing once, by the warp whose arrival completes the logits, instead of per block (39.6) → gate+up tasks all before
-// down tasks, the ids cached per block (38.1). What remains is a chain of ~1 µs memory round trips per link (router
+// down tasks, the ids cached per block (38.1). Longer sleeps in the waits: 38.4 / 41.1 (the spinning warps are not
+// what slows the others). What remains is a chain of ~1 µs memory round trips per link (router
 // rows, routing, gate+up, row finish, preparation, down, combine), each paid in series by a warp with one or two
 // tasks; fewer links, not cheaper ones, would pay.
 
