@@ -22,6 +22,7 @@
 #include "gpu/gemv.h"
 #include "gpu/moe_combine.cuh"
 #include "gpu/moe_experts.h"
+#include "gpu/scratch_carve.h"
 #include "gpu/stage_row.cuh"
 
 namespace kestrel::gpu {
@@ -233,8 +234,6 @@ Status launch_grouped(GgmlType type, bool gate_up, const Job& j0, int slots, con
   return ok_status();
 }
 
-size_t align16(size_t n) { return (n + 15) / 16 * 16; }
-
 // Workspace pieces, in order.
 struct Layout {
   float* logits;  // f32 [n_tok, E]
@@ -251,21 +250,15 @@ Layout layout_of(const MoeDeviceWeights& w, int n_tok, void* base) {
   const size_t H = static_cast<size_t>(w.router.n_cols), I = static_cast<size_t>(w.gate_exps.n_rows);
   const size_t k = static_cast<size_t>(w.n_expert_used);
   const size_t Is = w.has_shared_expert() ? static_cast<size_t>(w.gate_shexp.n_rows) : 0;
-  auto* p = static_cast<unsigned char*>(base);
-  size_t at = 0;
-  auto take = [&](size_t bytes) {
-    unsigned char* q = p == nullptr ? nullptr : p + at;
-    at += align16(bytes);
-    return q;
-  };
+  ScratchCarve c(base);
   Layout l{};
-  l.logits = reinterpret_cast<float*>(take(T * E * 4));
-  l.routing = take(moe_routing_bytes(n_tok, static_cast<int>(E), static_cast<int>(k)));
-  l.h = reinterpret_cast<float*>(take(T * k * I * 4));
-  l.ye = reinterpret_cast<float*>(take(T * k * H * 4));
-  l.sh_h = reinterpret_cast<float*>(take(T * Is * 4));
-  l.sh_y = reinterpret_cast<float*>(take(T * H * 4));
-  l.bytes = at;
+  l.logits = c.take<float>(T * E * 4);
+  l.routing = c.take(moe_routing_bytes(n_tok, static_cast<int>(E), static_cast<int>(k)));
+  l.h = c.take<float>(T * k * I * 4);
+  l.ye = c.take<float>(T * k * H * 4);
+  l.sh_h = c.take<float>(T * Is * 4);
+  l.sh_y = c.take<float>(T * H * 4);
+  l.bytes = c.bytes();
   return l;
 }
 

@@ -31,6 +31,7 @@
 #include "gpu/moe_router_logits.cuh"
 #include "gpu/pdl.cuh"
 #include "gpu/q4_tile.h"
+#include "gpu/scratch_carve.h"
 
 namespace kestrel::gpu {
 namespace {
@@ -62,7 +63,6 @@ std::atomic<int> g_chunk{kMoeImmaSegmentVectors};
 // chain at every size.
 std::atomic<bool> g_single_launch{kMoeImmaSingleLaunch};
 
-size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 std::string tname(GgmlType t) { return std::string(ggml_type_name(t)); }
 
 // Sizes of one call.
@@ -108,23 +108,17 @@ Layout layout_of(const MoeImmaWeights& w, const Counts& c, void* base) {
   const size_t E = static_cast<size_t>(w.n_expert), H = static_cast<size_t>(w.n_embd);
   const size_t I = static_cast<size_t>(w.n_ff), T = static_cast<size_t>(c.n_tok);
   const size_t all = static_cast<size_t>(c.n_all);
-  auto* p = static_cast<unsigned char*>(base);
-  size_t at = 0;
-  auto take = [&](size_t bytes) {
-    unsigned char* q = p == nullptr ? nullptr : p + at;
-    at += align16(bytes);
-    return q;
-  };
+  ScratchCarve sc(base);
   Layout l;
-  l.logits = reinterpret_cast<float*>(take(T * E * 4));
-  l.routing = take(moe_routing_bytes(c.n_tok, static_cast<int>(E), w.n_expert_used));
-  l.xprep = take(imma_x_bytes(w.n_embd, c.n_tok));
-  l.seg_gu = reinterpret_cast<ImmaSegment*>(take(static_cast<size_t>(c.n_seg_gu()) * sizeof(ImmaSegment)));
-  l.seg_dn = reinterpret_cast<ImmaSegment*>(take(static_cast<size_t>(c.n_seg_dn()) * sizeof(ImmaSegment)));
-  l.gu = reinterpret_cast<float*>(take(2 * all * I * 4));
-  l.aprep = take(all * imma_x_bytes(w.n_ff, 1));
-  l.ye = reinterpret_cast<float*>(take(all * H * 4));
-  l.bytes = at;
+  l.logits = sc.take<float>(T * E * 4);
+  l.routing = sc.take(moe_routing_bytes(c.n_tok, static_cast<int>(E), w.n_expert_used));
+  l.xprep = sc.take(imma_x_bytes(w.n_embd, c.n_tok));
+  l.seg_gu = sc.take<ImmaSegment>(static_cast<size_t>(c.n_seg_gu()) * sizeof(ImmaSegment));
+  l.seg_dn = sc.take<ImmaSegment>(static_cast<size_t>(c.n_seg_dn()) * sizeof(ImmaSegment));
+  l.gu = sc.take<float>(2 * all * I * 4);
+  l.aprep = sc.take(all * imma_x_bytes(w.n_ff, 1));
+  l.ye = sc.take<float>(all * H * 4);
+  l.bytes = sc.bytes();
   return l;
 }
 

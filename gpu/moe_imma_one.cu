@@ -45,6 +45,7 @@
 #include "gpu/moe_route.cuh"
 #include "gpu/moe_router_logits.cuh"
 #include "gpu/q4_tile.h"
+#include "gpu/scratch_carve.h"
 
 namespace kestrel::gpu {
 namespace {
@@ -72,7 +73,6 @@ __host__ __device__ constexpr unsigned long long ready_bit(int slot) { return 1u
 static_assert(3 + kMoeMaxUsed + 1 <= 64, "a flag word holds every slot");
 constexpr int kMaxBlocks = 1024;  // flag words (the grid: SMs × resident blocks)
 
-size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 int round4(int n) { return (n + 3) / 4 * 4; }
 
 // The chain's split of a grouped GEMV row (gemv_imma.cu, pick_split for tables).
@@ -81,6 +81,19 @@ void grouped_split(int n_groups, int& S, int& gps) {
   while (S < 16 && (n_groups + S - 1) / S > 4) S *= 2;
   gps = (n_groups + S - 1) / S;
 }
+
+// Scratch pieces, in order (null base: sizes only).
+struct Scratch {
+  float* logits;
+  void* routing;  // moe_routing_carve for one token
+  uint8_t* xprep;
+  float* gpart;
+  float* act;
+  uint8_t* aprep;
+  float* dpart;
+  float* sgate;
+  size_t bytes;
+};
 
 // Everything of one call, by value.
 struct OneArgs {
@@ -105,15 +118,8 @@ struct OneArgs {
   int gps_gu, gps_dn;       // the chain's groups per slice
   XLayout lay_h, lay_i;
   int gstride, dstride;  // row strides of gpart, dpart (floats)
-  // scratch
-  float* logits;
-  MoeRouting r;
-  uint8_t* xprep;
-  float* gpart;
-  float* act;
-  uint8_t* aprep;
-  float* dpart;
-  float* sgate;
+  Scratch sc;            // the scratch pieces
+  MoeRouting r;          // in sc.routing
   // counters
   unsigned* ctr;
   unsigned long long* flags;  // [n_blocks] per block: kBit* and ready_bit(slot)
@@ -199,7 +205,7 @@ __device__ __noinline__ void route_once(const OneArgs& a, float* lg, int lane) {
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
-    if (e < a.E) lg[e] = __ldcg(a.logits + e);
+    if (e < a.E) lg[e] = __ldcg(a.sc.logits + e);
   }
   __syncwarp();
   float p = 0.0f, sel_sum = 0.0f;
@@ -315,18 +321,18 @@ struct Tasks {
   }
 
   __device__ __forceinline__ void prepare_x(int grp) const {
-    imma_prep::prepare_group(imma_prep::PlainRows{a.x}, a.H, a.lay_h, a.xprep, 0, grp, lane);
+    imma_prep::prepare_group(imma_prep::PlainRows{a.x}, a.H, a.lay_h, a.sc.xprep, 0, grp, lane);
     if (arrive(a.ctr + kCtrX, static_cast<unsigned>(a.nGH), lane)) publish(kBitX, a.flags, a.n_blocks, lane);
   }
 
   __device__ __forceinline__ void shared_gate() const {
     const float s = moe_combine::shared_gate_warp<GgmlType::kF32>(a.sh_inp, a.x, a.H, lane);
-    if (lane == 0) *a.sgate = s;
+    if (lane == 0) *a.sc.sgate = s;
     publish(kBitSgate, a.flags, a.n_blocks, lane);
   }
 
   __device__ __forceinline__ void router_row(int e) const {
-    moe_router_logits::router_logits_block<false>(a.router, a.x, a.H, a.E, 1, a.logits,
+    moe_router_logits::router_logits_block<false>(a.router, a.x, a.H, a.E, 1, a.sc.logits,
                                                   e / moe_router_logits::kRouterWarps,
                                                   e % moe_router_logits::kRouterWarps, nullptr);
     if (arrive(a.ctr + kCtrLogits, static_cast<unsigned>(a.E), lane)) route_once<kPer>(a, br.lg, lane);
@@ -348,12 +354,12 @@ struct Tasks {
     }
     wait_bit(kBitX, a.flags + blockIdx.x, br.seen);
     const int g = lane / 4, t = lane % 4;
-    float* part = a.gpart + (static_cast<size_t>(slot) * a.rgI + rg) * kTileRows * a.gstride + m * a.nGH;
+    float* part = a.sc.gpart + (static_cast<size_t>(slot) * a.rgI + rg) * kTileRows * a.gstride + m * a.nGH;
 #pragma unroll
     for (int q = 0; q < kTaskGroups; ++q) {
       if (grp0 + q < a.nGH) {
         float out[2];
-        imma_tile::multiply<T>(b[q], x_source(a.xprep, a.lay_h, grp0 + q, lane), lane, out);
+        imma_tile::multiply<T>(b[q], x_source(a.sc.xprep, a.lay_h, grp0 + q, lane), lane, out);
         if (t == 0) {
           part[g * a.gstride + grp0 + q] = out[0];
           part[(g + 8) * a.gstride + grp0 + q] = out[1];
@@ -369,7 +375,7 @@ struct Tasks {
   // activation group prepares it; the last group marks the slot's activations ready.
   __device__ __forceinline__ void finish_gate_up_rows(int slot, int rg) const {
     if (lane < kTileRows) {
-      const float* p = a.gpart + ((static_cast<size_t>(slot) * a.rgI + rg) * kTileRows + lane) * a.gstride;
+      const float* p = a.sc.gpart + ((static_cast<size_t>(slot) * a.rgI + rg) * kTileRows + lane) * a.gstride;
       float v[2 * kMaxGroupsH];
       load_row<2 * kMaxGroupsH>(p, 2 * a.nGH, v);
       RowSum rs;
@@ -389,13 +395,13 @@ struct Tasks {
           }
         }
       }
-      a.act[static_cast<size_t>(slot) * a.I + rg * kTileRows + lane] = imma_prep::swiglu(gate, up);
+      a.sc.act[static_cast<size_t>(slot) * a.I + rg * kTileRows + lane] = imma_prep::swiglu(gate, up);
     }
     const int rows_per_group = kGroupElems / kTileRows;
     const int j = rg / rows_per_group;
     const int in_group = min(rows_per_group, a.rgI - j * rows_per_group);
     if (arrive(a.ctr + a.off_act + slot * a.nGI + j, static_cast<unsigned>(in_group), lane)) {
-      imma_prep::prepare_group(imma_prep::L2Rows{a.act}, a.I, a.lay_i, a.aprep, slot, j, lane);
+      imma_prep::prepare_group(imma_prep::L2Rows{a.sc.act}, a.I, a.lay_i, a.sc.aprep, slot, j, lane);
       if (arrive(a.ctr + a.off_ready + slot, static_cast<unsigned>(a.nGI), lane)) {
         publish(ready_bit(slot), a.flags, a.n_blocks, lane);
       }
@@ -417,9 +423,9 @@ struct Tasks {
       if (grp0 + q < a.nGI) load_group<T>(base, a.meta_dn, a.nUI, rg, grp0 + q, lane, b[q]);
     }
     wait_bit(ready_bit(slot), a.flags + blockIdx.x, br.seen);
-    const uint8_t* xb = a.aprep + static_cast<size_t>(slot) * a.lay_i.vec_bytes();
+    const uint8_t* xb = a.sc.aprep + static_cast<size_t>(slot) * a.lay_i.vec_bytes();
     const int g = lane / 4, t = lane % 4;
-    float* part = a.dpart + static_cast<size_t>(rg) * kTileRows * a.dstride + slot * a.nGI;
+    float* part = a.sc.dpart + static_cast<size_t>(rg) * kTileRows * a.dstride + slot * a.nGI;
 #pragma unroll
     for (int q = 0; q < kTaskGroups; ++q) {
       if (grp0 + q < a.nGI) {
@@ -444,10 +450,10 @@ struct Tasks {
     float sg = 0.0f;
     if (a.n_slots > a.k) {
       wait_bit(kBitSgate, a.flags + blockIdx.x, br.seen);
-      sg = __ldcg(a.sgate);
+      sg = __ldcg(a.sc.sgate);
     }
     if (lane < kTileRows) {  // all lanes stay on one path: the next task's warp-wide steps need them
-      const float* p = a.dpart + (static_cast<size_t>(rg) * kTileRows + lane) * a.dstride;
+      const float* p = a.sc.dpart + (static_cast<size_t>(rg) * kTileRows + lane) * a.dstride;
       float v[kMaxDownSums];
       const int n = a.n_slots * a.nGI;
       load_row<kMaxDownSums>(p, n, v);
@@ -552,39 +558,19 @@ int counters_of(const Shape& s) { return kFixedCounters + s.n_slots * s.rgI + s.
 // Counter words, then kMaxBlocks flag words (8-aligned).
 size_t flags_offset(const Shape& s) { return align16(static_cast<size_t>(counters_of(s)) * 4); }
 
-// Scratch pieces, in order (null base: sizes only).
-struct Scratch {
-  float* logits;
-  void* routing;
-  uint8_t* xprep;
-  float* gpart;
-  float* act;
-  uint8_t* aprep;
-  float* dpart;
-  float* sgate;
-  size_t bytes;
-};
-
 Scratch scratch_of(const MoeImmaWeights& w, const Shape& s, void* base) {
-  auto* p = static_cast<unsigned char*>(base);
-  size_t at = 0;
-  auto take = [&](size_t bytes) {
-    unsigned char* q = p == nullptr ? nullptr : p + at;
-    at += align16(bytes);
-    return q;
-  };
+  ScratchCarve sc(base);
   Scratch c;
-  c.logits = reinterpret_cast<float*>(take(static_cast<size_t>(s.E) * 4));
-  c.routing = take(moe_routing_bytes(1, s.E, s.k));
-  c.xprep = take(imma_x_bytes(w.n_embd, 1));
-  c.gpart = reinterpret_cast<float*>(
-      take(static_cast<size_t>(s.n_slots) * s.rgI * kTileRows * static_cast<size_t>(round4(2 * s.nGH)) * 4));
-  c.act = reinterpret_cast<float*>(take(static_cast<size_t>(s.n_slots) * s.I * 4));
-  c.aprep = take(static_cast<size_t>(s.n_slots) * imma_x_bytes(w.n_ff, 1));
-  c.dpart = reinterpret_cast<float*>(
-      take(static_cast<size_t>(s.rgH) * kTileRows * static_cast<size_t>(round4(s.n_slots * s.nGI)) * 4));
-  c.sgate = reinterpret_cast<float*>(take(4));
-  c.bytes = at;
+  c.logits = sc.take<float>(static_cast<size_t>(s.E) * 4);
+  c.routing = sc.take(moe_routing_bytes(1, s.E, s.k));
+  c.xprep = sc.take(imma_x_bytes(w.n_embd, 1));
+  c.gpart =
+      sc.take<float>(static_cast<size_t>(s.n_slots) * s.rgI * kTileRows * static_cast<size_t>(round4(2 * s.nGH)) * 4);
+  c.act = sc.take<float>(static_cast<size_t>(s.n_slots) * s.I * 4);
+  c.aprep = sc.take(static_cast<size_t>(s.n_slots) * imma_x_bytes(w.n_ff, 1));
+  c.dpart = sc.take<float>(static_cast<size_t>(s.rgH) * kTileRows * static_cast<size_t>(round4(s.n_slots * s.nGI)) * 4);
+  c.sgate = sc.take<float>(4);
+  c.bytes = sc.bytes();
   return c;
 }
 
@@ -680,14 +666,8 @@ Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out,
   a.lay_i = imma_prep::x_layout(s.I);
   a.gstride = round4(2 * s.nGH);
   a.dstride = round4(s.n_slots * s.nGI);
-  a.logits = c.logits;
+  a.sc = c;
   a.r = moe_routing_carve(c.routing, 1, s.E, s.k);
-  a.xprep = c.xprep;
-  a.gpart = c.gpart;
-  a.act = c.act;
-  a.aprep = c.aprep;
-  a.dpart = c.dpart;
-  a.sgate = c.sgate;
   a.ctr = static_cast<unsigned*>(counters);
   a.off_rg = kFixedCounters;
   a.off_act = a.off_rg + s.n_slots * s.rgI;

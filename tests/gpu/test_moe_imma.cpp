@@ -210,16 +210,21 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
   }
 }
 
-void run_shape(const Shape& s, std::initializer_list<int> n_toks) {
-  HostMoe m;
+// Host weights of shape s (m) and their device copies, raw and tiled (d.layer).
+void build_layer(const Shape& s, HostMoe& m, DeviceMoe& d) {
   make_moe(s, m);
-  DeviceMoe d;
   upload_moe(m, d);
   const Status c = moe_imma_check_raw(d.raw);
   ASSERT_TRUE(c) << c.error().to_string();
   auto layer = MoeImmaLayer::from_raw_device(d.raw);
   ASSERT_TRUE(layer) << layer.error().to_string();
   d.layer = std::move(*layer);
+}
+
+void run_shape(const Shape& s, std::initializer_list<int> n_toks) {
+  HostMoe m;
+  DeviceMoe d;
+  ASSERT_NO_FATAL_FAILURE(build_layer(s, m, d));
   for (int n : n_toks) check_case(s, m, d, n);
 }
 
@@ -260,12 +265,9 @@ TEST(MoeImma, TokenBitsDoNotDependOnTheBatch) {
     const Shape s{"35B-A3B-like", 2048, 256, 8, 512, true, type};
     SCOPED_TRACE(describe(s, 32));
     HostMoe m;
-    make_moe(s, m);
     DeviceMoe d;
-    upload_moe(m, d);
-    auto layer = MoeImmaLayer::from_raw_device(d.raw);
-    ASSERT_TRUE(layer) << layer.error().to_string();
-    const MoeImmaWeights& w = (*layer)->weights();
+    ASSERT_NO_FATAL_FAILURE(build_layer(s, m, d));
+    const MoeImmaWeights& w = d.layer->weights();
     const std::vector<float> x = draw_x(m, 32, 77u);
     const DeviceRun all = run_device(w, x, 32);
     ASSERT_EQ(all.out.size(), x.size());
@@ -286,12 +288,9 @@ TEST(MoeImma, OneLaunchCountersSurviveChainCallsAndReset) {
   KESTREL_REQUIRE_DEVICE();
   const Shape s{"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_0};
   HostMoe m;
-  make_moe(s, m);
   DeviceMoe d;
-  upload_moe(m, d);
-  auto layer = MoeImmaLayer::from_raw_device(d.raw);
-  ASSERT_TRUE(layer) << layer.error().to_string();
-  const MoeImmaWeights& w = (*layer)->weights();
+  ASSERT_NO_FATAL_FAILURE(build_layer(s, m, d));
+  const MoeImmaWeights& w = d.layer->weights();
   ASSERT_TRUE(moe_imma_one_supports(w));
   moe_imma_set_single_launch(true);
   struct SingleLaunchDefault {

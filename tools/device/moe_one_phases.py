@@ -112,8 +112,8 @@ def main():
          "    ph_mark(12, ph_now(), ph_now(), lane);\n", "the down wait"),
         ("      finish_gate_up_rows(slot, rg);\n", "      const unsigned long long f0 = ph_now();\n"
          "      finish_gate_up_rows(slot, rg);\n      ph_mark(9, f0, ph_now(), lane);\n", "the row finish"),
-        ("      imma_prep::prepare_group(imma_prep::L2Rows{a.act}",
-         "      const unsigned long long p0 = ph_now();\n      imma_prep::prepare_group(imma_prep::L2Rows{a.act}",
+        ("      imma_prep::prepare_group(imma_prep::L2Rows{a.sc.act}",
+         "      const unsigned long long p0 = ph_now();\n      imma_prep::prepare_group(imma_prep::L2Rows{a.sc.act}",
          "the act preparation"),
         ("        publish(ready_bit(slot), a.flags, a.n_blocks, lane);\n      }\n",
          "        publish(ready_bit(slot), a.flags, a.n_blocks, lane);\n      }\n      ph_mark(10, p0, ph_now(), lane);\n",
