@@ -109,7 +109,7 @@ void moe_imma_set_segment_vectors(int n);
 // One token in one launch: when on, at n_tok == 1 moe_imma_forward runs the whole layer as one cooperative kernel
 // (gpu/moe_imma_one.h) where moe_imma_one_supports() holds (an f32 router and shared gate, H <= 4096, I <= 2048, ...),
 // with the chain's bits. Off by default: it is correct and tested but not faster than the chain (H200, 35B-A3B
-// shape: 38.1 vs 22.7 µs; docs/benchmarks.md, "MoE: one token in one launch"). Process-wide, for calls made after it;
+// shape: 41.5 vs 22.8 µs; docs/benchmarks.md, "MoE: one token in one launch"). Process-wide, for calls made after it;
 // thread-safe.
 inline constexpr bool kMoeImmaSingleLaunch = false;
 void moe_imma_set_single_launch(bool on);

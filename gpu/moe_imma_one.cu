@@ -21,14 +21,14 @@
 // earliest unfinished task can always run. A wait that outlasts ~2 s (a broken counter) traps instead of hanging the
 // device.
 //
-// Status (H200, bench_moe "us one"; docs/benchmarks.md, "MoE: one token in one launch"): correct, 38.1 µs against the
-// chain's 22.7, so off by default (kMoeImmaSingleLaunch). Tried: polling counters per warp (42 µs) → per-block flag
-// words (46) → release atomics with the rare tasks out of line (53.5; the atomics alone made no difference) → the
-// routing once, by the warp whose arrival completes the logits, instead of per block (39.6) → gate+up tasks all before
-// down tasks, the ids cached per block (38.1). Longer sleeps in the waits: 38.4 / 41.1 (the spinning warps are not
-// what slows the others). What remains is a chain of ~1 µs memory round trips per link (router
-// rows, routing, gate+up, row finish, preparation, down, combine), each paid in series by a warp with one or two
-// tasks; fewer links, not cheaper ones, would pay.
+// Status (H200, bench_moe "us one"; docs/benchmarks.md, "MoE: one token in one launch"): correct, 41.5 µs against the
+// chain's 22.8 (38.1 before the shared-memory handovers became atomics for racecheck), so off by default
+// (kMoeImmaSingleLaunch). Tried: polling counters per warp (42 µs) → per-block flag words (46) → release atomics with
+// the rare tasks out of line (53.5; the atomics alone made no difference) → the routing once, by the warp whose arrival
+// completes the logits, instead of per block (39.6) → gate+up tasks all before down tasks, the ids cached per block
+// (38.1). Longer sleeps in the waits: 38.4 / 41.1 (the spinning warps are not what slows the others). What remains is a
+// chain of ~1 µs memory round trips per link (router rows, routing, gate+up, row finish, preparation, down, combine),
+// each paid in series by a warp with one or two tasks; fewer links, not cheaper ones, would pay.
 
 #include <algorithm>
 #include <atomic>
@@ -146,10 +146,11 @@ __device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gp
 constexpr long long kSpinLimitCycles = 4'000'000'000LL;  // ~2 s
 
 // Every lane returns once `bit` is set in the block's flag word (and what was written before it was set is visible).
+// Shared memory that warps hand to each other (the seen bits, the routing's ids) is read and written with atomics
+// only: compute-sanitizer's racecheck orders those, not flag-and-fence handovers (it reported them as hazards).
 __device__ __forceinline__ void wait_bit(unsigned long long bit, const unsigned long long* word,
                                          unsigned long long& seen) {
-  volatile unsigned long long* known = &seen;
-  if ((*known & bit) != 0) {
+  if ((atomicOr(&seen, 0ull) & bit) != 0) {
     __threadfence_block();
     return;
   }
@@ -302,22 +303,21 @@ struct Tasks {
 
   // Slot's expert, once the routing is published: the block's first warp to ask copies the k ids into shared memory.
   __device__ __forceinline__ int expert(int slot) const {
-    volatile int* state = &br.ids_state;
-    if (*state != 2) {
+    if (atomicAdd(&br.ids_state, 0) != 2) {
       int won = 0;
       if (lane == 0) won = atomicCAS(&br.ids_state, 0, 1) == 0 ? 1 : 0;
       if (__shfl_sync(kFull, won, 0)) {
         wait_bit(kBitRouting, a.flags + blockIdx.x, br.seen);
-        if (lane < a.k) br.ids[lane] = __ldcg(a.r.active_expert + lane);
+        if (lane < a.k) atomicExch(&br.ids[lane], __ldcg(a.r.active_expert + lane));
         __syncwarp();
         __threadfence_block();
-        if (lane == 0) *state = 2;
+        if (lane == 0) atomicExch(&br.ids_state, 2);
       } else {
-        while (*state != 2) __nanosleep(32);
+        while (atomicAdd(&br.ids_state, 0) != 2) __nanosleep(32);
       }
     }
     __threadfence_block();
-    return br.ids[slot];
+    return atomicAdd(&br.ids[slot], 0);
   }
 
   __device__ __forceinline__ void prepare_x(int grp) const {
