@@ -6,9 +6,9 @@
 //   gpart [slot][rg of I][row 16][gate, up][group of H] — each gate+up task's per-group sums (row stride gstride);
 //   act [slot][I] — silu(gate) · up; aprep [slot] — act prepared (imma_x_bytes(I, 1) each);
 //   dpart [rg of H][row 16][slot][group of I] — each down task's per-group sums (row stride dstride); sgate [1].
-// Counters (u32, at the workspace's start): x prepared, logits, shared gate, warps done; then per slot and row group of
-// I the finished gate+up tasks, per slot and activation group the finished row groups, per slot the prepared
-// activation groups, per output row group the finished down tasks.
+// Counters (u32, at the workspace's start): x prepared, logits, blocks done; then per slot and row group of I the
+// finished gate+up tasks, per slot and activation group the finished row groups, per slot the prepared activation
+// groups, per output row group the finished down tasks; then a flag word per block (u64).
 //
 // Bits: each group's sums come from imma_tile::multiply as in gemv_imma_segments; a row's groups are added as the
 // grouped GEMV adds them (S slices of gps groups: each slice from 0 in group order, then the slices in order —
@@ -65,8 +65,8 @@ constexpr int kMaxGroupsH = 16;    // H <= 4096
 constexpr int kMaxDownSums = 32;   // slots · groups of I, one row's down partials
 constexpr int kMaxRowsI = 2048;    // I
 constexpr int kMaxExperts = 512;   // E (routing with up to 16 logits a lane)
-constexpr int kFixedCounters = 4;  // x prepared, logits, shared gate, warps done
-enum { kCtrX = 0, kCtrLogits = 1, kCtrSgate = 2, kCtrDone = 3 };
+constexpr int kFixedCounters = 3;  // x prepared, logits, blocks done
+enum { kCtrX = 0, kCtrLogits = 1, kCtrDone = 2 };
 // Bits of a block's flag word: what its warps may wait for.
 constexpr unsigned long long kBitX = 1ull << 0, kBitRouting = 1ull << 1, kBitSgate = 1ull << 2;
 __host__ __device__ constexpr unsigned long long ready_bit(int slot) { return 1ull << (3 + slot); }
@@ -262,8 +262,8 @@ __device__ __forceinline__ XSourceL2 x_source(const uint8_t* xb, const XLayout& 
 }
 
 // Adds a row's per-group sums as the grouped GEMV does: slices of gps groups, each from 0 in group order, then the
-// slices in order (an empty slice adds +0, which changes nothing: no sum here is −0). Call with the groups in order;
-// `done` after the row's last group.
+// slices in order (an empty slice adds +0, which changes nothing: no sum here is −0). Call add() with the groups in
+// order, take() after the row's last group.
 struct RowSum {
   float acc = 0.0f, sum = 0.0f;
   bool first = true;
@@ -283,7 +283,7 @@ struct RowSum {
   }
 };
 
-// Lanes 0..15 (row = lane) load n floats (n <= 32, a multiple of 4 in storage) of row `row` of a partial array.
+// One lane's row of a partial array: its first n floats (n <= kMax; the row is padded to a multiple of 4) into v.
 template <int kMax>
 __device__ __forceinline__ void load_row(const float* p, int n, float (&v)[kMax]) {
 #pragma unroll
@@ -476,8 +476,7 @@ struct Tasks {
     }
   }
 
-  // One call site per task kind: the kernel's code stays small enough for the instruction cache (every warp runs a
-  // different task; with each kind inlined at several sites the kernel was 368 KB and every warp ran 3–5× slow).
+  // One call site per task kind (with each kind inlined at several sites the kernel's text was 368 KB; ~165 KB now).
   __device__ __forceinline__ void run(int task) const {
     if (task < a.t_sgate) return prepare_x(task);
     if (task < a.t_router) return shared_gate();
@@ -532,8 +531,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) moe_one_kernel(const __grid_co
   }
 }
 
-// ---- host
-// ------------------------------------------------------------------------------------------------------------
+// ---- host ---------------------------------------------------------------------------------------------------------
 
 struct Shape {
   int E, k, H, I, n_slots, nGH, nGI, rgI, rgH;

@@ -4,20 +4,22 @@
 // The six-launch chain (router → route + tables → gate+up → SwiGLU preparation → down → combine) spends most of a
 // one-token layer on its launches' latencies (docs/benchmarks.md, "MoE layer: what each launch costs in the chain":
 // the four small kernels 11.7 of 22.6 µs). Here every warp of a persistent, co-resident grid takes a fixed list of
-// warp tasks and each task waits only for what it reads, through counters (acquire loads, release increments):
+// warp tasks and each task waits only for what it reads (arrivals counted with release increments; the arrival that
+// completes a count sets a bit in every block's flag word, which that block's warps poll):
 //   x's preparation (a warp per 256-element group), the shared-expert gate logit, the router's logits (a warp per
-//   expert), the shared expert's gate+up and down, then the routed experts' gate+up and down;
-//   a block routes once, in the first of its warps that needs the routing (the others wait in shared memory);
+//   expert), the shared expert's and then the routed experts' gate+up, then all down tasks;
+//   the warp whose arrival completes the logits routes, once for the grid, and publishes the routing;
 //   the last of a row group's gate+up tasks adds its partial sums and applies SwiGLU, the last row group of an
 //   activation group prepares that group for the down GEMV, and the last down task of an output row group combines
 //   the experts' rows into `out`.
-// Weights are loaded before the wait for the activations they multiply (a down task streams its expert's rows while
-// gate+up still runs). The arithmetic and every summation order are the chain's (the same device functions; the
-// partial sums of each row are added in the chain's slices and warp order), so the output bits are the chain's: a
-// token's output still does not depend on its batch (test_moe_imma checks both).
+// Weights are loaded before the wait for the activations they multiply. Not faster than the chain yet (H200: 41.5 vs
+// 22.8 µs; docs/benchmarks.md, "MoE: one token in one launch"), hence off by default. The arithmetic and every
+// summation order are the chain's (the same device functions; the partial sums of each row are added in the chain's
+// slices and warp order), so the output bits are the chain's: a token's output still does not depend on its batch
+// (test_moe_imma checks both).
 //
-// Counters live in the first moe_imma_counter_bytes of the caller's workspace: zero before the first call
-// (moe_imma_workspace_init), and the last warp of every call puts them back to zero.
+// Counters and flag words live in the first moe_imma_one_counter_bytes of the caller's workspace: zero before the
+// first call (moe_imma_workspace_init), and the last block of every call puts them back to zero.
 #pragma once
 
 #include <cuda_runtime.h>
