@@ -8,7 +8,10 @@
 // max-reduction of its bits and the lowest index holding it by one min-reduction (the reference's total order: larger
 // p, then lower index), the winner's register set to −1. Every lane sums the k selected p in selection order and lane j
 // divides its selection's p by the clamped sum. (Before: p in shared memory and a 10-shuffle butterfly per round — 11
-// µs at one token under ncu, more than the layer's expert GEMVs.) Phase 2 (after a barrier), the grouping, a thread
+// µs at one token under ncu, more than the layer's expert GEMVs. Tried and dropped: each lane's 8 candidates sorted
+// once by a bitonic network, a round reading the head and only the winner shifting — the same selection, but bench_moe
+// measured one token 22.7 → 23.2 µs (Q4_K 24.2 → 24.7) and 32 tokens 132.4 → 131.5, and from 16 a lane the index
+// array spilled.) Phase 2 (after a barrier), the grouping, a thread
 // per entry and a thread per expert: entry (t, j) sets bit t of its expert's token mask (shared-memory atomicOr; the
 // result does not depend on the order); expert e's count is the mask's population, its entries start at the
 // exclusive scan (cub::BlockScan) of the counts and its rank among the active experts at the scan of the flags (one
