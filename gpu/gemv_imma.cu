@@ -226,10 +226,7 @@ __device__ __forceinline__ WRound w_round(const KernelArgs& a, const SegHead& h,
   r.ok = h.ok;
   const int rg = h.ok ? h.item - h.seg * a.n_rg : 0;
   const auto* base = static_cast<const uint8_t*>(h.data);
-  // Q4_K has whole groups (n_units = 4·n_groups), so both types' scales of a group start at tile0 · 64.
-  const size_t tile0 = static_cast<size_t>(rg) * a.n_units + static_cast<size_t>(group0) * kUnitsPerSlice;
-  r.qs = base + tile0 * 512 + lane * 16;
-  r.meta = base + a.meta_off + tile0 * 64 + (T == GgmlType::kQ4_0 ? (lane / 4) * 8 : (lane / 4) * 16);
+  imma_tile::tile_lane<T>(base, a.meta_off, a.n_units, rg, group0, lane, r.qs, r.meta);
   return r;
 }
 
@@ -305,8 +302,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   using XRef = std::conditional_t<NP == 1, const uint8_t*, int>;
   XRef xf[NP];
   XRef xd[NP];
-  const size_t foff = (static_cast<size_t>(group0) * kUnitsPerSlice * 16 + (g % 4) * 4 + t) * 16;
-  const size_t doff = a.lay.frag_bytes() + (static_cast<size_t>(group0) * kUnitsPerSlice * 2 + (t % 2)) * 8;
+  const size_t foff = imma_tile::x_frag_off(group0, g, t);
+  const size_t doff = imma_tile::x_dsum_off(a.lay, group0, t);
   // A group's scale lies at its dsum pointer + sdelta (group0's dsum at (t % 2)·8 + 64·group0 past the region's
   // start, its scale at dsum_bytes + 4·group0), stepping 4 bytes per group where the dsum steps 64.
   const int64_t sdelta = static_cast<int64_t>(a.lay.dsum_bytes()) - (t % 2) * 8 - 60 * static_cast<int64_t>(group0);
@@ -451,11 +448,17 @@ std::atomic<int> g_forced_split{0};
 
 // Grouped calls (a table) keep their row groups whole for up to 4 groups per warp: each segment entry is read from
 // the table once per row group and its matrix streamed, instead of a table read in front of every group.
+int grouped_split(int n_groups) {
+  int S = 1;
+  while (S < kMaxWarps && (n_groups + S - 1) / S > 4) S *= 2;
+  return S;
+}
+
 void pick_split(KernelArgs& a, bool table) {
   constexpr int kWantWarps = 2048;
   int S = 1;
   if (table) {
-    while (S < kMaxWarps && (a.n_groups + S - 1) / S > 4) S *= 2;
+    S = grouped_split(a.n_groups);
   } else {
     while (S < a.n_groups && S < kMaxWarps && static_cast<int64_t>(a.n_rg) * S < kWantWarps) S *= 2;
   }
@@ -537,6 +540,12 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
 
 void gemv_imma_force_split(int warps_per_row_group) {
   g_forced_split.store(warps_per_row_group > 0 ? warps_per_row_group : 0, std::memory_order_relaxed);
+}
+
+int gemv_imma_grouped_groups_per_slice(int64_t n_cols) {
+  const int n_groups = x_layout(n_cols).n_groups;
+  const int S = grouped_split(n_groups);
+  return (n_groups + S - 1) / S;
 }
 
 bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {

@@ -86,6 +86,11 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
 Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream,
                  bool programmatic = false);
 
+// How gemv_imma_segments adds a row of n_cols: each warp sums this many 256-column groups in order (from 0), then the
+// row's slices are added in order — S, the smallest power of two with ⌈groups / S⌉ <= 4, slices (gemv_imma_force_split
+// aside). For kernels that must give its bits from per-group sums (moe_imma_one).
+int gemv_imma_grouped_groups_per_slice(int64_t n_cols);
+
 // For benchmarks: force S warps per row group (rounded down to a power of two, 1..16; 0 restores the choice by shape).
 // Affects calls made after it, process-wide; results stay within the same bound but their bits depend on S.
 void gemv_imma_force_split(int warps_per_row_group);

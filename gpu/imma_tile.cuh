@@ -56,6 +56,30 @@ struct XSourceT {
 };
 using XSource = XSourceT<false>;
 
+// Where a lane's words for group grp of row group rg lie in a tiled matrix of n_units units a row (q4_tile.h), as
+// pointers from its start `base`: qs, the lane's 16-byte quant word of the group's first unit (+ 512 per unit); meta,
+// its scales (Q4_0: + 64 per unit; Q4_K: row g's super-block head, row g + 8's at + 128). Q4_K has whole groups
+// (n_units = 4·groups), so both types' scales of a group start at tile0 · 64.
+template <GgmlType T>
+__device__ __forceinline__ void tile_lane(const uint8_t* base, size_t meta_off, int n_units, int rg, int grp, int lane,
+                                          const uint8_t*& qs, const uint8_t*& meta) {
+  const size_t tile0 = static_cast<size_t>(rg) * n_units + static_cast<size_t>(grp) * kUnitsPerSlice;
+  qs = base + tile0 * 512 + lane * 16;
+  meta = base + meta_off + tile0 * 64 + (T == GgmlType::kQ4_0 ? (lane / 4) * 8 : (lane / 4) * 16);
+}
+
+// A lane's byte offsets in one prepared vector (imma_prepare.cuh's layout) for group grp, lane = 4g + t: its B fragment
+// of the group's first unit (+ 256 per unit), its digit sums (+ 16 per unit), the group's scale.
+__device__ __forceinline__ size_t x_frag_off(int grp, int g, int t) {
+  return (static_cast<size_t>(grp) * kUnitsPerSlice * 16 + (g % 4) * 4 + t) * 16;
+}
+__device__ __forceinline__ size_t x_dsum_off(const imma_prep::XLayout& lay, int grp, int t) {
+  return lay.frag_bytes() + (static_cast<size_t>(grp) * kUnitsPerSlice * 2 + (t % 2)) * 8;
+}
+__device__ __forceinline__ size_t x_scale_off(const imma_prep::XLayout& lay, int grp) {
+  return lay.frag_bytes() + lay.dsum_bytes() + static_cast<size_t>(grp) * 4;
+}
+
 __device__ __forceinline__ float half_bits(uint32_t bits16) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
 }

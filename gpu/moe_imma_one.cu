@@ -11,8 +11,8 @@
 // groups, per output row group the finished down tasks; then a flag word per block (u64).
 //
 // Bits: each group's sums come from imma_tile::multiply as in gemv_imma_segments; a row's groups are added as the
-// grouped GEMV adds them (S slices of gps groups: each slice from 0 in group order, then the slices in order —
-// pick_split in gemv_imma.cu: S the smallest power of two with ⌈groups / S⌉ <= 4); SwiGLU, the preparation, the
+// grouped GEMV adds them (slices of gemv_imma_grouped_groups_per_slice groups: each slice from 0 in group order, then
+// the slices in order); SwiGLU, the preparation, the
 // router's logits, the routing and the combine use the chain's device functions. So out is bit-identical to the
 // chain's.
 //
@@ -74,13 +74,6 @@ static_assert(3 + kMoeMaxUsed + 1 <= 64, "a flag word holds every slot");
 constexpr int kMaxBlocks = 1024;  // flag words (the grid: SMs × resident blocks)
 
 int round4(int n) { return (n + 3) / 4 * 4; }
-
-// The chain's split of a grouped GEMV row (gemv_imma.cu, pick_split for tables).
-void grouped_split(int n_groups, int& S, int& gps) {
-  S = 1;
-  while (S < 16 && (n_groups + S - 1) / S > 4) S *= 2;
-  gps = (n_groups + S - 1) / S;
-}
 
 // Scratch pieces, in order (null base: sizes only).
 struct Scratch {
@@ -237,9 +230,9 @@ __device__ __noinline__ void route_once(const OneArgs& a, float* lg, int lane) {
 template <GgmlType T>
 __device__ __forceinline__ void load_group(const uint8_t* base, size_t meta_off, int n_units, int rg, int grp, int lane,
                                            WeightBuf& b) {
-  const size_t tile0 = static_cast<size_t>(rg) * n_units + static_cast<size_t>(grp) * kUnitsPerSlice;
-  const uint8_t* qs = base + tile0 * 512 + lane * 16;
-  const uint8_t* meta = base + meta_off + tile0 * 64 + (T == GgmlType::kQ4_0 ? (lane / 4) * 8 : (lane / 4) * 16);
+  const uint8_t* qs;
+  const uint8_t* meta;
+  imma_tile::tile_lane<T>(base, meta_off, n_units, rg, grp, lane, qs, meta);
   const int left = n_units - grp * kUnitsPerSlice;
 #pragma unroll
   for (int i = 0; i < kUnitsPerSlice; ++i) {
@@ -253,12 +246,11 @@ __device__ __forceinline__ void load_group(const uint8_t* base, size_t meta_off,
   }
 }
 
-// Where a lane finds group grp of one prepared vector xb (gemv_imma_kernel's offsets for a pair of one vector).
+// Where a lane finds group grp of one prepared vector xb (a pair of one vector, as gemv_imma_kernel reads it).
 __device__ __forceinline__ XSourceL2 x_source(const uint8_t* xb, const XLayout& lay, int grp, int lane) {
   const int g = lane / 4, t = lane % 4;
-  return XSourceL2{xb + (static_cast<size_t>(grp) * 64 + (g % 4) * 4 + t) * 16,
-                   xb + lay.frag_bytes() + (static_cast<size_t>(grp) * 8 + (t % 2)) * 8,
-                   xb + lay.frag_bytes() + lay.dsum_bytes() + static_cast<size_t>(grp) * 4};
+  return XSourceL2{xb + imma_tile::x_frag_off(grp, g, t), xb + imma_tile::x_dsum_off(lay, grp, t),
+                   xb + imma_tile::x_scale_off(lay, grp)};
 }
 
 // Adds a row's per-group sums as the grouped GEMV does: slices of gps groups, each from 0 in group order, then the
@@ -603,7 +595,6 @@ Status launch(const OneArgs& args, cudaStream_t stream) {
 }  // namespace
 
 bool moe_imma_one_supports(const MoeImmaWeights& w) {
-  if (!moe_imma_check_weights(w)) return false;
   const Shape s = shape_of(w);
   const bool f32_router =
       w.router.type == GgmlType::kF32 && s.H % 4 == 0 && reinterpret_cast<uintptr_t>(w.router.data) % 16 == 0;
@@ -620,13 +611,6 @@ size_t moe_imma_one_scratch_bytes(const MoeImmaWeights& w) { return scratch_of(w
 
 Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out, void* counters, void* scratch,
                             cudaStream_t stream, MoeRouting* routing) {
-  if (!moe_imma_one_supports(w)) {
-    return make_error(ErrorCode::kUnsupported, "moe_imma_one: this layer's shape or types (moe_imma_one_supports)");
-  }
-  if (x == nullptr || out == nullptr || counters == nullptr || scratch == nullptr ||
-      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(scratch) % 16 != 0) {
-    return make_error(ErrorCode::kInvalidArgument, "moe_imma_one: null or misaligned pointer");
-  }
   const Shape s = shape_of(w);
   const Scratch c = scratch_of(w, s, scratch);
   OneArgs a{};
@@ -657,9 +641,8 @@ Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out,
   a.n_ich = (s.nGI + kTaskGroups - 1) / kTaskGroups;
   a.meta_gu = static_cast<size_t>(s.rgI) * a.nUH * 512;
   a.meta_dn = static_cast<size_t>(s.rgH) * a.nUI * 512;
-  int S = 1;
-  grouped_split(s.nGH, S, a.gps_gu);
-  grouped_split(s.nGI, S, a.gps_dn);
+  a.gps_gu = gemv_imma_grouped_groups_per_slice(s.H);
+  a.gps_dn = gemv_imma_grouped_groups_per_slice(s.I);
   a.lay_h = imma_prep::x_layout(s.H);
   a.lay_i = imma_prep::x_layout(s.I);
   a.gstride = round4(2 * s.nGH);

@@ -31,8 +31,9 @@
 
 namespace kestrel::gpu {
 
-// True when the one-launch path takes this layer: an f32 router (H % 4 == 0, 16-byte aligned) of at most 512 experts,
-// an f32 shared-expert gate (if any), H <= 4096, I <= 2048, (k + shared) · ⌈I / 256⌉ <= 32.
+// For weights that pass moe_imma_check_weights: true when the one-launch path takes this layer — an f32 router (H % 4
+// == 0, 16-byte aligned) of at most 512 experts, an f32 shared-expert gate (if any), H <= 4096, I <= 2048, (k +
+// shared) · ⌈I / 256⌉ <= 32.
 bool moe_imma_one_supports(const MoeImmaWeights& w);
 
 // Bytes of the counters at the workspace's start (16-aligned; any layer).
@@ -41,9 +42,10 @@ size_t moe_imma_one_counter_bytes(const MoeImmaWeights& w);
 // Bytes of the path's scratch after the counters.
 size_t moe_imma_one_scratch_bytes(const MoeImmaWeights& w);
 
-// One token: x, out device f32 [H] (x 16-byte aligned); counters: moe_imma_one_counter_bytes, zero; scratch:
-// moe_imma_one_scratch_bytes, 16-byte aligned (no initialisation). One cooperative launch on `stream`; routing
-// receives the token's routing views (inside scratch). Errors before anything is enqueued.
+// One token, for a layer moe_imma_forward has checked and moe_imma_one_supports takes, with the pointers
+// moe_imma_forward has checked: x, out device f32 [H] (x 16-byte aligned); counters: moe_imma_one_counter_bytes,
+// zero; scratch: moe_imma_one_scratch_bytes, 16-byte aligned (no initialisation). One cooperative launch on
+// `stream` (an error if it cannot be enqueued); routing receives the token's routing views (inside scratch).
 Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out, void* counters, void* scratch,
                             cudaStream_t stream, MoeRouting* routing);
 
