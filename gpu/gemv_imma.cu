@@ -139,6 +139,7 @@ struct FastDiv {
 
 struct KernelArgs {
   const ImmaSegment* table;  // kTable: the device table
+  const int32_t* n_used;     // kTable, optional: the table's segments in use (device; n_seg bounds it)
   const void* data;          // dense: the matrix; segment s holds vectors 8s .. min(8s + 8, n_vec) - 1
   int n_vec;                 // dense: vectors in all
   int n_seg;
@@ -283,7 +284,16 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   const int R = a.R;
   const int sl = warp & (S - 1);
   const int rl = warp >> a.s_log;
-  const int n_items = a.n_seg * a.n_rg;
+  // The table's segments in use (n_used): loaded beside the first two rounds' table entries, which are read within
+  // the table's capacity and dropped after if past the count. Nothing may branch on the count before those loads
+  // issue: read first, or with an early return on it (the compiler sank the table loads below it), the count cost each
+  // grouped GEMV one more dependent round trip (moe_imma 1 token 22.7 -> 24.1 us, bench_moe, H200).
+  const int n_cap = a.n_seg * a.n_rg;
+  int n_seg = a.n_seg;
+  if constexpr (kTable) {
+    if (a.n_used != nullptr) n_seg = max(0, min(n_seg, __ldg(a.n_used)));
+  }
+  const int n_items = n_seg * a.n_rg;
   const int n_threads = S * R * 32;
   float* part = reinterpret_cast<float*>(smem);
   auto item_of = [&](int round) { return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R; };
@@ -408,11 +418,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
     for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
   };
 
-  if (item_of(0) >= n_items) return;
+  SegHead first = seg_head<kTable>(a, item_of(0) + rl, n_cap);
+  SegHead ahead = seg_head<kTable>(a, item_of(1) + rl, n_cap);  // the next round's
+  if (item_of(0) >= n_cap) return;
+  first.ok = first.ok && first.item < n_items;
+  ahead.ok = ahead.ok && ahead.item < n_items;
   // Two register buffers: the next group's weights are in flight while this one is multiplied.
   Cursor cur{0, 0};
-  WRound wr = w_round<T>(a, seg_head<kTable>(a, item_of(0) + rl, n_items), group0, lane);
-  SegHead ahead = seg_head<kTable>(a, item_of(1) + rl, n_items);  // the next round's
+  WRound wr = w_round<T>(a, first, group0, lane);
   WeightBuf b0, b1;
   w_load<T>(a, wr, 0, group0, b0);
   if constexpr (!kTable) pdl_wait();
@@ -614,6 +627,7 @@ Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, c
   if (x0 < y1 && y0 < x1) return make_error(ErrorCode::kInvalidArgument, "gemv_imma: y overlaps xprep");
   KernelArgs args = base_args(w.type, w.n_cols, w.n_rows, xprep, y, w.n_rows);
   args.table = nullptr;
+  args.n_used = nullptr;
   args.data = w.data;
   args.n_vec = n_vec;
   args.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
@@ -623,7 +637,7 @@ Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, c
 
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, int max_segment_vectors,
-                          bool programmatic) {
+                          bool programmatic, const int32_t* n_used) {
   if (!gemv_imma_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma_segments: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
@@ -640,6 +654,7 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
   if (n_segments == 0) return ok_status();
   KernelArgs args = base_args(type, n_cols, n_rows, xprep, y, y_stride);
   args.table = segments;
+  args.n_used = n_used;
   args.n_seg = n_segments;
   pick_split(args, true);
   return launch_any(type, args, max_segment_vectors, programmatic, stream);

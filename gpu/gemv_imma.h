@@ -72,10 +72,13 @@ static_assert(sizeof(ImmaSegment) == 80, "ImmaSegment is a POD a device kernel w
 // the token count of an MoE call); a smaller bound runs a kernel with fewer registers — a segment with more vectors
 // than the bound has the excess ignored, so the bound is part of the table's contract like vec/out. Same arithmetic
 // as gemv_imma; grouped calls split a row into slices of at most 4 groups, so S (and the last bits) may differ from
-// a dense call's. One kernel; thread-safe. programmatic: as gemv_imma_prepare_swiglu.
+// a dense call's. One kernel; thread-safe. programmatic: as gemv_imma_prepare_swiglu. n_used (optional, device
+// int32, written before the GEMV runs, e.g. by the table's writer): only the first min(*n_used, n_segments) segments
+// are read, the rest of the table may be left unwritten (a table sized for the worst case walks only what it holds).
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream,
-                          int max_segment_vectors = kImmaSegmentVectors, bool programmatic = false);
+                          int max_segment_vectors = kImmaSegmentVectors, bool programmatic = false,
+                          const int32_t* n_used = nullptr);
 
 // y[v] = W x[v] with x prepared by gemv_imma_prepare_x (same n_cols, at least n_vec vectors, earlier on `stream`).
 // y: device f32 [n_vec, n_rows], 4-byte aligned, not overlapping xprep; n_vec in [1, 32]. Errors are found before

@@ -7,8 +7,9 @@
 //
 // Segment tables (written by route_table_kernel, one block, right after it routes; read by gemv_imma_segments):
 //   gate+up: [shared chunk c: gate, up]·sh_chunks, then per routed chunk q (active experts ascending, each expert's
-//            entries in chunks of C = the call's vectors per segment): gate, up; the rest n_vec = 0 (skipped);
-//   down:    [shared chunk c]·sh_chunks, then routed chunk q; the rest n_vec = 0.
+//            entries in chunks of C = the call's vectors per segment): gate, up;
+//   down:    [shared chunk c]·sh_chunks, then routed chunk q;
+// and the counts of both (n_used, which the GEMVs read: the rest of each table is not written).
 // The routed chunk positions come from an exclusive scan of ⌈count/C⌉ over the experts (write_tables). Capacity:
 // Σ ⌈c_e/C⌉ <= Σ (1 + ⌊c_e/C⌋) <= n_active + ⌊n_entries/C⌋, and <= n_entries (the workspace holds C = 1's).
 #include <algorithm>
@@ -59,6 +60,14 @@ std::atomic<int> g_pdl_max_tokens{kMoeImmaProgrammaticMaxTokens};
 // moves it for benchmarks.
 std::atomic<int> g_chunk{kMoeImmaSegmentVectors};
 
+// The routing spread over a block per token (route_spread_table_kernel) from this many tokens; below it one block
+// routes them all (route_table_kernel).
+std::atomic<int> g_route_spread_min_tokens{kMoeImmaRouteSpreadMinTokens};
+
+// The workspace's first bytes: route_spread_table_kernel's arrival counter, padded to 256 bytes so that what follows
+// keeps the allocation's alignment.
+constexpr size_t kChainCounterBytes = 256;
+
 // One token in one launch (moe_imma_one.h) where the layer allows it; off (the default, kMoeImmaSingleLaunch): the
 // chain at every size.
 std::atomic<bool> g_single_launch{kMoeImmaSingleLaunch};
@@ -101,6 +110,7 @@ struct Layout {
   float* gu = nullptr;            // f32 [2 · n_all, I]
   uint8_t* aprep = nullptr;       // n_all prepared vectors of I
   float* ye = nullptr;            // f32 [n_all, H]
+  int32_t* n_used = nullptr;      // [2]: the tables' segments in use (gate+up, down)
   size_t bytes = 0;
 };
 
@@ -118,6 +128,7 @@ Layout layout_of(const MoeImmaWeights& w, const Counts& c, void* base) {
   l.gu = sc.take<float>(2 * all * I * 4);
   l.aprep = sc.take(all * imma_x_bytes(w.n_ff, 1));
   l.ye = sc.take<float>(all * H * 4);
+  l.n_used = sc.take<int32_t>(2 * sizeof(int32_t));
   l.bytes = sc.bytes();
   return l;
 }
@@ -143,6 +154,8 @@ struct TableArgs {
   int n_seg_dn;
   ImmaSegment* seg_gu;
   ImmaSegment* seg_dn;
+  unsigned* arrivals;  // route_spread_table_kernel's block count (the workspace's chain counter)
+  int32_t* n_used;     // [2]: segments the tables hold, gate+up and down
 };
 
 // One chunk's segment: the matrix, n vectors vec[j] → rows out0 + out[j].
@@ -157,11 +170,6 @@ __device__ __forceinline__ void put_segment(ImmaSegment* s, const void* data, in
     seg.out[j] = j < n ? out0 + out[j] : 0;
   }
   *s = seg;
-}
-
-__device__ __forceinline__ void put_empty(ImmaSegment* s) {
-  s->data = nullptr;
-  s->n_vec = 0;  // skipped: the GEMV reads no other field of an empty segment
 }
 
 // The segment tables from the routing as route_block leaves it in shared memory (rt, read after a barrier), by one
@@ -228,9 +236,10 @@ __device__ __forceinline__ void write_tables(const TableArgs& a, const moe_route
     put_segment(a.seg_gu + 2 * at + 1, u, n, tok, a.n_all, row);
     put_segment(a.seg_dn + at, d, n, row, 0, row);
   }
-  const int used = a.sh_chunks + total;
-  for (int i = 2 * used + tid; i < a.n_seg_gu; i += kBlock) put_empty(a.seg_gu + i);
-  for (int i = used + tid; i < a.n_seg_dn; i += kBlock) put_empty(a.seg_dn + i);
+  if (tid == 0) {  // the GEMVs read these many segments; the tables' rest stays unwritten
+    a.n_used[0] = 2 * (a.sh_chunks + total);
+    a.n_used[1] = a.sh_chunks + total;
+  }
 }
 
 // Routing (moe_route_dev::route_block, the same code as moe_route) and then the segment tables from it, in one block:
@@ -242,6 +251,20 @@ __global__ void __launch_bounds__(moe_route_dev::kThreads)
   pdl_wait();
   const moe_route_dev::BlockRoute rt = moe_route_dev::route_block<kPer>(logits, a.n_tok, n_expert, k, a.r);
   __syncthreads();  // the routing's shared-memory results are visible to the whole block
+  write_tables<moe_route_dev::kThreads>(a, rt, n_expert);
+}
+
+// The same from kMoeImmaRouteSpreadMinTokens tokens, over n_tok blocks: a block per token routes it, the last block to
+// finish groups the entries and writes the tables (moe_route_dev::route_spread; a.arrivals zero before the launch and
+// after it).
+template <int kPer>
+__global__ void __launch_bounds__(moe_route_dev::kThreads)
+    route_spread_table_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  moe_route_dev::BlockRoute rt{};
+  if (!moe_route_dev::route_spread<kPer>(logits, a.n_tok, n_expert, k, a.r, a.arrivals, &rt)) return;
+  __syncthreads();
   write_tables<moe_route_dev::kThreads>(a, rt, n_expert);
 }
 
@@ -460,16 +483,23 @@ void moe_imma_set_segment_vectors(int n) {
   g_chunk.store(std::clamp(n, 1, kImmaSegmentVectors), std::memory_order_relaxed);
 }
 
-// The workspace: the one-launch path's counters first (no other path writes them), then either path's scratch.
+void moe_imma_set_route_spread_min_tokens(int n_tok) {
+  g_route_spread_min_tokens.store(n_tok, std::memory_order_relaxed);
+}
+
+// The workspace: the chain's routing counter, the one-launch path's counters (no other path writes them), then either
+// path's scratch.
+size_t moe_imma_counter_bytes(const MoeImmaWeights& w) { return kChainCounterBytes + moe_imma_one_counter_bytes(w); }
+
 size_t moe_imma_workspace_bytes(const MoeImmaWeights& w, int n_tok) {
   if (n_tok < 1 || n_tok > kMoeMaxTokens) return 0;
-  return moe_imma_one_counter_bytes(w) +
+  return moe_imma_counter_bytes(w) +
          std::max(layout_of(w, counts_of(w, n_tok, 1), nullptr).bytes, moe_imma_one_scratch_bytes(w));
 }
 
 Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStream_t stream) {
   if (workspace == nullptr) return bad("moe_imma_workspace_init: null workspace");
-  KESTREL_CUDA_TRY(cudaMemsetAsync(workspace, 0, moe_imma_one_counter_bytes(w), stream));
+  KESTREL_CUDA_TRY(cudaMemsetAsync(workspace, 0, moe_imma_counter_bytes(w), stream));
   return ok_status();
 }
 
@@ -484,8 +514,9 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   if (x == nullptr || out == nullptr || workspace == nullptr || !aligned16(x) || !aligned16(workspace)) {
     return bad("x, out or workspace is null, or x / workspace is not 16-byte aligned");
   }
-  void* const counters = workspace;
-  void* const scratch = static_cast<unsigned char*>(workspace) + moe_imma_one_counter_bytes(w);
+  auto* const route_arrivals = static_cast<unsigned*>(workspace);
+  void* const counters = static_cast<unsigned char*>(workspace) + kChainCounterBytes;
+  void* const scratch = static_cast<unsigned char*>(counters) + moe_imma_one_counter_bytes(w);
   if (n_tok == 1 && g_single_launch.load(std::memory_order_relaxed) && moe_imma_one_supports(w)) {
     MoeRouting r1;
     KESTREL_TRY(moe_imma_one_forward(w, x, out, counters, scratch, stream, &r1));
@@ -548,9 +579,15 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ta.n_seg_dn = c.n_seg_dn();
   ta.seg_gu = l.seg_gu;
   ta.seg_dn = l.seg_dn;
+  ta.n_used = l.n_used;
+  ta.arrivals = route_arrivals;
+  const bool spread = n_tok >= g_route_spread_min_tokens.load(std::memory_order_relaxed);
   KESTREL_TRY(moe_route_dev::with_route_per_lane(E, [&](auto per) {
-    return launch_programmatic(pdl, route_table_kernel<decltype(per)::value>, dim3(1), dim3(moe_route_dev::kThreads), 0,
-                               stream, l.logits, E, k, ta);
+    constexpr int kPer = decltype(per)::value;
+    return spread ? launch_programmatic(pdl, route_spread_table_kernel<kPer>, dim3(static_cast<unsigned>(n_tok)),
+                                        dim3(moe_route_dev::kThreads), 0, stream, l.logits, E, k, ta)
+                  : launch_programmatic(pdl, route_table_kernel<kPer>, dim3(1), dim3(moe_route_dev::kThreads), 0,
+                                        stream, l.logits, E, k, ta);
   }));
   ++launches;
   if (!f32_router) {
@@ -560,7 +597,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
 
   // An expert (or a chunk of the shared expert) sees each token at most once: no segment holds more than n_tok.
   const int seg_bound = std::min(n_tok, c.chunk);
-  KESTREL_TRY(gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound, pdl));
+  KESTREL_TRY(
+      gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound, pdl, l.n_used));
   ++launches;
 
   // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I.
@@ -568,7 +606,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
       gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(c.n_all) * I, I, c.n_all, l.aprep, stream, pdl));
   ++launches;
 
-  KESTREL_TRY(gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, pdl));
+  KESTREL_TRY(
+      gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, pdl, l.n_used + 1));
   ++launches;
 
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));

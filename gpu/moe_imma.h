@@ -106,6 +106,15 @@ inline constexpr int kMoeImmaSegmentVectors = 2;
 // Thread-safe.
 void moe_imma_set_segment_vectors(int n);
 
+// From this many tokens the routing runs in a block per token and the last block to finish groups the entries and
+// writes the segment tables; below it one block does all (moe_imma.cu has the measurements behind the default). The
+// routing and the output are the same either way.
+inline constexpr int kMoeImmaRouteSpreadMinTokens = 16;
+
+// Sets that bound (kMoeMaxTokens + 1: never), process-wide, for calls made after it; for benchmarks and tests.
+// Thread-safe.
+void moe_imma_set_route_spread_min_tokens(int n_tok);
+
 // One token in one launch: when on, at n_tok == 1 moe_imma_forward runs the whole layer as one cooperative kernel
 // (gpu/moe_imma_one.h) where moe_imma_one_supports() holds (an f32 router and shared gate, H <= 4096, I <= 2048, ...),
 // with the chain's bits. Off by default: it is correct and tested but not faster than the chain (H200, 35B-A3B
@@ -115,9 +124,13 @@ inline constexpr bool kMoeImmaSingleLaunch = false;
 void moe_imma_set_single_launch(bool on);
 
 // Bytes of device scratch moe_imma_forward needs for calls of up to n_tok tokens; 0 when n_tok is out of [1,
-// kMoeMaxTokens]. The first bytes hold the one-launch path's counters: zero them once (moe_imma_workspace_init)
-// before the workspace's first call; every call leaves them zero, and no call reads the rest before writing it.
+// kMoeMaxTokens]. The first bytes hold counters (the spread routing's, the one-launch path's): zero them once
+// (moe_imma_workspace_init) before the workspace's first call; every call leaves them zero, and no call reads the
+// rest before writing it.
 size_t moe_imma_workspace_bytes(const MoeImmaWeights& w, int n_tok);
+
+// Bytes of those counters (the workspace's first bytes; 16-aligned).
+size_t moe_imma_counter_bytes(const MoeImmaWeights& w);
 
 // Zeroes the workspace's counters (cudaMemsetAsync on `stream`). Once per workspace, before its first call.
 Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStream_t stream);

@@ -18,7 +18,8 @@
 // 1024); entry (t, j) lands at its expert's start + the tokens below t in the mask, and its slot in the token's list at
 // the number of the token's experts with a lower id.
 // (Before: thread e scanned all n_tok·k ids to count, and again to place its entries — 49 µs at 32 tokens under ncu,
-// one warp of the 1024-thread block busy at a time.)
+// one warp of the 1024-thread block busy at a time.) route_spread runs phase 1 in a block per token and phase 2 in the
+// last block to finish (moe_imma uses it from kMoeImmaRouteSpreadMinTokens tokens).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -92,59 +93,61 @@ __device__ __forceinline__ void route_token(const float* __restrict__ lg, int n_
   }
 }
 
-// The whole routing of n_tok tokens by one block of kThreads threads (see the head of this file); r in global memory.
-// Returns the grouping as it stays in shared memory (for the rest of the block, e.g. moe_imma's table writer, which
-// then needs no global round trip); the caller puts a __syncthreads() between this and any read of r or of the
-// returned arrays by other threads of the block.
+// The routing's shared memory: per entry (t, j) the selected id and weight, per expert its token mask and first entry.
+struct RouteSmem {
+  int ids[kMoeMaxTokens * kMoeMaxUsed];
+  float w[kMoeMaxTokens * kMoeMaxUsed];
+  unsigned mask[kMoeMaxExperts];  // bit t: token t selected the expert
+  int off[kMoeMaxExperts];        // the expert's first entry
+  typename cub::BlockScan<int, kThreads>::TempStorage scan;
+};
+static_assert(kMoeMaxTokens <= 32, "a token mask per expert is one 32-bit word");
+static_assert(kThreads >= kMoeMaxTokens * kMoeMaxUsed, "phase 2 gives each entry a thread");
+
+// The grouping as it stays in shared memory (for the rest of the block, e.g. moe_imma's table writer, which then needs
+// no global round trip).
 struct BlockRoute {
   const unsigned* mask;  // [n_expert] bit t: token t chose the expert
   const int* first;      // [n_expert] the expert's first entry (entries by expert, then token)
 };
 
+// Phase 1 for token t by one warp: its k selections and weights into r (global) and, with s, into s's entries.
 template <int kPer>
-__device__ __forceinline__ BlockRoute route_block(const float* __restrict__ logits, int n_tok, int n_expert, int k,
-                                                  const MoeRouting& r) {
-  __shared__ int ids_s[kMoeMaxTokens * kMoeMaxUsed];
-  __shared__ float w_s[kMoeMaxTokens * kMoeMaxUsed];
-  __shared__ unsigned mask_s[kMoeMaxExperts];  // bit t: token t selected the expert
-  __shared__ int off_s[kMoeMaxExperts];        // the expert's first entry
-  using Scan = cub::BlockScan<int, kThreads>;
-  __shared__ typename Scan::TempStorage scan_tmp;
-  static_assert(kMoeMaxTokens <= 32, "a token mask per expert is one 32-bit word");
-  static_assert(kThreads >= kMoeMaxTokens * kMoeMaxUsed, "phase 2 gives each entry a thread");
-
-  const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  for (int e = tid; e < n_expert; e += kThreads) mask_s[e] = 0u;  // ordered before phase 2 by phase 1's barrier
-
-  for (int t = warp; t < n_tok; t += kWarps) {
-    int my_id = 0;
-    float my_p = 0.0f;
-    float sel_sum = 0.0f;
-    route_token<kPer>(logits + static_cast<size_t>(t) * n_expert, n_expert, k, lane, my_id, my_p, sel_sum);
-    const float denom = fmaxf(sel_sum, kWeightSumMin);
-    if (lane < k) {
-      const float wt = __fdiv_rn(my_p, denom);
-      r.ids[t * k + lane] = my_id;
-      r.weights[t * k + lane] = wt;
-      ids_s[t * k + lane] = my_id;
-      w_s[t * k + lane] = wt;
+__device__ __forceinline__ void route_one(const float* __restrict__ logits, int t, int n_expert, int k, int lane,
+                                          const MoeRouting& r, RouteSmem* s) {
+  int my_id = 0;
+  float my_p = 0.0f;
+  float sel_sum = 0.0f;
+  route_token<kPer>(logits + static_cast<size_t>(t) * n_expert, n_expert, k, lane, my_id, my_p, sel_sum);
+  const float denom = fmaxf(sel_sum, kWeightSumMin);
+  if (lane < k) {
+    const float wt = __fdiv_rn(my_p, denom);
+    r.ids[t * k + lane] = my_id;
+    r.weights[t * k + lane] = wt;
+    if (s != nullptr) {
+      s->ids[t * k + lane] = my_id;
+      s->w[t * k + lane] = wt;
     }
   }
-  __syncthreads();
+}
 
+// Phase 2 by the whole block (kThreads threads), once s.ids / s.w hold every entry and s.mask is zero (both visible
+// to the block: the caller's barrier); writes the rest of r. The caller puts a __syncthreads() between this and any
+// read of r or of the returned arrays by other threads of the block.
+__device__ __forceinline__ BlockRoute group_entries(RouteSmem& s, int n_tok, int n_expert, int k, const MoeRouting& r) {
+  using Scan = cub::BlockScan<int, kThreads>;
+  const int tid = static_cast<int>(threadIdx.x);
   // Grouping: entry i = (t, j) marks token t in its expert's mask; thread e counts expert e's tokens; one exclusive
   // scan of the counts and the active flags.
   const int n_entries = n_tok * k;
-  if (tid < n_entries) atomicOr(&mask_s[ids_s[tid]], 1u << (tid / k));
+  if (tid < n_entries) atomicOr(&s.mask[s.ids[tid]], 1u << (tid / k));
   __syncthreads();
   const int e = tid;
-  const int c = e < n_expert ? __popc(mask_s[e]) : 0;
+  const int c = e < n_expert ? __popc(s.mask[e]) : 0;
   const int a = c > 0 ? 1 : 0;
   static_assert(kMoeMaxTokens * kMoeMaxUsed < (1 << 16) && kMoeMaxExperts < (1 << 16), "packed scan fields");
   int packed = 0;
-  Scan(scan_tmp).ExclusiveSum(c | a << 16, packed);
+  Scan(s.scan).ExclusiveSum(c | a << 16, packed);
   const int off = packed & 0xFFFF;
   const int rank = packed >> 16;
   if (e == n_expert - 1) {
@@ -155,20 +158,65 @@ __device__ __forceinline__ BlockRoute route_block(const float* __restrict__ logi
     r.active_expert[rank] = e;
     r.active_offset[rank] = off;
   }
-  if (e < n_expert) off_s[e] = off;
+  if (e < n_expert) s.off[e] = off;
   __syncthreads();
   // Entry (t, j) of expert x: after the tokens below t that chose x (entries by expert, then token).
   if (tid < n_entries) {
     const int t = tid / k;
-    const int x = ids_s[tid];
-    const int pos = off_s[x] + __popc(mask_s[x] & ((1u << t) - 1u));
+    const int x = s.ids[tid];
+    const int pos = s.off[x] + __popc(s.mask[x] & ((1u << t) - 1u));
     r.entry_token[pos] = t;
-    r.entry_weight[pos] = w_s[tid];
+    r.entry_weight[pos] = s.w[tid];
     int below = 0;  // the token's selections with a lower expert id
-    for (int jj = 0; jj < k; ++jj) below += ids_s[t * k + jj] < x ? 1 : 0;
+    for (int jj = 0; jj < k; ++jj) below += s.ids[t * k + jj] < x ? 1 : 0;
     r.token_entry[t * k + below] = pos;
   }
-  return BlockRoute{mask_s, off_s};
+  return BlockRoute{s.mask, s.off};
+}
+
+// The whole routing of n_tok tokens by one block of kThreads threads (see the head of this file); r in global memory.
+// Returns the grouping as it stays in shared memory; the caller puts a __syncthreads() between this and any read of r
+// or of the returned arrays by other threads of the block.
+template <int kPer>
+__device__ __forceinline__ BlockRoute route_block(const float* __restrict__ logits, int n_tok, int n_expert, int k,
+                                                  const MoeRouting& r) {
+  __shared__ RouteSmem s;
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int e = tid; e < n_expert; e += kThreads) s.mask[e] = 0u;  // ordered before phase 2 by phase 1's barrier
+  for (int t = tid / 32; t < n_tok; t += kWarps) route_one<kPer>(logits, t, n_expert, k, tid % 32, r, &s);
+  __syncthreads();
+  return group_entries(s, n_tok, n_expert, k, r);
+}
+
+// The same routing spread over n_tok blocks of kThreads threads (block t's first warp routes token t; phase 1 of 32
+// tokens in one block is 32 warps on one SM, issue-bound), the grouping by the last block to finish: each block counts
+// itself in *arrivals after its entries are visible device-wide, and the block that completes the count takes every
+// token's entries back from global memory (L2) and groups them, after putting *arrivals back to zero (it must be zero
+// before the launch). Returns true in that one block, whose s then holds the grouping as route_block's does (*rt).
+template <int kPer>
+__device__ __forceinline__ bool route_spread(const float* __restrict__ logits, int n_tok, int n_expert, int k,
+                                             const MoeRouting& r, unsigned* arrivals, BlockRoute* rt) {
+  __shared__ RouteSmem s;
+  __shared__ bool last_s;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < 32) {
+    route_one<kPer>(logits, static_cast<int>(blockIdx.x), n_expert, k, tid, r, nullptr);
+    __threadfence();  // this lane's entries, device-wide, before the arrival below
+    __syncwarp();
+    if (tid == 0) last_s = atomicAdd(arrivals, 1u) == static_cast<unsigned>(n_tok - 1);
+  }
+  __syncthreads();
+  if (!last_s) return false;
+  __threadfence();  // acquire side: the other blocks' entries (read through L2 below)
+  if (tid == 0) *arrivals = 0u;
+  for (int e = tid; e < n_expert; e += kThreads) s.mask[e] = 0u;
+  for (int i = tid; i < n_tok * k; i += kThreads) {
+    s.ids[i] = __ldcg(r.ids + i);
+    s.w[i] = __ldcg(r.weights + i);
+  }
+  __syncthreads();
+  *rt = group_entries(s, n_tok, n_expert, k, r);
+  return true;
 }
 
 // Calls f(std::integral_constant<int, kPer>{}) with the logits a lane holds for n_expert experts (the kPer a route

@@ -13,9 +13,10 @@
 // A second table runs the same layers on GEMV v4 (gpu/moe_imma: the expert stacks re-tiled by MoeImmaLayer, the
 // grouped GEMVs as gemv_imma_segments over segment tables built from the routing), same columns plus the
 // size-matched read (the plain read kernel over `weight bytes`, buffers rotated out of L2, timed the same way) and
-// the layer's time as a ratio to it, at 1, 2, 4, 8 and 32 tokens, and the times with moe_imma's kernels launched
+// the layer's time as a ratio to it, at 1, 2, 4, 8, 16 and 32 tokens, and the times with moe_imma's kernels launched
 // plainly and all as programmatic dependents (gpu/pdl.cuh; the default does so up to kMoeImmaProgrammaticMaxTokens),
-// and with at most 1, 4 and 8 vectors per grouped-GEMV segment (moe_imma_set_segment_vectors; the default 2).
+// and with at most 1, 4 and 8 vectors per grouped-GEMV segment (moe_imma_set_segment_vectors; the default 2), one
+// token in one launch, and the routing in one block at every size (moe_imma_set_route_spread_min_tokens).
 //
 // Usage: build/gpu/bin/bench_moe   (no arguments; tens of seconds on an H200, most of it filling weights).
 #include <cuda_runtime.h>
@@ -212,6 +213,11 @@ Expected<std::string> imma_row(GgmlType t, int batch, const std::unique_ptr<MoeI
     if (!t_m) return t_m.error();
     us_seg[m] = *t_m;
   }
+  // The same with the routing in one block at every size (the default spreads it from kMoeImmaRouteSpreadMinTokens).
+  moe_imma_set_route_spread_min_tokens(kMoeMaxTokens + 1);
+  auto t_route1 = time_layer();
+  moe_imma_set_route_spread_min_tokens(kMoeImmaRouteSpreadMinTokens);
+  if (!t_route1) return t_route1.error();
   // The same with one token in one launch (moe_imma_set_single_launch(true); off by default): equal to us above 1.
   moe_imma_set_single_launch(true);
   auto t_one = time_layer();
@@ -221,12 +227,13 @@ Expected<std::string> imma_row(GgmlType t, int batch, const std::unique_ptr<MoeI
   KESTREL_TRY_ASSIGN(const double read_us, matched_read_us(static_cast<uint64_t>(bytes), 512ull << 20, setup.sm_count,
                                                            setup.partials(), stream));
   const double gbs = bytes / (us * 1e3);
-  char line[256];
-  std::snprintf(line, sizeof(line),
-                "%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%% %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n",
-                std::string(ggml_type_name(t)).c_str(), batch, r.mean_active, bytes, us, gbs,
-                100.0 * gbs / setup.lim.peak_read_gbs, r.launches, read_us, 100.0 * read_us / us, us_as[0], us_as[1],
-                us_seg[0], us_seg[1], us_seg[2], *t_one);
+  char line[320];
+  std::snprintf(
+      line, sizeof(line),
+      "%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%% %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n",
+      std::string(ggml_type_name(t)).c_str(), batch, r.mean_active, bytes, us, gbs,
+      100.0 * gbs / setup.lim.peak_read_gbs, r.launches, read_us, 100.0 * read_us / us, us_as[0], us_as[1], us_seg[0],
+      us_seg[1], us_seg[2], *t_one, *t_route1);
   return std::string(line);
 }
 
@@ -270,15 +277,16 @@ Status run() {
     for (int c = 0; c < kCopies; ++c) {
       KESTREL_TRY_ASSIGN(imma[c], MoeImmaLayer::from_raw_device(layers[c].w));
     }
-    for (const int batch : {1, 2, 4, 8, 32}) {
+    for (const int batch : {1, 2, 4, 8, 16, 32}) {
       KESTREL_TRY_ASSIGN(std::string row, imma_row(t, batch, imma, expert_bytes, fixed_bytes, setup, rng));
       imma_rows.push_back(row);
     }
   }
   std::printf("\n%%read = (weight bytes / peak read) / time (target: >= 67%%, i.e. within 1.5x)\n");
-  std::printf("\nMoE on GEMV v4 (gpu/moe_imma)\n%-5s %5s %9s %14s %9s %9s %8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n",
-              "type", "batch", "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched",
-              "us noPDL", "us allPDL", "us seg1", "us seg4", "us seg8", "us one");
+  std::printf(
+      "\nMoE on GEMV v4 (gpu/moe_imma)\n%-5s %5s %9s %14s %9s %9s %8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n",
+      "type", "batch", "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched", "us noPDL",
+      "us allPDL", "us seg1", "us seg4", "us seg8", "us one", "us route1");
   for (const std::string& r : imma_rows) std::printf("%s", r.c_str());
   std::printf(
       "\n%%matched = (size-matched plain read time) / layer time; launches = kernels per layer call (graph nodes); "
@@ -286,7 +294,8 @@ Status run() {
       "(us: programmatic up to kMoeImmaProgrammaticMaxTokens tokens); us seg1 / seg4 / seg8 = at most 1 / 4 / 8 "
       "vectors per "
       "grouped-GEMV segment (us: kMoeImmaSegmentVectors = 2); us one = one token in one launch (gpu/moe_imma_one.h, "
-      "off by default)\n");
+      "off by default); us route1 = the routing in one block at every size (us: spread over a block per token from "
+      "kMoeImmaRouteSpreadMinTokens tokens)\n");
   return {};
 }
 

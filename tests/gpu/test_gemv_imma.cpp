@@ -306,7 +306,8 @@ TEST(GemvImma, ProgrammaticChainGivesPlainBits) {
 // A grouped call's (gemv_imma_segments) segment gives the same bits whatever else the table holds: its split must
 // not follow the item count (a split chosen by it would reorder the sums, as the MoE layer's batch would). The same
 // three segments (two matrices, vector pairs and a single vector, one vector in two segments) run alone, then
-// followed by empty segments (n_vec = 0) to 8192 items: the same bits, each within its bound of ref::matvec_batch,
+// followed by empty segments (n_vec = 0) to 8192 items, and followed by garbage with a device count of 3 segments in
+// use (n_used): the same bits, each within its bound of ref::matvec_batch,
 // for tables of the one-pair and the four-pair kernel. Rows of 2048 (S = 2), 2368 (ten groups, the last slice
 // partial: S = 4) and 4096 columns (S = 4).
 TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
@@ -345,15 +346,24 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
       }
       DeviceBuffer d_table(table.size() * sizeof(ImmaSegment));
       ASSERT_TRUE(test::upload(d_table, table));
+      // The same segments, then garbage (wild pointers and indices) that a device count of 3 in use must keep unread.
+      std::vector<ImmaSegment> wild(table);
+      std::memset(static_cast<void*>(wild.data() + uses.size()), 0x7F,
+                  (wild.size() - uses.size()) * sizeof(ImmaSegment));
+      DeviceBuffer d_wild(wild.size() * sizeof(ImmaSegment));
+      ASSERT_TRUE(test::upload(d_wild, wild));
+      DeviceBuffer d_used(sizeof(int32_t));
+      ASSERT_TRUE(test::upload(d_used, std::vector<int32_t>{static_cast<int32_t>(uses.size())}));
       const size_t y_elems = static_cast<size_t>(kOut * sh.n_out);
       for (const int bound_vec : {2, 8}) {
-        std::vector<float> got[2];
-        for (int big = 0; big < 2; ++big) {
+        std::vector<float> got[3];
+        for (int big = 0; big < 3; ++big) {
           DeviceBuffer d_y(y_elems * sizeof(float));
           ASSERT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
           const int n_seg = big ? n_big : static_cast<int>(uses.size());
-          const Status s = gemv_imma_segments(t, sh.n_in, sh.n_out, d_table.as<ImmaSegment>(), n_seg,
-                                              d_xp.as<unsigned char>(), d_y.as<float>(), sh.n_out, nullptr, bound_vec);
+          const Status s = gemv_imma_segments(t, sh.n_in, sh.n_out, (big == 2 ? d_wild : d_table).as<ImmaSegment>(),
+                                              n_seg, d_xp.as<unsigned char>(), d_y.as<float>(), sh.n_out, nullptr,
+                                              bound_vec, false, big == 2 ? d_used.as<int32_t>() : nullptr);
           ASSERT_TRUE(s) << s.error().to_string();
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           got[big] = test::download<float>(d_y.as<float>(), y_elems);
@@ -362,6 +372,8 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
                                  std::to_string(sh.n_out) + " bound " + std::to_string(bound_vec);
         EXPECT_EQ(std::memcmp(got[0].data(), got[1].data(), y_elems * sizeof(float)), 0)
             << what << ": the segments' bits depend on the table's length";
+        EXPECT_EQ(std::memcmp(got[0].data(), got[2].data(), y_elems * sizeof(float)), 0)
+            << what << ": a count of segments in use (garbage after them) changes the bits";
         for (const Use& u : uses) {
           for (size_t k = 0; k < u.vec.size(); ++k) {
             const std::vector<float> xv(x.begin() + u.vec[k] * sh.n_in, x.begin() + (u.vec[k] + 1) * sh.n_in);

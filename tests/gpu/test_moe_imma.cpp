@@ -203,6 +203,12 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
   expect_same_bits(  // one token: the chain against the one-launch path
       "the six-launch chain at every size", [] { moe_imma_set_single_launch(false); },
       [] { moe_imma_set_single_launch(true); });
+  for (const int spread_min : {1, kMoeMaxTokens + 1}) {
+    expect_same_bits(
+        spread_min == 1 ? "the routing in a block per token at every size" : "the routing in one block at every size",
+        [&] { moe_imma_set_route_spread_min_tokens(spread_min); },
+        [] { moe_imma_set_route_spread_min_tokens(kMoeImmaRouteSpreadMinTokens); });
+  }
   for (const int chunk : {1, 3, 8}) {
     expect_same_bits(
         "segments of at most " + std::to_string(chunk) + " vectors", [&] { moe_imma_set_segment_vectors(chunk); },
@@ -282,9 +288,9 @@ TEST(MoeImma, TokenBitsDoNotDependOnTheBatch) {
   }
 }
 
-// One workspace through calls of 32 tokens (the chain) and of one token (one launch), in turns: the chain never
-// touches the counters, and every one-launch call leaves them zero for the next.
-TEST(MoeImma, OneLaunchCountersSurviveChainCallsAndReset) {
+// One workspace through calls of 32 tokens (the chain, its routing spread over a block per token) and of one token
+// (one launch), in turns: every call leaves the workspace's counters zero for the next.
+TEST(MoeImma, CountersSurviveCallsOfBothPathsAndReset) {
   KESTREL_REQUIRE_DEVICE();
   const Shape s{"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_0};
   HostMoe m;
@@ -302,7 +308,8 @@ TEST(MoeImma, OneLaunchCountersSurviveChainCallsAndReset) {
   ASSERT_EQ(cudaMemcpy(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemset(ws.as(), 0x5A, ws.bytes()), cudaSuccess);
   ASSERT_TRUE(moe_imma_workspace_init(w, ws.as(), nullptr));
-  const size_t n_ctr = moe_imma_one_counter_bytes(w);
+  ASSERT_GE(kMoeMaxTokens, kMoeImmaRouteSpreadMinTokens);  // 32-token calls spread their routing
+  const size_t n_ctr = moe_imma_counter_bytes(w);
   for (int round = 0; round < 3; ++round) {
     for (const int n : {32, 1, 1}) {
       ASSERT_TRUE(moe_imma_forward(w, dx.as<float>(), n, dout.as<float>(), ws.as(), nullptr));
@@ -325,6 +332,8 @@ TEST(MoeImma, OddShapesQ4_0) {
   run_shape({"k=E (all experts, 4 chunks)", 192, 5, 5, 64, true, GgmlType::kQ4_0}, {1, 3, 32});
   run_shape({"k=1", 192, 7, 1, 64, false, GgmlType::kQ4_0}, {1, 8, 32});
   run_shape({"Q8_0 router", 256, 24, 3, 128, true, GgmlType::kQ4_0, GgmlType::kQ8_0}, {1, 8});
+  // A longer row (H 4096: four of the router's 1024-column passes, 16 groups of x) and a partial router token group.
+  run_shape({"H 4096", 4096, 16, 2, 64, true, GgmlType::kQ4_0}, {5});
 }
 
 TEST(MoeImma, OddShapesQ4_K) {
