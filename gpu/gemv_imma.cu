@@ -139,7 +139,6 @@ struct FastDiv {
 
 struct KernelArgs {
   const ImmaSegment* table;  // kTable: the device table
-  const int32_t* n_used;     // kTable, optional: the table's segments in use (device; n_seg bounds it)
   const void* data;          // dense: the matrix; segment s holds vectors 8s .. min(8s + 8, n_vec) - 1
   int n_vec;                 // dense: vectors in all
   int n_seg;
@@ -156,6 +155,7 @@ struct KernelArgs {
   XLayout lay;
   float* y;
   int64_t y_stride;
+  const int32_t* n_used;  // kCount: the table's segments in use (device; n_seg bounds it)
 };
 
 // Segment s as the kernel sees it: from the device table (kTable) or computed for a dense call (no loads).
@@ -265,9 +265,13 @@ __device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int
 
 __host__ __device__ constexpr int part_bytes(int warps) { return 2 * warps * kImmaSegmentVectors * kTileRows * 4; }
 
-// NP: most vector pairs per segment (1, 2 or 4).
-template <GgmlType T, int NP, bool kTable>
+// NP: most vector pairs per segment (1, 2 or 4). kMode: kDense (a.data), kTable (a.table), kCounted (a.table and
+// a.n_used).
+enum Mode : int { kDense = 0, kTableMode = 1, kCounted = 2 };
+template <GgmlType T, int NP, int kMode>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a) {
+  constexpr bool kTable = kMode != kDense;
+  constexpr bool kCount = kMode == kCounted;
   // Dynamic shared memory: partial sums per warp when S > 1, double-buffered by round parity ([buf][warp][vector
   // slot][row], part_bytes()).
   extern __shared__ __align__(128) uint8_t smem[];
@@ -284,16 +288,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   const int R = a.R;
   const int sl = warp & (S - 1);
   const int rl = warp >> a.s_log;
-  // The table's segments in use (n_used): loaded beside the first two rounds' table entries, which are read within
-  // the table's capacity and dropped after if past the count. Nothing may branch on the count before those loads
-  // issue: read first, or with an early return on it (the compiler sank the table loads below it), the count cost each
-  // grouped GEMV one more dependent round trip (moe_imma 1 token 22.7 -> 24.1 us, bench_moe, H200).
+  // kCount: the table's segments in use (n_used), loaded beside the first two rounds' table entries, which are read
+  // within the table's capacity and dropped after if past the count. Nothing may branch on the count before those
+  // loads issue: read first, or with an early return on it (the compiler sank the table loads below it), the count
+  // cost each grouped GEMV one more dependent round trip (moe_imma 1 token 22.7 -> 24.1 us, bench_moe, H200).
   const int n_cap = a.n_seg * a.n_rg;
-  int n_seg = a.n_seg;
-  if constexpr (kTable) {
-    if (a.n_used != nullptr) n_seg = max(0, min(n_seg, __ldg(a.n_used)));
-  }
-  const int n_items = n_seg * a.n_rg;
+  int n_items = n_cap;
+  if constexpr (kCount) n_items = max(0, min(a.n_seg, __ldg(a.n_used))) * a.n_rg;
   const int n_threads = S * R * 32;
   float* part = reinterpret_cast<float*>(smem);
   auto item_of = [&](int round) { return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R; };
@@ -418,11 +419,18 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
     for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
   };
 
-  SegHead first = seg_head<kTable>(a, item_of(0) + rl, n_cap);
-  SegHead ahead = seg_head<kTable>(a, item_of(1) + rl, n_cap);  // the next round's
-  if (item_of(0) >= n_cap) return;
-  first.ok = first.ok && first.item < n_items;
-  ahead.ok = ahead.ok && ahead.item < n_items;
+  SegHead first, ahead;  // this round's and the next round's
+  if constexpr (kCount) {
+    first = seg_head<kTable>(a, item_of(0) + rl, n_cap);
+    ahead = seg_head<kTable>(a, item_of(1) + rl, n_cap);
+    if (item_of(0) >= n_cap) return;
+    first.ok = first.ok && first.item < n_items;
+    ahead.ok = ahead.ok && ahead.item < n_items;
+  } else {
+    if (item_of(0) >= n_items) return;
+    first = seg_head<kTable>(a, item_of(0) + rl, n_items);
+    ahead = seg_head<kTable>(a, item_of(1) + rl, n_items);
+  }
   // Two register buffers: the next group's weights are in flight while this one is multiplied.
   Cursor cur{0, 0};
   WRound wr = w_round<T>(a, first, group0, lane);
@@ -493,7 +501,7 @@ void pick_split(KernelArgs& a, bool table) {
   a.R = table ? std::max(1, 4 / S) : std::max(1, 8 / S);
 }
 
-template <GgmlType T, int NP, bool kTable>
+template <GgmlType T, int NP, int kMode>
 Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
   const int warps = args.S * args.R;
   const size_t smem = part_bytes(warps);
@@ -505,31 +513,33 @@ Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
     KESTREL_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
     int n = 0;
     KESTREL_CUDA_TRY(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP, kTable>, warps * 32, smem));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP, kMode>, warps * 32, smem));
     per_sm[warps] = std::max(1, n);
   }
   const int64_t items = static_cast<int64_t>(args.n_seg) * args.n_rg;
   const int64_t want = (items + args.R - 1) / args.R;
   const int64_t fit = static_cast<int64_t>(per_sm[warps]) * sm_count;
-  return launch_programmatic(programmatic, gemv_imma_kernel<T, NP, kTable>,
+  return launch_programmatic(programmatic, gemv_imma_kernel<T, NP, kMode>,
                              dim3(static_cast<unsigned>(std::min(want, fit))), dim3(warps * 32), smem, stream, args);
 }
 
-template <GgmlType T, bool kTable>
+template <GgmlType T, int kMode>
 Status launch_pairs(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (max_vec <= 2) return launch<T, 1, kTable>(args, programmatic, stream);
-  if (max_vec <= 4) return launch<T, 2, kTable>(args, programmatic, stream);
-  return launch<T, 4, kTable>(args, programmatic, stream);
+  if (max_vec <= 2) return launch<T, 1, kMode>(args, programmatic, stream);
+  if (max_vec <= 4) return launch<T, 2, kMode>(args, programmatic, stream);
+  return launch<T, 4, kMode>(args, programmatic, stream);
+}
+
+template <GgmlType T>
+Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
+  if (args.table == nullptr) return launch_pairs<T, kDense>(args, max_vec, programmatic, stream);
+  if (args.n_used == nullptr) return launch_pairs<T, kTableMode>(args, max_vec, programmatic, stream);
+  return launch_pairs<T, kCounted>(args, max_vec, programmatic, stream);
 }
 
 Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  const bool table = args.table != nullptr;
-  if (type == GgmlType::kQ4_0) {
-    return table ? launch_pairs<GgmlType::kQ4_0, true>(args, max_vec, programmatic, stream)
-                 : launch_pairs<GgmlType::kQ4_0, false>(args, max_vec, programmatic, stream);
-  }
-  return table ? launch_pairs<GgmlType::kQ4_K, true>(args, max_vec, programmatic, stream)
-               : launch_pairs<GgmlType::kQ4_K, false>(args, max_vec, programmatic, stream);
+  if (type == GgmlType::kQ4_0) return launch_mode<GgmlType::kQ4_0>(args, max_vec, programmatic, stream);
+  return launch_mode<GgmlType::kQ4_K>(args, max_vec, programmatic, stream);
 }
 
 KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xprep, float* y, int64_t y_stride) {

@@ -9,7 +9,8 @@
 //   gate+up: [shared chunk c: gate, up]·sh_chunks, then per routed chunk q (active experts ascending, each expert's
 //            entries in chunks of C = the call's vectors per segment): gate, up;
 //   down:    [shared chunk c]·sh_chunks, then routed chunk q;
-// and the counts of both (n_used, which the GEMVs read: the rest of each table is not written).
+// then, from kCountedTablesMinTokens tokens, the counts of both (n_used, which the GEMVs read: the rest of each table
+// is not written); below it, empty segments (n_vec = 0) to the tables' capacity.
 // The routed chunk positions come from an exclusive scan of ⌈count/C⌉ over the experts (write_tables). Capacity:
 // Σ ⌈c_e/C⌉ <= Σ (1 + ⌊c_e/C⌋) <= n_active + ⌊n_entries/C⌋, and <= n_entries (the workspace holds C = 1's).
 #include <algorithm>
@@ -63,6 +64,12 @@ std::atomic<int> g_chunk{kMoeImmaSegmentVectors};
 // The routing spread over a block per token (route_spread_table_kernel) from this many tokens; below it one block
 // routes them all (route_table_kernel).
 std::atomic<int> g_route_spread_min_tokens{kMoeImmaRouteSpreadMinTokens};
+
+// From this many tokens the segment tables are counted: the table writer leaves how many segments each holds and the
+// grouped GEMVs read only those (n_used); below, it fills the tables' unused tail with empty segments, which the GEMVs
+// walk. Counted tables skip the ~20% of a 32-token table that is empty (worst-case capacity) but cost the GEMV's
+// counted kernel ~0.5-1 us at 2-8 tokens (bench_moe, H200; docs/benchmarks.md, "MoE layer: counted tables").
+constexpr int kCountedTablesMinTokens = 16;
 
 // The workspace's first bytes: route_spread_table_kernel's arrival counter, padded to 256 bytes so that what follows
 // keeps the allocation's alignment.
@@ -155,7 +162,7 @@ struct TableArgs {
   ImmaSegment* seg_gu;
   ImmaSegment* seg_dn;
   unsigned* arrivals;  // route_spread_table_kernel's block count (the workspace's chain counter)
-  int32_t* n_used;     // [2]: segments the tables hold, gate+up and down
+  int32_t* n_used;     // [2]: segments the tables hold, gate+up and down (counted tables; else null: empties written)
 };
 
 // One chunk's segment: the matrix, n vectors vec[j] → rows out0 + out[j].
@@ -170,6 +177,11 @@ __device__ __forceinline__ void put_segment(ImmaSegment* s, const void* data, in
     seg.out[j] = j < n ? out0 + out[j] : 0;
   }
   *s = seg;
+}
+
+__device__ __forceinline__ void put_empty(ImmaSegment* s) {
+  s->data = nullptr;
+  s->n_vec = 0;  // skipped: the GEMV reads no other field of an empty segment
 }
 
 // The segment tables from the routing as route_block leaves it in shared memory (rt, read after a barrier), by one
@@ -236,10 +248,16 @@ __device__ __forceinline__ void write_tables(const TableArgs& a, const moe_route
     put_segment(a.seg_gu + 2 * at + 1, u, n, tok, a.n_all, row);
     put_segment(a.seg_dn + at, d, n, row, 0, row);
   }
-  if (tid == 0) {  // the GEMVs read these many segments; the tables' rest stays unwritten
-    a.n_used[0] = 2 * (a.sh_chunks + total);
-    a.n_used[1] = a.sh_chunks + total;
+  const int used = a.sh_chunks + total;
+  if (a.n_used != nullptr) {  // counted tables: the GEMVs read these many segments; the rest stays unwritten
+    if (tid == 0) {
+      a.n_used[0] = 2 * used;
+      a.n_used[1] = used;
+    }
+    return;
   }
+  for (int i = 2 * used + tid; i < a.n_seg_gu; i += kBlock) put_empty(a.seg_gu + i);
+  for (int i = used + tid; i < a.n_seg_dn; i += kBlock) put_empty(a.seg_dn + i);
 }
 
 // Routing (moe_route_dev::route_block, the same code as moe_route) and then the segment tables from it, in one block:
@@ -579,7 +597,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ta.n_seg_dn = c.n_seg_dn();
   ta.seg_gu = l.seg_gu;
   ta.seg_dn = l.seg_dn;
-  ta.n_used = l.n_used;
+  const bool counted = n_tok >= kCountedTablesMinTokens;
+  ta.n_used = counted ? l.n_used : nullptr;
   ta.arrivals = route_arrivals;
   const bool spread = n_tok >= g_route_spread_min_tokens.load(std::memory_order_relaxed);
   KESTREL_TRY(moe_route_dev::with_route_per_lane(E, [&](auto per) {
@@ -598,7 +617,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   // An expert (or a chunk of the shared expert) sees each token at most once: no segment holds more than n_tok.
   const int seg_bound = std::min(n_tok, c.chunk);
   KESTREL_TRY(
-      gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound, pdl, l.n_used));
+      gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound, pdl, ta.n_used));
   ++launches;
 
   // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I.
@@ -606,8 +625,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
       gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(c.n_all) * I, I, c.n_all, l.aprep, stream, pdl));
   ++launches;
 
-  KESTREL_TRY(
-      gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, pdl, l.n_used + 1));
+  KESTREL_TRY(gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, pdl,
+                                 counted ? l.n_used + 1 : nullptr));
   ++launches;
 
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
