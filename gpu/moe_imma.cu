@@ -50,7 +50,9 @@ using moe_router_logits::router_stage_bytes;
 // g_pdl_max_tokens tokens: each kernel triggers its dependents and waits for the kernel before it at its start, so
 // only the launches overlap. Measured on the H200 (35B-A3B shape, Q4_0, bench_moe plain vs all-programmatic): 1 token
 // 25.4 → 23.8 µs, but 2 tokens 32.4 → 32.8, 4 tokens 46.3 → 49.3, 8 tokens 82.8 → 90.4 and 32 tokens 230 → 235 µs,
-// hence kMoeImmaProgrammaticMaxTokens = 1.
+// hence 1 at first. On today's kernels (2026-11-30, bench_moe's "us allPDL" against "us", 16 runs over 8 sessions of
+// the lent H200, two builds): 2 tokens 0.7–2.3 µs faster (Q4_0; Q4_K 1.3–2.2), 4 tokens 0.3–1.5 faster (Q4_K 0.2–1.5),
+// 8 tokens 0.3–1.7 slower in all but one, 16–32 tokens ~1.3 slower: hence kMoeImmaProgrammaticMaxTokens = 4.
 std::atomic<int> g_pdl_max_tokens{kMoeImmaProgrammaticMaxTokens};
 
 // Vectors per segment (chunk) of the grouped GEMVs' tables: the GEMV kernel is picked for the largest (1–2: one

@@ -90,9 +90,9 @@ class MoeImmaLayer {
 
 // Calls of up to this many tokens launch every kernel after the first as a programmatic dependent of the kernel
 // before it (PDL, gpu/pdl.cuh: each triggers its dependents and waits for its predecessor at its start, so results do
-// not change and only the launches overlap). Measured faster at one token and slower at 8 and 32 (moe_imma.cu says by
+// not change and only the launches overlap). Measured faster at 1–4 tokens and slower at 8–32 (moe_imma.cu says by
 // how much), hence the default.
-inline constexpr int kMoeImmaProgrammaticMaxTokens = 1;
+inline constexpr int kMoeImmaProgrammaticMaxTokens = 4;
 
 // Sets that bound (0: no programmatic launches; kMoeMaxTokens: every call), process-wide, for calls made after it;
 // for benchmarks and tests. Thread-safe.

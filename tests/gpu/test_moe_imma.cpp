@@ -1,8 +1,8 @@
 // gpu/moe_imma (the MoE layer on GEMV v4) against ref::moe_forward, in Q4_0 and Q4_K, with and without a shared
 // expert, at 1, 3, 8 and 32 tokens: the 35B-A3B shape (H 2048, 256 experts top-8, expert and shared ff 512), odd
 // small shapes (E 24 top-3, H 256 / 512, ff 128 / 256; H 192 with ff 64 and k = E = 5, so every expert takes all
-// 32 tokens in 4 chunks of 8; k = 1; a Q8_0 router, which takes the gemv + separate preparation path), the launch
-// count, and the argument checks.
+// 32 tokens in 4 chunks of 8; k = 1; a Q8_0 router, which takes the gemv + separate preparation path; H 4096), the
+// launch count, and the argument checks.
 //
 // Routing must match exactly (the inputs are drawn so that the k+1 largest router logits of every token are more
 // than 1e-4 apart, so a last-ulp difference between the device router GEMV and the reference cannot flip a choice).
