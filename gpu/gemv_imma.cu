@@ -265,13 +265,13 @@ __device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int
 
 __host__ __device__ constexpr int part_bytes(int warps) { return 2 * warps * kImmaSegmentVectors * kTileRows * 4; }
 
-// NP: most vector pairs per segment (1, 2 or 4). kMode: kDense (a.data), kTable (a.table), kCounted (a.table and
-// a.n_used).
-enum Mode : int { kDense = 0, kTableMode = 1, kCounted = 2 };
+// NP: most vector pairs per segment (1, 2 or 4). kMode, what the call reads: kDenseCall (a.data), kTableCall
+// (a.table), kCountedCall (a.table, only its first *a.n_used segments).
+enum CallMode : int { kDenseCall = 0, kTableCall = 1, kCountedCall = 2 };
 template <GgmlType T, int NP, int kMode>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a) {
-  constexpr bool kTable = kMode != kDense;
-  constexpr bool kCount = kMode == kCounted;
+  constexpr bool kTable = kMode != kDenseCall;
+  constexpr bool kCount = kMode == kCountedCall;
   // Dynamic shared memory: partial sums per warp when S > 1, double-buffered by round parity ([buf][warp][vector
   // slot][row], part_bytes()).
   extern __shared__ __align__(128) uint8_t smem[];
@@ -532,9 +532,9 @@ Status launch_pairs(const KernelArgs& args, int max_vec, bool programmatic, cuda
 
 template <GgmlType T>
 Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (args.table == nullptr) return launch_pairs<T, kDense>(args, max_vec, programmatic, stream);
-  if (args.n_used == nullptr) return launch_pairs<T, kTableMode>(args, max_vec, programmatic, stream);
-  return launch_pairs<T, kCounted>(args, max_vec, programmatic, stream);
+  if (args.table == nullptr) return launch_pairs<T, kDenseCall>(args, max_vec, programmatic, stream);
+  if (args.n_used == nullptr) return launch_pairs<T, kTableCall>(args, max_vec, programmatic, stream);
+  return launch_pairs<T, kCountedCall>(args, max_vec, programmatic, stream);
 }
 
 Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {

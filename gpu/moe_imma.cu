@@ -599,8 +599,11 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ta.n_seg_dn = c.n_seg_dn();
   ta.seg_gu = l.seg_gu;
   ta.seg_dn = l.seg_dn;
+  // Counted tables: the writer leaves both tables' counts in l.n_used (gate+up, down), and each GEMV reads its own.
   const bool counted = n_tok >= kCountedTablesMinTokens;
   ta.n_used = counted ? l.n_used : nullptr;
+  const int32_t* const used_gu = ta.n_used;
+  const int32_t* const used_dn = counted ? l.n_used + 1 : nullptr;
   ta.arrivals = route_arrivals;
   const bool spread = n_tok >= g_route_spread_min_tokens.load(std::memory_order_relaxed);
   KESTREL_TRY(moe_route_dev::with_route_per_lane(E, [&](auto per) {
@@ -619,7 +622,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   // An expert (or a chunk of the shared expert) sees each token at most once: no segment holds more than n_tok.
   const int seg_bound = std::min(n_tok, c.chunk);
   KESTREL_TRY(
-      gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound, pdl, ta.n_used));
+      gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound, pdl, used_gu));
   ++launches;
 
   // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I.
@@ -627,8 +630,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
       gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(c.n_all) * I, I, c.n_all, l.aprep, stream, pdl));
   ++launches;
 
-  KESTREL_TRY(gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, pdl,
-                                 counted ? l.n_used + 1 : nullptr));
+  KESTREL_TRY(
+      gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, pdl, used_dn));
   ++launches;
 
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));

@@ -55,6 +55,8 @@ for v in ${AB_VARIANTS:-}; do
   fi
 done
 
+# The carried packages are unpacked once here, not by every tree's configure at the same time.
+bash "$root/tools/device/gpu_deps.sh" || exit 1
 t0=$(date +%s)
 declare -A pid
 for t in "${trees[@]}"; do

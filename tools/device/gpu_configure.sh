@@ -1,13 +1,12 @@
 # shellcheck shell=bash
 # Sourced by gpu_host_run.sh and gpu_targets.sh on the lent GPU machine (bash, repository root): unpacks the Debian
-# packages carried in .debs/ into /tmp/kestrel-deps, exports OUT (default /tmp/out) and LD_LIBRARY_PATH, and
-# configures build/gpu (Release, CUDA for sm_90, no daemon, no Google Benchmark). Returns non-zero, with the tail of
+# packages carried in .debs/ (gpu_deps.sh), exports OUT (default /tmp/out) and LD_LIBRARY_PATH, and configures
+# build/gpu (Release, CUDA for sm_90, no daemon, no Google Benchmark). Returns non-zero, with the tail of
 # $OUT/configure.log printed, when configuring fails.
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-deps=/tmp/kestrel-deps
-mkdir -p "$deps"
-for f in .debs/*.deb; do dpkg -x "$f" "$deps"; done
+# shellcheck source=tools/device/gpu_deps.sh
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_deps.sh" || return 1
 libdir=$deps/usr/lib/x86_64-linux-gnu
 export LD_LIBRARY_PATH=$libdir:${LD_LIBRARY_PATH:-}
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKESTREL_CUDA=ON -DKESTREL_DAEMON=OFF \
