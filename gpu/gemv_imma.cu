@@ -76,6 +76,12 @@
 // read_pattern.cu), but the shuffles on the multiply's path cost more — lm_head Q4_0 76.1 → 81.1 µs, geomean
 // 79.7 → 78.9%; and a layout with each group's scales right after its quants (same loads, contiguous): geomean 80.1 →
 // 77.7%, Q4_K slower on every shape.
+// v4.6: the groups per slice compiled in (kGps = 2, 4, 8; the one-pair kernel only — with more pairs the unrolled
+// rounds spill), a round's groups unrolled: ncu (lm_head Q4_0, moe_imma's gate+up at 32 tokens) had 32-36 warp
+// instructions per MMA, ~11 of them the run-time cursor (gps reloaded from the constant bank, the round's branches)
+// and the prepared x's addresses rebuilt every group (register pressure); unrolled they are immediate offsets.
+// bench_moe Q4_0 / Q4_K 32 tokens 121.2 / 128.2 -> 118.3 / 118.6 us, 8 tokens 55.0 / 57.7 -> 53.4 / 55.3, one
+// token 22.5 / 24.3 -> 21.8 / 23.5; bench_gemv lm_head Q4_0 73.3 -> 71.6 us, 9.4 MB 5.67 -> 5.39 us (H200, same run).
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -266,9 +272,10 @@ __device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int
 __host__ __device__ constexpr int part_bytes(int warps) { return 2 * warps * kImmaSegmentVectors * kTileRows * 4; }
 
 // NP: most vector pairs per segment (1, 2 or 4). kMode, what the call reads: kDenseCall (a.data), kTableCall
-// (a.table), kCountedCall (a.table, only its first *a.n_used segments).
+// (a.table), kCountedCall (a.table, only its first *a.n_used segments). kGps: the groups per slice (a.gps) compiled
+// in, so that a round's groups unroll (0: a.gps at run time).
 enum CallMode : int { kDenseCall = 0, kTableCall = 1, kCountedCall = 2 };
-template <GgmlType T, int NP, int kMode>
+template <GgmlType T, int NP, int kMode, int kGps>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a) {
   constexpr bool kTable = kMode != kDenseCall;
   constexpr bool kCount = kMode == kCountedCall;
@@ -298,8 +305,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   const int n_threads = S * R * 32;
   float* part = reinterpret_cast<float*>(smem);
   auto item_of = [&](int round) { return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R; };
-  const int group0 = sl * a.gps;  // the warp's first group in every round
-  auto next = [&](Cursor c) { return c.gi + 1 < a.gps ? Cursor{c.round, c.gi + 1} : Cursor{c.round + 1, 0}; };
+  const int gps = kGps > 0 ? kGps : a.gps;
+  const int group0 = sl * gps;  // the warp's first group in every round
+  auto next = [&](Cursor c) { return c.gi + 1 < gps ? Cursor{c.round, c.gi + 1} : Cursor{c.round + 1, 0}; };
 
   float acc[NP][2];
 #pragma unroll
@@ -365,7 +373,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
         }
       }
     }
-    if (c.gi + 1 < a.gps) return;
+    if (c.gi + 1 < gps) return;
     // The row group's last group of this slice: write y (S == 1) or add the slices in warp order (S > 1).
     if (S == 1) {
       const Seg<kTable> sg(a, seg);
@@ -444,17 +452,33 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
     }
     w_load<T>(a, wr, nx.gi, group0 + nx.gi, b);
   };
-  for (;;) {
-    Cursor nx = next(cur);
-    load_next(nx, b1);
-    step(b0, cur);
-    cur = nx;
-    if (item_of(cur.round) >= n_items) break;
-    nx = next(cur);
-    load_next(nx, b0);
-    step(b1, cur);
-    cur = nx;
-    if (item_of(cur.round) >= n_items) break;
+  if constexpr (kGps > 0) {
+    // Whole rounds per iteration, unrolled (two when kGps is odd, so that every iteration starts on b0): the cursor,
+    // the per-group pointer steps and the round's branches are compile-time.
+    constexpr int kSteps = kGps % 2 == 0 ? kGps : 2 * kGps;
+    for (int round = 0;; round += kSteps / kGps) {
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k) {
+        const Cursor c{round + k / kGps, k % kGps};
+        const Cursor nx = next(c);
+        load_next(nx, k % 2 == 0 ? b1 : b0);
+        step(k % 2 == 0 ? b0 : b1, c);
+        if (k % kGps == kGps - 1 && item_of(nx.round) >= n_items) return;
+      }
+    }
+  } else {
+    for (;;) {
+      Cursor nx = next(cur);
+      load_next(nx, b1);
+      step(b0, cur);
+      cur = nx;
+      if (item_of(cur.round) >= n_items) break;
+      nx = next(cur);
+      load_next(nx, b0);
+      step(b1, cur);
+      cur = nx;
+      if (item_of(cur.round) >= n_items) break;
+    }
   }
 }
 
@@ -501,7 +525,7 @@ void pick_split(KernelArgs& a, bool table) {
   a.R = table ? std::max(1, 4 / S) : std::max(1, 8 / S);
 }
 
-template <GgmlType T, int NP, int kMode>
+template <GgmlType T, int NP, int kMode, int kGps>
 Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
   const int warps = args.S * args.R;
   const size_t smem = part_bytes(warps);
@@ -513,21 +537,38 @@ Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
     KESTREL_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
     int n = 0;
     KESTREL_CUDA_TRY(
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP, kMode>, warps * 32, smem));
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP, kMode, kGps>, warps * 32, smem));
     per_sm[warps] = std::max(1, n);
   }
   const int64_t items = static_cast<int64_t>(args.n_seg) * args.n_rg;
   const int64_t want = (items + args.R - 1) / args.R;
   const int64_t fit = static_cast<int64_t>(per_sm[warps]) * sm_count;
-  return launch_programmatic(programmatic, gemv_imma_kernel<T, NP, kMode>,
+  return launch_programmatic(programmatic, gemv_imma_kernel<T, NP, kMode, kGps>,
                              dim3(static_cast<unsigned>(std::min(want, fit))), dim3(warps * 32), smem, stream, args);
+}
+
+// The groups per slice compiled in for 2, 4 and 8 (the presets' shapes), else read at run time. One group per slice
+// stays on the run-time loop: unrolled (two rounds an iteration) its 0.6 MB matrices took 0.1-0.2 us longer per call.
+// Only the one-pair kernel (batch 1-2, every grouped call of moe_imma): the unrolled rounds spill with more pairs.
+template <GgmlType T, int NP, int kMode>
+Status launch_gps(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
+  if constexpr (NP > 1) {
+    return launch<T, NP, kMode, 0>(args, programmatic, stream);
+  } else {
+    switch (args.gps) {
+      case 2: return launch<T, NP, kMode, 2>(args, programmatic, stream);
+      case 4: return launch<T, NP, kMode, 4>(args, programmatic, stream);
+      case 8: return launch<T, NP, kMode, 8>(args, programmatic, stream);
+      default: return launch<T, NP, kMode, 0>(args, programmatic, stream);
+    }
+  }
 }
 
 template <GgmlType T, int kMode>
 Status launch_pairs(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (max_vec <= 2) return launch<T, 1, kMode>(args, programmatic, stream);
-  if (max_vec <= 4) return launch<T, 2, kMode>(args, programmatic, stream);
-  return launch<T, 4, kMode>(args, programmatic, stream);
+  if (max_vec <= 2) return launch_gps<T, 1, kMode>(args, programmatic, stream);
+  if (max_vec <= 4) return launch_gps<T, 2, kMode>(args, programmatic, stream);
+  return launch_gps<T, 4, kMode>(args, programmatic, stream);
 }
 
 template <GgmlType T>
