@@ -46,6 +46,7 @@
 #include "gpu/moe_router_logits.cuh"
 #include "gpu/q4_tile.h"
 #include "gpu/scratch_carve.h"
+#include "gpu/warp_arrive.cuh"
 
 namespace kestrel::gpu {
 namespace {
@@ -134,8 +135,6 @@ __device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long lon
   return v;
 }
 
-__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-
 constexpr long long kSpinLimitCycles = 4'000'000'000LL;  // ~2 s
 
 // Every lane returns once `bit` is set in the block's flag word (and what was written before it was set is visible).
@@ -155,28 +154,15 @@ __device__ __forceinline__ void wait_bit(unsigned long long bit, const unsigned 
     ns = min(ns * 2, 256u);
     if (clock64() - t0 > kSpinLimitCycles) __trap();
   }
-  fence_acq_rel();
+  fence_acq_rel_gpu();
   if ((threadIdx.x % 32) == 0) atomicOr(&seen, v);
 }
 
 // Sets `bit` in every block's flag word, after one fence (what the warp wrote or acquired is visible first).
 __device__ __forceinline__ void publish(unsigned long long bit, unsigned long long* words, int n_blocks, int lane) {
   __syncwarp();
-  fence_acq_rel();
+  fence_acq_rel_gpu();
   for (int b = lane; b < n_blocks; b += 32) atomicOr(words + b, bit);
-}
-
-// The warp's writes so far, then one arrival at *p (a release increment); true in the warp whose arrival made it
-// `target`, which then acquires what every other arriver wrote (read it through L2: __ldcg). Release increments, not
-// a fence.acq_rel on each side: an acquire at device scope is paid only by the last arriver.
-__device__ __forceinline__ bool arrive(unsigned* p, unsigned target, int lane) {
-  __syncwarp();
-  unsigned old = 0;
-  if (lane == 0) {
-    asm volatile("atom.add.release.gpu.global.u32 %0, [%1], 1;" : "=r"(old) : "l"(p) : "memory");
-    if (old + 1 == target) fence_acq_rel();
-  }
-  return __shfl_sync(kFull, old, 0) + 1 == target;
 }
 
 // ---- routing -------------------------------------------------------------------------------------------------------
@@ -314,7 +300,7 @@ struct Tasks {
 
   __device__ __forceinline__ void prepare_x(int grp) const {
     imma_prep::prepare_group(imma_prep::PlainRows{a.x}, a.H, a.lay_h, a.sc.xprep, 0, grp, lane);
-    if (arrive(a.ctr + kCtrX, static_cast<unsigned>(a.nGH), lane)) publish(kBitX, a.flags, a.n_blocks, lane);
+    if (warp_arrive(a.ctr + kCtrX, static_cast<unsigned>(a.nGH), lane)) publish(kBitX, a.flags, a.n_blocks, lane);
   }
 
   __device__ __forceinline__ void shared_gate() const {
@@ -327,7 +313,7 @@ struct Tasks {
     moe_router_logits::router_logits_block<false>(a.router, a.x, a.H, a.E, 1, a.sc.logits,
                                                   e / moe_router_logits::kRouterWarps,
                                                   e % moe_router_logits::kRouterWarps, nullptr);
-    if (arrive(a.ctr + kCtrLogits, static_cast<unsigned>(a.E), lane)) route_once<kPer>(a, br.lg, lane);
+    if (warp_arrive(a.ctr + kCtrLogits, static_cast<unsigned>(a.E), lane)) route_once<kPer>(a, br.lg, lane);
   }
 
   // Gate (m = 0) or up (m = 1) of slot, row group rg, groups ch·kTaskGroups.. of the row.
@@ -358,7 +344,7 @@ struct Tasks {
         }
       }
     }
-    if (arrive(a.ctr + a.off_rg + slot * a.rgI + rg, static_cast<unsigned>(2 * a.n_gch), lane)) {
+    if (warp_arrive(a.ctr + a.off_rg + slot * a.rgI + rg, static_cast<unsigned>(2 * a.n_gch), lane)) {
       finish_gate_up_rows(slot, rg);
     }
   }
@@ -392,9 +378,9 @@ struct Tasks {
     const int rows_per_group = kGroupElems / kTileRows;
     const int j = rg / rows_per_group;
     const int in_group = min(rows_per_group, a.rgI - j * rows_per_group);
-    if (arrive(a.ctr + a.off_act + slot * a.nGI + j, static_cast<unsigned>(in_group), lane)) {
+    if (warp_arrive(a.ctr + a.off_act + slot * a.nGI + j, static_cast<unsigned>(in_group), lane)) {
       imma_prep::prepare_group(imma_prep::L2Rows{a.sc.act}, a.I, a.lay_i, a.sc.aprep, slot, j, lane);
-      if (arrive(a.ctr + a.off_ready + slot, static_cast<unsigned>(a.nGI), lane)) {
+      if (warp_arrive(a.ctr + a.off_ready + slot, static_cast<unsigned>(a.nGI), lane)) {
         publish(ready_bit(slot), a.flags, a.n_blocks, lane);
       }
     }
@@ -429,7 +415,7 @@ struct Tasks {
         }
       }
     }
-    if (arrive(a.ctr + a.off_comb + rg, static_cast<unsigned>(a.n_slots * a.n_ich), lane)) combine(rg);
+    if (warp_arrive(a.ctr + a.off_comb + rg, static_cast<unsigned>(a.n_slots * a.n_ich), lane)) combine(rg);
   }
 
   // The last down task of output row group rg: each slot's row sums, then out = Σ by ascending expert id of y·w, then
@@ -517,7 +503,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) moe_one_kernel(const __grid_co
   // The last block to finish puts the counters and flags back to zero for the next call (every other block is past
   // its waits).
   __syncthreads();
-  if (threadIdx.x < 32 && arrive(a.ctr + kCtrDone, gridDim.x, lane)) {
+  if (threadIdx.x < 32 && warp_arrive(a.ctr + kCtrDone, gridDim.x, lane)) {
     for (int i = lane; i < a.n_ctr; i += 32) a.ctr[i] = 0u;
     for (int b = lane; b < a.n_blocks; b += 32) a.flags[b] = 0ull;
   }

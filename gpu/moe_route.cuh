@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "gpu/moe_router.h"
+#include "gpu/warp_arrive.cuh"
 
 namespace kestrel::gpu::moe_route_dev {
 
@@ -201,13 +202,13 @@ __device__ __forceinline__ bool route_spread(const float* __restrict__ logits, i
   const int tid = static_cast<int>(threadIdx.x);
   if (tid < 32) {
     route_one<kPer>(logits, static_cast<int>(blockIdx.x), n_expert, k, tid, r, nullptr);
-    __threadfence();  // this lane's entries, device-wide, before the arrival below
-    __syncwarp();
-    if (tid == 0) last_s = atomicAdd(arrivals, 1u) == static_cast<unsigned>(n_tok - 1);
+    // The warp's entries released with its one arrival; the completing warp acquires every other block's.
+    const bool last = warp_arrive(arrivals, static_cast<unsigned>(n_tok), tid);
+    if (tid == 0) last_s = last;
   }
   __syncthreads();
   if (!last_s) return false;
-  __threadfence();  // acquire side: the other blocks' entries (read through L2 below)
+  __threadfence();  // the block's other warps read those entries after lane 0's acquire (through L2 below)
   if (tid == 0) *arrivals = 0u;
   for (int e = tid; e < n_expert; e += kThreads) s.mask[e] = 0u;
   for (int i = tid; i < n_tok * k; i += kThreads) {
