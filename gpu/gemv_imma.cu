@@ -108,7 +108,8 @@ using imma_prep::x_layout;
 using imma_prep::XLayout;
 using imma_tile::kTileRows;
 using imma_tile::kUnitElems;
-using imma_tile::multiply;
+using imma_tile::multiply_add;
+using imma_tile::pair_sum;
 using imma_tile::WeightBuf;
 using imma_tile::XSource;
 constexpr int kMaxWarps = 16;
@@ -366,14 +367,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
           }
           const XSource x{pf + static_cast<size_t>(c.gi) * kUnitsPerSlice * 256,
                           pd + static_cast<size_t>(c.gi) * kUnitsPerSlice * 16, pd + sdelta + c.gi * 4};
-          float out[2];
-          multiply<T>(wb, x, lane, out);
-          acc[p][0] = __fadd_rn(acc[p][0], out[0]);
-          acc[p][1] = __fadd_rn(acc[p][1], out[1]);
+          multiply_add<T>(wb, x, lane, acc[p]);
         }
       }
     }
     if (c.gi + 1 < gps) return;
+#pragma unroll
+    for (int p = 0; p < NP; ++p) pair_sum(acc[p], lane);
     // The row group's last group of this slice: write y (S == 1) or add the slices in warp order (S > 1).
     if (S == 1) {
       const Seg<kTable> sg(a, seg);

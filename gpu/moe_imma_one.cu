@@ -3,18 +3,19 @@
 // Slots: routed entry i (i < k: the token's i-th selected expert by ascending id, the chain's entry order) and, with
 // a shared expert, slot k. Scratch (f32 unless said):
 //   logits [E]; routing (moe_routing_carve for one token); xprep (x prepared, imma_x_bytes(H, 1));
-//   gpart [slot][rg of I][row 16][gate, up][group of H] — each gate+up task's per-group sums (row stride gstride);
+//   gpart [slot][rg of I][row 16][gate, up][group of H][digit pair] — each gate+up task's per-group running-sum terms
+//   (imma_tile::multiply_add; row stride gstride);
 //   act [slot][I] — silu(gate) · up; aprep [slot] — act prepared (imma_x_bytes(I, 1) each);
-//   dpart [rg of H][row 16][slot][group of I] — each down task's per-group sums (row stride dstride); sgate [1].
+//   dpart [rg of H][row 16][slot][group of I][digit pair] — each down task's (row stride dstride); sgate [1].
 // Counters (u32, at the workspace's start): x prepared, logits, blocks done; then per slot and row group of I the
 // finished gate+up tasks, per slot and activation group the finished row groups, per slot the prepared activation
 // groups, per output row group the finished down tasks; then a flag word per block (u64).
 //
-// Bits: each group's sums come from imma_tile::multiply as in gemv_imma_segments; a row's groups are added as the
-// grouped GEMV adds them (slices of gemv_imma_grouped_groups_per_slice groups: each slice from 0 in group order, then
-// the slices in order); SwiGLU, the preparation, the
-// router's logits, the routing and the combine use the chain's device functions. So out is bit-identical to the
-// chain's.
+// Bits: each group's terms come from imma_tile::multiply_add as in gemv_imma_segments; a row's groups are added as
+// the grouped GEMV adds them (slices of gemv_imma_grouped_groups_per_slice groups: each slice's terms from 0 in group
+// order per digit pair, valued by imma_tile::pair_value as pair_sum does, then the slices in order); SwiGLU, the
+// preparation, the router's logits, the routing and the combine use the chain's device functions. So out is
+// bit-identical to the chain's.
 //
 // Progress: a warp takes tasks gw, gw + W, ... (W warps, all resident: a cooperative launch) and every task waits only
 // for tasks earlier in the list (the routing, computed inside the last router task, only for the logits), so the
@@ -243,19 +244,22 @@ __device__ __forceinline__ XSourceL2 x_source(const uint8_t* xb, const XLayout& 
 // slices in order (an empty slice adds +0, which changes nothing: no sum here is −0). Call add() with the groups in
 // order, take() after the row's last group.
 struct RowSum {
-  float acc = 0.0f, sum = 0.0f;
+  float acc0 = 0.0f, acc1 = 0.0f, sum = 0.0f;
   bool first = true;
-  __device__ __forceinline__ void add(float v, int gi, int gps, int n_groups) {
-    acc = __fadd_rn(acc, v);
+  // Group gi's running-sum terms of the vector's digit pairs 0 and 1 (imma_tile::multiply_add from zero).
+  __device__ __forceinline__ void add(float v0, float v1, int gi, int gps, int n_groups) {
+    acc0 = __fadd_rn(acc0, v0);
+    acc1 = __fadd_rn(acc1, v1);
     if ((gi + 1) % gps == 0 || gi + 1 == n_groups) {
-      sum = first ? acc : __fadd_rn(sum, acc);
+      const float slice = imma_tile::pair_value(acc0, acc1);  // imma_tile::pair_sum at the slice's end
+      sum = first ? slice : __fadd_rn(sum, slice);
       first = false;
-      acc = 0.0f;
+      acc0 = acc1 = 0.0f;
     }
   }
   __device__ __forceinline__ float take() {
     const float s = sum;
-    acc = sum = 0.0f;
+    acc0 = acc1 = sum = 0.0f;
     first = true;
     return s;
   }
@@ -332,15 +336,15 @@ struct Tasks {
     }
     wait_bit(kBitX, a.flags + blockIdx.x, br.seen);
     const int g = lane / 4, t = lane % 4;
-    float* part = a.sc.gpart + (static_cast<size_t>(slot) * a.rgI + rg) * kTileRows * a.gstride + m * a.nGH;
+    float* part = a.sc.gpart + (static_cast<size_t>(slot) * a.rgI + rg) * kTileRows * a.gstride + 2 * m * a.nGH;
 #pragma unroll
     for (int q = 0; q < kTaskGroups; ++q) {
       if (grp0 + q < a.nGH) {
-        float out[2];
-        imma_tile::multiply<T>(b[q], x_source(a.sc.xprep, a.lay_h, grp0 + q, lane), lane, out);
-        if (t == 0) {
-          part[g * a.gstride + grp0 + q] = out[0];
-          part[(g + 8) * a.gstride + grp0 + q] = out[1];
+        float sum[2] = {0.0f, 0.0f};
+        imma_tile::multiply_add<T>(b[q], x_source(a.sc.xprep, a.lay_h, grp0 + q, lane), lane, sum);
+        if (t < 2) {  // the vector's two digit pairs
+          part[g * a.gstride + 2 * (grp0 + q) + t] = sum[0];
+          part[(g + 8) * a.gstride + 2 * (grp0 + q) + t] = sum[1];
         }
       }
     }
@@ -354,15 +358,15 @@ struct Tasks {
   __device__ __forceinline__ void finish_gate_up_rows(int slot, int rg) const {
     if (lane < kTileRows) {
       const float* p = a.sc.gpart + ((static_cast<size_t>(slot) * a.rgI + rg) * kTileRows + lane) * a.gstride;
-      float v[2 * kMaxGroupsH];
-      load_row<2 * kMaxGroupsH>(p, 2 * a.nGH, v);
+      float v[4 * kMaxGroupsH];
+      load_row<4 * kMaxGroupsH>(p, 4 * a.nGH, v);
       RowSum rs;
       float gate = 0.0f, up = 0.0f;
 #pragma unroll
       for (int i = 0; i < 2 * kMaxGroupsH; ++i) {
         if (i < 2 * a.nGH) {
           const int gi = i < a.nGH ? i : i - a.nGH;
-          rs.add(v[i], gi, a.gps_gu, a.nGH);
+          rs.add(v[2 * i], v[2 * i + 1], gi, a.gps_gu, a.nGH);
           if (gi + 1 == a.nGH) {
             const float s = rs.take();
             if (i < a.nGH) {
@@ -403,15 +407,15 @@ struct Tasks {
     wait_bit(ready_bit(slot), a.flags + blockIdx.x, br.seen);
     const uint8_t* xb = a.sc.aprep + static_cast<size_t>(slot) * a.lay_i.vec_bytes();
     const int g = lane / 4, t = lane % 4;
-    float* part = a.sc.dpart + static_cast<size_t>(rg) * kTileRows * a.dstride + slot * a.nGI;
+    float* part = a.sc.dpart + static_cast<size_t>(rg) * kTileRows * a.dstride + 2 * slot * a.nGI;
 #pragma unroll
     for (int q = 0; q < kTaskGroups; ++q) {
       if (grp0 + q < a.nGI) {
-        float out[2];
-        imma_tile::multiply<T>(b[q], x_source(xb, a.lay_i, grp0 + q, lane), lane, out);
-        if (t == 0) {
-          part[g * a.dstride + grp0 + q] = out[0];
-          part[(g + 8) * a.dstride + grp0 + q] = out[1];
+        float sum[2] = {0.0f, 0.0f};
+        imma_tile::multiply_add<T>(b[q], x_source(xb, a.lay_i, grp0 + q, lane), lane, sum);
+        if (t < 2) {
+          part[g * a.dstride + 2 * (grp0 + q) + t] = sum[0];
+          part[(g + 8) * a.dstride + 2 * (grp0 + q) + t] = sum[1];
         }
       }
     }
@@ -432,16 +436,16 @@ struct Tasks {
     }
     if (lane < kTileRows) {  // all lanes stay on one path: the next task's warp-wide steps need them
       const float* p = a.sc.dpart + (static_cast<size_t>(rg) * kTileRows + lane) * a.dstride;
-      float v[kMaxDownSums];
+      float v[2 * kMaxDownSums];
       const int n = a.n_slots * a.nGI;
-      load_row<kMaxDownSums>(p, n, v);
+      load_row<2 * kMaxDownSums>(p, 2 * n, v);
       RowSum rs;
       float y = 0.0f;
       int slot = 0, gi = 0;
 #pragma unroll
       for (int i = 0; i < kMaxDownSums; ++i) {
         if (i < n) {
-          rs.add(v[i], gi, a.gps_dn, a.nGI);
+          rs.add(v[2 * i], v[2 * i + 1], gi, a.gps_dn, a.nGI);
           if (++gi == a.nGI) {
             const float ye = rs.take();
             y = slot < a.k ? __fadd_rn(y, __fmul_rn(ye, w[slot])) : __fadd_rn(y, __fmul_rn(sg, ye));
@@ -541,10 +545,11 @@ Scratch scratch_of(const MoeImmaWeights& w, const Shape& s, void* base) {
   c.routing = sc.take(moe_routing_bytes(1, s.E, s.k));
   c.xprep = sc.take(imma_x_bytes(w.n_embd, 1));
   c.gpart =
-      sc.take<float>(static_cast<size_t>(s.n_slots) * s.rgI * kTileRows * static_cast<size_t>(round4(2 * s.nGH)) * 4);
+      sc.take<float>(static_cast<size_t>(s.n_slots) * s.rgI * kTileRows * static_cast<size_t>(round4(4 * s.nGH)) * 4);
   c.act = sc.take<float>(static_cast<size_t>(s.n_slots) * s.I * 4);
   c.aprep = sc.take(static_cast<size_t>(s.n_slots) * imma_x_bytes(w.n_ff, 1));
-  c.dpart = sc.take<float>(static_cast<size_t>(s.rgH) * kTileRows * static_cast<size_t>(round4(s.n_slots * s.nGI)) * 4);
+  c.dpart =
+      sc.take<float>(static_cast<size_t>(s.rgH) * kTileRows * static_cast<size_t>(round4(2 * s.n_slots * s.nGI)) * 4);
   c.sgate = sc.take<float>(4);
   c.bytes = sc.bytes();
   return c;
@@ -631,8 +636,8 @@ Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out,
   a.gps_dn = gemv_imma_grouped_groups_per_slice(s.I);
   a.lay_h = imma_prep::x_layout(s.H);
   a.lay_i = imma_prep::x_layout(s.I);
-  a.gstride = round4(2 * s.nGH);
-  a.dstride = round4(s.n_slots * s.nGI);
+  a.gstride = round4(4 * s.nGH);
+  a.dstride = round4(2 * s.n_slots * s.nGI);
   a.sc = c;
   a.r = moe_routing_carve(c.routing, 1, s.E, s.k);
   a.ctr = static_cast<unsigned*>(counters);
