@@ -82,6 +82,11 @@
 // and the prepared x's addresses rebuilt every group (register pressure); unrolled they are immediate offsets.
 // bench_moe Q4_0 / Q4_K 32 tokens 121.2 / 128.2 -> 118.3 / 118.6 us, 8 tokens 55.0 / 57.7 -> 53.4 / 55.3, one
 // token 22.5 / 24.3 -> 21.8 / 23.5; bench_gemv lm_head Q4_0 73.3 -> 71.6 us, 9.4 MB 5.67 -> 5.39 us (H200, same run).
+// ncu after it: lm_head Q4_0 26.7 instructions per MMA (31.8 before). Unrolled for one group per slice too (two
+// rounds an iteration) the 0.07-0.6 MB matrices took 0.1-0.2 us longer: gps = 1 keeps the run-time loop. Forcing
+// S = 1 for the grouped gate+up (KESTREL_IMMA_SPLIT=1: 8 groups a slice, no cross-warp sum) measured moe_imma 32
+// tokens Q4_0 117.5 -> 120.2 us, Q4_K 118.7 -> 117.3, one token 21.9 -> 24.7: the shape rule stays.
+// v4.7: a slice's groups are summed raw per lane and valued once at its end (imma_tile::multiply_add, pair_sum).
 #include <algorithm>
 #include <atomic>
 #include <bit>
