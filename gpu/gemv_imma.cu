@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
           }
           const XSource x{pf + static_cast<size_t>(c.gi) * kUnitsPerSlice * 256,
                           pd + static_cast<size_t>(c.gi) * kUnitsPerSlice * 16, pd + sdelta + c.gi * 4};
-          multiply_add<T>(wb, x, lane, acc[p]);
+          multiply_add<T>(wb, x, acc[p]);
         }
       }
     }

@@ -93,7 +93,7 @@ __device__ __forceinline__ float half_bits(uint32_t bits16) {
 // same within noise; H200, same run. The fused form, sum = fma(s_G, acc, sum), measured alike, but moe_imma_one could
 // not rebuild a fused chain from stored terms, and it must give the chain's bits.)
 template <GgmlType T, class XS>
-__device__ __forceinline__ void multiply_add(const WeightBuf& src, const XS& x, int lane, float (&sum)[2]) {
+__device__ __forceinline__ void multiply_add(const WeightBuf& src, const XS& x, float (&sum)[2]) {
   float acc[2] = {0.0f, 0.0f};  // rows g, g + 8, in units of digit 2h + 1
   [[maybe_unused]] int isum[2] = {0, 0};
   [[maybe_unused]] int msum[2] = {0, 0};

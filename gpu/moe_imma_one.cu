@@ -341,7 +341,7 @@ struct Tasks {
     for (int q = 0; q < kTaskGroups; ++q) {
       if (grp0 + q < a.nGH) {
         float sum[2] = {0.0f, 0.0f};
-        imma_tile::multiply_add<T>(b[q], x_source(a.sc.xprep, a.lay_h, grp0 + q, lane), lane, sum);
+        imma_tile::multiply_add<T>(b[q], x_source(a.sc.xprep, a.lay_h, grp0 + q, lane), sum);
         if (t < 2) {  // the vector's two digit pairs
           part[g * a.gstride + 2 * (grp0 + q) + t] = sum[0];
           part[(g + 8) * a.gstride + 2 * (grp0 + q) + t] = sum[1];
@@ -412,7 +412,7 @@ struct Tasks {
     for (int q = 0; q < kTaskGroups; ++q) {
       if (grp0 + q < a.nGI) {
         float sum[2] = {0.0f, 0.0f};
-        imma_tile::multiply_add<T>(b[q], x_source(xb, a.lay_i, grp0 + q, lane), lane, sum);
+        imma_tile::multiply_add<T>(b[q], x_source(xb, a.lay_i, grp0 + q, lane), sum);
         if (t < 2) {
           part[g * a.dstride + 2 * (grp0 + q) + t] = sum[0];
           part[(g + 8) * a.dstride + 2 * (grp0 + q) + t] = sum[1];
