@@ -554,10 +554,12 @@ Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
 
 // The groups per slice compiled in for 2, 4 and 8 (the presets' shapes), else read at run time. One group per slice
 // stays on the run-time loop: unrolled (two rounds an iteration) its 0.6 MB matrices took 0.1-0.2 us longer per call.
-// Only the one-pair kernel (batch 1-2, every grouped call of moe_imma): the unrolled rounds spill with more pairs.
+// The two- and four-pair kernels (3-8 vectors) only for 2 groups per slice: unrolled deeper they spill (56-268 bytes);
+// at 2 (the 9.4 MB projections) batch 8 took 10.92 -> 9.90 us Q4_0, 11.26 -> 10.72 Q4_K (bench_gemv, H200, same run).
 template <GgmlType T, int NP, int kMode>
 Status launch_gps(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
   if constexpr (NP > 1) {
+    if (args.gps == 2) return launch<T, NP, kMode, 2>(args, programmatic, stream);
     return launch<T, NP, kMode, 0>(args, programmatic, stream);
   } else {
     switch (args.gps) {
