@@ -76,8 +76,8 @@
 // read_pattern.cu), but the shuffles on the multiply's path cost more — lm_head Q4_0 76.1 → 81.1 µs, geomean
 // 79.7 → 78.9%; and a layout with each group's scales right after its quants (same loads, contiguous): geomean 80.1 →
 // 77.7%, Q4_K slower on every shape.
-// v4.6: the groups per slice compiled in (kGps = 2, 4, 8; the one-pair kernel only — with more pairs the unrolled
-// rounds spill), a round's groups unrolled: ncu (lm_head Q4_0, moe_imma's gate+up at 32 tokens) had 32-36 warp
+// v4.6: the groups per slice compiled in (kGps = 2, 4, 8 for the one-pair kernel; 2 for the others, which spill
+// unrolled deeper), a round's groups unrolled: ncu (lm_head Q4_0, moe_imma's gate+up at 32 tokens) had 32-36 warp
 // instructions per MMA, ~11 of them the run-time cursor (gps reloaded from the constant bank, the round's branches)
 // and the prepared x's addresses rebuilt every group (register pressure); unrolled they are immediate offsets.
 // bench_moe Q4_0 / Q4_K 32 tokens 121.2 / 128.2 -> 118.3 / 118.6 us, 8 tokens 55.0 / 57.7 -> 53.4 / 55.3, one
