@@ -496,6 +496,9 @@ bool aligned(const void* p, uintptr_t al) { return (reinterpret_cast<uintptr_t>(
 // so that ~2048 warps stream at once. Depends only on the matrix shape (so y[v] does not depend on n_vec).
 std::atomic<int> g_forced_split{0};
 
+// gemv_imma_set_compiled_groups: false keeps every call on the run-time groups-per-slice kernels (tests).
+std::atomic<bool> g_compiled_groups{true};
+
 // Grouped calls (a table) keep their row groups whole for up to 4 groups per warp: each segment entry is read from
 // the table once per row group and its matrix streamed, instead of a table read in front of every group.
 int grouped_split(int n_groups) {
@@ -558,6 +561,7 @@ Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
 // at 2 (the 9.4 MB projections) batch 8 took 10.92 -> 9.90 us Q4_0, 11.26 -> 10.72 Q4_K (bench_gemv, H200, same run).
 template <GgmlType T, int NP, int kMode>
 Status launch_gps(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
+  if (!g_compiled_groups.load(std::memory_order_relaxed)) return launch<T, NP, kMode, 0>(args, programmatic, stream);
   if constexpr (NP > 1) {
     if (args.gps == 2) return launch<T, NP, kMode, 2>(args, programmatic, stream);
     return launch<T, NP, kMode, 0>(args, programmatic, stream);
@@ -608,6 +612,8 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
 }
 
 }  // namespace
+
+void gemv_imma_set_compiled_groups(bool on) { g_compiled_groups.store(on, std::memory_order_relaxed); }
 
 void gemv_imma_force_split(int warps_per_row_group) {
   g_forced_split.store(warps_per_row_group > 0 ? warps_per_row_group : 0, std::memory_order_relaxed);

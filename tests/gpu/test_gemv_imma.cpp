@@ -2,9 +2,9 @@
 // group scale; the tiled layout itself is tested in test_q4_tile.cpp) against core's ref::matvec_batch: random blocks
 // with wide-ranging scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 8192, n_out 16 ..
 // 32768), every vector-count path (1, 2, 3, 5, 8, 13, 32: one to four pairs per segment, several segments);
-// bit-identical repeated runs; each y[v] identical whatever n_vec; grouped calls (segment tables) whose bits do not
-// depend on the table's length; activation edge cases; shapes and arguments the kernel does not take are refused
-// before anything runs.
+// bit-identical repeated runs; each y[v] identical whatever n_vec; the unrolled rounds' bits those of the run-time
+// loop; grouped calls (segment tables) whose bits do not depend on the table's length; activation edge cases; shapes
+// and arguments the kernel does not take are refused before anything runs.
 //
 // Tolerance: |gpu - ref| <= 1e-5 · Σ|w_i · x_i| + 2^-27 · Σ_G max_G|x| · Σ_{i in G} |w_i| per output. The integer
 // sums are exact and the per-block scaling is f32, so the first term is the f32 summation-order room (as for ref's
@@ -301,6 +301,35 @@ TEST(GemvImma, ProgrammaticChainGivesPlainBits) {
     }
   }
   ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+// The kernels that compile the groups per slice in (2, 4, 8) and unroll a round give the bits of the run-time loop
+// (gemv_imma_set_compiled_groups(false)): the same operations in the same order. Shapes for 2 (8192 rows of 2048:
+// S = 4), 4 (16384 rows: S = 2) and 8 (32768 rows: S = 1) groups per slice, with one and two vectors (the one-pair
+// kernel), three and eight (two and four pairs: compiled in for 2 only).
+TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
+  KESTREL_REQUIRE_DEVICE();
+  std::mt19937 rng(77);
+  struct RunTimeLoop {
+    ~RunTimeLoop() { gemv_imma_set_compiled_groups(true); }
+  } restore;
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    for (const Shape sh : {Shape{2048, 8192}, Shape{2048, 16384}, Shape{2048, 32768}}) {
+      const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
+      const DeviceTiled w(t, m, sh.n_in, sh.n_out);
+      for (const int n_vec : {1, 2, 3, 8}) {
+        const std::vector<float> x = random_vectors(n_vec, sh.n_in, rng);
+        gemv_imma_set_compiled_groups(true);
+        const std::vector<float> unrolled = run(w, x, n_vec);
+        gemv_imma_set_compiled_groups(false);
+        const std::vector<float> loop = run(w, x, n_vec);
+        ASSERT_EQ(unrolled.size(), loop.size());
+        EXPECT_EQ(std::memcmp(unrolled.data(), loop.data(), loop.size() * sizeof(float)), 0)
+            << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " n_vec " << n_vec
+            << ": the unrolled rounds differ from the run-time loop";
+      }
+    }
+  }
 }
 
 // A grouped call's (gemv_imma_segments) segment gives the same bits whatever else the table holds: its split must
