@@ -561,18 +561,13 @@ Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
 // at 2 (the 9.4 MB projections) batch 8 took 10.92 -> 9.90 us Q4_0, 11.26 -> 10.72 Q4_K (bench_gemv, H200, same run).
 template <GgmlType T, int NP, int kMode>
 Status launch_gps(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
-  if (!g_compiled_groups.load(std::memory_order_relaxed)) return launch<T, NP, kMode, 0>(args, programmatic, stream);
-  if constexpr (NP > 1) {
-    if (args.gps == 2) return launch<T, NP, kMode, 2>(args, programmatic, stream);
-    return launch<T, NP, kMode, 0>(args, programmatic, stream);
-  } else {
-    switch (args.gps) {
-      case 2: return launch<T, NP, kMode, 2>(args, programmatic, stream);
-      case 4: return launch<T, NP, kMode, 4>(args, programmatic, stream);
-      case 8: return launch<T, NP, kMode, 8>(args, programmatic, stream);
-      default: return launch<T, NP, kMode, 0>(args, programmatic, stream);
-    }
+  const int gps = g_compiled_groups.load(std::memory_order_relaxed) ? args.gps : 0;
+  if (gps == 2) return launch<T, NP, kMode, 2>(args, programmatic, stream);
+  if constexpr (NP == 1) {
+    if (gps == 4) return launch<T, NP, kMode, 4>(args, programmatic, stream);
+    if (gps == 8) return launch<T, NP, kMode, 8>(args, programmatic, stream);
   }
+  return launch<T, NP, kMode, 0>(args, programmatic, stream);
 }
 
 template <GgmlType T, int kMode>

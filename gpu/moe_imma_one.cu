@@ -77,6 +77,9 @@ constexpr int kMaxBlocks = 1024;  // flag words (the grid: SMs × resident block
 
 int round4(int n) { return (n + 3) / 4 * 4; }
 
+// A group's partial terms per row in gpart / dpart: the vector's two digit pairs (lanes t = 0, 1 of multiply_add).
+constexpr int kPairTerms = 2;
+
 // Scratch pieces, in order (null base: sizes only).
 struct Scratch {
   float* logits;
@@ -336,15 +339,16 @@ struct Tasks {
     }
     wait_bit(kBitX, a.flags + blockIdx.x, br.seen);
     const int g = lane / 4, t = lane % 4;
-    float* part = a.sc.gpart + (static_cast<size_t>(slot) * a.rgI + rg) * kTileRows * a.gstride + 2 * m * a.nGH;
+    float* part =
+        a.sc.gpart + (static_cast<size_t>(slot) * a.rgI + rg) * kTileRows * a.gstride + kPairTerms * m * a.nGH;
 #pragma unroll
     for (int q = 0; q < kTaskGroups; ++q) {
       if (grp0 + q < a.nGH) {
         float sum[2] = {0.0f, 0.0f};
         imma_tile::multiply_add<T>(b[q], x_source(a.sc.xprep, a.lay_h, grp0 + q, lane), sum);
         if (t < 2) {  // the vector's two digit pairs
-          part[g * a.gstride + 2 * (grp0 + q) + t] = sum[0];
-          part[(g + 8) * a.gstride + 2 * (grp0 + q) + t] = sum[1];
+          part[g * a.gstride + kPairTerms * (grp0 + q) + t] = sum[0];
+          part[(g + 8) * a.gstride + kPairTerms * (grp0 + q) + t] = sum[1];
         }
       }
     }
@@ -407,15 +411,15 @@ struct Tasks {
     wait_bit(ready_bit(slot), a.flags + blockIdx.x, br.seen);
     const uint8_t* xb = a.sc.aprep + static_cast<size_t>(slot) * a.lay_i.vec_bytes();
     const int g = lane / 4, t = lane % 4;
-    float* part = a.sc.dpart + static_cast<size_t>(rg) * kTileRows * a.dstride + 2 * slot * a.nGI;
+    float* part = a.sc.dpart + static_cast<size_t>(rg) * kTileRows * a.dstride + kPairTerms * slot * a.nGI;
 #pragma unroll
     for (int q = 0; q < kTaskGroups; ++q) {
       if (grp0 + q < a.nGI) {
         float sum[2] = {0.0f, 0.0f};
         imma_tile::multiply_add<T>(b[q], x_source(xb, a.lay_i, grp0 + q, lane), sum);
         if (t < 2) {
-          part[g * a.dstride + 2 * (grp0 + q) + t] = sum[0];
-          part[(g + 8) * a.dstride + 2 * (grp0 + q) + t] = sum[1];
+          part[g * a.dstride + kPairTerms * (grp0 + q) + t] = sum[0];
+          part[(g + 8) * a.dstride + kPairTerms * (grp0 + q) + t] = sum[1];
         }
       }
     }
@@ -517,6 +521,9 @@ __global__ void __launch_bounds__(kWarps * 32, 1) moe_one_kernel(const __grid_co
 
 struct Shape {
   int E, k, H, I, n_slots, nGH, nGI, rgI, rgH;
+  // Row strides (floats) of gpart (gate and up, each group's terms) and dpart (every slot's groups' terms).
+  int gstride() const { return round4(2 * kPairTerms * nGH); }
+  int dstride() const { return round4(kPairTerms * n_slots * nGI); }
 };
 
 Shape shape_of(const MoeImmaWeights& w) {
@@ -544,12 +551,10 @@ Scratch scratch_of(const MoeImmaWeights& w, const Shape& s, void* base) {
   c.logits = sc.take<float>(static_cast<size_t>(s.E) * 4);
   c.routing = sc.take(moe_routing_bytes(1, s.E, s.k));
   c.xprep = sc.take(imma_x_bytes(w.n_embd, 1));
-  c.gpart =
-      sc.take<float>(static_cast<size_t>(s.n_slots) * s.rgI * kTileRows * static_cast<size_t>(round4(4 * s.nGH)) * 4);
+  c.gpart = sc.take<float>(static_cast<size_t>(s.n_slots) * s.rgI * kTileRows * static_cast<size_t>(s.gstride()) * 4);
   c.act = sc.take<float>(static_cast<size_t>(s.n_slots) * s.I * 4);
   c.aprep = sc.take(static_cast<size_t>(s.n_slots) * imma_x_bytes(w.n_ff, 1));
-  c.dpart =
-      sc.take<float>(static_cast<size_t>(s.rgH) * kTileRows * static_cast<size_t>(round4(2 * s.n_slots * s.nGI)) * 4);
+  c.dpart = sc.take<float>(static_cast<size_t>(s.rgH) * kTileRows * static_cast<size_t>(s.dstride()) * 4);
   c.sgate = sc.take<float>(4);
   c.bytes = sc.bytes();
   return c;
@@ -636,8 +641,8 @@ Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out,
   a.gps_dn = gemv_imma_grouped_groups_per_slice(s.I);
   a.lay_h = imma_prep::x_layout(s.H);
   a.lay_i = imma_prep::x_layout(s.I);
-  a.gstride = round4(4 * s.nGH);
-  a.dstride = round4(2 * s.n_slots * s.nGI);
+  a.gstride = s.gstride();
+  a.dstride = s.dstride();
   a.sc = c;
   a.r = moe_routing_carve(c.routing, 1, s.E, s.k);
   a.ctr = static_cast<unsigned*>(counters);
