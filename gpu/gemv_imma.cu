@@ -2,7 +2,7 @@
 //
 // MMA fragments (PTX mma.m16n8k32, 8-bit): lane = 4g + t; A regs {row g k 4t..4t+3, row g+8 k 4t.., row g k 16+4t..,
 // row g+8 k 16+4t..}; B regs {k 4t..4t+3 col g, k 16+4t.. col g}; C {row g col 2t, 2t+1, row g+8 col 2t, 2t+1}.
-// A tile word of lane t (q4_tile) is bytes 4t..4t+3 of a block's 16 quant bytes: its low nibbles are elements 4t..,
+// A tile word of lane t (tile_matrix) is bytes 4t..4t+3 of a block's 16 quant bytes: its low nibbles are elements 4t..,
 // its high nibbles elements 16+4t.. (Q4_0; Q4_K: low nibbles sub-block 2j, high nibbles sub-block 2j+1, with the
 // words of bytes 4t.. and 16+4t..). So `w & 0x0F0F0F0F` and `(w >> 4) & 0x0F0F0F0F` are A registers as they stand.
 //
@@ -621,7 +621,7 @@ int gemv_imma_grouped_groups_per_slice(int64_t n_cols) {
 }
 
 bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
-  return q4_tiled_supports(type, n_cols, n_rows) && n_cols <= kImmaMaxCols;
+  return tiled_supports(type, n_cols, n_rows) && n_cols <= kImmaMaxCols;
 }
 
 uint64_t imma_x_bytes(int64_t n_cols, int n_vec) {
@@ -665,7 +665,7 @@ Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_co
                  stream);
 }
 
-Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream, bool programmatic) {
+Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream, bool programmatic) {
   if (!gemv_imma_supports(w.type, w.n_cols, w.n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma: " + std::string(ggml_type_name(w.type)) + " {" +
                                                        std::to_string(w.n_cols) + ", " + std::to_string(w.n_rows) +

@@ -1,4 +1,4 @@
-// gemv_imma: GEMV v4 for Q4_0 / Q4_K weights in the re-tiled layout of q4_tile.h (q4_tile: the same bytes,
+// gemv_imma: GEMV v4 for Q4_0 / Q4_K weights in the re-tiled layout of tiled_matrix.h (tile_matrix: the same bytes,
 // reordered so one 16-byte load per lane feeds tensor-core fragments), on the integer tensor cores.
 //
 // Arithmetic: the 4-bit quants enter a u8 × s8 MMA (m16n8k32) unchanged — the tile words already hold, per lane, the
@@ -24,14 +24,14 @@
 
 #include "core/base/expected.h"
 #include "core/gguf/ggml_type.h"
-#include "gpu/q4_tile.h"  // TiledQ4View, q4_tile
+#include "gpu/tiled_matrix.h"  // TiledView, tile_matrix
 
 namespace kestrel::gpu {
 
 // Longest row gemv_imma and gemv_imma_segments take.
 inline constexpr int64_t kImmaMaxCols = 8192;
 
-// True when gemv_imma takes this tiled matrix: q4_tiled_supports() and n_cols <= kImmaMaxCols.
+// True when gemv_imma takes this tiled matrix: tiled_supports() and n_cols <= kImmaMaxCols.
 bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
 
 // Bytes of the prepared form of n_vec vectors of n_cols elements (n_cols a multiple of 64); 0 when out of range.
@@ -49,7 +49,7 @@ Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xpre
 Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_cols, int n_vec, void* xprep,
                                 cudaStream_t stream, bool programmatic = false);
 
-// One piece of a grouped GEMV (gemv_imma_segments): a tiled matrix (q4_tile output, on the device; n_rows × n_cols
+// One piece of a grouped GEMV (gemv_imma_segments): a tiled matrix (tile_matrix output, on the device; n_rows × n_cols
 // as given to the call, the same for every segment) and up to kImmaSegmentVectors prepared vectors it multiplies:
 //   y[out[j] * y_stride + r] = (W x[vec[j]])[r]   for j < n_vec, r < n_rows.
 // The matrix is read once for all its vectors. A table of these may be written by a kernel (e.g. from the MoE
@@ -86,7 +86,7 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
 // Thread-safe. programmatic: launched as a programmatic dependent of the kernel before it (gpu/pdl.cuh); its first
 // weight loads then overlap that kernel's end (w must not be written by any kernel while resident), and the
 // results do not change.
-Status gemv_imma(const TiledQ4View& w, const void* xprep, int n_vec, float* y, cudaStream_t stream,
+Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream,
                  bool programmatic = false);
 
 // How gemv_imma_segments adds a row of n_cols: each warp sums this many 256-column groups in order (from 0), then the

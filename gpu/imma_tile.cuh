@@ -1,7 +1,7 @@
-// imma_tile.cuh: GEMV v4's per-group arithmetic on the re-tiled Q4_0 / Q4_K layout (gpu/q4_tile.h) and the prepared
-// activations (gpu/imma_prepare.cuh): the u8 × s8 tensor-core MMA, a warp's registers for one group of a row group,
-// and the multiply of one group for one vector pair. gemv_imma.cu's head derives the arithmetic; gemv_imma.cu and
-// moe_imma_one.cu (the one-launch MoE layer) both multiply with it. Device code only; include from .cu files.
+// imma_tile.cuh: GEMV v4's per-group arithmetic on the re-tiled Q4_0 / Q4_K layout (gpu/tiled_matrix.h) and the
+// prepared activations (gpu/imma_prepare.cuh): the u8 × s8 tensor-core MMA, a warp's registers for one group of a row
+// group, and the multiply of one group for one vector pair. gemv_imma.cu's head derives the arithmetic; gemv_imma.cu
+// and moe_imma_one.cu (the one-launch MoE layer) both multiply with it. Device code only; include from .cu files.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -56,7 +56,7 @@ struct XSourceT {
 };
 using XSource = XSourceT<false>;
 
-// Where a lane's words for group grp of row group rg lie in a tiled matrix of n_units units a row (q4_tile.h), as
+// Where a lane's words for group grp of row group rg lie in a tiled matrix of n_units units a row (tiled_matrix.h), as
 // pointers from its start `base`: qs, the lane's 16-byte quant word of the group's first unit (+ 512 per unit); meta,
 // its scales (Q4_0: + 64 per unit; Q4_K: row g's super-block head, row g + 8's at + 128). Q4_K has whole groups
 // (n_units = 4·groups), so both types' scales of a group start at tile0 · 64.
@@ -130,7 +130,7 @@ __device__ __forceinline__ void multiply_add(const WeightBuf& src, const XS& x, 
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const uint4 hd = mk[r];
-          // Unit i's 24-bit field: sc[2i] | sc[2i+1] << 6 | m[2i] << 12 | m[2i+1] << 18 (q4_tile's re-packing).
+          // Unit i's 24-bit field: sc[2i] | sc[2i+1] << 6 | m[2i] << 12 | m[2i+1] << 18 (tile_matrix's re-packing).
           const uint32_t lo = i < 2 ? hd.y : (i == 2 ? hd.z : hd.w);
           const uint32_t hi = i < 2 ? hd.z : hd.w;
           const uint32_t fld = __funnelshift_r(lo, hi, (24 * i) & 31);

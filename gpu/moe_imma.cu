@@ -32,8 +32,8 @@
 #include "gpu/moe_route.cuh"
 #include "gpu/moe_router_logits.cuh"
 #include "gpu/pdl.cuh"
-#include "gpu/q4_tile.h"
 #include "gpu/scratch_carve.h"
+#include "gpu/tiled_matrix.h"
 
 namespace kestrel::gpu {
 namespace {
@@ -420,7 +420,7 @@ Status moe_imma_check_weights(const MoeImmaWeights& w) {
 
 Status moe_imma_tile_experts(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_expert,
                              std::span<uint8_t> out) {
-  const uint64_t tiled = q4_tiled_bytes(type, n_cols, n_rows);
+  const uint64_t tiled = tiled_bytes(type, n_cols, n_rows);
   if (n_expert < 1 || raw == nullptr || out.size() != tiled * static_cast<uint64_t>(n_expert)) {
     return bad("moe_imma_tile_experts: " + std::to_string(n_expert) + " experts of " + tname(type) + " " +
                shape(n_cols, n_rows) + " need " +
@@ -430,7 +430,7 @@ Status moe_imma_tile_experts(GgmlType type, const void* raw, int64_t n_cols, int
   const auto* src = static_cast<const uint8_t*>(raw);
   for (int64_t e = 0; e < n_expert; ++e) {
     const uint64_t off = tiled * static_cast<uint64_t>(e);  // raw and tiled bytes are equal
-    KESTREL_TRY(q4_tile(type, src + off, n_cols, n_rows, out.subspan(off, tiled)));
+    KESTREL_TRY(tile_matrix(type, src + off, n_cols, n_rows, out.subspan(off, tiled)));
   }
   return ok_status();
 }
@@ -439,7 +439,7 @@ Expected<std::unique_ptr<MoeImmaLayer>> MoeImmaLayer::from_raw_device(const MoeD
   KESTREL_TRY(moe_imma_check_raw(raw));
   const GgmlType t = raw.gate_exps.type;
   const int64_t H = raw.router.n_cols, I = raw.gate_exps.n_rows, E = raw.router.n_rows;
-  const uint64_t gu = q4_tiled_bytes(t, H, I), dn = q4_tiled_bytes(t, I, H);
+  const uint64_t gu = tiled_bytes(t, H, I), dn = tiled_bytes(t, I, H);
   const uint64_t E64 = static_cast<uint64_t>(E);
   struct Piece {
     const void* src;
@@ -585,8 +585,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ta.gate = static_cast<const uint8_t*>(w.gate_exps);
   ta.up = static_cast<const uint8_t*>(w.up_exps);
   ta.down = static_cast<const uint8_t*>(w.down_exps);
-  ta.gu_bytes = q4_tiled_bytes(w.type, H, I);
-  ta.dn_bytes = q4_tiled_bytes(w.type, I, H);
+  ta.gu_bytes = tiled_bytes(w.type, H, I);
+  ta.dn_bytes = tiled_bytes(w.type, I, H);
   ta.sh_gate = w.gate_shexp;
   ta.sh_up = w.up_shexp;
   ta.sh_down = w.down_shexp;

@@ -1,8 +1,8 @@
 // moe_imma: the MoE FFN layer on GEMV v4 (gpu/gemv_imma.h) for n_tok tokens (model-spec.md §5.1; ref::moe_forward
 // is the oracle; gpu/moe_experts.h is the raw-block version it replaces for Q4_0 / Q4_K experts).
 //
-// Weights: the routed experts' gate / up / down stacks re-tiled per expert with q4_tile (expert e at
-// e · q4_tiled_bytes(...) in one buffer per role; the same bytes as the raw stack, reordered), the shared expert's
+// Weights: the routed experts' gate / up / down stacks re-tiled per expert with tile_matrix (expert e at
+// e · tiled_bytes(...) in one buffer per role; the same bytes as the raw stack, reordered), the shared expert's
 // three matrices tiled the same way; all six share one type (Q4_0 or Q4_K) and the shared expert's ff equals the
 // routed experts' (true of the qwen35moe / qwen3next presets). The router and the shared-expert gate stay raw
 // (gpu::gemv's types, gpu/dequant.cuh's types).
@@ -43,9 +43,9 @@ struct MoeImmaWeights {
   int64_t n_ff = 0;                  // I: the routed experts' and the shared expert's ff
   int64_t n_expert = 0;              // E
   DeviceMatrixView router;           // ffn_gate_inp {H, E}, raw (gemv_supports)
-  const void* gate_exps = nullptr;   // tiled {H, I} × E: expert e at e · q4_tiled_bytes(type, H, I)
+  const void* gate_exps = nullptr;   // tiled {H, I} × E: expert e at e · tiled_bytes(type, H, I)
   const void* up_exps = nullptr;     // tiled {H, I} × E
-  const void* down_exps = nullptr;   // tiled {I, H} × E: expert e at e · q4_tiled_bytes(type, I, H)
+  const void* down_exps = nullptr;   // tiled {I, H} × E: expert e at e · tiled_bytes(type, I, H)
   DeviceMatrixView shared_gate_inp;  // ffn_gate_inp_shexp {H, 1}, raw (gpu/dequant.cuh types)
   const void* gate_shexp = nullptr;  // tiled {H, I}; null when there is no shared expert
   const void* up_shexp = nullptr;    // tiled {H, I}
@@ -61,8 +61,8 @@ Status moe_imma_check_raw(const MoeDeviceWeights& raw);
 Status moe_imma_check_weights(const MoeImmaWeights& w);
 
 // Host-side re-tiling of a stack of n_expert raw GGUF matrices (n_rows rows of n_cols, expert-major, as in the
-// file) into out (n_expert · q4_tiled_bytes(type, n_cols, n_rows) bytes): expert e tiled by q4_tile into
-// out[e · q4_tiled_bytes ...]. Pure; thread-safe.
+// file) into out (n_expert · tiled_bytes(type, n_cols, n_rows) bytes): expert e tiled by tile_matrix into
+// out[e · tiled_bytes ...]. Pure; thread-safe.
 Status moe_imma_tile_experts(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_expert,
                              std::span<uint8_t> out);
 

@@ -45,8 +45,8 @@
 #include "gpu/moe_imma_one.h"
 #include "gpu/moe_route.cuh"
 #include "gpu/moe_router_logits.cuh"
-#include "gpu/q4_tile.h"
 #include "gpu/scratch_carve.h"
+#include "gpu/tiled_matrix.h"
 #include "gpu/warp_arrive.cuh"
 
 namespace kestrel::gpu {
@@ -620,8 +620,8 @@ Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out,
   a.up_sh = static_cast<const uint8_t*>(w.up_shexp);
   a.down_sh = static_cast<const uint8_t*>(w.down_shexp);
   a.sh_inp = static_cast<const uint8_t*>(w.shared_gate_inp.data);
-  a.gu_bytes = q4_tiled_bytes(w.type, w.n_embd, w.n_ff);
-  a.dn_bytes = q4_tiled_bytes(w.type, w.n_ff, w.n_embd);
+  a.gu_bytes = tiled_bytes(w.type, w.n_embd, w.n_ff);
+  a.dn_bytes = tiled_bytes(w.type, w.n_ff, w.n_embd);
   a.E = s.E;
   a.k = s.k;
   a.H = s.H;

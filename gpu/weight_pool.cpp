@@ -120,13 +120,13 @@ Status WeightPool::register_tensors(std::span<const PoolTensorDesc> batch, cudaS
                             std::to_string(bytes) + " bytes, the buffer has " + std::to_string(d.data.size()));
     }
     if (d.data.data() == nullptr) return make_error(ErrorCode::kInvalidArgument, who + " has no data");
-    if (d.layout == PoolLayout::kTiledQ4) {
+    if (d.layout == PoolLayout::kTiled) {
       const std::vector<uint64_t> ne = trimmed(d.ne);
       if (ne.size() < 2 || ne.size() > 3 ||
-          !q4_tiled_supports(d.type, static_cast<int64_t>(ne[0]), static_cast<int64_t>(ne[1]))) {
+          !tiled_supports(d.type, static_cast<int64_t>(ne[0]), static_cast<int64_t>(ne[1]))) {
         return make_error(ErrorCode::kInvalidArgument,
                           who + " " + shape_str(d.ne) + " " + std::string(ggml_type_name(d.type)) +
-                              " cannot be tiled (q4_0 / q4_K matrices or 3-D stacks; see q4_tiled_supports)");
+                              " cannot be tiled (q4_0 / q4_K matrices or 3-D stacks; see tiled_supports)");
       }
     }
     const uint64_t start = align_up(offset);
@@ -165,8 +165,8 @@ Status WeightPool::register_tensors(std::span<const PoolTensorDesc> batch, cudaS
     const std::vector<uint64_t> ne = trimmed(e.ne);
     const uint64_t slices = ne.size() == 3 ? ne[2] : 1;
     tiled.resize(e.bytes);
-    KESTREL_TRY(q4_tile_stack(e.type, batch[i].data.data(), static_cast<int64_t>(ne[0]), static_cast<int64_t>(ne[1]),
-                              static_cast<int64_t>(slices), tiled));
+    KESTREL_TRY(tile_matrix_stack(e.type, batch[i].data.data(), static_cast<int64_t>(ne[0]),
+                                  static_cast<int64_t>(ne[1]), static_cast<int64_t>(slices), tiled));
     KESTREL_CUDA_TRY(cudaMemcpyAsync(base_ + e.offset, tiled.data(), e.bytes, cudaMemcpyHostToDevice, stream));
   }
   KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
@@ -182,7 +182,7 @@ Status WeightPool::register_tensors(std::span<const PoolTensorDesc> batch, cudaS
 }
 
 Status WeightPool::register_catalog(const WeightCatalog& catalog, const GgufFile& file, cudaStream_t stream,
-                                    bool tile_q4) {
+                                    bool tile) {
   std::vector<PoolTensorDesc> batch;
   batch.reserve(catalog.entries().size());
   for (const CatalogEntry& ce : catalog.entries()) {
@@ -194,9 +194,9 @@ Status WeightPool::register_catalog(const WeightCatalog& catalog, const GgufFile
     d.placement = ce.placement;
     d.data = file.tensor_data(*ce.info);
     const std::vector<uint64_t> ne = trimmed(d.ne);
-    if (tile_q4 && d.key != "token_embd.weight" && ne.size() >= 2 && ne.size() <= 3 &&
-        q4_tiled_supports(d.type, static_cast<int64_t>(ne[0]), static_cast<int64_t>(ne[1]))) {
-      d.layout = PoolLayout::kTiledQ4;
+    if (tile && d.key != "token_embd.weight" && ne.size() >= 2 && ne.size() <= 3 &&
+        tiled_supports(d.type, static_cast<int64_t>(ne[0]), static_cast<int64_t>(ne[1]))) {
+      d.layout = PoolLayout::kTiled;
     }
     batch.push_back(std::move(d));
   }
@@ -277,9 +277,9 @@ Expected<DeviceMatrixView> WeightPool::slice(const PoolRef& ref, uint64_t i2) co
   return v;
 }
 
-Expected<TiledQ4View> WeightPool::tiled_view(const PoolRef& ref) const {
+Expected<TiledView> WeightPool::tiled_view(const PoolRef& ref) const {
   KESTREL_TRY_ASSIGN(const PoolEntry* e, entry(ref));
-  if (e->layout != PoolLayout::kTiledQ4) {
+  if (e->layout != PoolLayout::kTiled) {
     return make_error(ErrorCode::kFailedPrecondition,
                       "weight pool: tensor '" + e->key + "' is stored raw; use view() or slice()");
   }
@@ -290,9 +290,9 @@ Expected<TiledQ4View> WeightPool::tiled_view(const PoolRef& ref) const {
   return tiled_slice(ref, 0);
 }
 
-Expected<TiledQ4View> WeightPool::tiled_slice(const PoolRef& ref, uint64_t i2) const {
+Expected<TiledView> WeightPool::tiled_slice(const PoolRef& ref, uint64_t i2) const {
   KESTREL_TRY_ASSIGN(const PoolEntry* e, entry(ref));
-  if (e->layout != PoolLayout::kTiledQ4) {
+  if (e->layout != PoolLayout::kTiled) {
     return make_error(ErrorCode::kFailedPrecondition,
                       "weight pool: tensor '" + e->key + "' is stored raw; use view() or slice()");
   }
@@ -302,7 +302,7 @@ Expected<TiledQ4View> WeightPool::tiled_slice(const PoolRef& ref, uint64_t i2) c
     return make_error(ErrorCode::kOutOfRange, "weight pool: slice " + std::to_string(i2) + " of tensor '" + e->key +
                                                   "' " + shape_str(e->ne) + " is out of range");
   }
-  TiledQ4View v;
+  TiledView v;
   v.type = e->type;
   v.data = base_ + e->offset + i2 * (e->bytes / slices);
   v.n_cols = static_cast<int64_t>(ne[0]);

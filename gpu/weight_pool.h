@@ -3,7 +3,7 @@
 // The pool owns one cudaMalloc of `budget` bytes. Tensors are registered under keys (the GGUF name, e.g.
 // "blk.3.attn_q.weight") with their exact ggml shape {ne0, ne1, ...} and type; their raw GGUF blocks are copied
 // byte for byte (no widening: the bytes at view().data are exactly the file's bytes, rows back to back), or, for a
-// Q4_0 / Q4_K matrix registered with PoolLayout::kTiledQ4, re-tiled on the host by q4_tile (gpu/q4_tile.h: the
+// Q4_0 / Q4_K matrix registered with PoolLayout::kTiled, re-tiled on the host by tile_matrix (gpu/tiled_matrix.h: the
 // same bytes reordered for GEMV v4, each 2-D slice of a 3-D stack on its own) and read through tiled_view().
 // Each tensor starts at a kPoolAlignment-byte boundary inside the allocation.
 //
@@ -34,8 +34,8 @@
 #include "core/gguf/ggml_type.h"
 #include "core/model/tensor_layout.h"
 #include "core/model/weight_catalog.h"
-#include "gpu/get_rows.h"  // DeviceMatrixView
-#include "gpu/q4_tile.h"   // TiledQ4View, q4_tile
+#include "gpu/get_rows.h"      // DeviceMatrixView
+#include "gpu/tiled_matrix.h"  // TiledView, tile_matrix
 
 namespace kestrel::gpu {
 
@@ -44,8 +44,8 @@ inline constexpr uint64_t kPoolAlignment = 256;
 
 // How a tensor's bytes sit on the device.
 enum class PoolLayout : uint8_t {
-  kRaw,      // the GGUF blocks as in the file (every kernel of gpu/ that takes a DeviceMatrixView)
-  kTiledQ4,  // Q4_0 / Q4_K matrices (or stacks of them) re-tiled by q4_tile for gemv_imma; the same byte count
+  kRaw,    // the GGUF blocks as in the file (every kernel of gpu/ that takes a DeviceMatrixView)
+  kTiled,  // Q4_0 / Q4_K matrices (or stacks of them) re-tiled by tile_matrix for gemv_imma; the same byte count
 };
 
 // One tensor to register: raw GGUF blocks in host memory (pageable or pinned), borrowed for the call only.
@@ -55,7 +55,7 @@ struct PoolTensorDesc {
   std::vector<uint64_t> ne;  // ggml order, 1..4 dims
   PlacementClass placement = PlacementClass::kDense;
   std::span<const uint8_t> data;         // exactly ggml_row_bytes(type, ne0) · (ne1 · ne2 · ne3) bytes
-  PoolLayout layout = PoolLayout::kRaw;  // kTiledQ4: q4_tiled_supports(type, ne0, ne1) and ne3 == 1
+  PoolLayout layout = PoolLayout::kRaw;  // kTiled: tiled_supports(type, ne0, ne1) and ne3 == 1
 };
 
 // A registered tensor as the pool keeps it.
@@ -97,10 +97,9 @@ class WeightPool {
   // Registers every used tensor of `catalog` (GDN, attention, norms, FFN/experts, embedding, lm_head; skipped MTP
   // tensors excluded; a tied output is the token_embd tensor, registered once) under its GGUF name with the
   // catalog's placement class, as one all-or-nothing batch. `file` is the GgufFile the catalog was built from.
-  // tile_q4: every Q4_0 / Q4_K matrix (or expert stack) whose shape q4_tiled_supports is registered kTiledQ4, except
+  // tile: every Q4_0 / Q4_K matrix (or expert stack) whose shape tiled_supports is registered kTiled, except
   // token_embd.weight (the embedding lookup reads raw rows; a tied lm_head then stays raw too).
-  Status register_catalog(const WeightCatalog& catalog, const GgufFile& file, cudaStream_t stream,
-                          bool tile_q4 = false);
+  Status register_catalog(const WeightCatalog& catalog, const GgufFile& file, cudaStream_t stream, bool tile = false);
 
   // Drops every tensor and invalidates every PoolRef (generation + 1). The device memory is not touched.
   void clear();
@@ -108,13 +107,13 @@ class WeightPool {
   // kNotFound naming the key when it is not registered (in this generation).
   Expected<PoolRef> find(std::string_view key) const;
   // The tensor as a matrix: n_cols = ne0, n_rows = ne1 · ne2 · ne3. kFailedPrecondition for a ref of an older
-  // generation (the pool was cleared since) or a kTiledQ4 tensor (its bytes are not rows), kOutOfRange for a bad
+  // generation (the pool was cleared since) or a kTiled tensor (its bytes are not rows), kOutOfRange for a bad
   // index.
   Expected<DeviceMatrixView> view(const PoolRef& ref) const;
-  // A kTiledQ4 matrix (2-D) or slice i2 of a kTiledQ4 stack (3-D) for gemv_imma. kFailedPrecondition for a raw
+  // A kTiled matrix (2-D) or slice i2 of a kTiled stack (3-D) for gemv_imma. kFailedPrecondition for a raw
   // tensor or an old ref, kInvalidArgument for the wrong number of dims, kOutOfRange for i2.
-  Expected<TiledQ4View> tiled_view(const PoolRef& ref) const;
-  Expected<TiledQ4View> tiled_slice(const PoolRef& ref, uint64_t i2) const;
+  Expected<TiledView> tiled_view(const PoolRef& ref) const;
+  Expected<TiledView> tiled_slice(const PoolRef& ref, uint64_t i2) const;
   // find() + view().
   Expected<DeviceMatrixView> matrix(std::string_view key) const;
   // Slice i2 of a 3-D tensor {ne0, ne1, ne2} (e.g. expert e of ffn_up_exps): n_cols = ne0, n_rows = ne1.

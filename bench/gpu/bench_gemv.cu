@@ -35,7 +35,7 @@
 #include "gpu/cuda_check.h"
 #include "gpu/gemv.h"
 #include "gpu/gemv_imma.h"
-#include "gpu/q4_tile.h"
+#include "gpu/tiled_matrix.h"
 
 namespace kestrel::gpu {
 namespace {
@@ -108,7 +108,7 @@ Expected<std::vector<unsigned char>> fill_weights(const Case& c, uint64_t row_by
       std::memcpy(raw.data() + off, host.data(), std::min<uint64_t>(host.size(), total - off));
     }
     std::vector<uint8_t> tiled(total);
-    KESTREL_TRY(q4_tile(c.type, raw.data(), c.shape.n_in, c.shape.n_out, tiled));
+    KESTREL_TRY(tile_matrix(c.type, raw.data(), c.shape.n_in, c.shape.n_out, tiled));
     KESTREL_CUDA_TRY(cudaMemcpy(weights, tiled.data(), total, cudaMemcpyHostToDevice));
   } else {
     KESTREL_CUDA_TRY(cudaMemcpy(weights, host.data(), host.size(), cudaMemcpyHostToDevice));
@@ -200,7 +200,7 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
           const void* data = weights.bytes() + static_cast<uint64_t>(i) % k * stride;
           if (c.kernel == Kernel::kImmaPrep) KESTREL_TRY(prepare(batch));
           if (c.kernel != Kernel::kRaw) {
-            return gemv_imma(TiledQ4View{c.type, data, c.shape.n_in, c.shape.n_out}, xprep, batch, y_dev, stream);
+            return gemv_imma(TiledView{c.type, data, c.shape.n_in, c.shape.n_out}, xprep, batch, y_dev, stream);
           }
           return gemv(DeviceMatrixView{c.type, data, c.shape.n_in, c.shape.n_out}, x_dev, batch, y_dev, stream);
         }));
@@ -223,7 +223,7 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
       KESTREL_TRY_ASSIGN(
           const double us_pdl, time_graph_us(stream, n_launch, [&](int i) -> Status {
             const void* data = weights.bytes() + static_cast<uint64_t>(i) % k * stride;
-            return gemv_imma(TiledQ4View{c.type, data, c.shape.n_in, c.shape.n_out}, xprep, batch, y_dev, stream, true);
+            return gemv_imma(TiledView{c.type, data, c.shape.n_in, c.shape.n_out}, xprep, batch, y_dev, stream, true);
           }));
       KESTREL_TRY(check_outputs(c, batch, host_rows, row_bytes, x_host, y_dev));
       row.us_pdl = us_pdl;

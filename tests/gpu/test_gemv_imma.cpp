@@ -1,7 +1,7 @@
 // gpu/gemv_imma (GEMV v4: re-tiled Q4_0 / Q4_K on u8 x s8 tensor cores, x as four 7-bit digits per power-of-two
-// group scale; the tiled layout itself is tested in test_q4_tile.cpp) against core's ref::matvec_batch: random blocks
-// with wide-ranging scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 8192, n_out 16 ..
-// 32768), every vector-count path (1, 2, 3, 5, 8, 13, 32: one to four pairs per segment, several segments);
+// group scale; the tiled layout itself is tested in test_tiled_matrix.cpp) against core's ref::matvec_batch: random
+// blocks with wide-ranging scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 8192, n_out 16
+// .. 32768), every vector-count path (1, 2, 3, 5, 8, 13, 32: one to four pairs per segment, several segments);
 // bit-identical repeated runs; each y[v] identical whatever n_vec; the unrolled rounds' bits those of the run-time
 // loop; grouped calls (segment tables) whose bits do not depend on the table's length; activation edge cases; shapes
 // and arguments the kernel does not take are refused before anything runs.
@@ -25,7 +25,7 @@
 #include "core/quant/quant.h"
 #include "core/reference/matvec.h"
 #include "gpu/gemv_imma.h"
-#include "gpu/q4_tile.h"
+#include "gpu/tiled_matrix.h"
 #include "tests/gpu/block_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -65,15 +65,15 @@ std::vector<float> random_vectors(int n_vec, int64_t n_in, std::mt19937& rng) {
 // A tiled matrix resident on the device.
 struct DeviceTiled {
   explicit DeviceTiled(GgmlType t, const std::vector<uint8_t>& raw, int64_t n_in, int64_t n_out)
-      : buf(q4_tiled_bytes(t, n_in, n_out)), view{t, nullptr, n_in, n_out} {
-    std::vector<uint8_t> tiled(q4_tiled_bytes(t, n_in, n_out));
-    const Status s = q4_tile(t, raw.data(), n_in, n_out, tiled);
+      : buf(tiled_bytes(t, n_in, n_out)), view{t, nullptr, n_in, n_out} {
+    std::vector<uint8_t> tiled(tiled_bytes(t, n_in, n_out));
+    const Status s = tile_matrix(t, raw.data(), n_in, n_out, tiled);
     EXPECT_TRUE(s) << s.error().to_string();
     EXPECT_EQ(cudaMemcpy(buf.as<unsigned char>(), tiled.data(), tiled.size(), cudaMemcpyHostToDevice), cudaSuccess);
     view.data = buf.as<unsigned char>();
   }
   DeviceBuffer buf;
-  TiledQ4View view;
+  TiledView view;
 };
 
 // gemv_imma on the n_vec vectors that prepare(xprep) writes on the device.
@@ -436,12 +436,12 @@ TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma_prepare_swiglu(x, x + 1, 64, 1, xp, nullptr));    // up misaligned
   EXPECT_FALSE(gemv_imma_prepare_swiglu(nullptr, x, 64, 1, xp, nullptr));  // gate null
   EXPECT_FALSE(gemv_imma_prepare_swiglu(x, x, 96, 1, xp, nullptr));        // not whole units
-  const TiledQ4View view{GgmlType::kQ4_0, w, 64, 16};
+  const TiledView view{GgmlType::kQ4_0, w, 64, 16};
   EXPECT_FALSE(gemv_imma(view, xp, 0, y, nullptr));
   EXPECT_FALSE(gemv_imma(view, xp, 33, y, nullptr));
   EXPECT_FALSE(gemv_imma(view, xp + 4, 1, y, nullptr));                         // xprep not 16-byte aligned
   EXPECT_FALSE(gemv_imma(view, xp, 1, reinterpret_cast<float*>(xp), nullptr));  // y overlaps xprep
-  const TiledQ4View bad{GgmlType::kQ4_0, w, 64, 17};
+  const TiledView bad{GgmlType::kQ4_0, w, 64, 17};
   EXPECT_FALSE(gemv_imma(bad, xp, 1, y, nullptr));
   alignas(16) static ImmaSegment seg[1];
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 16, nullptr, 0));  // bound 1..8

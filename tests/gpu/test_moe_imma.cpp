@@ -32,7 +32,7 @@
 #include "core/reference/moe.h"
 #include "gpu/moe_imma.h"
 #include "gpu/moe_imma_one.h"
-#include "gpu/q4_tile.h"
+#include "gpu/tiled_matrix.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/moe_test_util.h"
 
@@ -234,17 +234,17 @@ void run_shape(const Shape& s, std::initializer_list<int> n_toks) {
   for (int n : n_toks) check_case(s, m, d, n);
 }
 
-TEST(MoeImma, TileExpertsIsQ4TilePerExpert) {
+TEST(MoeImma, TileExpertsIsTiledMatrixPerExpert) {
   const int64_t H = 256, I = 64, E = 3;
   for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
     const std::vector<unsigned char> raw = random_weights(t, H, I, E, 0.02f, 3);
-    const uint64_t one = q4_tiled_bytes(t, H, I);
+    const uint64_t one = tiled_bytes(t, H, I);
     std::vector<uint8_t> all(one * E);
     const Status s = moe_imma_tile_experts(t, raw.data(), H, I, E, all);
     ASSERT_TRUE(s) << s.error().to_string();
     std::vector<uint8_t> single(one);
     for (int64_t e = 0; e < E; ++e) {
-      ASSERT_TRUE(q4_tile(t, raw.data() + one * static_cast<uint64_t>(e), H, I, single));
+      ASSERT_TRUE(tile_matrix(t, raw.data() + one * static_cast<uint64_t>(e), H, I, single));
       EXPECT_EQ(std::memcmp(single.data(), all.data() + one * static_cast<uint64_t>(e), one), 0) << "expert " << e;
     }
     std::vector<uint8_t> short_out(one * E - 16);

@@ -386,14 +386,14 @@ std::vector<uint8_t> tiled_host(GgmlType t, const std::vector<uint8_t>& raw, uin
   std::vector<uint8_t> out(raw.size());
   const uint64_t slice = raw.size() / n_mat;
   for (uint64_t j = 0; j < n_mat; ++j) {
-    EXPECT_TRUE(q4_tile(t, raw.data() + j * slice, static_cast<int64_t>(n_cols), static_cast<int64_t>(n_rows),
-                        std::span<uint8_t>(out.data() + j * slice, slice)));
+    EXPECT_TRUE(tile_matrix(t, raw.data() + j * slice, static_cast<int64_t>(n_cols), static_cast<int64_t>(n_rows),
+                            std::span<uint8_t>(out.data() + j * slice, slice)));
   }
   return out;
 }
 
 // y = W x through the pool's tiled view and GEMV v4, against ref::matvec on the raw bytes.
-void expect_gemv_imma_matches(const TiledQ4View& v, const std::vector<uint8_t>& raw_slice) {
+void expect_gemv_imma_matches(const TiledView& v, const std::vector<uint8_t>& raw_slice) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(v.n_cols));
@@ -420,17 +420,17 @@ void expect_gemv_imma_matches(const TiledQ4View& v, const std::vector<uint8_t>& 
   EXPECT_TRUE(diff.empty()) << diff;
 }
 
-TEST(WeightPool, TiledQ4TensorsAreReorderedBytesThatFeedGemvImma) {
+TEST(WeightPool, TiledTensorsAreReorderedBytesThatFeedGemvImma) {
   KESTREL_REQUIRE_DEVICE();
   auto pool = WeightPool::create(4 << 20);
   ASSERT_TRUE(pool) << pool.error().to_string();
   std::vector<HostTensor> ts(3);
-  ts[0].desc = PoolTensorDesc{"blk.0.attn_q.weight", GgmlType::kQ4_0, {256, 48}, PlacementClass::kDense, {},
-                              PoolLayout::kTiledQ4};
+  ts[0].desc =
+      PoolTensorDesc{"blk.0.attn_q.weight", GgmlType::kQ4_0, {256, 48}, PlacementClass::kDense, {}, PoolLayout::kTiled};
   ts[0].bytes = q4_weights(GgmlType::kQ4_0, 256, 48, 1, 1);
   ts[1].desc =
       PoolTensorDesc{"blk.0.ffn_up_exps.weight", GgmlType::kQ4_K, {512, 32, 3}, PlacementClass::kRoutedExperts, {},
-                     PoolLayout::kTiledQ4};
+                     PoolLayout::kTiled};
   ts[1].bytes = q4_weights(GgmlType::kQ4_K, 512, 32, 3, 2);
   ts[2] = make_tensor("blk.0.attn_norm.weight", GgmlType::kF32, {256}, PlacementClass::kDense, 3);
   ASSERT_TRUE(pool->register_tensors(descs(ts), nullptr));
@@ -440,7 +440,7 @@ TEST(WeightPool, TiledQ4TensorsAreReorderedBytesThatFeedGemvImma) {
   const auto ex = pool->find("blk.0.ffn_up_exps.weight");
   const auto nm = pool->find("blk.0.attn_norm.weight");
   ASSERT_TRUE(q && ex && nm);
-  // The device bytes are q4_tile's output, slice by slice.
+  // The device bytes are tile_matrix's output, slice by slice.
   const auto qv = pool->tiled_view(*q);
   ASSERT_TRUE(qv) << qv.error().to_string();
   EXPECT_EQ(qv->n_cols, 256);
@@ -483,7 +483,7 @@ TEST(WeightPool, UntileableTensorsAreRefusedBeforeAnyCopy) {
     std::vector<HostTensor> ts(2);
     ts[0] = make_tensor("b", GgmlType::kF32, {64}, PlacementClass::kDense, 2);
     ts[1] = make_tensor("c", t, ne, PlacementClass::kDense, 3);
-    ts[1].desc.layout = PoolLayout::kTiledQ4;
+    ts[1].desc.layout = PoolLayout::kTiled;
     const auto st = pool->register_tensors(descs(ts), nullptr);
     ASSERT_FALSE(st);
     EXPECT_EQ(st.error().code, ErrorCode::kInvalidArgument) << st.error().to_string();
@@ -514,11 +514,11 @@ TEST(WeightPool, CatalogTilesItsQ4MatricesButNotTheEmbedding) {
   ASSERT_TRUE(cat) << cat.error().to_string();
   auto pool = WeightPool::create(cat->total_bytes() + cat->n_used_tensors() * kPoolAlignment);
   ASSERT_TRUE(pool);
-  const auto st = pool->register_catalog(*cat, *file, nullptr, /*tile_q4=*/true);
+  const auto st = pool->register_catalog(*cat, *file, nullptr, /*tile=*/true);
   ASSERT_TRUE(st) << st.error().to_string();
   int tiled = 0;
   for (const PoolEntry& e : pool->entries()) {
-    if (e.layout != PoolLayout::kTiledQ4) continue;
+    if (e.layout != PoolLayout::kTiled) continue;
     ++tiled;
     EXPECT_NE(e.key, "token_embd.weight");
     EXPECT_EQ(e.type, GgmlType::kQ4_0) << e.key;

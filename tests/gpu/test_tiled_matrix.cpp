@@ -1,7 +1,7 @@
-// gpu/q4_tile: the re-tiled Q4_0 / Q4_K layout GEMV v4 reads (host code, no device needed). The tiled bytes are
-// decoded back into GGUF blocks by following the layout q4_tile.h documents, independently of q4_tile's own loops,
-// and must give back the raw matrix byte for byte; a stack tiled on any number of threads equals its slices tiled
-// one by one; shapes and arguments it does not take are refused.
+// gpu/tiled_matrix: the re-tiled Q4_0 / Q4_K layout GEMV v4 reads (host code, no device needed). The tiled bytes are
+// decoded back into GGUF blocks by following the layout tiled_matrix.h documents, independently of tile_matrix's own
+// loops, and must give back the raw matrix byte for byte; a stack tiled on any number of threads equals its slices
+// tiled one by one; shapes and arguments it does not take are refused.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "core/quant/quant_internal.h"
-#include "gpu/q4_tile.h"
+#include "gpu/tiled_matrix.h"
 #include "tests/gpu/block_test_util.h"
 
 namespace kestrel::gpu {
@@ -20,7 +20,7 @@ namespace {
 
 // Random blocks with finite f16 scales (the tiling moves bytes; any scale bits would do, finite ones read better).
 std::vector<uint8_t> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, std::mt19937& rng) {
-  std::vector<uint8_t> m(q4_tiled_bytes(t, n_cols, n_rows));
+  std::vector<uint8_t> m(tiled_bytes(t, n_cols, n_rows));
   for (auto& b : m) b = static_cast<uint8_t>(rng());
   std::uniform_real_distribution<float> scale(-2.0f, 2.0f);
   const size_t block_bytes = t == GgmlType::kQ4_K ? sizeof(BlockQ4_K) : sizeof(BlockQ4_0);
@@ -33,7 +33,7 @@ std::vector<uint8_t> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, s
   return m;
 }
 
-// The raw rows back from a tiled matrix, per the layout in q4_tile.h.
+// The raw rows back from a tiled matrix, per the layout in tiled_matrix.h.
 std::vector<uint8_t> untile(GgmlType t, const std::vector<uint8_t>& tiled, int64_t n_cols, int64_t n_rows) {
   std::vector<uint8_t> raw(tiled.size());
   const int64_t n_units = n_cols / 64;
@@ -103,7 +103,7 @@ std::vector<uint8_t> untile(GgmlType t, const std::vector<uint8_t>& tiled, int64
   return raw;
 }
 
-TEST(Q4Tile, LayoutDecodesToTheRawRows) {
+TEST(TiledMatrix, LayoutDecodesToTheRawRows) {
   std::mt19937 rng(7);
   struct Case {
     GgmlType t;
@@ -114,18 +114,18 @@ TEST(Q4Tile, LayoutDecodesToTheRawRows) {
         Case{GgmlType::kQ4_K, 256, 16}, Case{GgmlType::kQ4_K, 1280, 32}, Case{GgmlType::kQ4_K, 8192, 16}}) {
     const std::vector<uint8_t> m = random_matrix(c.t, c.n_cols, c.n_rows, rng);
     std::vector<uint8_t> tiled(m.size());
-    ASSERT_TRUE(q4_tile(c.t, m.data(), c.n_cols, c.n_rows, tiled));
+    ASSERT_TRUE(tile_matrix(c.t, m.data(), c.n_cols, c.n_rows, tiled));
     EXPECT_EQ(untile(c.t, tiled, c.n_cols, c.n_rows), m)
         << ggml_type_name(c.t) << " {" << c.n_cols << ", " << c.n_rows << "}";
   }
 }
 
 // 37 slices of 3 row groups: ranges cut through slices whatever the thread count.
-TEST(Q4Tile, StackOnThreadsEqualsSlicesOneByOne) {
+TEST(TiledMatrix, StackOnThreadsEqualsSlicesOneByOne) {
   std::mt19937 rng(11);
   for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
     const int64_t n_cols = 512, n_rows = 48, n_slices = 37;
-    const uint64_t slice = q4_tiled_bytes(t, n_cols, n_rows);
+    const uint64_t slice = tiled_bytes(t, n_cols, n_rows);
     std::vector<uint8_t> stack;
     for (int64_t s = 0; s < n_slices; ++s) {
       const std::vector<uint8_t> m = random_matrix(t, n_cols, n_rows, rng);
@@ -134,38 +134,38 @@ TEST(Q4Tile, StackOnThreadsEqualsSlicesOneByOne) {
     std::vector<uint8_t> want(stack.size());
     for (int64_t s = 0; s < n_slices; ++s) {
       ASSERT_TRUE(
-          q4_tile(t, stack.data() + s * slice, n_cols, n_rows, std::span<uint8_t>(want.data() + s * slice, slice)));
+          tile_matrix(t, stack.data() + s * slice, n_cols, n_rows, std::span<uint8_t>(want.data() + s * slice, slice)));
     }
     for (int threads : {1, 2, 3, 7, 0}) {
       std::vector<uint8_t> got(stack.size(), 0xAB);
-      ASSERT_TRUE(q4_tile_stack(t, stack.data(), n_cols, n_rows, n_slices, got, threads));
+      ASSERT_TRUE(tile_matrix_stack(t, stack.data(), n_cols, n_rows, n_slices, got, threads));
       EXPECT_EQ(got, want) << ggml_type_name(t) << " threads " << threads;
     }
   }
 }
 
-TEST(Q4Tile, TiledSizeIsTheRawSize) {
-  EXPECT_EQ(q4_tiled_bytes(GgmlType::kQ4_K, 512, 32), 2u * 32u * sizeof(BlockQ4_K));
-  EXPECT_EQ(q4_tiled_bytes(GgmlType::kQ4_0, 512, 32), 16u * 32u * sizeof(BlockQ4_0));
+TEST(TiledMatrix, TiledSizeIsTheRawSize) {
+  EXPECT_EQ(tiled_bytes(GgmlType::kQ4_K, 512, 32), 2u * 32u * sizeof(BlockQ4_K));
+  EXPECT_EQ(tiled_bytes(GgmlType::kQ4_0, 512, 32), 16u * 32u * sizeof(BlockQ4_0));
 }
 
-TEST(Q4Tile, RefusesShapesAndArguments) {
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 32, 16));    // n_in not a multiple of 64
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 64, 17));    // n_out not a multiple of 16
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_K, 128, 16));   // not whole super-blocks
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ8_0, 64, 16));    // other types keep gemv()
-  EXPECT_FALSE(q4_tiled_supports(GgmlType::kQ4_0, 8256, 16));  // longer than the kernel takes
+TEST(TiledMatrix, RefusesShapesAndArguments) {
+  EXPECT_FALSE(tiled_supports(GgmlType::kQ4_0, 32, 16));    // n_in not a multiple of 64
+  EXPECT_FALSE(tiled_supports(GgmlType::kQ4_0, 64, 17));    // n_out not a multiple of 16
+  EXPECT_FALSE(tiled_supports(GgmlType::kQ4_K, 128, 16));   // not whole super-blocks
+  EXPECT_FALSE(tiled_supports(GgmlType::kQ8_0, 64, 16));    // other types keep gemv()
+  EXPECT_FALSE(tiled_supports(GgmlType::kQ4_0, 8256, 16));  // longer than the kernel takes
   std::vector<uint8_t> raw(18 * 2 * 17);
   std::vector<uint8_t> out(raw.size());
-  EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, raw.data(), 64, 17, out));
+  EXPECT_FALSE(tile_matrix(GgmlType::kQ4_0, raw.data(), 64, 17, out));
   std::vector<uint8_t> small(10);
-  EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, raw.data(), 64, 16, small));
+  EXPECT_FALSE(tile_matrix(GgmlType::kQ4_0, raw.data(), 64, 16, small));
   std::vector<uint8_t> two(2 * 18 * 2 * 16);
-  EXPECT_FALSE(q4_tile(GgmlType::kQ4_0, nullptr, 64, 16, std::span<uint8_t>(two.data(), two.size() / 2)));
-  EXPECT_FALSE(q4_tile_stack(GgmlType::kQ4_0, two.data(), 64, 16, 0, two));      // no slices
-  EXPECT_FALSE(q4_tile_stack(GgmlType::kQ4_0, two.data(), 64, 16, 3, two));      // room for 2
-  EXPECT_FALSE(q4_tile_stack(GgmlType::kQ4_0, two.data(), 64, 16, 2, two, -1));  // thread count
-  EXPECT_TRUE(q4_tile_stack(GgmlType::kQ4_0, two.data(), 64, 16, 2, two, 2));
+  EXPECT_FALSE(tile_matrix(GgmlType::kQ4_0, nullptr, 64, 16, std::span<uint8_t>(two.data(), two.size() / 2)));
+  EXPECT_FALSE(tile_matrix_stack(GgmlType::kQ4_0, two.data(), 64, 16, 0, two));      // no slices
+  EXPECT_FALSE(tile_matrix_stack(GgmlType::kQ4_0, two.data(), 64, 16, 3, two));      // room for 2
+  EXPECT_FALSE(tile_matrix_stack(GgmlType::kQ4_0, two.data(), 64, 16, 2, two, -1));  // thread count
+  EXPECT_TRUE(tile_matrix_stack(GgmlType::kQ4_0, two.data(), 64, 16, 2, two, 2));
 }
 
 }  // namespace

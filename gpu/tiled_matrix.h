@@ -1,8 +1,8 @@
-// q4_tile: the re-tiled form of Q4_0 / Q4_K matrices that GEMV v4 (gpu/gemv_imma.h) reads — the same bytes as the
+// tile_matrix: the re-tiled form of Q4_0 / Q4_K matrices that GEMV v4 (gpu/gemv_imma.h) reads — the same bytes as the
 // GGUF rows, reordered (never widened) so that one 16-byte load per lane is the A fragment of two integer MMAs.
-// The WeightPool tiles tensors into it at registration (PoolLayout::kTiledQ4); docs/gpu.md ("GEMV v4") has more.
+// The WeightPool tiles tensors into it at registration (PoolLayout::kTiled); docs/gpu.md ("GEMV v4") has more.
 //
-// Layout (q4_tile writes it from raw GGUF rows; both parts together are exactly the raw size):
+// Layout (tile_matrix writes it from raw GGUF rows; both parts together are exactly the raw size):
 //   rows in groups of 16 ("row group" rg), columns in units of 64 elements (u);
 //   qs part:   [rg][u][lane 0..31][16 bytes]; lane L = 4g + t holds 32-bit word t of unit u for rows g and g + 8:
 //              Q4_0: {row g blk 2u, row g+8 blk 2u, row g blk 2u+1, row g+8 blk 2u+1} (word t of each block's qs)
@@ -22,29 +22,29 @@
 
 namespace kestrel::gpu {
 
-// A re-tiled matrix on the device (q4_tile's output copied there). Not owned.
-struct TiledQ4View {
+// A re-tiled matrix on the device (tile_matrix's output copied there). Not owned.
+struct TiledView {
   GgmlType type = GgmlType::kQ4_0;
-  const void* data = nullptr;  // device, 16-byte aligned, q4_tiled_bytes(type, n_cols, n_rows) bytes
+  const void* data = nullptr;  // device, 16-byte aligned, tiled_bytes(type, n_cols, n_rows) bytes
   int64_t n_cols = 0;          // ggml ne0 (n_in)
   int64_t n_rows = 0;          // ggml ne1 (n_out)
 };
 
 // True for Q4_0 with n_cols a multiple of 64, Q4_K with n_cols a multiple of 256, n_rows a positive multiple of 16
 // and n_cols <= 8192 (the longest row GEMV v4 takes).
-bool q4_tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
+bool tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
 
 // Bytes of the tiled form (equal to the raw GGUF bytes of the same matrix).
-uint64_t q4_tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows);
+uint64_t tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows);
 
-// Host-side re-tiling: raw = n_rows GGUF rows back to back; out.size() == q4_tiled_bytes(). kInvalidArgument when
+// Host-side re-tiling: raw = n_rows GGUF rows back to back; out.size() == tiled_bytes(). kInvalidArgument when
 // the shape is not supported or a size does not match. Pure function; thread-safe; one thread.
-Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, std::span<uint8_t> out);
+Status tile_matrix(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, std::span<uint8_t> out);
 
 // A stack of n_slices such matrices (a 3-D tensor, e.g. an MoE expert stack), each tiled on its own into consecutive
-// q4_tiled_bytes() slices of out; the same bytes as n_slices q4_tile calls. Row groups are shared out over up to
+// tiled_bytes() slices of out; the same bytes as n_slices tile_matrix calls. Row groups are shared out over up to
 // max_threads threads (0: the hardware's; at least 4 MiB of output per thread), joined before it returns.
-Status q4_tile_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_slices,
-                     std::span<uint8_t> out, int max_threads = 0);
+Status tile_matrix_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_slices,
+                         std::span<uint8_t> out, int max_threads = 0);
 
 }  // namespace kestrel::gpu

@@ -1,5 +1,5 @@
-// q4_tile (see q4_tile.h): the host-side re-tiling of Q4_0 / Q4_K rows for GEMV v4.
-#include "gpu/q4_tile.h"
+// tile_matrix (see tiled_matrix.h): the host-side re-tiling of Q4_0 / Q4_K rows for GEMV v4.
+#include "gpu/tiled_matrix.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -22,7 +22,7 @@ constexpr uint64_t kParallelBytes = uint64_t{4} << 20;  // output bytes per work
 
 }  // namespace
 
-bool q4_tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
+bool tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
   if (n_rows <= 0 || n_rows % kTileRows != 0 || n_cols <= 0 || n_cols > kMaxCols) return false;
   if (n_rows / kTileRows > std::numeric_limits<int32_t>::max() / 16) return false;  // row groups × splits in int
   if (type == GgmlType::kQ4_0) return n_cols % kUnitElems == 0;
@@ -30,7 +30,7 @@ bool q4_tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
   return false;
 }
 
-uint64_t q4_tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows) {
+uint64_t tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows) {
   const uint64_t elems = static_cast<uint64_t>(n_cols) * static_cast<uint64_t>(n_rows);
   return type == GgmlType::kQ4_K ? elems / 256 * sizeof(BlockQ4_K) : elems / 32 * sizeof(BlockQ4_0);
 }
@@ -118,27 +118,27 @@ void tile_q4_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
 
 }  // namespace
 
-Status q4_tile(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, std::span<uint8_t> out) {
-  return q4_tile_stack(type, raw, n_cols, n_rows, 1, out, 1);
+Status tile_matrix(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, std::span<uint8_t> out) {
+  return tile_matrix_stack(type, raw, n_cols, n_rows, 1, out, 1);
 }
 
-Status q4_tile_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_slices,
-                     std::span<uint8_t> out, int max_threads) {
-  if (!q4_tiled_supports(type, n_cols, n_rows)) {
-    return make_error(ErrorCode::kInvalidArgument, "q4_tile: " + std::string(ggml_type_name(type)) + " {" +
+Status tile_matrix_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_slices,
+                         std::span<uint8_t> out, int max_threads) {
+  if (!tiled_supports(type, n_cols, n_rows)) {
+    return make_error(ErrorCode::kInvalidArgument, "tile_matrix: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
                                                        "} cannot be tiled (q4_0 needs n_cols % 64, q4_K n_cols % "
                                                        "256, n_rows % 16, n_cols <= 8192)");
   }
-  const uint64_t slice_bytes = q4_tiled_bytes(type, n_cols, n_rows);
+  const uint64_t slice_bytes = tiled_bytes(type, n_cols, n_rows);
   if (raw == nullptr || n_slices < 1 || max_threads < 0) {
-    return make_error(ErrorCode::kInvalidArgument, "q4_tile: null input, slice count " + std::to_string(n_slices) +
+    return make_error(ErrorCode::kInvalidArgument, "tile_matrix: null input, slice count " + std::to_string(n_slices) +
                                                        " below 1 or thread count " + std::to_string(max_threads) +
                                                        " below 0");
   }
   if (out.size() / slice_bytes != static_cast<uint64_t>(n_slices) || out.size() % slice_bytes != 0) {
-    return make_error(ErrorCode::kInvalidArgument, "q4_tile: output holds " + std::to_string(out.size()) + " bytes, " +
-                                                       std::to_string(n_slices) + " tiled matrices need " +
+    return make_error(ErrorCode::kInvalidArgument, "tile_matrix: output holds " + std::to_string(out.size()) +
+                                                       " bytes, " + std::to_string(n_slices) + " tiled matrices need " +
                                                        std::to_string(slice_bytes) + " each");
   }
   const auto* src = static_cast<const uint8_t*>(raw);

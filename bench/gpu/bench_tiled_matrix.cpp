@@ -1,10 +1,10 @@
-// bench_q4_tile: host-side re-tiling of Q4_0 / Q4_K weights for GEMV v4 (gpu/q4_tile), which the weight pool runs
-// on every such tensor at start-up. Each figure is the best of 3 runs over the same bytes, printed beside a plain
+// bench_tiled_matrix: host-side re-tiling of Q4_0 / Q4_K weights for GEMV v4 (gpu/tiled_matrix), which the weight pool
+// runs on every such tensor at start-up. Each figure is the best of 3 runs over the same bytes, printed beside a plain
 // copy of those bytes with the same number of threads measured in the same run (the host's memory limit for a pass
 // that reads and writes every byte once). Shapes: the 35B-A3B preset's expert gate stack (256 × {2048, 512}) and its
 // lm_head ({2048, 248320}).
 //
-//   bench_q4_tile            # no arguments; a few seconds
+//   bench_tiled_matrix            # no arguments; a few seconds
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "gpu/q4_tile.h"
+#include "gpu/tiled_matrix.h"
 
 namespace {
 
@@ -30,7 +30,7 @@ double best_seconds(const std::function<void()>& fn) {
   return best;
 }
 
-// memcpy of n bytes split over `threads` threads (contiguous ranges), as q4_tile_stack splits its row groups.
+// memcpy of n bytes split over `threads` threads (contiguous ranges), as tile_matrix_stack splits its row groups.
 void copy_on(int threads, const uint8_t* src, uint8_t* dst, size_t n) {
   if (threads <= 1) {
     std::memcpy(dst, src, n);
@@ -57,16 +57,16 @@ int main() {
               "copy GB/s", "%copy");
   for (const Case& c : {Case{"expert.gate x256", 2048, 512, 256}, Case{"lm_head", 2048, 248320, 1}}) {
     for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
-      const uint64_t bytes = kestrel::gpu::q4_tiled_bytes(t, c.n_cols, c.n_rows) * static_cast<uint64_t>(c.n_slices);
+      const uint64_t bytes = kestrel::gpu::tiled_bytes(t, c.n_cols, c.n_rows) * static_cast<uint64_t>(c.n_slices);
       std::vector<uint8_t> raw(bytes), out(bytes);
       std::mt19937 rng(1);
       for (auto& b : raw) b = static_cast<uint8_t>(rng());
       for (int threads : {1, hw}) {
         kestrel::Status st = kestrel::ok_status();
         const double s = best_seconds(
-            [&] { st = kestrel::gpu::q4_tile_stack(t, raw.data(), c.n_cols, c.n_rows, c.n_slices, out, threads); });
+            [&] { st = kestrel::gpu::tile_matrix_stack(t, raw.data(), c.n_cols, c.n_rows, c.n_slices, out, threads); });
         if (!st) {
-          std::fprintf(stderr, "bench_q4_tile: %s\n", st.error().to_string().c_str());
+          std::fprintf(stderr, "bench_tiled_matrix: %s\n", st.error().to_string().c_str());
           return 1;
         }
         const double cs = best_seconds([&] { copy_on(threads, raw.data(), out.data(), bytes); });
