@@ -1,4 +1,4 @@
-// tile_matrix (see tiled_matrix.h): the host-side re-tiling of Q4_0 / Q4_K rows for GEMV v4.
+// tile_matrix (see tiled_matrix.h): the host-side re-tiling of Q4_0 / Q4_K / Q6_K rows for GEMV v4.
 #include "gpu/tiled_matrix.h"
 
 #include <algorithm>
@@ -26,13 +26,15 @@ bool tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
   if (n_rows <= 0 || n_rows % kTileRows != 0 || n_cols <= 0 || n_cols > kMaxCols) return false;
   if (n_rows / kTileRows > std::numeric_limits<int32_t>::max() / 16) return false;  // row groups × splits in int
   if (type == GgmlType::kQ4_0) return n_cols % kUnitElems == 0;
-  if (type == GgmlType::kQ4_K) return n_cols % 256 == 0;
+  if (type == GgmlType::kQ4_K || type == GgmlType::kQ6_K) return n_cols % 256 == 0;
   return false;
 }
 
 uint64_t tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows) {
   const uint64_t elems = static_cast<uint64_t>(n_cols) * static_cast<uint64_t>(n_rows);
-  return type == GgmlType::kQ4_K ? elems / 256 * sizeof(BlockQ4_K) : elems / 32 * sizeof(BlockQ4_0);
+  if (type == GgmlType::kQ4_K) return elems / 256 * sizeof(BlockQ4_K);
+  if (type == GgmlType::kQ6_K) return elems / 256 * sizeof(BlockQ6_K);
+  return elems / 32 * sizeof(BlockQ4_0);
 }
 
 namespace {
@@ -116,6 +118,53 @@ void tile_q4_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
   }
 }
 
+// The 6-bit quant (0..63) of element e of a Q6_K block (core/quant/q6_k.cpp has the layout).
+uint32_t q6_quant(const uint8_t* blk, int e) {
+  const int half = e / 128, k = (e % 128) / 32, l = e % 32;
+  const uint8_t ql = blk[offsetof(BlockQ6_K, ql) + 64 * half + 32 * (k & 1) + l];
+  const uint8_t qh = blk[offsetof(BlockQ6_K, qh) + 32 * half + l];
+  return static_cast<uint32_t>((k >= 2 ? ql >> 4 : ql & 15) | (((qh >> (2 * k)) & 3) << 4));
+}
+
+void tile_q6_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
+  const int64_t n_sb = n_cols / 256;
+  const int64_t row_bytes = n_sb * static_cast<int64_t>(sizeof(BlockQ6_K));
+  uint8_t* meta = out + n_rg * n_sb * 3072;
+  for (int64_t rg = rg0; rg < rg1; ++rg) {
+    for (int64_t sb = 0; sb < n_sb; ++sb) {
+      auto block = [&](int row) { return src + (rg * kTileRows + row) * row_bytes + sb * 210; };
+      uint8_t* qs = out + (rg * n_sb + sb) * 3072;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4;
+        const int t = lane % 4;
+        for (int w = 0; w < 4; ++w) {
+          const uint8_t* blk = block(w % 2 == 0 ? g : g + 8);
+          for (int b = 0; b < 4; ++b) {
+            for (int j = 0; j < 4; ++j) {  // low nibbles of unit j: sub-blocks s, s + 1 with s = 2 (w / 2)
+              const int e = 64 * j + 16 * (2 * (w / 2)) + 4 * t + b;
+              qs[512 * j + lane * 16 + 4 * w + b] =
+                  static_cast<uint8_t>((q6_quant(blk, e) & 15) | ((q6_quant(blk, e + 16) & 15) << 4));
+            }
+            for (int p = 0; p < 2; ++p) {  // high bits: word w of pair p belongs to unit 2p + w / 2
+              const int unit = 2 * p + w / 2;
+              uint32_t v = 0;
+              for (int s = 0; s < 4; ++s) v |= (q6_quant(blk, 64 * unit + 16 * s + 4 * t + b) >> 4) << (2 * s);
+              qs[2048 + 512 * p + lane * 16 + 4 * w + b] = static_cast<uint8_t>(v);
+            }
+          }
+        }
+      }
+      uint8_t* m = meta + (rg * n_sb + sb) * 288;
+      for (int g = 0; g < 8; ++g) {
+        std::memcpy(m + 32 * g, block(g) + offsetof(BlockQ6_K, scales), 16);
+        std::memcpy(m + 32 * g + 16, block(g + 8) + offsetof(BlockQ6_K, scales), 16);
+        std::memcpy(m + 256 + 4 * g, block(g) + offsetof(BlockQ6_K, d), 2);
+        std::memcpy(m + 256 + 4 * g + 2, block(g + 8) + offsetof(BlockQ6_K, d), 2);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 Status tile_matrix(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, std::span<uint8_t> out) {
@@ -127,8 +176,8 @@ Status tile_matrix_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t
   if (!tiled_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "tile_matrix: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
-                                                       "} cannot be tiled (q4_0 needs n_cols % 64, q4_K n_cols % "
-                                                       "256, n_rows % 16, n_cols <= 8192)");
+                                                       "} cannot be tiled (q4_0 needs n_cols % 64, q4_K and q6_K "
+                                                       "n_cols % 256, n_rows % 16, n_cols <= 8192)");
   }
   const uint64_t slice_bytes = tiled_bytes(type, n_cols, n_rows);
   if (raw == nullptr || n_slices < 1 || max_threads < 0) {
@@ -154,8 +203,10 @@ Status tile_matrix_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t
       uint8_t* o = out.data() + static_cast<uint64_t>(slice) * slice_bytes;
       if (type == GgmlType::kQ4_0) {
         tile_q4_0_rows(s, n_cols, n_rg, rg0, rg1, o);
-      } else {
+      } else if (type == GgmlType::kQ4_K) {
         tile_q4_k_rows(s, n_cols, n_rg, rg0, rg1, o);
+      } else {
+        tile_q6_k_rows(s, n_cols, n_rg, rg0, rg1, o);
       }
       k0 += rg1 - rg0;
     }

@@ -1,6 +1,6 @@
-// gpu/tiled_matrix: the re-tiled Q4_0 / Q4_K layout GEMV v4 reads (host code, no device needed). The tiled bytes are
-// decoded back into GGUF blocks by following the layout tiled_matrix.h documents, independently of tile_matrix's own
-// loops, and must give back the raw matrix byte for byte; a stack tiled on any number of threads equals its slices
+// gpu/tiled_matrix: the re-tiled Q4_0 / Q4_K / Q6_K layout GEMV v4 reads (host code, no device needed). The tiled bytes
+// are decoded back into GGUF blocks by following the layout tiled_matrix.h documents, independently of tile_matrix's
+// own loops, and must give back the raw matrix byte for byte; a stack tiled on any number of threads equals its slices
 // tiled one by one; shapes and arguments it does not take are refused.
 #include <gtest/gtest.h>
 
@@ -23,7 +23,9 @@ std::vector<uint8_t> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, s
   std::vector<uint8_t> m(tiled_bytes(t, n_cols, n_rows));
   for (auto& b : m) b = static_cast<uint8_t>(rng());
   std::uniform_real_distribution<float> scale(-2.0f, 2.0f);
-  const size_t block_bytes = t == GgmlType::kQ4_K ? sizeof(BlockQ4_K) : sizeof(BlockQ4_0);
+  const size_t block_bytes = t == GgmlType::kQ4_K   ? sizeof(BlockQ4_K)
+                             : t == GgmlType::kQ6_K ? sizeof(BlockQ6_K)
+                                                    : sizeof(BlockQ4_0);
   for (size_t blk = 0; blk < m.size() / block_bytes; ++blk) {
     for (size_t off : test::scale_offsets(t)) {
       const uint16_t h = f32_to_fp16(scale(rng));
@@ -33,8 +35,55 @@ std::vector<uint8_t> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, s
   return m;
 }
 
+// Sets element e's 6-bit quant v in a Q6_K block, following ggml's layout (core/quant/q6_k.cpp's head).
+void put_q6(uint8_t* blk, int e, uint32_t v) {
+  const int half = e / 128, k = (e % 128) / 32, l = e % 32;
+  uint8_t& ql = blk[offsetof(BlockQ6_K, ql) + 64 * half + 32 * (k % 2) + l];
+  uint8_t& qh = blk[offsetof(BlockQ6_K, qh) + 32 * half + l];
+  const int nib = k / 2 * 4;
+  ql = static_cast<uint8_t>((ql & ~(15 << nib)) | ((v & 15) << nib));
+  qh = static_cast<uint8_t>((qh & ~(3 << (2 * k))) | (((v >> 4) & 3) << (2 * k)));
+}
+
+// Q6_K rows back from a tiled matrix (tiled_matrix.h's Q6_K layout).
+std::vector<uint8_t> untile_q6_k(const std::vector<uint8_t>& tiled, int64_t n_cols, int64_t n_rows) {
+  std::vector<uint8_t> raw(tiled.size(), 0);
+  const int64_t n_sb = n_cols / 256, n_rg = n_rows / 16;
+  const uint8_t* meta = tiled.data() + n_rg * n_sb * 3072;
+  for (int64_t rg = 0; rg < n_rg; ++rg) {
+    for (int64_t sb = 0; sb < n_sb; ++sb) {
+      auto block = [&](int row) { return raw.data() + ((rg * 16 + row) * n_sb + sb) * 210; };
+      const uint8_t* q = tiled.data() + (rg * n_sb + sb) * 3072;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, tw = lane % 4;
+        for (int j = 0; j < 4; ++j) {      // unit
+          for (int s = 0; s < 4; ++s) {    // sub-block of the unit
+            for (int r = 0; r < 2; ++r) {  // row g, g + 8
+              const uint8_t* lo = q + 512 * j + lane * 16 + 4 * (2 * (s / 2) + r);
+              const uint8_t* hi = q + 2048 + 512 * (j / 2) + lane * 16 + 4 * (2 * (j % 2) + r);
+              for (int b = 0; b < 4; ++b) {
+                const uint32_t v = ((lo[b] >> (4 * (s % 2))) & 15) | (((hi[b] >> (2 * s)) & 3) << 4);
+                put_q6(block(g + 8 * r), 64 * j + 16 * s + 4 * tw + b, v);
+              }
+            }
+          }
+        }
+      }
+      const uint8_t* m = meta + (rg * n_sb + sb) * 288;
+      for (int g = 0; g < 8; ++g) {
+        std::memcpy(block(g) + offsetof(BlockQ6_K, scales), m + 32 * g, 16);
+        std::memcpy(block(g + 8) + offsetof(BlockQ6_K, scales), m + 32 * g + 16, 16);
+        std::memcpy(block(g) + offsetof(BlockQ6_K, d), m + 256 + 4 * g, 2);
+        std::memcpy(block(g + 8) + offsetof(BlockQ6_K, d), m + 256 + 4 * g + 2, 2);
+      }
+    }
+  }
+  return raw;
+}
+
 // The raw rows back from a tiled matrix, per the layout in tiled_matrix.h.
 std::vector<uint8_t> untile(GgmlType t, const std::vector<uint8_t>& tiled, int64_t n_cols, int64_t n_rows) {
+  if (t == GgmlType::kQ6_K) return untile_q6_k(tiled, n_cols, n_rows);
   std::vector<uint8_t> raw(tiled.size());
   const int64_t n_units = n_cols / 64;
   const int64_t n_rg = n_rows / 16;
@@ -111,7 +160,8 @@ TEST(TiledMatrix, LayoutDecodesToTheRawRows) {
   };
   for (const Case& c :
        {Case{GgmlType::kQ4_0, 64, 16}, Case{GgmlType::kQ4_0, 320, 48}, Case{GgmlType::kQ4_0, 2048, 64},
-        Case{GgmlType::kQ4_K, 256, 16}, Case{GgmlType::kQ4_K, 1280, 32}, Case{GgmlType::kQ4_K, 8192, 16}}) {
+        Case{GgmlType::kQ4_K, 256, 16}, Case{GgmlType::kQ4_K, 1280, 32}, Case{GgmlType::kQ4_K, 8192, 16},
+        Case{GgmlType::kQ6_K, 256, 16}, Case{GgmlType::kQ6_K, 1280, 48}, Case{GgmlType::kQ6_K, 8192, 16}}) {
     const std::vector<uint8_t> m = random_matrix(c.t, c.n_cols, c.n_rows, rng);
     std::vector<uint8_t> tiled(m.size());
     ASSERT_TRUE(tile_matrix(c.t, m.data(), c.n_cols, c.n_rows, tiled));
@@ -123,7 +173,7 @@ TEST(TiledMatrix, LayoutDecodesToTheRawRows) {
 // 37 slices of 3 row groups: ranges cut through slices whatever the thread count.
 TEST(TiledMatrix, StackOnThreadsEqualsSlicesOneByOne) {
   std::mt19937 rng(11);
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     const int64_t n_cols = 512, n_rows = 48, n_slices = 37;
     const uint64_t slice = tiled_bytes(t, n_cols, n_rows);
     std::vector<uint8_t> stack;
@@ -147,12 +197,15 @@ TEST(TiledMatrix, StackOnThreadsEqualsSlicesOneByOne) {
 TEST(TiledMatrix, TiledSizeIsTheRawSize) {
   EXPECT_EQ(tiled_bytes(GgmlType::kQ4_K, 512, 32), 2u * 32u * sizeof(BlockQ4_K));
   EXPECT_EQ(tiled_bytes(GgmlType::kQ4_0, 512, 32), 16u * 32u * sizeof(BlockQ4_0));
+  EXPECT_EQ(tiled_bytes(GgmlType::kQ6_K, 512, 32), 2u * 32u * sizeof(BlockQ6_K));
 }
 
 TEST(TiledMatrix, RefusesShapesAndArguments) {
   EXPECT_FALSE(tiled_supports(GgmlType::kQ4_0, 32, 16));    // n_in not a multiple of 64
   EXPECT_FALSE(tiled_supports(GgmlType::kQ4_0, 64, 17));    // n_out not a multiple of 16
   EXPECT_FALSE(tiled_supports(GgmlType::kQ4_K, 128, 16));   // not whole super-blocks
+  EXPECT_FALSE(tiled_supports(GgmlType::kQ6_K, 320, 16));   // not whole super-blocks
+  EXPECT_FALSE(tiled_supports(GgmlType::kQ6_K, 256, 8));    // n_out not a multiple of 16
   EXPECT_FALSE(tiled_supports(GgmlType::kQ8_0, 64, 16));    // other types keep gemv()
   EXPECT_FALSE(tiled_supports(GgmlType::kQ4_0, 8256, 16));  // longer than the kernel takes
   std::vector<uint8_t> raw(18 * 2 * 17);
