@@ -207,8 +207,10 @@ struct Cursor {
 // The load side of a round: where the warp's row group of that round keeps the first group of its slice (lane's
 // word and scales), found once per round; ok = false past the last item or for an empty segment (zeros then).
 struct WRound {
-  const uint8_t* qs;    // + 2048 per group, + 512 per unit
-  const uint8_t* meta;  // + 256 per group (Q4_0: + 64 per unit; Q4_K: the super-block's heads, rows g + 8 at + 128)
+  const uint8_t* qs;    // + 2048 per group, + 512 per unit (Q6_K: + 3072 per group; imma_tile::tile_lane)
+  const uint8_t* meta;  // + 256 per group (Q4_0: + 64 per unit; Q4_K: the super-block's heads, rows g + 8 at + 128;
+                        // Q6_K: + 288 per group, the rows' scales)
+  int dgap;             // Q6_K: from meta to the rows' d
   bool ok;
 };
 
@@ -240,6 +242,7 @@ __device__ __forceinline__ WRound w_round(const KernelArgs& a, const SegHead& h,
   const int rg = h.ok ? h.item - h.seg * a.n_rg : 0;
   const auto* base = static_cast<const uint8_t*>(h.data);
   imma_tile::tile_lane<T>(base, a.meta_off, a.n_units, rg, group0, lane, r.qs, r.meta);
+  r.dgap = imma_tile::q6_d_delta(lane);
   return r;
 }
 
@@ -247,6 +250,20 @@ __device__ __forceinline__ WRound w_round(const KernelArgs& a, const SegHead& h,
 // last, partial group (Q4_0) and groups past the row's end or the last item read zeros where there is nothing.
 template <GgmlType T>
 __device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int gi, int group, WeightBuf& b) {
+  if constexpr (T == GgmlType::kQ6_K) {  // whole super-blocks: a group is there or past the end
+    const uint8_t* qs = r.qs + static_cast<size_t>(gi) * imma_tile::kGroupQuantBytes<T>;
+    const uint8_t* meta = r.meta + static_cast<size_t>(gi) * imma_tile::kGroupMetaBytes<T>;
+    const bool ok = r.ok && group < a.n_groups;
+#pragma unroll
+    for (int i = 0; i < kUnitsPerSlice; ++i) b.w[i] = ok ? ldg_stream(qs + i * 512) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      b.qh[p] = ok ? ldg_stream(qs + 2048 + p * 512) : make_uint4(0, 0, 0, 0);
+      b.sc6[p] = ok ? ldg_stream(meta + p * 16) : make_uint4(0, 0, 0, 0);
+    }
+    b.d6 = ok ? ldg_stream1(meta + r.dgap) : 0u;
+    return;
+  }
   const uint8_t* qs = r.qs + static_cast<size_t>(gi) * kUnitsPerSlice * 512;
   const uint8_t* meta = r.meta + static_cast<size_t>(gi) * 256;
   const int left = a.n_units - group * kUnitsPerSlice;
@@ -586,11 +603,12 @@ Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaS
 
 Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
   if (type == GgmlType::kQ4_0) return launch_mode<GgmlType::kQ4_0>(args, max_vec, programmatic, stream);
+  // Q6_K: dense calls only (gemv_imma_segments refuses it): its grouped kernels would be 16 more, for no caller.
+  if (type == GgmlType::kQ6_K) return launch_pairs<GgmlType::kQ6_K, kDenseCall>(args, max_vec, programmatic, stream);
   return launch_mode<GgmlType::kQ4_K>(args, max_vec, programmatic, stream);
 }
 
 KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xprep, float* y, int64_t y_stride) {
-  (void)type;
   KernelArgs a{};
   const int64_t n_rg = n_rows / kTileRows;
   const int64_t n_units = n_cols / kUnitElems;
@@ -598,7 +616,7 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
   a.n_groups = static_cast<int>((n_units + kUnitsPerSlice - 1) / kUnitsPerSlice);
   a.n_rg = static_cast<int>(n_rg);
   a.rg_div = FastDiv::make(static_cast<uint32_t>(n_rg));
-  a.meta_off = static_cast<size_t>(n_rg * n_units) * 512;
+  a.meta_off = static_cast<size_t>(n_rg * n_units) * (type == GgmlType::kQ6_K ? 768 : 512);
   a.xprep = static_cast<const uint8_t*>(xprep);
   a.lay = x_layout(n_cols);
   a.y = y;
@@ -697,10 +715,10 @@ Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cud
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, int max_segment_vectors,
                           bool programmatic, const int32_t* n_used) {
-  if (!gemv_imma_supports(type, n_cols, n_rows)) {
+  if (!gemv_imma_supports(type, n_cols, n_rows) || type == GgmlType::kQ6_K) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma_segments: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
-                                                       "} is not a shape it takes (gemv_imma_supports)");
+                                                       "} is not a shape it takes (gemv_imma_supports; Q4_0 / Q4_K)");
   }
   if (n_segments < 0 || (n_segments > 0 && segments == nullptr) || xprep == nullptr || y == nullptr ||
       !aligned(xprep, 16) || !aligned(y, 4) || y_stride < n_rows || max_segment_vectors < 1 ||

@@ -29,12 +29,29 @@ __device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, 
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c0), "r"(c1));
 }
 
+// d = A·B, m16n8k16 s8 × s8 (Q6_K: one 16-element sub-block, one scale, per MMA). A {row g k 4t.., row g+8 k 4t..},
+// B {k 4t..4t+3 col g} (the first or second register of a k32 B fragment), D as mma_u8s8's.
+__device__ __forceinline__ void mma_s8s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a0), "r"(a1), "r"(b), "r"(0));
+}
+
 // One group's weights for one warp: 4 units of a row group, and their scales.
 struct WeightBuf {
-  uint4 w[kUnitsPerSlice];
+  uint4 w[kUnitsPerSlice];   // Q6_K: the units' low nibbles
   uint2 m0[kUnitsPerSlice];  // Q4_0: d of (g, blk 0), (g+8, blk 0), (g, blk 1), (g+8, blk 1)
   uint4 mk[2];               // Q4_K: 16-byte heads of rows g and g + 8 for the super-block
+  uint4 qh[2];               // Q6_K: high bits of units 0-1, 2-3
+  uint4 sc6[2];              // Q6_K: the 16 int8 scales of rows g, g + 8
+  uint32_t d6;               // Q6_K: d of rows g (low half), g + 8 (f16)
 };
+
+// Bytes of one group (256 columns) of a row group in the tiled layout (tiled_matrix.h): quants, then scales.
+template <GgmlType T>
+inline constexpr int kGroupQuantBytes = T == GgmlType::kQ6_K ? 3072 : kUnitsPerSlice * 512;
+template <GgmlType T>
+inline constexpr int kGroupMetaBytes = T == GgmlType::kQ6_K ? 288 : kUnitsPerSlice * 64;
 
 // A pair's activations for one group, where a lane finds them: its B fragments (vector vf), its digit sums and
 // group scale (vector vd, the owner of its C columns). A missing second vector reads the first one's (its C columns
@@ -60,13 +77,18 @@ using XSource = XSourceT<false>;
 // pointers from its start `base`: qs, the lane's 16-byte quant word of the group's first unit (+ 512 per unit); meta,
 // its scales (Q4_0: + 64 per unit; Q4_K: row g's super-block head, row g + 8's at + 128). Q4_K has whole groups
 // (n_units = 4·groups), so both types' scales of a group start at tile0 · 64.
+// Q6_K: qs at the group's first low-nibble word (+ 3072 per group), meta at the lane's row scales (+ 288 per group).
 template <GgmlType T>
 __device__ __forceinline__ void tile_lane(const uint8_t* base, size_t meta_off, int n_units, int rg, int grp, int lane,
                                           const uint8_t*& qs, const uint8_t*& meta) {
   const size_t tile0 = static_cast<size_t>(rg) * n_units + static_cast<size_t>(grp) * kUnitsPerSlice;
-  qs = base + tile0 * 512 + lane * 16;
-  meta = base + meta_off + tile0 * 64 + (T == GgmlType::kQ4_0 ? (lane / 4) * 8 : (lane / 4) * 16);
+  constexpr int kLaneMeta = T == GgmlType::kQ4_0 ? 8 : (T == GgmlType::kQ4_K ? 16 : 32);
+  qs = base + tile0 * (kGroupQuantBytes<T> / kUnitsPerSlice) + lane * 16;
+  meta = base + meta_off + tile0 * (kGroupMetaBytes<T> / kUnitsPerSlice) + (lane / 4) * kLaneMeta;
 }
+
+// Q6_K: from a lane's meta pointer to its rows' d (the d's follow the group's 256 bytes of scales, 4 bytes per g).
+__device__ __forceinline__ int q6_d_delta(int lane) { return 256 - (lane / 4) * 28; }
 
 // A lane's byte offsets in one prepared vector (imma_prepare.cuh's layout) for group grp, lane = 4g + t: its B fragment
 // of the group's first unit (+ 256 per unit), its digit sums (+ 16 per unit), the group's scale.
@@ -84,6 +106,62 @@ __device__ __forceinline__ float half_bits(uint32_t bits16) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
 }
 
+// Q6_K: the A register of sub-block s (0..3) of a unit for one row: the low nibbles from its ql word (sub-blocks s,
+// s + 1 share a word, s in the low nibbles when even), bits 2s, 2s + 1 of each qh byte as bits 4, 5, then q − 32 as
+// a signed byte: (q + 96) ^ 0x80 per byte (q + 96 <= 159: no carry between bytes).
+__device__ __forceinline__ uint32_t q6_a(uint32_t ql, uint32_t qh, int s) {
+  const uint32_t lo = (s % 2 == 1 ? ql >> 4 : ql) & kNibbles;
+  const uint32_t hi = (s == 0 ? qh << 4 : (s == 1 ? qh << 2 : (s == 2 ? qh : qh >> 2))) & 0x30303030u;
+  return ((lo | hi) + 0x60606060u) ^ 0x80808080u;
+}
+
+// Byte s of w, sign-extended (prmt with the sign-replicating selectors).
+__device__ __forceinline__ int sbyte(uint32_t w, int s) {
+  const uint32_t sel = static_cast<uint32_t>(s) | (static_cast<uint32_t>(s | 8) * 0x1110u);
+  uint32_t r;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(r) : "r"(w), "r"(sel));
+  return static_cast<int>(r);
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+// One Q6_K group (a super-block of rows g, g + 8) for one pair: per 16-element sub-block one s8 × s8 MMA, its two
+// digit columns times the sub-block's scale summed in int32 per digit (|c| <= 16·32·64 = 2^15, |sc| <= 128: < 2^26
+// over the super-block), then d · (128·I_2h + I_2h+1) in f32, in units of digit 2h + 1 like the Q4 types.
+template <class XS>
+__device__ __forceinline__ void multiply_add_q6_k(const WeightBuf& src, const XS& x, float (&sum)[2]) {
+  int is[2][2] = {{0, 0}, {0, 0}};  // [row g, g + 8][digit 2h, 2h + 1]
+#pragma unroll
+  for (int i = 0; i < kUnitsPerSlice; ++i) {
+    const uint4 w = src.w[i];
+    const uint4 f = x.b(i);
+    const uint32_t hg = word(src.qh[i / 2], 2 * (i % 2));
+    const uint32_t hg8 = word(src.qh[i / 2], 2 * (i % 2) + 1);
+    const uint32_t scg = word(src.sc6[0], i);
+    const uint32_t scg8 = word(src.sc6[1], i);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      int c[4];
+      mma_s8s8_k16(c, q6_a(s < 2 ? w.x : w.z, hg, s), q6_a(s < 2 ? w.y : w.w, hg8, s), word(f, s));
+      const int k0 = sbyte(scg, s);
+      const int k8 = sbyte(scg8, s);
+      is[0][0] += c[0] * k0;
+      is[0][1] += c[1] * k0;
+      is[1][0] += c[2] * k8;
+      is[1][1] += c[3] * k8;
+    }
+  }
+  const float xs = x.s();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float d = half_bits(r == 0 ? src.d6 & 0xFFFFu : src.d6 >> 16);
+    const float v = __fmaf_rn(static_cast<float>(is[r][0]), 128.0f, static_cast<float>(is[r][1]));
+    sum[r] = __fadd_rn(sum[r], __fmul_rn(xs, __fmul_rn(d, v)));
+  }
+}
+
 // One group of one pair, added to the lane's running sums for rows g and g + 8 of its vector (t >> 1):
 // sum[r] += s_G · (the lane's two digits' group sum), in units of digit 2h + 1 (h = t & 1) — pair_sum() later scales
 // them and adds the lane pair. A lane's two C columns are digits 2h and 2h + 1 of one vector; per MMA they are joined
@@ -94,6 +172,10 @@ __device__ __forceinline__ float half_bits(uint32_t bits16) {
 // not rebuild a fused chain from stored terms, and it must give the chain's bits.)
 template <GgmlType T, class XS>
 __device__ __forceinline__ void multiply_add(const WeightBuf& src, const XS& x, float (&sum)[2]) {
+  if constexpr (T == GgmlType::kQ6_K) {
+    multiply_add_q6_k(src, x, sum);
+    return;
+  }
   float acc[2] = {0.0f, 0.0f};  // rows g, g + 8, in units of digit 2h + 1
   [[maybe_unused]] int isum[2] = {0, 0};
   [[maybe_unused]] int msum[2] = {0, 0};

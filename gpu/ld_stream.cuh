@@ -21,4 +21,10 @@ __device__ __forceinline__ uint2 ldg_stream2(const void* p) {
   return r;
 }
 
+__device__ __forceinline__ uint32_t ldg_stream1(const void* p) {
+  uint32_t r;
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(r) : "l"(p));
+  return r;
+}
+
 }  // namespace kestrel::gpu

@@ -108,7 +108,7 @@ Expected<std::vector<unsigned char>> fill_weights(const Case& c, uint64_t row_by
       std::memcpy(raw.data() + off, host.data(), std::min<uint64_t>(host.size(), total - off));
     }
     std::vector<uint8_t> tiled(total);
-    KESTREL_TRY(tile_matrix(c.type, raw.data(), c.shape.n_in, c.shape.n_out, tiled));
+    KESTREL_TRY(tile_matrix_stack(c.type, raw.data(), c.shape.n_in, c.shape.n_out, 1, tiled));
     KESTREL_CUDA_TRY(cudaMemcpy(weights, tiled.data(), total, cudaMemcpyHostToDevice));
   } else {
     KESTREL_CUDA_TRY(cudaMemcpy(weights, host.data(), host.size(), cudaMemcpyHostToDevice));
@@ -268,7 +268,13 @@ Status run(const std::string& only) {
     }
   }
   for (const Shape& s : {ssm_out, lm_head}) {
-    for (const GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ6_K}) cases.push_back({s, t});
+    for (const GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ6_K}) {
+      cases.push_back({s, t});
+      if (gemv_imma_supports(t, s.n_in, s.n_out)) {
+        cases.push_back({s, t, Kernel::kImma});
+        cases.push_back({s, t, Kernel::kImmaPrep});
+      }
+    }
   }
 
   int64_t max_in = 0;

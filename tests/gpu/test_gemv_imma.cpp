@@ -1,10 +1,10 @@
-// gpu/gemv_imma (GEMV v4: re-tiled Q4_0 / Q4_K on u8 x s8 tensor cores, x as four 7-bit digits per power-of-two
-// group scale; the tiled layout itself is tested in test_tiled_matrix.cpp) against core's ref::matvec_batch: random
-// blocks with wide-ranging scales, shapes from one tile to the longest row the kernel takes (n_in 64 .. 8192, n_out 16
-// .. 32768), every vector-count path (1, 2, 3, 5, 8, 13, 32: one to four pairs per segment, several segments);
-// bit-identical repeated runs; each y[v] identical whatever n_vec; the unrolled rounds' bits those of the run-time
-// loop; grouped calls (segment tables) whose bits do not depend on the table's length; activation edge cases; shapes
-// and arguments the kernel does not take are refused before anything runs.
+// gpu/gemv_imma (GEMV v4: re-tiled Q4_0 / Q4_K on u8 x s8 tensor cores and Q6_K on s8 x s8, x as four 7-bit digits
+// per power-of-two group scale; the tiled layout itself is tested in test_tiled_matrix.cpp) against core's
+// ref::matvec_batch: random blocks with wide-ranging scales, shapes from one tile to the longest row the kernel takes
+// (n_in 64 .. 8192, n_out 16 .. 32768), every vector-count path (1, 2, 3, 5, 8, 13, 32: one to four pairs per
+// segment, several segments); bit-identical repeated runs; each y[v] identical whatever n_vec; the unrolled rounds'
+// bits those of the run-time loop; grouped calls (segment tables) whose bits do not depend on the table's length;
+// activation edge cases; shapes and arguments the kernel does not take are refused before anything runs.
 //
 // Tolerance: |gpu - ref| <= 1e-5 · Σ|w_i · x_i| + 2^-27 · Σ_G max_G|x| · Σ_{i in G} |w_i| per output. The integer
 // sums are exact and the per-block scaling is f32, so the first term is the f32 summation-order room (as for ref's
@@ -193,13 +193,19 @@ TEST(GemvImma, Q4_KMatchesReference) {
   check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {1280, 48}, {2048, 512}, {4096, 160}, {8192, 32}, {512, 32768}});
 }
 
+// Q6_K: one s8 × s8 m16n8k16 MMA per 16-element sub-block (its own int8 scale), q − 32 formed from the packed bits.
+TEST(GemvImma, Q6_KMatchesReference) {
+  KESTREL_REQUIRE_DEVICE();
+  check_type(GgmlType::kQ6_K, {{256, 16}, {768, 32}, {1280, 48}, {2048, 512}, {4096, 160}, {8192, 32}, {512, 32768}});
+}
+
 // Activations the digit split must get right: a group of zeros, one huge element among small ones (those keep
 // precision only to 2^-27 of the group's largest: the bound's second term), denormals, and a non-finite value,
 // which turns only its own vector's outputs into NaN.
 TEST(GemvImma, ActivationEdgeCases) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(99);
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     const int64_t n_in = 1024;
     const int64_t n_out = 64;
     const std::vector<uint8_t> m = random_matrix(t, n_in, n_out, rng);
@@ -269,7 +275,7 @@ TEST(GemvImma, ProgrammaticChainGivesPlainBits) {
   std::mt19937 rng(2024);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     for (const Shape sh : {Shape{2048, 512}, Shape{4096, 160}, Shape{768, 48}, Shape{512, 32768}}) {
       const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled w(t, m, sh.n_in, sh.n_out);
@@ -313,7 +319,7 @@ TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
   struct RunTimeLoop {
     ~RunTimeLoop() { gemv_imma_set_compiled_groups(true); }
   } restore;
-  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
     for (const Shape sh : {Shape{2048, 8192}, Shape{2048, 16384}, Shape{2048, 32768}}) {
       const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled w(t, m, sh.n_in, sh.n_out);
@@ -423,7 +429,8 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
 TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 8256, 16));  // longer than 8192
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 32, 16));    // not whole units
-  EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ6_K, 256, 16));
+  EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ8_0, 256, 16));   // other types keep gemv()
+  EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ6_K, 128, 16));   // not whole super-blocks
   EXPECT_EQ(imma_x_bytes(96, 1), 0u);
   EXPECT_EQ(imma_x_bytes(64, 65536), 0u);
   alignas(16) static float x[64];
@@ -446,7 +453,8 @@ TEST(GemvImma, RefusesShapesAndArguments) {
   alignas(16) static ImmaSegment seg[1];
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 16, nullptr, 0));  // bound 1..8
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 16, nullptr, 9));
-  EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 15, nullptr));  // y_stride < n_rows
+  EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 15, nullptr));   // y_stride < n_rows
+  EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ6_K, 256, 16, seg, 1, xp, y, 16, nullptr));  // dense calls only
 }
 
 }  // namespace
