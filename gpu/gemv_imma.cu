@@ -264,14 +264,16 @@ __device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int
     b.d6 = ok ? ldg_stream1(meta + r.dgap) : 0u;
     return;
   }
-  const uint8_t* qs = r.qs + static_cast<size_t>(gi) * kUnitsPerSlice * 512;
+  constexpr int kUnitBytes = imma_tile::kGroupQuantBytes<T> / kUnitsPerSlice;
+  const uint8_t* qs = r.qs + static_cast<size_t>(gi) * imma_tile::kGroupQuantBytes<T>;
   const uint8_t* meta = r.meta + static_cast<size_t>(gi) * 256;
   const int left = a.n_units - group * kUnitsPerSlice;
   if (r.ok && left >= kUnitsPerSlice) {
 #pragma unroll
     for (int i = 0; i < kUnitsPerSlice; ++i) {
-      b.w[i] = ldg_stream(qs + i * 512);
-      if constexpr (T == GgmlType::kQ4_0) b.m0[i] = ldg_stream2(meta + i * 64);
+      b.w[i] = ldg_stream(qs + i * kUnitBytes);
+      if constexpr (T == GgmlType::kQ8_0) b.w2[i] = ldg_stream(qs + i * kUnitBytes + 512);
+      if constexpr (T != GgmlType::kQ4_K) b.m0[i] = ldg_stream2(meta + i * 64);
     }
     if constexpr (T == GgmlType::kQ4_K) {
       b.mk[0] = ldg_stream(meta);
@@ -282,8 +284,9 @@ __device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int
 #pragma unroll
   for (int i = 0; i < kUnitsPerSlice; ++i) {
     const bool u_ok = r.ok && i < left;
-    b.w[i] = u_ok ? ldg_stream(qs + i * 512) : make_uint4(0, 0, 0, 0);
-    if constexpr (T == GgmlType::kQ4_0) b.m0[i] = u_ok ? ldg_stream2(meta + i * 64) : make_uint2(0, 0);
+    b.w[i] = u_ok ? ldg_stream(qs + i * kUnitBytes) : make_uint4(0, 0, 0, 0);
+    if constexpr (T == GgmlType::kQ8_0) b.w2[i] = u_ok ? ldg_stream(qs + i * kUnitBytes + 512) : make_uint4(0, 0, 0, 0);
+    if constexpr (T != GgmlType::kQ4_K) b.m0[i] = u_ok ? ldg_stream2(meta + i * 64) : make_uint2(0, 0);
   }
   if constexpr (T == GgmlType::kQ4_K) {
     const bool ok = r.ok && left > 0;
@@ -603,8 +606,10 @@ Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaS
 
 Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
   if (type == GgmlType::kQ4_0) return launch_mode<GgmlType::kQ4_0>(args, max_vec, programmatic, stream);
-  // Q6_K: dense calls only (gemv_imma_segments refuses it): its grouped kernels would be 16 more, for no caller.
+  // Q6_K, Q8_0: dense calls only (gemv_imma_segments refuses them): their grouped kernels would be 32 more, for no
+  // caller (moe_imma takes Q4 experts).
   if (type == GgmlType::kQ6_K) return launch_pairs<GgmlType::kQ6_K, kDenseCall>(args, max_vec, programmatic, stream);
+  if (type == GgmlType::kQ8_0) return launch_pairs<GgmlType::kQ8_0, kDenseCall>(args, max_vec, programmatic, stream);
   return launch_mode<GgmlType::kQ4_K>(args, max_vec, programmatic, stream);
 }
 
@@ -616,7 +621,8 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
   a.n_groups = static_cast<int>((n_units + kUnitsPerSlice - 1) / kUnitsPerSlice);
   a.n_rg = static_cast<int>(n_rg);
   a.rg_div = FastDiv::make(static_cast<uint32_t>(n_rg));
-  a.meta_off = static_cast<size_t>(n_rg * n_units) * (type == GgmlType::kQ6_K ? 768 : 512);
+  a.meta_off =
+      static_cast<size_t>(n_rg * n_units) * (type == GgmlType::kQ6_K ? 768 : (type == GgmlType::kQ8_0 ? 1024 : 512));
   a.xprep = static_cast<const uint8_t*>(xprep);
   a.lay = x_layout(n_cols);
   a.y = y;
@@ -715,7 +721,7 @@ Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cud
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, int max_segment_vectors,
                           bool programmatic, const int32_t* n_used) {
-  if (!gemv_imma_supports(type, n_cols, n_rows) || type == GgmlType::kQ6_K) {
+  if (!gemv_imma_supports(type, n_cols, n_rows) || (type != GgmlType::kQ4_0 && type != GgmlType::kQ4_K)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma_segments: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
                                                        "} is not a shape it takes (gemv_imma_supports; Q4_0 / Q4_K)");

@@ -29,6 +29,13 @@ __device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, 
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(c0), "r"(c1));
 }
 
+// d = A·B, m16n8k32 s8 × s8 (Q8_0: a block's quants are A registers as they stand); fragments as mma_u8s8's.
+__device__ __forceinline__ void mma_s8s8(int (&d)[4], const uint4& a, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(0));
+}
+
 // d = A·B, m16n8k16 s8 × s8 (Q6_K: one 16-element sub-block, one scale, per MMA). A {row g k 4t.., row g+8 k 4t..},
 // B {k 4t..4t+3 col g} (the first or second register of a k32 B fragment), D as mma_u8s8's.
 __device__ __forceinline__ void mma_s8s8_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b) {
@@ -39,8 +46,9 @@ __device__ __forceinline__ void mma_s8s8_k16(int (&d)[4], uint32_t a0, uint32_t 
 
 // One group's weights for one warp: 4 units of a row group, and their scales.
 struct WeightBuf {
-  uint4 w[kUnitsPerSlice];   // Q6_K: the units' low nibbles
-  uint2 m0[kUnitsPerSlice];  // Q4_0: d of (g, blk 0), (g+8, blk 0), (g, blk 1), (g+8, blk 1)
+  uint4 w[kUnitsPerSlice];   // Q6_K: the units' low nibbles; Q8_0: each unit's first block
+  uint4 w2[kUnitsPerSlice];  // Q8_0: each unit's second block
+  uint2 m0[kUnitsPerSlice];  // Q4_0, Q8_0: d of (g, blk 0), (g+8, blk 0), (g, blk 1), (g+8, blk 1)
   uint4 mk[2];               // Q4_K: 16-byte heads of rows g and g + 8 for the super-block
   uint4 qh[2];               // Q6_K: high bits of units 0-1, 2-3
   uint4 sc6[2];              // Q6_K: the 16 int8 scales of rows g, g + 8
@@ -49,7 +57,9 @@ struct WeightBuf {
 
 // Bytes of one group (256 columns) of a row group in the tiled layout (tiled_matrix.h): quants, then scales.
 template <GgmlType T>
-inline constexpr int kGroupQuantBytes = T == GgmlType::kQ6_K ? 3072 : kUnitsPerSlice * 512;
+inline constexpr int kGroupQuantBytes = T == GgmlType::kQ6_K
+                                            ? 3072
+                                            : (T == GgmlType::kQ8_0 ? kUnitsPerSlice * 1024 : kUnitsPerSlice * 512);
 template <GgmlType T>
 inline constexpr int kGroupMetaBytes = T == GgmlType::kQ6_K ? 288 : kUnitsPerSlice * 64;
 
@@ -82,7 +92,7 @@ template <GgmlType T>
 __device__ __forceinline__ void tile_lane(const uint8_t* base, size_t meta_off, int n_units, int rg, int grp, int lane,
                                           const uint8_t*& qs, const uint8_t*& meta) {
   const size_t tile0 = static_cast<size_t>(rg) * n_units + static_cast<size_t>(grp) * kUnitsPerSlice;
-  constexpr int kLaneMeta = T == GgmlType::kQ4_0 ? 8 : (T == GgmlType::kQ4_K ? 16 : 32);
+  constexpr int kLaneMeta = T == GgmlType::kQ4_K ? 16 : (T == GgmlType::kQ6_K ? 32 : 8);
   qs = base + tile0 * (kGroupQuantBytes<T> / kUnitsPerSlice) + lane * 16;
   meta = base + meta_off + tile0 * (kGroupMetaBytes<T> / kUnitsPerSlice) + (lane / 4) * kLaneMeta;
 }
@@ -162,6 +172,30 @@ __device__ __forceinline__ void multiply_add_q6_k(const WeightBuf& src, const XS
   }
 }
 
+// One Q8_0 group (eight blocks of rows g, g + 8) for one pair: per block one s8 × s8 MMA, its digit columns joined in
+// int32 (|128·c0 + c1| < 128·32·128·64 + 2^18 < 2^26) and converted once (rounded to 24 bits: the joined sum no
+// longer fits Q4_0's exact 2^22 float trick), times the block's d, in units of digit 2h + 1 like the Q4 types.
+template <class XS>
+__device__ __forceinline__ void multiply_add_q8_0(const WeightBuf& src, const XS& x, float (&sum)[2]) {
+  float acc[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < kUnitsPerSlice; ++i) {
+    const uint4 f = x.b(i);
+    const uint2 m0 = src.m0[i];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      int c[4];
+      mma_s8s8(c, h == 0 ? src.w[i] : src.w2[i], h == 0 ? f.x : f.z, h == 0 ? f.y : f.w);
+      const uint32_t sc = h == 0 ? m0.x : m0.y;
+      acc[0] = __fmaf_rn(static_cast<float>(c[0] * 128 + c[1]), half_bits(sc & 0xFFFFu), acc[0]);
+      acc[1] = __fmaf_rn(static_cast<float>(c[2] * 128 + c[3]), half_bits(sc >> 16), acc[1]);
+    }
+  }
+  const float xs = x.s();
+  sum[0] = __fadd_rn(sum[0], __fmul_rn(xs, acc[0]));
+  sum[1] = __fadd_rn(sum[1], __fmul_rn(xs, acc[1]));
+}
+
 // One group of one pair, added to the lane's running sums for rows g and g + 8 of its vector (t >> 1):
 // sum[r] += s_G · (the lane's two digits' group sum), in units of digit 2h + 1 (h = t & 1) — pair_sum() later scales
 // them and adds the lane pair. A lane's two C columns are digits 2h and 2h + 1 of one vector; per MMA they are joined
@@ -174,6 +208,10 @@ template <GgmlType T, class XS>
 __device__ __forceinline__ void multiply_add(const WeightBuf& src, const XS& x, float (&sum)[2]) {
   if constexpr (T == GgmlType::kQ6_K) {
     multiply_add_q6_k(src, x, sum);
+    return;
+  }
+  if constexpr (T == GgmlType::kQ8_0) {
+    multiply_add_q8_0(src, x, sum);
     return;
   }
   float acc[2] = {0.0f, 0.0f};  // rows g, g + 8, in units of digit 2h + 1

@@ -1,4 +1,4 @@
-// tile_matrix (see tiled_matrix.h): the host-side re-tiling of Q4_0 / Q4_K / Q6_K rows for GEMV v4.
+// tile_matrix (see tiled_matrix.h): the host-side re-tiling of Q4_0 / Q4_K / Q6_K / Q8_0 rows for GEMV v4.
 #include "gpu/tiled_matrix.h"
 
 #include <algorithm>
@@ -25,7 +25,7 @@ constexpr uint64_t kParallelBytes = uint64_t{4} << 20;  // output bytes per work
 bool tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
   if (n_rows <= 0 || n_rows % kTileRows != 0 || n_cols <= 0 || n_cols > kMaxCols) return false;
   if (n_rows / kTileRows > std::numeric_limits<int32_t>::max() / 16) return false;  // row groups × splits in int
-  if (type == GgmlType::kQ4_0) return n_cols % kUnitElems == 0;
+  if (type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0) return n_cols % kUnitElems == 0;
   if (type == GgmlType::kQ4_K || type == GgmlType::kQ6_K) return n_cols % 256 == 0;
   return false;
 }
@@ -34,6 +34,7 @@ uint64_t tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows) {
   const uint64_t elems = static_cast<uint64_t>(n_cols) * static_cast<uint64_t>(n_rows);
   if (type == GgmlType::kQ4_K) return elems / 256 * sizeof(BlockQ4_K);
   if (type == GgmlType::kQ6_K) return elems / 256 * sizeof(BlockQ6_K);
+  if (type == GgmlType::kQ8_0) return elems / 32 * sizeof(BlockQ8_0);
   return elems / 32 * sizeof(BlockQ4_0);
 }
 
@@ -55,19 +56,28 @@ void tile_quants(uint8_t* tile, int64_t rg, int64_t u, const Quants& quants) {
 }
 
 // Row groups [rg0, rg1) of one matrix: raw GGUF rows at src, the tiled matrix's qs and meta parts (whole matrix).
-void tile_q4_0_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
+// Q4_0 and Q8_0 (Block: BlockQ4_0 or BlockQ8_0): a unit is two blocks, each's d first; Q4_0's 16 quant bytes are
+// one tile_quants run, Q8_0's 32 two (bytes 0-15 and 16-31 as a Q4_0 block's low and high nibbles).
+template <class Block>
+void tile_blocks32_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
+  constexpr int64_t kQuantBytes = sizeof(Block) - 2;
+  constexpr int64_t kUnitBytes = 2 * 16 * kQuantBytes;  // 512 (Q4_0) or 1024 (Q8_0)
   const int64_t n_units = n_cols / kUnitElems;
-  const int64_t row_bytes = n_cols / 32 * static_cast<int64_t>(sizeof(BlockQ4_0));
+  const int64_t row_bytes = n_cols / 32 * static_cast<int64_t>(sizeof(Block));
   uint8_t* qs = out;
-  uint8_t* meta = out + n_rg * n_units * 512;
-  auto block = [&](int64_t row, int64_t b) {
-    return src + row * row_bytes + b * static_cast<int64_t>(sizeof(BlockQ4_0));
-  };
+  uint8_t* meta = out + n_rg * n_units * kUnitBytes;
+  auto block = [&](int64_t row, int64_t b) { return src + row * row_bytes + b * static_cast<int64_t>(sizeof(Block)); };
   for (int64_t rg = rg0; rg < rg1; ++rg) {
     for (int64_t u = 0; u < n_units; ++u) {
-      // A unit is two blocks; a block's 16 quant bytes start 2 bytes in (after d).
-      tile_quants(qs + (rg * n_units + u) * 512, rg, u,
-                  [&](int64_t row, int64_t unit, int half) { return block(row, 2 * unit + half) + 2; });
+      uint8_t* tile = qs + (rg * n_units + u) * kUnitBytes;
+      if constexpr (kQuantBytes == 16) {
+        tile_quants(tile, rg, u, [&](int64_t row, int64_t unit, int half) { return block(row, 2 * unit + half) + 2; });
+      } else {
+        for (int b = 0; b < 2; ++b) {
+          tile_quants(tile + 512 * b, rg, u,
+                      [&](int64_t row, int64_t unit, int half) { return block(row, 2 * unit + b) + 2 + 16 * half; });
+        }
+      }
       uint8_t* m = meta + (rg * n_units + u) * 64;
       for (int g = 0; g < 8; ++g) {
         const int64_t r0 = rg * kTileRows + g;
@@ -176,8 +186,8 @@ Status tile_matrix_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t
   if (!tiled_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "tile_matrix: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
-                                                       "} cannot be tiled (q4_0 needs n_cols % 64, q4_K and q6_K "
-                                                       "n_cols % 256, n_rows % 16, n_cols <= 8192)");
+                                                       "} cannot be tiled (q4_0 and q8_0 need n_cols % 64, q4_K "
+                                                       "and q6_K n_cols % 256, n_rows % 16, n_cols <= 8192)");
   }
   const uint64_t slice_bytes = tiled_bytes(type, n_cols, n_rows);
   if (raw == nullptr || n_slices < 1 || max_threads < 0) {
@@ -202,7 +212,9 @@ Status tile_matrix_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t
       const uint8_t* s = src + static_cast<uint64_t>(slice) * slice_bytes;
       uint8_t* o = out.data() + static_cast<uint64_t>(slice) * slice_bytes;
       if (type == GgmlType::kQ4_0) {
-        tile_q4_0_rows(s, n_cols, n_rg, rg0, rg1, o);
+        tile_blocks32_rows<BlockQ4_0>(s, n_cols, n_rg, rg0, rg1, o);
+      } else if (type == GgmlType::kQ8_0) {
+        tile_blocks32_rows<BlockQ8_0>(s, n_cols, n_rg, rg0, rg1, o);
       } else if (type == GgmlType::kQ4_K) {
         tile_q4_k_rows(s, n_cols, n_rg, rg0, rg1, o);
       } else {

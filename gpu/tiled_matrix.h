@@ -1,6 +1,6 @@
-// tile_matrix: the re-tiled form of Q4_0 / Q4_K / Q6_K matrices that GEMV v4 (gpu/gemv_imma.h) reads — the same bytes
-// as the GGUF rows, reordered (never widened) so that one 16-byte load per lane is the A fragment of two integer MMAs
-// (Q6_K: the low nibbles of four m16n8k16 MMAs, their high bits in a second load shared by two units).
+// tile_matrix: the re-tiled form of Q4_0 / Q4_K / Q6_K / Q8_0 matrices that GEMV v4 (gpu/gemv_imma.h) reads — the same
+// bytes as the GGUF rows, reordered (never widened) so that one 16-byte load per lane is the A fragment of two integer
+// MMAs (Q6_K: the low nibbles of four m16n8k16 MMAs, their high bits in a second load shared by two units; Q8_0: one).
 // The WeightPool tiles tensors into it at registration (PoolLayout::kTiled); docs/gpu.md ("GEMV v4") has more.
 //
 // Layout (tile_matrix writes it from raw GGUF rows; both parts together are exactly the raw size):
@@ -12,6 +12,9 @@
 //              Q4_K: [rg][super-block][row 0..15][d, dmin, 12 bytes] where the 12 bytes re-pack the block's eight
 //              6-bit scales and mins (same 96 bits) as four 24-bit fields, field j = sc[2j] | sc[2j+1] << 6 |
 //              m[2j] << 12 | m[2j+1] << 18 at bit 24j, so a unit's four values come out with one funnel shift
+//   Q8_0 (units of two blocks, 1024 bytes): qs part [rg][u][blk 2u, 2u + 1][lane][16 bytes], lane 4g + t holding
+//              {row g qs[4t..], row g+8 qs[4t..], row g qs[16+4t..], row g+8 qs[16+4t..]} of the block;
+//              meta part as Q4_0's
 //   Q6_K (its own order; q(e) is element e's 6-bit quant of its row's super-block sb, sub-block s = e / 16):
 //   qs part:   [rg][sb][3072 bytes]: the low nibbles of unit j (elements 64j ..) at 512j, [lane][16 bytes], words
 //              {row g, row g+8, row g, row g+8}; byte b of word w: q(64j + 16s + 4t + b) & 15 with s = 2(w / 2) in
@@ -39,8 +42,8 @@ struct TiledView {
   int64_t n_rows = 0;          // ggml ne1 (n_out)
 };
 
-// True for Q4_0 with n_cols a multiple of 64, Q4_K and Q6_K with n_cols a multiple of 256, n_rows a positive multiple
-// of 16 and n_cols <= 8192 (the longest row GEMV v4 takes).
+// True for Q4_0 and Q8_0 with n_cols a multiple of 64, Q4_K and Q6_K with n_cols a multiple of 256, n_rows a positive
+// multiple of 16 and n_cols <= 8192 (the longest row GEMV v4 takes).
 bool tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
 
 // Bytes of the tiled form (equal to the raw GGUF bytes of the same matrix).

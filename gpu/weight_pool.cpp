@@ -124,9 +124,10 @@ Status WeightPool::register_tensors(std::span<const PoolTensorDesc> batch, cudaS
       const std::vector<uint64_t> ne = trimmed(d.ne);
       if (ne.size() < 2 || ne.size() > 3 ||
           !tiled_supports(d.type, static_cast<int64_t>(ne[0]), static_cast<int64_t>(ne[1]))) {
-        return make_error(ErrorCode::kInvalidArgument,
-                          who + " " + shape_str(d.ne) + " " + std::string(ggml_type_name(d.type)) +
-                              " cannot be tiled (q4_0 / q4_K / q6_K matrices or 3-D stacks; see tiled_supports)");
+        return make_error(
+            ErrorCode::kInvalidArgument,
+            who + " " + shape_str(d.ne) + " " + std::string(ggml_type_name(d.type)) +
+                " cannot be tiled (q4_0 / q4_K / q6_K / q8_0 matrices or 3-D stacks; see tiled_supports)");
       }
     }
     const uint64_t start = align_up(offset);
@@ -194,9 +195,9 @@ Status WeightPool::register_catalog(const WeightCatalog& catalog, const GgufFile
     d.placement = ce.placement;
     d.data = file.tensor_data(*ce.info);
     const std::vector<uint64_t> ne = trimmed(d.ne);
-    // Q6_K stacks stay raw: the MoE layer's tiled path (moe_imma) takes Q4_0 / Q4_K experts only.
-    const bool q6_stack = d.type == GgmlType::kQ6_K && ne.size() == 3;
-    if (tile && d.key != "token_embd.weight" && ne.size() >= 2 && ne.size() <= 3 && !q6_stack &&
+    // Other stacks stay raw: the MoE layer's tiled path (moe_imma) takes Q4_0 / Q4_K experts only.
+    const bool q4 = d.type == GgmlType::kQ4_0 || d.type == GgmlType::kQ4_K;
+    if (tile && d.key != "token_embd.weight" && (ne.size() == 2 || (ne.size() == 3 && q4)) &&
         tiled_supports(d.type, static_cast<int64_t>(ne[0]), static_cast<int64_t>(ne[1]))) {
       d.layout = PoolLayout::kTiled;
     }

@@ -1,7 +1,7 @@
-// gpu/tiled_matrix: the re-tiled Q4_0 / Q4_K / Q6_K layout GEMV v4 reads (host code, no device needed). The tiled bytes
-// are decoded back into GGUF blocks by following the layout tiled_matrix.h documents, independently of tile_matrix's
-// own loops, and must give back the raw matrix byte for byte; a stack tiled on any number of threads equals its slices
-// tiled one by one; shapes and arguments it does not take are refused.
+// gpu/tiled_matrix: the re-tiled Q4_0 / Q4_K / Q6_K / Q8_0 layout GEMV v4 reads (host code, no device needed). The
+// tiled bytes are decoded back into GGUF blocks by following the layout tiled_matrix.h documents, independently of
+// tile_matrix's own loops, and must give back the raw matrix byte for byte; a stack tiled on any number of threads
+// equals its slices tiled one by one; shapes and arguments it does not take are refused.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -23,9 +23,7 @@ std::vector<uint8_t> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, s
   std::vector<uint8_t> m(tiled_bytes(t, n_cols, n_rows));
   for (auto& b : m) b = static_cast<uint8_t>(rng());
   std::uniform_real_distribution<float> scale(-2.0f, 2.0f);
-  const size_t block_bytes = t == GgmlType::kQ4_K   ? sizeof(BlockQ4_K)
-                             : t == GgmlType::kQ6_K ? sizeof(BlockQ6_K)
-                                                    : sizeof(BlockQ4_0);
+  const size_t block_bytes = ggml_type_traits(t).block_bytes;
   for (size_t blk = 0; blk < m.size() / block_bytes; ++blk) {
     for (size_t off : test::scale_offsets(t)) {
       const uint16_t h = f32_to_fp16(scale(rng));
@@ -81,9 +79,43 @@ std::vector<uint8_t> untile_q6_k(const std::vector<uint8_t>& tiled, int64_t n_co
   return raw;
 }
 
+// Q8_0 rows back from a tiled matrix (tiled_matrix.h's Q8_0 layout).
+std::vector<uint8_t> untile_q8_0(const std::vector<uint8_t>& tiled, int64_t n_cols, int64_t n_rows) {
+  std::vector<uint8_t> raw(tiled.size(), 0);
+  const int64_t n_units = n_cols / 64, n_rg = n_rows / 16;
+  const int64_t row_bytes = n_cols / 32 * 34;
+  const uint8_t* meta = tiled.data() + n_rg * n_units * 1024;
+  auto block = [&](int64_t row, int64_t b) { return raw.data() + row * row_bytes + b * 34; };
+  for (int64_t rg = 0; rg < n_rg; ++rg) {
+    for (int64_t u = 0; u < n_units; ++u) {
+      for (int b = 0; b < 2; ++b) {
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4, tw = lane % 4;
+          const uint8_t* word = tiled.data() + (rg * n_units + u) * 1024 + 512 * b + lane * 16;
+          const int64_t r0 = rg * 16 + g, r8 = r0 + 8;
+          std::memcpy(block(r0, 2 * u + b) + 2 + 4 * tw, word + 0, 4);
+          std::memcpy(block(r8, 2 * u + b) + 2 + 4 * tw, word + 4, 4);
+          std::memcpy(block(r0, 2 * u + b) + 2 + 16 + 4 * tw, word + 8, 4);
+          std::memcpy(block(r8, 2 * u + b) + 2 + 16 + 4 * tw, word + 12, 4);
+        }
+      }
+      for (int g = 0; g < 8; ++g) {
+        const uint8_t* d = meta + ((rg * n_units + u) * 8 + g) * 8;
+        const int64_t r0 = rg * 16 + g;
+        std::memcpy(block(r0, 2 * u), d + 0, 2);
+        std::memcpy(block(r0 + 8, 2 * u), d + 2, 2);
+        std::memcpy(block(r0, 2 * u + 1), d + 4, 2);
+        std::memcpy(block(r0 + 8, 2 * u + 1), d + 6, 2);
+      }
+    }
+  }
+  return raw;
+}
+
 // The raw rows back from a tiled matrix, per the layout in tiled_matrix.h.
 std::vector<uint8_t> untile(GgmlType t, const std::vector<uint8_t>& tiled, int64_t n_cols, int64_t n_rows) {
   if (t == GgmlType::kQ6_K) return untile_q6_k(tiled, n_cols, n_rows);
+  if (t == GgmlType::kQ8_0) return untile_q8_0(tiled, n_cols, n_rows);
   std::vector<uint8_t> raw(tiled.size());
   const int64_t n_units = n_cols / 64;
   const int64_t n_rg = n_rows / 16;
@@ -161,7 +193,8 @@ TEST(TiledMatrix, LayoutDecodesToTheRawRows) {
   for (const Case& c :
        {Case{GgmlType::kQ4_0, 64, 16}, Case{GgmlType::kQ4_0, 320, 48}, Case{GgmlType::kQ4_0, 2048, 64},
         Case{GgmlType::kQ4_K, 256, 16}, Case{GgmlType::kQ4_K, 1280, 32}, Case{GgmlType::kQ4_K, 8192, 16},
-        Case{GgmlType::kQ6_K, 256, 16}, Case{GgmlType::kQ6_K, 1280, 48}, Case{GgmlType::kQ6_K, 8192, 16}}) {
+        Case{GgmlType::kQ6_K, 256, 16}, Case{GgmlType::kQ6_K, 1280, 48}, Case{GgmlType::kQ6_K, 8192, 16},
+        Case{GgmlType::kQ8_0, 64, 16}, Case{GgmlType::kQ8_0, 320, 48}, Case{GgmlType::kQ8_0, 8192, 16}}) {
     const std::vector<uint8_t> m = random_matrix(c.t, c.n_cols, c.n_rows, rng);
     std::vector<uint8_t> tiled(m.size());
     ASSERT_TRUE(tile_matrix(c.t, m.data(), c.n_cols, c.n_rows, tiled));
@@ -173,7 +206,7 @@ TEST(TiledMatrix, LayoutDecodesToTheRawRows) {
 // 37 slices of 3 row groups: ranges cut through slices whatever the thread count.
 TEST(TiledMatrix, StackOnThreadsEqualsSlicesOneByOne) {
   std::mt19937 rng(11);
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
     const int64_t n_cols = 512, n_rows = 48, n_slices = 37;
     const uint64_t slice = tiled_bytes(t, n_cols, n_rows);
     std::vector<uint8_t> stack;
@@ -198,6 +231,7 @@ TEST(TiledMatrix, TiledSizeIsTheRawSize) {
   EXPECT_EQ(tiled_bytes(GgmlType::kQ4_K, 512, 32), 2u * 32u * sizeof(BlockQ4_K));
   EXPECT_EQ(tiled_bytes(GgmlType::kQ4_0, 512, 32), 16u * 32u * sizeof(BlockQ4_0));
   EXPECT_EQ(tiled_bytes(GgmlType::kQ6_K, 512, 32), 2u * 32u * sizeof(BlockQ6_K));
+  EXPECT_EQ(tiled_bytes(GgmlType::kQ8_0, 512, 32), 16u * 32u * sizeof(BlockQ8_0));
 }
 
 TEST(TiledMatrix, RefusesShapesAndArguments) {
@@ -206,7 +240,8 @@ TEST(TiledMatrix, RefusesShapesAndArguments) {
   EXPECT_FALSE(tiled_supports(GgmlType::kQ4_K, 128, 16));   // not whole super-blocks
   EXPECT_FALSE(tiled_supports(GgmlType::kQ6_K, 320, 16));   // not whole super-blocks
   EXPECT_FALSE(tiled_supports(GgmlType::kQ6_K, 256, 8));    // n_out not a multiple of 16
-  EXPECT_FALSE(tiled_supports(GgmlType::kQ8_0, 64, 16));    // other types keep gemv()
+  EXPECT_FALSE(tiled_supports(GgmlType::kQ8_0, 32, 16));    // not whole units
+  EXPECT_FALSE(tiled_supports(GgmlType::kQ5_K, 256, 16));   // other types keep gemv()
   EXPECT_FALSE(tiled_supports(GgmlType::kQ4_0, 8256, 16));  // longer than the kernel takes
   std::vector<uint8_t> raw(18 * 2 * 17);
   std::vector<uint8_t> out(raw.size());
