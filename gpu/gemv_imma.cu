@@ -264,7 +264,8 @@ __device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int
     b.d6 = ok ? ldg_stream1(meta + r.dgap) : 0u;
     return;
   }
-  constexpr int kUnitBytes = imma_tile::kGroupQuantBytes<T> / kUnitsPerSlice;
+  constexpr bool kKQuant = T == GgmlType::kQ4_K || T == GgmlType::kQ5_K;  // scales in super-block heads
+  constexpr int kUnitBytes = T == GgmlType::kQ8_0 ? 1024 : 512;           // Q5_K: its high bits follow the units
   const uint8_t* qs = r.qs + static_cast<size_t>(gi) * imma_tile::kGroupQuantBytes<T>;
   const uint8_t* meta = r.meta + static_cast<size_t>(gi) * 256;
   const int left = a.n_units - group * kUnitsPerSlice;
@@ -273,12 +274,13 @@ __device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int
     for (int i = 0; i < kUnitsPerSlice; ++i) {
       b.w[i] = ldg_stream(qs + i * kUnitBytes);
       if constexpr (T == GgmlType::kQ8_0) b.w2[i] = ldg_stream(qs + i * kUnitBytes + 512);
-      if constexpr (T != GgmlType::kQ4_K) b.m0[i] = ldg_stream2(meta + i * 64);
+      if constexpr (!kKQuant) b.m0[i] = ldg_stream2(meta + i * 64);
     }
-    if constexpr (T == GgmlType::kQ4_K) {
+    if constexpr (kKQuant) {
       b.mk[0] = ldg_stream(meta);
       b.mk[1] = ldg_stream(meta + 128);
     }
+    if constexpr (T == GgmlType::kQ5_K) b.h5 = ldg_stream(qs + 2048);
     return;
   }
 #pragma unroll
@@ -286,12 +288,13 @@ __device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int
     const bool u_ok = r.ok && i < left;
     b.w[i] = u_ok ? ldg_stream(qs + i * kUnitBytes) : make_uint4(0, 0, 0, 0);
     if constexpr (T == GgmlType::kQ8_0) b.w2[i] = u_ok ? ldg_stream(qs + i * kUnitBytes + 512) : make_uint4(0, 0, 0, 0);
-    if constexpr (T != GgmlType::kQ4_K) b.m0[i] = u_ok ? ldg_stream2(meta + i * 64) : make_uint2(0, 0);
+    if constexpr (!kKQuant) b.m0[i] = u_ok ? ldg_stream2(meta + i * 64) : make_uint2(0, 0);
   }
-  if constexpr (T == GgmlType::kQ4_K) {
+  if constexpr (kKQuant) {
     const bool ok = r.ok && left > 0;
     b.mk[0] = ok ? ldg_stream(meta) : make_uint4(0, 0, 0, 0);
     b.mk[1] = ok ? ldg_stream(meta + 128) : make_uint4(0, 0, 0, 0);
+    if constexpr (T == GgmlType::kQ5_K) b.h5 = ok ? ldg_stream(qs + 2048) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -606,11 +609,22 @@ Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaS
 
 Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
   if (type == GgmlType::kQ4_0) return launch_mode<GgmlType::kQ4_0>(args, max_vec, programmatic, stream);
-  // Q6_K, Q8_0: dense calls only (gemv_imma_segments refuses them): their grouped kernels would be 32 more, for no
-  // caller (moe_imma takes Q4 experts).
+  // Q5_K, Q6_K, Q8_0: dense calls only (gemv_imma_segments refuses them): their grouped kernels would be 48 more, for
+  // no caller (moe_imma takes Q4 experts).
   if (type == GgmlType::kQ6_K) return launch_pairs<GgmlType::kQ6_K, kDenseCall>(args, max_vec, programmatic, stream);
   if (type == GgmlType::kQ8_0) return launch_pairs<GgmlType::kQ8_0, kDenseCall>(args, max_vec, programmatic, stream);
+  if (type == GgmlType::kQ5_K) return launch_pairs<GgmlType::kQ5_K, kDenseCall>(args, max_vec, programmatic, stream);
   return launch_mode<GgmlType::kQ4_K>(args, max_vec, programmatic, stream);
+}
+
+// imma_tile::kGroupQuantBytes at run time.
+int group_quant_bytes(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ5_K: return imma_tile::kGroupQuantBytes<GgmlType::kQ5_K>;
+    case GgmlType::kQ6_K: return imma_tile::kGroupQuantBytes<GgmlType::kQ6_K>;
+    case GgmlType::kQ8_0: return imma_tile::kGroupQuantBytes<GgmlType::kQ8_0>;
+    default: return imma_tile::kGroupQuantBytes<GgmlType::kQ4_0>;
+  }
 }
 
 KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xprep, float* y, int64_t y_stride) {
@@ -621,8 +635,7 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
   a.n_groups = static_cast<int>((n_units + kUnitsPerSlice - 1) / kUnitsPerSlice);
   a.n_rg = static_cast<int>(n_rg);
   a.rg_div = FastDiv::make(static_cast<uint32_t>(n_rg));
-  a.meta_off =
-      static_cast<size_t>(n_rg * n_units) * (type == GgmlType::kQ6_K ? 768 : (type == GgmlType::kQ8_0 ? 1024 : 512));
+  a.meta_off = static_cast<size_t>(n_rg * n_units) * static_cast<size_t>(group_quant_bytes(type) / kUnitsPerSlice);
   a.xprep = static_cast<const uint8_t*>(xprep);
   a.lay = x_layout(n_cols);
   a.y = y;

@@ -1,4 +1,5 @@
-// gemv_imma: GEMV v4 for Q4_0 / Q4_K weights in the re-tiled layout of tiled_matrix.h (tile_matrix: the same bytes,
+// gemv_imma: GEMV v4 for Q4_0 / Q4_K (and, dense calls only, Q5_K / Q6_K / Q8_0) weights in the re-tiled layout of
+// tiled_matrix.h (tile_matrix: the same bytes,
 // reordered so one 16-byte load per lane feeds tensor-core fragments), on the integer tensor cores.
 //
 // Arithmetic: the 4-bit quants enter a u8 × s8 MMA (m16n8k32) unchanged — the tile words already hold, per lane, the
@@ -9,7 +10,10 @@
 // (the digits are exact for every element within 2^4 of the group's largest; smaller ones keep >= 22 bits). The four
 // digits of a vector are four MMA columns, so one MMA serves two vectors; every integer sum is exact and each
 // 32-element block's sum is scaled in f32 (Q4_0: d·(Σq·x − 8·Σx); Q4_K: d·sc, dmin·m per sub-block, exact int32
-// sums over the super-block). Agreement with ref::matvec_batch: the test holds 1e-5 of Σ|w·x| (measured ~1e-7).
+// sums over the super-block). Q5_K: Q4_K's with the fifth bit OR-ed into each A byte, sums kept per digit; Q8_0: the
+// int8 block as s8 A registers (s8 × s8), Q6_K: q − 32 built as a signed byte, one m16n8k16 MMA per 16-element
+// sub-block (its int8 scale), per-digit int32 sums — these join their digit columns in f32 with one rounding.
+// Agreement with ref::matvec_batch: the test holds 1e-5 of Σ|w·x| (measured ~1e-7).
 //
 // Work split: one warp streams a row group (16 rows) × 256 columns (4 tiles, one scale group / Q4_K super-block)
 // per round; the S warps of a row group (S from the shape alone) sit in one block and their partial sums are added
@@ -65,7 +69,7 @@ struct ImmaSegment {
 static_assert(sizeof(ImmaSegment) == 80, "ImmaSegment is a POD a device kernel writes");
 
 // Grouped GEMV over n_segments segments (device table `segments`, device memory): every segment's matrix has the
-// shape {n_cols, n_rows} and type `type` (gemv_imma_supports); xprep holds n_x
+// shape {n_cols, n_rows} and type `type` (Q4_0 or Q4_K, gemv_imma_supports); xprep holds n_x
 // prepared vectors of n_cols (gemv_imma_prepare_x with n_vec = n_x); y: device f32, rows of y_stride >= n_rows
 // floats. Out-of-range vec/out entries are the table writer's responsibility: the kernel does not check them (it
 // clamps nothing). max_segment_vectors (1..8): a bound on every segment's n_vec that the table writer guarantees (e.g.

@@ -49,7 +49,8 @@ struct WeightBuf {
   uint4 w[kUnitsPerSlice];   // Q6_K: the units' low nibbles; Q8_0: each unit's first block
   uint4 w2[kUnitsPerSlice];  // Q8_0: each unit's second block
   uint2 m0[kUnitsPerSlice];  // Q4_0, Q8_0: d of (g, blk 0), (g+8, blk 0), (g, blk 1), (g+8, blk 1)
-  uint4 mk[2];               // Q4_K: 16-byte heads of rows g and g + 8 for the super-block
+  uint4 mk[2];               // Q4_K, Q5_K: 16-byte heads of rows g and g + 8 for the super-block
+  uint4 h5;                  // Q5_K: the units' high-bit words
   uint4 qh[2];               // Q6_K: high bits of units 0-1, 2-3
   uint4 sc6[2];              // Q6_K: the 16 int8 scales of rows g, g + 8
   uint32_t d6;               // Q6_K: d of rows g (low half), g + 8 (f16)
@@ -59,7 +60,7 @@ struct WeightBuf {
 template <GgmlType T>
 inline constexpr int kGroupQuantBytes = T == GgmlType::kQ6_K
                                             ? 3072
-                                            : (T == GgmlType::kQ8_0 ? kUnitsPerSlice * 1024 : kUnitsPerSlice * 512);
+                                            : (T == GgmlType::kQ8_0 ? 4096 : (T == GgmlType::kQ5_K ? 2560 : 2048));
 template <GgmlType T>
 inline constexpr int kGroupMetaBytes = T == GgmlType::kQ6_K ? 288 : kUnitsPerSlice * 64;
 
@@ -92,7 +93,7 @@ template <GgmlType T>
 __device__ __forceinline__ void tile_lane(const uint8_t* base, size_t meta_off, int n_units, int rg, int grp, int lane,
                                           const uint8_t*& qs, const uint8_t*& meta) {
   const size_t tile0 = static_cast<size_t>(rg) * n_units + static_cast<size_t>(grp) * kUnitsPerSlice;
-  constexpr int kLaneMeta = T == GgmlType::kQ4_K ? 16 : (T == GgmlType::kQ6_K ? 32 : 8);
+  constexpr int kLaneMeta = T == GgmlType::kQ4_K || T == GgmlType::kQ5_K ? 16 : (T == GgmlType::kQ6_K ? 32 : 8);
   qs = base + tile0 * (kGroupQuantBytes<T> / kUnitsPerSlice) + lane * 16;
   meta = base + meta_off + tile0 * (kGroupMetaBytes<T> / kUnitsPerSlice) + (lane / 4) * kLaneMeta;
 }
@@ -172,6 +173,64 @@ __device__ __forceinline__ void multiply_add_q6_k(const WeightBuf& src, const XS
   }
 }
 
+// Unit i's 24-bit field of a K-quant super-block head (d, dmin, then four fields): sc[2i] | sc[2i+1] << 6 |
+// m[2i] << 12 | m[2i+1] << 18 (tile_matrix's re-packing), with one funnel shift.
+__device__ __forceinline__ uint32_t k_field(const uint4& hd, int i) {
+  const uint32_t lo = i < 2 ? hd.y : (i == 2 ? hd.z : hd.w);
+  const uint32_t hi = i < 2 ? hd.z : hd.w;
+  return __funnelshift_r(lo, hi, (24 * i) & 31);
+}
+
+// Q5_K: the fifth bits of A register r of sub-block 2j + h (bit f = 4h + r of each byte of the unit's high-bit word),
+// moved to bit 4 of each byte.
+__device__ __forceinline__ uint32_t q5_high(uint32_t qh, int f) {
+  return (f <= 4 ? qh << (4 - f) : qh >> (f - 4)) & 0x10101010u;
+}
+
+// One Q5_K group (a super-block of rows g, g + 8) for one pair: Q4_K's multiply with the fifth bit OR-ed into each A
+// byte (q <= 31), and the int32 sums kept per digit (|c| <= 32·31·64 < 2^16, times sc < 64, over 8 sub-blocks:
+// < 2^25; Q4_K's joined 128·c0 + c1 would pass 2^31 here), joined in f32 at the super-block's end.
+template <class XS>
+__device__ __forceinline__ void multiply_add_q5_k(const WeightBuf& src, const XS& x, float (&sum)[2]) {
+  int is[2][2] = {{0, 0}, {0, 0}};  // [row g, g + 8][digit 2h, 2h + 1] · sc
+  int msum[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < kUnitsPerSlice; ++i) {
+    const uint4 w = src.w[i];
+    const uint4 f = x.b(i);
+    const int2 ds = x.d(i);
+    const uint32_t qh = i == 0 ? src.h5.x : (i == 1 ? src.h5.y : (i == 2 ? src.h5.z : src.h5.w));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int sh = 4 * h;
+      int c[4];
+      mma_u8s8(c, ((w.x >> sh) & kNibbles) | q5_high(qh, 4 * h), ((w.y >> sh) & kNibbles) | q5_high(qh, 4 * h + 1),
+               ((w.z >> sh) & kNibbles) | q5_high(qh, 4 * h + 2), ((w.w >> sh) & kNibbles) | q5_high(qh, 4 * h + 3),
+               h == 0 ? f.x : f.z, h == 0 ? f.y : f.w, 0, 0);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t fld = k_field(src.mk[r], i);
+        const int sc = static_cast<int>((fld >> (6 * h)) & 63u);
+        const int mn = static_cast<int>((fld >> (12 + 6 * h)) & 63u);
+        is[r][0] += c[2 * r] * sc;
+        is[r][1] += c[2 * r + 1] * sc;
+        msum[r] += mn * (h == 0 ? ds.x : ds.y);
+      }
+    }
+  }
+  float acc[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float d = half_bits(src.mk[r].x & 0xFFFFu);
+    const float dmin = half_bits(src.mk[r].x >> 16);
+    const float v = __fmaf_rn(static_cast<float>(is[r][0]), 128.0f, static_cast<float>(is[r][1]));
+    acc[r] = __fmaf_rn(d, v, -__fmul_rn(dmin, static_cast<float>(msum[r])));
+  }
+  const float xs = x.s();
+  sum[0] = __fadd_rn(sum[0], __fmul_rn(xs, acc[0]));
+  sum[1] = __fadd_rn(sum[1], __fmul_rn(xs, acc[1]));
+}
+
 // One Q8_0 group (eight blocks of rows g, g + 8) for one pair: per block one s8 × s8 MMA, its digit columns joined in
 // int32 (|128·c0 + c1| < 128·32·128·64 + 2^18 < 2^26) and converted once (rounded to 24 bits: the joined sum no
 // longer fits Q4_0's exact 2^22 float trick), times the block's d, in units of digit 2h + 1 like the Q4 types.
@@ -214,6 +273,10 @@ __device__ __forceinline__ void multiply_add(const WeightBuf& src, const XS& x, 
     multiply_add_q8_0(src, x, sum);
     return;
   }
+  if constexpr (T == GgmlType::kQ5_K) {
+    multiply_add_q5_k(src, x, sum);
+    return;
+  }
   float acc[2] = {0.0f, 0.0f};  // rows g, g + 8, in units of digit 2h + 1
   [[maybe_unused]] int isum[2] = {0, 0};
   [[maybe_unused]] int msum[2] = {0, 0};
@@ -249,11 +312,7 @@ __device__ __forceinline__ void multiply_add(const WeightBuf& src, const XS& x, 
                  b1, 0, 0);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const uint4 hd = mk[r];
-          // Unit i's 24-bit field: sc[2i] | sc[2i+1] << 6 | m[2i] << 12 | m[2i+1] << 18 (tile_matrix's re-packing).
-          const uint32_t lo = i < 2 ? hd.y : (i == 2 ? hd.z : hd.w);
-          const uint32_t hi = i < 2 ? hd.z : hd.w;
-          const uint32_t fld = __funnelshift_r(lo, hi, (24 * i) & 31);
+          const uint32_t fld = k_field(mk[r], i);
           const int sc = static_cast<int>((fld >> (6 * h)) & 63u);
           const int mn = static_cast<int>((fld >> (12 + 6 * h)) & 63u);
           // |128·c0 + c1| < 2^22, times sc < 64, over 8 sub-blocks: < 2^31.

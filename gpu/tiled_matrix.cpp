@@ -1,4 +1,4 @@
-// tile_matrix (see tiled_matrix.h): the host-side re-tiling of Q4_0 / Q4_K / Q6_K / Q8_0 rows for GEMV v4.
+// tile_matrix (see tiled_matrix.h): the host-side re-tiling of Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 rows for GEMV v4.
 #include "gpu/tiled_matrix.h"
 
 #include <algorithm>
@@ -26,13 +26,14 @@ bool tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
   if (n_rows <= 0 || n_rows % kTileRows != 0 || n_cols <= 0 || n_cols > kMaxCols) return false;
   if (n_rows / kTileRows > std::numeric_limits<int32_t>::max() / 16) return false;  // row groups × splits in int
   if (type == GgmlType::kQ4_0 || type == GgmlType::kQ8_0) return n_cols % kUnitElems == 0;
-  if (type == GgmlType::kQ4_K || type == GgmlType::kQ6_K) return n_cols % 256 == 0;
+  if (type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K) return n_cols % 256 == 0;
   return false;
 }
 
 uint64_t tiled_bytes(GgmlType type, int64_t n_cols, int64_t n_rows) {
   const uint64_t elems = static_cast<uint64_t>(n_cols) * static_cast<uint64_t>(n_rows);
   if (type == GgmlType::kQ4_K) return elems / 256 * sizeof(BlockQ4_K);
+  if (type == GgmlType::kQ5_K) return elems / 256 * sizeof(BlockQ5_K);
   if (type == GgmlType::kQ6_K) return elems / 256 * sizeof(BlockQ6_K);
   if (type == GgmlType::kQ8_0) return elems / 32 * sizeof(BlockQ8_0);
   return elems / 32 * sizeof(BlockQ4_0);
@@ -90,6 +91,23 @@ void tile_blocks32_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_
   }
 }
 
+// A K-quant super-block's 16-byte head in the tiled layout: d, dmin (the block's first 4 bytes), then the eight 6-bit
+// scale / min pairs as four 24-bit fields, field j (bytes 3j .. 3j + 2 after d, dmin) = sc[2j] | sc[2j+1] << 6 |
+// m[2j] << 12 | m[2j+1] << 18.
+void pack_k_head(const uint8_t* block, const uint8_t* scales, uint8_t* m) {
+  std::memcpy(m, block, 4);
+  for (int j = 0; j < 4; ++j) {
+    uint8_t sc0, mn0, sc1, mn1;
+    quant_internal::k4_get_scale_min(2 * j, scales, &sc0, &mn0);
+    quant_internal::k4_get_scale_min(2 * j + 1, scales, &sc1, &mn1);
+    const uint32_t field = static_cast<uint32_t>(sc0) | (static_cast<uint32_t>(sc1) << 6) |
+                           (static_cast<uint32_t>(mn0) << 12) | (static_cast<uint32_t>(mn1) << 18);
+    m[4 + 3 * j] = static_cast<uint8_t>(field);
+    m[4 + 3 * j + 1] = static_cast<uint8_t>(field >> 8);
+    m[4 + 3 * j + 2] = static_cast<uint8_t>(field >> 16);
+  }
+}
+
 void tile_q4_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
   const int64_t n_units = n_cols / kUnitElems;
   const int64_t n_sb = n_cols / 256;
@@ -110,19 +128,47 @@ void tile_q4_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
     for (int64_t sb = 0; sb < n_sb; ++sb) {
       for (int row = 0; row < kTileRows; ++row) {
         const uint8_t* b = block(rg * kTileRows + row, sb);
-        uint8_t* m = meta + (rg * n_sb + sb) * 256 + row * 16;
-        std::memcpy(m, b, 4);  // d, dmin
-        // Field j (24 bits at bit 24j, little-endian) = bytes 3j .. 3j + 2.
+        pack_k_head(b, b + offsetof(BlockQ4_K, scales), meta + (rg * n_sb + sb) * 256 + row * 16);
+      }
+    }
+  }
+}
+
+// Q5_K: per super-block its Q4_K-ordered low-nibble units, then one 32-bit high-bit word per unit and lane; meta as
+// Q4_K's.
+void tile_q5_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
+  const int64_t n_sb = n_cols / 256;
+  const int64_t row_bytes = n_sb * static_cast<int64_t>(sizeof(BlockQ5_K));
+  uint8_t* meta = out + n_rg * n_sb * 2560;
+  for (int64_t rg = rg0; rg < rg1; ++rg) {
+    for (int64_t sb = 0; sb < n_sb; ++sb) {
+      auto block = [&](int64_t row) { return src + row * row_bytes + sb * static_cast<int64_t>(sizeof(BlockQ5_K)); };
+      uint8_t* qs = out + (rg * n_sb + sb) * 2560;
+      for (int j = 0; j < 4; ++j) {
+        tile_quants(qs + 512 * j, rg, j, [&](int64_t row, int64_t unit, int half) {
+          return block(row) + offsetof(BlockQ5_K, qs) + 32 * unit + 16 * half;
+        });
+      }
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4;
+        const int t = lane % 4;
         for (int j = 0; j < 4; ++j) {
-          uint8_t sc0, mn0, sc1, mn1;
-          quant_internal::k4_get_scale_min(2 * j, b + offsetof(BlockQ4_K, scales), &sc0, &mn0);
-          quant_internal::k4_get_scale_min(2 * j + 1, b + offsetof(BlockQ4_K, scales), &sc1, &mn1);
-          const uint32_t field = static_cast<uint32_t>(sc0) | (static_cast<uint32_t>(sc1) << 6) |
-                                 (static_cast<uint32_t>(mn0) << 12) | (static_cast<uint32_t>(mn1) << 18);
-          m[4 + 3 * j] = static_cast<uint8_t>(field);
-          m[4 + 3 * j + 1] = static_cast<uint8_t>(field >> 8);
-          m[4 + 3 * j + 2] = static_cast<uint8_t>(field >> 16);
+          for (int b = 0; b < 4; ++b) {
+            uint32_t v = 0;
+            for (int h = 0; h < 2; ++h) {
+              for (int r = 0; r < 4; ++r) {
+                const uint8_t* blk = block(rg * kTileRows + (r % 2 == 0 ? g : g + 8));
+                const int e = 64 * j + 32 * h + 16 * (r / 2) + 4 * t + b;
+                v |= ((blk[offsetof(BlockQ5_K, qh) + e % 32] >> (e / 32)) & 1u) << (4 * h + r);
+              }
+            }
+            qs[2048 + lane * 16 + 4 * j + b] = static_cast<uint8_t>(v);
+          }
         }
+      }
+      for (int row = 0; row < kTileRows; ++row) {
+        const uint8_t* b = block(rg * kTileRows + row);
+        pack_k_head(b, b + offsetof(BlockQ5_K, scales), meta + (rg * n_sb + sb) * 256 + row * 16);
       }
     }
   }
@@ -186,8 +232,8 @@ Status tile_matrix_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t
   if (!tiled_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "tile_matrix: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
-                                                       "} cannot be tiled (q4_0 and q8_0 need n_cols % 64, q4_K "
-                                                       "and q6_K n_cols % 256, n_rows % 16, n_cols <= 8192)");
+                                                       "} cannot be tiled (q4_0 and q8_0 need n_cols % 64, the "
+                                                       "k-quants n_cols % 256, n_rows % 16, n_cols <= 8192)");
   }
   const uint64_t slice_bytes = tiled_bytes(type, n_cols, n_rows);
   if (raw == nullptr || n_slices < 1 || max_threads < 0) {
@@ -217,6 +263,8 @@ Status tile_matrix_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t
         tile_blocks32_rows<BlockQ8_0>(s, n_cols, n_rg, rg0, rg1, o);
       } else if (type == GgmlType::kQ4_K) {
         tile_q4_k_rows(s, n_cols, n_rg, rg0, rg1, o);
+      } else if (type == GgmlType::kQ5_K) {
+        tile_q5_k_rows(s, n_cols, n_rg, rg0, rg1, o);
       } else {
         tile_q6_k_rows(s, n_cols, n_rg, rg0, rg1, o);
       }

@@ -1,7 +1,8 @@
-// tile_matrix: the re-tiled form of Q4_0 / Q4_K / Q6_K / Q8_0 matrices that GEMV v4 (gpu/gemv_imma.h) reads — the same
-// bytes as the GGUF rows, reordered (never widened) so that one 16-byte load per lane is the A fragment of two integer
-// MMAs (Q6_K: the low nibbles of four m16n8k16 MMAs, their high bits in a second load shared by two units; Q8_0: one).
-// The WeightPool tiles tensors into it at registration (PoolLayout::kTiled); docs/gpu.md ("GEMV v4") has more.
+// tile_matrix: the re-tiled form of Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 matrices that GEMV v4 (gpu/gemv_imma.h) reads —
+// the same bytes as the GGUF rows, reordered (never widened) so that one 16-byte load per lane is the A fragment of two
+// integer MMAs (Q6_K: the low nibbles of four m16n8k16 MMAs, their high bits in a second load shared by two units;
+// Q8_0: one). The WeightPool tiles tensors into it at registration (PoolLayout::kTiled); docs/gpu.md ("GEMV v4") has
+// more.
 //
 // Layout (tile_matrix writes it from raw GGUF rows; both parts together are exactly the raw size):
 //   rows in groups of 16 ("row group" rg), columns in units of 64 elements (u);
@@ -12,6 +13,9 @@
 //              Q4_K: [rg][super-block][row 0..15][d, dmin, 12 bytes] where the 12 bytes re-pack the block's eight
 //              6-bit scales and mins (same 96 bits) as four 24-bit fields, field j = sc[2j] | sc[2j+1] << 6 |
 //              m[2j] << 12 | m[2j+1] << 18 at bit 24j, so a unit's four values come out with one funnel shift
+//   Q5_K: qs part [rg][super-block][2560 bytes]: the four units' low nibbles as Q4_K's (512 bytes each), then
+//              [lane][16 bytes] of high bits, word j for unit j: bit 4h + r of byte b is the fifth bit of byte b of
+//              A register r's word (r = 0..3 in the Q4_K unit word's order) in sub-block 2j + h; meta part as Q4_K's
 //   Q8_0 (units of two blocks, 1024 bytes): qs part [rg][u][blk 2u, 2u + 1][lane][16 bytes], lane 4g + t holding
 //              {row g qs[4t..], row g+8 qs[4t..], row g qs[16+4t..], row g+8 qs[16+4t..]} of the block;
 //              meta part as Q4_0's
@@ -42,8 +46,8 @@ struct TiledView {
   int64_t n_rows = 0;          // ggml ne1 (n_out)
 };
 
-// True for Q4_0 and Q8_0 with n_cols a multiple of 64, Q4_K and Q6_K with n_cols a multiple of 256, n_rows a positive
-// multiple of 16 and n_cols <= 8192 (the longest row GEMV v4 takes).
+// True for Q4_0 and Q8_0 with n_cols a multiple of 64, Q4_K, Q5_K and Q6_K with n_cols a multiple of 256, n_rows a
+// positive multiple of 16 and n_cols <= 8192 (the longest row GEMV v4 takes).
 bool tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
 
 // Bytes of the tiled form (equal to the raw GGUF bytes of the same matrix).

@@ -127,7 +127,7 @@ Status WeightPool::register_tensors(std::span<const PoolTensorDesc> batch, cudaS
         return make_error(
             ErrorCode::kInvalidArgument,
             who + " " + shape_str(d.ne) + " " + std::string(ggml_type_name(d.type)) +
-                " cannot be tiled (q4_0 / q4_K / q6_K / q8_0 matrices or 3-D stacks; see tiled_supports)");
+                " cannot be tiled (q4_0 / q4_K / q5_K / q6_K / q8_0 matrices or 3-D stacks; see tiled_supports)");
       }
     }
     const uint64_t start = align_up(offset);

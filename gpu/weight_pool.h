@@ -3,7 +3,7 @@
 // The pool owns one cudaMalloc of `budget` bytes. Tensors are registered under keys (the GGUF name, e.g.
 // "blk.3.attn_q.weight") with their exact ggml shape {ne0, ne1, ...} and type; their raw GGUF blocks are copied
 // byte for byte (no widening: the bytes at view().data are exactly the file's bytes, rows back to back), or, for a
-// Q4_0 / Q4_K / Q6_K / Q8_0 matrix registered with PoolLayout::kTiled, re-tiled on the host by tile_matrix
+// Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 matrix registered with PoolLayout::kTiled, re-tiled on the host by tile_matrix
 // (gpu/tiled_matrix.h: the same bytes reordered for GEMV v4, each 2-D slice of a 3-D stack on its own) and read through
 // tiled_view(). Each tensor starts at a kPoolAlignment-byte boundary inside the allocation.
 //
@@ -45,7 +45,8 @@ inline constexpr uint64_t kPoolAlignment = 256;
 // How a tensor's bytes sit on the device.
 enum class PoolLayout : uint8_t {
   kRaw,    // the GGUF blocks as in the file (every kernel of gpu/ that takes a DeviceMatrixView)
-  kTiled,  // Q4_0 / Q4_K / Q6_K / Q8_0 matrices (or stacks) re-tiled by tile_matrix for gemv_imma; the same bytes
+  kTiled,  // Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 matrices (or stacks) re-tiled by tile_matrix for gemv_imma; the same
+           // bytes
 };
 
 // One tensor to register: raw GGUF blocks in host memory (pageable or pinned), borrowed for the call only.
@@ -97,9 +98,9 @@ class WeightPool {
   // Registers every used tensor of `catalog` (GDN, attention, norms, FFN/experts, embedding, lm_head; skipped MTP
   // tensors excluded; a tied output is the token_embd tensor, registered once) under its GGUF name with the
   // catalog's placement class, as one all-or-nothing batch. `file` is the GgufFile the catalog was built from.
-  // tile: every Q4_0 / Q4_K / Q6_K / Q8_0 matrix and Q4_0 / Q4_K expert stack whose shape tiled_supports is
+  // tile: every Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 matrix and Q4_0 / Q4_K expert stack whose shape tiled_supports is
   // registered kTiled, except token_embd.weight (the embedding lookup reads raw rows; a tied lm_head then stays raw
-  // too). Q6_K / Q8_0 stacks stay raw (moe_imma, the tiled MoE path, takes Q4 experts).
+  // too). Other stacks stay raw (moe_imma, the tiled MoE path, takes Q4 experts).
   Status register_catalog(const WeightCatalog& catalog, const GgufFile& file, cudaStream_t stream, bool tile = false);
 
   // Drops every tensor and invalidates every PoolRef (generation + 1). The device memory is not touched.

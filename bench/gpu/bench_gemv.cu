@@ -267,8 +267,9 @@ Status run(const std::string& only) {
       }
     }
   }
-  for (const Shape& s : {ssm_out, lm_head}) {
-    for (const GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ6_K}) {
+  // The other types real files keep these in (Q4_K_M: attn_qkv Q5_K, lm_head Q6_K; Q5_K_M; Q8_0).
+  for (const Shape& s : {attn_qkv, ssm_out, lm_head}) {
+    for (const GgmlType t : {GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
       cases.push_back({s, t});
       if (gemv_imma_supports(t, s.n_in, s.n_out)) {
         cases.push_back({s, t, Kernel::kImma});

@@ -1,5 +1,5 @@
-// gpu/gemv_imma (GEMV v4: re-tiled Q4_0 / Q4_K on u8 x s8 tensor cores and Q6_K / Q8_0 on s8 x s8, x as four 7-bit
-// digits per power-of-two group scale; the tiled layout itself is tested in test_tiled_matrix.cpp) against core's
+// gpu/gemv_imma (GEMV v4: re-tiled Q4_0 / Q4_K / Q5_K on u8 x s8 tensor cores and Q6_K / Q8_0 on s8 x s8, x as four
+// 7-bit digits per power-of-two group scale; the tiled layout itself is tested in test_tiled_matrix.cpp) against core's
 // ref::matvec_batch: random blocks with wide-ranging scales, shapes from one tile to the longest row the kernel takes
 // (n_in 64 .. 8192, n_out 16 .. 32768), every vector-count path (1, 2, 3, 5, 8, 13, 32: one to four pairs per
 // segment, several segments); bit-identical repeated runs; each y[v] identical whatever n_vec; the unrolled rounds'
@@ -193,6 +193,12 @@ TEST(GemvImma, Q4_KMatchesReference) {
   check_type(GgmlType::kQ4_K, {{256, 16}, {768, 32}, {1280, 48}, {2048, 512}, {4096, 160}, {8192, 32}, {512, 32768}});
 }
 
+// Q5_K: Q4_K's multiply with the fifth bit OR-ed into each A byte, sums kept per digit.
+TEST(GemvImma, Q5_KMatchesReference) {
+  KESTREL_REQUIRE_DEVICE();
+  check_type(GgmlType::kQ5_K, {{256, 16}, {768, 32}, {1280, 48}, {2048, 512}, {4096, 160}, {8192, 32}, {512, 32768}});
+}
+
 // Q6_K: one s8 × s8 m16n8k16 MMA per 16-element sub-block (its own int8 scale), q − 32 formed from the packed bits.
 TEST(GemvImma, Q6_KMatchesReference) {
   KESTREL_REQUIRE_DEVICE();
@@ -212,7 +218,7 @@ TEST(GemvImma, Q8_0MatchesReference) {
 TEST(GemvImma, ActivationEdgeCases) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(99);
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
     const int64_t n_in = 1024;
     const int64_t n_out = 64;
     const std::vector<uint8_t> m = random_matrix(t, n_in, n_out, rng);
@@ -282,7 +288,7 @@ TEST(GemvImma, ProgrammaticChainGivesPlainBits) {
   std::mt19937 rng(2024);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
     for (const Shape sh : {Shape{2048, 512}, Shape{4096, 160}, Shape{768, 48}, Shape{512, 32768}}) {
       const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled w(t, m, sh.n_in, sh.n_out);
@@ -326,7 +332,7 @@ TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
   struct RunTimeLoop {
     ~RunTimeLoop() { gemv_imma_set_compiled_groups(true); }
   } restore;
-  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
     for (const Shape sh : {Shape{2048, 8192}, Shape{2048, 16384}, Shape{2048, 32768}}) {
       const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled w(t, m, sh.n_in, sh.n_out);
@@ -436,7 +442,7 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
 TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 8256, 16));  // longer than 8192
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 32, 16));    // not whole units
-  EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ5_K, 256, 16));   // other types keep gemv()
+  EXPECT_FALSE(gemv_imma_supports(GgmlType::kBF16, 256, 16));   // other types keep gemv()
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ6_K, 128, 16));   // not whole super-blocks
   EXPECT_EQ(imma_x_bytes(96, 1), 0u);
   EXPECT_EQ(imma_x_bytes(64, 65536), 0u);
@@ -463,6 +469,7 @@ TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 15, nullptr));   // y_stride < n_rows
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ6_K, 256, 16, seg, 1, xp, y, 16, nullptr));  // dense calls only
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ8_0, 64, 16, seg, 1, xp, y, 16, nullptr));
+  EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ5_K, 256, 16, seg, 1, xp, y, 16, nullptr));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// gpu/tiled_matrix: the re-tiled Q4_0 / Q4_K / Q6_K / Q8_0 layout GEMV v4 reads (host code, no device needed). The
-// tiled bytes are decoded back into GGUF blocks by following the layout tiled_matrix.h documents, independently of
+// gpu/tiled_matrix: the re-tiled Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 layout GEMV v4 reads (host code, no device needed).
+// The tiled bytes are decoded back into GGUF blocks by following the layout tiled_matrix.h documents, independently of
 // tile_matrix's own loops, and must give back the raw matrix byte for byte; a stack tiled on any number of threads
 // equals its slices tiled one by one; shapes and arguments it does not take are refused.
 #include <gtest/gtest.h>
@@ -112,10 +112,61 @@ std::vector<uint8_t> untile_q8_0(const std::vector<uint8_t>& tiled, int64_t n_co
   return raw;
 }
 
+// A K-quant super-block's head back from its tiled 16 bytes: d, dmin to the block's start, the four 24-bit fields
+// (field k / 2 at bit 24·(k / 2): sc at 6·(k % 2), m at 12 + 6·(k % 2)) to its packed 6-bit scales.
+void unpack_k_head(const uint8_t* head, uint8_t* block, uint8_t* scales) {
+  std::memcpy(block, head, 4);
+  std::memset(scales, 0, 12);
+  for (int k = 0; k < 8; ++k) {
+    uint32_t field = 0;
+    std::memcpy(&field, head + 4 + 3 * (k / 2), 3);
+    const auto sc = static_cast<uint8_t>((field >> (6 * (k % 2))) & 63u);
+    const auto mn = static_cast<uint8_t>((field >> (12 + 6 * (k % 2))) & 63u);
+    quant_internal::k4_put_scale_min(k, sc, mn, scales);
+  }
+}
+
+// Q5_K rows back from a tiled matrix (tiled_matrix.h's Q5_K layout).
+std::vector<uint8_t> untile_q5_k(const std::vector<uint8_t>& tiled, int64_t n_cols, int64_t n_rows) {
+  std::vector<uint8_t> raw(tiled.size(), 0);
+  const int64_t n_sb = n_cols / 256, n_rg = n_rows / 16;
+  const uint8_t* meta = tiled.data() + n_rg * n_sb * 2560;
+  for (int64_t rg = 0; rg < n_rg; ++rg) {
+    for (int64_t sb = 0; sb < n_sb; ++sb) {
+      auto block = [&](int64_t row) { return raw.data() + (row * n_sb + sb) * 176; };
+      const uint8_t* q = tiled.data() + (rg * n_sb + sb) * 2560;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, tw = lane % 4;
+        for (int j = 0; j < 4; ++j) {
+          const uint8_t* word = q + 512 * j + lane * 16;
+          const uint8_t* high = q + 2048 + lane * 16 + 4 * j;
+          for (int r = 0; r < 4; ++r) {  // word r: rows g, g + 8, g, g + 8; elements 4t.. then 16 + 4t..
+            uint8_t* blk = block(rg * 16 + (r % 2 == 0 ? g : g + 8));
+            std::memcpy(blk + offsetof(BlockQ5_K, qs) + 32 * j + 16 * (r / 2) + 4 * tw, word + 4 * r, 4);
+            for (int b = 0; b < 4; ++b) {
+              for (int h = 0; h < 2; ++h) {  // the low (h = 0) or high nibble's element: sub-block 2j + h
+                const int e = 64 * j + 32 * h + 16 * (r / 2) + 4 * tw + b;
+                blk[offsetof(BlockQ5_K, qh) + e % 32] |=
+                    static_cast<uint8_t>(((high[b] >> (4 * h + r)) & 1) << (e / 32));
+              }
+            }
+          }
+        }
+      }
+      for (int row = 0; row < 16; ++row) {
+        uint8_t* b = block(rg * 16 + row);
+        unpack_k_head(meta + ((rg * n_sb + sb) * 16 + row) * 16, b, b + offsetof(BlockQ5_K, scales));
+      }
+    }
+  }
+  return raw;
+}
+
 // The raw rows back from a tiled matrix, per the layout in tiled_matrix.h.
 std::vector<uint8_t> untile(GgmlType t, const std::vector<uint8_t>& tiled, int64_t n_cols, int64_t n_rows) {
   if (t == GgmlType::kQ6_K) return untile_q6_k(tiled, n_cols, n_rows);
   if (t == GgmlType::kQ8_0) return untile_q8_0(tiled, n_cols, n_rows);
+  if (t == GgmlType::kQ5_K) return untile_q5_k(tiled, n_cols, n_rows);
   std::vector<uint8_t> raw(tiled.size());
   const int64_t n_units = n_cols / 64;
   const int64_t n_rg = n_rows / 16;
@@ -166,18 +217,8 @@ std::vector<uint8_t> untile(GgmlType t, const std::vector<uint8_t>& tiled, int64
     }
     for (int64_t sb = 0; sb < n_sb; ++sb) {
       for (int row = 0; row < 16; ++row) {
-        const uint8_t* head = meta + ((rg * n_sb + sb) * 16 + row) * 16;
         uint8_t* b = block(rg * 16 + row, sb);
-        std::memcpy(b, head, 4);  // d, dmin
-        uint8_t* scales = b + offsetof(BlockQ4_K, scales);
-        std::memset(scales, 0, 12);
-        for (int k = 0; k < 8; ++k) {  // field k / 2 at bit 24·(k / 2): sc at 6·(k % 2), m at 12 + 6·(k % 2)
-          uint32_t field = 0;
-          std::memcpy(&field, head + 4 + 3 * (k / 2), 3);
-          const auto sc = static_cast<uint8_t>((field >> (6 * (k % 2))) & 63u);
-          const auto mn = static_cast<uint8_t>((field >> (12 + 6 * (k % 2))) & 63u);
-          quant_internal::k4_put_scale_min(k, sc, mn, scales);
-        }
+        unpack_k_head(meta + ((rg * n_sb + sb) * 16 + row) * 16, b, b + offsetof(BlockQ4_K, scales));
       }
     }
   }
@@ -194,7 +235,8 @@ TEST(TiledMatrix, LayoutDecodesToTheRawRows) {
        {Case{GgmlType::kQ4_0, 64, 16}, Case{GgmlType::kQ4_0, 320, 48}, Case{GgmlType::kQ4_0, 2048, 64},
         Case{GgmlType::kQ4_K, 256, 16}, Case{GgmlType::kQ4_K, 1280, 32}, Case{GgmlType::kQ4_K, 8192, 16},
         Case{GgmlType::kQ6_K, 256, 16}, Case{GgmlType::kQ6_K, 1280, 48}, Case{GgmlType::kQ6_K, 8192, 16},
-        Case{GgmlType::kQ8_0, 64, 16}, Case{GgmlType::kQ8_0, 320, 48}, Case{GgmlType::kQ8_0, 8192, 16}}) {
+        Case{GgmlType::kQ8_0, 64, 16}, Case{GgmlType::kQ8_0, 320, 48}, Case{GgmlType::kQ8_0, 8192, 16},
+        Case{GgmlType::kQ5_K, 256, 16}, Case{GgmlType::kQ5_K, 1280, 48}, Case{GgmlType::kQ5_K, 8192, 16}}) {
     const std::vector<uint8_t> m = random_matrix(c.t, c.n_cols, c.n_rows, rng);
     std::vector<uint8_t> tiled(m.size());
     ASSERT_TRUE(tile_matrix(c.t, m.data(), c.n_cols, c.n_rows, tiled));
@@ -206,7 +248,7 @@ TEST(TiledMatrix, LayoutDecodesToTheRawRows) {
 // 37 slices of 3 row groups: ranges cut through slices whatever the thread count.
 TEST(TiledMatrix, StackOnThreadsEqualsSlicesOneByOne) {
   std::mt19937 rng(11);
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
     const int64_t n_cols = 512, n_rows = 48, n_slices = 37;
     const uint64_t slice = tiled_bytes(t, n_cols, n_rows);
     std::vector<uint8_t> stack;
@@ -232,6 +274,7 @@ TEST(TiledMatrix, TiledSizeIsTheRawSize) {
   EXPECT_EQ(tiled_bytes(GgmlType::kQ4_0, 512, 32), 16u * 32u * sizeof(BlockQ4_0));
   EXPECT_EQ(tiled_bytes(GgmlType::kQ6_K, 512, 32), 2u * 32u * sizeof(BlockQ6_K));
   EXPECT_EQ(tiled_bytes(GgmlType::kQ8_0, 512, 32), 16u * 32u * sizeof(BlockQ8_0));
+  EXPECT_EQ(tiled_bytes(GgmlType::kQ5_K, 512, 32), 2u * 32u * sizeof(BlockQ5_K));
 }
 
 TEST(TiledMatrix, RefusesShapesAndArguments) {
@@ -241,7 +284,8 @@ TEST(TiledMatrix, RefusesShapesAndArguments) {
   EXPECT_FALSE(tiled_supports(GgmlType::kQ6_K, 320, 16));   // not whole super-blocks
   EXPECT_FALSE(tiled_supports(GgmlType::kQ6_K, 256, 8));    // n_out not a multiple of 16
   EXPECT_FALSE(tiled_supports(GgmlType::kQ8_0, 32, 16));    // not whole units
-  EXPECT_FALSE(tiled_supports(GgmlType::kQ5_K, 256, 16));   // other types keep gemv()
+  EXPECT_FALSE(tiled_supports(GgmlType::kBF16, 256, 16));   // other types keep gemv()
+  EXPECT_FALSE(tiled_supports(GgmlType::kQ5_K, 320, 16));   // not whole super-blocks
   EXPECT_FALSE(tiled_supports(GgmlType::kQ4_0, 8256, 16));  // longer than the kernel takes
   std::vector<uint8_t> raw(18 * 2 * 17);
   std::vector<uint8_t> out(raw.size());

@@ -476,7 +476,7 @@ TEST(WeightPool, UntileableTensorsAreRefusedBeforeAnyCopy) {
   ASSERT_TRUE(pool->register_tensors(descs(ok), nullptr));
   const Snapshot before = snap(*pool);
   for (const auto& [t, ne] : std::vector<std::pair<GgmlType, std::vector<uint64_t>>>{
-           {GgmlType::kQ5_K, {256, 16}},        // a type gemv_imma does not take
+           {GgmlType::kBF16, {256, 16}},        // a type gemv_imma does not take
            {GgmlType::kQ4_0, {256, 17}},        // rows not a multiple of 16
            {GgmlType::kQ4_K, {256, 16, 2, 2}},  // 4-D
            {GgmlType::kQ4_0, {256}}}) {         // a vector
