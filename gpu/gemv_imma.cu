@@ -609,11 +609,9 @@ Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaS
 
 Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
   if (type == GgmlType::kQ4_0) return launch_mode<GgmlType::kQ4_0>(args, max_vec, programmatic, stream);
-  // Q5_K, Q6_K, Q8_0: dense calls only (gemv_imma_segments refuses them): their grouped kernels would be 48 more, for
-  // no caller (moe_imma takes Q4 experts).
-  if (type == GgmlType::kQ6_K) return launch_pairs<GgmlType::kQ6_K, kDenseCall>(args, max_vec, programmatic, stream);
-  if (type == GgmlType::kQ8_0) return launch_pairs<GgmlType::kQ8_0, kDenseCall>(args, max_vec, programmatic, stream);
-  if (type == GgmlType::kQ5_K) return launch_pairs<GgmlType::kQ5_K, kDenseCall>(args, max_vec, programmatic, stream);
+  if (type == GgmlType::kQ5_K) return launch_mode<GgmlType::kQ5_K>(args, max_vec, programmatic, stream);
+  if (type == GgmlType::kQ6_K) return launch_mode<GgmlType::kQ6_K>(args, max_vec, programmatic, stream);
+  if (type == GgmlType::kQ8_0) return launch_mode<GgmlType::kQ8_0>(args, max_vec, programmatic, stream);
   return launch_mode<GgmlType::kQ4_K>(args, max_vec, programmatic, stream);
 }
 
@@ -734,10 +732,10 @@ Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cud
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, int max_segment_vectors,
                           bool programmatic, const int32_t* n_used) {
-  if (!gemv_imma_supports(type, n_cols, n_rows) || (type != GgmlType::kQ4_0 && type != GgmlType::kQ4_K)) {
+  if (!gemv_imma_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma_segments: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
-                                                       "} is not a shape it takes (gemv_imma_supports; Q4_0 / Q4_K)");
+                                                       "} is not a shape it takes (gemv_imma_supports)");
   }
   if (n_segments < 0 || (n_segments > 0 && segments == nullptr) || xprep == nullptr || y == nullptr ||
       !aligned(xprep, 16) || !aligned(y, 4) || y_stride < n_rows || max_segment_vectors < 1 ||

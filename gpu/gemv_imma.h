@@ -1,6 +1,6 @@
-// gemv_imma: GEMV v4 for Q4_0 / Q4_K (and, dense calls only, Q5_K / Q6_K / Q8_0) weights in the re-tiled layout of
-// tiled_matrix.h (tile_matrix: the same bytes,
-// reordered so one 16-byte load per lane feeds tensor-core fragments), on the integer tensor cores.
+// gemv_imma: GEMV v4 for Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 weights in the re-tiled layout of tiled_matrix.h
+// (tile_matrix: the same bytes, reordered so one 16-byte load per lane feeds tensor-core fragments), on the integer
+// tensor cores.
 //
 // Arithmetic: the 4-bit quants enter a u8 × s8 MMA (m16n8k32) unchanged — the tile words already hold, per lane, the
 // A-fragment bytes of two 32-element blocks, one AND (and one shift) per 8 quants. Each f32 activation is written
@@ -69,7 +69,7 @@ struct ImmaSegment {
 static_assert(sizeof(ImmaSegment) == 80, "ImmaSegment is a POD a device kernel writes");
 
 // Grouped GEMV over n_segments segments (device table `segments`, device memory): every segment's matrix has the
-// shape {n_cols, n_rows} and type `type` (Q4_0 or Q4_K, gemv_imma_supports); xprep holds n_x
+// shape {n_cols, n_rows} and type `type` (gemv_imma_supports); xprep holds n_x
 // prepared vectors of n_cols (gemv_imma_prepare_x with n_vec = n_x); y: device f32, rows of y_stride >= n_rows
 // floats. Out-of-range vec/out entries are the table writer's responsibility: the kernel does not check them (it
 // clamps nothing). max_segment_vectors (1..8): a bound on every segment's n_vec that the table writer guarantees (e.g.

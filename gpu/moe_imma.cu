@@ -18,6 +18,7 @@
 #include <cstring>
 #include <cub/block/block_scan.cuh>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -345,15 +346,15 @@ std::string shape(int64_t a, int64_t b) {
   return s;
 }
 
-bool is_q4(GgmlType t) { return t == GgmlType::kQ4_0 || t == GgmlType::kQ4_K; }
-
-// The shapes every tiled matrix of a layer must take.
-Status check_tiled_shapes(GgmlType t, int64_t H, int64_t I) {
-  if (!is_q4(t)) return unsupported("expert type " + tname(t) + " (GEMV v4 takes Q4_0 and Q4_K)");
-  if (!gemv_imma_supports(t, H, I) || !gemv_imma_supports(t, I, H)) {
-    return unsupported(tname(t) + " experts of " + shape(H, I) + " / " + shape(I, H) +
-                       " (gemv_imma_supports: Q4_0 n_cols % 64, Q4_K n_cols % 256, n_rows % 16, n_cols <= " +
-                       std::to_string(kImmaMaxCols) + ")");
+// The types and shapes the tiled matrices of a layer must take: gate / up {H, I}, down {I, H}.
+Status check_tiled_shapes(GgmlType gate_up, GgmlType down, int64_t H, int64_t I) {
+  for (const auto& [role, t, cols, rows] : {std::tuple{"gate/up", gate_up, H, I}, std::tuple{"down", down, I, H}}) {
+    if (!gemv_imma_supports(t, cols, rows)) {
+      return unsupported(std::string(role) + " experts of " + tname(t) + " " + shape(cols, rows) +
+                         " (gemv_imma_supports: Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0, Q4_0 and Q8_0 n_cols % 64, the "
+                         "k-quants n_cols % 256, n_rows % 16, n_cols <= " +
+                         std::to_string(kImmaMaxCols) + ")");
+    }
   }
   return ok_status();
 }
@@ -364,18 +365,14 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 Status moe_imma_check_raw(const MoeDeviceWeights& raw) {
   KESTREL_TRY(moe_check_weights(raw));
-  const GgmlType t = raw.gate_exps.type;
+  const GgmlType t = raw.gate_exps.type, td = raw.down_exps.type;
   const int64_t H = raw.router.n_cols, I = raw.gate_exps.n_rows;
-  if (raw.up_exps.type != t || raw.down_exps.type != t) {
-    return unsupported("gate/up/down experts must share one type (gate " + tname(t) + ", up " +
-                       tname(raw.up_exps.type) + ", down " + tname(raw.down_exps.type) + ")");
-  }
-  KESTREL_TRY(check_tiled_shapes(t, H, I));
+  KESTREL_TRY(check_tiled_shapes(t, td, H, I));
   if (raw.has_shared_expert()) {
-    if (raw.gate_shexp.type != t || raw.up_shexp.type != t || raw.down_shexp.type != t) {
-      return unsupported("the shared expert's type must be the routed experts' (" + tname(t) + "); got gate " +
-                         tname(raw.gate_shexp.type) + ", up " + tname(raw.up_shexp.type) + ", down " +
-                         tname(raw.down_shexp.type));
+    if (raw.gate_shexp.type != t || raw.up_shexp.type != t || raw.down_shexp.type != td) {
+      return unsupported("the shared expert's types must be the routed experts' (gate/up " + tname(t) + ", down " +
+                         tname(td) + "); got gate " + tname(raw.gate_shexp.type) + ", up " + tname(raw.up_shexp.type) +
+                         ", down " + tname(raw.down_shexp.type));
     }
     if (raw.gate_shexp.n_rows != I) {
       return unsupported("shared expert ff " + std::to_string(raw.gate_shexp.n_rows) + " differs from the experts' " +
@@ -396,7 +393,7 @@ Status moe_imma_check_weights(const MoeImmaWeights& w) {
     return bad(std::to_string(w.n_expert) + " experts, " + std::to_string(w.n_expert_used) +
                " used: need 1 <= used <= min(E, 32), E <= 1024");
   }
-  KESTREL_TRY(check_tiled_shapes(w.type, w.n_embd, w.n_ff));
+  KESTREL_TRY(check_tiled_shapes(w.gate_up_type, w.down_type, w.n_embd, w.n_ff));
   if (w.gate_exps == nullptr || w.up_exps == nullptr || w.down_exps == nullptr || !aligned16(w.gate_exps) ||
       !aligned16(w.up_exps) || !aligned16(w.down_exps)) {
     return bad("a routed expert stack (gate, up, down) is null or not 16-byte aligned");
@@ -437,22 +434,23 @@ Status moe_imma_tile_experts(GgmlType type, const void* raw, int64_t n_cols, int
 
 Expected<std::unique_ptr<MoeImmaLayer>> MoeImmaLayer::from_raw_device(const MoeDeviceWeights& raw) {
   KESTREL_TRY(moe_imma_check_raw(raw));
-  const GgmlType t = raw.gate_exps.type;
+  const GgmlType t = raw.gate_exps.type, td = raw.down_exps.type;
   const int64_t H = raw.router.n_cols, I = raw.gate_exps.n_rows, E = raw.router.n_rows;
-  const uint64_t gu = tiled_bytes(t, H, I), dn = tiled_bytes(t, I, H);
+  const uint64_t gu = tiled_bytes(t, H, I), dn = tiled_bytes(td, I, H);
   const uint64_t E64 = static_cast<uint64_t>(E);
   struct Piece {
     const void* src;
+    GgmlType type;
     int64_t n_cols, n_rows, n_mat;
     uint64_t bytes;
   };
-  std::vector<Piece> pieces = {{raw.gate_exps.data, H, I, E, gu * E64},
-                               {raw.up_exps.data, H, I, E, gu * E64},
-                               {raw.down_exps.data, I, H, E, dn * E64}};
+  std::vector<Piece> pieces = {{raw.gate_exps.data, t, H, I, E, gu * E64},
+                               {raw.up_exps.data, t, H, I, E, gu * E64},
+                               {raw.down_exps.data, td, I, H, E, dn * E64}};
   if (raw.has_shared_expert()) {
-    pieces.push_back({raw.gate_shexp.data, H, I, 1, gu});
-    pieces.push_back({raw.up_shexp.data, H, I, 1, gu});
-    pieces.push_back({raw.down_shexp.data, I, H, 1, dn});
+    pieces.push_back({raw.gate_shexp.data, t, H, I, 1, gu});
+    pieces.push_back({raw.up_shexp.data, t, H, I, 1, gu});
+    pieces.push_back({raw.down_shexp.data, td, I, H, 1, dn});
   }
   std::unique_ptr<MoeImmaLayer> layer(new MoeImmaLayer());
   uint64_t total = 0;
@@ -467,14 +465,15 @@ Expected<std::unique_ptr<MoeImmaLayer>> MoeImmaLayer::from_raw_device(const MoeD
     host_raw.resize(p.bytes);
     host_tiled.resize(p.bytes);
     KESTREL_CUDA_TRY(cudaMemcpy(host_raw.data(), p.src, p.bytes, cudaMemcpyDeviceToHost));
-    KESTREL_TRY(moe_imma_tile_experts(t, host_raw.data(), p.n_cols, p.n_rows, p.n_mat, host_tiled));
+    KESTREL_TRY(moe_imma_tile_experts(p.type, host_raw.data(), p.n_cols, p.n_rows, p.n_mat, host_tiled));
     uint8_t* dst = static_cast<uint8_t*>(layer->base_) + at;
     KESTREL_CUDA_TRY(cudaMemcpy(dst, host_tiled.data(), p.bytes, cudaMemcpyHostToDevice));
     placed.push_back(dst);
     at += align16(p.bytes);
   }
   MoeImmaWeights& w = layer->w_;
-  w.type = t;
+  w.gate_up_type = t;
+  w.down_type = td;
   w.n_expert_used = raw.n_expert_used;
   w.n_embd = H;
   w.n_ff = I;
@@ -585,8 +584,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ta.gate = static_cast<const uint8_t*>(w.gate_exps);
   ta.up = static_cast<const uint8_t*>(w.up_exps);
   ta.down = static_cast<const uint8_t*>(w.down_exps);
-  ta.gu_bytes = tiled_bytes(w.type, H, I);
-  ta.dn_bytes = tiled_bytes(w.type, I, H);
+  ta.gu_bytes = tiled_bytes(w.gate_up_type, H, I);
+  ta.dn_bytes = tiled_bytes(w.down_type, I, H);
   ta.sh_gate = w.gate_shexp;
   ta.sh_up = w.up_shexp;
   ta.sh_down = w.down_shexp;
@@ -621,8 +620,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
 
   // An expert (or a chunk of the shared expert) sees each token at most once: no segment holds more than n_tok.
   const int seg_bound = std::min(n_tok, c.chunk);
-  KESTREL_TRY(
-      gemv_imma_segments(w.type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound, pdl, used_gu));
+  KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound, pdl,
+                                 used_gu));
   ++launches;
 
   // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I.
@@ -631,7 +630,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ++launches;
 
   KESTREL_TRY(
-      gemv_imma_segments(w.type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, pdl, used_dn));
+      gemv_imma_segments(w.down_type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, pdl, used_dn));
   ++launches;
 
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));

@@ -3,9 +3,10 @@
 //
 // Weights: the routed experts' gate / up / down stacks re-tiled per expert with tile_matrix (expert e at
 // e · tiled_bytes(...) in one buffer per role; the same bytes as the raw stack, reordered), the shared expert's
-// three matrices tiled the same way; all six share one type (Q4_0 or Q4_K) and the shared expert's ff equals the
-// routed experts' (true of the qwen35moe / qwen3next presets). The router and the shared-expert gate stay raw
-// (gpu::gemv's types, gpu/dequant.cuh's types).
+// three matrices tiled the same way. Gate and up (routed and shared) share one type, down (routed and shared) one
+// type, each any type gemv_imma takes (Q4_0, Q4_K, Q5_K, Q6_K, Q8_0: a Q4_K_M file keeps some layers' down matrices in
+// Q6_K); the shared expert's ff equals the routed experts' (true of the qwen35moe / qwen3next presets). The router and
+// the shared-expert gate stay raw (gpu::gemv's types, gpu/dequant.cuh's types).
 //
 // One call, all on one stream, no host synchronisation (launch counts in docs/gpu.md, "MoE on GEMV v4"):
 //   router logits (an f32 router: with x's preparation, gemv_imma_prepare_x's code, in the same launch; other types:
@@ -37,24 +38,26 @@ namespace kestrel::gpu {
 
 // One MoE layer's weights as moe_imma_forward reads them (device pointers, not owned).
 struct MoeImmaWeights {
-  GgmlType type = GgmlType::kQ4_0;   // of all six tiled matrices: Q4_0 or Q4_K
-  int n_expert_used = 0;             // k
-  int64_t n_embd = 0;                // H
-  int64_t n_ff = 0;                  // I: the routed experts' and the shared expert's ff
-  int64_t n_expert = 0;              // E
-  DeviceMatrixView router;           // ffn_gate_inp {H, E}, raw (gemv_supports)
-  const void* gate_exps = nullptr;   // tiled {H, I} × E: expert e at e · tiled_bytes(type, H, I)
-  const void* up_exps = nullptr;     // tiled {H, I} × E
-  const void* down_exps = nullptr;   // tiled {I, H} × E: expert e at e · tiled_bytes(type, I, H)
-  DeviceMatrixView shared_gate_inp;  // ffn_gate_inp_shexp {H, 1}, raw (gpu/dequant.cuh types)
-  const void* gate_shexp = nullptr;  // tiled {H, I}; null when there is no shared expert
-  const void* up_shexp = nullptr;    // tiled {H, I}
-  const void* down_shexp = nullptr;  // tiled {I, H}
+  GgmlType gate_up_type = GgmlType::kQ4_0;  // of the gate and up matrices (routed and shared): gemv_imma's types
+  GgmlType down_type = GgmlType::kQ4_0;     // of the down matrices (routed and shared)
+  int n_expert_used = 0;                    // k
+  int64_t n_embd = 0;                       // H
+  int64_t n_ff = 0;                         // I: the routed experts' and the shared expert's ff
+  int64_t n_expert = 0;                     // E
+  DeviceMatrixView router;                  // ffn_gate_inp {H, E}, raw (gemv_supports)
+  const void* gate_exps = nullptr;          // tiled {H, I} × E: expert e at e · tiled_bytes(gate_up_type, H, I)
+  const void* up_exps = nullptr;            // tiled {H, I} × E
+  const void* down_exps = nullptr;          // tiled {I, H} × E: expert e at e · tiled_bytes(down_type, I, H)
+  DeviceMatrixView shared_gate_inp;         // ffn_gate_inp_shexp {H, 1}, raw (gpu/dequant.cuh types)
+  const void* gate_shexp = nullptr;         // tiled {H, I}; null when there is no shared expert
+  const void* up_shexp = nullptr;           // tiled {H, I}
+  const void* down_shexp = nullptr;         // tiled {I, H}
   bool has_shared_expert() const { return gate_shexp != nullptr; }
 };
 
-// True when moe_imma takes raw weights of these shapes and types: gate/up/down stacks (and a shared expert's three
-// matrices, if any) all of one type that gemv_imma_supports at {H, I} and {I, H}, shared ff == I.
+// True when moe_imma takes raw weights of these shapes and types: gate and up stacks (and a shared expert's gate and
+// up) of one type gemv_imma_supports at {H, I}, the down stack (and the shared down) of one type it supports at {I,
+// H}, shared ff == I.
 Status moe_imma_check_raw(const MoeDeviceWeights& raw);
 
 // kInvalidArgument / kUnsupported naming the role, before anything runs.

@@ -595,7 +595,10 @@ bool moe_imma_one_supports(const MoeImmaWeights& w) {
   const bool f32_router =
       w.router.type == GgmlType::kF32 && s.H % 4 == 0 && reinterpret_cast<uintptr_t>(w.router.data) % 16 == 0;
   const bool f32_gate = !w.has_shared_expert() || w.shared_gate_inp.type == GgmlType::kF32;
-  return f32_router && f32_gate && s.E <= kMaxExperts && s.nGH <= kMaxGroupsH && s.I <= kMaxRowsI &&
+  // Its tasks multiply every matrix with one Q4 type's tile code.
+  const bool one_q4 =
+      w.gate_up_type == w.down_type && (w.gate_up_type == GgmlType::kQ4_0 || w.gate_up_type == GgmlType::kQ4_K);
+  return f32_router && f32_gate && one_q4 && s.E <= kMaxExperts && s.nGH <= kMaxGroupsH && s.I <= kMaxRowsI &&
          s.n_slots * s.nGI <= kMaxDownSums;
 }
 
@@ -620,8 +623,8 @@ Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out,
   a.up_sh = static_cast<const uint8_t*>(w.up_shexp);
   a.down_sh = static_cast<const uint8_t*>(w.down_shexp);
   a.sh_inp = static_cast<const uint8_t*>(w.shared_gate_inp.data);
-  a.gu_bytes = tiled_bytes(w.type, w.n_embd, w.n_ff);
-  a.dn_bytes = tiled_bytes(w.type, w.n_ff, w.n_embd);
+  a.gu_bytes = tiled_bytes(w.gate_up_type, w.n_embd, w.n_ff);
+  a.dn_bytes = tiled_bytes(w.down_type, w.n_ff, w.n_embd);
   a.E = s.E;
   a.k = s.k;
   a.H = s.H;
@@ -664,7 +667,7 @@ Status moe_imma_one_forward(const MoeImmaWeights& w, const float* x, float* out,
   a.t_dn = a.t_sh_dn + (shared ? s.rgH * a.n_ich : 0);
   a.t_end = a.t_dn + s.k * s.rgH * a.n_ich;
   if (routing != nullptr) *routing = a.r;
-  const bool q40 = w.type == GgmlType::kQ4_0;
+  const bool q40 = w.gate_up_type == GgmlType::kQ4_0;
   if (s.E <= 8 * 32) return q40 ? launch<GgmlType::kQ4_0, 8>(a, stream) : launch<GgmlType::kQ4_K, 8>(a, stream);
   return q40 ? launch<GgmlType::kQ4_0, 16>(a, stream) : launch<GgmlType::kQ4_K, 16>(a, stream);
 }

@@ -31,9 +31,9 @@
 
 namespace kestrel::gpu {
 
-// For weights that pass moe_imma_check_weights: true when the one-launch path takes this layer — an f32 router (H % 4
-// == 0, 16-byte aligned) of at most 512 experts, an f32 shared-expert gate (if any), H <= 4096, I <= 2048, (k +
-// shared) · ⌈I / 256⌉ <= 32.
+// For weights that pass moe_imma_check_weights: true when the one-launch path takes this layer — every expert matrix
+// of one type, Q4_0 or Q4_K; an f32 router (H % 4 == 0, 16-byte aligned) of at most 512 experts, an f32 shared-expert
+// gate (if any), H <= 4096, I <= 2048, (k + shared) · ⌈I / 256⌉ <= 32.
 bool moe_imma_one_supports(const MoeImmaWeights& w);
 
 // Bytes of the counters at the workspace's start (16-aligned; any layer).

@@ -195,9 +195,7 @@ Status WeightPool::register_catalog(const WeightCatalog& catalog, const GgufFile
     d.placement = ce.placement;
     d.data = file.tensor_data(*ce.info);
     const std::vector<uint64_t> ne = trimmed(d.ne);
-    // Other stacks stay raw: the MoE layer's tiled path (moe_imma) takes Q4_0 / Q4_K experts only.
-    const bool q4 = d.type == GgmlType::kQ4_0 || d.type == GgmlType::kQ4_K;
-    if (tile && d.key != "token_embd.weight" && (ne.size() == 2 || (ne.size() == 3 && q4)) &&
+    if (tile && d.key != "token_embd.weight" && ne.size() >= 2 && ne.size() <= 3 &&
         tiled_supports(d.type, static_cast<int64_t>(ne[0]), static_cast<int64_t>(ne[1]))) {
       d.layout = PoolLayout::kTiled;
     }

@@ -98,9 +98,8 @@ class WeightPool {
   // Registers every used tensor of `catalog` (GDN, attention, norms, FFN/experts, embedding, lm_head; skipped MTP
   // tensors excluded; a tied output is the token_embd tensor, registered once) under its GGUF name with the
   // catalog's placement class, as one all-or-nothing batch. `file` is the GgufFile the catalog was built from.
-  // tile: every Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 matrix and Q4_0 / Q4_K expert stack whose shape tiled_supports is
-  // registered kTiled, except token_embd.weight (the embedding lookup reads raw rows; a tied lm_head then stays raw
-  // too). Other stacks stay raw (moe_imma, the tiled MoE path, takes Q4 experts).
+  // tile: every Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 matrix or expert stack whose shape tiled_supports is registered
+  // kTiled, except token_embd.weight (the embedding lookup reads raw rows; a tied lm_head then stays raw too).
   Status register_catalog(const WeightCatalog& catalog, const GgufFile& file, cudaStream_t stream, bool tile = false);
 
   // Drops every tensor and invalidates every PoolRef (generation + 1). The device memory is not touched.

@@ -30,6 +30,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/gpu/device_timing.cuh"
@@ -105,7 +106,8 @@ uint64_t bytes_of(GgmlType t, int64_t cols, int64_t rows) {
   return *ggml_row_bytes(t, static_cast<uint64_t>(cols)) * static_cast<uint64_t>(rows);
 }
 
-Status make_layer(GgmlType t, uint64_t seed, Layer& l) {
+// Gate/up (routed and shared) of type t, down of type td.
+Status make_layer(GgmlType t, GgmlType td, uint64_t seed, Layer& l) {
   auto put = [&](DeviceBuffer& b, GgmlType ty, int64_t cols, int64_t rows, int64_t mats, uint64_t sd) -> Status {
     const uint64_t n = bytes_of(ty, cols, rows) * static_cast<uint64_t>(mats);
     KESTREL_TRY(b.allocate(n));
@@ -114,20 +116,20 @@ Status make_layer(GgmlType t, uint64_t seed, Layer& l) {
   KESTREL_TRY(put(l.router, GgmlType::kF32, kH, kExperts, 1, seed + 1));
   KESTREL_TRY(put(l.gate, t, kH, kFf, kExperts, seed + 2));
   KESTREL_TRY(put(l.up, t, kH, kFf, kExperts, seed + 3));
-  KESTREL_TRY(put(l.down, t, kFf, kH, kExperts, seed + 4));
+  KESTREL_TRY(put(l.down, td, kFf, kH, kExperts, seed + 4));
   KESTREL_TRY(put(l.sh_inp, GgmlType::kF32, kH, 1, 1, seed + 5));
   KESTREL_TRY(put(l.sh_gate, t, kH, kFfShared, 1, seed + 6));
   KESTREL_TRY(put(l.sh_up, t, kH, kFfShared, 1, seed + 7));
-  KESTREL_TRY(put(l.sh_down, t, kFfShared, kH, 1, seed + 8));
+  KESTREL_TRY(put(l.sh_down, td, kFfShared, kH, 1, seed + 8));
   l.w.n_expert_used = kUsed;
   l.w.router = {GgmlType::kF32, l.router.bytes(), kH, kExperts};
   l.w.gate_exps = {t, l.gate.bytes(), kH, kFf, kExperts};
   l.w.up_exps = {t, l.up.bytes(), kH, kFf, kExperts};
-  l.w.down_exps = {t, l.down.bytes(), kFf, kH, kExperts};
+  l.w.down_exps = {td, l.down.bytes(), kFf, kH, kExperts};
   l.w.shared_gate_inp = {GgmlType::kF32, l.sh_inp.bytes(), kH, 1};
   l.w.gate_shexp = {t, l.sh_gate.bytes(), kH, kFfShared};
   l.w.up_shexp = {t, l.sh_up.bytes(), kH, kFfShared};
-  l.w.down_shexp = {t, l.sh_down.bytes(), kFfShared, kH};
+  l.w.down_shexp = {td, l.sh_down.bytes(), kFfShared, kH};
   return moe_check_weights(l.w);
 }
 
@@ -174,9 +176,9 @@ Status prepare_batch(int batch, uint64_t ws_bytes, std::normal_distribution<floa
 }
 
 // One row of the GEMV v4 table: batch tokens through the layer copies `imma` (alternately), kXSets activation sets.
-Expected<std::string> imma_row(GgmlType t, int batch, const std::unique_ptr<MoeImmaLayer> (&imma)[kCopies],
-                               uint64_t expert_bytes, uint64_t fixed_bytes, const BenchSetup& setup,
-                               std::mt19937& rng) {
+Expected<std::string> imma_row(const std::string& type_name, int batch,
+                               const std::unique_ptr<MoeImmaLayer> (&imma)[kCopies], uint64_t expert_bytes,
+                               uint64_t fixed_bytes, const BenchSetup& setup, std::mt19937& rng) {
   cudaStream_t stream = setup.stream;
   std::normal_distribution<float> normal(0.0f, 1.0f);
   BatchRun r;
@@ -230,10 +232,9 @@ Expected<std::string> imma_row(GgmlType t, int batch, const std::unique_ptr<MoeI
   char line[320];
   std::snprintf(
       line, sizeof(line),
-      "%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%% %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n",
-      std::string(ggml_type_name(t)).c_str(), batch, r.mean_active, bytes, us, gbs,
-      100.0 * gbs / setup.lim.peak_read_gbs, r.launches, read_us, 100.0 * read_us / us, us_as[0], us_as[1], us_seg[0],
-      us_seg[1], us_seg[2], *t_one, *t_route1);
+      "%-9s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%% %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n",
+      type_name.c_str(), batch, r.mean_active, bytes, us, gbs, 100.0 * gbs / setup.lim.peak_read_gbs, r.launches,
+      read_us, 100.0 * read_us / us, us_as[0], us_as[1], us_seg[0], us_seg[1], us_seg[2], *t_one, *t_route1);
   return std::string(line);
 }
 
@@ -245,15 +246,18 @@ Status run() {
 
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::printf("\n%-5s %5s %9s %14s %9s %9s %8s %9s\n", "type", "batch", "experts", "weight bytes", "us", "GB/s",
+  std::printf("\n%-9s %5s %9s %14s %9s %9s %8s %9s\n", "type", "batch", "experts", "weight bytes", "us", "GB/s",
               "%read", "launches");
   std::vector<std::string> imma_rows;
-  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+  // Q4_0, Q4_K, and a Q4_K_M file's layers that keep their down matrices in Q6_K.
+  for (const auto& [t, td] : {std::pair{GgmlType::kQ4_0, GgmlType::kQ4_0}, std::pair{GgmlType::kQ4_K, GgmlType::kQ4_K},
+                              std::pair{GgmlType::kQ4_K, GgmlType::kQ6_K}}) {
+    const std::string name = std::string(ggml_type_name(t)) + (td == t ? "" : "+" + std::string(ggml_type_name(td)));
     Layer layers[kCopies];
-    for (int c = 0; c < kCopies; ++c) KESTREL_TRY(make_layer(t, 100 * static_cast<uint64_t>(c) + 1, layers[c]));
-    const uint64_t expert_bytes = 2 * bytes_of(t, kH, kFf) + bytes_of(t, kFf, kH);  // gate + up + down of one expert
+    for (int c = 0; c < kCopies; ++c) KESTREL_TRY(make_layer(t, td, 100 * static_cast<uint64_t>(c) + 1, layers[c]));
+    const uint64_t expert_bytes = 2 * bytes_of(t, kH, kFf) + bytes_of(td, kFf, kH);  // gate + up + down of one expert
     const uint64_t fixed_bytes = bytes_of(GgmlType::kF32, kH, kExperts) + bytes_of(GgmlType::kF32, kH, 1) +
-                                 2 * bytes_of(t, kH, kFfShared) + bytes_of(t, kFfShared, kH);
+                                 2 * bytes_of(t, kH, kFfShared) + bytes_of(td, kFfShared, kH);
     for (const int batch : {1, 8, 32}) {
       BatchRun r;
       KESTREL_TRY(prepare_batch(
@@ -269,8 +273,8 @@ Status run() {
                          }));
       const double bytes = r.mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
       const double gbs = bytes / (us * 1e3);
-      std::printf("%-5s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d\n", std::string(ggml_type_name(t)).c_str(), batch,
-                  r.mean_active, bytes, us, gbs, 100.0 * gbs / lim.peak_read_gbs, r.launches);
+      std::printf("%-9s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d\n", name.c_str(), batch, r.mean_active, bytes, us, gbs,
+                  100.0 * gbs / lim.peak_read_gbs, r.launches);
     }
     // The same layers on GEMV v4; rows printed after the raw-block table.
     std::unique_ptr<MoeImmaLayer> imma[kCopies];
@@ -278,13 +282,13 @@ Status run() {
       KESTREL_TRY_ASSIGN(imma[c], MoeImmaLayer::from_raw_device(layers[c].w));
     }
     for (const int batch : {1, 2, 4, 8, 16, 32}) {
-      KESTREL_TRY_ASSIGN(std::string row, imma_row(t, batch, imma, expert_bytes, fixed_bytes, setup, rng));
+      KESTREL_TRY_ASSIGN(std::string row, imma_row(name, batch, imma, expert_bytes, fixed_bytes, setup, rng));
       imma_rows.push_back(row);
     }
   }
   std::printf("\n%%read = (weight bytes / peak read) / time (target: >= 67%%, i.e. within 1.5x)\n");
   std::printf(
-      "\nMoE on GEMV v4 (gpu/moe_imma)\n%-5s %5s %9s %14s %9s %9s %8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n",
+      "\nMoE on GEMV v4 (gpu/moe_imma)\n%-9s %5s %9s %14s %9s %9s %8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n",
       "type", "batch", "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched", "us noPDL",
       "us allPDL", "us seg1", "us seg4", "us seg8", "us one", "us route1");
   for (const std::string& r : imma_rows) std::printf("%s", r.c_str());

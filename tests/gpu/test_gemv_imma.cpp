@@ -361,8 +361,9 @@ TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
 TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(515);
-  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
-    for (const Shape sh : {Shape{2048, 64}, Shape{t == GgmlType::kQ4_0 ? 2368 : 4096, 48}}) {
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+    const bool blocks32 = t == GgmlType::kQ4_0 || t == GgmlType::kQ8_0;
+    for (const Shape sh : {Shape{2048, 64}, Shape{blocks32 ? 2368 : 4096, 48}}) {
       const std::vector<uint8_t> ma = random_matrix(t, sh.n_in, sh.n_out, rng);
       const std::vector<uint8_t> mb = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled wa(t, ma, sh.n_in, sh.n_out);
@@ -467,9 +468,8 @@ TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 16, nullptr, 0));  // bound 1..8
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 16, nullptr, 9));
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 15, nullptr));   // y_stride < n_rows
-  EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ6_K, 256, 16, seg, 1, xp, y, 16, nullptr));  // dense calls only
-  EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ8_0, 64, 16, seg, 1, xp, y, 16, nullptr));
-  EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ5_K, 256, 16, seg, 1, xp, y, 16, nullptr));
+  EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ6_K, 128, 16, seg, 1, xp, y, 16, nullptr));  // not whole super-blocks
+  EXPECT_FALSE(gemv_imma_segments(GgmlType::kBF16, 64, 16, seg, 1, xp, y, 16, nullptr));
 }
 
 }  // namespace

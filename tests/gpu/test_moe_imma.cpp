@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -49,14 +50,17 @@ struct Shape {
   int h, e, k, ff;
   bool shared;
   GgmlType type;
-  GgmlType router = GgmlType::kF32;  // ffn_gate_inp (f32: the router-and-prepare kernel; else gemv + a preparation)
+  GgmlType router = GgmlType::kF32;   // ffn_gate_inp (f32: the router-and-prepare kernel; else gemv + a preparation)
+  std::optional<GgmlType> down = {};  // the down matrices' type, when not `type` (Q4_K_M files: Q6_K in some layers)
+  GgmlType down_type() const { return down.value_or(type); }
 };
 
 std::string describe(const Shape& s, int n_tok) {
   std::ostringstream os;
   os << s.name << " H " << s.h << " E " << s.e << " k " << s.k << " ff " << s.ff << (s.shared ? " +shared" : "") << " "
-     << ggml_type_name(s.type) << (s.router != GgmlType::kF32 ? " router " : "")
-     << (s.router != GgmlType::kF32 ? ggml_type_name(s.router) : "") << " n_tok " << n_tok;
+     << ggml_type_name(s.type) << (s.down ? " down " : "") << (s.down ? ggml_type_name(*s.down) : "")
+     << (s.router != GgmlType::kF32 ? " router " : "") << (s.router != GgmlType::kF32 ? ggml_type_name(s.router) : "")
+     << " n_tok " << n_tok;
   return os.str();
 }
 
@@ -68,27 +72,28 @@ struct HostMoe {
 
 void make_moe(const Shape& s, HostMoe& m) {
   m.s = s;
-  const uint64_t seed = static_cast<uint64_t>(s.h * 131 + s.e * 7 + s.k + (s.type == GgmlType::kQ4_K ? 5 : 0));
+  const uint64_t seed = static_cast<uint64_t>(s.h * 131 + s.e * 7 + s.k + static_cast<int>(s.type) * 5 +
+                                              static_cast<int>(s.down_type()) * 3);
   const float x_scale_in = 1.0f / std::sqrt(static_cast<float>(s.h));
   m.router = random_weights(s.router, s.h, s.e, 1, 2.0f * x_scale_in, seed + 1);
   m.gate = random_weights(s.type, s.h, s.ff, s.e, 0.02f, seed + 2);
   m.up = random_weights(s.type, s.h, s.ff, s.e, 0.02f, seed + 3);
-  m.down = random_weights(s.type, s.ff, s.h, s.e, 0.02f, seed + 4);
+  m.down = random_weights(s.down_type(), s.ff, s.h, s.e, 0.02f, seed + 4);
   const uint64_t H = static_cast<uint64_t>(s.h), E = static_cast<uint64_t>(s.e), I = static_cast<uint64_t>(s.ff);
   m.ref.n_expert_used = s.k;
   m.ref.router = {s.router, m.router.data(), H, E};
   m.ref.gate_exps = {s.type, m.gate.data(), H, I, E};
   m.ref.up_exps = {s.type, m.up.data(), H, I, E};
-  m.ref.down_exps = {s.type, m.down.data(), I, H, E};
+  m.ref.down_exps = {s.down_type(), m.down.data(), I, H, E};
   if (s.shared) {
     m.sh_inp = random_weights(GgmlType::kF32, s.h, 1, 1, x_scale_in, seed + 5);
     m.sh_gate = random_weights(s.type, s.h, s.ff, 1, 0.02f, seed + 6);
     m.sh_up = random_weights(s.type, s.h, s.ff, 1, 0.02f, seed + 7);
-    m.sh_down = random_weights(s.type, s.ff, s.h, 1, 0.02f, seed + 8);
+    m.sh_down = random_weights(s.down_type(), s.ff, s.h, 1, 0.02f, seed + 8);
     m.ref.shared_gate_inp = {GgmlType::kF32, m.sh_inp.data(), H, 1};
     m.ref.gate_shexp = {s.type, m.sh_gate.data(), H, I};
     m.ref.up_shexp = {s.type, m.sh_up.data(), H, I};
-    m.ref.down_shexp = {s.type, m.sh_down.data(), I, H};
+    m.ref.down_shexp = {s.down_type(), m.sh_down.data(), I, H};
   }
 }
 
@@ -104,12 +109,12 @@ void upload_moe(const HostMoe& m, DeviceMoe& d) {
   d.raw.router = {s.router, d.put(m.router), s.h, s.e};
   d.raw.gate_exps = {s.type, d.put(m.gate), s.h, s.ff, s.e};
   d.raw.up_exps = {s.type, d.put(m.up), s.h, s.ff, s.e};
-  d.raw.down_exps = {s.type, d.put(m.down), s.ff, s.h, s.e};
+  d.raw.down_exps = {s.down_type(), d.put(m.down), s.ff, s.h, s.e};
   if (s.shared) {
     d.raw.shared_gate_inp = {GgmlType::kF32, d.put(m.sh_inp), s.h, 1};
     d.raw.gate_shexp = {s.type, d.put(m.sh_gate), s.h, s.ff};
     d.raw.up_shexp = {s.type, d.put(m.sh_up), s.h, s.ff};
-    d.raw.down_shexp = {s.type, d.put(m.sh_down), s.ff, s.h};
+    d.raw.down_shexp = {s.down_type(), d.put(m.sh_down), s.ff, s.h};
   }
 }
 
@@ -343,18 +348,36 @@ TEST(MoeImma, OddShapesQ4_K) {
   run_shape({"k=E (all experts, 4 chunks)", 256, 5, 5, 256, true, GgmlType::kQ4_K}, {32});
 }
 
+// The other types gemv_imma takes, and a down type apart from gate/up's, as real files mix them (Q4_K_M: gate/up
+// Q4_K, down Q6_K on some layers; Q5_K_M; Q8_0). The one-launch path takes one Q4 type only: these run the chain.
+TEST(MoeImma, OtherAndMixedTypes) {
+  KESTREL_REQUIRE_DEVICE();
+  run_shape({"Q4_K_M-like", 512, 24, 3, 256, true, GgmlType::kQ4_K, GgmlType::kF32, GgmlType::kQ6_K}, {1, 3, 8, 32});
+  run_shape({"Q5_K_M-like", 256, 24, 3, 256, true, GgmlType::kQ5_K, GgmlType::kF32, GgmlType::kQ6_K}, {1, 8, 32});
+  run_shape({"Q8_0", 256, 24, 3, 128, true, GgmlType::kQ8_0}, {1, 8, 32});
+  run_shape(
+      {"Q4_0 gate/up, Q8_0 down, no shared", 192, 7, 2, 64, false, GgmlType::kQ4_0, GgmlType::kF32, GgmlType::kQ8_0},
+      {1, 32});
+}
+
 TEST(MoeImma, RefusesBadWeightsAndArguments) {
   alignas(16) static float fake[64] = {};  // never dereferenced: the checks fail before any launch
   MoeDeviceWeights raw;
   raw.n_expert_used = 2;
   raw.router = {GgmlType::kF32, fake, 256, 8};
-  raw.gate_exps = {GgmlType::kQ8_0, fake, 256, 64, 8};
-  raw.up_exps = {GgmlType::kQ8_0, fake, 256, 64, 8};
-  raw.down_exps = {GgmlType::kQ8_0, fake, 64, 256, 8};
+  raw.gate_exps = {GgmlType::kBF16, fake, 256, 64, 8};
+  raw.up_exps = {GgmlType::kBF16, fake, 256, 64, 8};
+  raw.down_exps = {GgmlType::kBF16, fake, 64, 256, 8};
   Status s = moe_imma_check_raw(raw);
   ASSERT_FALSE(s);
   EXPECT_EQ(s.error().code, ErrorCode::kUnsupported);
-  EXPECT_NE(s.error().message.find("q8_0"), std::string::npos) << s.error().message;
+  EXPECT_NE(s.error().message.find("bf16"), std::string::npos) << s.error().message;
+  raw.gate_exps.type = GgmlType::kQ4_0;  // gate and up must share a type
+  raw.up_exps.type = GgmlType::kQ8_0;
+  raw.down_exps.type = GgmlType::kQ4_0;
+  s = moe_imma_check_raw(raw);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("must share a type"), std::string::npos) << s.error().message;
 
   raw.gate_exps.type = raw.up_exps.type = raw.down_exps.type = GgmlType::kQ4_0;
   EXPECT_TRUE(moe_imma_check_raw(raw));
@@ -368,7 +391,7 @@ TEST(MoeImma, RefusesBadWeightsAndArguments) {
   EXPECT_NE(s.error().message.find("shared expert ff"), std::string::npos) << s.error().message;
 
   MoeImmaWeights w;
-  w.type = GgmlType::kQ4_0;
+  w.gate_up_type = w.down_type = GgmlType::kQ4_0;
   w.n_expert_used = 2;
   w.n_embd = 256;
   w.n_ff = 64;
@@ -385,9 +408,12 @@ TEST(MoeImma, RefusesBadWeightsAndArguments) {
   ASSERT_FALSE(s);
   EXPECT_EQ(s.error().code, ErrorCode::kUnsupported);
   w.n_ff = 64;
-  w.type = GgmlType::kQ4_K;  // Q4_K needs n_cols % 256: the down matrix has 64
+  w.down_type = GgmlType::kQ4_K;  // Q4_K needs n_cols % 256: the down matrix has 64
   EXPECT_FALSE(moe_imma_check_weights(w));
-  w.type = GgmlType::kQ4_0;
+  w.down_type = GgmlType::kQ8_0;  // Q8_0 takes it
+  EXPECT_TRUE(moe_imma_check_weights(w));
+  EXPECT_FALSE(moe_imma_one_supports(w)) << "the one-launch path multiplies one Q4 type";
+  w.down_type = GgmlType::kQ4_0;
   w.down_exps = reinterpret_cast<const unsigned char*>(fake) + 4;  // misaligned
   s = moe_imma_check_weights(w);
   ASSERT_FALSE(s);
