@@ -79,39 +79,6 @@ std::vector<uint8_t> untile_q6_k(const std::vector<uint8_t>& tiled, int64_t n_co
   return raw;
 }
 
-// Q8_0 rows back from a tiled matrix (tiled_matrix.h's Q8_0 layout).
-std::vector<uint8_t> untile_q8_0(const std::vector<uint8_t>& tiled, int64_t n_cols, int64_t n_rows) {
-  std::vector<uint8_t> raw(tiled.size(), 0);
-  const int64_t n_units = n_cols / 64, n_rg = n_rows / 16;
-  const int64_t row_bytes = n_cols / 32 * 34;
-  const uint8_t* meta = tiled.data() + n_rg * n_units * 1024;
-  auto block = [&](int64_t row, int64_t b) { return raw.data() + row * row_bytes + b * 34; };
-  for (int64_t rg = 0; rg < n_rg; ++rg) {
-    for (int64_t u = 0; u < n_units; ++u) {
-      for (int b = 0; b < 2; ++b) {
-        for (int lane = 0; lane < 32; ++lane) {
-          const int g = lane / 4, tw = lane % 4;
-          const uint8_t* word = tiled.data() + (rg * n_units + u) * 1024 + 512 * b + lane * 16;
-          const int64_t r0 = rg * 16 + g, r8 = r0 + 8;
-          std::memcpy(block(r0, 2 * u + b) + 2 + 4 * tw, word + 0, 4);
-          std::memcpy(block(r8, 2 * u + b) + 2 + 4 * tw, word + 4, 4);
-          std::memcpy(block(r0, 2 * u + b) + 2 + 16 + 4 * tw, word + 8, 4);
-          std::memcpy(block(r8, 2 * u + b) + 2 + 16 + 4 * tw, word + 12, 4);
-        }
-      }
-      for (int g = 0; g < 8; ++g) {
-        const uint8_t* d = meta + ((rg * n_units + u) * 8 + g) * 8;
-        const int64_t r0 = rg * 16 + g;
-        std::memcpy(block(r0, 2 * u), d + 0, 2);
-        std::memcpy(block(r0 + 8, 2 * u), d + 2, 2);
-        std::memcpy(block(r0, 2 * u + 1), d + 4, 2);
-        std::memcpy(block(r0 + 8, 2 * u + 1), d + 6, 2);
-      }
-    }
-  }
-  return raw;
-}
-
 // A K-quant super-block's head back from its tiled 16 bytes: d, dmin to the block's start, the four 24-bit fields
 // (field k / 2 at bit 24·(k / 2): sc at 6·(k % 2), m at 12 + 6·(k % 2)) to its packed 6-bit scales.
 void unpack_k_head(const uint8_t* head, uint8_t* block, uint8_t* scales) {
@@ -165,26 +132,34 @@ std::vector<uint8_t> untile_q5_k(const std::vector<uint8_t>& tiled, int64_t n_co
 // The raw rows back from a tiled matrix, per the layout in tiled_matrix.h.
 std::vector<uint8_t> untile(GgmlType t, const std::vector<uint8_t>& tiled, int64_t n_cols, int64_t n_rows) {
   if (t == GgmlType::kQ6_K) return untile_q6_k(tiled, n_cols, n_rows);
-  if (t == GgmlType::kQ8_0) return untile_q8_0(tiled, n_cols, n_rows);
   if (t == GgmlType::kQ5_K) return untile_q5_k(tiled, n_cols, n_rows);
   std::vector<uint8_t> raw(tiled.size());
   const int64_t n_units = n_cols / 64;
   const int64_t n_rg = n_rows / 16;
   const uint8_t* qs = tiled.data();
-  const uint8_t* meta = tiled.data() + n_rg * n_units * 512;
-  if (t == GgmlType::kQ4_0) {
-    const int64_t row_bytes = n_cols / 32 * static_cast<int64_t>(sizeof(BlockQ4_0));
-    auto block = [&](int64_t row, int64_t b) { return raw.data() + row * row_bytes + b * 18; };
+  const uint8_t* meta = tiled.data() + n_rg * n_units * 512;  // Q4_K; Q4_0 and Q8_0 set their own
+  if (t == GgmlType::kQ4_0 || t == GgmlType::kQ8_0) {
+    // A unit is two blocks: Q4_0 one 512-byte run of words {g blk 2u, g+8 blk 2u, g blk 2u+1, g+8 blk 2u+1} (bytes
+    // 4t.. of each block's 16 quant bytes), Q8_0 one run per block b, {g, g+8, g, g+8} at quant bytes 4t.., 16+4t...
+    const bool q8 = t == GgmlType::kQ8_0;
+    const int64_t block_bytes = q8 ? 34 : 18;
+    const int64_t unit_bytes = q8 ? 1024 : 512;
+    const int64_t row_bytes = n_cols / 32 * block_bytes;
+    meta = tiled.data() + n_rg * n_units * unit_bytes;
+    auto block = [&](int64_t row, int64_t b) { return raw.data() + row * row_bytes + b * block_bytes; };
     for (int64_t rg = 0; rg < n_rg; ++rg) {
       for (int64_t u = 0; u < n_units; ++u) {
-        for (int lane = 0; lane < 32; ++lane) {
-          const int g = lane / 4, tw = lane % 4;
-          const uint8_t* word = qs + ((rg * n_units + u) * 32 + lane) * 16;
-          const int64_t r0 = rg * 16 + g, r8 = r0 + 8;
-          std::memcpy(block(r0, 2 * u) + 2 + 4 * tw, word + 0, 4);
-          std::memcpy(block(r8, 2 * u) + 2 + 4 * tw, word + 4, 4);
-          std::memcpy(block(r0, 2 * u + 1) + 2 + 4 * tw, word + 8, 4);
-          std::memcpy(block(r8, 2 * u + 1) + 2 + 4 * tw, word + 12, 4);
+        for (int run = 0; run < (q8 ? 2 : 1); ++run) {
+          for (int lane = 0; lane < 32; ++lane) {
+            const int g = lane / 4, tw = lane % 4;
+            const uint8_t* word = qs + (rg * n_units + u) * unit_bytes + 512 * run + lane * 16;
+            for (int w = 0; w < 4; ++w) {
+              const int64_t row = rg * 16 + g + 8 * (w % 2);
+              const int64_t blk = q8 ? 2 * u + run : 2 * u + w / 2;
+              const int64_t off = q8 ? 16 * (w / 2) : 0;
+              std::memcpy(block(row, blk) + 2 + off + 4 * tw, word + 4 * w, 4);
+            }
+          }
         }
         for (int g = 0; g < 8; ++g) {
           const uint8_t* d = meta + ((rg * n_units + u) * 8 + g) * 8;
