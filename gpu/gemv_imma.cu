@@ -90,6 +90,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <string>
@@ -136,10 +137,9 @@ __global__ void __launch_bounds__(128) prepare_x_kernel(Rows rows, int n_cols, X
 
 // x / d for x < 2^31 with a multiply: q = (umulhi(x, m) + x) >> s (the round-up method), m and s from the host.
 struct FastDiv {
-  uint32_t d = 1, m = 1, s = 0;
+  uint32_t m = 1, s = 0;
   static FastDiv make(uint32_t d) {
     FastDiv f;
-    f.d = d;
     while ((1ull << f.s) < d) ++f.s;
     f.m = static_cast<uint32_t>(((1ull << 32) * ((1ull << f.s) - d)) / d + 1);
     return f;
@@ -149,25 +149,27 @@ struct FastDiv {
   }
 };
 
+// The fields a warp reads before its first weight load come first, 48 bytes from the parameters' start (c[0x0][0x210]
+// on sm_90): one 64-byte constant-cache line, so a launch's first warps wait for one line of them, not two.
 struct KernelArgs {
-  const ImmaSegment* table;  // kTable: the device table
-  const void* data;          // dense: the matrix; segment s holds vectors 8s .. min(8s + 8, n_vec) - 1
-  int n_vec;                 // dense: vectors in all
+  const void* base;   // dense: the matrix (segment s holds vectors 8s .. min(8s + 8, n_vec) - 1); else the table
+  uint32_t meta_off;  // bytes from a tiled matrix's start to its scales (gemv_imma_supports: < 2^32)
+  int n_vec;          // dense: vectors in all
   int n_seg;
-  int n_units;      // units of 64 columns per row
-  int n_groups;     // groups of 256 columns per row
-  int n_rg;         // row groups per segment
-  FastDiv rg_div;   // divides by n_rg
-  int S;            // warps per row group (slices of gps groups), a power of two
-  int s_log;        // log2(S)
-  int gps;          // groups per slice
-  int R;            // row groups per block and round
-  size_t meta_off;  // bytes from a tiled matrix's start to its scales
+  int n_units;     // units of 64 columns per row
+  int n_rg;        // row groups per segment
+  FastDiv rg_div;  // divides by n_rg
+  int s_log;       // log2(S), S warps per row group (slices of gps groups)
+  int gps;         // groups per slice
+  int R;           // row groups per block and round
+  int S;           // 1 << s_log (the host's)
+  int n_groups;    // groups of 256 columns per row
   const uint8_t* xprep;
   XLayout lay;
   float* y;
   int64_t y_stride;
   const int32_t* n_used;  // kCount: the table's segments in use (device; n_seg bounds it)
+  bool table;             // host: a grouped call (base is the table)
 };
 
 // Segment s as the kernel sees it: from the device table (kTable) or computed for a dense call (no loads).
@@ -179,12 +181,12 @@ struct Seg {
   int s;
   __device__ __forceinline__ Seg(const KernelArgs& a, int seg) : s(seg) {
     if constexpr (kTable) {
-      e = a.table + seg;
+      e = static_cast<const ImmaSegment*>(a.base) + seg;
       data = reinterpret_cast<const void*>(__ldg(reinterpret_cast<const unsigned long long*>(&e->data)));
       n_vec = __ldg(&e->n_vec);
     } else {
       e = nullptr;
-      data = a.data;
+      data = a.base;
       n_vec = min(kImmaSegmentVectors, a.n_vec - seg * kImmaSegmentVectors);
     }
   }
@@ -300,9 +302,9 @@ __device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int
 
 __host__ __device__ constexpr int part_bytes(int warps) { return 2 * warps * kImmaSegmentVectors * kTileRows * 4; }
 
-// NP: most vector pairs per segment (1, 2 or 4). kMode, what the call reads: kDenseCall (a.data), kTableCall
-// (a.table), kCountedCall (a.table, only its first *a.n_used segments). kGps: the groups per slice (a.gps) compiled
-// in, so that a round's groups unroll (0: a.gps at run time).
+// NP: most vector pairs per segment (1, 2 or 4). kMode, what the call reads: kDenseCall (a.base: the matrix),
+// kTableCall (a.base: the table), kCountedCall (the table, only its first *a.n_used segments). kGps: the groups per
+// slice (a.gps) compiled in, so that a round's groups unroll (0: a.gps at run time).
 enum CallMode : int { kDenseCall = 0, kTableCall = 1, kCountedCall = 2 };
 template <GgmlType T, int NP, int kMode, int kGps>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a) {
@@ -320,7 +322,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int S = a.S;
+  const int S = 1 << a.s_log;
   const int R = a.R;
   const int sl = warp & (S - 1);
   const int rl = warp >> a.s_log;
@@ -602,7 +604,7 @@ Status launch_pairs(const KernelArgs& args, int max_vec, bool programmatic, cuda
 
 template <GgmlType T>
 Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (args.table == nullptr) return launch_pairs<T, kDenseCall>(args, max_vec, programmatic, stream);
+  if (!args.table) return launch_pairs<T, kDenseCall>(args, max_vec, programmatic, stream);
   if (args.n_used == nullptr) return launch_pairs<T, kTableCall>(args, max_vec, programmatic, stream);
   return launch_pairs<T, kCountedCall>(args, max_vec, programmatic, stream);
 }
@@ -633,7 +635,7 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
   a.n_groups = static_cast<int>((n_units + kUnitsPerSlice - 1) / kUnitsPerSlice);
   a.n_rg = static_cast<int>(n_rg);
   a.rg_div = FastDiv::make(static_cast<uint32_t>(n_rg));
-  a.meta_off = static_cast<size_t>(n_rg * n_units) * static_cast<size_t>(group_quant_bytes(type) / kUnitsPerSlice);
+  a.meta_off = static_cast<uint32_t>(n_rg * n_units * (group_quant_bytes(type) / kUnitsPerSlice));
   a.xprep = static_cast<const uint8_t*>(xprep);
   a.lay = x_layout(n_cols);
   a.y = y;
@@ -656,7 +658,8 @@ int gemv_imma_grouped_groups_per_slice(int64_t n_cols) {
 }
 
 bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
-  return tiled_supports(type, n_cols, n_rows) && n_cols <= kImmaMaxCols;
+  return tiled_supports(type, n_cols, n_rows) && n_cols <= kImmaMaxCols &&
+         tiled_bytes(type, n_cols, n_rows) <= UINT32_MAX;  // KernelArgs::meta_off
 }
 
 uint64_t imma_x_bytes(int64_t n_cols, int n_vec) {
@@ -720,9 +723,9 @@ Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cud
   const auto y1 = y0 + static_cast<uintptr_t>(n_vec) * static_cast<uintptr_t>(w.n_rows) * sizeof(float);
   if (x0 < y1 && y0 < x1) return make_error(ErrorCode::kInvalidArgument, "gemv_imma: y overlaps xprep");
   KernelArgs args = base_args(w.type, w.n_cols, w.n_rows, xprep, y, w.n_rows);
-  args.table = nullptr;
+  args.table = false;
   args.n_used = nullptr;
-  args.data = w.data;
+  args.base = w.data;
   args.n_vec = n_vec;
   args.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
   pick_split(args, false);
@@ -747,7 +750,8 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
   }
   if (n_segments == 0) return ok_status();
   KernelArgs args = base_args(type, n_cols, n_rows, xprep, y, y_stride);
-  args.table = segments;
+  args.table = true;
+  args.base = segments;
   args.n_used = n_used;
   args.n_seg = n_segments;
   pick_split(args, true);
