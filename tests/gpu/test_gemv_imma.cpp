@@ -443,8 +443,10 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
 TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 8256, 16));  // longer than 8192
   EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ4_0, 32, 16));    // not whole units
-  EXPECT_FALSE(gemv_imma_supports(GgmlType::kBF16, 256, 16));   // other types keep gemv()
-  EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ6_K, 128, 16));   // not whole super-blocks
+  EXPECT_FALSE(gemv_imma_supports(GgmlType::kBF16, 256, 16));
+  EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ8_0, 8192, 16 * 32768));  // 4.6 GB: past a 32-bit scale offset
+  EXPECT_TRUE(gemv_imma_supports(GgmlType::kQ8_0, 8192, 16 * 16384));   // 2.3 GB   // other types keep gemv()
+  EXPECT_FALSE(gemv_imma_supports(GgmlType::kQ6_K, 128, 16));           // not whole super-blocks
   EXPECT_EQ(imma_x_bytes(96, 1), 0u);
   EXPECT_EQ(imma_x_bytes(64, 65536), 0u);
   alignas(16) static float x[64];
