@@ -1,5 +1,5 @@
 // moe_imma: the MoE FFN layer on GEMV v4 (gpu/gemv_imma.h) for n_tok tokens (model-spec.md §5.1; ref::moe_forward
-// is the oracle; gpu/moe_experts.h is the raw-block version it replaces for Q4_0 / Q4_K experts).
+// is the oracle; gpu/moe_experts.h is the raw-block version it replaces for experts of GEMV v4's types).
 //
 // Weights: the routed experts' gate / up / down stacks re-tiled per expert with tile_matrix (expert e at
 // e · tiled_bytes(...) in one buffer per role; the same bytes as the raw stack, reordered), the shared expert's
