@@ -149,18 +149,21 @@ void tile_q5_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
           return block(row) + offsetof(BlockQ5_K, qs) + 32 * unit + 16 * half;
         });
       }
+      // Element 64j + 32h + i's fifth bit is bit 2j + h of qh[i] (i < 32); A register r's byte b of a lane holds
+      // i = 16 (r / 2) + 4t + b of row g (r even) or g + 8.
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4;
         const int t = lane % 4;
-        for (int j = 0; j < 4; ++j) {
-          for (int b = 0; b < 4; ++b) {
+        for (int b = 0; b < 4; ++b) {
+          uint32_t qh[4];  // A register r's qh byte
+          for (int r = 0; r < 4; ++r) {
+            qh[r] =
+                block(rg * kTileRows + (r % 2 == 0 ? g : g + 8))[offsetof(BlockQ5_K, qh) + 16 * (r / 2) + 4 * t + b];
+          }
+          for (int j = 0; j < 4; ++j) {
             uint32_t v = 0;
             for (int h = 0; h < 2; ++h) {
-              for (int r = 0; r < 4; ++r) {
-                const uint8_t* blk = block(rg * kTileRows + (r % 2 == 0 ? g : g + 8));
-                const int e = 64 * j + 32 * h + 16 * (r / 2) + 4 * t + b;
-                v |= ((blk[offsetof(BlockQ5_K, qh) + e % 32] >> (e / 32)) & 1u) << (4 * h + r);
-              }
+              for (int r = 0; r < 4; ++r) v |= ((qh[r] >> (2 * j + h)) & 1u) << (4 * h + r);
             }
             qs[2048 + lane * 16 + 4 * j + b] = static_cast<uint8_t>(v);
           }
@@ -174,12 +177,20 @@ void tile_q5_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
   }
 }
 
-// The 6-bit quant (0..63) of element e of a Q6_K block (core/quant/q6_k.cpp has the layout).
-uint32_t q6_quant(const uint8_t* blk, int e) {
-  const int half = e / 128, k = (e % 128) / 32, l = e % 32;
-  const uint8_t ql = blk[offsetof(BlockQ6_K, ql) + 64 * half + 32 * (k & 1) + l];
-  const uint8_t qh = blk[offsetof(BlockQ6_K, qh) + 32 * half + l];
-  return static_cast<uint32_t>((k >= 2 ? ql >> 4 : ql & 15) | (((qh >> (2 * k)) & 3) << 4));
+// The 6-bit quants (0..63) of a Q6_K block in element order (core/quant/q6_k.cpp has the layout).
+void q6_quants(const uint8_t* blk, uint8_t (&q)[256]) {
+  const uint8_t* ql = blk + offsetof(BlockQ6_K, ql);
+  const uint8_t* qh = blk + offsetof(BlockQ6_K, qh);
+  for (int half = 0; half < 2; ++half) {
+    for (int l = 0; l < 32; ++l) {
+      const int a = ql[64 * half + l], b = ql[64 * half + 32 + l], h = qh[32 * half + l];
+      uint8_t* y = q + 128 * half;
+      y[l] = static_cast<uint8_t>((a & 15) | ((h & 3) << 4));
+      y[l + 32] = static_cast<uint8_t>((b & 15) | (((h >> 2) & 3) << 4));
+      y[l + 64] = static_cast<uint8_t>((a >> 4) | (((h >> 4) & 3) << 4));
+      y[l + 96] = static_cast<uint8_t>((b >> 4) | (((h >> 6) & 3) << 4));
+    }
+  }
 }
 
 void tile_q6_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
@@ -190,21 +201,22 @@ void tile_q6_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
     for (int64_t sb = 0; sb < n_sb; ++sb) {
       auto block = [&](int row) { return src + (rg * kTileRows + row) * row_bytes + sb * 210; };
       uint8_t* qs = out + (rg * n_sb + sb) * 3072;
+      uint8_t quants[kTileRows][256];
+      for (int row = 0; row < kTileRows; ++row) q6_quants(block(row), quants[row]);
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4;
         const int t = lane % 4;
         for (int w = 0; w < 4; ++w) {
-          const uint8_t* blk = block(w % 2 == 0 ? g : g + 8);
+          const uint8_t* q = quants[w % 2 == 0 ? g : g + 8];
           for (int b = 0; b < 4; ++b) {
             for (int j = 0; j < 4; ++j) {  // low nibbles of unit j: sub-blocks s, s + 1 with s = 2 (w / 2)
               const int e = 64 * j + 16 * (2 * (w / 2)) + 4 * t + b;
-              qs[512 * j + lane * 16 + 4 * w + b] =
-                  static_cast<uint8_t>((q6_quant(blk, e) & 15) | ((q6_quant(blk, e + 16) & 15) << 4));
+              qs[512 * j + lane * 16 + 4 * w + b] = static_cast<uint8_t>((q[e] & 15) | ((q[e + 16] & 15) << 4));
             }
             for (int p = 0; p < 2; ++p) {  // high bits: word w of pair p belongs to unit 2p + w / 2
               const int unit = 2 * p + w / 2;
               uint32_t v = 0;
-              for (int s = 0; s < 4; ++s) v |= (q6_quant(blk, 64 * unit + 16 * s + 4 * t + b) >> 4) << (2 * s);
+              for (int s = 0; s < 4; ++s) v |= static_cast<uint32_t>(q[64 * unit + 16 * s + 4 * t + b] >> 4) << (2 * s);
               qs[2048 + 512 * p + lane * 16 + 4 * w + b] = static_cast<uint8_t>(v);
             }
           }

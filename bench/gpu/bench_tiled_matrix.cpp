@@ -1,8 +1,8 @@
-// bench_tiled_matrix: host-side re-tiling of Q4_0 / Q4_K weights for GEMV v4 (gpu/tiled_matrix), which the weight pool
-// runs on every such tensor at start-up. Each figure is the best of 3 runs over the same bytes, printed beside a plain
-// copy of those bytes with the same number of threads measured in the same run (the host's memory limit for a pass
-// that reads and writes every byte once). Shapes: the 35B-A3B preset's expert gate stack (256 × {2048, 512}) and its
-// lm_head ({2048, 248320}).
+// bench_tiled_matrix: host-side re-tiling of Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 weights for GEMV v4 (gpu/tiled_matrix),
+// which the weight pool runs on every such tensor at start-up. Each figure is the best of 3 runs over the same bytes,
+// printed beside a plain copy of those bytes with the same number of threads measured in the same run (the host's
+// memory limit for a pass that reads and writes every byte once). Shapes: the 35B-A3B preset's expert gate stack (256 ×
+// {2048, 512}) and its lm_head ({2048, 248320}).
 //
 //   bench_tiled_matrix            # no arguments; a few seconds
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -56,7 +57,7 @@ int main() {
   std::printf("host threads: %d\n\n%-16s %-5s %8s %10s %9s %9s %9s\n", hw, "case", "type", "threads", "bytes", "GB/s",
               "copy GB/s", "%copy");
   for (const Case& c : {Case{"expert.gate x256", 2048, 512, 256}, Case{"lm_head", 2048, 248320, 1}}) {
-    for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K}) {
+    for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
       const uint64_t bytes = kestrel::gpu::tiled_bytes(t, c.n_cols, c.n_rows) * static_cast<uint64_t>(c.n_slices);
       std::vector<uint8_t> raw(bytes), out(bytes);
       std::mt19937 rng(1);
@@ -70,8 +71,9 @@ int main() {
           return 1;
         }
         const double cs = best_seconds([&] { copy_on(threads, raw.data(), out.data(), bytes); });
-        std::printf("%-16s %-5s %8d %10llu %9.2f %9.2f %8.1f%%\n", c.name, t == GgmlType::kQ4_0 ? "q4_0" : "q4_K",
-                    threads, static_cast<unsigned long long>(bytes), bytes / s / 1e9, bytes / cs / 1e9, 100.0 * cs / s);
+        std::printf("%-16s %-5s %8d %10llu %9.2f %9.2f %8.1f%%\n", c.name,
+                    std::string(kestrel::ggml_type_name(t)).c_str(), threads, static_cast<unsigned long long>(bytes),
+                    bytes / s / 1e9, bytes / cs / 1e9, 100.0 * cs / s);
         if (hw == 1) break;
       }
     }
