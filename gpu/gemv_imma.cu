@@ -1,4 +1,5 @@
-// gemv_imma (see gemv_imma.h): GEMV v4, re-tiled Q4_0 / Q4_K weights on u8 × s8 tensor-core MMAs.
+// gemv_imma (see gemv_imma.h): GEMV v4, re-tiled Q4_0 / Q4_K / Q5_K weights on u8 × s8 tensor-core MMAs, Q6_K / Q8_0
+// on s8 × s8 (their multiplies: gpu/imma_tile.cuh; this head derives the Q4 types', which the others follow).
 //
 // MMA fragments (PTX mma.m16n8k32, 8-bit): lane = 4g + t; A regs {row g k 4t..4t+3, row g+8 k 4t.., row g k 16+4t..,
 // row g+8 k 16+4t..}; B regs {k 4t..4t+3 col g, k 16+4t.. col g}; C {row g col 2t, 2t+1, row g+8 col 2t, 2t+1}.
@@ -213,9 +214,9 @@ struct Cursor {
 // The load side of a round: where the warp's row group of that round keeps the first group of its slice (lane's
 // word and scales), found once per round; ok = false past the last item or for an empty segment (zeros then).
 struct WRound {
-  const uint8_t* qs;    // + 2048 per group, + 512 per unit (Q6_K: + 3072 per group; imma_tile::tile_lane)
-  const uint8_t* meta;  // + 256 per group (Q4_0: + 64 per unit; Q4_K: the super-block's heads, rows g + 8 at + 128;
-                        // Q6_K: + 288 per group, the rows' scales)
+  const uint8_t* qs;    // + kGroupQuantBytes<T> per group (Q4: 2048, + 512 per unit; imma_tile::tile_lane)
+  const uint8_t* meta;  // + 256 per group (Q4_0, Q8_0: + 64 per unit; Q4_K, Q5_K: the super-block's heads, rows g + 8
+                        // at + 128; Q6_K: + 288 per group, the rows' scales)
   int dgap;             // Q6_K: from meta to the rows' d
   bool ok;
 };
