@@ -151,22 +151,22 @@ void tile_q5_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
       }
       // Element 64j + 32h + i's fifth bit is bit 2j + h of qh[i] (i < 32); A register r's byte b of a lane holds
       // i = 16 (r / 2) + 4t + b of row g (r even) or g + 8.
+      // Four bytes b at once: a word of qh bytes per A register, a word of the tile per unit.
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4;
         const int t = lane % 4;
-        for (int b = 0; b < 4; ++b) {
-          uint32_t qh[4];  // A register r's qh byte
-          for (int r = 0; r < 4; ++r) {
-            qh[r] =
-                block(rg * kTileRows + (r % 2 == 0 ? g : g + 8))[offsetof(BlockQ5_K, qh) + 16 * (r / 2) + 4 * t + b];
+        uint32_t qh[4];  // A register r's qh bytes 16 (r / 2) + 4t .. + 3
+        for (int r = 0; r < 4; ++r) {
+          std::memcpy(&qh[r],
+                      block(rg * kTileRows + (r % 2 == 0 ? g : g + 8)) + offsetof(BlockQ5_K, qh) + 16 * (r / 2) + 4 * t,
+                      4);
+        }
+        for (int j = 0; j < 4; ++j) {
+          uint32_t v = 0;
+          for (int h = 0; h < 2; ++h) {
+            for (int r = 0; r < 4; ++r) v |= ((qh[r] >> (2 * j + h)) & 0x01010101u) << (4 * h + r);
           }
-          for (int j = 0; j < 4; ++j) {
-            uint32_t v = 0;
-            for (int h = 0; h < 2; ++h) {
-              for (int r = 0; r < 4; ++r) v |= ((qh[r] >> (2 * j + h)) & 1u) << (4 * h + r);
-            }
-            qs[2048 + lane * 16 + 4 * j + b] = static_cast<uint8_t>(v);
-          }
+          std::memcpy(qs + 2048 + lane * 16 + 4 * j, &v, 4);
         }
       }
       for (int row = 0; row < kTileRows; ++row) {
@@ -206,19 +206,24 @@ void tile_q6_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
       for (int lane = 0; lane < 32; ++lane) {
         const int g = lane / 4;
         const int t = lane % 4;
+        // Four bytes b at once: the quants of elements e .. e + 3 are one word of the table.
+        auto word = [](const uint8_t* q, int e) {
+          uint32_t v;
+          std::memcpy(&v, q + e, 4);
+          return v;
+        };
         for (int w = 0; w < 4; ++w) {
           const uint8_t* q = quants[w % 2 == 0 ? g : g + 8];
-          for (int b = 0; b < 4; ++b) {
-            for (int j = 0; j < 4; ++j) {  // low nibbles of unit j: sub-blocks s, s + 1 with s = 2 (w / 2)
-              const int e = 64 * j + 16 * (2 * (w / 2)) + 4 * t + b;
-              qs[512 * j + lane * 16 + 4 * w + b] = static_cast<uint8_t>((q[e] & 15) | ((q[e + 16] & 15) << 4));
-            }
-            for (int p = 0; p < 2; ++p) {  // high bits: word w of pair p belongs to unit 2p + w / 2
-              const int unit = 2 * p + w / 2;
-              uint32_t v = 0;
-              for (int s = 0; s < 4; ++s) v |= static_cast<uint32_t>(q[64 * unit + 16 * s + 4 * t + b] >> 4) << (2 * s);
-              qs[2048 + 512 * p + lane * 16 + 4 * w + b] = static_cast<uint8_t>(v);
-            }
+          for (int j = 0; j < 4; ++j) {  // low nibbles of unit j: sub-blocks s, s + 1 with s = 2 (w / 2)
+            const int e = 64 * j + 16 * (2 * (w / 2)) + 4 * t;
+            const uint32_t v = (word(q, e) & 0x0F0F0F0Fu) | ((word(q, e + 16) & 0x0F0F0F0Fu) << 4);
+            std::memcpy(qs + 512 * j + lane * 16 + 4 * w, &v, 4);
+          }
+          for (int p = 0; p < 2; ++p) {  // high bits: word w of pair p belongs to unit 2p + w / 2
+            const int unit = 2 * p + w / 2;
+            uint32_t v = 0;
+            for (int s = 0; s < 4; ++s) v |= ((word(q, 64 * unit + 16 * s + 4 * t) >> 4) & 0x03030303u) << (2 * s);
+            std::memcpy(qs + 2048 + 512 * p + lane * 16 + 4 * w, &v, 4);
           }
         }
       }
