@@ -1,6 +1,7 @@
-// imma_tile.cuh: GEMV v4's per-group arithmetic on the re-tiled Q4_0 / Q4_K layout (gpu/tiled_matrix.h) and the
-// prepared activations (gpu/imma_prepare.cuh): the u8 × s8 tensor-core MMA, a warp's registers for one group of a row
-// group, and the multiply of one group for one vector pair. gemv_imma.cu's head derives the arithmetic; gemv_imma.cu
+// imma_tile.cuh: GEMV v4's per-group arithmetic on the re-tiled Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 layouts
+// (gpu/tiled_matrix.h) and the prepared activations (gpu/imma_prepare.cuh): the integer tensor-core MMAs (u8 × s8 for
+// the Q4 types and Q5_K, s8 × s8 for Q6_K and Q8_0), a warp's registers for one group of a row group, and the
+// multiply of one group for one vector pair. gemv_imma.cu's head derives the arithmetic; gemv_imma.cu
 // and moe_imma_one.cu (the one-launch MoE layer) both multiply with it. Device code only; include from .cu files.
 #pragma once
 
@@ -85,9 +86,10 @@ struct XSourceT {
 using XSource = XSourceT<false>;
 
 // Where a lane's words for group grp of row group rg lie in a tiled matrix of n_units units a row (tiled_matrix.h), as
-// pointers from its start `base`: qs, the lane's 16-byte quant word of the group's first unit (+ 512 per unit); meta,
-// its scales (Q4_0: + 64 per unit; Q4_K: row g's super-block head, row g + 8's at + 128). Q4_K has whole groups
-// (n_units = 4·groups), so both types' scales of a group start at tile0 · 64.
+// pointers from its start `base`: qs, the lane's 16-byte quant word of the group's first unit (+ 512 per unit; Q8_0
+// + 1024, its second block at + 512; Q5_K's high-bit word at + 2048); meta, its scales (Q4_0, Q8_0: + 64 per unit;
+// Q4_K, Q5_K: row g's super-block head, row g + 8's at + 128). The K-quants have whole groups (n_units = 4·groups),
+// so every type's scales of a group start at tile0 · kGroupMetaBytes / 4.
 // Q6_K: qs at the group's first low-nibble word (+ 3072 per group), meta at the lane's row scales (+ 288 per group).
 template <GgmlType T>
 __device__ __forceinline__ void tile_lane(const uint8_t* base, size_t meta_off, int n_units, int rg, int grp, int lane,
