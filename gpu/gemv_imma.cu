@@ -622,16 +622,6 @@ Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool progr
   return launch_mode<GgmlType::kQ4_K>(args, max_vec, programmatic, stream);
 }
 
-// imma_tile::kGroupQuantBytes at run time.
-int group_quant_bytes(GgmlType type) {
-  switch (type) {
-    case GgmlType::kQ5_K: return imma_tile::kGroupQuantBytes<GgmlType::kQ5_K>;
-    case GgmlType::kQ6_K: return imma_tile::kGroupQuantBytes<GgmlType::kQ6_K>;
-    case GgmlType::kQ8_0: return imma_tile::kGroupQuantBytes<GgmlType::kQ8_0>;
-    default: return imma_tile::kGroupQuantBytes<GgmlType::kQ4_0>;
-  }
-}
-
 KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xprep, float* y, int64_t y_stride) {
   KernelArgs a{};
   const int64_t n_rg = n_rows / kTileRows;
@@ -640,7 +630,7 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
   a.n_groups = static_cast<int>((n_units + kUnitsPerSlice - 1) / kUnitsPerSlice);
   a.n_rg = static_cast<int>(n_rg);
   a.rg_div = FastDiv::make(static_cast<uint32_t>(n_rg));
-  a.meta_off = static_cast<uint32_t>(n_rg * n_units * (group_quant_bytes(type) / kUnitsPerSlice));
+  a.meta_off = static_cast<uint32_t>(tiled_meta_offset(type, n_cols, n_rows));
   a.xprep = static_cast<const uint8_t*>(xprep);
   a.lay = x_layout(n_cols);
   a.y = y;

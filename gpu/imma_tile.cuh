@@ -12,6 +12,7 @@
 
 #include "core/gguf/ggml_type.h"
 #include "gpu/imma_prepare.cuh"
+#include "gpu/tiled_matrix.h"
 
 namespace kestrel::gpu::imma_tile {
 
@@ -59,11 +60,9 @@ struct WeightBuf {
 
 // Bytes of one group (256 columns) of a row group in the tiled layout (tiled_matrix.h): quants, then scales.
 template <GgmlType T>
-inline constexpr int kGroupQuantBytes = T == GgmlType::kQ6_K
-                                            ? 3072
-                                            : (T == GgmlType::kQ8_0 ? 4096 : (T == GgmlType::kQ5_K ? 2560 : 2048));
+inline constexpr int kGroupQuantBytes = kUnitsPerSlice* tiled_unit_quant_bytes(T);
 template <GgmlType T>
-inline constexpr int kGroupMetaBytes = T == GgmlType::kQ6_K ? 288 : kUnitsPerSlice * 64;
+inline constexpr int kGroupMetaBytes = kUnitsPerSlice* tiled_unit_meta_bytes(T);
 
 // A pair's activations for one group, where a lane finds them: its B fragments (vector vf), its digit sums and
 // group scale (vector vd, the owner of its C columns). A missing second vector reads the first one's (its C columns

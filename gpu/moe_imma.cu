@@ -424,12 +424,7 @@ Status moe_imma_tile_experts(GgmlType type, const void* raw, int64_t n_cols, int
                std::to_string(tiled * static_cast<uint64_t>(std::max<int64_t>(n_expert, 0))) +
                " output bytes and non-null input; got " + std::to_string(out.size()));
   }
-  const auto* src = static_cast<const uint8_t*>(raw);
-  for (int64_t e = 0; e < n_expert; ++e) {
-    const uint64_t off = tiled * static_cast<uint64_t>(e);  // raw and tiled bytes are equal
-    KESTREL_TRY(tile_matrix(type, src + off, n_cols, n_rows, out.subspan(off, tiled)));
-  }
-  return ok_status();
+  return tile_matrix_stack(type, raw, n_cols, n_rows, n_expert, out);  // raw and tiled bytes are equal
 }
 
 Expected<std::unique_ptr<MoeImmaLayer>> MoeImmaLayer::from_raw_device(const MoeDeviceWeights& raw) {

@@ -65,7 +65,7 @@ Status moe_imma_check_weights(const MoeImmaWeights& w);
 
 // Host-side re-tiling of a stack of n_expert raw GGUF matrices (n_rows rows of n_cols, expert-major, as in the
 // file) into out (n_expert · tiled_bytes(type, n_cols, n_rows) bytes): expert e tiled by tile_matrix into
-// out[e · tiled_bytes ...]. Pure; thread-safe.
+// out[e · tiled_bytes ...] (tile_matrix_stack, over the host's threads). Pure; thread-safe.
 Status moe_imma_tile_experts(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_expert,
                              std::span<uint8_t> out);
 
@@ -75,7 +75,7 @@ Status moe_imma_tile_experts(GgmlType type, const void* raw, int64_t n_cols, int
 class MoeImmaLayer {
  public:
   // Reads the raw gate/up/down stacks (and shared-expert matrices) of `raw` back from the device, tiles them on
-  // the host and uploads the tiled forms (synchronous, host-bound: about a second per GB). moe_imma_check_raw first.
+  // the host (on its threads) and uploads the tiled forms (synchronous, host-bound). moe_imma_check_raw first.
   static Expected<std::unique_ptr<MoeImmaLayer>> from_raw_device(const MoeDeviceWeights& raw);
   ~MoeImmaLayer();
   MoeImmaLayer(const MoeImmaLayer&) = delete;

@@ -59,14 +59,15 @@ void tile_quants(uint8_t* tile, int64_t rg, int64_t u, const Quants& quants) {
 // Row groups [rg0, rg1) of one matrix: raw GGUF rows at src, the tiled matrix's qs and meta parts (whole matrix).
 // Q4_0 and Q8_0 (Block: BlockQ4_0 or BlockQ8_0): a unit is two blocks, each's d first; Q4_0's 16 quant bytes are
 // one tile_quants run, Q8_0's 32 two (bytes 0-15 and 16-31 as a Q4_0 block's low and high nibbles).
-template <class Block>
+template <class Block, GgmlType kType>
 void tile_blocks32_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
   constexpr int64_t kQuantBytes = sizeof(Block) - 2;
-  constexpr int64_t kUnitBytes = 2 * 16 * kQuantBytes;  // 512 (Q4_0) or 1024 (Q8_0)
+  constexpr int64_t kUnitBytes = tiled_unit_quant_bytes(kType);  // 2 · 16 · kQuantBytes: 512 (Q4_0), 1024 (Q8_0)
+  static_assert(kUnitBytes == 2 * 16 * kQuantBytes);
   const int64_t n_units = n_cols / kUnitElems;
   const int64_t row_bytes = n_cols / 32 * static_cast<int64_t>(sizeof(Block));
   uint8_t* qs = out;
-  uint8_t* meta = out + n_rg * n_units * kUnitBytes;
+  uint8_t* meta = out + tiled_meta_offset(kType, n_cols, n_rg * kTileRows);
   auto block = [&](int64_t row, int64_t b) { return src + row * row_bytes + b * static_cast<int64_t>(sizeof(Block)); };
   for (int64_t rg = rg0; rg < rg1; ++rg) {
     for (int64_t u = 0; u < n_units; ++u) {
@@ -113,7 +114,7 @@ void tile_q4_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
   const int64_t n_sb = n_cols / 256;
   const int64_t row_bytes = n_sb * static_cast<int64_t>(sizeof(BlockQ4_K));
   uint8_t* qs = out;
-  uint8_t* meta = out + n_rg * n_units * 512;
+  uint8_t* meta = out + tiled_meta_offset(GgmlType::kQ4_K, n_cols, n_rg * kTileRows);
   auto block = [&](int64_t row, int64_t sb) {
     return src + row * row_bytes + sb * static_cast<int64_t>(sizeof(BlockQ4_K));
   };
@@ -134,108 +135,97 @@ void tile_q4_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg
   }
 }
 
+// The layouts that keep each super-block's quants together (Q5_K, Q6_K): fn(block, qs, meta) once per super-block
+// column sb of row groups [rg0, rg1), block(row) the raw block of the row group's row 0..15, qs and meta where that
+// group's tiled quant and scale bytes go.
+template <GgmlType kType, class Block, class Fn>
+void each_super_block(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out,
+                      Fn&& fn) {
+  const int64_t n_sb = n_cols / 256;
+  const int64_t row_bytes = n_sb * static_cast<int64_t>(sizeof(Block));
+  constexpr int64_t kGroupQuant = 4 * tiled_unit_quant_bytes(kType), kGroupMeta = 4 * tiled_unit_meta_bytes(kType);
+  uint8_t* meta = out + tiled_meta_offset(kType, n_cols, n_rg * kTileRows);
+  for (int64_t rg = rg0; rg < rg1; ++rg) {
+    for (int64_t sb = 0; sb < n_sb; ++sb) {
+      auto block = [&](int64_t row) {
+        return src + (rg * kTileRows + row) * row_bytes + sb * static_cast<int64_t>(sizeof(Block));
+      };
+      fn(block, out + (rg * n_sb + sb) * kGroupQuant, meta + (rg * n_sb + sb) * kGroupMeta);
+    }
+  }
+}
+
 // Q5_K: per super-block its Q4_K-ordered low-nibble units, then one 32-bit high-bit word per unit and lane; meta as
 // Q4_K's.
 void tile_q5_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
-  const int64_t n_sb = n_cols / 256;
-  const int64_t row_bytes = n_sb * static_cast<int64_t>(sizeof(BlockQ5_K));
-  uint8_t* meta = out + n_rg * n_sb * 2560;
-  for (int64_t rg = rg0; rg < rg1; ++rg) {
-    for (int64_t sb = 0; sb < n_sb; ++sb) {
-      auto block = [&](int64_t row) { return src + row * row_bytes + sb * static_cast<int64_t>(sizeof(BlockQ5_K)); };
-      uint8_t* qs = out + (rg * n_sb + sb) * 2560;
-      for (int j = 0; j < 4; ++j) {
-        tile_quants(qs + 512 * j, rg, j, [&](int64_t row, int64_t unit, int half) {
-          return block(row) + offsetof(BlockQ5_K, qs) + 32 * unit + 16 * half;
-        });
-      }
-      // Element 64j + 32h + i's fifth bit is bit 2j + h of qh[i] (i < 32); A register r's byte b of a lane holds
-      // i = 16 (r / 2) + 4t + b of row g (r even) or g + 8.
-      // Four bytes b at once: a word of qh bytes per A register, a word of the tile per unit.
-      for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane / 4;
-        const int t = lane % 4;
-        uint32_t qh[4];  // A register r's qh bytes 16 (r / 2) + 4t .. + 3
-        for (int r = 0; r < 4; ++r) {
-          std::memcpy(&qh[r],
-                      block(rg * kTileRows + (r % 2 == 0 ? g : g + 8)) + offsetof(BlockQ5_K, qh) + 16 * (r / 2) + 4 * t,
-                      4);
+  each_super_block<GgmlType::kQ5_K, BlockQ5_K>(
+      src, n_cols, n_rg, rg0, rg1, out, [&](auto block, uint8_t* qs, uint8_t* meta) {
+        for (int j = 0; j < 4; ++j) {  // tile_quants names rows from the matrix's first: row group 0 here
+          tile_quants(qs + 512 * j, 0, j, [&](int64_t row, int64_t unit, int half) {
+            return block(row) + offsetof(BlockQ5_K, qs) + 32 * unit + 16 * half;
+          });
         }
-        for (int j = 0; j < 4; ++j) {
-          uint32_t v = 0;
-          for (int h = 0; h < 2; ++h) {
-            for (int r = 0; r < 4; ++r) v |= ((qh[r] >> (2 * j + h)) & 0x01010101u) << (4 * h + r);
+        // Element 64j + 32h + i's fifth bit is bit 2j + h of qh[i] (i < 32); A register r's byte b of a lane holds
+        // i = 16 (r / 2) + 4t + b of row g (r even) or g + 8.
+        // Four bytes b at once: a word of qh bytes per A register, a word of the tile per unit.
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4;
+          const int t = lane % 4;
+          uint32_t qh[4];  // A register r's qh bytes 16 (r / 2) + 4t .. + 3
+          for (int r = 0; r < 4; ++r) {
+            std::memcpy(&qh[r], block(r % 2 == 0 ? g : g + 8) + offsetof(BlockQ5_K, qh) + 16 * (r / 2) + 4 * t, 4);
           }
-          std::memcpy(qs + 2048 + lane * 16 + 4 * j, &v, 4);
+          for (int j = 0; j < 4; ++j) {
+            uint32_t v = 0;
+            for (int h = 0; h < 2; ++h) {
+              for (int r = 0; r < 4; ++r) v |= ((qh[r] >> (2 * j + h)) & 0x01010101u) << (4 * h + r);
+            }
+            std::memcpy(qs + 2048 + lane * 16 + 4 * j, &v, 4);
+          }
         }
-      }
-      for (int row = 0; row < kTileRows; ++row) {
-        const uint8_t* b = block(rg * kTileRows + row);
-        pack_k_head(b, b + offsetof(BlockQ5_K, scales), meta + (rg * n_sb + sb) * 256 + row * 16);
-      }
-    }
-  }
-}
-
-// The 6-bit quants (0..63) of a Q6_K block in element order (core/quant/q6_k.cpp has the layout).
-void q6_quants(const uint8_t* blk, uint8_t (&q)[256]) {
-  const uint8_t* ql = blk + offsetof(BlockQ6_K, ql);
-  const uint8_t* qh = blk + offsetof(BlockQ6_K, qh);
-  for (int half = 0; half < 2; ++half) {
-    for (int l = 0; l < 32; ++l) {
-      const int a = ql[64 * half + l], b = ql[64 * half + 32 + l], h = qh[32 * half + l];
-      uint8_t* y = q + 128 * half;
-      y[l] = static_cast<uint8_t>((a & 15) | ((h & 3) << 4));
-      y[l + 32] = static_cast<uint8_t>((b & 15) | (((h >> 2) & 3) << 4));
-      y[l + 64] = static_cast<uint8_t>((a >> 4) | (((h >> 4) & 3) << 4));
-      y[l + 96] = static_cast<uint8_t>((b >> 4) | (((h >> 6) & 3) << 4));
-    }
-  }
+        for (int row = 0; row < kTileRows; ++row) {
+          const uint8_t* b = block(row);
+          pack_k_head(b, b + offsetof(BlockQ5_K, scales), meta + row * 16);
+        }
+      });
 }
 
 void tile_q6_k_rows(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
-  const int64_t n_sb = n_cols / 256;
-  const int64_t row_bytes = n_sb * static_cast<int64_t>(sizeof(BlockQ6_K));
-  uint8_t* meta = out + n_rg * n_sb * 3072;
-  for (int64_t rg = rg0; rg < rg1; ++rg) {
-    for (int64_t sb = 0; sb < n_sb; ++sb) {
-      auto block = [&](int row) { return src + (rg * kTileRows + row) * row_bytes + sb * 210; };
-      uint8_t* qs = out + (rg * n_sb + sb) * 3072;
-      uint8_t quants[kTileRows][256];
-      for (int row = 0; row < kTileRows; ++row) q6_quants(block(row), quants[row]);
-      for (int lane = 0; lane < 32; ++lane) {
-        const int g = lane / 4;
-        const int t = lane % 4;
-        // Four bytes b at once: the quants of elements e .. e + 3 are one word of the table.
-        auto word = [](const uint8_t* q, int e) {
-          uint32_t v;
-          std::memcpy(&v, q + e, 4);
-          return v;
-        };
-        for (int w = 0; w < 4; ++w) {
-          const uint8_t* q = quants[w % 2 == 0 ? g : g + 8];
-          for (int j = 0; j < 4; ++j) {  // low nibbles of unit j: sub-blocks s, s + 1 with s = 2 (w / 2)
-            const int e = 64 * j + 16 * (2 * (w / 2)) + 4 * t;
-            const uint32_t v = (word(q, e) & 0x0F0F0F0Fu) | ((word(q, e + 16) & 0x0F0F0F0Fu) << 4);
-            std::memcpy(qs + 512 * j + lane * 16 + 4 * w, &v, 4);
-          }
-          for (int p = 0; p < 2; ++p) {  // high bits: word w of pair p belongs to unit 2p + w / 2
-            const int unit = 2 * p + w / 2;
-            uint32_t v = 0;
-            for (int s = 0; s < 4; ++s) v |= ((word(q, 64 * unit + 16 * s + 4 * t) >> 4) & 0x03030303u) << (2 * s);
-            std::memcpy(qs + 2048 + 512 * p + lane * 16 + 4 * w, &v, 4);
+  each_super_block<GgmlType::kQ6_K, BlockQ6_K>(
+      src, n_cols, n_rg, rg0, rg1, out, [&](auto block, uint8_t* qs, uint8_t* m) {
+        uint8_t quants[kTileRows][256];
+        for (int row = 0; row < kTileRows; ++row) quant_internal::q6_k_quants(block(row), quants[row]);
+        for (int lane = 0; lane < 32; ++lane) {
+          const int g = lane / 4;
+          const int t = lane % 4;
+          // Four bytes b at once: the quants of elements e .. e + 3 are one word of the table.
+          auto word = [](const uint8_t* q, int e) {
+            uint32_t v;
+            std::memcpy(&v, q + e, 4);
+            return v;
+          };
+          for (int w = 0; w < 4; ++w) {
+            const uint8_t* q = quants[w % 2 == 0 ? g : g + 8];
+            for (int j = 0; j < 4; ++j) {  // low nibbles of unit j: sub-blocks s, s + 1 with s = 2 (w / 2)
+              const int e = 64 * j + 16 * (2 * (w / 2)) + 4 * t;
+              const uint32_t v = (word(q, e) & 0x0F0F0F0Fu) | ((word(q, e + 16) & 0x0F0F0F0Fu) << 4);
+              std::memcpy(qs + 512 * j + lane * 16 + 4 * w, &v, 4);
+            }
+            for (int p = 0; p < 2; ++p) {  // high bits: word w of pair p belongs to unit 2p + w / 2
+              const int unit = 2 * p + w / 2;
+              uint32_t v = 0;
+              for (int s = 0; s < 4; ++s) v |= ((word(q, 64 * unit + 16 * s + 4 * t) >> 4) & 0x03030303u) << (2 * s);
+              std::memcpy(qs + 2048 + 512 * p + lane * 16 + 4 * w, &v, 4);
+            }
           }
         }
-      }
-      uint8_t* m = meta + (rg * n_sb + sb) * 288;
-      for (int g = 0; g < 8; ++g) {
-        std::memcpy(m + 32 * g, block(g) + offsetof(BlockQ6_K, scales), 16);
-        std::memcpy(m + 32 * g + 16, block(g + 8) + offsetof(BlockQ6_K, scales), 16);
-        std::memcpy(m + 256 + 4 * g, block(g) + offsetof(BlockQ6_K, d), 2);
-        std::memcpy(m + 256 + 4 * g + 2, block(g + 8) + offsetof(BlockQ6_K, d), 2);
-      }
-    }
-  }
+        for (int g = 0; g < 8; ++g) {
+          std::memcpy(m + 32 * g, block(g) + offsetof(BlockQ6_K, scales), 16);
+          std::memcpy(m + 32 * g + 16, block(g + 8) + offsetof(BlockQ6_K, scales), 16);
+          std::memcpy(m + 256 + 4 * g, block(g) + offsetof(BlockQ6_K, d), 2);
+          std::memcpy(m + 256 + 4 * g + 2, block(g + 8) + offsetof(BlockQ6_K, d), 2);
+        }
+      });
 }
 
 }  // namespace
@@ -275,9 +265,9 @@ Status tile_matrix_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t
       const uint8_t* s = src + static_cast<uint64_t>(slice) * slice_bytes;
       uint8_t* o = out.data() + static_cast<uint64_t>(slice) * slice_bytes;
       if (type == GgmlType::kQ4_0) {
-        tile_blocks32_rows<BlockQ4_0>(s, n_cols, n_rg, rg0, rg1, o);
+        tile_blocks32_rows<BlockQ4_0, GgmlType::kQ4_0>(s, n_cols, n_rg, rg0, rg1, o);
       } else if (type == GgmlType::kQ8_0) {
-        tile_blocks32_rows<BlockQ8_0>(s, n_cols, n_rg, rg0, rg1, o);
+        tile_blocks32_rows<BlockQ8_0, GgmlType::kQ8_0>(s, n_cols, n_rg, rg0, rg1, o);
       } else if (type == GgmlType::kQ4_K) {
         tile_q4_k_rows(s, n_cols, n_rg, rg0, rg1, o);
       } else if (type == GgmlType::kQ5_K) {

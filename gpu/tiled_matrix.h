@@ -46,6 +46,18 @@ struct TiledView {
   int64_t n_rows = 0;          // ggml ne1 (n_out)
 };
 
+// The layout's sizes, one place for the host tiler and the device kernels (gpu/imma_tile.cuh): quant bytes per
+// 64-column unit of a row group (a K-quant's four units share its super-block's group: the group's bytes / 4) and scale
+// bytes likewise; all quants of a matrix come first, its scales from tiled_meta_offset() on.
+constexpr int tiled_unit_quant_bytes(GgmlType type) {
+  return type == GgmlType::kQ5_K ? 640 : type == GgmlType::kQ6_K ? 768 : type == GgmlType::kQ8_0 ? 1024 : 512;
+}
+constexpr int tiled_unit_meta_bytes(GgmlType type) { return type == GgmlType::kQ6_K ? 72 : 64; }
+constexpr uint64_t tiled_meta_offset(GgmlType type, int64_t n_cols, int64_t n_rows) {
+  return static_cast<uint64_t>(n_rows / 16) * static_cast<uint64_t>(n_cols / 64) *
+         static_cast<uint64_t>(tiled_unit_quant_bytes(type));
+}
+
 // True for Q4_0 and Q8_0 with n_cols a multiple of 64, Q4_K, Q5_K and Q6_K with n_cols a multiple of 256, n_rows a
 // positive multiple of 16 and n_cols <= 8192 (the longest row GEMV v4 takes).
 bool tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows);

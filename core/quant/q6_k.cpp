@@ -15,28 +15,40 @@
 
 namespace kestrel::quant_internal {
 
+namespace {
+
+void block_quants(const BlockQ6_K& blk, uint8_t* q) {
+  for (ptrdiff_t h = 0; h < 2; ++h) {
+    const uint8_t* ql = &blk.ql[64 * h];
+    const uint8_t* qh = &blk.qh[32 * h];
+    uint8_t* y = &q[128 * h];
+    for (int l = 0; l < 32; ++l) {
+      y[l] = static_cast<uint8_t>((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4));
+      y[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4));
+      y[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      y[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+    }
+  }
+}
+
+}  // namespace
+
+void q6_k_quants(const void* block, uint8_t* q) {
+  BlockQ6_K blk;
+  std::memcpy(&blk, block, sizeof(blk));
+  block_quants(blk, q);
+}
+
 void dequantize_q6_k(const void* src, float* dst, int64_t nb) {
   const auto* bytes = static_cast<const unsigned char*>(src);
+  uint8_t q[kQK_K];
   for (int64_t b = 0; b < nb; ++b) {
     BlockQ6_K blk;
     std::memcpy(&blk, bytes + b * sizeof(BlockQ6_K), sizeof(blk));
+    block_quants(blk, q);
     const float d = fp16_to_f32(blk.d);
-    for (ptrdiff_t h = 0; h < 2; ++h) {
-      const uint8_t* ql = &blk.ql[64 * h];
-      const uint8_t* qh = &blk.qh[32 * h];
-      const int8_t* sc = &blk.scales[8 * h];
-      float* y = &dst[b * kQK_K + 128 * h];
-      for (int l = 0; l < 32; ++l) {
-        const int g = l / 16;
-        const int q0 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
-        const int q1 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
-        const int q2 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-        const int q3 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-        y[l] = d * static_cast<float>(sc[g]) * static_cast<float>(q0);
-        y[l + 32] = d * static_cast<float>(sc[g + 2]) * static_cast<float>(q1);
-        y[l + 64] = d * static_cast<float>(sc[g + 4]) * static_cast<float>(q2);
-        y[l + 96] = d * static_cast<float>(sc[g + 6]) * static_cast<float>(q3);
-      }
+    for (int e = 0; e < kQK_K; ++e) {  // element e's scale: its 16-element sub-block's
+      dst[b * kQK_K + e] = d * static_cast<float>(blk.scales[e / 16]) * static_cast<float>(q[e] - 32);
     }
   }
 }
