@@ -11,6 +11,12 @@ if(KESTREL_WERROR)
   target_compile_options(kestrel_compile_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>
                                                            $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>)
 endif()
+# GCC 12 at -O3 (Release) reports -Wrestrict on `"literal" + std::to_string(n)` inside libstdc++ (GCC PR 105329, fixed
+# in 13): off for that compiler, for C++ and for the host side of .cu files.
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_LESS 13)
+  target_compile_options(kestrel_compile_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wno-restrict>
+                                                           $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wno-restrict>)
+endif()
 if(KESTREL_NATIVE)
   target_compile_options(kestrel_compile_options INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
 endif()

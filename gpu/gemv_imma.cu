@@ -307,6 +307,34 @@ __device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int
 
 __host__ __device__ constexpr int part_bytes(int warps) { return 2 * warps * kImmaSegmentVectors * kTileRows * 4; }
 
+// The cross-warp sum of a block's R row groups: y = the S slices' partials (part: [warp][vector slot][row]) added in
+// warp order, each output by one thread of the block's S·R·32. item0: the block's first row-group item this round.
+template <bool kTable, int NP>
+__device__ __forceinline__ void add_slices(const KernelArgs& a, const float* part, int S, int R, int item0,
+                                           int n_items) {
+  for (int k = threadIdx.x; k < R * 2 * NP * kTileRows; k += S * R * 32) {
+    const int r = k / (2 * NP * kTileRows);
+    const int slot = (k / kTileRows) % (2 * NP);
+    const int row = k % kTileRows;
+    const int it = item0 + r;
+    if (it >= n_items) continue;
+    const int so_i = a.rg_div.div(it);
+    const Seg<kTable> so(a, so_i);
+    if (slot >= so.n_vec) continue;
+    const float* pr = part + ((r * S) * kImmaSegmentVectors + slot) * kTileRows + row;
+    // All S partials are loaded before the first add (a loop over the runtime S loaded and added one at a time:
+    // S dependent shared-memory round trips on every small call's path); the adds keep warp order.
+    float v[kMaxWarps];
+#pragma unroll
+    for (int s2 = 0; s2 < kMaxWarps; ++s2) v[s2] = s2 < S ? pr[s2 * kImmaSegmentVectors * kTileRows] : 0.0f;
+    float sum = v[0];
+#pragma unroll
+    for (int s2 = 1; s2 < kMaxWarps; ++s2) sum = s2 < S ? __fadd_rn(sum, v[s2]) : sum;
+    a.y[static_cast<int64_t>(so.out(slot)) * a.y_stride + static_cast<int64_t>(it - so_i * a.n_rg) * kTileRows + row] =
+        sum;
+  }
+}
+
 // NP: most vector pairs per segment (1, 2 or 4). kMode, what the call reads: kDenseCall (a.base: the matrix),
 // kTableCall (a.base: the table), kCountedCall (the table, only its first *a.n_used segments). kGps: the groups per
 // slice (a.gps) compiled in, so that a round's groups unroll (0: a.gps at run time).
@@ -338,7 +366,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   const int n_cap = a.n_seg * a.n_rg;
   int n_items = n_cap;
   if constexpr (kCount) n_items = max(0, min(a.n_seg, __ldg(a.n_used))) * a.n_rg;
-  const int n_threads = S * R * 32;
   float* part = reinterpret_cast<float*>(smem);
   auto item_of = [&](int round) { return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R; };
   const int gps = kGps > 0 ? kGps : a.gps;
@@ -435,28 +462,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
         }
       }
       __syncthreads();
-      const int item0 = item_of(c.round);
-      for (int k = threadIdx.x; k < R * 2 * NP * kTileRows; k += n_threads) {
-        const int r = k / (2 * NP * kTileRows);
-        const int slot = (k / kTileRows) % (2 * NP);
-        const int row = k % kTileRows;
-        const int it = item0 + r;
-        if (it >= n_items) continue;
-        const int so_i = a.rg_div.div(it);
-        const Seg<kTable> so(a, so_i);
-        if (slot >= so.n_vec) continue;
-        const float* pr = part + ((buf * S * R + r * S) * kImmaSegmentVectors + slot) * kTileRows + row;
-        // All S partials are loaded before the first add (a loop over the runtime S loaded and added one at a time:
-        // S dependent shared-memory round trips on every small call's path); the adds keep warp order.
-        float v[kMaxWarps];
-#pragma unroll
-        for (int s2 = 0; s2 < kMaxWarps; ++s2) v[s2] = s2 < S ? pr[s2 * kImmaSegmentVectors * kTileRows] : 0.0f;
-        float sum = v[0];
-#pragma unroll
-        for (int s2 = 1; s2 < kMaxWarps; ++s2) sum = s2 < S ? __fadd_rn(sum, v[s2]) : sum;
-        a.y[static_cast<int64_t>(so.out(slot)) * a.y_stride + static_cast<int64_t>(it - so_i * a.n_rg) * kTileRows +
-            row] = sum;
-      }
+      add_slices<kTable, NP>(a, part + buf * S * R * kImmaSegmentVectors * kTileRows, S, R, item_of(c.round), n_items);
     }
 #pragma unroll
     for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
@@ -517,6 +523,59 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   }
 }
 
+// One wave: a dense call of 1-2 vectors whose row groups, at S >= groups per row warps each, all fit on the device at
+// once — one group per warp, two blocks of 16 warps an SM (64 registers; the persistent kernel's 120+ allow one).
+// No rounds: a warp's first load is addressed from its block and place, and it loads nothing ahead. The same
+// operations in the same order as gemv_imma_kernel at the same S, so the same bits (test_gemv_imma compares them).
+template <GgmlType T>
+__global__ void __launch_bounds__(kMaxWarps * 32, 2) gemv_imma_wave_kernel(KernelArgs a) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  pdl_trigger();
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int S = 1 << a.s_log;
+  const int sl = warp & (S - 1);
+  const int item = static_cast<int>(blockIdx.x) * a.R + (warp >> a.s_log);
+  WRound r;
+  r.ok = item < a.n_rg;
+  imma_tile::tile_lane<T>(static_cast<const uint8_t*>(a.base), a.meta_off, a.n_units, r.ok ? item : 0, sl, lane, r.qs,
+                          r.meta);
+  r.dgap = imma_tile::q6_d_delta(lane);
+  WeightBuf b;
+  w_load<T>(a, r, 0, sl, b);
+  pdl_wait();
+  float acc[2] = {0.0f, 0.0f};
+  if (r.ok && sl < a.n_groups) {
+    const int vb = a.n_vec > 1 ? 1 : 0;
+    const size_t vf = g < 4 ? 0 : vb;
+    const size_t vd = t < 2 ? 0 : vb;
+    const uint8_t* pf = a.xprep + vf * a.lay.vec_bytes() + imma_tile::x_frag_off(sl, g, t);
+    const uint8_t* pd = a.xprep + vd * a.lay.vec_bytes() + imma_tile::x_dsum_off(a.lay, sl, t);
+    const XSource x{pf, pd, a.xprep + vd * a.lay.vec_bytes() + imma_tile::x_scale_off(a.lay, sl)};
+    multiply_add<T>(b, x, acc);
+  }
+  pair_sum(acc, lane);
+  if (S == 1) {
+    const int slot = t / 2;
+    if (r.ok && t % 2 == 0 && slot < a.n_vec) {
+      float* yo = a.y + static_cast<int64_t>(slot) * a.y_stride + static_cast<int64_t>(item) * kTileRows;
+      yo[g] = acc[0];
+      yo[g + 8] = acc[1];
+    }
+    return;
+  }
+  float* part = reinterpret_cast<float*>(smem);
+  if (t % 2 == 0) {
+    float* pw = part + (warp * kImmaSegmentVectors + t / 2) * kTileRows;
+    pw[g] = acc[0];
+    pw[g + 8] = acc[1];
+  }
+  __syncthreads();
+  add_slices<false, 1>(a, part, S, a.R, static_cast<int>(blockIdx.x) * a.R, a.n_rg);
+}
+
 // ---- launch -----------------------------------------------------------------------------------------------------
 
 bool aligned(const void* p, uintptr_t al) { return (reinterpret_cast<uintptr_t>(p) % al) == 0; }
@@ -537,6 +596,10 @@ int grouped_split(int n_groups) {
   return S;
 }
 
+// gemv_imma_set_one_wave: false runs every call on the persistent kernel (tests: the bits must not change).
+std::atomic<bool> g_one_wave{true};
+constexpr int kWaveWarps = 4096;  // 32 warps an SM on the H200's 132 SMs: 4224
+
 void pick_split(KernelArgs& a, bool table) {
   constexpr int kWantWarps = 2048;
   int S = 1;
@@ -544,6 +607,10 @@ void pick_split(KernelArgs& a, bool table) {
     S = grouped_split(a.n_groups);
   } else {
     while (S < a.n_groups && S < kMaxWarps && static_cast<int64_t>(a.n_rg) * S < kWantWarps) S *= 2;
+    // One group per warp when that is at most kWaveWarps warps: such calls run as one wave (gemv_imma_wave_kernel).
+    int s1 = S;
+    while (s1 < a.n_groups) s1 *= 2;
+    if (s1 <= kMaxWarps && static_cast<int64_t>(a.n_rg) * s1 <= kWaveWarps) S = s1;
   }
   if (const int f = g_forced_split.load(std::memory_order_relaxed); f > 0) {
     S = 1;
@@ -585,6 +652,30 @@ Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
                              dim3(static_cast<unsigned>(std::min(want, fit))), dim3(warps * 32), smem, stream, args);
 }
 
+// A dense call of 1-2 vectors at one group per warp, when all its blocks fit on the device at once: the one-wave
+// kernel (false otherwise: the caller launches the persistent one).
+template <GgmlType T>
+Expected<bool> launch_wave(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
+  if (args.table || max_vec > 2 || args.gps != 1 || !g_one_wave.load(std::memory_order_relaxed)) return false;
+  const int warps = args.S * args.R;
+  const size_t smem = part_bytes(warps) / 2;
+  static int per_sm[kMaxWarps + 1] = {};  // blocks per SM by warps per block (a benign race: the same value)
+  static int sm_count = 0;
+  if (per_sm[warps] == 0) {
+    int dev = 0;
+    KESTREL_CUDA_TRY(cudaGetDevice(&dev));
+    KESTREL_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
+    int n = 0;
+    KESTREL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_wave_kernel<T>, warps * 32, smem));
+    per_sm[warps] = std::max(1, n);
+  }
+  const int64_t blocks = (static_cast<int64_t>(args.n_rg) + args.R - 1) / args.R;
+  if (blocks > static_cast<int64_t>(per_sm[warps]) * sm_count) return false;
+  KESTREL_TRY(launch_programmatic(programmatic, gemv_imma_wave_kernel<T>, dim3(static_cast<unsigned>(blocks)),
+                                  dim3(warps * 32), smem, stream, args));
+  return true;
+}
+
 // The groups per slice compiled in for 2, 4 and 8 (the presets' shapes), else read at run time. One group per slice
 // stays on the run-time loop: unrolled (two rounds an iteration) its 0.6 MB matrices took 0.1-0.2 us longer per call.
 // The two- and four-pair kernels (3-8 vectors) only for 2 groups per slice: unrolled deeper they spill (56-268 bytes);
@@ -609,7 +700,11 @@ Status launch_pairs(const KernelArgs& args, int max_vec, bool programmatic, cuda
 
 template <GgmlType T>
 Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (!args.table) return launch_pairs<T, kDenseCall>(args, max_vec, programmatic, stream);
+  if (!args.table) {
+    KESTREL_TRY_ASSIGN(const bool waved, launch_wave<T>(args, max_vec, programmatic, stream));
+    if (waved) return ok_status();
+    return launch_pairs<T, kDenseCall>(args, max_vec, programmatic, stream);
+  }
   if (args.n_used == nullptr) return launch_pairs<T, kTableCall>(args, max_vec, programmatic, stream);
   return launch_pairs<T, kCountedCall>(args, max_vec, programmatic, stream);
 }
@@ -639,6 +734,8 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
 }
 
 }  // namespace
+
+void gemv_imma_set_one_wave(bool on) { g_one_wave.store(on, std::memory_order_relaxed); }
 
 void gemv_imma_set_compiled_groups(bool on) { g_compiled_groups.store(on, std::memory_order_relaxed); }
 

@@ -323,7 +323,7 @@ TEST(GemvImma, ProgrammaticChainGivesPlainBits) {
 }
 
 // The kernels that compile the groups per slice in (2, 4, 8) and unroll a round give the bits of the run-time loop
-// (gemv_imma_set_compiled_groups(false)): the same operations in the same order. Shapes for 2 (8192 rows of 2048:
+// (gemv_imma_set_compiled_groups(false)): the same operations in the same order. Shapes for 2 (12288 rows of 2048:
 // S = 4), 4 (16384 rows: S = 2) and 8 (32768 rows: S = 1) groups per slice, with one and two vectors (the one-pair
 // kernel), three and eight (two and four pairs: compiled in for 2 only).
 TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
@@ -333,7 +333,7 @@ TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
     ~RunTimeLoop() { gemv_imma_set_compiled_groups(true); }
   } restore;
   for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
-    for (const Shape sh : {Shape{2048, 8192}, Shape{2048, 16384}, Shape{2048, 32768}}) {
+    for (const Shape sh : {Shape{2048, 12288}, Shape{2048, 16384}, Shape{2048, 32768}}) {
       const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled w(t, m, sh.n_in, sh.n_out);
       for (const int n_vec : {1, 2, 3, 8}) {
@@ -346,6 +346,44 @@ TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
         EXPECT_EQ(std::memcmp(unrolled.data(), loop.data(), loop.size() * sizeof(float)), 0)
             << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " n_vec " << n_vec
             << ": the unrolled rounds differ from the run-time loop";
+      }
+    }
+  }
+}
+
+// The one-wave kernel (dense calls of 1-2 vectors at one group per warp that fit on the device at once) gives the
+// persistent kernel's bits (gemv_imma_set_one_wave(false)) at the same split. Shapes: 8192 rows of 2048 (S = 8, 4096
+// warps: the 9.4 MB projections), 2048 of 4096 (S = 16), 80 rows of 512 (S = 2, four row groups a block, the last
+// block part-empty), 48 of 192 (a partial group), 16 of 64.
+TEST(GemvImma, OneWaveGivesThePersistentKernelsBits) {
+  KESTREL_REQUIRE_DEVICE();
+  std::mt19937 rng(4096);
+  struct Restore {
+    ~Restore() { gemv_imma_set_one_wave(true); }
+  } restore;
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+    const bool blocks32 = t == GgmlType::kQ4_0 || t == GgmlType::kQ8_0;
+    std::vector<Shape> shapes = {{2048, 8192}, {4096, 2048}, {512, 80}};
+    if (blocks32) shapes.insert(shapes.end(), {Shape{192, 48}, Shape{64, 16}});
+    for (const Shape sh : shapes) {
+      const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
+      const DeviceTiled w(t, m, sh.n_in, sh.n_out);
+      for (const int n_vec : {1, 2}) {
+        const std::vector<float> x = random_vectors(n_vec, sh.n_in, rng);
+        gemv_imma_set_one_wave(true);
+        const std::vector<float> wave = run(w, x, n_vec);
+        gemv_imma_set_one_wave(false);
+        const std::vector<float> persistent = run(w, x, n_vec);
+        ASSERT_EQ(wave.size(), persistent.size());
+        EXPECT_EQ(std::memcmp(wave.data(), persistent.data(), wave.size() * sizeof(float)), 0)
+            << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " n_vec " << n_vec
+            << ": the one-wave kernel differs from the persistent one";
+        std::vector<float> want(wave.size());
+        const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(sh.n_in), static_cast<uint64_t>(sh.n_out)};
+        ASSERT_TRUE(ref::matvec_batch(qm, x.data(), n_vec, want.data()));
+        expect_within("one wave " + std::string(ggml_type_name(t)) + " " + std::to_string(sh.n_in) + "x" +
+                          std::to_string(sh.n_out),
+                      wave, want, bounds(t, m, sh.n_in, sh.n_out, x, n_vec), sh.n_out);
       }
     }
   }
