@@ -523,12 +523,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   }
 }
 
-// One wave: a dense call of 1-2 vectors whose row groups, at S >= groups per row warps each, all fit on the device at
-// once — one group per warp, two blocks of 16 warps an SM (64 registers; the persistent kernel's 120+ allow one).
-// No rounds: a warp's first load is addressed from its block and place, and it loads nothing ahead. The same
-// operations in the same order as gemv_imma_kernel at the same S, so the same bits (test_gemv_imma compares them).
-template <GgmlType T>
-__global__ void __launch_bounds__(kMaxWarps * 32, 2) gemv_imma_wave_kernel(KernelArgs a) {
+// The flat kernel: a dense call of up to 8 vectors (one segment) at one group per warp — no rounds, nothing loaded
+// ahead: a warp's first load is addressed from its block and place. NP = 1 (1-2 vectors) at two blocks of 16 warps
+// an SM (64 registers; the persistent kernel's 120+ allow one), so the split's rule (pick_split: one group per warp up
+// to kWaveWarps warps) puts the <= 9.4 MB projections in one wave; NP = 2, 4 at one block an SM, in as many waves as
+// the grid needs. The same operations in the same order as gemv_imma_kernel at the same S, so the same bits
+// (test_gemv_imma compares them).
+template <GgmlType T, int NP>
+__global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_flat_kernel(KernelArgs a) {
   extern __shared__ __align__(128) uint8_t smem[];
   pdl_trigger();
   const int warp = threadIdx.x / 32;
@@ -546,34 +548,50 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 2) gemv_imma_wave_kernel(Kerne
   WeightBuf b;
   w_load<T>(a, r, 0, sl, b);
   pdl_wait();
-  float acc[2] = {0.0f, 0.0f};
+  float acc[NP][2];
+#pragma unroll
+  for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
   if (r.ok && sl < a.n_groups) {
-    const int vb = a.n_vec > 1 ? 1 : 0;
-    const size_t vf = g < 4 ? 0 : vb;
-    const size_t vd = t < 2 ? 0 : vb;
-    const uint8_t* pf = a.xprep + vf * a.lay.vec_bytes() + imma_tile::x_frag_off(sl, g, t);
-    const uint8_t* pd = a.xprep + vd * a.lay.vec_bytes() + imma_tile::x_dsum_off(a.lay, sl, t);
-    const XSource x{pf, pd, a.xprep + vd * a.lay.vec_bytes() + imma_tile::x_scale_off(a.lay, sl)};
-    multiply_add<T>(b, x, acc);
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+      if (2 * p < a.n_vec) {
+        const int vb = 2 * p + 1 < a.n_vec ? 2 * p + 1 : 2 * p;
+        const size_t vf = g < 4 ? 2 * p : vb;
+        const size_t vd = t < 2 ? 2 * p : vb;
+        const uint8_t* pf = a.xprep + vf * a.lay.vec_bytes() + imma_tile::x_frag_off(sl, g, t);
+        const uint8_t* pd = a.xprep + vd * a.lay.vec_bytes() + imma_tile::x_dsum_off(a.lay, sl, t);
+        const XSource x{pf, pd, a.xprep + vd * a.lay.vec_bytes() + imma_tile::x_scale_off(a.lay, sl)};
+        multiply_add<T>(b, x, acc[p]);
+      }
+    }
   }
-  pair_sum(acc, lane);
+#pragma unroll
+  for (int p = 0; p < NP; ++p) pair_sum(acc[p], lane);
   if (S == 1) {
-    const int slot = t / 2;
-    if (r.ok && t % 2 == 0 && slot < a.n_vec) {
-      float* yo = a.y + static_cast<int64_t>(slot) * a.y_stride + static_cast<int64_t>(item) * kTileRows;
-      yo[g] = acc[0];
-      yo[g + 8] = acc[1];
+    if (r.ok && t % 2 == 0) {
+#pragma unroll
+      for (int p = 0; p < NP; ++p) {
+        const int slot = 2 * p + t / 2;
+        if (slot < a.n_vec) {
+          float* yo = a.y + static_cast<int64_t>(slot) * a.y_stride + static_cast<int64_t>(item) * kTileRows;
+          yo[g] = acc[p][0];
+          yo[g + 8] = acc[p][1];
+        }
+      }
     }
     return;
   }
   float* part = reinterpret_cast<float*>(smem);
   if (t % 2 == 0) {
-    float* pw = part + (warp * kImmaSegmentVectors + t / 2) * kTileRows;
-    pw[g] = acc[0];
-    pw[g + 8] = acc[1];
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+      float* pw = part + (warp * kImmaSegmentVectors + 2 * p + t / 2) * kTileRows;
+      pw[g] = acc[p][0];
+      pw[g + 8] = acc[p][1];
+    }
   }
   __syncthreads();
-  add_slices<false, 1>(a, part, S, a.R, static_cast<int>(blockIdx.x) * a.R, a.n_rg);
+  add_slices<false, NP>(a, part, S, a.R, static_cast<int>(blockIdx.x) * a.R, a.n_rg);
 }
 
 // ---- launch -----------------------------------------------------------------------------------------------------
@@ -596,9 +614,9 @@ int grouped_split(int n_groups) {
   return S;
 }
 
-// gemv_imma_set_one_wave: false runs every call on the persistent kernel (tests: the bits must not change).
-std::atomic<bool> g_one_wave{true};
-constexpr int kWaveWarps = 4096;  // 32 warps an SM on the H200's 132 SMs: 4224
+// gemv_imma_set_flat: false runs every call on the persistent kernel (tests: the bits must not change).
+std::atomic<bool> g_flat{true};
+constexpr int kWaveWarps = 4096;  // the flat kernel's one-vector-pair form: 32 warps an SM, 4224 on the H200's 132 SMs
 
 void pick_split(KernelArgs& a, bool table) {
   constexpr int kWantWarps = 2048;
@@ -607,7 +625,7 @@ void pick_split(KernelArgs& a, bool table) {
     S = grouped_split(a.n_groups);
   } else {
     while (S < a.n_groups && S < kMaxWarps && static_cast<int64_t>(a.n_rg) * S < kWantWarps) S *= 2;
-    // One group per warp when that is at most kWaveWarps warps: such calls run as one wave (gemv_imma_wave_kernel).
+    // One group per warp when that is at most kWaveWarps warps (gemv_imma_flat_kernel: one wave at 1-2 vectors).
     int s1 = S;
     while (s1 < a.n_groups) s1 *= 2;
     if (s1 <= kMaxWarps && static_cast<int64_t>(a.n_rg) * s1 <= kWaveWarps) S = s1;
@@ -652,27 +670,24 @@ Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
                              dim3(static_cast<unsigned>(std::min(want, fit))), dim3(warps * 32), smem, stream, args);
 }
 
-// A dense call of 1-2 vectors at one group per warp, when all its blocks fit on the device at once: the one-wave
-// kernel (false otherwise: the caller launches the persistent one).
+// A dense call of up to 8 vectors at one group per warp: the flat kernel (false otherwise: the caller launches the
+// persistent one).
 template <GgmlType T>
-Expected<bool> launch_wave(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (args.table || max_vec > 2 || args.gps != 1 || !g_one_wave.load(std::memory_order_relaxed)) return false;
+Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
+  if (args.table || args.n_seg != 1 || args.gps != 1 || !g_flat.load(std::memory_order_relaxed)) return false;
   const int warps = args.S * args.R;
   const size_t smem = part_bytes(warps) / 2;
-  static int per_sm[kMaxWarps + 1] = {};  // blocks per SM by warps per block (a benign race: the same value)
-  static int sm_count = 0;
-  if (per_sm[warps] == 0) {
-    int dev = 0;
-    KESTREL_CUDA_TRY(cudaGetDevice(&dev));
-    KESTREL_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
-    int n = 0;
-    KESTREL_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_wave_kernel<T>, warps * 32, smem));
-    per_sm[warps] = std::max(1, n);
+  const dim3 grid(static_cast<unsigned>((args.n_rg + args.R - 1) / args.R));
+  if (max_vec <= 2) {
+    KESTREL_TRY(
+        launch_programmatic(programmatic, gemv_imma_flat_kernel<T, 1>, grid, dim3(warps * 32), smem, stream, args));
+  } else if (max_vec <= 4) {
+    KESTREL_TRY(
+        launch_programmatic(programmatic, gemv_imma_flat_kernel<T, 2>, grid, dim3(warps * 32), smem, stream, args));
+  } else {
+    KESTREL_TRY(
+        launch_programmatic(programmatic, gemv_imma_flat_kernel<T, 4>, grid, dim3(warps * 32), smem, stream, args));
   }
-  const int64_t blocks = (static_cast<int64_t>(args.n_rg) + args.R - 1) / args.R;
-  if (blocks > static_cast<int64_t>(per_sm[warps]) * sm_count) return false;
-  KESTREL_TRY(launch_programmatic(programmatic, gemv_imma_wave_kernel<T>, dim3(static_cast<unsigned>(blocks)),
-                                  dim3(warps * 32), smem, stream, args));
   return true;
 }
 
@@ -701,8 +716,8 @@ Status launch_pairs(const KernelArgs& args, int max_vec, bool programmatic, cuda
 template <GgmlType T>
 Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
   if (!args.table) {
-    KESTREL_TRY_ASSIGN(const bool waved, launch_wave<T>(args, max_vec, programmatic, stream));
-    if (waved) return ok_status();
+    KESTREL_TRY_ASSIGN(const bool flat, launch_flat<T>(args, max_vec, programmatic, stream));
+    if (flat) return ok_status();
     return launch_pairs<T, kDenseCall>(args, max_vec, programmatic, stream);
   }
   if (args.n_used == nullptr) return launch_pairs<T, kTableCall>(args, max_vec, programmatic, stream);
@@ -735,7 +750,7 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
 
 }  // namespace
 
-void gemv_imma_set_one_wave(bool on) { g_one_wave.store(on, std::memory_order_relaxed); }
+void gemv_imma_set_flat(bool on) { g_flat.store(on, std::memory_order_relaxed); }
 
 void gemv_imma_set_compiled_groups(bool on) { g_compiled_groups.store(on, std::memory_order_relaxed); }
 

@@ -351,15 +351,15 @@ TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
   }
 }
 
-// The one-wave kernel (dense calls of 1-2 vectors at one group per warp that fit on the device at once) gives the
-// persistent kernel's bits (gemv_imma_set_one_wave(false)) at the same split. Shapes: 8192 rows of 2048 (S = 8, 4096
-// warps: the 9.4 MB projections), 2048 of 4096 (S = 16), 80 rows of 512 (S = 2, four row groups a block, the last
-// block part-empty), 48 of 192 (a partial group), 16 of 64.
-TEST(GemvImma, OneWaveGivesThePersistentKernelsBits) {
+// The flat kernel (dense calls of up to 8 vectors at one group per warp, no rounds; one wave at 1-2 vectors) gives
+// the persistent kernel's bits (gemv_imma_set_flat(false)) at the same split, for one to four vector pairs. Shapes:
+// 8192 rows of 2048 (S = 8, 4096 warps: the 9.4 MB projections), 2048 of 4096 (S = 16), 80 rows of 512 (S = 2, four row
+// groups a block, the last block part-empty), 48 of 192 (a partial group), 16 of 64.
+TEST(GemvImma, FlatKernelGivesThePersistentKernelsBits) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(4096);
   struct Restore {
-    ~Restore() { gemv_imma_set_one_wave(true); }
+    ~Restore() { gemv_imma_set_flat(true); }
   } restore;
   for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
     const bool blocks32 = t == GgmlType::kQ4_0 || t == GgmlType::kQ8_0;
@@ -368,22 +368,22 @@ TEST(GemvImma, OneWaveGivesThePersistentKernelsBits) {
     for (const Shape sh : shapes) {
       const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled w(t, m, sh.n_in, sh.n_out);
-      for (const int n_vec : {1, 2}) {
+      for (const int n_vec : {1, 2, 3, 8}) {
         const std::vector<float> x = random_vectors(n_vec, sh.n_in, rng);
-        gemv_imma_set_one_wave(true);
-        const std::vector<float> wave = run(w, x, n_vec);
-        gemv_imma_set_one_wave(false);
+        gemv_imma_set_flat(true);
+        const std::vector<float> flat = run(w, x, n_vec);
+        gemv_imma_set_flat(false);
         const std::vector<float> persistent = run(w, x, n_vec);
-        ASSERT_EQ(wave.size(), persistent.size());
-        EXPECT_EQ(std::memcmp(wave.data(), persistent.data(), wave.size() * sizeof(float)), 0)
+        ASSERT_EQ(flat.size(), persistent.size());
+        EXPECT_EQ(std::memcmp(flat.data(), persistent.data(), flat.size() * sizeof(float)), 0)
             << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " n_vec " << n_vec
-            << ": the one-wave kernel differs from the persistent one";
-        std::vector<float> want(wave.size());
+            << ": the flat kernel differs from the persistent one";
+        std::vector<float> want(flat.size());
         const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(sh.n_in), static_cast<uint64_t>(sh.n_out)};
         ASSERT_TRUE(ref::matvec_batch(qm, x.data(), n_vec, want.data()));
-        expect_within("one wave " + std::string(ggml_type_name(t)) + " " + std::to_string(sh.n_in) + "x" +
-                          std::to_string(sh.n_out),
-                      wave, want, bounds(t, m, sh.n_in, sh.n_out, x, n_vec), sh.n_out);
+        expect_within(
+            "flat " + std::string(ggml_type_name(t)) + " " + std::to_string(sh.n_in) + "x" + std::to_string(sh.n_out),
+            flat, want, bounds(t, m, sh.n_in, sh.n_out, x, n_vec), sh.n_out);
       }
     }
   }
