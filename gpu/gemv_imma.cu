@@ -255,8 +255,8 @@ __device__ __forceinline__ WRound w_round(const KernelArgs& a, const SegHead& h,
 
 // Group gi of the round's slice (column group `group`) into registers: whole groups without predicates; the row's
 // last, partial group (Q4_0) and groups past the row's end or the last item read zeros where there is nothing.
-template <GgmlType T>
-__device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int gi, int group, WeightBuf& b) {
+template <GgmlType T, class Args>
+__device__ __forceinline__ void w_load(const Args& a, const WRound& r, int gi, int group, WeightBuf& b) {
   if constexpr (T == GgmlType::kQ6_K) {  // whole super-blocks: a group is there or past the end
     const uint8_t* qs = r.qs + static_cast<size_t>(gi) * imma_tile::kGroupQuantBytes<T>;
     const uint8_t* meta = r.meta + static_cast<size_t>(gi) * imma_tile::kGroupMetaBytes<T>;
@@ -307,6 +307,19 @@ __device__ __forceinline__ void w_load(const KernelArgs& a, const WRound& r, int
 
 __host__ __device__ constexpr int part_bytes(int warps) { return 2 * warps * kImmaSegmentVectors * kTileRows * 4; }
 
+// One output's S slice partials (pr: the first, the next a warp's partials apart) added in warp order. All S are
+// loaded before the first add (a loop over the runtime S loaded and added one at a time: S dependent shared-memory
+// round trips on every small call's path).
+__device__ __forceinline__ float sum_slices(const float* pr, int S) {
+  float v[kMaxWarps];
+#pragma unroll
+  for (int s2 = 0; s2 < kMaxWarps; ++s2) v[s2] = s2 < S ? pr[s2 * kImmaSegmentVectors * kTileRows] : 0.0f;
+  float sum = v[0];
+#pragma unroll
+  for (int s2 = 1; s2 < kMaxWarps; ++s2) sum = s2 < S ? __fadd_rn(sum, v[s2]) : sum;
+  return sum;
+}
+
 // The cross-warp sum of a block's R row groups: y = the S slices' partials (part: [warp][vector slot][row]) added in
 // warp order, each output by one thread of the block's S·R·32. item0: the block's first row-group item this round.
 template <bool kTable, int NP>
@@ -322,16 +335,8 @@ __device__ __forceinline__ void add_slices(const KernelArgs& a, const float* par
     const Seg<kTable> so(a, so_i);
     if (slot >= so.n_vec) continue;
     const float* pr = part + ((r * S) * kImmaSegmentVectors + slot) * kTileRows + row;
-    // All S partials are loaded before the first add (a loop over the runtime S loaded and added one at a time:
-    // S dependent shared-memory round trips on every small call's path); the adds keep warp order.
-    float v[kMaxWarps];
-#pragma unroll
-    for (int s2 = 0; s2 < kMaxWarps; ++s2) v[s2] = s2 < S ? pr[s2 * kImmaSegmentVectors * kTileRows] : 0.0f;
-    float sum = v[0];
-#pragma unroll
-    for (int s2 = 1; s2 < kMaxWarps; ++s2) sum = s2 < S ? __fadd_rn(sum, v[s2]) : sum;
     a.y[static_cast<int64_t>(so.out(slot)) * a.y_stride + static_cast<int64_t>(it - so_i * a.n_rg) * kTileRows + row] =
-        sum;
+        sum_slices(pr, S);
   }
 }
 
@@ -523,14 +528,34 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   }
 }
 
+// The flat kernel's parameters: everything read before the first loads in the first 48 bytes (one constant-cache
+// line; GEMV v4.8).
+struct FlatArgs {
+  const void* w;  // the tiled matrix
+  const uint8_t* xprep;
+  uint32_t meta_off;
+  int n_units;
+  int n_groups;
+  int n_rg;
+  int s_log;
+  int R;
+  int n_vec;  // 1..8
+  float* y;
+  int64_t y_stride;
+};
+
 // The flat kernel: a dense call of up to 8 vectors (one segment) at one group per warp — no rounds, nothing loaded
 // ahead: a warp's first load is addressed from its block and place. NP = 1 (1-2 vectors) at two blocks of 16 warps
 // an SM (64 registers; the persistent kernel's 120+ allow one), so the split's rule (pick_split: one group per warp up
 // to kWaveWarps warps) puts the <= 9.4 MB projections in one wave; NP = 2, 4 at one block an SM, in as many waves as
 // the grid needs. The same operations in the same order as gemv_imma_kernel at the same S, so the same bits
-// (test_gemv_imma compares them).
-template <GgmlType T, int NP>
-__global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_flat_kernel(KernelArgs a) {
+// (test_gemv_imma compares them). kXFirst (plain launches of one pair): the activations are loaded into registers
+// before the weights — they come from L2 and, issued after the weights, queued behind them (ncu: 16-20% of the 9.4
+// MB projection's stall samples waited on the digit sums after the weights had come); a programmatic launch must load
+// its weights first, before its wait, and x after it.
+template <GgmlType T, int NP, bool kXFirst>
+__global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_flat_kernel(FlatArgs a) {
+  static_assert(!kXFirst || NP == 1, "x ahead of the weights only for one pair");
   extern __shared__ __align__(128) uint8_t smem[];
   pdl_trigger();
   const int warp = threadIdx.x / 32;
@@ -540,28 +565,39 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_fla
   const int S = 1 << a.s_log;
   const int sl = warp & (S - 1);
   const int item = static_cast<int>(blockIdx.x) * a.R + (warp >> a.s_log);
+  const bool ok = item < a.n_rg && sl < a.n_groups;
+  const XLayout lay{a.n_groups};
+  // Pair p's activations for this warp's group (the group clamped into the row: its loads stay inside x).
+  auto x_of = [&](int p) {
+    const int grp = min(sl, a.n_groups - 1);
+    const int vb = 2 * p + 1 < a.n_vec ? 2 * p + 1 : 2 * p;
+    const size_t vf = g < 4 ? 2 * p : vb;
+    const size_t vd = t < 2 ? 2 * p : vb;
+    return XSource{a.xprep + vf * lay.vec_bytes() + imma_tile::x_frag_off(grp, g, t),
+                   a.xprep + vd * lay.vec_bytes() + imma_tile::x_dsum_off(lay, grp, t),
+                   a.xprep + vd * lay.vec_bytes() + imma_tile::x_scale_off(lay, grp)};
+  };
   WRound r;
   r.ok = item < a.n_rg;
-  imma_tile::tile_lane<T>(static_cast<const uint8_t*>(a.base), a.meta_off, a.n_units, r.ok ? item : 0, sl, lane, r.qs,
-                          r.meta);
   r.dgap = imma_tile::q6_d_delta(lane);
-  WeightBuf b;
-  w_load<T>(a, r, 0, sl, b);
-  pdl_wait();
+  imma_tile::tile_lane<T>(static_cast<const uint8_t*>(a.w), a.meta_off, a.n_units, r.ok ? item : 0, sl, lane, r.qs,
+                          r.meta);
   float acc[NP][2];
 #pragma unroll
   for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
-  if (r.ok && sl < a.n_groups) {
+  WeightBuf b;
+  if constexpr (kXFirst) {
+    pdl_wait();  // a plain launch: no wait
+    const imma_tile::XRegs<T> x(x_of(0));
+    w_load<T>(a, r, 0, sl, b);
+    if (ok) multiply_add<T>(b, x, acc[0]);
+  } else {
+    w_load<T>(a, r, 0, sl, b);
+    pdl_wait();
+    if (ok) {
 #pragma unroll
-    for (int p = 0; p < NP; ++p) {
-      if (2 * p < a.n_vec) {
-        const int vb = 2 * p + 1 < a.n_vec ? 2 * p + 1 : 2 * p;
-        const size_t vf = g < 4 ? 2 * p : vb;
-        const size_t vd = t < 2 ? 2 * p : vb;
-        const uint8_t* pf = a.xprep + vf * a.lay.vec_bytes() + imma_tile::x_frag_off(sl, g, t);
-        const uint8_t* pd = a.xprep + vd * a.lay.vec_bytes() + imma_tile::x_dsum_off(a.lay, sl, t);
-        const XSource x{pf, pd, a.xprep + vd * a.lay.vec_bytes() + imma_tile::x_scale_off(a.lay, sl)};
-        multiply_add<T>(b, x, acc[p]);
+      for (int p = 0; p < NP; ++p) {
+        if (2 * p < a.n_vec) multiply_add<T>(b, x_of(p), acc[p]);
       }
     }
   }
@@ -591,7 +627,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_fla
     }
   }
   __syncthreads();
-  add_slices<false, NP>(a, part, S, a.R, static_cast<int>(blockIdx.x) * a.R, a.n_rg);
+  // The block's outputs, each the sum of its S slices in warp order (add_slices' order).
+  const int item0 = static_cast<int>(blockIdx.x) * a.R;
+  for (int k = threadIdx.x; k < a.R * 2 * NP * kTileRows; k += S * a.R * 32) {
+    const int rr = k / (2 * NP * kTileRows);
+    const int slot = (k / kTileRows) % (2 * NP);
+    const int row = k % kTileRows;
+    if (item0 + rr >= a.n_rg || slot >= a.n_vec) continue;
+    const float* pr = part + ((rr * S) * kImmaSegmentVectors + slot) * kTileRows + row;
+    a.y[static_cast<int64_t>(slot) * a.y_stride + static_cast<int64_t>(item0 + rr) * kTileRows + row] =
+        sum_slices(pr, S);
+  }
 }
 
 // ---- launch -----------------------------------------------------------------------------------------------------
@@ -675,18 +721,35 @@ Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
 template <GgmlType T>
 Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
   if (args.table || args.n_seg != 1 || args.gps != 1 || !g_flat.load(std::memory_order_relaxed)) return false;
+  FlatArgs f{};
+  f.w = args.base;
+  f.xprep = args.xprep;
+  f.meta_off = args.meta_off;
+  f.n_units = args.n_units;
+  f.n_groups = args.n_groups;
+  f.n_rg = args.n_rg;
+  f.s_log = args.s_log;
+  f.R = args.R;
+  f.n_vec = args.n_vec;
+  f.y = args.y;
+  f.y_stride = args.y_stride;
   const int warps = args.S * args.R;
   const size_t smem = part_bytes(warps) / 2;
   const dim3 grid(static_cast<unsigned>((args.n_rg + args.R - 1) / args.R));
-  if (max_vec <= 2) {
-    KESTREL_TRY(
-        launch_programmatic(programmatic, gemv_imma_flat_kernel<T, 1>, grid, dim3(warps * 32), smem, stream, args));
+  const dim3 block(warps * 32);
+  // x ahead of the weights for plain launches of rows of up to 8 groups (S <= 8): the 9.4 MB projections 4.73 ->
+  // 4.44 us Q4_0, 5.12 -> 4.67 Q4_K, the 0.07-0.6 MB ones 0.02-0.04 us faster; but the 4096-column ones (S = 16, one
+  // block of 16 warps an SM) 0.05-0.1 us slower (ssm_out Q4_0 3.37 -> 3.49 us; bench_gemv, H200, same run). Not Q8_0:
+  // its twice as many weight registers would spill under the 64-register bound.
+  constexpr bool kXFirstType = T != GgmlType::kQ8_0;
+  if (max_vec <= 2 && !programmatic && args.S <= 8 && kXFirstType) {
+    KESTREL_TRY(launch_programmatic(false, gemv_imma_flat_kernel<T, 1, kXFirstType>, grid, block, smem, stream, f));
+  } else if (max_vec <= 2) {
+    KESTREL_TRY(launch_programmatic(programmatic, gemv_imma_flat_kernel<T, 1, false>, grid, block, smem, stream, f));
   } else if (max_vec <= 4) {
-    KESTREL_TRY(
-        launch_programmatic(programmatic, gemv_imma_flat_kernel<T, 2>, grid, dim3(warps * 32), smem, stream, args));
+    KESTREL_TRY(launch_programmatic(programmatic, gemv_imma_flat_kernel<T, 2, false>, grid, block, smem, stream, f));
   } else {
-    KESTREL_TRY(
-        launch_programmatic(programmatic, gemv_imma_flat_kernel<T, 4>, grid, dim3(warps * 32), smem, stream, args));
+    KESTREL_TRY(launch_programmatic(programmatic, gemv_imma_flat_kernel<T, 4, false>, grid, block, smem, stream, f));
   }
   return true;
 }

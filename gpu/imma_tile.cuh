@@ -84,6 +84,27 @@ struct XSourceT {
 };
 using XSource = XSourceT<false>;
 
+// A pair's activations for one group loaded into registers at once (XSourceT's interface; the digit sums only for
+// the types whose multiply reads them), for a kernel that issues them ahead of its weights.
+template <GgmlType T>
+struct XRegs {
+  static constexpr bool kDigitSums = T == GgmlType::kQ4_0 || T == GgmlType::kQ4_K || T == GgmlType::kQ5_K;
+  uint4 f[kUnitsPerSlice];
+  int2 dd[kUnitsPerSlice];
+  float sc;
+  __device__ __forceinline__ explicit XRegs(const XSource& x) {
+#pragma unroll
+    for (int i = 0; i < kUnitsPerSlice; ++i) {
+      f[i] = x.b(i);
+      if constexpr (kDigitSums) dd[i] = x.d(i);
+    }
+    sc = x.s();
+  }
+  __device__ __forceinline__ uint4 b(int i) const { return f[i]; }
+  __device__ __forceinline__ int2 d(int i) const { return dd[i]; }
+  __device__ __forceinline__ float s() const { return sc; }
+};
+
 // Where a lane's words for group grp of row group rg lie in a tiled matrix of n_units units a row (tiled_matrix.h), as
 // pointers from its start `base`: qs, the lane's 16-byte quant word of the group's first unit (+ 512 per unit; Q8_0
 // + 1024, its second block at + 512; Q5_K's high-bit word at + 2048); meta, its scales (Q4_0, Q8_0: + 64 per unit;
