@@ -92,6 +92,14 @@
 // misses in the prologue, one after another for the three lines its parameters were read from (c[0x0][0x224],
 // c[0x0][0x248], the grid size); the fields read before the first weight load now sit in the parameters' first 48
 // bytes (one line): bench_gemv geomean 81.8 -> 82.7%, lm_head Q4_K 73.2 -> 71.5 us (H200, same run).
+// v4.9: the flat kernel (gemv_imma_flat_kernel) for dense calls at one group per warp, and the split taking one group
+// per warp up to 4096 warps (the 9.4 MB projections S = 4 -> 8): no rounds, nothing ahead, 64 registers for one pair
+// (one wave of 32 warps an SM), its parameters in one line (FlatArgs), and in plain launches on rows of <= 8 groups
+// x loaded into registers before the weights (ncu: 16-20% of the 9.4 MB projection's stall samples waited on the x
+// digit sums, issued after the weights and queued behind them). bench_gemv /imma/ batch 1 geomean 82.6 -> 89.5%:
+// 9.4 MB Q4_0 5.29 -> 4.39 us, 4.7 MB 3.65 -> 3.28, 0.6 MB 2.53 -> 2.41; batch 8 9.4 MB 10.0 -> 9.5 us (H200;
+// docs/benchmarks.md "GEMV v4.9"). Measured with it and not kept: x first on the 4096-column rows (S = 16, one block
+// of 16 warps an SM): 0.05-0.1 us slower per call (ssm_out Q4_0 3.37 -> 3.49 us).
 #include <algorithm>
 #include <atomic>
 #include <bit>
