@@ -547,16 +547,16 @@ struct FlatArgs {
   int n_rg;
   int s_log;
   int R;
-  int n_vec;  // 1..8
+  int n_vec;  // 1..32: segments of 8 (grid.y)
   float* y;
   int64_t y_stride;
 };
 
-// The flat kernel: a dense call of up to 8 vectors (one segment) at one group per warp — no rounds, nothing loaded
-// ahead: a warp's first load is addressed from its block and place. NP = 1 (1-2 vectors) at two blocks of 16 warps
-// an SM (64 registers; the persistent kernel's 120+ allow one), so the split's rule (pick_split: one group per warp up
-// to kWaveWarps warps) puts the <= 9.4 MB projections in one wave; NP = 2, 4 at one block an SM, in as many waves as
-// the grid needs. The same operations in the same order as gemv_imma_kernel at the same S, so the same bits
+// The flat kernel: a dense call at one group per warp, its segments of up to 8 vectors along grid.y — no rounds,
+// nothing loaded ahead: a warp's first load is addressed from its block and place. NP = 1 (1-2 vectors) at two blocks
+// of 16 warps an SM (64 registers; the persistent kernel's 120+ allow one), so the split's rule (pick_split: one group
+// per warp up to kWaveWarps warps) puts the <= 9.4 MB projections in one wave; NP = 2, 4 at one block an SM, in as many
+// waves as the grid needs. The same operations in the same order as gemv_imma_kernel at the same S, so the same bits
 // (test_gemv_imma compares them). kXFirst (plain launches of one pair): the activations are loaded into registers
 // before the weights — they come from L2 and, issued after the weights, queued behind them (ncu: 16-20% of the 9.4
 // MB projection's stall samples waited on the digit sums after the weights had come); a programmatic launch must load
@@ -575,12 +575,17 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_fla
   const int item = static_cast<int>(blockIdx.x) * a.R + (warp >> a.s_log);
   const bool ok = item < a.n_rg && sl < a.n_groups;
   const XLayout lay{a.n_groups};
+  // Segment blockIdx.y: vectors v0 .. v0 + n_vec - 1 (a dense call's segments of 8, as the persistent kernel's). One
+  // pair is one segment (1-2 vectors): compiled out there, where two more registers spilled under the 64-register
+  // bound (Q4_0 and Q5_K with x first: 0.18 us a call, bench_gemv, H200).
+  const int v0 = NP == 1 ? 0 : static_cast<int>(blockIdx.y) * kImmaSegmentVectors;
+  const int n_vec = NP == 1 ? a.n_vec : min(kImmaSegmentVectors, a.n_vec - v0);
   // Pair p's activations for this warp's group (the group clamped into the row: its loads stay inside x).
   auto x_of = [&](int p) {
     const int grp = min(sl, a.n_groups - 1);
-    const int vb = 2 * p + 1 < a.n_vec ? 2 * p + 1 : 2 * p;
-    const size_t vf = g < 4 ? 2 * p : vb;
-    const size_t vd = t < 2 ? 2 * p : vb;
+    const int vb = v0 + (2 * p + 1 < n_vec ? 2 * p + 1 : 2 * p);
+    const size_t vf = g < 4 ? v0 + 2 * p : vb;
+    const size_t vd = t < 2 ? v0 + 2 * p : vb;
     return XSource{a.xprep + vf * lay.vec_bytes() + imma_tile::x_frag_off(grp, g, t),
                    a.xprep + vd * lay.vec_bytes() + imma_tile::x_dsum_off(lay, grp, t),
                    a.xprep + vd * lay.vec_bytes() + imma_tile::x_scale_off(lay, grp)};
@@ -605,7 +610,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_fla
     if (ok) {
 #pragma unroll
       for (int p = 0; p < NP; ++p) {
-        if (2 * p < a.n_vec) multiply_add<T>(b, x_of(p), acc[p]);
+        if (2 * p < n_vec) multiply_add<T>(b, x_of(p), acc[p]);
       }
     }
   }
@@ -616,8 +621,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_fla
 #pragma unroll
       for (int p = 0; p < NP; ++p) {
         const int slot = 2 * p + t / 2;
-        if (slot < a.n_vec) {
-          float* yo = a.y + static_cast<int64_t>(slot) * a.y_stride + static_cast<int64_t>(item) * kTileRows;
+        if (slot < n_vec) {
+          float* yo = a.y + static_cast<int64_t>(v0 + slot) * a.y_stride + static_cast<int64_t>(item) * kTileRows;
           yo[g] = acc[p][0];
           yo[g + 8] = acc[p][1];
         }
@@ -641,9 +646,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_fla
     const int rr = k / (2 * NP * kTileRows);
     const int slot = (k / kTileRows) % (2 * NP);
     const int row = k % kTileRows;
-    if (item0 + rr >= a.n_rg || slot >= a.n_vec) continue;
+    if (item0 + rr >= a.n_rg || slot >= n_vec) continue;
     const float* pr = part + ((rr * S) * kImmaSegmentVectors + slot) * kTileRows + row;
-    a.y[static_cast<int64_t>(slot) * a.y_stride + static_cast<int64_t>(item0 + rr) * kTileRows + row] =
+    a.y[static_cast<int64_t>(v0 + slot) * a.y_stride + static_cast<int64_t>(item0 + rr) * kTileRows + row] =
         sum_slices(pr, S);
   }
 }
@@ -724,11 +729,12 @@ Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
                              dim3(static_cast<unsigned>(std::min(want, fit))), dim3(warps * 32), smem, stream, args);
 }
 
-// A dense call of up to 8 vectors at one group per warp: the flat kernel (false otherwise: the caller launches the
-// persistent one).
+// A dense call at one group per warp: the flat kernel (false otherwise: the caller launches the persistent one).
+// Segments of more than 8 vectors (n_seg > 1) ran the persistent kernel until the 9.4 MB projections took one group
+// per warp, where it stepped a run-time loop a group at a time (batch 8: 11.3 us against the flat kernel's 9.7).
 template <GgmlType T>
 Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (args.table || args.n_seg != 1 || args.gps != 1 || !g_flat.load(std::memory_order_relaxed)) return false;
+  if (args.table || args.gps != 1 || !g_flat.load(std::memory_order_relaxed)) return false;
   FlatArgs f{};
   f.w = args.base;
   f.xprep = args.xprep;
@@ -743,7 +749,7 @@ Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmati
   f.y_stride = args.y_stride;
   const int warps = args.S * args.R;
   const size_t smem = part_bytes(warps) / 2;
-  const dim3 grid(static_cast<unsigned>((args.n_rg + args.R - 1) / args.R));
+  const dim3 grid(static_cast<unsigned>((args.n_rg + args.R - 1) / args.R), static_cast<unsigned>(args.n_seg));
   const dim3 block(warps * 32);
   // x ahead of the weights for plain launches of rows of up to 8 groups (S <= 8): the 9.4 MB projections 4.73 ->
   // 4.44 us Q4_0, 5.12 -> 4.67 Q4_K, the 0.07-0.6 MB ones 0.02-0.04 us faster; but the 4096-column ones (S = 16, one

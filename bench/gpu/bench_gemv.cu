@@ -45,7 +45,7 @@ using namespace bench;  // the read kernel, graph timing and limits shared with 
 
 constexpr uint64_t kRotationBytes = 256ull << 20;  // K·B >= this (cold L2: the H200 has 60 MB)
 constexpr int64_t kDistinctRows = 64;              // distinct quantized rows, repeated to fill a weight
-constexpr int kMaxBatch = 8;
+constexpr int kMaxBatch = 32;                      // GEMV v4 at 1, 8, 32 vectors; the raw kernel at 1 and 8
 
 int launches_for(uint64_t k_copies) {
   const uint64_t rounds = (kMinLaunches + k_copies - 1) / k_copies;
@@ -191,7 +191,8 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
     xprep = xprep_buf.bytes();
   }
   auto prepare = [&](int batch) { return gemv_imma_prepare_x(x_dev, c.shape.n_in, batch, xprep, stream); };
-  for (const int batch : {1, kMaxBatch}) {
+  for (const int batch : {1, 8, kMaxBatch}) {
+    if (batch == kMaxBatch && c.kernel == Kernel::kRaw) continue;
     if (c.kernel == Kernel::kImma) {
       KESTREL_TRY(prepare(batch));
       KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
