@@ -102,8 +102,8 @@ int gemv_imma_grouped_groups_per_slice(int64_t n_cols);
 // Affects calls made after it, process-wide; results stay within the same bound but their bits depend on S.
 void gemv_imma_force_split(int warps_per_row_group);
 
-// For tests: false runs every dense call on the persistent kernel instead of the flat one (calls of up to 8 vectors
-// at one group per warp: no rounds); the bits must not change. Affects calls made after it, process-wide.
+// For tests: false runs every dense call on the persistent kernel instead of the flat one (calls at one group per
+// warp: no rounds); the bits must not change. Affects calls made after it, process-wide.
 void gemv_imma_set_flat(bool on);
 
 // For tests: false runs every call on the kernels that read the groups per slice at run time instead of those that
