@@ -756,15 +756,14 @@ Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmati
   // block of 16 warps an SM) 0.05-0.1 us slower (ssm_out Q4_0 3.37 -> 3.49 us; bench_gemv, H200, same run). Not Q8_0:
   // its twice as many weight registers would spill under the 64-register bound.
   constexpr bool kXFirstType = T != GgmlType::kQ8_0;
-  if (max_vec <= 2 && !programmatic && args.S <= 8 && kXFirstType) {
-    KESTREL_TRY(launch_programmatic(false, gemv_imma_flat_kernel<T, 1, kXFirstType>, grid, block, smem, stream, f));
-  } else if (max_vec <= 2) {
-    KESTREL_TRY(launch_programmatic(programmatic, gemv_imma_flat_kernel<T, 1, false>, grid, block, smem, stream, f));
+  void (*kernel)(FlatArgs) = gemv_imma_flat_kernel<T, 4, false>;
+  if (max_vec <= 2) {
+    const bool x_first = !programmatic && args.S <= 8;
+    kernel = x_first ? gemv_imma_flat_kernel<T, 1, kXFirstType> : gemv_imma_flat_kernel<T, 1, false>;
   } else if (max_vec <= 4) {
-    KESTREL_TRY(launch_programmatic(programmatic, gemv_imma_flat_kernel<T, 2, false>, grid, block, smem, stream, f));
-  } else {
-    KESTREL_TRY(launch_programmatic(programmatic, gemv_imma_flat_kernel<T, 4, false>, grid, block, smem, stream, f));
+    kernel = gemv_imma_flat_kernel<T, 2, false>;
   }
+  KESTREL_TRY(launch_programmatic(programmatic, kernel, grid, block, smem, stream, f));
   return true;
 }
 
