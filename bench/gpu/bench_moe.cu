@@ -18,7 +18,9 @@
 // and with at most 1, 4 and 8 vectors per grouped-GEMV segment (moe_imma_set_segment_vectors; the default 2), one
 // token in one launch, and the routing in one block at every size (moe_imma_set_route_spread_min_tokens).
 //
-// Usage: build/gpu/bin/bench_moe   (no arguments; tens of seconds on an H200, most of it filling weights).
+// Usage: build/gpu/bin/bench_moe [--main] [FILTER]   (tens of seconds on an H200, most of it filling weights).
+//   FILTER: run only the rows whose "type/batch" (e.g. q4_0/32, q4_K+q6_K/8) contains it, in both tables;
+//   --main: only the layer's own time in the GEMV v4 table (the variant columns print "-").
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -52,6 +54,15 @@ constexpr int kFf = 512;
 constexpr int kFfShared = 512;
 constexpr int kCopies = 2;
 constexpr int kXSets = 16;
+
+// The command line (see the head of this file).
+struct Options {
+  std::string filter;
+  bool main_only = false;
+  bool wants(const std::string& type_name, int batch) const {
+    return filter.empty() || (type_name + "/" + std::to_string(batch)).find(filter) != std::string::npos;
+  }
+};
 
 // Fills dst (bytes, device) with random bytes and then sets every block's f16 scale(s) to small values, on the
 // host in chunks (quant types); plain F32 is filled with small normal values.
@@ -178,7 +189,7 @@ Status prepare_batch(int batch, uint64_t ws_bytes, std::normal_distribution<floa
 // One row of the GEMV v4 table: batch tokens through the layer copies `imma` (alternately), kXSets activation sets.
 Expected<std::string> imma_row(const std::string& type_name, int batch,
                                const std::unique_ptr<MoeImmaLayer> (&imma)[kCopies], uint64_t expert_bytes,
-                               uint64_t fixed_bytes, const BenchSetup& setup, std::mt19937& rng) {
+                               uint64_t fixed_bytes, const BenchSetup& setup, std::mt19937& rng, const Options& opt) {
   cudaStream_t stream = setup.stream;
   std::normal_distribution<float> normal(0.0f, 1.0f);
   BatchRun r;
@@ -196,6 +207,19 @@ Expected<std::string> imma_row(const std::string& type_name, int batch,
     });
   };
   KESTREL_TRY_ASSIGN(const double us, time_layer());
+  const double bytes = r.mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
+  KESTREL_TRY_ASSIGN(const double read_us, matched_read_us(static_cast<uint64_t>(bytes), 512ull << 20, setup.sm_count,
+                                                           setup.partials(), stream));
+  const double gbs = bytes / (us * 1e3);
+  char line[320];
+  std::snprintf(line, sizeof(line), "%-9s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%%", type_name.c_str(),
+                batch, r.mean_active, bytes, us, gbs, 100.0 * gbs / setup.lim.peak_read_gbs, r.launches, read_us,
+                100.0 * read_us / us);
+  std::string row(line);
+  if (opt.main_only) {
+    for (int i = 0; i < 7; ++i) row += "         -";
+    return row + "\n";
+  }
   // The same with moe_imma's kernels launched plainly, and all as programmatic dependents.
   double us_as[2] = {0.0, 0.0};
   for (int m = 0; m < 2; ++m) {
@@ -225,20 +249,12 @@ Expected<std::string> imma_row(const std::string& type_name, int batch,
   auto t_one = time_layer();
   moe_imma_set_single_launch(kMoeImmaSingleLaunch);
   if (!t_one) return t_one.error();
-  const double bytes = r.mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
-  KESTREL_TRY_ASSIGN(const double read_us, matched_read_us(static_cast<uint64_t>(bytes), 512ull << 20, setup.sm_count,
-                                                           setup.partials(), stream));
-  const double gbs = bytes / (us * 1e3);
-  char line[320];
-  std::snprintf(
-      line, sizeof(line),
-      "%-9s %5d %9.1f %14.0f %9.2f %9.0f %7.1f%% %9d %9.2f %8.1f%% %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n",
-      type_name.c_str(), batch, r.mean_active, bytes, us, gbs, 100.0 * gbs / setup.lim.peak_read_gbs, r.launches,
-      read_us, 100.0 * read_us / us, us_as[0], us_as[1], us_seg[0], us_seg[1], us_seg[2], *t_one, *t_route1);
-  return std::string(line);
+  std::snprintf(line, sizeof(line), " %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", us_as[0], us_as[1], us_seg[0],
+                us_seg[1], us_seg[2], *t_one, *t_route1);
+  return row + line;
 }
 
-Status run() {
+Status run(const Options& opt) {
   BenchSetup setup;
   KESTREL_TRY(setup.start());
   cudaStream_t stream = setup.stream;
@@ -253,12 +269,16 @@ Status run() {
   for (const auto& [t, td] : {std::pair{GgmlType::kQ4_0, GgmlType::kQ4_0}, std::pair{GgmlType::kQ4_K, GgmlType::kQ4_K},
                               std::pair{GgmlType::kQ4_K, GgmlType::kQ6_K}}) {
     const std::string name = std::string(ggml_type_name(t)) + (td == t ? "" : "+" + std::string(ggml_type_name(td)));
+    bool any = false;
+    for (const int batch : {1, 2, 4, 8, 16, 32}) any = any || opt.wants(name, batch);
+    if (!any) continue;  // filling the weights is most of the run
     Layer layers[kCopies];
     for (int c = 0; c < kCopies; ++c) KESTREL_TRY(make_layer(t, td, 100 * static_cast<uint64_t>(c) + 1, layers[c]));
     const uint64_t expert_bytes = 2 * bytes_of(t, kH, kFf) + bytes_of(td, kFf, kH);  // gate + up + down of one expert
     const uint64_t fixed_bytes = bytes_of(GgmlType::kF32, kH, kExperts) + bytes_of(GgmlType::kF32, kH, 1) +
                                  2 * bytes_of(t, kH, kFfShared) + bytes_of(td, kFfShared, kH);
     for (const int batch : {1, 8, 32}) {
+      if (!opt.wants(name, batch)) continue;
       BatchRun r;
       KESTREL_TRY(prepare_batch(
           batch, moe_workspace_bytes(layers[0].w, batch), normal, rng, stream, "",
@@ -282,7 +302,8 @@ Status run() {
       KESTREL_TRY_ASSIGN(imma[c], MoeImmaLayer::from_raw_device(layers[c].w));
     }
     for (const int batch : {1, 2, 4, 8, 16, 32}) {
-      KESTREL_TRY_ASSIGN(std::string row, imma_row(name, batch, imma, expert_bytes, fixed_bytes, setup, rng));
+      if (!opt.wants(name, batch)) continue;
+      KESTREL_TRY_ASSIGN(std::string row, imma_row(name, batch, imma, expert_bytes, fixed_bytes, setup, rng, opt));
       imma_rows.push_back(row);
     }
   }
@@ -307,9 +328,21 @@ Status run() {
 }  // namespace kestrel::gpu::bench
 
 // KESTREL_IMMA_SPLIT=S forces GEMV v4's warps per row group (gemv_imma_force_split) for a sweep.
-int main() {
+int main(int argc, char** argv) {
   if (const char* s = std::getenv("KESTREL_IMMA_SPLIT")) kestrel::gpu::gemv_imma_force_split(std::atoi(s));
-  const kestrel::Status st = kestrel::gpu::bench::run();
+  kestrel::gpu::bench::Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--main") {
+      opt.main_only = true;
+    } else if (a.empty() || a[0] == '-' || !opt.filter.empty()) {
+      std::fprintf(stderr, "usage: bench_moe [--main] [FILTER]\n");
+      return 2;
+    } else {
+      opt.filter = a;
+    }
+  }
+  const kestrel::Status st = kestrel::gpu::bench::run(opt);
   if (!st) {
     std::fprintf(stderr, "bench_moe: %s\n", st.error().to_string().c_str());
     return 1;
