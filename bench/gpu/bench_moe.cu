@@ -20,7 +20,7 @@
 //
 // Usage: build/gpu/bin/bench_moe [--main] [FILTER]   (tens of seconds on an H200, most of it filling weights).
 //   FILTER: run only the rows whose "type/batch" (e.g. q4_0/32, q4_K+q6_K/8) contains it, in both tables;
-//   --main: only the layer's own time in the GEMV v4 table (the variant columns print "-").
+//   --main: only the GEMV v4 table, and in it only the layer's own time (the variant columns print "-").
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -278,7 +278,7 @@ Status run(const Options& opt) {
     const uint64_t fixed_bytes = bytes_of(GgmlType::kF32, kH, kExperts) + bytes_of(GgmlType::kF32, kH, 1) +
                                  2 * bytes_of(t, kH, kFfShared) + bytes_of(td, kFfShared, kH);
     for (const int batch : {1, 8, 32}) {
-      if (!opt.wants(name, batch)) continue;
+      if (opt.main_only || !opt.wants(name, batch)) continue;
       BatchRun r;
       KESTREL_TRY(prepare_batch(
           batch, moe_workspace_bytes(layers[0].w, batch), normal, rng, stream, "",
