@@ -100,6 +100,19 @@
 // 9.4 MB Q4_0 5.29 -> 4.39 us, 4.7 MB 3.65 -> 3.28, 0.6 MB 2.53 -> 2.41; batch 8 9.4 MB 10.0 -> 9.5 us (H200;
 // docs/benchmarks.md "GEMV v4.9"). Measured with it and not kept: x first on the 4096-column rows (S = 16, one block
 // of 16 warps an SM): 0.05-0.1 us slower per call (ssm_out Q4_0 3.37 -> 3.49 us).
+// Measured after v4.9 on the grouped calls and not kept (bench_moe --main, H200, each against the tree before in one
+// run; µs Q4_0 at 1 / 2 / 4 / 8 / 16 / 32 tokens, base 21.7 / 29.9-30.6 / 38.7 / 53.6-54.0 / 79.1 / 120.5-121.2):
+// (1) the flat kernel's form for tables (one group per warp, S = 8 for rows of 2048, a block per (row groups,
+// segment) reading its entry after the wait, 8-warp blocks, no rounds): 22.1 / 27.4 / 38.0 / 56.1 / 84.7 / 143.0 —
+// 2-4 tokens gain, 8-32 lose (each block pays the entry's round trip before its weights, and the worst-case table's
+// empty segments are blocks too); a batch-dependent choice would change S and so a token's bits with its batch. (2)
+// ncu on the 32-token gate+up GEMV (grid 528 x 4 warps, 128 registers, 16 warps an SM): DRAM 55%, 0.85 eligible
+// warps a scheduler, long-scoreboard stalls 43%, on the weights' nibbles and on the activations' digit sums — so the
+// weights were staged in shared memory by cp.async (depth 2 or 4 groups a warp, 86-108 registers, the same bits):
+// 4 deep with the largest shared-memory carveout 25.3 / 33.2 / 45.0 / 67.3 / 100.1 / 156.1 (ncu: the stalls moved
+// to the activations, now L2 misses: L1 had shrunk to ~25 KB); scales copied 16 bytes a lane through L2 only (8-byte
+// copies allocate in L1), default carveout, 4 deep 24.9 / 32.7 / 43.6 / 63.9 / 92.6 / 140.0, 2 deep 23.4 / 30.1 /
+// 38.3 / 59.0 / 86.7 / 133.3. Deeper queues of weights do not pay while each group still waits on its activations.
 #include <algorithm>
 #include <atomic>
 #include <bit>

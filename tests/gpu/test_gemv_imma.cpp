@@ -394,15 +394,16 @@ TEST(GemvImma, FlatKernelGivesThePersistentKernelsBits) {
 // not follow the item count (a split chosen by it would reorder the sums, as the MoE layer's batch would). The same
 // three segments (two matrices, vector pairs and a single vector, one vector in two segments) run alone, then
 // followed by empty segments (n_vec = 0) to 8192 items, and followed by garbage with a device count of 3 segments in
-// use (n_used): the same bits, each within its bound of ref::matvec_batch,
-// for tables of the one-pair and the four-pair kernel. Rows of 2048 (S = 2), 2368 (ten groups, the last slice
-// partial: S = 4) and 4096 columns (S = 4).
+// use (n_used): the same bits, each within its bound of ref::matvec_batch, and those of the run-time groups-per-slice
+// loop (gemv_imma_set_compiled_groups(false)) — for tables of the one-pair and the four-pair kernel. Rows of 2048 (S =
+// 2, 4 groups a slice), 2368 (ten groups, the last slice partial: S = 4), 4096 (S = 4, 4 a slice) and 512 columns (S =
+// 1, 2 a slice: the MoE down matrices).
 TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(515);
   for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
     const bool blocks32 = t == GgmlType::kQ4_0 || t == GgmlType::kQ8_0;
-    for (const Shape sh : {Shape{2048, 64}, Shape{blocks32 ? 2368 : 4096, 48}}) {
+    for (const Shape sh : {Shape{2048, 64}, Shape{blocks32 ? 2368 : 4096, 48}, Shape{512, 32}}) {
       const std::vector<uint8_t> ma = random_matrix(t, sh.n_in, sh.n_out, rng);
       const std::vector<uint8_t> mb = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled wa(t, ma, sh.n_in, sh.n_out);
@@ -455,6 +456,23 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
           ASSERT_TRUE(s) << s.error().to_string();
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           got[big] = test::download<float>(d_y.as<float>(), y_elems);
+        }
+        {  // the run-time groups-per-slice loop on the same table: the compiled (unrolled) kernels' bits
+          struct RunTimeLoop {
+            ~RunTimeLoop() { gemv_imma_set_compiled_groups(true); }
+          } restore;
+          gemv_imma_set_compiled_groups(false);
+          DeviceBuffer d_y(y_elems * sizeof(float));
+          ASSERT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
+          const Status s = gemv_imma_segments(t, sh.n_in, sh.n_out, d_table.as<ImmaSegment>(),
+                                              static_cast<int>(uses.size()), d_xp.as<unsigned char>(), d_y.as<float>(),
+                                              sh.n_out, nullptr, bound_vec, false, nullptr);
+          ASSERT_TRUE(s) << s.error().to_string();
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const std::vector<float> loop = test::download<float>(d_y.as<float>(), y_elems);
+          EXPECT_EQ(std::memcmp(got[0].data(), loop.data(), y_elems * sizeof(float)), 0)
+              << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " bound " << bound_vec
+              << ": the unrolled grouped kernel differs from the run-time loop";
         }
         const std::string what = std::string(ggml_type_name(t)) + " " + std::to_string(sh.n_in) + "x" +
                                  std::to_string(sh.n_out) + " bound " + std::to_string(bound_vec);
