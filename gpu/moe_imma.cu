@@ -68,6 +68,9 @@ std::atomic<int> g_chunk{kMoeImmaSegmentVectors};
 // routes them all (route_table_kernel).
 std::atomic<int> g_route_spread_min_tokens{kMoeImmaRouteSpreadMinTokens};
 
+// One token's routing and tables by one warp (route_table_one_kernel); false: the one-block kernel at every size.
+std::atomic<bool> g_route_one_warp{true};
+
 // From this many tokens the segment tables are counted: the table writer leaves how many segments each holds and the
 // grouped GEMVs read only those (n_used); below, it fills the tables' unused tail with empty segments, which the GEMVs
 // walk. Counted tables skip the ~20% of a 32-token table that is empty (worst-case capacity) but cost the GEMV's
@@ -273,6 +276,64 @@ __global__ void __launch_bounds__(moe_route_dev::kThreads)
   const moe_route_dev::BlockRoute rt = moe_route_dev::route_block<kPer>(logits, a.n_tok, n_expert, k, a.r);
   __syncthreads();  // the routing's shared-memory results are visible to the whole block
   write_tables<moe_route_dev::kThreads>(a, rt, n_expert);
+}
+
+// The same for one token by one warp: its k experts are distinct, so the grouping is its selections sorted by id —
+// selection j's entry, active rank and chunk are the number of its ids below j's — and each expert is one chunk of
+// one vector. The routing arrays and the tables are route_table_kernel's, byte for byte, without its block scans and
+// barriers over 1024 threads (test_moe_imma compares the two).
+template <int kPer>
+__global__ void __launch_bounds__(32)
+    route_table_one_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  const int lane = static_cast<int>(threadIdx.x);
+  int my_id = 0;
+  float my_p = 0.0f;
+  float sel_sum = 0.0f;
+  moe_route_dev::route_token<kPer>(logits, n_expert, k, lane, my_id, my_p, sel_sum);
+  const float denom = fmaxf(sel_sum, moe_route_dev::kWeightSumMin);
+  int pos = 0;  // selections with a lower id
+  for (int j = 0; j < k; ++j) pos += __shfl_sync(moe_route_dev::kFullMask, my_id, j) < my_id ? 1 : 0;
+  const MoeRouting& r = a.r;
+  const int32_t tok[kImmaSegmentVectors] = {};
+  if (lane < k) {
+    const float wt = __fdiv_rn(my_p, denom);
+    r.ids[lane] = my_id;
+    r.weights[lane] = wt;
+    r.entry_token[pos] = 0;
+    r.entry_weight[pos] = wt;
+    r.token_entry[pos] = pos;
+    r.active_expert[pos] = my_id;
+    r.active_offset[pos] = pos;
+    int32_t row[kImmaSegmentVectors] = {};
+    row[0] = pos;
+    const int at = a.sh_chunks + pos;
+    put_segment(a.seg_gu + 2 * at, a.gate + static_cast<uint64_t>(my_id) * a.gu_bytes, 1, tok, 0, row);
+    put_segment(a.seg_gu + 2 * at + 1, a.up + static_cast<uint64_t>(my_id) * a.gu_bytes, 1, tok, a.n_all, row);
+    put_segment(a.seg_dn + at, a.down + static_cast<uint64_t>(my_id) * a.dn_bytes, 1, row, 0, row);
+  }
+  if (lane == 0) {
+    *r.n_active = k;
+    r.active_offset[k] = k;
+    if (a.sh_chunks > 0) {  // the shared expert's one chunk: token 0, row n_entries
+      int32_t row[kImmaSegmentVectors] = {};
+      row[0] = a.n_entries;
+      put_segment(a.seg_gu, a.sh_gate, 1, tok, 0, row);
+      put_segment(a.seg_gu + 1, a.sh_up, 1, tok, a.n_all, row);
+      put_segment(a.seg_dn, a.sh_down, 1, row, 0, row);
+    }
+  }
+  const int used = a.sh_chunks + k;
+  if (a.n_used != nullptr) {
+    if (lane == 0) {
+      a.n_used[0] = 2 * used;
+      a.n_used[1] = used;
+    }
+    return;
+  }
+  for (int i = 2 * used + lane; i < a.n_seg_gu; i += 32) put_empty(a.seg_gu + i);
+  for (int i = used + lane; i < a.n_seg_dn; i += 32) put_empty(a.seg_dn + i);
 }
 
 // The same from kMoeImmaRouteSpreadMinTokens tokens, over n_tok blocks: a block per token routes it, the last block to
@@ -519,6 +580,8 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
 
 void moe_imma_set_single_launch(bool on) { g_single_launch.store(on, std::memory_order_relaxed); }
 
+void moe_imma_set_route_one_warp(bool on) { g_route_one_warp.store(on, std::memory_order_relaxed); }
+
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
                         cudaStream_t stream, MoeLaunchInfo* info) {
   KESTREL_TRY(moe_imma_check_weights(w));
@@ -600,8 +663,12 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   const int32_t* const used_dn = counted ? l.n_used + 1 : nullptr;
   ta.arrivals = route_arrivals;
   const bool spread = n_tok >= g_route_spread_min_tokens.load(std::memory_order_relaxed);
+  const bool one_warp = n_tok == 1 && !spread && g_route_one_warp.load(std::memory_order_relaxed);
   KESTREL_TRY(moe_route_dev::with_route_per_lane(E, [&](auto per) {
     constexpr int kPer = decltype(per)::value;
+    if (one_warp) {
+      return launch_programmatic(pdl, route_table_one_kernel<kPer>, dim3(1), dim3(32), 0, stream, l.logits, E, k, ta);
+    }
     return spread ? launch_programmatic(pdl, route_spread_table_kernel<kPer>, dim3(static_cast<unsigned>(n_tok)),
                                         dim3(moe_route_dev::kThreads), 0, stream, l.logits, E, k, ta)
                   : launch_programmatic(pdl, route_table_kernel<kPer>, dim3(1), dim3(moe_route_dev::kThreads), 0,
