@@ -118,10 +118,11 @@ inline constexpr int kMoeImmaRouteSpreadMinTokens = 16;
 // Thread-safe.
 void moe_imma_set_route_spread_min_tokens(int n_tok);
 
-// One token's routing and segment tables by one warp (on, the default: no block scans or barriers over 1024 threads),
-// or by the one-block kernel the other sizes up to kMoeImmaRouteSpreadMinTokens use (off). The same routing and
-// tables either way. Process-wide, for calls made after it; for tests and benchmarks; thread-safe.
-void moe_imma_set_route_one_warp(bool on);
+// Calls of at most 32 routed entries (n_tok · k): the routing by a warp per token and the grouping and segment tables
+// by one warp (on, the default: no block scans or barriers over 1024 threads), or all by the one-block kernel the
+// other sizes below kMoeImmaRouteSpreadMinTokens use (off). The same routing and tables either way. Process-wide, for
+// calls made after it; for tests and benchmarks; thread-safe.
+void moe_imma_set_route_by_warp(bool on);
 
 // One token in one launch: when on, at n_tok == 1 moe_imma_forward runs the whole layer as one cooperative kernel
 // (gpu/moe_imma_one.h) where moe_imma_one_supports() holds (an f32 router and shared gate, H <= 4096, I <= 2048, ...),

@@ -208,14 +208,14 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
   expect_same_bits(  // one token: the chain against the one-launch path
       "the six-launch chain at every size", [] { moe_imma_set_single_launch(false); },
       [] { moe_imma_set_single_launch(true); });
-  expect_same_bits(  // one token: its routing by one warp (the default) against the one-block kernel
-      "the chain with the routing of one token in one block",
+  expect_same_bits(  // up to 32 entries: the grouping by one warp (the default) against the one-block kernel
+      "the chain with the routing of a small call in one block",
       [] {
         moe_imma_set_single_launch(false);
-        moe_imma_set_route_one_warp(false);
+        moe_imma_set_route_by_warp(false);
       },
       [] {
-        moe_imma_set_route_one_warp(true);
+        moe_imma_set_route_by_warp(true);
         moe_imma_set_single_launch(true);
       });
   for (const int spread_min : {1, kMoeMaxTokens + 1}) {
