@@ -192,6 +192,40 @@ __device__ __forceinline__ void put_empty(ImmaSegment* s) {
   s->n_vec = 0;  // skipped: the GEMV reads no other field of an empty segment
 }
 
+// The shared expert's chunks c = first, first + stride, ...: chunk c takes tokens C·c .. C·c + C − 1, its rows are
+// n_entries + token.
+__device__ __forceinline__ void put_shared_chunks(const TableArgs& a, int first, int stride) {
+  for (int c = first; c < a.sh_chunks; c += stride) {
+    const int t0 = c * a.chunk;
+    const int n = min(a.chunk, a.n_tok - t0);
+    int32_t tok[kImmaSegmentVectors];
+    int32_t row[kImmaSegmentVectors];
+#pragma unroll
+    for (int j = 0; j < kImmaSegmentVectors; ++j) {
+      tok[j] = t0 + j;
+      row[j] = a.n_entries + t0 + j;
+    }
+    put_segment(a.seg_gu + 2 * c, a.sh_gate, n, tok, 0, row);
+    put_segment(a.seg_gu + 2 * c + 1, a.sh_up, n, tok, a.n_all, row);
+    put_segment(a.seg_dn + c, a.sh_down, n, row, 0, row);
+  }
+}
+
+// The tables' end once `used` chunks are written, by the threads first, first + stride, ...: the counts of both
+// tables (counted tables: the GEMVs read these many segments, the rest stays unwritten) or empty segments to the
+// tables' capacity.
+__device__ __forceinline__ void finish_tables(const TableArgs& a, int used, int first, int stride) {
+  if (a.n_used != nullptr) {
+    if (first == 0) {
+      a.n_used[0] = 2 * used;
+      a.n_used[1] = used;
+    }
+    return;
+  }
+  for (int i = 2 * used + first; i < a.n_seg_gu; i += stride) put_empty(a.seg_gu + i);
+  for (int i = used + first; i < a.n_seg_dn; i += stride) put_empty(a.seg_dn + i);
+}
+
 // The segment tables from the routing as route_block leaves it in shared memory (rt, read after a barrier), by one
 // block of kBlock >= kMoeMaxExperts threads, with no global reads: thread e counts expert e's chunks (⌈count/C⌉), an
 // exclusive scan places them and marks each chunk with its expert in shared memory, then a thread per chunk writes
@@ -208,21 +242,7 @@ __device__ __forceinline__ void write_tables(const TableArgs& a, const moe_route
   __shared__ short chunk_expert_s[kMoeMaxTokens * kMoeMaxUsed];  // the expert of each routed chunk
   const int tid = static_cast<int>(threadIdx.x);
 
-  // Shared expert: chunk c takes tokens C·c .. C·c + C − 1; its rows are n_entries + token.
-  for (int c = tid; c < a.sh_chunks; c += kBlock) {
-    const int t0 = c * a.chunk;
-    const int n = min(a.chunk, a.n_tok - t0);
-    int32_t tok[kImmaSegmentVectors];
-    int32_t row[kImmaSegmentVectors];
-#pragma unroll
-    for (int j = 0; j < kImmaSegmentVectors; ++j) {
-      tok[j] = t0 + j;
-      row[j] = a.n_entries + t0 + j;
-    }
-    put_segment(a.seg_gu + 2 * c, a.sh_gate, n, tok, 0, row);
-    put_segment(a.seg_gu + 2 * c + 1, a.sh_up, n, tok, a.n_all, row);
-    put_segment(a.seg_dn + c, a.sh_down, n, row, 0, row);
-  }
+  put_shared_chunks(a, tid, kBlock);
 
   // Routed experts: expert e's chunks start at the exclusive scan of ⌈count/C⌉ over the experts before it.
   const int e = tid;
@@ -256,16 +276,7 @@ __device__ __forceinline__ void write_tables(const TableArgs& a, const moe_route
     put_segment(a.seg_gu + 2 * at + 1, u, n, tok, a.n_all, row);
     put_segment(a.seg_dn + at, d, n, row, 0, row);
   }
-  const int used = a.sh_chunks + total;
-  if (a.n_used != nullptr) {  // counted tables: the GEMVs read these many segments; the rest stays unwritten
-    if (tid == 0) {
-      a.n_used[0] = 2 * used;
-      a.n_used[1] = used;
-    }
-    return;
-  }
-  for (int i = 2 * used + tid; i < a.n_seg_gu; i += kBlock) put_empty(a.seg_gu + i);
-  for (int i = used + tid; i < a.n_seg_dn; i += kBlock) put_empty(a.seg_dn + i);
+  finish_tables(a, a.sh_chunks + total, tid, kBlock);
 }
 
 // Routing (moe_route_dev::route_block, the same code as moe_route) and then the segment tables from it, in one block:
@@ -326,16 +337,7 @@ __global__ void __launch_bounds__(32)
       put_segment(a.seg_dn, a.sh_down, 1, row, 0, row);
     }
   }
-  const int used = a.sh_chunks + k;
-  if (a.n_used != nullptr) {
-    if (lane == 0) {
-      a.n_used[0] = 2 * used;
-      a.n_used[1] = used;
-    }
-    return;
-  }
-  for (int i = 2 * used + lane; i < a.n_seg_gu; i += 32) put_empty(a.seg_gu + i);
-  for (int i = used + lane; i < a.n_seg_dn; i += 32) put_empty(a.seg_dn + i);
+  finish_tables(a, a.sh_chunks + k, lane, 32);
 }
 
 // The same for calls of at most 32 entries (n_tok · k; 2-4 tokens of a top-8 layer) by n_tok warps: warp t routes
@@ -430,7 +432,9 @@ __global__ void __launch_bounds__(32 * kMoeMaxUsed)
     put_segment(a.seg_gu + 2 * at + 1, a.up + static_cast<uint64_t>(x) * a.gu_bytes, n, tok, a.n_all, row);
     put_segment(a.seg_dn + at, a.down + static_cast<uint64_t>(x) * a.dn_bytes, n, row, 0, row);
   }
-  // The shared expert's chunks: tokens C·c .. C·c + C − 1, rows n_entries + token (write_tables').
+  // The shared expert's chunks and the tables' end: put_shared_chunks' and finish_tables' stores, written out — through
+  // the helpers this kernel compiles to other code than the H200 measured and tested (fatbin text compared); to fold
+  // in with the next device run.
   for (int c = lane; c < a.sh_chunks; c += 32) {
     const int t0 = c * C;
     const int n = min(C, a.n_tok - t0);
