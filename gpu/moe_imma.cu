@@ -294,7 +294,9 @@ __global__ void __launch_bounds__(moe_route_dev::kThreads)
 // The same for one token by one warp: its k experts are distinct, so the grouping is its selections sorted by id —
 // selection j's entry, active rank and chunk are the number of its ids below j's — and each expert is one chunk of
 // one vector. The routing arrays and the tables are route_table_kernel's, byte for byte, without its block scans and
-// barriers over 1024 threads (test_moe_imma compares the two).
+// barriers over 1024 threads (test_moe_imma compares the two). Its routing part repeats moe_imma_one's route_once;
+// branch review/route-single shares it (moe_route_dev::route_single) — the same stores in another order, so it waits
+// for a device run (test_moe_imma, bench_moe --main /1) before it replaces this.
 template <int kPer>
 __global__ void __launch_bounds__(32)
     route_table_one_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a) {
