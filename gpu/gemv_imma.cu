@@ -150,11 +150,12 @@ constexpr int kMaxPrepVectors = 65535;  // per gemv_imma_prepare_x call (grid.y)
 
 // ---- activation preparation -------------------------------------------------------------------------------------
 
-// One warp per (vector, group of 256), four a block.
-template <class Rows>
+// One warp per (vector, group of 256), four a block. kHold: the next kernel may launch only after the wait.
+template <class Rows, bool kHold>
 __global__ void __launch_bounds__(128) prepare_x_kernel(Rows rows, int n_cols, XLayout lay, uint8_t* __restrict__ out) {
-  pdl_trigger();
+  if constexpr (!kHold) pdl_trigger();
   pdl_wait();
+  if constexpr (kHold) pdl_trigger();
   imma_prep::prepare_group(rows, n_cols, lay, out, static_cast<int>(blockIdx.y),
                            static_cast<int>(blockIdx.x * 4 + threadIdx.x / 32), static_cast<int>(threadIdx.x % 32));
 }
@@ -196,6 +197,7 @@ struct KernelArgs {
   int64_t y_stride;
   const int32_t* n_used;  // kCount: the table's segments in use (device; n_seg bounds it)
   bool table;             // host: a grouped call (base is the table)
+  bool settled;           // host: the table was final before the launch (gemv_imma_segments' table_settled)
 };
 
 // Segment s as the kernel sees it: from the device table (kTable) or computed for a dense call (no loads).
@@ -364,19 +366,23 @@ __device__ __forceinline__ void add_slices(const KernelArgs& a, const float* par
 // NP: most vector pairs per segment (1, 2 or 4). kMode, what the call reads: kDenseCall (a.base: the matrix),
 // kTableCall (a.base: the table), kCountedCall (the table, only its first *a.n_used segments). kGps: the groups per
 // slice (a.gps) compiled in, so that a round's groups unroll (0: a.gps at run time).
-enum CallMode : int { kDenseCall = 0, kTableCall = 1, kCountedCall = 2 };
+// kSettledCall: a table that was final before this kernel launched (gemv_imma_segments' table_settled), read like
+// the dense call's matrix before the wait.
+enum CallMode : int { kDenseCall = 0, kTableCall = 1, kCountedCall = 2, kSettledCall = 3 };
 template <GgmlType T, int NP, int kMode, int kGps>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a) {
   constexpr bool kTable = kMode != kDenseCall;
   constexpr bool kCount = kMode == kCountedCall;
+  constexpr bool kWaitFirst = kTable && kMode != kSettledCall;
   // Dynamic shared memory: partial sums per warp when S > 1, double-buffered by round parity ([buf][warp][vector
   // slot][row], part_bytes()).
   extern __shared__ __align__(128) uint8_t smem[];
   // Under a programmatic launch (gpu/pdl.cuh) the next kernel may launch now. A dense call reads its resident weights
   // (which no kernel writes) before it waits for the kernel before it: the address arithmetic and the first group's
-  // loads overlap that kernel's end. The table, the prepared x and y are touched only after the wait.
+  // loads overlap that kernel's end. The table, the prepared x and y are touched only after the wait — but a settled
+  // table (kSettledCall) is read before it, with the first round's entries and the first group's weights.
   pdl_trigger();
-  if constexpr (kTable) pdl_wait();
+  if constexpr (kWaitFirst) pdl_wait();
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
@@ -511,7 +517,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   WRound wr = w_round<T>(a, first, group0, lane);
   WeightBuf b0, b1;
   w_load<T>(a, wr, 0, group0, b0);
-  if constexpr (!kTable) pdl_wait();
+  if constexpr (!kWaitFirst) pdl_wait();
   auto load_next = [&](const Cursor& nx, WeightBuf& b) {
     if (nx.gi == 0) {
       wr = w_round<T>(a, ahead, group0, lane);
@@ -809,6 +815,11 @@ Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaS
     if (flat) return ok_status();
     return launch_pairs<T, kDenseCall>(args, max_vec, programmatic, stream);
   }
+  // A settled table under a programmatic launch: only for one vector pair (moe_imma's programmatic calls; the other
+  // forms would double their kernels for calls that never come).
+  if (args.settled && programmatic && args.n_used == nullptr && max_vec <= 2) {
+    return launch_gps<T, 1, kSettledCall>(args, programmatic, stream);
+  }
   if (args.n_used == nullptr) return launch_pairs<T, kTableCall>(args, max_vec, programmatic, stream);
   return launch_pairs<T, kCountedCall>(args, max_vec, programmatic, stream);
 }
@@ -870,7 +881,7 @@ namespace {
 // The shared checks and launch of gemv_imma_prepare_x / gemv_imma_prepare_swiglu; `inputs` are the row pointers.
 template <class Rows>
 Status prepare(const char* name, Rows rows, std::initializer_list<const float*> inputs, int64_t n_cols, int n_vec,
-               void* xprep, bool programmatic, cudaStream_t stream) {
+               void* xprep, bool programmatic, bool hold, cudaStream_t stream) {
   if (imma_x_bytes(n_cols, n_vec) == 0) {
     return make_error(ErrorCode::kInvalidArgument, std::string(name) + ": n_cols " + std::to_string(n_cols) +
                                                        " (a multiple of 64 up to " + std::to_string(kImmaMaxCols) +
@@ -883,20 +894,20 @@ Status prepare(const char* name, Rows rows, std::initializer_list<const float*> 
     return make_error(ErrorCode::kInvalidArgument, std::string(name) + ": null or misaligned pointer (16 bytes)");
   const XLayout lay = x_layout(n_cols);
   const dim3 grid(static_cast<unsigned>((lay.n_groups + 3) / 4), static_cast<unsigned>(n_vec));
-  return launch_programmatic(programmatic, prepare_x_kernel<Rows>, grid, dim3(128), 0, stream, rows,
-                             static_cast<int>(n_cols), lay, static_cast<uint8_t*>(xprep));
+  return launch_programmatic(programmatic, hold ? prepare_x_kernel<Rows, true> : prepare_x_kernel<Rows, false>, grid,
+                             dim3(128), 0, stream, rows, static_cast<int>(n_cols), lay, static_cast<uint8_t*>(xprep));
 }
 
 }  // namespace
 
 Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream) {
-  return prepare("gemv_imma_prepare_x", PlainRows{x}, {x}, n_cols, n_vec, xprep, false, stream);
+  return prepare("gemv_imma_prepare_x", PlainRows{x}, {x}, n_cols, n_vec, xprep, false, false, stream);
 }
 
 Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_cols, int n_vec, void* xprep,
-                                cudaStream_t stream, bool programmatic) {
+                                cudaStream_t stream, bool programmatic, bool hold_dependents) {
   return prepare("gemv_imma_prepare_swiglu", SwigluRows{gate, up}, {gate, up}, n_cols, n_vec, xprep, programmatic,
-                 stream);
+                 hold_dependents, stream);
 }
 
 Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream, bool programmatic) {
@@ -930,7 +941,7 @@ Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cud
 
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, int max_segment_vectors,
-                          bool programmatic, const int32_t* n_used) {
+                          bool programmatic, const int32_t* n_used, bool table_settled) {
   if (!gemv_imma_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma_segments: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
@@ -949,6 +960,7 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
   args.table = true;
   args.base = segments;
   args.n_used = n_used;
+  args.settled = table_settled;
   args.n_seg = n_segments;
   pick_split(args, true);
   return launch_any(type, args, max_segment_vectors, programmatic, stream);

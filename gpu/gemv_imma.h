@@ -50,8 +50,10 @@ Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xpre
 // ref::swiglu_forward (device expf), without storing act: gate and up are device f32 [n_vec, n_cols] (rows
 // n_cols apart), 16-byte aligned; otherwise as gemv_imma_prepare_x (which it equals on act). programmatic: launched
 // as a programmatic dependent of the kernel before it (gpu/pdl.cuh: the launches overlap, the results do not change).
+// hold_dependents: the kernel lets the next one launch only after its own wait, so that everything the kernels before
+// the one before it wrote is final when the next kernel starts (gemv_imma_segments' table_settled).
 Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_cols, int n_vec, void* xprep,
-                                cudaStream_t stream, bool programmatic = false);
+                                cudaStream_t stream, bool programmatic = false, bool hold_dependents = false);
 
 // One piece of a grouped GEMV (gemv_imma_segments): a tiled matrix (tile_matrix output, on the device; n_rows × n_cols
 // as given to the call, the same for every segment) and up to kImmaSegmentVectors prepared vectors it multiplies:
@@ -79,10 +81,14 @@ static_assert(sizeof(ImmaSegment) == 80, "ImmaSegment is a POD a device kernel w
 // a dense call's. One kernel; thread-safe. programmatic: as gemv_imma_prepare_swiglu. n_used (optional, device
 // int32, written before the GEMV runs, e.g. by the table's writer): only the first min(*n_used, n_segments) segments
 // are read, the rest of the table may be left unwritten (a table sized for the worst case walks only what it holds).
+// table_settled (with programmatic): the table is final before this kernel can launch — written by a kernel that
+// completed before the kernel just before this one returned from its programmatic wait, and that kernel triggers its
+// dependents only after that wait (e.g. gemv_imma_prepare_swiglu's hold_dependents) — so the kernel reads its first
+// entries and weights before its own wait, overlapping the kernel before. The bits do not change.
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream,
                           int max_segment_vectors = kImmaSegmentVectors, bool programmatic = false,
-                          const int32_t* n_used = nullptr);
+                          const int32_t* n_used = nullptr, bool table_settled = false);
 
 // y[v] = W x[v] with x prepared by gemv_imma_prepare_x (same n_cols, at least n_vec vectors, earlier on `stream`).
 // y: device f32 [n_vec, n_rows], 4-byte aligned, not overlapping xprep; n_vec in [1, 32]. Errors are found before

@@ -818,12 +818,14 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ++launches;
 
   // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I.
+  // Programmatic: the preparation holds the down GEMV's launch until its wait (the gate+up GEMV, and so the tables'
+  // writer before it, completed), so the down GEMV reads its table and first weights before its own wait.
   KESTREL_TRY(
-      gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(c.n_all) * I, I, c.n_all, l.aprep, stream, pdl));
+      gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(c.n_all) * I, I, c.n_all, l.aprep, stream, pdl, pdl));
   ++launches;
 
-  KESTREL_TRY(
-      gemv_imma_segments(w.down_type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, pdl, used_dn));
+  KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, pdl,
+                                 used_dn, pdl));
   ++launches;
 
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));

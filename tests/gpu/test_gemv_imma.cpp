@@ -3,7 +3,8 @@
 // ref::matvec_batch: random blocks with wide-ranging scales, shapes from one tile to the longest row the kernel takes
 // (n_in 64 .. 8192, n_out 16 .. 32768), every vector-count path (1, 2, 3, 5, 8, 13, 32: one to four pairs per
 // segment, several segments); bit-identical repeated runs; each y[v] identical whatever n_vec; the unrolled rounds'
-// bits those of the run-time loop; grouped calls (segment tables) whose bits do not depend on the table's length;
+// bits those of the run-time loop; grouped calls (segment tables) whose bits do not depend on the table's length, nor
+// on reading a settled table before the programmatic wait;
 // activation edge cases; shapes and arguments the kernel does not take are refused before anything runs.
 //
 // Tolerance: |gpu - ref| <= 1e-5 · Σ|w_i · x_i| + 2^-27 · Σ_G max_G|x| · Σ_{i in G} |w_i| per output. The integer
@@ -495,6 +496,98 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
       }
     }
   }
+}
+
+// A settled table (gemv_imma_segments' table_settled): the grouped GEMV reads its table and first weights before its
+// programmatic wait, which is safe behind a SwiGLU preparation that holds its dependents until its own wait. A chain
+// on one stream — per link device copies that write gate and up, the preparation (programmatic, holding) into one
+// shared xprep, then the grouped GEMV on that link's table (programmatic, settled) — gives the bits of plain launches:
+// a read of xprep ahead of the wait would see the link before's activations. Rows of 512 (the MoE down matrices: 2
+// groups, S = 1) and 2048 columns, one and two vectors a segment.
+TEST(GemvImma, SettledTableChainGivesPlainBits) {
+  KESTREL_REQUIRE_DEVICE();
+  std::mt19937 rng(606);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+    for (const Shape sh : {Shape{512, 2048}, Shape{2048, 512}}) {
+      const std::vector<uint8_t> ma = random_matrix(t, sh.n_in, sh.n_out, rng);
+      const std::vector<uint8_t> mb = random_matrix(t, sh.n_in, sh.n_out, rng);
+      const DeviceTiled wa(t, ma, sh.n_in, sh.n_out);
+      const DeviceTiled wb(t, mb, sh.n_in, sh.n_out);
+      constexpr int kVec = 3;
+      constexpr int kChain = 4;
+      // Link i's table: a pair on one matrix, a single vector on the other (which one alternates with i).
+      std::vector<ImmaSegment> tables(2 * kChain);
+      for (int i = 0; i < kChain; ++i) {
+        ImmaSegment& p = tables[2 * i];
+        ImmaSegment& q = tables[2 * i + 1];
+        p.data = (i % 2 ? wb : wa).view.data;
+        p.n_vec = 2;
+        p.vec[0] = 0, p.vec[1] = 2, p.out[0] = 0, p.out[1] = 1;
+        q.data = (i % 2 ? wa : wb).view.data;
+        q.n_vec = 1;
+        q.vec[0] = 1, q.out[0] = 2;
+      }
+      DeviceBuffer d_tables(tables.size() * sizeof(ImmaSegment));
+      ASSERT_TRUE(test::upload(d_tables, tables));
+      const size_t act_elems = static_cast<size_t>(kVec * sh.n_in);
+      const std::vector<float> gate = random_vectors(kChain * kVec, sh.n_in, rng);
+      const std::vector<float> up = random_vectors(kChain * kVec, sh.n_in, rng);
+      DeviceBuffer d_all_gate(gate.size() * sizeof(float)), d_all_up(up.size() * sizeof(float));
+      ASSERT_TRUE(test::upload(d_all_gate, gate));
+      ASSERT_TRUE(test::upload(d_all_up, up));
+      DeviceBuffer d_gate(act_elems * sizeof(float)), d_up(act_elems * sizeof(float));
+      DeviceBuffer d_xp(imma_x_bytes(sh.n_in, kVec));
+      const size_t y_elems = static_cast<size_t>(kVec * sh.n_out);
+      DeviceBuffer d_y(2 * kChain * y_elems * sizeof(float));
+      ASSERT_EQ(cudaMemsetAsync(d_xp.as<unsigned char>(), 0, imma_x_bytes(sh.n_in, kVec), stream), cudaSuccess);
+      for (int run = 0; run < 2; ++run) {  // 0: plain launches, 1: the programmatic chain
+        const bool pdl = run == 1;
+        for (int i = 0; i < kChain; ++i) {
+          const size_t off = static_cast<size_t>(i) * act_elems * sizeof(float);
+          ASSERT_EQ(cudaMemcpyAsync(d_gate.as<unsigned char>(), d_all_gate.as<unsigned char>() + off,
+                                    act_elems * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+                    cudaSuccess);
+          ASSERT_EQ(cudaMemcpyAsync(d_up.as<unsigned char>(), d_all_up.as<unsigned char>() + off,
+                                    act_elems * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+                    cudaSuccess);
+          ASSERT_TRUE(gemv_imma_prepare_swiglu(d_gate.as<float>(), d_up.as<float>(), sh.n_in, kVec,
+                                               d_xp.as<unsigned char>(), stream, pdl, pdl));
+          float* y = d_y.as<float>() + (static_cast<size_t>(run) * kChain + static_cast<size_t>(i)) * y_elems;
+          const Status s = gemv_imma_segments(t, sh.n_in, sh.n_out, d_tables.as<ImmaSegment>() + 2 * i, 2,
+                                              d_xp.as<unsigned char>(), y, sh.n_out, stream, 2, pdl, nullptr, pdl);
+          ASSERT_TRUE(s) << s.error().to_string();
+        }
+      }
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const std::vector<float> got = test::download<float>(d_y.as<float>(), 2 * kChain * y_elems);
+      for (int i = 0; i < kChain; ++i) {
+        EXPECT_EQ(std::memcmp(got.data() + i * y_elems, got.data() + (kChain + i) * y_elems, y_elems * sizeof(float)),
+                  0)
+            << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " link " << i
+            << ": the settled table's programmatic chain differs from plain launches";
+      }
+      // The plain launches themselves against the reference (link 0: pair on wa, single on wb).
+      std::vector<float> act(act_elems);
+      for (size_t e = 0; e < act_elems; ++e) {
+        const float sg = gate[e] * (1.0f / (1.0f + std::exp(-gate[e])));
+        act[e] = sg * up[e];
+      }
+      const int vecs[3] = {0, 2, 1};  // y rows 0, 1, 2
+      for (int r = 0; r < 3; ++r) {
+        const std::vector<uint8_t>& m = r < 2 ? ma : mb;
+        const std::vector<float> xv(act.begin() + vecs[r] * sh.n_in, act.begin() + (vecs[r] + 1) * sh.n_in);
+        std::vector<float> want(static_cast<size_t>(sh.n_out));
+        const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(sh.n_in), static_cast<uint64_t>(sh.n_out)};
+        ASSERT_TRUE(ref::matvec_batch(qm, xv.data(), 1, want.data()));
+        const std::vector<float> row(got.begin() + r * sh.n_out, got.begin() + (r + 1) * sh.n_out);
+        expect_within("settled " + std::string(ggml_type_name(t)) + " y row " + std::to_string(r), row, want,
+                      bounds(t, m, sh.n_in, sh.n_out, xv, 1), sh.n_out);
+      }
+    }
+  }
+  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 TEST(GemvImma, RefusesShapesAndArguments) {
