@@ -305,22 +305,13 @@ __global__ void __launch_bounds__(32)
   const int lane = static_cast<int>(threadIdx.x);
   int my_id = 0;
   float my_p = 0.0f;
-  float sel_sum = 0.0f;
-  moe_route_dev::route_token<kPer>(logits, n_expert, k, lane, my_id, my_p, sel_sum);
-  const float denom = fmaxf(sel_sum, moe_route_dev::kWeightSumMin);
-  int pos = 0;  // selections with a lower id
-  for (int j = 0; j < k; ++j) pos += __shfl_sync(moe_route_dev::kFullMask, my_id, j) < my_id ? 1 : 0;
+  float denom = 0.0f;
+  int pos = 0;
+  moe_route_dev::route_single<kPer>(logits, n_expert, k, lane, my_id, my_p, denom, pos);
   const MoeRouting& r = a.r;
   const int32_t tok[kImmaSegmentVectors] = {};
   if (lane < k) {
-    const float wt = __fdiv_rn(my_p, denom);
-    r.ids[lane] = my_id;
-    r.weights[lane] = wt;
-    r.entry_token[pos] = 0;
-    r.entry_weight[pos] = wt;
-    r.token_entry[pos] = pos;
-    r.active_expert[pos] = my_id;
-    r.active_offset[pos] = pos;
+    moe_route_dev::put_single_entry(r, lane, my_id, __fdiv_rn(my_p, denom), pos);
     int32_t row[kImmaSegmentVectors] = {};
     row[0] = pos;
     const int at = a.sh_chunks + pos;

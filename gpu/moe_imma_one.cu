@@ -192,21 +192,10 @@ __device__ __noinline__ void route_once(const OneArgs& a, float* lg, int lane) {
     if (e < a.E) lg[e] = __ldcg(a.sc.logits + e);
   }
   __syncwarp();
-  float p = 0.0f, sel_sum = 0.0f;
-  int id = 0;
-  moe_route_dev::route_token<kPer>(lg, a.E, a.k, lane, id, p, sel_sum);
-  const float wt = __fdiv_rn(p, fmaxf(sel_sum, moe_route_dev::kWeightSumMin));
-  int rank = 0;
-  for (int j = 0; j < a.k; ++j) rank += __shfl_sync(kFull, id, j) < id ? 1 : 0;
-  if (lane < a.k) {
-    a.r.ids[lane] = id;
-    a.r.weights[lane] = wt;
-    a.r.active_expert[rank] = id;
-    a.r.active_offset[rank] = rank;
-    a.r.entry_token[rank] = 0;
-    a.r.entry_weight[rank] = wt;
-    a.r.token_entry[rank] = rank;
-  }
+  float p = 0.0f, denom = 0.0f;
+  int id = 0, rank = 0;
+  moe_route_dev::route_single<kPer>(lg, a.E, a.k, lane, id, p, denom, rank);
+  if (lane < a.k) moe_route_dev::put_single_entry(a.r, lane, id, __fdiv_rn(p, denom), rank);
   if (lane == 0) {
     *a.r.n_active = a.k;
     a.r.active_offset[a.k] = a.k;

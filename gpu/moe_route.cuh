@@ -94,6 +94,31 @@ __device__ __forceinline__ void route_token(const float* __restrict__ lg, int n_
   }
 }
 
+// A call of one token by one warp. Its k experts are distinct, so its grouping is its selections sorted by id: lane j
+// < k (selection j) gets its id, its p, the weights' denominator and `pos`, the number of its ids below j's — its
+// entry, its expert's active rank and (one vector a chunk) its chunk. put_single_entry then writes the lane's entry
+// of every array of r (with the lane-0 totals n_active = k, active_offset[k] = k left to the caller). Used by
+// moe_imma's one-token table kernel and the one-launch layer (moe_imma_one).
+template <int kPer>
+__device__ __forceinline__ void route_single(const float* __restrict__ lg, int n_expert, int k, int lane, int& id,
+                                             float& p, float& denom, int& pos) {
+  float sel_sum = 0.0f;
+  route_token<kPer>(lg, n_expert, k, lane, id, p, sel_sum);
+  denom = fmaxf(sel_sum, kWeightSumMin);
+  pos = 0;
+  for (int j = 0; j < k; ++j) pos += __shfl_sync(kFullMask, id, j) < id ? 1 : 0;
+}
+
+__device__ __forceinline__ void put_single_entry(const MoeRouting& r, int lane, int id, float wt, int pos) {
+  r.ids[lane] = id;
+  r.weights[lane] = wt;
+  r.entry_token[pos] = 0;
+  r.entry_weight[pos] = wt;
+  r.token_entry[pos] = pos;
+  r.active_expert[pos] = id;
+  r.active_offset[pos] = pos;
+}
+
 // The routing's shared memory: per entry (t, j) the selected id and weight, per expert its token mask and first entry.
 struct RouteSmem {
   int ids[kMoeMaxTokens * kMoeMaxUsed];
