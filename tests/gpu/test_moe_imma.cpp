@@ -225,9 +225,19 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
         [] { moe_imma_set_route_spread_min_tokens(kMoeImmaRouteSpreadMinTokens); });
   }
   for (const int chunk : {1, 3, 8}) {
-    expect_same_bits(
-        "segments of at most " + std::to_string(chunk) + " vectors", [&] { moe_imma_set_segment_vectors(chunk); },
-        [] { moe_imma_set_segment_vectors(kMoeImmaSegmentVectors); });
+    for (const int pdl_max : {kMoeImmaProgrammaticMaxTokens, kMoeMaxTokens}) {
+      expect_same_bits(
+          "segments of at most " + std::to_string(chunk) + " vectors, programmatic launches up to " +
+              std::to_string(pdl_max) + " tokens",
+          [&] {
+            moe_imma_set_segment_vectors(chunk);
+            moe_imma_set_programmatic_max_tokens(pdl_max);
+          },
+          [] {
+            moe_imma_set_segment_vectors(kMoeImmaSegmentVectors);
+            moe_imma_set_programmatic_max_tokens(kMoeImmaProgrammaticMaxTokens);
+          });
+    }
   }
 }
 
