@@ -200,7 +200,8 @@ struct KernelArgs {
   bool settled;           // host: the table was final before the launch (gemv_imma_segments' table_settled)
 };
 
-// Segment s as the kernel sees it: from the device table (kTable) or computed for a dense call (no loads).
+// Segment s as the kernel sees it: from the device table (kTable; written by the kernel before, so read with ordinary
+// loads, pdl.cuh) or computed for a dense call (no loads).
 template <bool kTable>
 struct Seg {
   const ImmaSegment* e;
@@ -210,8 +211,8 @@ struct Seg {
   __device__ __forceinline__ Seg(const KernelArgs& a, int seg) : s(seg) {
     if constexpr (kTable) {
       e = static_cast<const ImmaSegment*>(a.base) + seg;
-      data = reinterpret_cast<const void*>(__ldg(reinterpret_cast<const unsigned long long*>(&e->data)));
-      n_vec = __ldg(&e->n_vec);
+      data = reinterpret_cast<const void*>(ld_dep(reinterpret_cast<const unsigned long long*>(&e->data)));
+      n_vec = ld_dep(&e->n_vec);
     } else {
       e = nullptr;
       data = a.base;
@@ -219,11 +220,11 @@ struct Seg {
     }
   }
   __device__ __forceinline__ int vec(int j) const {
-    if constexpr (kTable) return __ldg(&e->vec[j]);
+    if constexpr (kTable) return ld_dep(&e->vec[j]);
     return s * kImmaSegmentVectors + j;
   }
   __device__ __forceinline__ int out(int j) const {
-    if constexpr (kTable) return __ldg(&e->out[j]);
+    if constexpr (kTable) return ld_dep(&e->out[j]);
     return s * kImmaSegmentVectors + j;
   }
 };
@@ -397,7 +398,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   // cost each grouped GEMV one more dependent round trip (moe_imma 1 token 22.7 -> 24.1 us, bench_moe, H200).
   const int n_cap = a.n_seg * a.n_rg;
   int n_items = n_cap;
-  if constexpr (kCount) n_items = max(0, min(a.n_seg, __ldg(a.n_used))) * a.n_rg;
+  if constexpr (kCount) n_items = max(0, min(a.n_seg, ld_dep(a.n_used))) * a.n_rg;
   float* part = reinterpret_cast<float*>(smem);
   auto item_of = [&](int round) { return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R; };
   const int gps = kGps > 0 ? kGps : a.gps;

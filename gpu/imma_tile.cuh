@@ -12,6 +12,7 @@
 
 #include "core/gguf/ggml_type.h"
 #include "gpu/imma_prepare.cuh"
+#include "gpu/pdl.cuh"
 #include "gpu/tiled_matrix.h"
 
 namespace kestrel::gpu::imma_tile {
@@ -66,8 +67,9 @@ inline constexpr int kGroupMetaBytes = kUnitsPerSlice* tiled_unit_meta_bytes(T);
 
 // A pair's activations for one group, where a lane finds them: its B fragments (vector vf), its digit sums and
 // group scale (vector vd, the owner of its C columns). A missing second vector reads the first one's (its C columns
-// are never stored), so no load is predicated. Loaded a unit at a time; kL2: through L2 only (ld.global.cg), for
-// activations another block wrote during the same kernel (the non-coherent path may not see them).
+// are never stored), so no load is predicated. Loaded a unit at a time: written by the kernel before, so with ordinary
+// loads (pdl.cuh, ld_dep); kL2: through L2 only (ld.global.cg), for activations another block wrote during the same
+// kernel.
 template <bool kL2 = false>
 struct XSourceT {
   const uint8_t* frag;   // unit i at + 256 i (uint4)
@@ -79,7 +81,7 @@ struct XSourceT {
   template <class V>
   __device__ __forceinline__ static V ld(const V* p) {
     if constexpr (kL2) return __ldcg(p);
-    return __ldg(p);
+    return ld_dep(p);
   }
 };
 using XSource = XSourceT<false>;

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "gpu/dequant.cuh"
+#include "gpu/pdl.cuh"
 
 namespace kestrel::gpu::moe_combine {
 
@@ -54,13 +55,14 @@ __device__ __forceinline__ float shared_gate_warp(const uint8_t* __restrict__ ga
   return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logit)));
 }
 
-// Σ_j ye[entry_j]·w[entry_j] at column c over the token's k entries (token_entry row t, ascending expert id).
-__device__ __forceinline__ float routed_sum(const float* __restrict__ ye, const int32_t* __restrict__ token_entry,
-                                            const float* __restrict__ entry_weight, int k, int t, int c, int h) {
+// Σ_j ye[entry_j]·w[entry_j] at column c over the token's k entries (token_entry row t, ascending expert id). All three
+// were written by kernels before this one: ordinary loads (pdl.cuh, ld_dep).
+__device__ __forceinline__ float routed_sum(const float* ye, const int32_t* token_entry, const float* entry_weight,
+                                            int k, int t, int c, int h) {
   float y = 0.0f;
   for (int j = 0; j < k; ++j) {
-    const int entry = token_entry[t * k + j];
-    y = __fadd_rn(y, __fmul_rn(ye[static_cast<int64_t>(entry) * h + c], entry_weight[entry]));
+    const int entry = ld_dep(token_entry + t * k + j);
+    y = __fadd_rn(y, __fmul_rn(ld_dep(ye + static_cast<int64_t>(entry) * h + c), ld_dep(entry_weight + entry)));
   }
   return y;
 }

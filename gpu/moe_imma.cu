@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   pdl_wait();
   if (c >= h) return;
   float y = moe_combine::routed_sum(ye, token_entry, entry_weight, k, t, c, h);
-  if constexpr (kShared) y = __fadd_rn(y, __fmul_rn(s, ye[static_cast<int64_t>(n_entries + t) * h + c]));
+  if constexpr (kShared) y = __fadd_rn(y, __fmul_rn(s, ld_dep(ye + static_cast<int64_t>(n_entries + t) * h + c)));
   out[static_cast<int64_t>(t) * h + c] = y;
 }
 

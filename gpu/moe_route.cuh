@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "gpu/moe_router.h"
+#include "gpu/pdl.cuh"
 #include "gpu/warp_arrive.cuh"
 
 namespace kestrel::gpu::moe_route_dev {
@@ -38,16 +39,20 @@ constexpr unsigned kFullMask = 0xFFFFFFFFu;
 constexpr float kWeightSumMin = 6.103515625e-5f;  // 2^-14, as ref::kMoeWeightSumMin
 static_assert(kThreads >= kMoeMaxExperts, "phase 2 gives each expert a thread");
 
+// Logit e of lg: in global memory written by the kernel before (an ordinary load, pdl.cuh's ld_dep), or staged in
+// shared memory (moe_imma_one).
+__device__ __forceinline__ float logit_at(const float* lg, int e) { return __isGlobal(lg) ? ld_dep(lg + e) : lg[e]; }
+
 // Routes token t's logits lg (n_expert of them) by one warp; lane j < k receives selection j (id, p).
 template <int kPer>
-__device__ __forceinline__ void route_token(const float* __restrict__ lg, int n_expert, int k, int lane, int& my_id,
-                                            float& my_p, float& sel_sum) {
+__device__ __forceinline__ void route_token(const float* lg, int n_expert, int k, int lane, int& my_id, float& my_p,
+                                            float& sel_sum) {
   float v[kPer];
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int e = lane + 32 * i;
-    v[i] = e < n_expert ? lg[e] : -INFINITY;
+    v[i] = e < n_expert ? logit_at(lg, e) : -INFINITY;
     mx = fmaxf(mx, v[i]);
   }
 #pragma unroll

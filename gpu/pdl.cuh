@@ -10,7 +10,8 @@
 // Before the wait a kernel may read only memory that no kernel which may still be running writes — the kernels before
 // it may be: resident weights (gemv_imma's dense calls load their first weights there, overlapping the end of the
 // kernel before), or a layer's recurrent state, written only by that layer's own step a decode step earlier
-// (gdn_decode's one-kernel forms load their S slices there).
+// (gdn_decode's one-kernel forms load their S slices there). After the wait, what the kernels before wrote is read
+// with ordinary loads (ld_dep below), never ld.global.nc.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,6 +44,18 @@ inline cudaLaunchAttribute programmatic_attribute() {
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   return attr;
+}
+
+// What a kernel before this one on the stream wrote, read after pdl_wait(): an ordinary load (ld.global.ca, cached in
+// L1), never the non-coherent ld.global.nc that __ldg or a const __restrict__ pointer gives. A non-coherent load
+// promises the data is read-only for the kernel's whole lifetime, so ptxas may schedule it ahead of
+// griddepcontrol.wait — and under a programmatic launch the kernel before is still writing it then. Found on the H200:
+// the grouped GEMV's two-pair kernel, launched programmatically at 32 tokens, read its table's count (n_used) as the
+// scratch's garbage and skipped every segment, though its PTX loads nothing before the wait (test_moe_imma, segments
+// of 3 vectors with programmatic launches at every size). Resident weights, which no kernel writes, keep ld.global.nc.
+template <class T>
+__device__ __forceinline__ T ld_dep(const T* p) {
+  return __ldca(p);
 }
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel before it on

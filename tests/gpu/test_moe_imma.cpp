@@ -196,8 +196,18 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
     const DeviceRun other = run_device(w, x, n_tok);
     restore();
     ASSERT_EQ(other.out.size(), got.out.size());
-    EXPECT_EQ(std::memcmp(other.out.data(), got.out.data(), got.out.size() * 4), 0)
-        << setting << ": the output differs";
+    size_t n_diff = 0, first = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < got.out.size(); ++i) {
+      if (std::memcmp(&other.out[i], &got.out[i], 4) == 0) continue;
+      if (n_diff++ == 0) first = i;
+      const double dif = std::fabs(static_cast<double>(other.out[i]) - static_cast<double>(got.out[i]));
+      worst = std::isnan(dif) || dif > worst ? dif : worst;
+    }
+    EXPECT_EQ(n_diff, 0u) << setting << ": the output differs in " << n_diff << " of " << got.out.size()
+                          << " elements (first: token " << first / static_cast<size_t>(s.h) << " element "
+                          << first % static_cast<size_t>(s.h) << ", " << other.out[first] << " vs " << got.out[first]
+                          << "; largest |difference| " << worst << ")";
   };
   for (const int pdl_max : {0, kMoeMaxTokens}) {
     expect_same_bits(
