@@ -367,14 +367,14 @@ __device__ __forceinline__ void add_slices(const KernelArgs& a, const float* par
 // NP: most vector pairs per segment (1, 2 or 4). kMode, what the call reads: kDenseCall (a.base: the matrix),
 // kTableCall (a.base: the table), kCountedCall (the table, only its first *a.n_used segments). kGps: the groups per
 // slice (a.gps) compiled in, so that a round's groups unroll (0: a.gps at run time).
-// kSettledCall: a table that was final before this kernel launched (gemv_imma_segments' table_settled), read like
-// the dense call's matrix before the wait.
-enum CallMode : int { kDenseCall = 0, kTableCall = 1, kCountedCall = 2, kSettledCall = 3 };
+// kSettledCall / kSettledCountedCall: a table (and count) that was final before this kernel launched
+// (gemv_imma_segments' table_settled), read like the dense call's matrix before the wait.
+enum CallMode : int { kDenseCall = 0, kTableCall = 1, kCountedCall = 2, kSettledCall = 3, kSettledCountedCall = 4 };
 template <GgmlType T, int NP, int kMode, int kGps>
 __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a) {
   constexpr bool kTable = kMode != kDenseCall;
-  constexpr bool kCount = kMode == kCountedCall;
-  constexpr bool kWaitFirst = kTable && kMode != kSettledCall;
+  constexpr bool kCount = kMode == kCountedCall || kMode == kSettledCountedCall;
+  constexpr bool kWaitFirst = kTable && kMode != kSettledCall && kMode != kSettledCountedCall;
   // Dynamic shared memory: partial sums per warp when S > 1, double-buffered by round parity ([buf][warp][vector
   // slot][row], part_bytes()).
   extern __shared__ __align__(128) uint8_t smem[];
@@ -818,7 +818,8 @@ Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaS
   }
   // A settled table under a programmatic launch: only for one vector pair (moe_imma's programmatic calls; the other
   // forms would double their kernels for calls that never come).
-  if (args.settled && programmatic && args.n_used == nullptr && max_vec <= 2) {
+  if (args.settled && programmatic && max_vec <= 2) {
+    if (args.n_used != nullptr) return launch_gps<T, 1, kSettledCountedCall>(args, programmatic, stream);
     return launch_gps<T, 1, kSettledCall>(args, programmatic, stream);
   }
   if (args.n_used == nullptr) return launch_pairs<T, kTableCall>(args, max_vec, programmatic, stream);

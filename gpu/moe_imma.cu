@@ -55,6 +55,12 @@ using moe_router_logits::router_stage_bytes;
 // hence 1 at first. On today's kernels (2026-11-30, bench_moe's "us allPDL" against "us", 16 runs over 8 sessions of
 // the lent H200, two builds): 2 tokens 0.7–2.3 µs faster (Q4_0; Q4_K 1.3–2.2), 4 tokens 0.3–1.5 faster (Q4_K 0.2–1.5),
 // 8 tokens 0.3–1.7 slower in all but one, 16–32 tokens ~1.3 slower: hence kMoeImmaProgrammaticMaxTokens = 4.
+// Above it the down GEMV (reading its settled table before its wait) and the combine (its entries before its wait)
+// are still programmatic: bench_moe --main q4_0/, H200, launches chosen per link (the experiment's switch on branch
+// exp/pdl-links), both runs of one session, µs at 8 / 16 / 32 tokens: none 53.85–53.88 / 78.78–78.89 / 121.27–121.91;
+// down + combine 51.76–51.88 / 76.18–76.30 / 118.87–119.54; down only 52.66–52.72 / 77.01–77.13 / 119.46–120.09;
+// every link 51.23–51.63 / 76.23–76.47 / 120.17–120.56; all but the routing 51.20–51.42 / 76.73–76.86 /
+// 120.20–120.99.
 std::atomic<int> g_pdl_max_tokens{kMoeImmaProgrammaticMaxTokens};
 
 // Vectors per segment (chunk) of the grouped GEMVs' tables: the GEMV kernel is picked for the largest (1–2: one
@@ -493,7 +499,10 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
 // + sigmoid(gate_inp · x[t]) · ye[n_entries + t]; the shared gate logit (a dot product of H elements of type T) is
 // computed by each block: 256 lane-strided partial sums, a butterfly per warp, then the 8 warp sums in order. It reads
 // only the layer's input x (written before the layer's first, plainly launched kernel began) and a weight, so it runs
-// before the wait for the down GEMV: under a programmatic launch it overlaps that GEMV.
+// before the wait for the down GEMV: under a programmatic launch it overlaps that GEMV. So do the loads of the token's
+// entries and weights: the routing kernel wrote them, and it completed before this kernel could launch (the SwiGLU
+// preparation lets the down GEMV launch only after its own wait, so after the gate+up GEMV completed; see
+// moe_imma_forward).
 template <GgmlType T, bool kShared>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const float* __restrict__ ye, const int32_t* __restrict__ token_entry,
@@ -502,11 +511,20 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int t = static_cast<int>(blockIdx.y);
   const int c = static_cast<int>(blockIdx.x) * kCombineThreads + static_cast<int>(threadIdx.x);
   pdl_trigger();
+  __shared__ int32_t ent_s[kMoeMaxUsed];
+  __shared__ float wt_s[kMoeMaxUsed];
+  if (static_cast<int>(threadIdx.x) < k) {
+    const int e = ld_dep(token_entry + t * k + static_cast<int>(threadIdx.x));
+    ent_s[threadIdx.x] = e;
+    wt_s[threadIdx.x] = ld_dep(entry_weight + e);
+  }
   float s = 0.0f;
   if constexpr (kShared) s = moe_combine::shared_gate<T>(gate_inp, x + static_cast<int64_t>(t) * h, h);
+  __syncthreads();
   pdl_wait();
   if (c >= h) return;
-  float y = moe_combine::routed_sum(ye, token_entry, entry_weight, k, t, c, h);
+  float y = 0.0f;  // moe_combine::routed_sum's order, from the entries loaded above
+  for (int j = 0; j < k; ++j) y = __fadd_rn(y, __fmul_rn(ld_dep(ye + static_cast<int64_t>(ent_s[j]) * h + c), wt_s[j]));
   if constexpr (kShared) y = __fadd_rn(y, __fmul_rn(s, ld_dep(ye + static_cast<int64_t>(n_entries + t) * h + c)));
   out[static_cast<int64_t>(t) * h + c] = y;
 }
@@ -734,6 +752,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
     return make_error(ErrorCode::kInternal, "moe_imma: imma_x_bytes is not linear in n_vec");
   }
   int launches = 0;
+  // Every launch after the first programmatic up to g_pdl_max_tokens tokens; above it only the down GEMV's and the
+  // combine's (see g_pdl_max_tokens).
   const bool pdl = n_tok <= g_pdl_max_tokens.load(std::memory_order_relaxed);
 
   const bool f32_router = w.router.type == GgmlType::kF32 && H % 4 == 0 && aligned16(w.router.data);
@@ -809,14 +829,16 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ++launches;
 
   // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I.
-  // Programmatic: the preparation holds the down GEMV's launch until its wait (the gate+up GEMV, and so the tables'
-  // writer before it, completed), so the down GEMV reads its table and first weights before its own wait.
+  // The preparation lets the down GEMV launch only after its own wait (when programmatic; a plain launch starts after
+  // the gate+up GEMV anyway): the gate+up GEMV, and the tables' writer before it, have completed, so the down GEMV —
+  // programmatic at every size — reads its table and first weights before its own wait (table_settled), and the
+  // combine its entries.
   KESTREL_TRY(
-      gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(c.n_all) * I, I, c.n_all, l.aprep, stream, pdl, pdl));
+      gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(c.n_all) * I, I, c.n_all, l.aprep, stream, pdl, true));
   ++launches;
 
-  KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, pdl,
-                                 used_dn, pdl));
+  KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, true,
+                                 used_dn, true));
   ++launches;
 
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
@@ -829,13 +851,13 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
         w.shared_gate_inp.type,
         [&](auto tag) -> Status {
           constexpr GgmlType T = decltype(tag)::value;
-          return launch_programmatic(pdl, combine_kernel<T, true>, grid, dim3(kCombineThreads), 0, stream, ye,
+          return launch_programmatic(true, combine_kernel<T, true>, grid, dim3(kCombineThreads), 0, stream, ye,
                                      token_entry, entry_weight, k, c.n_entries, gate_inp, x, H, out);
         },
         unsupported("ffn_gate_inp_shexp type " + tname(w.shared_gate_inp.type))));
   } else {
     const uint8_t* no_gate = nullptr;
-    KESTREL_TRY(launch_programmatic(pdl, combine_kernel<GgmlType::kF32, false>, grid, dim3(kCombineThreads), 0, stream,
+    KESTREL_TRY(launch_programmatic(true, combine_kernel<GgmlType::kF32, false>, grid, dim3(kCombineThreads), 0, stream,
                                     ye, token_entry, entry_weight, k, c.n_entries, no_gate, x, H, out));
   }
   ++launches;

@@ -220,7 +220,7 @@ Expected<std::string> imma_row(const std::string& type_name, int batch,
     for (int i = 0; i < 7; ++i) row += "         -";
     return row + "\n";
   }
-  // The same with moe_imma's kernels launched plainly, and all as programmatic dependents.
+  // The same with only the down GEMV and the combine programmatic, and with every launch programmatic.
   double us_as[2] = {0.0, 0.0};
   for (int m = 0; m < 2; ++m) {
     moe_imma_set_programmatic_max_tokens(m == 0 ? 0 : kMoeMaxTokens);
@@ -310,13 +310,16 @@ Status run(const Options& opt) {
   std::printf("\n%%read = (weight bytes / peak read) / time (target: >= 67%%, i.e. within 1.5x)\n");
   std::printf(
       "\nMoE on GEMV v4 (gpu/moe_imma)\n%-9s %5s %9s %14s %9s %9s %8s %9s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n",
-      "type", "batch", "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched", "us noPDL",
-      "us allPDL", "us seg1", "us seg4", "us seg8", "us one", "us route1");
+      "type", "batch", "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched",
+      "us tailPDL", "us allPDL", "us seg1", "us seg4", "us seg8", "us one", "us route1");
   for (const std::string& r : imma_rows) std::printf("%s", r.c_str());
   std::printf(
       "\n%%matched = (size-matched plain read time) / layer time; launches = kernels per layer call (graph nodes); "
-      "us noPDL / us allPDL = the layer with moe_imma's kernels launched plainly / all as programmatic dependents "
-      "(us: programmatic up to kMoeImmaProgrammaticMaxTokens tokens); us seg1 / seg4 / seg8 = at most 1 / 4 / 8 "
+      "us tailPDL / us allPDL = the layer with only the down GEMV and the combine / every kernel after the first "
+      "launched "
+      "as programmatic dependents (us: every one up to kMoeImmaProgrammaticMaxTokens tokens, then tailPDL's); us seg1 "
+      "/ "
+      "seg4 / seg8 = at most 1 / 4 / 8 "
       "vectors per "
       "grouped-GEMV segment (us: kMoeImmaSegmentVectors = 2); us one = one token in one launch (gpu/moe_imma_one.h, "
       "off by default); us route1 = the routing in one block at every size (us: spread over a block per token from "
