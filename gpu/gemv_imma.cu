@@ -113,6 +113,10 @@
 // to the activations, now L2 misses: L1 had shrunk to ~25 KB); scales copied 16 bytes a lane through L2 only (8-byte
 // copies allocate in L1), default carveout, 4 deep 24.9 / 32.7 / 43.6 / 63.9 / 92.6 / 140.0, 2 deep 23.4 / 30.1 /
 // 38.3 / 59.0 / 86.7 / 133.3. Deeper queues of weights do not pay while each group still waits on its activations.
+// Settled tables (kSettledCall, kSettledCountedCall; gemv_imma_segments' table_settled): a table final before the
+// launch is read before the programmatic wait, with the first group's weights — moe_imma's down GEMV, 1 / 2 / 4 tokens
+// 19.7 / 30.3 / 37.6 -> 19.2 / 28.2 / 36.1 us. Everything a kernel before wrote (tables, counts, prepared x) is read
+// after the wait with ordinary loads (pdl.cuh ld_dep): ptxas had hoisted a table count's ld.global.nc over the wait.
 #include <algorithm>
 #include <atomic>
 #include <bit>
