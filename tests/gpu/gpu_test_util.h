@@ -1,6 +1,7 @@
 // Small helpers shared by the gpu tests (gemv, gemv_imma, get_rows and the gpu-pool tests: weight pool, state slots,
-// rms_norm, argmax, attention decode): device detection with a clean GTEST_SKIP, an owning device buffer, host<->device
-// copies of vectors and the first-mismatch report every numeric comparison prints. Single-threaded test code.
+// rms_norm, argmax, attention decode): device detection with a clean GTEST_SKIP, an owning device buffer and stream,
+// host<->device copies of vectors and the first-mismatch report every numeric comparison prints. Single-threaded test
+// code.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -50,6 +51,23 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// Owns one non-blocking stream (get() is null when it could not be created: check it before use).
+class DeviceStream {
+ public:
+  DeviceStream() {
+    if (cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking) != cudaSuccess) s_ = nullptr;
+  }
+  ~DeviceStream() {
+    if (s_ != nullptr) (void)cudaStreamDestroy(s_);
+  }
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
 };
 
 template <class T>

@@ -287,8 +287,9 @@ TEST(GemvImma, SwigluPreparationMatchesReference) {
 TEST(GemvImma, ProgrammaticChainGivesPlainBits) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(2024);
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const test::DeviceStream owned;
+  const cudaStream_t stream = owned.get();
+  ASSERT_NE(stream, nullptr);
   for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
     for (const Shape sh : {Shape{2048, 512}, Shape{4096, 160}, Shape{768, 48}, Shape{512, 32768}}) {
       const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
@@ -320,7 +321,6 @@ TEST(GemvImma, ProgrammaticChainGivesPlainBits) {
       }
     }
   }
-  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 // The kernels that compile the groups per slice in (2, 4, 8) and unroll a round give the bits of the run-time loop
@@ -507,8 +507,9 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
 TEST(GemvImma, SettledTableChainGivesPlainBits) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(606);
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const test::DeviceStream owned;
+  const cudaStream_t stream = owned.get();
+  ASSERT_NE(stream, nullptr);
   for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
     for (const Shape sh : {Shape{512, 2048}, Shape{2048, 512}}) {
       const std::vector<uint8_t> ma = random_matrix(t, sh.n_in, sh.n_out, rng);
@@ -587,7 +588,6 @@ TEST(GemvImma, SettledTableChainGivesPlainBits) {
       }
     }
   }
-  ASSERT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 TEST(GemvImma, RefusesShapesAndArguments) {
