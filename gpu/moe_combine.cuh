@@ -55,16 +55,26 @@ __device__ __forceinline__ float shared_gate_warp(const uint8_t* __restrict__ ga
   return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-logit)));
 }
 
-// Σ_j ye[entry_j]·w[entry_j] at column c over the token's k entries (token_entry row t, ascending expert id). All three
-// were written by kernels before this one: ordinary loads (pdl.cuh, ld_dep).
-__device__ __forceinline__ float routed_sum(const float* ye, const int32_t* token_entry, const float* entry_weight,
-                                            int k, int t, int c, int h) {
+// Σ_j ye[row_j]·w_j at column c over a token's k entries (ascending expert id), from 0: row_of(j) gives entry j's row
+// of ye, weight_of(j, row) its weight. ye was written by a kernel before this one: ordinary loads (pdl.cuh, ld_dep).
+template <class RowOf, class WeightOf>
+__device__ __forceinline__ float routed_sum_of(const float* ye, int k, int c, int h, RowOf&& row_of,
+                                               WeightOf&& weight_of) {
   float y = 0.0f;
   for (int j = 0; j < k; ++j) {
-    const int entry = ld_dep(token_entry + t * k + j);
-    y = __fadd_rn(y, __fmul_rn(ld_dep(ye + static_cast<int64_t>(entry) * h + c), ld_dep(entry_weight + entry)));
+    const int row = row_of(j);
+    y = __fadd_rn(y, __fmul_rn(ld_dep(ye + static_cast<int64_t>(row) * h + c), weight_of(j, row)));
   }
   return y;
+}
+
+// routed_sum_of over the token's entries as the routing left them (token_entry row t, entry_weight), each read when
+// its turn comes (ordinary loads: written by a kernel before this one).
+__device__ __forceinline__ float routed_sum(const float* ye, const int32_t* token_entry, const float* entry_weight,
+                                            int k, int t, int c, int h) {
+  return routed_sum_of(
+      ye, k, c, h, [&](int j) { return ld_dep(token_entry + t * k + j); },
+      [&](int, int row) { return ld_dep(entry_weight + row); });
 }
 
 }  // namespace kestrel::gpu::moe_combine

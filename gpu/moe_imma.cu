@@ -523,8 +523,9 @@ __global__ void __launch_bounds__(kCombineThreads)
   __syncthreads();
   pdl_wait();
   if (c >= h) return;
-  float y = 0.0f;  // moe_combine::routed_sum's order, from the entries loaded above
-  for (int j = 0; j < k; ++j) y = __fadd_rn(y, __fmul_rn(ld_dep(ye + static_cast<int64_t>(ent_s[j]) * h + c), wt_s[j]));
+  // The routed sum over the entries loaded above.
+  float y = moe_combine::routed_sum_of(
+      ye, k, c, h, [&](int j) { return ent_s[j]; }, [&](int j, int) { return wt_s[j]; });
   if constexpr (kShared) y = __fadd_rn(y, __fmul_rn(s, ld_dep(ye + static_cast<int64_t>(n_entries + t) * h + c)));
   out[static_cast<int64_t>(t) * h + c] = y;
 }

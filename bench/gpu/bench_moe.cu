@@ -13,10 +13,11 @@
 // A second table runs the same layers on GEMV v4 (gpu/moe_imma: the expert stacks re-tiled by MoeImmaLayer, the
 // grouped GEMVs as gemv_imma_segments over segment tables built from the routing), same columns plus the
 // size-matched read (the plain read kernel over `weight bytes`, buffers rotated out of L2, timed the same way) and
-// the layer's time as a ratio to it, at 1, 2, 4, 8, 16 and 32 tokens, and the times with moe_imma's kernels launched
-// plainly and all as programmatic dependents (gpu/pdl.cuh; the default does so up to kMoeImmaProgrammaticMaxTokens),
-// and with at most 1, 4 and 8 vectors per grouped-GEMV segment (moe_imma_set_segment_vectors; the default 2), one
-// token in one launch, and the routing in one block at every size (moe_imma_set_route_spread_min_tokens).
+// the layer's time as a ratio to it, at 1, 2, 4, 8, 16 and 32 tokens, and the times with only the down GEMV and the
+// combine launched as programmatic dependents and with every kernel after the first so (gpu/pdl.cuh; the default does
+// the latter up to kMoeImmaProgrammaticMaxTokens tokens, the former above), and with at most 1, 4 and 8 vectors per
+// grouped-GEMV segment (moe_imma_set_segment_vectors; the default 2), one token in one launch, and the routing in one
+// block at every size (moe_imma_set_route_spread_min_tokens).
 //
 // Usage: build/gpu/bin/bench_moe [--main] [FILTER]   (tens of seconds on an H200, most of it filling weights).
 //   FILTER: run only the rows whose "type/batch" (e.g. q4_0/32, q4_K+q6_K/8) contains it, in both tables;
@@ -316,11 +317,8 @@ Status run(const Options& opt) {
   std::printf(
       "\n%%matched = (size-matched plain read time) / layer time; launches = kernels per layer call (graph nodes); "
       "us tailPDL / us allPDL = the layer with only the down GEMV and the combine / every kernel after the first "
-      "launched "
-      "as programmatic dependents (us: every one up to kMoeImmaProgrammaticMaxTokens tokens, then tailPDL's); us seg1 "
-      "/ "
-      "seg4 / seg8 = at most 1 / 4 / 8 "
-      "vectors per "
+      "launched as programmatic dependents (us: every one up to kMoeImmaProgrammaticMaxTokens tokens, then "
+      "tailPDL's); us seg1 / seg4 / seg8 = at most 1 / 4 / 8 vectors per "
       "grouped-GEMV segment (us: kMoeImmaSegmentVectors = 2); us one = one token in one launch (gpu/moe_imma_one.h, "
       "off by default); us route1 = the routing in one block at every size (us: spread over a block per token from "
       "kMoeImmaRouteSpreadMinTokens tokens)\n");

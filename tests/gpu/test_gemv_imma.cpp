@@ -132,6 +132,9 @@ std::vector<double> bounds(GgmlType t, const std::vector<uint8_t>& m, int64_t n_
   return mag;
 }
 
+// Every weight type gemv_imma takes.
+constexpr GgmlType kImmaTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0};
+
 struct Shape {
   int64_t n_in, n_out;
 };
@@ -219,7 +222,7 @@ TEST(GemvImma, Q8_0MatchesReference) {
 TEST(GemvImma, ActivationEdgeCases) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(99);
-  for (GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+  for (const GgmlType t : kImmaTypes) {
     const int64_t n_in = 1024;
     const int64_t n_out = 64;
     const std::vector<uint8_t> m = random_matrix(t, n_in, n_out, rng);
@@ -290,7 +293,7 @@ TEST(GemvImma, ProgrammaticChainGivesPlainBits) {
   const test::DeviceStream owned;
   const cudaStream_t stream = owned.get();
   ASSERT_NE(stream, nullptr);
-  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+  for (const GgmlType t : kImmaTypes) {
     for (const Shape sh : {Shape{2048, 512}, Shape{4096, 160}, Shape{768, 48}, Shape{512, 32768}}) {
       const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled w(t, m, sh.n_in, sh.n_out);
@@ -333,7 +336,7 @@ TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
   struct RunTimeLoop {
     ~RunTimeLoop() { gemv_imma_set_compiled_groups(true); }
   } restore;
-  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+  for (const GgmlType t : kImmaTypes) {
     for (const Shape sh : {Shape{2048, 12288}, Shape{2048, 16384}, Shape{2048, 32768}}) {
       const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled w(t, m, sh.n_in, sh.n_out);
@@ -362,7 +365,7 @@ TEST(GemvImma, FlatKernelGivesThePersistentKernelsBits) {
   struct Restore {
     ~Restore() { gemv_imma_set_flat(true); }
   } restore;
-  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+  for (const GgmlType t : kImmaTypes) {
     const bool blocks32 = t == GgmlType::kQ4_0 || t == GgmlType::kQ8_0;
     std::vector<Shape> shapes = {{2048, 8192}, {4096, 2048}, {512, 80}};
     if (blocks32) shapes.insert(shapes.end(), {Shape{192, 48}, Shape{64, 16}});
@@ -402,7 +405,7 @@ TEST(GemvImma, FlatKernelGivesThePersistentKernelsBits) {
 TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(515);
-  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+  for (const GgmlType t : kImmaTypes) {
     const bool blocks32 = t == GgmlType::kQ4_0 || t == GgmlType::kQ8_0;
     for (const Shape sh : {Shape{2048, 64}, Shape{blocks32 ? 2368 : 4096, 48}, Shape{512, 32}}) {
       const std::vector<uint8_t> ma = random_matrix(t, sh.n_in, sh.n_out, rng);
@@ -510,7 +513,7 @@ TEST(GemvImma, SettledTableChainGivesPlainBits) {
   const test::DeviceStream owned;
   const cudaStream_t stream = owned.get();
   ASSERT_NE(stream, nullptr);
-  for (const GgmlType t : {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ8_0}) {
+  for (const GgmlType t : kImmaTypes) {
     for (const Shape sh : {Shape{512, 2048}, Shape{2048, 512}}) {
       const std::vector<uint8_t> ma = random_matrix(t, sh.n_in, sh.n_out, rng);
       const std::vector<uint8_t> mb = random_matrix(t, sh.n_in, sh.n_out, rng);
