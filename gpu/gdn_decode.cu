@@ -479,6 +479,8 @@ __global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
 // 256–383 the v channels of h (history shifted by the same thread), 384–511 z and ssm_norm of a column, thread 384
 // also the gates. The q/k history of kh is read by the r blocks of its V-heads, so the last of them to finish
 // reading (a counter per (session, K-head) in the workspace, zero between calls) shifts it. Five __syncthreads.
+// Programmatic forms (kPdl): the slot pointer and S (and up to kGdnTapsAheadMaxSessions sessions the conv taps and
+// history: kTapsAhead) are loaded before the wait; the reader count's result is read only before barrier 5.
 // Summation orders: L2 sums per warp then in warp order (as the cluster kernel), column sums per warp (8 rows) then
 // the 16 warp partials in order, Σo² per warp of 32 columns then in warp order.
 // kFull: dk = dv = 128 compiled in (every preset): no per-row or per-column predicates, immediate offsets. Under the
@@ -486,14 +488,62 @@ __global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
 // nothing hides latency: one session 9.7 vs 6.9 µs (bench_gdn, 35B-A3B shape, H200). Measured and not kept (same
 // run): one block per SM (no spills; 1–4 sessions 0.3 µs faster, 8–32 sessions 16–17% slower: 15.95 vs 13.73 µs
 // at 8, 54.4 vs 46.6 at 32), and 1024 threads of 4 rows a warp (no spills; 16.4 µs at 8, 56.7 at 32).
+// Later (2026-12-01, bench_gdn, H200, the forms below built side by side and run in turns in one session; µs at 1 /
+// 2 / 8 / 32 sessions; before: plain 6.89–6.91 / 7.70–7.71 / 13.70–13.78 / 46.58–46.60, as a programmatic chain
+// 5.26–5.36 / 6.77–6.83 / 12.14 / 44.07–44.16):
+// - The conv channel found once, up front (ch), instead of in each branch: the plain kFull kernel's 24 bytes of
+//   spills went to 0 — plain 6.55–6.57 / 7.30–7.31 / 13.05–13.07 / 44.33–44.35.
+// - Programmatic launches load the channel's conv taps and history before the wait (ConvTaps; the history is the
+//   layer's own state, as S): 1 and 2 sessions 5.12–5.19 / 6.27–6.43; but at 8–32 sessions the registers they hold
+//   across the wait (36–40 bytes of spills) cost more than the round trip: 12.26 / 44.1–44.25 — hence
+//   kGdnTapsAheadMaxSessions.
+// - Programmatic launches count the K-head's readers at barrier 1 and read the count only before barrier 5 (thread
+//   0's warp stalled on the atomic's result in front of its rows of m): with the taps ahead 4.97 / 5.93–5.99 at 1 / 2
+//   sessions, without them 11.71 / 42.86–42.88 at 8 / 32. In plain launches the late read measured slower (6.67–6.71
+//   at one session: its register cost), so they keep the early one.
+// The form kept, against main in a second run: plain 6.56–6.57 / 7.30 / 13.05–13.07 / 44.36, programmatic 4.95–4.99
+// / 6.01–6.03 / 11.73–11.77 / 42.87–42.88 µs (main: 6.89–6.91 / 7.70 / 13.67–13.73 / 46.56–46.58 and 5.27–5.36 /
+// 6.73–6.78 / 12.11–12.12 / 44.11).
 constexpr int kHeadWarps = 16;
 constexpr int kHeadThreads = 32 * kHeadWarps;
+
+// Programmatic launches of up to this many sessions load the conv taps and history before the wait (above it the
+// registers they hold across it cost more than the round trip they save: see gdn_head_kernel).
+constexpr int kGdnTapsAheadMaxSessions = 4;
+
+// One channel's conv taps and history in registers (conv kernels of up to kConvTapsAhead taps), loaded ahead of the
+// input; conv() is conv_channel's arithmetic in its order.
+constexpr int kConvTapsAhead = 4;
+struct ConvTaps {
+  float w[kConvTapsAhead] = {};
+  float h[kConvTapsAhead - 1] = {};
+  __device__ __forceinline__ void load(const Geo& g, const float* __restrict__ conv1d, const float* hist, int c) {
+    const int nh = g.kernel - 1;
+#pragma unroll
+    for (int i = 0; i < kConvTapsAhead; ++i) {
+      if (i <= nh) w[i] = conv1d[static_cast<size_t>(c) * g.kernel + i];
+      if (i < nh) h[i] = hist[static_cast<size_t>(c) * nh + i];
+    }
+  }
+  __device__ __forceinline__ float conv(const Geo& g, float x) const {
+    const int nh = g.kernel - 1;
+    float y = 0.0f;
+    float last = w[0];
+#pragma unroll
+    for (int i = 0; i < kConvTapsAhead - 1; ++i) {
+      if (i < nh) y = __fadd_rn(y, __fmul_rn(w[i], h[i]));
+      if (i + 1 == nh) last = w[i + 1];
+    }
+    y = __fadd_rn(y, __fmul_rn(last, x));
+    return silu_rn(y);
+  }
+};
 constexpr int kHeadRows = 8;  // rows of S_h per warp
 constexpr int kHeadCols = 4;  // columns of S_h per lane
 constexpr int kHeadMaxD = kHeadWarps * kHeadRows;
 static_assert(kHeadMaxD == 32 * kHeadCols, "the per-V-head kernel covers dk and dv up to the same bound");
 
-template <bool kPdl, bool kFull>
+template <bool kPdl, bool kFull, bool kTapsAhead>
 __global__ void __launch_bounds__(kHeadThreads, 2)
     gdn_head_kernel(Geo g, GdnDecodeWeights w, GdnDecodeInputs in, const GdnSlot* __restrict__ slots,
                     unsigned* __restrict__ readers, float* __restrict__ out) {
@@ -527,30 +577,38 @@ __global__ void __launch_bounds__(kHeadThreads, 2)
       s[r][c] = kFull || (r < rows && lane + 32 * c < g.d_v) ? __ldcs(s_slice + r * dv + 32 * c) : 0.0f;
     }
   }
+  const int part = tid / kHeadMaxD;  // 0 q, 1 k, 2 v, 3 z/norm
+  const int e = tid % kHeadMaxD;
+  // This thread's conv channel (part 0–2), and under a programmatic launch its taps and history loaded before the
+  // wait with the S slice (resident weights; the history is the layer's own state, as S), so that after the wait
+  // only x is a memory round trip away.
+  int ch = -1;
+  if (part < 2 && e < g.d_k) ch = (part == 1 ? g.key_dim : 0) + kh * g.d_k + e;
+  if (part == 2 && e < g.d_v) ch = 2 * g.key_dim + h * g.d_v + e;
+  static_assert(kPdl || !kTapsAhead, "taps ahead of the wait only under a programmatic launch");
+  ConvTaps taps;
+  const bool taps_ahead = kTapsAhead && g.kernel <= kConvTapsAhead;
+  if (taps_ahead && ch >= 0) taps.load(g, w.conv1d, slot.conv, ch);
   if constexpr (kPdl) pdl_wait();
 
   // Prologue, one channel per thread.
   const float* row = in.qkv + static_cast<size_t>(n) * g.qkv_stride;
-  const int part = tid / kHeadMaxD;  // 0 q, 1 k, 2 v, 3 z/norm
-  const int e = tid % kHeadMaxD;
   float x_qk = 0.0f;  // raw input of this thread's q/k channel (for the history shift)
   float sq = 0.0f;
   if (part < 2) {
     float u = 0.0f;
-    if (e < g.d_k) {
-      const int c = (part == 1 ? g.key_dim : 0) + kh * g.d_k + e;
-      x_qk = row[qkv_index(g, c)];
-      u = conv_channel(g, w.conv1d, slot.conv, x_qk, c);
+    if (ch >= 0) {
+      x_qk = row[qkv_index(g, ch)];
+      u = taps_ahead ? taps.conv(g, x_qk) : conv_channel(g, w.conv1d, slot.conv, x_qk, ch);
     }
     (part == 0 ? qs : ks)[e] = u;
     sq = __fmul_rn(u, u);
   } else if (part == 2) {
     float u = 0.0f;
-    if (e < g.d_v) {
-      const int c = 2 * g.key_dim + h * g.d_v + e;
-      const float x = row[qkv_index(g, c)];
-      u = conv_channel(g, w.conv1d, slot.conv, x, c);
-      shift_history(g, slot.conv, x, c);
+    if (ch >= 0) {
+      const float x = row[qkv_index(g, ch)];
+      u = taps_ahead ? taps.conv(g, x) : conv_channel(g, w.conv1d, slot.conv, x, ch);
+      shift_history(g, slot.conv, x, ch);
     }
     vs[e] = u;
   } else if (part == 3) {
@@ -567,11 +625,21 @@ __global__ void __launch_bounds__(kHeadThreads, 2)
   for (int off = 16; off > 0; off /= 2) sq = __fadd_rn(sq, __shfl_xor_sync(kFullMask, sq, off));
   if (lane == 0 && part < 2) sq_part[part][warp % (kHeadMaxD / 32)] = sq;
   __syncthreads();  // 1: prologue done; every q/k history read of this block has completed
-  if (tid == 0) {
+  // The count of the K-head's readers. kPdl: thread 0 counts the block now and looks at the count only before barrier
+  // 5 (a warp stalls on an atomic's result only where it uses it); plain launches look at once (measured faster
+  // there, their kernel keeping one spill-free form).
+  unsigned* counter = readers + static_cast<size_t>(n) * g.n_k_heads + kh;
+  unsigned readers_before = 0u;
+  if constexpr (kPdl) {
+    if (tid == 0) {
+      __threadfence();
+      readers_before = atomicAdd(counter, 1u);
+    }
+  } else if (tid == 0) {
     __threadfence();
-    unsigned* counter = readers + static_cast<size_t>(n) * g.n_k_heads + kh;
-    last_reader = atomicAdd(counter, 1u) == static_cast<unsigned>(g.r - 1);
-    if (last_reader) *counter = 0u;  // every reader has counted: ready for the next call
+    unsigned* own = readers + static_cast<size_t>(n) * g.n_k_heads + kh;
+    last_reader = atomicAdd(own, 1u) == static_cast<unsigned>(g.r - 1);
+    if (last_reader) *own = 0u;  // every reader has counted: ready for the next call
   }
 
   float inv_q;
@@ -631,6 +699,10 @@ __global__ void __launch_bounds__(kHeadThreads, 2)
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) sq_o = __fadd_rn(sq_o, __shfl_xor_sync(kFullMask, sq_o, off));
     if (lane == 0) sq_part[0][warp] = sq_o;  // the L2 partials were read before barrier 2
+    if (kPdl && tid == 0) {
+      last_reader = readers_before == static_cast<unsigned>(g.r - 1);
+      if (last_reader) *counter = 0u;
+    }
   }
   __syncthreads();  // 5
   if (tid < g.d_v) {
@@ -650,9 +722,12 @@ __global__ void __launch_bounds__(kHeadThreads, 2)
 }
 
 using HeadKernel = void (*)(Geo, GdnDecodeWeights, GdnDecodeInputs, const GdnSlot*, unsigned*, float*);
-HeadKernel head_kernel(bool programmatic, bool full) {
-  if (programmatic) return full ? gdn_head_kernel<true, true> : gdn_head_kernel<true, false>;
-  return full ? gdn_head_kernel<false, true> : gdn_head_kernel<false, false>;
+HeadKernel head_kernel(bool programmatic, bool full, int n_seq) {
+  if (programmatic && n_seq <= kGdnTapsAheadMaxSessions) {
+    return full ? gdn_head_kernel<true, true, true> : gdn_head_kernel<true, false, true>;
+  }
+  if (programmatic) return full ? gdn_head_kernel<true, true, false> : gdn_head_kernel<true, false, false>;
+  return full ? gdn_head_kernel<false, true, false> : gdn_head_kernel<false, false, false>;
 }
 
 template <int R>
@@ -760,7 +835,8 @@ Expected<GdnKernel> launch(const Geo& g, const GdnDecodeWeights& w, const GdnDec
                                           g, w, in, slots, out));
       break;
     case GdnKernel::kPerHead:
-      KESTREL_TRY(launch_programmatic(programmatic, head_kernel(programmatic, g.d_k == kHeadMaxD && g.d_v == kHeadMaxD),
+      KESTREL_TRY(launch_programmatic(programmatic,
+                                      head_kernel(programmatic, g.d_k == kHeadMaxD && g.d_v == kHeadMaxD, n_seq),
                                       dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>(n_seq)),
                                       dim3(kHeadThreads), 0, stream, g, w, in, slots, readers, out));
       break;

@@ -117,6 +117,11 @@
 // launch is read before the programmatic wait, with the first group's weights — moe_imma's down GEMV, 1 / 2 / 4 tokens
 // 19.7 / 30.3 / 37.6 -> 19.2 / 28.2 / 36.1 us. Everything a kernel before wrote (tables, counts, prepared x) is read
 // after the wait with ordinary loads (pdl.cuh ld_dep): ptxas had hoisted a table count's ld.global.nc over the wait.
+// Measured after it and not kept (bench_moe, H200, 2026-12-01): the settled kernel loading both of round 0's groups
+// before its wait (branch exp/settled-both-groups): 18.82 -> 18.63-18.65 us at one token, 51.93-52.02 -> 52.26-52.27
+// at 8 — within what two builds of one tree differ by; and gemv_imma_segments_swiglu (branch exp/swiglu-in-down: x
+// = silu(gate) · up prepared by each block in shared memory, the separate preparation's launch gone), slower at every
+// size (moe_imma.cu, at the preparation's launch).
 #include <algorithm>
 #include <atomic>
 #include <bit>

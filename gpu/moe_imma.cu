@@ -301,7 +301,9 @@ __global__ void __launch_bounds__(moe_route_dev::kThreads)
 // selection j's entry, active rank and chunk are the number of its ids below j's — and each expert is one chunk of
 // one vector. The routing arrays and the tables are route_table_kernel's, byte for byte, without its block scans and
 // barriers over 1024 threads (test_moe_imma compares the two). Its routing is moe_imma_one's (moe_route_dev::
-// route_single, put_single_entry).
+// route_single, put_single_entry). Tried and not kept: this work in the router kernel's last block (an arrival count
+// per router block; branch exp/route-in-router), one launch fewer but 0.7 µs slower at one token (19.50 vs 18.82 µs,
+// bench_moe, H200; docs/benchmarks.md "MoE layer: the SwiGLU preparation inside the down GEMV, ...").
 template <int kPer>
 __global__ void __launch_bounds__(32)
     route_table_one_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a) {
@@ -829,7 +831,10 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
                                  used_gu));
   ++launches;
 
-  // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I.
+  // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I. Tried and not
+  // kept: the preparation inside the down GEMV, each block preparing its segment's pair (branch exp/swiglu-in-down,
+  // gemv_imma_segments_swiglu): one launch fewer, but 0.15 / 0.6 / 1.1 µs slower at 1 / 2 / 4 tokens and 4–14 µs at
+  // 8–32 (bench_moe, H200) — done once here, repeated in every down block there.
   // The preparation lets the down GEMV launch only after its own wait (when programmatic; a plain launch starts after
   // the gate+up GEMV anyway): the gate+up GEMV, and the tables' writer before it, have completed, so the down GEMV —
   // programmatic at every size — reads its table and first weights before its own wait (table_settled), and the

@@ -505,14 +505,19 @@ TEST(GdnDecode, SessionBitsDoNotDependOnTheBatch) {
 }
 
 // Programmatic launches give the bits of plain ones (outputs of every step, final S and conv history), on each
-// kernel, in each projection layout.
+// kernel, in each projection layout, at 1–3 sessions and at 8 (the per-V-head kernel's two programmatic forms).
 TEST(GdnDecode, ProgrammaticChainGivesPlainBits) {
   KESTREL_REQUIRE_DEVICE();
   for (const Case& c : std::vector<Case>{{"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 1},
                                          {"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 8},
                                          {"tiny qwen3next", 4, 8, 32, 32, 4, kGrouped, kBa, 3},
                                          {"tiny legacy ssm_in", 4, 8, 32, 32, 4, kGrouped, kSsmIn, 2},
-                                         {"r=5", 1, 5, 64, 128, 4, kTiled, kBetaAlpha, 3}}) {
+                                         {"r=5", 1, 5, 64, 128, 4, kTiled, kBetaAlpha, 3},
+                                         // conv kernels of 1, 2 and 5 taps (programmatic launches of up to 4 sessions
+                                         // load up to 4 taps and their history before the wait; 5 reads them after)
+                                         {"conv kernel 1", 4, 8, 32, 32, 1, kTiled, kBetaAlpha, 2},
+                                         {"conv kernel 2", 4, 8, 32, 32, 2, kTiled, kBetaAlpha, 3},
+                                         {"conv kernel 5", 4, 8, 32, 32, 5, kTiled, kBetaAlpha, 2}}) {
     const Problem p = make_problem(c, 4321u + static_cast<unsigned>(c.n_seq));
     for (const GdnKernel kernel : kKernels) {
       if (!serves(kernel, p.d, p.n_seq)) continue;
