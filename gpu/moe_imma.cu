@@ -303,7 +303,9 @@ __global__ void __launch_bounds__(moe_route_dev::kThreads)
 // barriers over 1024 threads (test_moe_imma compares the two). Its routing is moe_imma_one's (moe_route_dev::
 // route_single, put_single_entry). Tried and not kept: this work in the router kernel's last block (an arrival count
 // per router block; branch exp/route-in-router), one launch fewer but 0.7 µs slower at one token (19.50 vs 18.82 µs,
-// bench_moe, H200; docs/benchmarks.md "MoE layer: the SwiGLU preparation inside the down GEMV, ...").
+// bench_moe, H200; docs/benchmarks.md "MoE layer: the SwiGLU preparation inside the down GEMV, ..."). Nor asking L2
+// here for the selected experts' matrices (cp.async.bulk.prefetch.L2, 16 MB from this one warp; branch
+// exp/l2-prefetch): 18.5 -> 76.2 us — one SM's bulk requests pace the prefetch at ~0.25 TB/s, and the chain waits.
 template <int kPer>
 __global__ void __launch_bounds__(32)
     route_table_one_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a) {
