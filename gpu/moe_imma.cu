@@ -761,6 +761,9 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   // combine's (see g_pdl_max_tokens).
   const bool pdl = n_tok <= g_pdl_max_tokens.load(std::memory_order_relaxed);
 
+  // The layer's first kernel launches plainly. Tried and not kept: as a programmatic dependent of the kernel before
+  // the layer, its first router weights loaded before the wait (branch exp/router-chained): layers chained so no
+  // faster, 1–2 µs slower at 4–16 tokens (bench_moe, H200; docs/benchmarks.md).
   const bool f32_router = w.router.type == GgmlType::kF32 && H % 4 == 0 && aligned16(w.router.data);
   if (f32_router) {  // logits and x's preparation in one launch
     const int router_blocks = router_blocks_of(E, n_tok);
