@@ -13,6 +13,9 @@
 # builds the targets (in parallel, logs in $OUT/<tree>/), then the command runs from each tree's root in turns,
 # `repeats` times (default 1): a, b, variants, a, b, ... Output: $OUT/<tree>/run<i>.txt, each also printed after a
 # "== <tree> <i>" line unless AB_FILTER is set, in which case only the lines matching that extended regex are printed.
+# AB_ONCE="command": run once in each tree before the timed rounds (e.g. the change's tests:
+# AB_ONCE='build/gpu/bin/test_moe_imma --gtest_brief=1'); its output goes to $OUT/<tree>/once.txt, and a line
+# "== <tree> once: ok" or "== <tree> once: FAILED (rc N)" is printed with the last lines of a failure.
 # Exit status: non-zero when a tree fails to patch or build (the others still run).
 set -uo pipefail
 if [ $# -lt 3 ]; then
@@ -75,6 +78,18 @@ for t in "${trees[@]}"; do
   fi
 done
 echo "ab_bench: built ${built[*]} in $(($(date +%s) - t0)) s"
+
+if [ -n "${AB_ONCE:-}" ]; then
+  for t in "${built[@]}"; do
+    if (cd "${dir[$t]}" && bash -c "$AB_ONCE") >"$OUT/$t/once.txt" 2>&1; then
+      echo "== $t once: ok"
+    else
+      echo "== $t once: FAILED (rc $?)"
+      tail -20 "$OUT/$t/once.txt"
+      status=1
+    fi
+  done
+fi
 
 for ((i = 1; i <= repeats; ++i)); do
   for t in "${built[@]}"; do
