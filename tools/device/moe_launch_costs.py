@@ -12,7 +12,7 @@ Usage, on the lent GPU machine:
   mkdir /tmp/dup && tar --exclude=./build -cf - . | tar -x -C /tmp/dup
   python3 tools/device/moe_launch_costs.py /tmp/dup
   cd /tmp/dup && OUT=$OUT bash tools/device/gpu_targets.sh bench_moe \
-      'for d in -1 0 1 2 3 4 5; do echo "dup $d"; KESTREL_MOE_DUP=$d build/gpu/bin/bench_moe | grep -A12 "us seg1"; done'
+      'for d in -1 0 1 2 3 4 5; do echo "dup $d"; KESTREL_MOE_DUP=$d build/gpu/bin/bench_moe --main q4_0/ | grep "^q4"; done'
 """
 import argparse
 
@@ -23,9 +23,9 @@ LAUNCHES = [
     ("  if (f32_router) {  // logits", "    KESTREL_TRY(gemv(w.router, x, n_tok, l.logits, stream));\n  }",
      "router logits + x preparation"),
     ("  KESTREL_TRY(moe_route_dev::with_route_per_lane(E,", "  }));", "route + tables"),
-    ("  KESTREL_TRY(gemv_imma_segments(w.type, H, I,", "seg_bound, pdl));", "gate+up GEMV"),
-    ("  KESTREL_TRY(\n      gemv_imma_prepare_swiglu(", "l.aprep, stream, pdl));", "SwiGLU preparation"),
-    ("  KESTREL_TRY(gemv_imma_segments(w.type, I, H,", "seg_bound, pdl));", "down GEMV"),
+    ("  KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I,", "used_gu));", "gate+up GEMV"),
+    ("  KESTREL_TRY(\n      gemv_imma_prepare_swiglu(", "l.aprep, stream, pdl, true));", "SwiGLU preparation"),
+    ("  KESTREL_TRY(gemv_imma_segments(w.down_type, I, H,", "used_dn, true));", "down GEMV"),
     ("  if (w.has_shared_expert()) {\n    const auto* gate_inp",
      "ye, token_entry, entry_weight, k, c.n_entries, no_gate, x, H, out));\n  }", "combine"),
 ]
