@@ -3,17 +3,20 @@
 ("GDN decode step: where the 1-session time goes"); never run it on your working tree.
 
 It edits gpu/gdn_decode.cu and bench/gpu/bench_gdn.cu of the copy in place:
-  - the cluster kernel (gdn_fused_kernel) stamps clock64() at block entry, after each of its three __syncthreads,
-    after the cluster barrier wait, after the cluster sync and at its end (thread 0 of each block, plus the global
-    timer at entry and end), into a device array;
-  - bench_gdn prints, after timing the cluster kernel (its forced column) at each session count, the median and
-    maximum of each stamp over the blocks of its last launch, the spread of block start times and the blocks'
-    durations;
+  - --kernel cluster (the default): the cluster kernel (gdn_fused_kernel) stamps clock64() at block entry, after each
+    of its three __syncthreads, after the cluster barrier wait, after the cluster sync and at its end (thread 0 of each
+    block, plus the global timer at entry and end), into a device array; bench_gdn prints, after timing the cluster
+    kernel (its forced column) at each session count, the median and maximum of each stamp over the blocks of its last
+    launch, the spread of block start times and the blocks' durations;
+  - --kernel per-head: the per-V-head kernel (gdn_head_kernel, the presets' kernel) stamps at block entry, after its
+    programmatic wait (plain launches: the same place), after each of its five __syncthreads and at its end (thread 0,
+    through shared memory, so the kernel's 64 registers are not touched); bench_gdn prints them after the chained
+    (programmatic) timing and after the plain forced per-head timing;
   - --no-s-loads / --no-s-stores knock out the S-slice loads (registers get constants) or stores (kept behind a
     condition that never holds, so the arithmetic stays), to see what the step costs without that traffic.
 
 Usage, on the lent GPU machine (tools/device/gpu_targets.sh builds and runs):
-  cp -r . /tmp/clk && python3 tools/device/gdn_phase_clocks.py /tmp/clk [--no-s-loads] [--no-s-stores]
+  cp -r . /tmp/clk && python3 tools/device/gdn_phase_clocks.py /tmp/clk [--kernel per-head] [--no-s-loads] [--no-s-stores]
   (cd /tmp/clk && OUT=$OUT bash tools/device/gpu_targets.sh bench_gdn build/gpu/bin/bench_gdn)
 """
 import argparse
@@ -29,7 +32,7 @@ __device__ unsigned long long g_phase_timer[4096][2];
 }  // namespace
 
 // Prints the stamps of the last launch's first n_blocks blocks (dev instrumentation, tools/device/gdn_phase_clocks.py).
-void gdn_print_phase_clocks(int n_blocks) {
+void gdn_print_phase_clocks(int n_blocks, const char* what) {
   static long long clk[4096][8];
   static unsigned long long tmr[4096][2];
   if (n_blocks > 4096) n_blocks = 4096;
@@ -43,14 +46,15 @@ void gdn_print_phase_clocks(int n_blocks) {
     lo = std::min(lo, tmr[b][0]);
     hi = std::max(hi, tmr[b][1]);
   }
-  std::printf("phase clocks (cycles from block entry): median / max over %d blocks; global timer span %llu ns\n",
-              n_blocks, hi - lo);
-  const char* names[7] = {"entry", "prologue sync", "m sync", "o sync", "cluster wait", "cluster sync", "end"};
+  std::printf("phase clocks, %s (cycles from block entry): median / max over %d blocks; global timer span %llu ns\n",
+              what, n_blocks, hi - lo);
+  const char* names[] = {PHASE_NAMES};
+  constexpr int kStamps = static_cast<int>(sizeof(names) / sizeof(names[0]));
   auto median_max = [n_blocks](std::vector<long long> v) {
     std::sort(v.begin(), v.end());
     return std::make_pair(v[static_cast<size_t>(n_blocks / 2)], v.back());
   };
-  for (int k = 1; k < 7; ++k) {
+  for (int k = 1; k < kStamps; ++k) {
     std::vector<long long> v;
     for (int b = 0; b < n_blocks; ++b) v.push_back(clk[b][k]);
     const auto mm = median_max(v);
@@ -76,7 +80,11 @@ def main():
     ap.add_argument("root", help="the copy of the source tree to instrument")
     ap.add_argument("--no-s-loads", action="store_true", help="knock out the S-slice loads")
     ap.add_argument("--no-s-stores", action="store_true", help="knock out the S-slice stores")
+    ap.add_argument("--kernel", choices=["cluster", "per-head"], default="cluster", help="the kernel to stamp")
     a = ap.parse_args()
+    if a.kernel == "per-head":
+        per_head(a)
+        return
 
     path = a.root + "/gpu/gdn_decode.cu"
     src = open(path).read()
@@ -109,7 +117,9 @@ def main():
   }
 """
     src = src[:body_start] + body + src[body_end:]
-    src = replace_once(src, "namespace {\n\nnamespace cg", DUMP + "\nnamespace cg", "anonymous namespace head")
+    names = '"entry", "prologue sync", "m sync", "o sync", "cluster wait", "cluster sync", "end"'
+    src = replace_once(src, "namespace {\n\nnamespace cg", DUMP.replace("PHASE_NAMES", names) + "\nnamespace cg",
+                       "anonymous namespace head")
     src = replace_once(src, "#include <string>\n", "#include <string>\n#include <cstdio>\n#include <utility>\n"
                        "#include <vector>\n", "#include <string>")
     if a.no_s_loads:
@@ -123,10 +133,70 @@ def main():
     bench = a.root + "/bench/gpu/bench_gdn.cu"
     b = open(bench).read()
     b = replace_once(b, "namespace kestrel::gpu::bench {",
-                     "namespace kestrel::gpu {\nvoid gdn_print_phase_clocks(int n_blocks);\n}\n"
+                     "namespace kestrel::gpu {\nvoid gdn_print_phase_clocks(int n_blocks, const char* what);\n}\n"
                      "namespace kestrel::gpu::bench {", "bench namespace")
     b = replace_once(b, "    // Sanity: the outputs are finite",
-                     "    if (us_forced[0] > 0.0) gdn_print_phase_clocks(d.v_per_k() * ((d.d_v + 31) / 32) * d.n_k_heads * n_seq);\n"
+                     "    if (us_forced[0] > 0.0) gdn_print_phase_clocks(d.v_per_k() * ((d.d_v + 31) / 32) * d.n_k_heads * n_seq, \"cluster, plain\");\n"
+                     "    // Sanity: the outputs are finite", "bench sanity comment")
+    open(bench, "w").write(b)
+
+
+def per_head(a):
+    """--kernel per-head: stamps in gdn_head_kernel (thread 0 into shared memory, then to the device array)."""
+    path = a.root + "/gpu/gdn_decode.cu"
+    src = open(path).read()
+    body_start, body_end = function_body(src, "gdn_head_kernel(Geo g")
+    body = src[body_start:body_end]
+    stamp = "  if (threadIdx.x == 0) ph_clk[{k}] = clock64();\n"
+    body = replace_once(body, "  if constexpr (kPdl) pdl_trigger();\n",
+                        "  __shared__ long long ph_clk[8];\n  __shared__ unsigned long long ph_t0;\n"
+                        "  if (threadIdx.x == 0) {\n    ph_clk[0] = clock64();\n"
+                        "    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(ph_t0));\n  }\n"
+                        "  if constexpr (kPdl) pdl_trigger();\n", "the programmatic trigger")
+    body = replace_once(body, "  if constexpr (kPdl) pdl_wait();\n",
+                        "  if constexpr (kPdl) pdl_wait();\n" + stamp.format(k=1), "the programmatic wait")
+    syncs = [line for line in body.split("\n") if line.startswith("  __syncthreads();")]
+    if len(syncs) != 5:
+        sys.exit("gdn_phase_clocks: the per-V-head kernel no longer has five __syncthreads; update this script")
+    for k, line in enumerate(syncs, start=2):
+        body = replace_once(body, line + "\n", line + "\n" + stamp.format(k=k), f"__syncthreads {k - 1}")
+    body = body + """  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long t_end = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_end));
+    const unsigned b = blockIdx.x + gridDim.x * blockIdx.y;
+    if (b < 4096) {
+      ph_clk[7] = clock64();
+      for (int k = 0; k < 8; ++k) g_phase_clock[b][k] = ph_clk[k] - ph_clk[0];
+      g_phase_timer[b][0] = ph_t0;
+      g_phase_timer[b][1] = t_end;
+    }
+  }
+"""
+    src = src[:body_start] + body + src[body_end:]
+    names = ('"entry", "after wait", "prologue sync", "m sync", "delta sync", "o sync", "norm sync", "end"')
+    src = replace_once(src, "namespace {\n\nnamespace cg", DUMP.replace("PHASE_NAMES", names) + "\nnamespace cg",
+                       "anonymous namespace head")
+    src = replace_once(src, "#include <string>\n", "#include <string>\n#include <cstdio>\n#include <utility>\n"
+                       "#include <vector>\n", "#include <string>")
+    if a.no_s_loads:
+        src = replace_once(src, "? __ldcs(s_slice + r * dv + 32 * c) : 0.0f;",
+                           "? 0.001f * static_cast<float>(r + c) : 0.0f;", "per-head S load")
+    if a.no_s_stores:
+        src = replace_once(src, "__stcs(s_slice + r * dv + 32 * c, s[r][c]);",
+                           "if (s[r][c] == 12345.0f) __stcs(s_slice + r * dv + 32 * c, s[r][c]);", "per-head S store")
+    open(path, "w").write(src)
+
+    bench = a.root + "/bench/gpu/bench_gdn.cu"
+    b = open(bench).read()
+    b = replace_once(b, "namespace kestrel::gpu::bench {",
+                     "namespace kestrel::gpu {\nvoid gdn_print_phase_clocks(int n_blocks, const char* what);\n}\n"
+                     "namespace kestrel::gpu::bench {", "bench namespace")
+    b = replace_once(b, "    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));\n",
+                     "    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));\n"
+                     "    gdn_print_phase_clocks(d.n_v_heads * n_seq, \"per-head, chained\");\n", "the chained timing")
+    b = replace_once(b, "    // Sanity: the outputs are finite",
+                     "    if (us_forced[1] > 0.0) gdn_print_phase_clocks(d.n_v_heads * n_seq, \"per-head, plain\");\n"
                      "    // Sanity: the outputs are finite", "bench sanity comment")
     open(bench, "w").write(b)
 

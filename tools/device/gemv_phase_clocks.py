@@ -3,9 +3,11 @@
 "GEMV v4.4"); never run it on your working tree.
 
 It edits the copy in place:
-  - gpu/gemv_imma.cu: lane 0 of every warp of gemv_imma_kernel stamps clock64() at entry, after its first weight
-    loads are issued, after its first group's multiply (so after that group's data arrived), after the first
-    cross-warp barrier (S > 1) and at its end, plus the global timer at entry and end, into device arrays;
+  - gpu/gemv_imma.cu: lane 0 of every warp of gemv_imma_flat_kernel (the dense calls' kernel at one group per warp:
+    every batch-1 projection of the presets) stamps clock64() at entry, after its weight loads are issued, after its
+    group's multiply and pair sums (so after the data arrived), after the cross-warp barrier (S > 1) and at its end,
+    plus the global timer at entry and end, into device arrays (before 2026-12-01 it stamped the persistent
+    gemv_imma_kernel, which the dense batch-1 calls no longer take);
   - bench/gpu/device_timing.cuh: thread 0 of every block of the streaming-read kernel stamps the global timer at
     entry and end;
   - bench/gpu/bench_gemv.cu: after timing the size-matched read and each batch-1 GEMV v4 case, prints the last
@@ -20,7 +22,7 @@ Usage, on the lent GPU machine:
 """
 import argparse
 
-from source_patch import apply_edits
+from source_patch import apply_edits, function_body, replace_once
 
 GEMV_DUMP = r'''
 constexpr int kClkWarps = 8192;
@@ -129,32 +131,38 @@ def instrument_gemv(root):
          "#include <type_traits>\n#include <cstdio>\n#include <utility>\n#include <vector>\n",
          "#include <type_traits>"),
         ("// ---- the GEMV kernel ---", GEMV_DUMP + "\n// ---- the GEMV kernel ---", "kernel banner"),
-        ("  extern __shared__ __align__(128) uint8_t smem[];\n",
-         "  extern __shared__ __align__(128) uint8_t smem[];\n  long long clk[5] = {};\n"
-         "  clk[0] = clock64();\n  const unsigned long long t_entry = global_ns();\n"
-         "  bool stamped2 = false, stamped3 = false;\n", "kernel entry"),
-        ("          multiply<T>(wb, x, lane, out);\n",
-         "          multiply<T>(wb, x, lane, out);\n"
-         "          if (!stamped2) {\n            if (out[0] == 1.2345e30f) asm volatile(\"trap;\");\n"
-         "            clk[2] = clock64();\n            stamped2 = true;\n          }\n",
-         "multiply call"),
-        ("      __syncthreads();\n      const int item0",
-         "      __syncthreads();\n      if (!stamped3) clk[3] = clock64(), stamped3 = true;\n"
-         "      const int item0", "reduction barrier"),
-        ("  w_load<T>(a, wr, 0, group0, b0);\n",
-         "  w_load<T>(a, wr, 0, group0, b0);\n  clk[1] = clock64();\n", "first w_load"),
     ])
-    end = src.index("// ---- launch ---")
-    last = src.rindex("}", 0, end)
-    src = src[:last] + """  clk[4] = clock64();
-  const unsigned long long t_end = global_ns();
-  const int wid = static_cast<int>(blockIdx.x) * static_cast<int>(blockDim.x / 32) + warp;
-  if (lane == 0 && wid < kClkWarps) {
-    for (int k = 0; k < 5; ++k) g_gemv_clk[wid][k] = clk[k];
-    g_gemv_tmr[wid][0] = t_entry;
-    g_gemv_tmr[wid][1] = t_end;
+    a, b = function_body(src, "gemv_imma_flat_kernel(FlatArgs a)")
+    body = src[a:b]
+    body = replace_once(body, "  extern __shared__ __align__(128) uint8_t smem[];\n",
+                        "  extern __shared__ __align__(128) uint8_t smem[];\n  long long clk[5] = {};\n"
+                        "  clk[0] = clock64();\n  const unsigned long long t_entry = global_ns();\n",
+                        "flat kernel entry")
+    load = "w_load<T>(a, r, 0, sl, b);\n"
+    if body.count(load) != 2:
+        raise SystemExit("gemv_phase_clocks.py: expected the flat kernel's two first-group loads; update this script")
+    body = body.replace(load, load + "    clk[1] = clock64();\n")
+    body = replace_once(body, "  for (int p = 0; p < NP; ++p) pair_sum(acc[p], lane);\n",
+                        "  for (int p = 0; p < NP; ++p) pair_sum(acc[p], lane);\n"
+                        "  if (acc[0][0] == 1.2345e30f) asm volatile(\"trap;\");  // the stamp after the sums' data\n"
+                        "  clk[2] = clock64();\n", "pair sums")
+    body = replace_once(body, "  __syncthreads();\n", "  __syncthreads();\n  clk[3] = clock64();\n", "flat barrier")
+    stamp_end = """  {
+    clk[4] = clock64();
+    const unsigned long long t_end = global_ns();
+    const int wid = (static_cast<int>(blockIdx.y) * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) *
+                        static_cast<int>(blockDim.x / 32) + warp;
+    if (lane == 0 && wid < kClkWarps) {
+      for (int k = 0; k < 5; ++k) g_gemv_clk[wid][k] = clk[k];
+      g_gemv_tmr[wid][0] = t_entry;
+      g_gemv_tmr[wid][1] = t_end;
+    }
   }
-""" + src[last:]
+"""
+    body = replace_once(body, "    return;\n  }\n  float* part", stamp_end.replace("\n  ", "\n    ")[:-1] +
+                        "\n    return;\n  }\n  float* part", "S == 1 return")
+    body = body + stamp_end
+    src = src[:a] + body + src[b:]
     open(path, "w").write(src)
 
 
