@@ -21,7 +21,7 @@ status=0
 for f in "${files[@]}"; do
   if ! awk -v file="$f" '
     /^(\.visible |\.weak )?\.entry / { name = $NF; sub(/\(.*/, "", name); waited = 0; kernels++ }
-    /griddepcontrol\.wait/ { waited = 1; waiting++ }
+    /griddepcontrol\.wait/ { waited = 1 }
     waited && /ld\.global\.nc/ && !/L1::no_allocate/ {
       bad++
       if (bad <= 20) printf "%s: %s: non-coherent load after griddepcontrol.wait: %s\n", file, name, $0

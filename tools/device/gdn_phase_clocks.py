@@ -22,7 +22,7 @@ Usage, on the lent GPU machine (tools/device/gpu_targets.sh builds and runs):
 import argparse
 import sys
 
-from source_patch import function_body, replace_once
+from source_patch import apply_edits, function_body, replace_once
 
 
 DUMP = r'''
@@ -82,12 +82,31 @@ def main():
     ap.add_argument("--no-s-stores", action="store_true", help="knock out the S-slice stores")
     ap.add_argument("--kernel", choices=["cluster", "per-head"], default="cluster", help="the kernel to stamp")
     a = ap.parse_args()
-    if a.kernel == "per-head":
-        per_head(a)
-        return
-
     path = a.root + "/gpu/gdn_decode.cu"
     src = open(path).read()
+    stamp = stamp_per_head if a.kernel == "per-head" else stamp_cluster
+    src, names, knockouts, bench_edits = stamp(src)
+    src = replace_once(src, "namespace {\n\nnamespace cg", DUMP.replace("PHASE_NAMES", names) + "\nnamespace cg",
+                       "anonymous namespace head")
+    src = replace_once(src, "#include <string>\n", "#include <string>\n#include <cstdio>\n#include <utility>\n"
+                       "#include <vector>\n", "#include <string>")
+    if a.no_s_loads:
+        src = replace_once(src, *knockouts["loads"])
+    if a.no_s_stores:
+        src = replace_once(src, *knockouts["stores"])
+    open(path, "w").write(src)
+
+    bench = a.root + "/bench/gpu/bench_gdn.cu"
+    b = apply_edits(open(bench).read(), [
+        ("namespace kestrel::gpu::bench {",
+         "namespace kestrel::gpu {\nvoid gdn_print_phase_clocks(int n_blocks, const char* what);\n}\n"
+         "namespace kestrel::gpu::bench {", "bench namespace")] + bench_edits)
+    open(bench, "w").write(b)
+
+
+def stamp_cluster(src):
+    """The cluster kernel's stamps (a clk array a thread); returns the edited source, the stamps' names, the S
+    knock-out edits and the bench's print calls."""
     body_start, body_end = function_body(src, "gdn_fused_kernel(Geo g")
     body = src[body_start:body_end]
     body = replace_once(body, "  cg::cluster_group cluster = cg::this_cluster();",
@@ -116,35 +135,23 @@ def main():
     }
   }
 """
-    src = src[:body_start] + body + src[body_end:]
     names = '"entry", "prologue sync", "m sync", "o sync", "cluster wait", "cluster sync", "end"'
-    src = replace_once(src, "namespace {\n\nnamespace cg", DUMP.replace("PHASE_NAMES", names) + "\nnamespace cg",
-                       "anonymous namespace head")
-    src = replace_once(src, "#include <string>\n", "#include <string>\n#include <cstdio>\n#include <utility>\n"
-                       "#include <vector>\n", "#include <string>")
-    if a.no_s_loads:
-        src = replace_once(src, "s[r] = r < rows ? __ldcs(p + r * dv) : 0.0f;",
-                           "s[r] = r < rows ? 0.001f * static_cast<float>(r) : 0.0f;", "S-slice load")
-    if a.no_s_stores:
-        src = replace_once(src, "if (r < rows) __stcs(p + r * dv, s[r]);",
-                           "if (r < rows && s[r] == 12345.0f) __stcs(p + r * dv, s[r]);", "S-slice store")
-    open(path, "w").write(src)
-
-    bench = a.root + "/bench/gpu/bench_gdn.cu"
-    b = open(bench).read()
-    b = replace_once(b, "namespace kestrel::gpu::bench {",
-                     "namespace kestrel::gpu {\nvoid gdn_print_phase_clocks(int n_blocks, const char* what);\n}\n"
-                     "namespace kestrel::gpu::bench {", "bench namespace")
-    b = replace_once(b, "    // Sanity: the outputs are finite",
-                     "    if (us_forced[0] > 0.0) gdn_print_phase_clocks(d.v_per_k() * ((d.d_v + 31) / 32) * d.n_k_heads * n_seq, \"cluster, plain\");\n"
-                     "    // Sanity: the outputs are finite", "bench sanity comment")
-    open(bench, "w").write(b)
+    knockouts = {
+        "loads": ("s[r] = r < rows ? __ldcs(p + r * dv) : 0.0f;",
+                  "s[r] = r < rows ? 0.001f * static_cast<float>(r) : 0.0f;", "S-slice load"),
+        "stores": ("if (r < rows) __stcs(p + r * dv, s[r]);",
+                   "if (r < rows && s[r] == 12345.0f) __stcs(p + r * dv, s[r]);", "S-slice store"),
+    }
+    bench_edits = [
+        ("    // Sanity: the outputs are finite",
+         "    if (us_forced[0] > 0.0) gdn_print_phase_clocks(d.v_per_k() * ((d.d_v + 31) / 32) * d.n_k_heads * n_seq, \"cluster, plain\");\n"
+         "    // Sanity: the outputs are finite", "bench sanity comment")]
+    return src[:body_start] + body + src[body_end:], names, knockouts, bench_edits
 
 
-def per_head(a):
-    """--kernel per-head: stamps in gdn_head_kernel (thread 0 into shared memory, then to the device array)."""
-    path = a.root + "/gpu/gdn_decode.cu"
-    src = open(path).read()
+def stamp_per_head(src):
+    """--kernel per-head: stamps in gdn_head_kernel (thread 0 into shared memory, then to the device array); returns
+    what stamp_cluster does."""
     body_start, body_end = function_body(src, "gdn_head_kernel(Geo g")
     body = src[body_start:body_end]
     stamp = "  if (threadIdx.x == 0) ph_clk[{k}] = clock64();\n"
@@ -173,32 +180,21 @@ def per_head(a):
     }
   }
 """
-    src = src[:body_start] + body + src[body_end:]
-    names = ('"entry", "after wait", "prologue sync", "m sync", "delta sync", "o sync", "norm sync", "end"')
-    src = replace_once(src, "namespace {\n\nnamespace cg", DUMP.replace("PHASE_NAMES", names) + "\nnamespace cg",
-                       "anonymous namespace head")
-    src = replace_once(src, "#include <string>\n", "#include <string>\n#include <cstdio>\n#include <utility>\n"
-                       "#include <vector>\n", "#include <string>")
-    if a.no_s_loads:
-        src = replace_once(src, "? __ldcs(s_slice + r * dv + 32 * c) : 0.0f;",
-                           "? 0.001f * static_cast<float>(r + c) : 0.0f;", "per-head S load")
-    if a.no_s_stores:
-        src = replace_once(src, "__stcs(s_slice + r * dv + 32 * c, s[r][c]);",
-                           "if (s[r][c] == 12345.0f) __stcs(s_slice + r * dv + 32 * c, s[r][c]);", "per-head S store")
-    open(path, "w").write(src)
-
-    bench = a.root + "/bench/gpu/bench_gdn.cu"
-    b = open(bench).read()
-    b = replace_once(b, "namespace kestrel::gpu::bench {",
-                     "namespace kestrel::gpu {\nvoid gdn_print_phase_clocks(int n_blocks, const char* what);\n}\n"
-                     "namespace kestrel::gpu::bench {", "bench namespace")
-    b = replace_once(b, "    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));\n",
-                     "    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));\n"
-                     "    gdn_print_phase_clocks(d.n_v_heads * n_seq, \"per-head, chained\");\n", "the chained timing")
-    b = replace_once(b, "    // Sanity: the outputs are finite",
-                     "    if (us_forced[1] > 0.0) gdn_print_phase_clocks(d.n_v_heads * n_seq, \"per-head, plain\");\n"
-                     "    // Sanity: the outputs are finite", "bench sanity comment")
-    open(bench, "w").write(b)
+    names = '"entry", "after wait", "prologue sync", "m sync", "delta sync", "o sync", "norm sync", "end"'
+    knockouts = {
+        "loads": ("? __ldcs(s_slice + r * dv + 32 * c) : 0.0f;", "? 0.001f * static_cast<float>(r + c) : 0.0f;",
+                  "per-head S load"),
+        "stores": ("__stcs(s_slice + r * dv + 32 * c, s[r][c]);",
+                   "if (s[r][c] == 12345.0f) __stcs(s_slice + r * dv + 32 * c, s[r][c]);", "per-head S store"),
+    }
+    bench_edits = [
+        ("    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));\n",
+         "    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));\n"
+         "    gdn_print_phase_clocks(d.n_v_heads * n_seq, \"per-head, chained\");\n", "the chained timing"),
+        ("    // Sanity: the outputs are finite",
+         "    if (us_forced[1] > 0.0) gdn_print_phase_clocks(d.n_v_heads * n_seq, \"per-head, plain\");\n"
+         "    // Sanity: the outputs are finite", "bench sanity comment")]
+    return src[:body_start] + body + src[body_end:], names, knockouts, bench_edits
 
 
 if __name__ == "__main__":

@@ -159,8 +159,8 @@ def instrument_gemv(root):
     }
   }
 """
-    body = replace_once(body, "    return;\n  }\n  float* part", stamp_end.replace("\n  ", "\n    ")[:-1] +
-                        "\n    return;\n  }\n  float* part", "S == 1 return")
+    body = replace_once(body, "    return;\n  }\n  float* part", stamp_end + "    return;\n  }\n  float* part",
+                        "S == 1 return")
     body = body + stamp_end
     src = src[:a] + body + src[b:]
     open(path, "w").write(src)
