@@ -26,7 +26,9 @@
 //          V-head of each K-head shifts the q/k history (stream order: every reader is done).
 // Element-wise arithmetic that the reference does without FMA (conv taps, delta-rule products, norms) uses
 // __fmul_rn/__fadd_rn so nvcc cannot contract it; differences from the reference are summation order and the
-// device's expf/log1pf (≤ 2 ulp), which is what the test tolerance covers.
+// device's expf/log1pf (≤ 2 ulp), which is what the test tolerance covers. The exception is the per-V-head kernel's
+// delta rule (the presets' kernel), which fuses its products into __fmaf_rn and applies the decay to m once per
+// column: one rounding less per element, fewer instructions (see gdn_head_kernel).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -483,11 +485,23 @@ __global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
 // history: kTapsAhead) are loaded before the wait; the reader count's result is read only before barrier 5.
 // Summation orders: L2 sums per warp then in warp order (as the cluster kernel), column sums per warp (8 rows) then
 // the 16 warp partials in order, Σo² per warp of 32 columns then in warp order.
+// The delta rule in FMAs: m_j = decay · Σ_i S_ij·k̂_i (__fmaf_rn down the warp's rows from the S of the last step, the
+// warp partials added in order, then one multiply), S_ij ← fma(k̂_i, δ_j, S_ij·decay), o_j = Σ_i fma(S_ij, q̂_i): 4
+// instructions an element where the reference's separate products and sums took 7 — the m and o phases issue ~800
+// cycles a phase at one block an SM (4 warps a scheduler), which is most of what they take. Measured (bench_gdn,
+// H200, 2026-12-01, against the separate __fmul_rn / __fadd_rn form in one run): plain the same at 1–4 sessions,
+// 0.1–0.35 µs faster at 8–32 (44.37 → 44.01 at 32); chained 5.00 → 4.97 / 6.04 → 5.71 / 8.25 → 8.04 / 11.77 → 11.36 /
+// 22.35 → 21.66 / 42.82 → 41.43 µs at 1 / 2 / 4 / 8 / 16 / 32 sessions (the old form's figures the mean of three
+// trees). The errors against the reference stay inside test_gdn_decode's tolerance.
 // kFull: dk = dv = 128 compiled in (every preset): no per-row or per-column predicates, immediate offsets. Under the
 // 64-register cap of two blocks per SM the generic form spills 60 bytes and the full one 24, and it shows where
 // nothing hides latency: one session 9.7 vs 6.9 µs (bench_gdn, 35B-A3B shape, H200). Measured and not kept (same
 // run): one block per SM (no spills; 1–4 sessions 0.3 µs faster, 8–32 sessions 16–17% slower: 15.95 vs 13.73 µs
-// at 8, 54.4 vs 46.6 at 32), and 1024 threads of 4 rows a warp (no spills; 16.4 µs at 8, 56.7 at 32).
+// at 8, 54.4 vs 46.6 at 32), and 1024 threads of 4 rows a warp (no spills; 16.4 µs at 8, 56.7 at 32). Also measured
+// and not kept (2026-12-01, branch exp/gdn-head-cols): S held by columns (a warp 8 columns of all 128 rows, m and o as
+// warp all-reductions, 2 __syncthreads instead of 5; 16–24 bytes of spills) — 1.6–2x slower everywhere: plain 11.44 /
+// 28.05 / 88.43 µs at 1 / 8 / 32 sessions against 6.61 / 13.16 / 44.64, chained 8.48 / 23.92 / 84.76 against 4.96 /
+// 11.82 / 43.09 (its test run also failed and was not looked into).
 // Later (2026-12-01, bench_gdn, H200, the forms below built side by side and run in turns in one session; µs at 1 /
 // 2 / 8 / 32 sessions; before: plain 6.89–6.91 / 7.70–7.71 / 13.70–13.78 / 46.58–46.60, as a programmatic chain
 // 5.26–5.36 / 6.77–6.83 / 12.14 / 44.07–44.16):
@@ -654,10 +668,7 @@ __global__ void __launch_bounds__(kHeadThreads, 2)
   for (int r = 0; r < kHeadRows; ++r) {
     const float kr = __fmul_rn(ks[i0 + r], inv_k);
 #pragma unroll
-    for (int c = 0; c < kHeadCols; ++c) {
-      s[r][c] = __fmul_rn(s[r][c], decay);
-      m[c] = __fadd_rn(m[c], __fmul_rn(s[r][c], kr));
-    }
+    for (int c = 0; c < kHeadCols; ++c) m[c] = __fmaf_rn(s[r][c], kr, m[c]);
   }
 #pragma unroll
   for (int c = 0; c < kHeadCols; ++c) red[warp][lane + 32 * c] = m[c];
@@ -666,7 +677,7 @@ __global__ void __launch_bounds__(kHeadThreads, 2)
     float mj = 0.0f;
 #pragma unroll
     for (int w16 = 0; w16 < kHeadWarps; ++w16) mj = __fadd_rn(mj, red[w16][tid]);
-    delta[tid] = __fmul_rn(__fsub_rn(vs[tid], mj), beta);
+    delta[tid] = __fmul_rn(__fsub_rn(vs[tid], __fmul_rn(mj, decay)), beta);
   }
   __syncthreads();  // 3
 
@@ -677,8 +688,8 @@ __global__ void __launch_bounds__(kHeadThreads, 2)
     const float qr = __fmul_rn(__fmul_rn(qs[i0 + r], inv_q), g.q_scale);
 #pragma unroll
     for (int c = 0; c < kHeadCols; ++c) {
-      s[r][c] = __fadd_rn(s[r][c], __fmul_rn(kr, delta[lane + 32 * c]));
-      o[c] = __fadd_rn(o[c], __fmul_rn(s[r][c], qr));
+      s[r][c] = __fmaf_rn(kr, delta[lane + 32 * c], __fmul_rn(s[r][c], decay));
+      o[c] = __fmaf_rn(s[r][c], qr, o[c]);
     }
   }
 #pragma unroll
