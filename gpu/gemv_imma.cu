@@ -122,6 +122,10 @@
 // at 8 — within what two builds of one tree differ by; and gemv_imma_segments_swiglu (branch exp/swiglu-in-down: x
 // = silu(gate) · up prepared by each block in shared memory, the separate preparation's launch gone), slower at every
 // size (moe_imma.cu, at the preparation's launch).
+// Measured after it and not kept (2026-12-01, branch exp/grouped-regs): the table calls' kernels bounded for more
+// blocks an SM — 80 registers (124-280 bytes of spills, Q4_0 / Q4_K one pair) and 96 (36-84 bytes): bench_moe Q4_0 1 /
+// 8 / 32 tokens 18.9 / 52.0 / 119.9 us -> 22.0 / 67.0 / 162.7 and 20.0 / 55.6 / 125.1 (96 registers: 2 tokens 27.8 ->
+// 26.5, the only gain). More warps streaming do not make up for the spills' local-memory traffic.
 #include <algorithm>
 #include <atomic>
 #include <bit>
