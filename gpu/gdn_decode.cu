@@ -522,7 +522,10 @@ constexpr int kHeadWarps = 16;
 constexpr int kHeadThreads = 32 * kHeadWarps;
 
 // Programmatic launches of up to this many sessions load the conv taps and history before the wait (above it the
-// registers they hold across it cost more than the round trip they save: see gdn_head_kernel).
+// registers they hold across it cost more than the round trip they save: see gdn_head_kernel). Staging them in shared
+// memory across the wait instead (branch exp/gdn-taps-smem: the taps-ahead kernel's spills 28 -> 4 bytes) measured
+// within noise at 1-4 sessions (chained 5.00 -> 4.86-4.93, 5.68-5.75 -> 5.89-6.07, 8.06 -> 7.97-8.00 us) and, taken
+// at every size, slower at 8-32 (41.8 -> 42.5 us at 32): not kept (bench_gdn, H200, 2026-12-01).
 constexpr int kGdnTapsAheadMaxSessions = 4;
 
 // One channel's conv taps and history in registers (conv kernels of up to kConvTapsAhead taps), loaded ahead of the
