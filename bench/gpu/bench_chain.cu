@@ -5,13 +5,13 @@
 //
 // A link is one kernel launch on one stream. Every block of a "touch" link reads all n floats the link before wrote
 // (an all-to-all dependency, as a routing reads every logit or a GEMV its whole activation vector), adds them in a
-// fixed order, and the link writes n floats of its own (out[i] = in[i] + 1, plus one partial sum a block); links
-// alternate between two buffers. An "empty" link only launches, waits and ends: launch and completion alone. Each
-// is timed as plain launches and as a chain of programmatic launches (gpu/pdl.cuh: a link launches while the one
-// before runs and waits for it to complete before touching memory), for grids of 1 to 4 blocks an SM. The limit: the
-// size-matched read of 18 MB — one token's routed and shared expert weights at the qwen35moe-35b-a3b shape, Q4_0 —
-// plain and chained, so "% read" says what one link costs of that layer's read, and k links' floor can be set against
-// the 1.5x budget (docs/benchmarks.md, "What a dependent link costs").
+// fixed order, and the link writes n floats of its own (out[i] = in[i] + 1, grid-strided; plus one partial sum a
+// block); links alternate between two buffers. An "empty" link only launches, waits and ends: launch and completion
+// alone. Each is timed as plain launches and as a chain of programmatic launches (gpu/pdl.cuh: a link launches while
+// the one before runs and waits for it to complete before touching memory), for grids of 1 to 4 blocks an SM. The
+// limit: the size-matched read of 18 MB — one token's routed and shared expert weights at the qwen35moe-35b-a3b shape,
+// Q4_0 — plain and chained, so "% read" says what one link costs of that layer's read, and k links' floor can be set
+// against the 1.5x budget (docs/benchmarks.md, "What a dependent link costs").
 //
 // Before timing, a chain of kCheckLinks touch links from zeros is run once per form and grid and its last buffer
 // checked (every element kCheckLinks), so a link that did not run or ran out of order cannot pass.
@@ -38,7 +38,7 @@ constexpr uint64_t kRotationBytes = 256ull << 20;
 constexpr uint64_t kMoeOneTokenBytes = 18030592;  // bench_moe's one-token Q4_0 weight bytes at the 35B-A3B shape
 
 // One link. kTouch: every block reads in[0, n) after the wait and sums it (per thread in index order, then the warps'
-// butterflies, then the warps in order), threads i < n write out[i] = in[i] + 1, thread 0 of block b writes
+// butterflies, then the warps in order), the grid writes out[i] = in[i] + 1 (grid-stride), thread 0 of block b writes
 // partial[b]. kPdl: the chain form (trigger at once, wait before touching memory).
 template <bool kPdl, bool kTouch>
 __global__ void __launch_bounds__(kLinkThreads) link_kernel(const float* in, float* out, float* partial, int n) {
@@ -53,8 +53,10 @@ __global__ void __launch_bounds__(kLinkThreads) link_kernel(const float* in, flo
     __shared__ float warp_sums[kLinkThreads / 32];
     if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = s;
     __syncthreads();
-    const int g = static_cast<int>(blockIdx.x * kLinkThreads + threadIdx.x);
-    if (g < n) out[g] = ld_dep(in + g) + 1.0f;
+    const int stride = static_cast<int>(gridDim.x) * kLinkThreads;
+    for (int g = static_cast<int>(blockIdx.x * kLinkThreads + threadIdx.x); g < n; g += stride) {
+      out[g] = ld_dep(in + g) + 1.0f;
+    }
     if (threadIdx.x == 0) {
       float total = 0.0f;
       for (int w = 0; w < kLinkThreads / 32; ++w) total += warp_sums[w];
