@@ -19,6 +19,7 @@
 // Usage: build/gpu/bin/bench_chain   (no arguments; a few seconds on an H200).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -120,7 +121,7 @@ Status run() {
   const Link links[] = {{"empty", false, 0}, {"touch 1 KB", true, 256}, {"touch 8 KB", true, 2048}};
   const int grids[] = {1, sms / 4, sms, 2 * sms, 4 * sms};
   int max_n = 1;
-  for (const Link& l : links) max_n = l.n > max_n ? l.n : max_n;
+  for (const Link& l : links) max_n = std::max(max_n, l.n);
   DeviceBuffer a, b, partial;
   KESTREL_TRY(a.allocate(static_cast<uint64_t>(max_n) * sizeof(float)));
   KESTREL_TRY(b.allocate(static_cast<uint64_t>(max_n) * sizeof(float)));
@@ -150,11 +151,4 @@ Status run() {
 }  // namespace
 }  // namespace kestrel::gpu::bench
 
-int main() {
-  const kestrel::Status st = kestrel::gpu::bench::run();
-  if (!st) {
-    std::fprintf(stderr, "bench_chain: %s\n", st.error().to_string().c_str());
-    return 1;
-  }
-  return 0;
-}
+int main() { return kestrel::gpu::bench::exit_status("bench_chain", kestrel::gpu::bench::run()); }

@@ -168,11 +168,4 @@ Status run() {
 }  // namespace
 }  // namespace kestrel::gpu::bench
 
-int main() {
-  const kestrel::Status st = kestrel::gpu::bench::run();
-  if (!st) {
-    std::fprintf(stderr, "bench_gdn: %s\n", st.error().to_string().c_str());
-    return 1;
-  }
-  return 0;
-}
+int main() { return kestrel::gpu::bench::exit_status("bench_gdn", kestrel::gpu::bench::run()); }

@@ -343,10 +343,5 @@ int main(int argc, char** argv) {
       opt.filter = a;
     }
   }
-  const kestrel::Status st = kestrel::gpu::bench::run(opt);
-  if (!st) {
-    std::fprintf(stderr, "bench_moe: %s\n", st.error().to_string().c_str());
-    return 1;
-  }
-  return 0;
+  return kestrel::gpu::bench::exit_status("bench_moe", kestrel::gpu::bench::run(opt));
 }
