@@ -126,6 +126,12 @@
 // blocks an SM — 80 registers (124-280 bytes of spills, Q4_0 / Q4_K one pair) and 96 (36-84 bytes): bench_moe Q4_0 1 /
 // 8 / 32 tokens 18.9 / 52.0 / 119.9 us -> 22.0 / 67.0 / 162.7 and 20.0 / 55.6 / 125.1 (96 registers: 2 tokens 27.8 ->
 // 26.5, the only gain). More warps streaming do not make up for the spills' local-memory traffic.
+// Measured after it and not kept (2026-12-01, same bits each; docs/benchmarks.md "MoE layer: the grouped GEMVs' weights
+// through bulk-copied shared-memory stages, ..."): the weights by cp.async.bulk into a ring of 2-5 shared-memory stages
+// per warp (branch exp/grouped-ring: 32 tokens 119.7 -> 148-157 us, ncu DRAM 55 -> 45%), each round's activations
+// asked into L1 by prefetch.global.L1 (exp/x-prefetch-l1: 120.0 -> 123.9 us, one token 18.8 -> 21.3), and a warp's
+// whole slice loaded before its first multiply where every warp has one round (exp/deep-slices: one token 18.8 ->
+// 19.4 us).
 #include <algorithm>
 #include <atomic>
 #include <bit>
