@@ -716,17 +716,22 @@ int grouped_split(int n_groups) {
 std::atomic<bool> g_flat{true};
 constexpr int kWaveWarps = 4096;  // the flat kernel's one-vector-pair form: 32 warps an SM, 4224 on the H200's 132 SMs
 
-void pick_split(KernelArgs& a, bool table) {
+void pick_split(KernelArgs& a, GgmlType type, bool table) {
   constexpr int kWantWarps = 2048;
   int S = 1;
   if (table) {
     S = grouped_split(a.n_groups);
   } else {
     while (S < a.n_groups && S < kMaxWarps && static_cast<int64_t>(a.n_rg) * S < kWantWarps) S *= 2;
-    // One group per warp when that is at most kWaveWarps warps (gemv_imma_flat_kernel: one wave at 1-2 vectors).
+    // One group per warp when that is at most kWaveWarps warps (gemv_imma_flat_kernel: one wave at 1-2 vectors), and
+    // for Q4_0 at any height, in as many waves as it takes: lm_head Q4_0 (2048 x 248320) measured 70.1
+    // against 70.7-71.3 us at S = 1 (89.9 -> 90.7% of the matched read), 68.2 against 71.5 in a chain of programmatic
+    // launches, next.lm_head 42.7 against 44.5-45.0 (bench_gemv with KESTREL_IMMA_SPLIT, H200, one run); Q4_K measured
+    // slower so (lm_head 74.7 against 70.5-71.4 us) and keeps the persistent kernel there.
     int s1 = S;
     while (s1 < a.n_groups) s1 *= 2;
-    if (s1 <= kMaxWarps && static_cast<int64_t>(a.n_rg) * s1 <= kWaveWarps) S = s1;
+    const bool one_wave = static_cast<int64_t>(a.n_rg) * s1 <= kWaveWarps;
+    if (s1 <= kMaxWarps && (one_wave || type == GgmlType::kQ4_0)) S = s1;
   }
   if (const int f = g_forced_split.load(std::memory_order_relaxed); f > 0) {
     S = 1;
@@ -956,7 +961,7 @@ Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cud
   args.base = w.data;
   args.n_vec = n_vec;
   args.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
-  pick_split(args, false);
+  pick_split(args, w.type, false);
   return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), programmatic, stream);
 }
 
@@ -983,7 +988,7 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
   args.n_used = n_used;
   args.settled = table_settled;
   args.n_seg = n_segments;
-  pick_split(args, true);
+  pick_split(args, type, true);
   return launch_any(type, args, max_segment_vectors, programmatic, stream);
 }
 

@@ -20,6 +20,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/quant/blocks.h"
@@ -327,17 +328,23 @@ TEST(GemvImma, ProgrammaticChainGivesPlainBits) {
 }
 
 // The kernels that compile the groups per slice in (2, 4, 8) and unroll a round give the bits of the run-time loop
-// (gemv_imma_set_compiled_groups(false)): the same operations in the same order. Shapes for 2 (12288 rows of 2048:
-// S = 4), 4 (16384 rows: S = 2) and 8 (32768 rows: S = 1) groups per slice, with one and two vectors (the one-pair
-// kernel), three and eight (two and four pairs: compiled in for 2 only).
+// (gemv_imma_set_compiled_groups(false)): the same operations in the same order. Shapes for 2 (12288 rows of 2048,
+// S = 4), 4 (16384 rows, S = 2) and 8 (32768 rows, S = 1) groups per slice — the splits the shape rule gives these
+// shapes but for Q4_0 (one group per warp), forced (gemv_imma_force_split) so every type runs them — with one and two
+// vectors (the one-pair kernel), three and eight (two and four pairs: compiled in for 2 only).
 TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(77);
   struct RunTimeLoop {
-    ~RunTimeLoop() { gemv_imma_set_compiled_groups(true); }
+    ~RunTimeLoop() {
+      gemv_imma_set_compiled_groups(true);
+      gemv_imma_force_split(0);
+    }
   } restore;
   for (const GgmlType t : kImmaTypes) {
-    for (const Shape sh : {Shape{2048, 12288}, Shape{2048, 16384}, Shape{2048, 32768}}) {
+    for (const auto& [sh, split] :
+         {std::pair{Shape{2048, 12288}, 4}, std::pair{Shape{2048, 16384}, 2}, std::pair{Shape{2048, 32768}, 1}}) {
+      gemv_imma_force_split(split);
       const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled w(t, m, sh.n_in, sh.n_out);
       for (const int n_vec : {1, 2, 3, 8}) {
@@ -358,7 +365,8 @@ TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
 // The flat kernel (dense calls at one group per warp, no rounds; one wave at 1-2 vectors) gives the persistent
 // kernel's bits (gemv_imma_set_flat(false)) at the same split, for one to four vector pairs and one to four segments.
 // Shapes: 8192 rows of 2048 (S = 8, 4096 warps: the 9.4 MB projections), 2048 of 4096 (S = 16), 80 rows of 512 (S = 2,
-// four row groups a block, the last block part-empty), 48 of 192 (a partial group), 16 of 64.
+// four row groups a block, the last block part-empty), 48 of 192 (a partial group), 16 of 64, and for Q4_0 12288 rows
+// of 2048 (S = 8 in 6144 warps: the flat kernel in more than one wave, as lm_head Q4_0 runs).
 TEST(GemvImma, FlatKernelGivesThePersistentKernelsBits) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(4096);
@@ -369,6 +377,7 @@ TEST(GemvImma, FlatKernelGivesThePersistentKernelsBits) {
     const bool blocks32 = t == GgmlType::kQ4_0 || t == GgmlType::kQ8_0;
     std::vector<Shape> shapes = {{2048, 8192}, {4096, 2048}, {512, 80}};
     if (blocks32) shapes.insert(shapes.end(), {Shape{192, 48}, Shape{64, 16}});
+    if (t == GgmlType::kQ4_0) shapes.push_back(Shape{2048, 12288});
     for (const Shape sh : shapes) {
       const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled w(t, m, sh.n_in, sh.n_out);
