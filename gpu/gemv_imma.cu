@@ -132,6 +132,8 @@
 // asked into L1 by prefetch.global.L1 (exp/x-prefetch-l1: 120.0 -> 123.9 us, one token 18.8 -> 21.3), and a warp's
 // whole slice loaded before its first multiply where every warp has one round (exp/deep-slices: one token 18.8 ->
 // 19.4 us).
+// v4.10 (2026-12-01): dense Q4_0 calls take one group per warp at any height (pick_split), the flat kernel running in
+// as many waves as it takes: lm_head Q4_0 in a chain 73.0 -> 69.6-71.3 us, batch 8 198-212 -> 193-194 (H200).
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -724,10 +726,12 @@ void pick_split(KernelArgs& a, GgmlType type, bool table) {
   } else {
     while (S < a.n_groups && S < kMaxWarps && static_cast<int64_t>(a.n_rg) * S < kWantWarps) S *= 2;
     // One group per warp when that is at most kWaveWarps warps (gemv_imma_flat_kernel: one wave at 1-2 vectors), and
-    // for Q4_0 at any height, in as many waves as it takes: lm_head Q4_0 (2048 x 248320) measured 70.1
-    // against 70.7-71.3 us at S = 1 (89.9 -> 90.7% of the matched read), 68.2 against 71.5 in a chain of programmatic
-    // launches, next.lm_head 42.7 against 44.5-45.0 (bench_gemv with KESTREL_IMMA_SPLIT, H200, one run); Q4_K measured
-    // slower so (lm_head 74.7 against 70.5-71.4 us) and keeps the persistent kernel there.
+    // for Q4_0 at any height, in as many waves as it takes (GEMV v4.10). bench_gemv, H200, this rule and the old split
+    // (S = 1 for lm_head) in turns, twice, µs: lm_head Q4_0 batch 1 70.2 / 74.1 against 72.4 / 72.5 plain (noisy),
+    // 69.6 / 71.3 against 73.0 / 72.9 in a chain of programmatic launches, batch 8 194.0 / 192.9 against 198.1 / 211.6,
+    // batch 32 755.5 / 755.8 against 774.0 / 773.5; next.lm_head chained 43.6 / 43.2 against 45.8 / 45.9, batch 8
+    // 121.2 / 119.5 against 137.1. Q4_K was slower so in an earlier run (lm_head 74.7 against 70.5-71.4 µs) and keeps
+    // the persistent kernel there.
     int s1 = S;
     while (s1 < a.n_groups) s1 *= 2;
     const bool one_wave = static_cast<int64_t>(a.n_rg) * s1 <= kWaveWarps;
