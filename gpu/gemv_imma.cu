@@ -596,12 +596,12 @@ struct FlatArgs {
 // The flat kernel: a dense call at one group per warp, its segments of up to 8 vectors along grid.y — no rounds,
 // nothing loaded ahead: a warp's first load is addressed from its block and place. NP = 1 (1-2 vectors) at two blocks
 // of 16 warps an SM (64 registers; the persistent kernel's 120+ allow one), so the split's rule (pick_split: one group
-// per warp up to kWaveWarps warps) puts the <= 9.4 MB projections in one wave; NP = 2, 4 at one block an SM, in as many
-// waves as the grid needs. The same operations in the same order as gemv_imma_kernel at the same S, so the same bits
-// (test_gemv_imma compares them). kXFirst (plain launches of one pair): the activations are loaded into registers
-// before the weights — they come from L2 and, issued after the weights, queued behind them (ncu: 16-20% of the 9.4
-// MB projection's stall samples waited on the digit sums after the weights had come); a programmatic launch must load
-// its weights first, before its wait, and x after it.
+// per warp up to kWaveWarps warps) puts the <= 9.4 MB projections in one wave (Q4_0's lm_head: one group per warp in
+// ~30 waves, GEMV v4.10); NP = 2, 4 at one block an SM, in as many waves as the grid needs. The same operations in the
+// same order as gemv_imma_kernel at the same S, so the same bits (test_gemv_imma compares them). kXFirst (plain
+// launches of one pair): the activations are loaded into registers before the weights — they come from L2 and, issued
+// after the weights, queued behind them (ncu: 16-20% of the 9.4 MB projection's stall samples waited on the digit sums
+// after the weights had come); a programmatic launch must load its weights first, before its wait, and x after it.
 template <GgmlType T, int NP, bool kXFirst>
 __global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_flat_kernel(FlatArgs a) {
   static_assert(!kXFirst || NP == 1, "x ahead of the weights only for one pair");
