@@ -362,10 +362,5 @@ Status run(const std::string& only) {
 // KESTREL_IMMA_SPLIT=S forces GEMV v4's warps per row group (gemv_imma_force_split) for a sweep.
 int main(int argc, char** argv) {
   if (const char* s = std::getenv("KESTREL_IMMA_SPLIT")) kestrel::gpu::gemv_imma_force_split(std::atoi(s));
-  const kestrel::Status st = kestrel::gpu::run(argc > 1 ? argv[1] : "");
-  if (!st) {
-    std::fprintf(stderr, "bench_gemv: %s\n", st.error().to_string().c_str());
-    return 1;
-  }
-  return 0;
+  return kestrel::gpu::bench::exit_status("bench_gemv", kestrel::gpu::run(argc > 1 ? argv[1] : ""));
 }

@@ -283,7 +283,7 @@ struct BenchSetup {
 };
 
 // A benchmark program's exit status for the Status its run returned: 0, or 1 with the error on stderr after the
-// program's name (every bench's main ends here).
+// program's name (every GPU bench's main ends here).
 inline int exit_status(const char* program, const Status& st) {
   if (st) return 0;
   std::fprintf(stderr, "%s: %s\n", program, st.error().to_string().c_str());
