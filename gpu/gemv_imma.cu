@@ -21,7 +21,8 @@
 //
 // Memory: weights and scales for the next round are loaded into registers (ld.global.nc, no L1 allocation) before
 // the current round is multiplied; a block is S·R warps (R row groups at once when S < 8) and blocks are persistent
-// (as many as fit on the device), walking row groups gridDim.x·R apart. Prepared activations are loaded a unit at a
+// (as many as fit on the device), walking row groups gridDim.x·R apart (a counted table's: one run of consecutive row
+// groups per block, v4.11). Prepared activations are loaded a unit at a
 // time in each round (L1 hits after the first). Vectors beyond 8 are further segments of 8 (each reads the weights
 // again, mostly from L2).
 //
@@ -134,6 +135,11 @@
 // 19.4 us).
 // v4.10 (2026-12-01): dense Q4_0 calls take one group per warp at any height (pick_split), the flat kernel running in
 // as many waves as it takes: lm_head Q4_0 in a chain 73.0 -> 69.6-71.3 us, batch 8 198-212 -> 193-194 (H200).
+// v4.11 (2026-12-01): a counted table's items in one run per block (gemv_imma_kernel, at n_used): bench_moe Q4_0 16 /
+// 32 tokens 76.6 / 119.7 -> 73.9 / 115.7 us (H200). Measured before it, as bounds (wrong bits; bench_moe --main q4_0/,
+// 32 tokens, each against main in one run): every segment reading vector 0's activations (all L1 hits) 119.9 ->
+// 105.5 us; no activation loads at all (constants in registers) 104.0; no multiply either (the weights' loads xor-ed)
+// 98.7. The activations' loads cost the 32-token layer ~15 us, the multiplies ~5.
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -413,15 +419,29 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   const int R = a.R;
   const int sl = warp & (S - 1);
   const int rl = warp >> a.s_log;
-  // kCount: the table's segments in use (n_used), loaded beside the first two rounds' table entries, which are read
-  // within the table's capacity and dropped after if past the count. Nothing may branch on the count before those
-  // loads issue: read first, or with an early return on it (the compiler sank the table loads below it), the count
-  // cost each grouped GEMV one more dependent round trip (moe_imma 1 token 22.7 -> 24.1 us, bench_moe, H200).
+  // kCount: the table's segments in use (n_used) give the items, and each block takes one run of them, consecutive
+  // row groups (mostly of one segment), so that a segment's activations stay in its SM's L1 from round to round;
+  // n_items becomes the end of the block's run. Uncounted tables (and dense calls) are walked round by round,
+  // gridDim.x · R items apart: their tail of empty segments would leave a run's blocks idle. The runs cost the first
+  // table entries one more dependent round trip (they wait for the count): bench_moe --main q4_0/ (H200, both in one
+  // run, twice): 16 tokens 76.5-76.7 -> 73.9 us, 32 tokens 119.6-119.7 -> 115.7-115.8; fewer tokens have no count.
+  // (Before the runs, the first two rounds' entries were loaded within the capacity beside the count and dropped
+  // after if past it; read after the count with the same interleaved walk, the count had cost one token's call 1.4 us.)
   const int n_cap = a.n_seg * a.n_rg;
   int n_items = n_cap;
-  if constexpr (kCount) n_items = max(0, min(a.n_seg, ld_dep(a.n_used))) * a.n_rg;
+  int run0 = 0;  // kCount: the block's first item
+  if constexpr (kCount) {
+    n_items = max(0, min(a.n_seg, ld_dep(a.n_used))) * a.n_rg;
+    const int slots = static_cast<int>(gridDim.x) * R;
+    const int per = (n_items + slots - 1) / slots * R;
+    run0 = static_cast<int>(blockIdx.x) * per;
+    n_items = min(n_items, run0 + per);
+  }
   float* part = reinterpret_cast<float*>(smem);
-  auto item_of = [&](int round) { return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R; };
+  auto item_of = [&](int round) {
+    if constexpr (kCount) return run0 + round * R;
+    return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R;
+  };
   const int gps = kGps > 0 ? kGps : a.gps;
   const int group0 = sl * gps;  // the warp's first group in every round
   auto next = [&](Cursor c) { return c.gi + 1 < gps ? Cursor{c.round, c.gi + 1} : Cursor{c.round + 1, 0}; };
@@ -522,18 +542,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
     for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
   };
 
-  SegHead first, ahead;  // this round's and the next round's
-  if constexpr (kCount) {
-    first = seg_head<kTable>(a, item_of(0) + rl, n_cap);
-    ahead = seg_head<kTable>(a, item_of(1) + rl, n_cap);
-    if (item_of(0) >= n_cap) return;
-    first.ok = first.ok && first.item < n_items;
-    ahead.ok = ahead.ok && ahead.item < n_items;
-  } else {
-    if (item_of(0) >= n_items) return;
-    first = seg_head<kTable>(a, item_of(0) + rl, n_items);
-    ahead = seg_head<kTable>(a, item_of(1) + rl, n_items);
-  }
+  if (item_of(0) >= n_items) return;
+  SegHead first = seg_head<kTable>(a, item_of(0) + rl, n_items);  // this round's
+  SegHead ahead = seg_head<kTable>(a, item_of(1) + rl, n_items);  // the next round's
   // Two register buffers: the next group's weights are in flight while this one is multiplied.
   Cursor cur{0, 0};
   WRound wr = w_round<T>(a, first, group0, lane);

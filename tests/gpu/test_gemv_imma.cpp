@@ -407,7 +407,8 @@ TEST(GemvImma, FlatKernelGivesThePersistentKernelsBits) {
 // not follow the item count (a split chosen by it would reorder the sums, as the MoE layer's batch would). The same
 // three segments (two matrices, vector pairs and a single vector, one vector in two segments) run alone, then
 // followed by empty segments (n_vec = 0) to 8192 items, and followed by garbage with a device count of 3 segments in
-// use (n_used): the same bits, each within its bound of ref::matvec_batch, and those of the run-time groups-per-slice
+// use (n_used), and repeated to 8192 items all counted in use: the same bits, each within its bound of
+// ref::matvec_batch, and those of the run-time groups-per-slice
 // loop (gemv_imma_set_compiled_groups(false)) — for tables of the one-pair and the four-pair kernel. Rows of 2048 (S =
 // 2, 4 groups a slice), 2368 (ten groups, the last slice partial: S = 4), 4096 (S = 4, 4 a slice) and 512 columns (S =
 // 1, 2 a slice: the MoE down matrices).
@@ -456,16 +457,26 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
       ASSERT_TRUE(test::upload(d_wild, wild));
       DeviceBuffer d_used(sizeof(int32_t));
       ASSERT_TRUE(test::upload(d_used, std::vector<int32_t>{static_cast<int32_t>(uses.size())}));
+      // The three segments again and again to 8192 items, all counted in use: each block's run of items (v4.11) then
+      // spans several segments and ends inside one; every repeat writes its rows with the same bits.
+      std::vector<ImmaSegment> cycled(table);
+      for (size_t j = uses.size(); j < cycled.size(); ++j) cycled[j] = table[j % uses.size()];
+      DeviceBuffer d_cycled(cycled.size() * sizeof(ImmaSegment));
+      ASSERT_TRUE(test::upload(d_cycled, cycled));
+      DeviceBuffer d_used_all(sizeof(int32_t));
+      ASSERT_TRUE(test::upload(d_used_all, std::vector<int32_t>{n_big}));
       const size_t y_elems = static_cast<size_t>(kOut * sh.n_out);
       for (const int bound_vec : {2, 8}) {
-        std::vector<float> got[3];
-        for (int big = 0; big < 3; ++big) {
+        std::vector<float> got[4];
+        for (int big = 0; big < 4; ++big) {
           DeviceBuffer d_y(y_elems * sizeof(float));
           ASSERT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
           const int n_seg = big ? n_big : static_cast<int>(uses.size());
-          const Status s = gemv_imma_segments(t, sh.n_in, sh.n_out, (big == 2 ? d_wild : d_table).as<ImmaSegment>(),
-                                              n_seg, d_xp.as<unsigned char>(), d_y.as<float>(), sh.n_out, nullptr,
-                                              bound_vec, false, big == 2 ? d_used.as<int32_t>() : nullptr);
+          const DeviceBuffer& tab = big == 2 ? d_wild : (big == 3 ? d_cycled : d_table);
+          const int32_t* used = big == 2 ? d_used.as<int32_t>() : (big == 3 ? d_used_all.as<int32_t>() : nullptr);
+          const Status s =
+              gemv_imma_segments(t, sh.n_in, sh.n_out, tab.as<ImmaSegment>(), n_seg, d_xp.as<unsigned char>(),
+                                 d_y.as<float>(), sh.n_out, nullptr, bound_vec, false, used);
           ASSERT_TRUE(s) << s.error().to_string();
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           got[big] = test::download<float>(d_y.as<float>(), y_elems);
@@ -493,6 +504,8 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
             << what << ": the segments' bits depend on the table's length";
         EXPECT_EQ(std::memcmp(got[0].data(), got[2].data(), y_elems * sizeof(float)), 0)
             << what << ": a count of segments in use (garbage after them) changes the bits";
+        EXPECT_EQ(std::memcmp(got[0].data(), got[3].data(), y_elems * sizeof(float)), 0)
+            << what << ": a long counted table (runs of items across segments) changes the bits";
         for (const Use& u : uses) {
           for (size_t k = 0; k < u.vec.size(); ++k) {
             const std::vector<float> xv(x.begin() + u.vec[k] * sh.n_in, x.begin() + (u.vec[k] + 1) * sh.n_in);
