@@ -82,8 +82,10 @@ std::atomic<bool> g_route_by_warp{true};
 // From this many tokens the segment tables are counted: the table writer leaves how many segments each holds and the
 // grouped GEMVs read only those (n_used); below, it fills the tables' unused tail with empty segments, which the GEMVs
 // walk. Counted tables skip the ~20% of a 32-token table that is empty (worst-case capacity) but cost the GEMV's
-// counted kernel ~0.5-1 us at 2-8 tokens (bench_moe, H200; docs/benchmarks.md, "MoE layer: counted tables").
-constexpr int kCountedTablesMinTokens = 16;
+// counted kernel ~0.5-1 us at 2-8 tokens (bench_moe, H200; docs/benchmarks.md, "MoE layer: counted tables"). Since
+// the counted GEMVs take their items in one run per block (GEMV v4.11), 8 tokens gain too: 51.9 -> 49.4-49.5 us
+// (bench_moe --main q4_0/, H200, 8 against 16 in one run, twice; 1-4 tokens unchanged, as they must be).
+constexpr int kCountedTablesMinTokens = 8;
 
 // The workspace's first bytes: route_spread_table_kernel's arrival counter, padded to 256 bytes so that what follows
 // keeps the allocation's alignment.
