@@ -83,9 +83,11 @@ std::atomic<bool> g_route_by_warp{true};
 // grouped GEMVs read only those (n_used); below, it fills the tables' unused tail with empty segments, which the GEMVs
 // walk. Counted tables skip the ~20% of a 32-token table that is empty (worst-case capacity) but cost the GEMV's
 // counted kernel ~0.5-1 us at 2-8 tokens (bench_moe, H200; docs/benchmarks.md, "MoE layer: counted tables"). Since
-// the counted GEMVs take their items in one run per block (GEMV v4.11), 8 tokens gain too: 51.9 -> 49.4-49.5 us
-// (bench_moe --main q4_0/, H200, 8 against 16 in one run, twice; 1-4 tokens unchanged, as they must be).
-constexpr int kCountedTablesMinTokens = 8;
+// the counted GEMVs take their items in one run per block (GEMV v4.11), they pay from 2 tokens (bench_moe --main
+// q4_0/, H200, each bound against the one before in one run, twice): from 8 rather than 16, 8 tokens 51.9 ->
+// 49.4-49.5 us; from 2 rather than 8, 2 tokens 27.0 -> 25.7-25.8 and 4 tokens 34.1 -> 32.6-32.7 (the others
+// unchanged). One token's table has no tail (its k experts and the shared expert fill it): it stays uncounted.
+constexpr int kCountedTablesMinTokens = 2;
 
 // The workspace's first bytes: route_spread_table_kernel's arrival counter, padded to 256 bytes so that what follows
 // keeps the allocation's alignment.
@@ -759,8 +761,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
     return make_error(ErrorCode::kInternal, "moe_imma: imma_x_bytes is not linear in n_vec");
   }
   int launches = 0;
-  // Every launch after the first programmatic up to g_pdl_max_tokens tokens; above it only the down GEMV's and the
-  // combine's (see g_pdl_max_tokens).
+  // Every launch after the first programmatic up to g_pdl_max_tokens tokens; above it only the spread routing's, the
+  // down GEMV's and the combine's (see g_pdl_max_tokens).
   const bool pdl = n_tok <= g_pdl_max_tokens.load(std::memory_order_relaxed);
 
   // The layer's first kernel launches plainly. Tried and not kept: as a programmatic dependent of the kernel before
@@ -821,7 +823,9 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
       return launch_programmatic(pdl, route_table_warp_kernel<kPer>, dim3(1), dim3(32 * static_cast<unsigned>(n_tok)),
                                  0, stream, l.logits, E, k, ta);
     }
-    return spread ? launch_programmatic(pdl, route_spread_table_kernel<kPer>, dim3(static_cast<unsigned>(n_tok)),
+    // The spread routing launches programmatically at every size (its 32 blocks wait at their start): 16 / 32 tokens
+    // 72.0-72.2 / 113.9-114.0 -> 71.8 / 113.4-113.7 us (bench_moe --main q4_0/, H200, one run, twice).
+    return spread ? launch_programmatic(true, route_spread_table_kernel<kPer>, dim3(static_cast<unsigned>(n_tok)),
                                         dim3(moe_route_dev::kThreads), 0, stream, l.logits, E, k, ta)
                   : launch_programmatic(pdl, route_table_kernel<kPer>, dim3(1), dim3(moe_route_dev::kThreads), 0,
                                         stream, l.logits, E, k, ta);

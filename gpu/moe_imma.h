@@ -93,13 +93,13 @@ class MoeImmaLayer {
 
 // Calls of up to this many tokens launch every kernel after the first as a programmatic dependent of the kernel
 // before it (PDL, gpu/pdl.cuh: each triggers its dependents and waits for its predecessor, so results do not change and
-// only the launches overlap); larger calls only the down GEMV and the combine, which then read what the routing wrote
-// before their waits. Measured faster at 1–4 tokens and, for the rest of the chain, slower at 8–32 (moe_imma.cu says
-// by how much), hence the default.
+// only the launches overlap); larger calls only the spread routing (from kMoeImmaRouteSpreadMinTokens tokens), the
+// down GEMV and the combine, the last two reading what the routing wrote before their waits. Measured faster at 1–4
+// tokens and, for the rest of the chain, slower at 8–32 (moe_imma.cu says by how much), hence the default.
 inline constexpr int kMoeImmaProgrammaticMaxTokens = 4;
 
-// Sets that bound (0: only the down GEMV and the combine programmatic; kMoeMaxTokens: every launch of every call),
-// process-wide, for calls made after it; for benchmarks and tests. Thread-safe.
+// Sets that bound (0: only the spread routing, the down GEMV and the combine programmatic; kMoeMaxTokens: every launch
+// of every call), process-wide, for calls made after it; for benchmarks and tests. Thread-safe.
 void moe_imma_set_programmatic_max_tokens(int n_tok);
 
 // Vectors per segment of the grouped GEMVs: an expert with more tokens than that is read once per chunk of them, and
