@@ -136,10 +136,12 @@
 // v4.10 (2026-12-01): dense Q4_0 calls take one group per warp at any height (pick_split), the flat kernel running in
 // as many waves as it takes: lm_head Q4_0 in a chain 73.0 -> 69.6-71.3 us, batch 8 198-212 -> 193-194 (H200).
 // v4.11 (2026-12-01): a counted table's items in one run per block (gemv_imma_kernel, at n_used): bench_moe Q4_0 16 /
-// 32 tokens 76.6 / 119.7 -> 73.9 / 115.7 us (H200). Measured before it, as bounds (wrong bits; bench_moe --main q4_0/,
-// 32 tokens, each against main in one run): every segment reading vector 0's activations (all L1 hits) 119.9 ->
-// 105.5 us; no activation loads at all (constants in registers) 104.0; no multiply either (the weights' loads xor-ed)
-// 98.7. The activations' loads cost the 32-token layer ~15 us, the multiplies ~5.
+// 32 tokens 76.6 / 119.7 -> 73.9 / 115.7 us (H200). Measured before it, as bounds (wrong bits, by
+// tools/device/moe_gemv_bounds.py; bench_moe --main q4_0/, 32 tokens, each against main in one run): every segment
+// reading vector 0's activations (all L1 hits) 119.9 -> 105.5 us; no activation loads at all (constants in registers)
+// 104.0; no multiply either (the weights' loads xor-ed) 98.7. The activations' loads cost the 32-token layer ~15 us,
+// the multiplies ~5. With v4.11, every activation an L1 hit measured 115.1 -> 112.0 us: staging a segment's activations
+// in shared memory has ~3 us to win, not built.
 #include <algorithm>
 #include <atomic>
 #include <bit>
