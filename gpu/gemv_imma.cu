@@ -428,7 +428,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   // table entries one more dependent round trip (they wait for the count): bench_moe --main q4_0/ (H200, both in one
   // run, twice): 16 tokens 76.5-76.7 -> 73.9 us, 32 tokens 119.6-119.7 -> 115.7-115.8; fewer tokens have no count.
   // (Before the runs, the first two rounds' entries were loaded within the capacity beside the count and dropped
-  // after if past it; read after the count with the same interleaved walk, the count had cost one token's call 1.4 us.)
+  // after if past it: read after the count, they had cost a one-token call 1.4 us, when one token's tables were
+  // counted.)
   const int n_cap = a.n_seg * a.n_rg;
   int n_items = n_cap;
   int run0 = 0;  // kCount: the block's first item
