@@ -423,15 +423,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   const int rl = warp >> a.s_log;
   // kCount: the table's segments in use (n_used) give the items, and each block takes one run of them, consecutive
   // row groups (mostly of one segment), so that a segment's activations stay in its SM's L1 from round to round;
-  // n_items becomes the end of the block's run. Uncounted tables (and dense calls) are walked round by round,
-  // gridDim.x · R items apart: their tail of empty segments would leave a run's blocks idle. The runs cost the first
-  // table entries one more dependent round trip (they wait for the count): bench_moe --main q4_0/ (H200, both in one
-  // run, twice): 16 tokens 76.5-76.7 -> 73.9 us, 32 tokens 119.6-119.7 -> 115.7-115.8; fewer tokens have no count.
-  // (Before the runs, the first two rounds' entries were loaded within the capacity beside the count and dropped
-  // after if past it: read after the count, they had cost a one-token call 1.4 us, when one token's tables were
-  // counted.)
-  const int n_cap = a.n_seg * a.n_rg;
-  int n_items = n_cap;
+  // n_items becomes the end of the block's run, and the first table entries wait for the count (GEMV v4.11 in the
+  // head has the figures). Uncounted tables (and dense calls) are walked round by round, gridDim.x · R items apart:
+  // their tail of empty segments would leave a run's blocks idle.
+  int n_items = a.n_seg * a.n_rg;
   int run0 = 0;  // kCount: the block's first item
   if constexpr (kCount) {
     n_items = max(0, min(a.n_seg, ld_dep(a.n_used))) * a.n_rg;
