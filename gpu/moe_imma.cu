@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstddef>
 #include <cstring>
 #include <cub/block/block_scan.cuh>
 #include <string>
@@ -183,10 +184,14 @@ struct TableArgs {
   int32_t* n_used;     // [2]: segments the tables hold, gate+up and down (counted tables; else null: empties written)
 };
 
-// One chunk's segment: the matrix, n vectors vec[j] → rows out0 + out[j].
+// A segment in 16-byte pieces (the tables are 16-byte aligned: scratch_carve).
+constexpr int kSegPieces = static_cast<int>(sizeof(ImmaSegment) / 16);
+
+// One chunk's segment: the matrix, n vectors vec[j] → rows out0 + out[j], stored as kSegPieces 16-byte
+// stores (8-byte ones, each lane 80 bytes from the next, cost a warp twice the store wavefronts).
 __device__ __forceinline__ void put_segment(ImmaSegment* s, const void* data, int n, const int32_t* vec, int out0,
                                             const int32_t* out) {
-  ImmaSegment seg;
+  alignas(16) ImmaSegment seg;
   seg.data = data;
   seg.n_vec = n;
 #pragma unroll
@@ -194,31 +199,15 @@ __device__ __forceinline__ void put_segment(ImmaSegment* s, const void* data, in
     seg.vec[j] = j < n ? vec[j] : 0;
     seg.out[j] = j < n ? out0 + out[j] : 0;
   }
-  *s = seg;
+  const uint4* src = reinterpret_cast<const uint4*>(&seg);
+  uint4* dst = reinterpret_cast<uint4*>(s);
+#pragma unroll
+  for (int i = 0; i < kSegPieces; ++i) dst[i] = src[i];
 }
 
 __device__ __forceinline__ void put_empty(ImmaSegment* s) {
   s->data = nullptr;
   s->n_vec = 0;  // skipped: the GEMV reads no other field of an empty segment
-}
-
-// The shared expert's chunks c = first, first + stride, ...: chunk c takes tokens C·c .. C·c + C − 1, its rows are
-// n_entries + token.
-__device__ __forceinline__ void put_shared_chunks(const TableArgs& a, int first, int stride) {
-  for (int c = first; c < a.sh_chunks; c += stride) {
-    const int t0 = c * a.chunk;
-    const int n = min(a.chunk, a.n_tok - t0);
-    int32_t tok[kImmaSegmentVectors];
-    int32_t row[kImmaSegmentVectors];
-#pragma unroll
-    for (int j = 0; j < kImmaSegmentVectors; ++j) {
-      tok[j] = t0 + j;
-      row[j] = a.n_entries + t0 + j;
-    }
-    put_segment(a.seg_gu + 2 * c, a.sh_gate, n, tok, 0, row);
-    put_segment(a.seg_gu + 2 * c + 1, a.sh_up, n, tok, a.n_all, row);
-    put_segment(a.seg_dn + c, a.sh_down, n, row, 0, row);
-  }
 }
 
 // The tables' end once `used` chunks are written, by the threads first, first + stride, ...: the counts of both
@@ -236,13 +225,76 @@ __device__ __forceinline__ void finish_tables(const TableArgs& a, int used, int 
   for (int i = used + first; i < a.n_seg_dn; i += stride) put_empty(a.seg_dn + i);
 }
 
+// A table's chunks at most: the shared expert's (one token each at C = 1) and one per routed entry.
+constexpr int kMaxTableChunks = kMoeMaxTokens * (kMoeMaxUsed + 1);
+// write_tables' description of each chunk, in shared memory.
+struct ChunkSmem {
+  alignas(8) unsigned char tok[kMaxTableChunks][kImmaSegmentVectors];  // vector j's token
+  short expert[kMaxTableChunks];                                       // −1: the shared expert
+  short row0[kMaxTableChunks];  // the chunk's first row (entry, or n_entries + token)
+  unsigned char n[kMaxTableChunks];
+};
+
+// Piece p (16 bytes: words 4p .. 4p + 3) of segment `part` (0 gate, 1 up, 2 down) of chunk c, as put_segment lays a
+// segment out — data (2 words), n_vec, vec[8], out[8], the pad; vec / out past n are 0 — by selects, so that the
+// lanes of a warp, on different pieces, do not diverge.
+static_assert(offsetof(ImmaSegment, data) == 0 && offsetof(ImmaSegment, n_vec) == 8 &&
+                  offsetof(ImmaSegment, vec) == 12 && offsetof(ImmaSegment, out) == 12 + 4 * kImmaSegmentVectors &&
+                  sizeof(ImmaSegment) == 4 * (4 + 2 * kImmaSegmentVectors) && kImmaSegmentVectors == 8,
+              "table_piece's word layout");
+__device__ __forceinline__ uint4 table_piece(const TableArgs& a, const ChunkSmem& cs, int c, int part, int p) {
+  constexpr int kVec0 = 3, kOut0 = kVec0 + kImmaSegmentVectors, kPad = kOut0 + kImmaSegmentVectors;
+  const int n = cs.n[c];
+  const int row0 = cs.row0[c];
+  const int x = cs.expert[c];
+  const uint2 tok = *reinterpret_cast<const uint2*>(cs.tok[c]);
+  const uint8_t* stack = part == 0 ? a.gate : part == 1 ? a.up : a.down;
+  const void* sh = part == 0 ? a.sh_gate : part == 1 ? a.sh_up : a.sh_down;
+  const uint64_t ptr =
+      x < 0 ? reinterpret_cast<uint64_t>(sh)
+            : reinterpret_cast<uint64_t>(stack) + static_cast<uint64_t>(x) * (part == 2 ? a.dn_bytes : a.gu_bytes);
+  const int out0 = (part == 1 ? a.n_all : 0) + row0;
+  uint32_t v[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int w = 4 * p + q;
+    const int jv = w - kVec0, jo = w - kOut0;
+    const int b = jv & 7;
+    const uint32_t tok_j = ((b < 4 ? tok.x : tok.y) >> (8 * (b & 3))) & 0xFFu;
+    const uint32_t vec = part == 2 ? static_cast<uint32_t>(row0 + jv) : tok_j;
+    uint32_t word = 0;
+    word = w == 0 ? static_cast<uint32_t>(ptr) : word;
+    word = w == 1 ? static_cast<uint32_t>(ptr >> 32) : word;
+    word = w == 2 ? static_cast<uint32_t>(n) : word;
+    word = (w >= kVec0 && jv < n && w < kOut0) ? vec : word;
+    word = (w >= kOut0 && w < kPad && jo < n) ? static_cast<uint32_t>(out0 + jo) : word;
+    v[q] = word;
+  }
+  return make_uint4(v[0], v[1], v[2], v[3]);
+}
+
 // The segment tables from the routing as route_block leaves it in shared memory (rt, read after a barrier), by one
-// block of kBlock >= kMoeMaxExperts threads, with no global reads: thread e counts expert e's chunks (⌈count/C⌉), an
-// exclusive scan places them and marks each chunk with its expert in shared memory, then a thread per chunk writes
-// its three segments — chunk q of expert x holds x's entries first + qC .. (+ C), whose tokens are the set bits of
-// x's token mask from rank qC on (entries are by expert, then token). Before: a thread per active expert read the
-// routing's counts and entry tokens back from global memory and wrote all of its chunks, 10–12 k cycles at 32 tokens
-// (clock stamps; the hottest expert's chunks in series) of the kernel's 30 k.
+// block of kBlock >= kMoeMaxExperts threads, with no global reads, in three passes with a barrier after each of the
+// first two:
+//   1. thread e counts expert e's chunks (⌈count/C⌉); an exclusive scan places them and marks each chunk with its
+//      expert (chunk_expert_s);
+//   2. a thread per chunk of the tables (the shared expert's first) describes it in shared memory (ChunkSmem): its
+//      expert (−1: the shared one), vectors n, first row and tokens — chunk q of expert x holds x's entries first +
+//      qC .. (+ C), whose tokens are the set bits of x's token mask from rank qC on (entries are by expert, then
+//      token); the shared expert's chunk c takes tokens Cc .. Cc + C − 1, rows n_entries + token;
+//   3. a thread per 16-byte piece of the tables stores it (table_piece), consecutive threads on consecutive pieces,
+//      so a warp's store instruction covers 512 contiguous bytes.
+// Before: a thread per chunk wrote its three segments itself (passes 2 and 3 in one), 8-byte stores 80 bytes apart
+// across the warp, 32 lines touched by each store instruction — one block's store path, not its arithmetic, was the
+// cost: 6.3 µs from the writer's start to thread 0's end at 32 tokens, about half of the spread routing kernel, of
+// which 5 µs from the scan's end to thread 0's last store (tools/device/route_phases.py, H200). Now 3.7 µs (scan
+// 0.7, the rest 2.9). bench_moe --main q4_0/ (H200, against the thread-per-chunk writer in one run, twice), µs at 8 /
+// 16 / 32 tokens: 47.5-47.6 / 71.6-71.9 / 113.7 -> 46.8 / 70.2 / 110.6 (with put_segment's 16-byte stores in the
+// one-warp writers: 4 tokens 32.6 -> 32.3; 1-2 tokens unchanged). Tried and not kept, each against the
+// thread-per-chunk writer in one run, twice (32 tokens): a warp per chunk, lane w storing word w (its tokens by
+// __fns), 114.5 -> 118.1 µs (10.2 µs in the writer); a thread per 32-bit word (branches on the word's field,
+// divergent across the warp), 114.5 -> 114.9 (7.0 µs) — each traded the stores for more instructions than they
+// saved; the thread-per-chunk writer with 16-byte stores alone, 114.6 -> 111.9 (this writer: 111.3).
 template <int kBlock>
 __device__ __forceinline__ void write_tables(const TableArgs& a, const moe_route_dev::BlockRoute& rt, int n_expert) {
   static_assert(kBlock >= kMoeMaxExperts, "a thread per expert");
@@ -250,11 +302,10 @@ __device__ __forceinline__ void write_tables(const TableArgs& a, const moe_route
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ int chunk0_s[kMoeMaxExperts];                       // the expert's first routed chunk
   __shared__ short chunk_expert_s[kMoeMaxTokens * kMoeMaxUsed];  // the expert of each routed chunk
+  __shared__ ChunkSmem cs;
   const int tid = static_cast<int>(threadIdx.x);
 
-  put_shared_chunks(a, tid, kBlock);
-
-  // Routed experts: expert e's chunks start at the exclusive scan of ⌈count/C⌉ over the experts before it.
+  // 1. Routed experts: expert e's chunks start at the exclusive scan of ⌈count/C⌉ over the experts before it.
   const int e = tid;
   const int chunks = e < n_expert ? (__popc(rt.mask[e]) + a.chunk - 1) / a.chunk : 0;
   int chunk0 = 0;
@@ -263,28 +314,50 @@ __device__ __forceinline__ void write_tables(const TableArgs& a, const moe_route
   if (e < n_expert) chunk0_s[e] = chunk0;
   for (int q = 0; q < chunks; ++q) chunk_expert_s[chunk0 + q] = static_cast<short>(e);
   __syncthreads();
-  for (int c = tid; c < total; c += kBlock) {
-    const int x = chunk_expert_s[c];
-    const int q = c - chunk0_s[x];
-    unsigned rest = rt.mask[x];
-    const int n = min(a.chunk, __popc(rest) - q * a.chunk);
-    for (int i = 0; i < q * a.chunk; ++i) rest &= rest - 1u;  // drop the earlier chunks' tokens
-    const int e0 = rt.first[x] + q * a.chunk;
-    int32_t tok[kImmaSegmentVectors];
-    int32_t row[kImmaSegmentVectors];
+
+  // 2. Each chunk's expert, vectors, first row and tokens.
+  const int used = a.sh_chunks + total;
+  for (int c = tid; c < used; c += kBlock) {
+    int x = -1, n = 0, row0 = 0;
+    unsigned char tok[kImmaSegmentVectors];
+    if (c < a.sh_chunks) {
+      const int t0 = c * a.chunk;
+      n = min(a.chunk, a.n_tok - t0);
+      row0 = a.n_entries + t0;
 #pragma unroll
-    for (int j = 0; j < kImmaSegmentVectors; ++j) {
-      tok[j] = j < n ? __ffs(static_cast<int>(rest)) - 1 : 0;
-      if (j < n) rest &= rest - 1u;
-      row[j] = e0 + j;
+      for (int j = 0; j < kImmaSegmentVectors; ++j) tok[j] = static_cast<unsigned char>(j < n ? t0 + j : 0);
+    } else {
+      x = chunk_expert_s[c - a.sh_chunks];
+      const int q = c - a.sh_chunks - chunk0_s[x];
+      unsigned rest = rt.mask[x];
+      n = min(a.chunk, __popc(rest) - q * a.chunk);
+      for (int i = 0; i < q * a.chunk; ++i) rest &= rest - 1u;  // drop the earlier chunks' tokens
+      row0 = rt.first[x] + q * a.chunk;
+#pragma unroll
+      for (int j = 0; j < kImmaSegmentVectors; ++j) {
+        tok[j] = static_cast<unsigned char>(j < n ? __ffs(static_cast<int>(rest)) - 1 : 0);
+        if (j < n) rest &= rest - 1u;
+      }
     }
-    const uint8_t* g = a.gate + static_cast<uint64_t>(x) * a.gu_bytes;
-    const uint8_t* u = a.up + static_cast<uint64_t>(x) * a.gu_bytes;
-    const uint8_t* d = a.down + static_cast<uint64_t>(x) * a.dn_bytes;
-    const int at = a.sh_chunks + c;
-    put_segment(a.seg_gu + 2 * at, g, n, tok, 0, row);
-    put_segment(a.seg_gu + 2 * at + 1, u, n, tok, a.n_all, row);
-    put_segment(a.seg_dn + at, d, n, row, 0, row);
+    cs.expert[c] = static_cast<short>(x);
+    cs.n[c] = static_cast<unsigned char>(n);
+    cs.row0[c] = static_cast<short>(row0);
+#pragma unroll
+    for (int j = 0; j < kImmaSegmentVectors; ++j) cs.tok[c][j] = tok[j];
+  }
+  __syncthreads();
+
+  // 3. The tables in 16-byte pieces: gate+up (segments 2c, 2c + 1), then down (segment c).
+  const int gu_pieces = 2 * used * kSegPieces;
+  const int all_pieces = gu_pieces + used * kSegPieces;
+  auto* const gu = reinterpret_cast<uint4*>(a.seg_gu);
+  auto* const dn = reinterpret_cast<uint4*>(a.seg_dn);
+  for (int i = tid; i < all_pieces; i += kBlock) {
+    const bool down = i >= gu_pieces;
+    const int ip = down ? i - gu_pieces : i;
+    const int s = ip / kSegPieces;
+    const int p = ip - s * kSegPieces;
+    (down ? dn : gu)[ip] = table_piece(a, cs, down ? s : s >> 1, down ? 2 : (s & 1), p);
   }
   finish_tables(a, a.sh_chunks + total, tid, kBlock);
 }

@@ -6,7 +6,8 @@ kMoeImmaRouteSpreadMinTokens tokens) spends its time; never run it on your worki
 Thread 0 of every block stamps %globaltimer (ns, one clock for all SMs) at the kernel's entry, after its programmatic
 wait, after its warp routed its token (route_one) and after the warp's arrival (warp_arrive); the last block to arrive
 also stamps once the entries are back in shared memory, after the grouping (group_entries), before the table writer
-(write_tables) and at thread 0's end of it. That block prints, for the 20th call and every 1000th after it, each
+(write_tables), after the writer's scan and chunk marks (its second barrier), when thread 0 has stored its segments,
+when every thread has (an added barrier) and at thread 0's end of it. That block prints, for the 20th call and every 1000th after it, each
 stamp's earliest, mean and latest over the blocks in us from the earliest entry (bench_moe's graph replays make
 thousands of calls).
 
@@ -24,7 +25,7 @@ HEAD = r'''
 namespace {
 constexpr int kPhBlocks = 64;
 __device__ unsigned long long g_rp[kPhBlocks][4];  // per block: entry, waited, routed, arrived
-__device__ unsigned long long g_rl[4];             // the last block: entries in, grouped, tables start, end
+__device__ unsigned long long g_rl[7];  // the last block: entries in, grouped, tables start, end, scanned, stored, all
 __device__ unsigned g_rp_calls;
 }  // namespace
 __device__ __forceinline__ unsigned long long rp_now() {
@@ -60,8 +61,10 @@ REPORT = r'''
         }
         printf("  %-14s %8.2f %8.2f %8.2f\n", names[i], lo * 1e-3, sum * 1e-3 / nb, hi * 1e-3);
       }
-      const char* last[4] = {"last: entries", "last: grouped", "last: tables", "last: end"};
-      for (int i = 0; i < 4; ++i) printf("  %-14s %8.2f\n", last[i], (moe_route_dev::g_rl[i] - t0) * 1e-3);
+      const char* last[7] = {"last: entries", "last: grouped", "last: tables", "last: scanned", "last: t0 stored",
+                             "last: all stored", "last: end"};
+      const int order[7] = {0, 1, 2, 4, 5, 6, 3};
+      for (int i = 0; i < 7; ++i) printf("  %-16s %8.2f\n", last[i], (moe_route_dev::g_rl[order[i]] - t0) * 1e-3);
     }
   }
 '''
@@ -98,7 +101,13 @@ def main():
          "    route_spread_table_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a) {\n"
          "  moe_route_dev::rp_block(0);\n  pdl_trigger();\n  pdl_wait();\n  moe_route_dev::rp_block(1);\n",
          "route_spread_table_kernel's start"),
-        ("  if (!moe_route_dev::route_spread<kPer>(logits, a.n_tok, n_expert, k, a.r, a.arrivals, &rt)) return;\n"
+        ("  for (int q = 0; q < chunks; ++q) chunk_expert_s[chunk0 + q] = static_cast<short>(e);\n  __syncthreads();\n",
+     "  for (int q = 0; q < chunks; ++q) chunk_expert_s[chunk0 + q] = static_cast<short>(e);\n  __syncthreads();\n"
+     "  moe_route_dev::rp_last(4);\n", "write_tables' scan"),
+    ("  finish_tables(a, a.sh_chunks + total, tid, kBlock);\n}\n",
+     "  moe_route_dev::rp_last(5);\n  __syncthreads();\n  moe_route_dev::rp_last(6);\n"
+     "  finish_tables(a, a.sh_chunks + total, tid, kBlock);\n}\n", "write_tables' end"),
+    ("  if (!moe_route_dev::route_spread<kPer>(logits, a.n_tok, n_expert, k, a.r, a.arrivals, &rt)) return;\n"
          "  __syncthreads();\n  write_tables<moe_route_dev::kThreads>(a, rt, n_expert);\n}\n",
          "  if (!moe_route_dev::route_spread<kPer>(logits, a.n_tok, n_expert, k, a.r, a.arrivals, &rt)) return;\n"
          "  __syncthreads();\n  moe_route_dev::rp_last(2);\n  write_tables<moe_route_dev::kThreads>(a, rt, n_expert);\n"
