@@ -359,7 +359,7 @@ __device__ __forceinline__ void write_tables(const TableArgs& a, const moe_route
     const int p = ip - s * kSegPieces;
     (down ? dn : gu)[ip] = table_piece(a, cs, down ? s : s >> 1, down ? 2 : (s & 1), p);
   }
-  finish_tables(a, a.sh_chunks + total, tid, kBlock);
+  finish_tables(a, used, tid, kBlock);
 }
 
 // Routing (moe_route_dev::route_block, the same code as moe_route) and then the segment tables from it, in one block:

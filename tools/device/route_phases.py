@@ -6,10 +6,10 @@ kMoeImmaRouteSpreadMinTokens tokens) spends its time; never run it on your worki
 Thread 0 of every block stamps %globaltimer (ns, one clock for all SMs) at the kernel's entry, after its programmatic
 wait, after its warp routed its token (route_one) and after the warp's arrival (warp_arrive); the last block to arrive
 also stamps once the entries are back in shared memory, after the grouping (group_entries), before the table writer
-(write_tables), after the writer's scan and chunk marks (its second barrier), when thread 0 has stored its segments,
-when every thread has (an added barrier) and at thread 0's end of it. That block prints, for the 20th call and every 1000th after it, each
-stamp's earliest, mean and latest over the blocks in us from the earliest entry (bench_moe's graph replays make
-thousands of calls).
+(write_tables), after the writer's scan and chunk marks (the barrier after them), when thread 0 has stored its
+pieces, when every thread has (an added barrier) and at thread 0's end of it. That block prints, for the 20th call
+and every 1000th after it, each stamp's earliest, mean and latest over the blocks in us from the earliest entry
+(bench_moe's graph replays make thousands of calls).
 
 Usage, on the lent GPU machine:
   mkdir /tmp/rp && tar --exclude=./build -cf - . | tar -x -C /tmp/rp
@@ -102,12 +102,12 @@ def main():
          "  moe_route_dev::rp_block(0);\n  pdl_trigger();\n  pdl_wait();\n  moe_route_dev::rp_block(1);\n",
          "route_spread_table_kernel's start"),
         ("  for (int q = 0; q < chunks; ++q) chunk_expert_s[chunk0 + q] = static_cast<short>(e);\n  __syncthreads();\n",
-     "  for (int q = 0; q < chunks; ++q) chunk_expert_s[chunk0 + q] = static_cast<short>(e);\n  __syncthreads();\n"
-     "  moe_route_dev::rp_last(4);\n", "write_tables' scan"),
-    ("  finish_tables(a, a.sh_chunks + total, tid, kBlock);\n}\n",
-     "  moe_route_dev::rp_last(5);\n  __syncthreads();\n  moe_route_dev::rp_last(6);\n"
-     "  finish_tables(a, a.sh_chunks + total, tid, kBlock);\n}\n", "write_tables' end"),
-    ("  if (!moe_route_dev::route_spread<kPer>(logits, a.n_tok, n_expert, k, a.r, a.arrivals, &rt)) return;\n"
+         "  for (int q = 0; q < chunks; ++q) chunk_expert_s[chunk0 + q] = static_cast<short>(e);\n  __syncthreads();\n"
+         "  moe_route_dev::rp_last(4);\n", "write_tables' scan"),
+        ("  finish_tables(a, used, tid, kBlock);\n}\n",
+         "  moe_route_dev::rp_last(5);\n  __syncthreads();\n  moe_route_dev::rp_last(6);\n"
+         "  finish_tables(a, used, tid, kBlock);\n}\n", "write_tables' end"),
+        ("  if (!moe_route_dev::route_spread<kPer>(logits, a.n_tok, n_expert, k, a.r, a.arrivals, &rt)) return;\n"
          "  __syncthreads();\n  write_tables<moe_route_dev::kThreads>(a, rt, n_expert);\n}\n",
          "  if (!moe_route_dev::route_spread<kPer>(logits, a.n_tok, n_expert, k, a.r, a.arrivals, &rt)) return;\n"
          "  __syncthreads();\n  moe_route_dev::rp_last(2);\n  write_tables<moe_route_dev::kThreads>(a, rt, n_expert);\n"
