@@ -21,12 +21,12 @@
 
 #include "core/base/expected.h"
 #include "core/model/model.h"
-#include "daemon/engine/engine.h"
-#include "daemon/engine/reference_engine.h"
+#include "core/engine/engine.h"
 #include "daemon/engine/service.h"
 #include "daemon/ops/command_line.h"
 #include "daemon/ops/config.h"
 #include "daemon/ops/default_model.h"
+#include "daemon/ops/engine_select.h"
 #include "daemon/ops/logging.h"
 #include "daemon/ops/model_loader.h"
 #include "daemon/ops/signals.h"
@@ -94,11 +94,16 @@ Expected<Daemon> build(const DaemonConfig& config) {
                hp.n_embd, hp.n_vocab, hp.n_expert, std::chrono::duration<double>(Clock::now() - load_start).count());
 
   notify_status("starting the " + config.engine + " engine");
-  KESTREL_TRY_ASSIGN(d.engine, make_reference_engine(*d.model, static_cast<int32_t>(config.limits.max_sessions)));
-  for (const PlacementSummaryEntry& p : d.engine->placement()) {
+  ServiceLimits limits = config.limits;
+  KESTREL_TRY_ASSIGN(d.engine, make_engine(config, *d.model, &limits, [&](int percent) {
+                       notify_status("loading weights onto the engine " + std::to_string(percent) + "%");
+                       spdlog::info("engine: weights {}%", percent);
+                     }));
+  spdlog::info("engine {} on {}", d.engine->name(), d.engine->placement().device);
+  for (const PlacementEntry& p : d.engine->placement().entries) {
     spdlog::info("placement: {:<16} {:<8} {:.1f} MB", p.component, p.device, static_cast<double>(p.bytes) / 1e6);
   }
-  KESTREL_TRY_ASSIGN(d.service, make_service(*d.model, *d.engine, config.limits));
+  KESTREL_TRY_ASSIGN(d.service, make_service(*d.model, *d.engine, limits));
   const ServiceLimits in_force = d.service->limits();
   spdlog::info("limits: {} sessions, {} queued steps, n_ctx {} (max {}), {} tokens per tick, idle TTL {} s",
                in_force.max_sessions, in_force.max_queued_steps, in_force.default_n_ctx, in_force.max_session_ctx,

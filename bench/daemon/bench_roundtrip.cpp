@@ -31,7 +31,7 @@
 #include "client/cli/step_roundtrip.h"
 #include "client/lib/client.h"
 #include "core/model/model.h"
-#include "daemon/engine/reference_engine.h"
+#include "core/engine/reference_engine.h"
 #include "daemon/engine/service.h"
 
 namespace kestrel {
@@ -53,7 +53,7 @@ struct Samples {
 // Service::step, waiting on the calling thread for the callback the engine thread runs; then Service::stats().
 Expected<Samples> run_in_process(const Options& o) {
   KESTREL_TRY_ASSIGN(auto model, Model::open(o.model));
-  KESTREL_TRY_ASSIGN(auto engine, daemon::make_reference_engine(*model, 4));
+  KESTREL_TRY_ASSIGN(auto engine, make_reference_engine(*model, 4));
   daemon::ServiceLimits limits;
   limits.default_sampling.temperature = 0.0f;
   KESTREL_TRY_ASSIGN(auto service, daemon::make_service(*model, *engine, limits));

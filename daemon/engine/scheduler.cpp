@@ -182,6 +182,9 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
     which.push_back(i);
   }
   std::vector<EngineStepOutput> outs(items.size());
+  const size_t n_vocab = engine_.hparams().n_vocab;
+  if (tick_logits_.size() < items.size() * n_vocab) tick_logits_.resize(items.size() * n_vocab);
+  for (size_t k = 0; k < items.size(); ++k) outs[k].logits = std::span<float>(tick_logits_.data() + k * n_vocab, n_vocab);
 
   // (3) One forward over the batch, then sampling.
   {

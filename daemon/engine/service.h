@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/base/expected.h"
+#include "core/engine/engine.h"
 #include "core/sampler/logprobs.h"
 #include "core/sampler/sampling_params.h"
 
@@ -50,18 +51,13 @@ struct SamplingOverrides {
   SamplingParams apply_to(SamplingParams base) const;
 };
 
-struct PlacementEntry {
-  std::string component;  // "embeddings", "gdn layers", "routed experts", ...
-  std::string device;     // "cpu", "cuda:0"
-  uint64_t bytes = 0;
-};
-
 struct ModelInfo {
   std::string architecture, name, engine, model_path;
   int32_t n_vocab = 0, n_ctx_train = 0, max_session_ctx = 0, bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;
   int32_t n_layer = 0, n_embd = 0, n_expert = 0, n_expert_used = 0;
-  std::vector<PlacementEntry> placement;
+  std::string device;                   // the engine's PlacementPlan::device
+  std::vector<PlacementEntry> placement;  // core/engine/engine.h
   uint64_t file_bytes = 0;
 };
 
@@ -159,7 +155,6 @@ class GenerateSink {
   virtual bool cancelled() const { return false; }
 };
 
-class Engine;
 
 class Service {
  public:

@@ -57,8 +57,8 @@ ServiceImpl::ServiceImpl(const Model& model, Engine& engine, const ServiceLimits
   info_.n_embd = static_cast<int32_t>(hp.n_embd);
   info_.n_expert = static_cast<int32_t>(hp.n_expert);
   info_.n_expert_used = static_cast<int32_t>(hp.n_expert_used);
-  for (const PlacementSummaryEntry& e : engine_.placement())
-    info_.placement.push_back({e.component, e.device, e.bytes});
+  info_.device = engine_.placement().device;
+  info_.placement = engine_.placement().entries;
   info_.file_bytes = model_.file().file_size();
 }
 

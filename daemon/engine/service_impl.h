@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/model/model.h"
-#include "daemon/engine/engine.h"
+#include "core/engine/engine.h"
 #include "daemon/engine/scheduler.h"
 #include "daemon/engine/service.h"
 #include "daemon/engine/session_table.h"
@@ -109,6 +109,7 @@ class ServiceImpl final : public Service {
   // Engine loop thread only.
   std::vector<std::shared_ptr<Request>> active_;
   uint64_t rotation_ = 0;
+  std::vector<float> tick_logits_;  // f32 [items, n_vocab]: every item's logits of the current tick, reused
 
   std::atomic<bool> serving_{false};
   std::atomic<uint64_t> ticks_{0}, tokens_processed_{0}, tokens_generated_{0};

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "core/sampler/sampler.h"
-#include "daemon/engine/engine.h"
+#include "core/engine/engine.h"
 #include "daemon/engine/service.h"
 
 namespace kestrel::daemon {

@@ -162,10 +162,12 @@ const std::vector<ConfigKey> kKeys = {
        return ok_status();
      },
      [](const DaemonConfig& c) -> ConfigValue { return c.model; }},
-    {"", "engine", "--engine", "NAME", "compute engine: reference (the scalar oracle; CPU and CUDA engines come later)",
+    {"", "engine", "--engine", "NAME",
+     "compute engine: auto (cuda when a usable CUDA device exists, else reference; the default), cuda (every "
+     "weight and session state on the GPU), reference (the scalar f32 oracle on the CPU)",
      ConfigValueKind::kString,
      [](DaemonConfig& c, const ConfigValue& v) -> Status {
-       KESTREL_TRY_ASSIGN(c.engine, as_one_of(v, {"reference"}));
+       KESTREL_TRY_ASSIGN(c.engine, as_one_of(v, {"auto", "cuda", "reference"}));
        return ok_status();
      },
      [](const DaemonConfig& c) -> ConfigValue { return c.engine; }},
@@ -219,6 +221,16 @@ const std::vector<ConfigKey> kKeys = {
        return ok_status();
      },
      [](const DaemonConfig& c) -> ConfigValue { return c.listen.tcp; }},
+    // [cuda]
+    {"cuda", "slots", "--cuda-slots", "N",
+     "CUDA engine: sessions resident on the device at once, each with max_session_ctx tokens of KV cache (1-4096; "
+     "default 16; max_sessions is lowered to it)",
+     ConfigValueKind::kInteger,
+     [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cuda.slots, v, 1, 4096); },
+     [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.slots}; }},
+    {"cuda", "device", "--cuda-device", "N", "CUDA engine: the device ordinal (default 0)", ConfigValueKind::kInteger,
+     [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cuda.device, v, 0, 1024); },
+     [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.device}; }},
     // [limits]
     {"limits", "max_sessions", "--max-sessions", "N",
      "open sessions at most; more get RESOURCE_EXHAUSTED (default 256)", ConfigValueKind::kInteger,

@@ -39,6 +39,12 @@ struct ListenConfig {
   std::string tcp;              // "host:port" for gRPC over TCP; empty = no TCP listener
 };
 
+// [cuda]: the CUDA engine's sizes (engine = cuda, or auto on a machine with a device).
+struct CudaConfig {
+  uint32_t slots = 16;  // sessions resident on the device at once (each holds max_session_ctx tokens of KV)
+  uint32_t device = 0;  // CUDA device ordinal
+};
+
 struct LogConfig {
   std::string level = "info";   // trace, debug, info, warn, error, critical, off
   std::string format = "auto";  // text (with timestamps), journal (syslog priority prefixes), auto (journal when
@@ -48,7 +54,8 @@ struct LogConfig {
 struct DaemonConfig {
   std::string config_file;  // the file read ("" = none); not a key
   std::string model;        // empty = the embedded default model
-  std::string engine = "reference";
+  std::string engine = "auto";  // auto (cuda when a usable device exists, else reference), cuda, reference
+  CudaConfig cuda;
   ListenConfig listen;
   ServiceLimits limits = default_limits();  // [limits] and [sampling]
   LogConfig log;

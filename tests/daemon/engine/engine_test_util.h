@@ -14,20 +14,15 @@
 #include <vector>
 
 #include "core/model/model.h"
-#include "daemon/engine/reference_engine.h"
+#include "core/engine/reference_engine.h"
 #include "daemon/engine/service.h"
+#include "tests/core/engine/engine_test_util.h"
 
 namespace kestrel::daemon::test {
 
-inline std::string fixture_model_path(const std::string& name) {
-  return std::string(KESTREL_GOLDEN_FIXTURES_DIR) + "/" + name + "/" + name + ".gguf";
-}
-
-inline std::unique_ptr<Model> open_fixture(const std::string& name) {
-  auto m = Model::open(fixture_model_path(name));
-  EXPECT_TRUE(m.has_value()) << (m ? "" : m.error().to_string());
-  return m ? std::move(*m) : nullptr;
-}
+using kestrel::test::fixture_model_path;
+using kestrel::test::iota_tokens;
+using kestrel::test::open_fixture;
 
 // Limits for tests: greedy by default, generous queues, small contexts.
 inline ServiceLimits test_limits() {
@@ -141,12 +136,6 @@ inline GenerateRequest gen_request(SessionId id, std::vector<int32_t> prompt, in
   r.prompt = std::move(prompt);
   r.max_tokens = max_tokens;
   return r;
-}
-
-inline std::vector<int32_t> iota_tokens(int n, int start = 10, int stride = 7, int mod = 1000) {
-  std::vector<int32_t> t;
-  for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((start + i * stride) % mod));
-  return t;
 }
 
 }  // namespace kestrel::daemon::test

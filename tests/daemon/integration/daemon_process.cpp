@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -78,6 +79,11 @@ Expected<std::unique_ptr<DaemonProcess>> DaemonProcess::start(const DaemonOption
   if (!o.model.empty()) {
     argv.push_back("--model");
     argv.push_back(o.model);
+  }
+  // KESTREL_ITEST_ENGINE runs every test's daemon on that engine (e.g. cuda on a GPU machine); unset: the default.
+  if (const char* engine = std::getenv("KESTREL_ITEST_ENGINE"); engine != nullptr && *engine != '\0') {
+    argv.push_back("--engine");
+    argv.push_back(engine);
   }
   argv.insert(argv.end(), o.extra_args.begin(), o.extra_args.end());
   const std::string log_path = d->dir_ + "/kestreld.log";

@@ -53,7 +53,9 @@ TEST(DaemonConfig, DefaultsWithoutFileOrFlags) {
   const DaemonConfig& c = r.result->config;
   EXPECT_EQ(r.result->action, CliAction::kRun);
   EXPECT_EQ(c.model, "");
-  EXPECT_EQ(c.engine, "reference");
+  EXPECT_EQ(c.engine, "auto");
+  EXPECT_EQ(c.cuda.slots, 16u);
+  EXPECT_EQ(c.cuda.device, 0u);
   EXPECT_EQ(c.listen.socket, "/run/user/1000/kestrel/kestreld.sock");
   EXPECT_EQ(c.listen.shm_socket, "/run/user/1000/kestrel/kestreld-shm.sock");
   EXPECT_EQ(c.listen.socket_mode, 0660u);

@@ -13,7 +13,7 @@
 #include "core/reference/forward.h"
 #include "core/reference/model_weights.h"
 #include "core/reference/session_state.h"
-#include "daemon/engine/reference_engine.h"
+#include "core/engine/reference_engine.h"
 #include "daemon/engine/service.h"
 #include "daemon/server/grpc_server.h"
 #include "daemon/server/rpc_handlers.h"

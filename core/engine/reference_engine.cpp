@@ -1,5 +1,5 @@
 // The reference Engine (reference_engine.h): slots of ref::SessionState, one ref::forward per item per tick.
-#include "daemon/engine/reference_engine.h"
+#include "core/engine/reference_engine.h"
 
 #include <algorithm>
 #include <optional>
@@ -11,7 +11,7 @@
 #include "core/reference/model_weights.h"
 #include "core/reference/session_state.h"
 
-namespace kestrel::daemon {
+namespace kestrel {
 namespace {
 
 class ReferenceEngine final : public Engine {
@@ -23,7 +23,13 @@ class ReferenceEngine final : public Engine {
 
   std::string name() const override { return "reference"; }
   const ModelHparams& hparams() const override { return model_.hparams(); }
-  std::vector<PlacementSummaryEntry> placement() const override { return placement_; }
+  const PlacementPlan& placement() const override { return placement_; }
+  EngineCapabilities capabilities() const override {
+    EngineCapabilities c;
+    c.max_items_per_pass = 1;  // one ref::forward per item
+    c.max_slot_ctx = static_cast<int32_t>(model_.hparams().n_ctx_train);
+    return c;
+  }
   int32_t max_slots() const override { return static_cast<int32_t>(slots_.size()); }
 
   Expected<SlotId> slot_alloc(int32_t n_ctx) override {
@@ -91,6 +97,16 @@ class ReferenceEngine final : public Engine {
     return ok_status();
   }
 
+  Expected<std::vector<uint8_t>> slot_snapshot(SlotId slot) const override {
+    if (!valid(slot)) return make_error(ErrorCode::kInvalidArgument, "slot " + std::to_string(slot) + " is not allocated");
+    return state(slot).snapshot();
+  }
+
+  Status slot_restore(SlotId slot, std::span<const uint8_t> bytes) override {
+    if (!valid(slot)) return make_error(ErrorCode::kInvalidArgument, "slot " + std::to_string(slot) + " is not allocated");
+    return slots_[static_cast<size_t>(slot)]->restore(bytes);
+  }
+
   int64_t slot_n_past(SlotId slot) const override { return valid(slot) ? state(slot).n_past() : 0; }
   int32_t slot_n_ctx(SlotId slot) const override { return valid(slot) ? state(slot).n_ctx() : 0; }
   std::span<const int32_t> slot_tokens(SlotId slot) const override {
@@ -110,14 +126,20 @@ class ReferenceEngine final : public Engine {
     options.gdn_mode = ref::GdnMode::kRecurrent;  // chunking-independent (file comment)
     for (size_t i = 0; i < items.size() && i < out.size(); ++i) {
       EngineStepOutput& o = out[i];
-      o.logits.clear();
       if (Status st = check(items[i]); !st) {
         o.status = std::move(st);
         continue;
       }
       ref::ForwardOutput fwd;
       o.status = ref::forward(weights_, *slots_[static_cast<size_t>(items[i].slot)], items[i].tokens, options, &fwd);
-      if (o.status) o.logits = std::move(fwd.logits);  // f32 [n_vocab]: all_logits is off
+      if (!o.status) continue;
+      if (o.logits.size() != fwd.logits.size()) {  // f32 [n_vocab]: all_logits is off
+        o.status = make_error(ErrorCode::kInternal, "step: the caller's logits buffer holds " +
+                                                        std::to_string(o.logits.size()) + " floats, not n_vocab = " +
+                                                        std::to_string(fwd.logits.size()));
+        continue;
+      }
+      std::copy(fwd.logits.begin(), fwd.logits.end(), o.logits.begin());
     }
   }
 
@@ -130,12 +152,12 @@ class ReferenceEngine final : public Engine {
   const Model& model_;
   ref::RefModelWeights weights_;
   std::vector<std::optional<ref::SessionState>> slots_;
-  std::vector<PlacementSummaryEntry> placement_;
+  PlacementPlan placement_;
 };
 
 }  // namespace
 
-std::vector<PlacementSummaryEntry> placement_all_on(const WeightCatalog& catalog, const std::string& device) {
+PlacementPlan placement_all_on(const WeightCatalog& catalog, const std::string& device) {
   uint64_t embeddings = 0, gdn = 0, attn = 0, routed = 0, shared = 0, lm_head = 0;
   const std::vector<LayerWeights>& layers = catalog.layers();
   for (const CatalogEntry& e : catalog.entries()) {
@@ -154,8 +176,9 @@ std::vector<PlacementSummaryEntry> placement_all_on(const WeightCatalog& catalog
       gdn += bytes;
     }
   }
-  std::vector<PlacementSummaryEntry> out;
-  auto add = [&](const char* component, uint64_t bytes) { out.push_back({component, device, bytes}); };
+  PlacementPlan out;
+  out.device = device;
+  auto add = [&](const char* component, uint64_t bytes) { out.entries.push_back({component, device, bytes}); };
   add("embeddings", embeddings);
   add("gdn layers", gdn);
   add("attention layers", attn);
@@ -174,4 +197,4 @@ Expected<std::unique_ptr<Engine>> make_reference_engine(const Model& model, int3
   return std::unique_ptr<Engine>(std::make_unique<ReferenceEngine>(model, std::move(weights), max_slots));
 }
 
-}  // namespace kestrel::daemon
+}  // namespace kestrel

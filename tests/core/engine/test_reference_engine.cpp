@@ -4,9 +4,10 @@
 
 #include "core/reference/forward.h"
 #include "core/reference/model_weights.h"
-#include "tests/daemon/engine/engine_test_util.h"
+#include "core/engine/reference_engine.h"
+#include "tests/core/engine/engine_test_util.h"
 
-namespace kestrel::daemon {
+namespace kestrel {
 namespace {
 
 using test::iota_tokens;
@@ -39,17 +40,13 @@ TEST_P(ReferenceEngineTest, MatchesForwardAndIsChunkingIndependent) {
   auto b = e.slot_alloc(64);
   ASSERT_TRUE(a && b);
   // Slot a: whole prompt. Slot b: chunks of 5, 9, 7 sharing ticks with slot a's work.
-  EngineStepItem items[2] = {{*a, std::span<const int32_t>(prompt)}, {*b, std::span<const int32_t>(prompt).first(5)}};
-  EngineStepOutput out[2];
-  e.step(items, out);
-  ASSERT_TRUE(out[0].status && out[1].status);
-  EXPECT_EQ(out[0].logits, expect);
-  EngineStepItem second[1] = {{*b, std::span<const int32_t>(prompt).subspan(5, 9)}};
-  e.step(second, std::span<EngineStepOutput>(out, 1));
-  EngineStepItem third[1] = {{*b, std::span<const int32_t>(prompt).subspan(14)}};
-  e.step(third, std::span<EngineStepOutput>(out, 1));
-  ASSERT_TRUE(out[0].status);
-  EXPECT_EQ(out[0].logits, expect) << "chunked prefill must be bit-identical to one prefill";
+  test::TickResult out =
+      test::run_tick(e, {{*a, std::span<const int32_t>(prompt)}, {*b, std::span<const int32_t>(prompt).first(5)}});
+  ASSERT_TRUE(out.status[0] && out.status[1]);
+  EXPECT_EQ(out.logits[0], expect);
+  test::run_one(e, *b, std::span<const int32_t>(prompt).subspan(5, 9));
+  EXPECT_EQ(test::run_one(e, *b, std::span<const int32_t>(prompt).subspan(14)), expect)
+      << "chunked prefill must be bit-identical to one prefill";
   EXPECT_EQ(e.slot_n_past(*b), 21);
   EXPECT_EQ(std::vector<int32_t>(e.slot_tokens(*b).begin(), e.slot_tokens(*b).end()), prompt);
 }
@@ -65,12 +62,10 @@ TEST_P(ReferenceEngineTest, PerItemErrorsAndClone) {
   ASSERT_TRUE(a && b);
   const std::vector<int32_t> good = {1, 2, 3};
   const std::vector<int32_t> bad = {1, static_cast<int32_t>(model->hparams().n_vocab)};
-  EngineStepItem items[2] = {{*a, good}, {*b, bad}};
-  EngineStepOutput out[2];
-  e.step(items, out);
-  EXPECT_TRUE(out[0].status);
-  ASSERT_FALSE(out[1].status);
-  EXPECT_EQ(out[1].status.error().code, ErrorCode::kInvalidArgument);
+  test::TickResult out = test::run_tick(e, {{*a, good}, {*b, bad}});
+  EXPECT_TRUE(out.status[0]);
+  ASSERT_FALSE(out.status[1]);
+  EXPECT_EQ(out.status[1].error().code, ErrorCode::kInvalidArgument);
   EXPECT_EQ(e.slot_n_past(*b), 0) << "a failed item leaves its slot unchanged";
   const std::vector<int32_t> too_long = iota_tokens(6);
   EngineStepItem over[1] = {{*a, too_long}};
@@ -82,10 +77,21 @@ TEST_P(ReferenceEngineTest, PerItemErrorsAndClone) {
   ASSERT_TRUE(e.slot_clone(*a, *c));
   EXPECT_EQ(e.slot_n_past(*c), 3);
   const std::vector<int32_t> next = {9};
-  EngineStepItem cont[2] = {{*a, next}, {*c, next}};
-  e.step(cont, out);
-  ASSERT_TRUE(out[0].status && out[1].status);
-  EXPECT_EQ(out[0].logits, out[1].logits);
+  out = test::run_tick(e, {{*a, next}, {*c, next}});
+  ASSERT_TRUE(out.status[0] && out.status[1]);
+  EXPECT_EQ(out.logits[0], out.logits[1]);
+
+  // Snapshot, run on, restore: the continuation repeats bit for bit.
+  auto snap = e.slot_snapshot(*a);
+  ASSERT_TRUE(snap.has_value());
+  const std::vector<float> after = test::run_one(e, *a, next);
+  ASSERT_TRUE(e.slot_restore(*a, *snap));
+  EXPECT_EQ(e.slot_n_past(*a), 4);
+  EXPECT_EQ(test::run_one(e, *a, next), after);
+  std::vector<uint8_t> broken = *snap;
+  broken.resize(broken.size() / 2);
+  EXPECT_FALSE(e.slot_restore(*a, broken));
+  EXPECT_EQ(e.slot_n_past(*a), 5) << "a refused restore leaves the slot as it was";
   EXPECT_EQ(e.slot_alloc(8).error().code, ErrorCode::kResourceExhausted);
   e.slot_free(*b);
   EXPECT_TRUE(e.slot_alloc(8).has_value());
@@ -97,7 +103,8 @@ TEST_P(ReferenceEngineTest, PlacementAddsUpToCatalog) {
   ASSERT_TRUE(model);
   auto engine = make_reference_engine(*model, 1);
   ASSERT_TRUE(engine.has_value());
-  const auto placement = (*engine)->placement();
+  const auto placement = (*engine)->placement().entries;
+  EXPECT_EQ((*engine)->placement().device, "cpu");
   ASSERT_EQ(placement.size(), 6u);
   uint64_t sum = 0;
   for (const auto& p : placement) {
@@ -116,4 +123,4 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ReferenceEngineTest,
                          ::testing::Values("golden-qwen35moe", "golden-qwen35", "golden-qwen3next"));
 
 }  // namespace
-}  // namespace kestrel::daemon
+}  // namespace kestrel

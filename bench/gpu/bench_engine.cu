@@ -1,0 +1,178 @@
+// bench_engine: decode tokens/s of the whole CUDA engine (gpu/engine/cuda_engine.h) on a GGUF file, at several
+// session counts, each beside its roofline: the bytes one decode step reads ÷ the plain read bandwidth measured in
+// the same run (docs/benchmarking.md). Then one profiled run per session count splits the step's time by section
+// (GDN, attention, MoE, dense FFN, lm_head with the logits copy, the rest), so the next speed work is chosen by it.
+//
+//   bench_engine --model M.gguf [--sessions 1,8,32] [--steps 64] [--prompt 32]
+//
+// A step is one Engine::step() of one token for each of B sessions, timed on the host around the call (what a
+// caller waits for: the launches, the kernels, the logits copy back). Tokens are fixed ids (no sampling), every
+// session at its own position. Bytes per step: every weight but the routed experts and the embedding table (B rows of
+// it are read), plus the routed experts B tokens touch per MoE layer if routing were uniform (E·(1 − (1 − k/E)^B)
+// distinct experts), plus each session's GDN state read and written and its KV cache read.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bench/gpu/device_timing.cuh"
+#include "core/engine/engine.h"
+#include "core/model/model.h"
+#include "gpu/engine/cuda_engine.h"
+
+namespace kestrel::gpu::bench {
+namespace {
+
+struct Args {
+  std::string model;
+  std::vector<int> sessions = {1, 8, 32};
+  int steps = 64;
+  int prompt = 32;
+};
+
+bool parse(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto val = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    const char* v = nullptr;
+    if (k == "--model" && (v = val())) {
+      a->model = v;
+    } else if (k == "--steps" && (v = val())) {
+      a->steps = std::atoi(v);
+    } else if (k == "--prompt" && (v = val())) {
+      a->prompt = std::atoi(v);
+    } else if (k == "--sessions" && (v = val())) {
+      a->sessions.clear();
+      for (const char* p = v; *p;) {
+        a->sessions.push_back(std::atoi(p));
+        while (*p && *p != ',') ++p;
+        if (*p == ',') ++p;
+      }
+    } else {
+      return false;
+    }
+  }
+  return !a->model.empty() && a->steps > 0 && a->prompt > 0 && !a->sessions.empty();
+}
+
+// Bytes one decode step of B sessions at context `pos` reads (see the file head).
+double step_bytes(const Model& m, int B, int pos) {
+  const WeightCatalog& c = m.catalog();
+  const ModelHparams& hp = m.hparams();
+  const double routed = static_cast<double>(c.bytes_in(PlacementClass::kRoutedExperts));
+  double bytes = static_cast<double>(c.total_bytes()) - routed;
+  if (!c.globals().tied_output) bytes -= static_cast<double>(c.globals().token_embd.n_bytes());
+  if (hp.is_moe()) {
+    uint32_t moe_layers = 0;
+    for (const LayerWeights& l : c.layers()) moe_layers += l.ffn.is_moe() ? 1 : 0;
+    const double E = hp.n_expert, k = hp.n_expert_used;
+    const double per_expert = routed / (moe_layers * E);
+    bytes += moe_layers * E * (1.0 - std::pow(1.0 - k / E, B)) * per_expert;
+  }
+  const double gdn_state = (double(hp.ssm_n_v_heads) * hp.ssm_d_state * hp.ssm_head_v_dim() +
+                            double(hp.ssm_conv_dim()) * (hp.ssm_conv_kernel - 1)) * 4.0;
+  const double kv = 2.0 * hp.n_head_kv * hp.head_dim * 4.0 * pos;
+  bytes += B * (2.0 * gdn_state * hp.n_gdn_layers() + kv * hp.n_attn_layers());
+  return bytes;
+}
+
+Status run(const Args& a) {
+  BenchSetup setup;
+  KESTREL_TRY(setup.start());
+  KESTREL_TRY_ASSIGN(std::unique_ptr<Model> model, Model::open(a.model));
+  const ModelHparams& hp = model->hparams();
+  const int max_b = *std::max_element(a.sessions.begin(), a.sessions.end());
+  CudaEngineOptions o;
+  o.max_slots = max_b;
+  o.n_ctx = a.prompt + 2 * a.steps + 16;
+  const auto t0 = std::chrono::steady_clock::now();
+  KESTREL_TRY_ASSIGN(std::unique_ptr<CudaEngine> e, make_cuda_engine(*model, o));
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("model %s: %s, %u layers, vocab %u; %.2f GB on the device, loaded in %.1f s\n", a.model.c_str(),
+              std::string(arch_name(hp.arch)).c_str(), hp.n_layer, hp.n_vocab, e->weight_bytes() / 1e9, load_s);
+  std::printf("layout: %s\n", e->layout_summary().c_str());
+  const double bw = setup.lim.peak_read_gbs * 1e9;
+
+  std::printf("\n| sessions | step ms | tokens/s | roofline tokens/s | of roofline | GB read per step |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  std::vector<std::string> splits;
+  std::vector<float> logits(size_t(max_b) * hp.n_vocab);
+  for (int B : a.sessions) {
+    std::vector<SlotId> slots;
+    for (int i = 0; i < B; ++i) {
+      KESTREL_TRY_ASSIGN(SlotId s, e->slot_alloc(o.n_ctx));
+      slots.push_back(s);
+    }
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
+    std::vector<EngineStepItem> items(static_cast<size_t>(B));
+    std::vector<EngineStepOutput> out(static_cast<size_t>(B));
+    for (int i = 0; i < B; ++i) {
+      out[size_t(i)].logits = std::span<float>(logits.data() + size_t(i) * hp.n_vocab, hp.n_vocab);
+      // Sessions at different positions: session i's prompt is prompt - (i % 8) tokens long.
+      const int len = std::max(1, a.prompt - (i % 8));
+      for (int t = 0; t < len; ++t) prompts[size_t(i)].push_back((1000 + 17 * t + 131 * i) % int(hp.n_vocab));
+      items[size_t(i)] = {slots[size_t(i)], prompts[size_t(i)]};
+    }
+    e->step(items, out);
+    for (const EngineStepOutput& x : out) KESTREL_TRY(x.status);
+    std::vector<int32_t> toks(static_cast<size_t>(B));
+    auto decode = [&](int n_steps) -> Expected<double> {
+      const auto s0 = std::chrono::steady_clock::now();
+      for (int s = 0; s < n_steps; ++s) {
+        for (int i = 0; i < B; ++i) {
+          toks[size_t(i)] = (7 + 29 * s + 53 * i) % int(hp.n_vocab);
+          items[size_t(i)] = {slots[size_t(i)], std::span<const int32_t>(&toks[size_t(i)], 1)};
+        }
+        e->step(items, out);
+        for (const EngineStepOutput& x : out) KESTREL_TRY(x.status);
+      }
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count() / n_steps;
+    };
+    KESTREL_TRY_ASSIGN(const double warm_s, decode(4));
+    (void)warm_s;
+    KESTREL_TRY_ASSIGN(const double step_s, decode(a.steps));
+    const double bytes = step_bytes(*model, B, a.prompt + a.steps / 2);
+    const double roof = B / (bytes / bw);
+    std::printf("| %d | %.3f | %.0f | %.0f | %.1f%% | %.2f |\n", B, step_s * 1e3, B / step_s, roof,
+                100.0 * (B / step_s) / roof, bytes / 1e9);
+
+    KESTREL_TRY(e->set_profiling(true));
+    e->clear_profile();
+    KESTREL_TRY_ASSIGN(const double profiled_s, decode(std::min(a.steps, 16)));
+    (void)profiled_s;
+    KESTREL_TRY(e->set_profiling(false));
+    int passes = 0;
+    const auto prof = e->profile(&passes);
+    double total = 0;
+    for (const auto& p : prof) total += p.second;
+    std::string line = "  " + std::to_string(B) + " sessions, ms per step (profiled):";
+    char buf[96];
+    for (const auto& p : prof) {
+      if (p.second <= 0) continue;
+      std::snprintf(buf, sizeof buf, " %s %.3f (%.0f%%);", p.first.c_str(), p.second / passes,
+                    100.0 * p.second / total);
+      line += buf;
+    }
+    splits.push_back(line);
+    for (SlotId s : slots) e->slot_free(s);
+  }
+  std::printf("\nstep time by section (CUDA events between sections, one profiled run of each size):\n");
+  for (const std::string& s : splits) std::printf("%s\n", s.c_str());
+  return ok_status();
+}
+
+}  // namespace
+}  // namespace kestrel::gpu::bench
+
+int main(int argc, char** argv) {
+  kestrel::gpu::bench::Args a;
+  if (!kestrel::gpu::bench::parse(argc, argv, &a)) {
+    std::fprintf(stderr, "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N]\n");
+    return 2;
+  }
+  return kestrel::gpu::bench::exit_status("bench_engine", kestrel::gpu::bench::run(a));
+}

@@ -1,0 +1,107 @@
+// Engine: the compute side of Kestrel behind one narrow interface — state slots plus one batched forward per tick
+// (design.md §6). The reference engine (reference_engine.h) implements it on core/reference; the CUDA engine
+// (gpu/engine/cuda_engine.h) on gpu/. The daemon's Service, the CLI and the tools drive any of them through it, so
+// gpu/ and cpu/ never include daemon/.
+//
+// A slot is one sequence's model state (GDN state + conv history per GDN layer, KV cache per attention layer,
+// token history), living on the engine's device. Slots are numbered 0..max_slots()-1 and recycled.
+//
+// Threading: no method is thread-safe, and calls must never overlap. The Service serialises them with one mutex
+// (ServiceImpl::engine_mu_) held around every Engine call: step() (and the sampling that reads slot_tokens) runs on
+// the engine loop thread; the slot_* calls may run on a caller's thread (create, clone, reset, close session) or
+// the loop thread, always between two step() calls, never on a slot that a queued request is using. An engine that
+// needs thread affinity (CUDA contexts) sets its device itself in each call.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/base/expected.h"
+#include "core/model/model_hparams.h"
+
+namespace kestrel {
+
+using SlotId = int32_t;
+
+// One sequence's share of a tick: tokens appended to `slot`, logits wanted after the last of them.
+struct EngineStepItem {
+  SlotId slot = -1;
+  std::span<const int32_t> tokens;  // borrowed for the call; >= 1
+};
+
+// Where one item's result goes. The caller owns the logits buffer (one reused buffer for the whole tick, not a
+// fresh vector per item); the engine writes it only when status is ok.
+struct EngineStepOutput {
+  Status status;             // an error fails this item only (its slot is unchanged); the others proceed
+  std::span<float> logits;   // caller-owned f32 [n_vocab]: the logits after the item's last token
+};
+
+// One component of the model and where its weights live.
+struct PlacementEntry {
+  std::string component;  // "embeddings", "gdn layers", "attention layers", "routed experts", "shared experts", "lm_head"
+  std::string device;     // "cpu", "cuda:0"
+  uint64_t bytes = 0;
+};
+
+// Where the engine keeps the model: the device it computes on and every component's bytes there. Entries sum to
+// WeightCatalog::total_bytes().
+struct PlacementPlan {
+  std::string device;  // "cpu" or "cuda:0 (NVIDIA H200, 139 GiB)"
+  std::vector<PlacementEntry> entries;
+};
+
+// What a tick may hold. The engine accepts any batch; these say what it runs without splitting.
+struct EngineCapabilities {
+  int32_t max_items_per_pass = 1;    // sessions advanced by one pass over the weights
+  int32_t max_tokens_per_item = 0;   // 0: no limit (a longer prompt runs as several passes inside step())
+  std::vector<int32_t> batch_buckets;  // pass sizes the engine has prepared launches for (empty: any)
+  int32_t max_slot_ctx = 0;          // the largest n_ctx slot_alloc accepts (0: the model's training context)
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual std::string name() const = 0;  // "reference", "cuda"
+  virtual const ModelHparams& hparams() const = 0;
+  virtual const PlacementPlan& placement() const = 0;
+  virtual EngineCapabilities capabilities() const = 0;
+  virtual int32_t max_slots() const = 0;
+
+  // A fresh slot with room for n_ctx tokens. kResourceExhausted when none is free or memory runs out;
+  // kOutOfRange when n_ctx is larger than the engine supports.
+  virtual Expected<SlotId> slot_alloc(int32_t n_ctx) = 0;
+  virtual void slot_free(SlotId slot) = 0;
+  virtual void slot_reset(SlotId slot) = 0;
+  // dst (allocated, any n_ctx >= src's n_past) becomes an exact copy of src.
+  virtual Status slot_clone(SlotId src, SlotId dst) = 0;
+  // The slot's whole state (ref::SessionState::snapshot's format: versioned, geometry-checked, the same bytes for
+  // every engine) and its inverse; restore refuses a snapshot of another geometry or one longer than the slot's
+  // n_ctx and leaves the slot unchanged then.
+  virtual Expected<std::vector<uint8_t>> slot_snapshot(SlotId slot) const = 0;
+  virtual Status slot_restore(SlotId slot, std::span<const uint8_t> bytes) = 0;
+  virtual int64_t slot_n_past(SlotId slot) const = 0;
+  virtual int32_t slot_n_ctx(SlotId slot) const = 0;
+  // The tokens the slot has consumed, oldest first (the sampler's penalty window reads it).
+  virtual std::span<const int32_t> slot_tokens(SlotId slot) const = 0;
+
+  // Checks one item against its slot without running it: kInvalidArgument for a bad token id or empty tokens,
+  // kOutOfRange when the slot's context would overflow.
+  virtual Status check(const EngineStepItem& item) const = 0;
+
+  // One tick: every item (distinct slots) advances; weights are read once per pass for the whole batch where the
+  // engine can. out.size() == items.size(), each out[i].logits sized n_vocab. Deterministic: the same slot contents
+  // and tokens give bit-identical logits whatever else is in the batch.
+  virtual void step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) = 0;
+};
+
+// The placement of a catalogued model with every component on `device` (for engines that keep all weights in one
+// place): embeddings (token_embd), gdn layers, attention layers (everything of a layer but its experts: norms,
+// mixer, router, dense FFN), routed experts, shared experts, lm_head (output_norm and output; a tied output is
+// counted once, under embeddings).
+class WeightCatalog;
+PlacementPlan placement_all_on(const WeightCatalog& catalog, const std::string& device);
+
+}  // namespace kestrel

@@ -1,0 +1,77 @@
+// Engine selection (engine_select.h).
+#include "daemon/ops/engine_select.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "core/engine/reference_engine.h"
+#ifdef KESTREL_WITH_CUDA
+#include "gpu/engine/cuda_engine.h"
+#endif
+
+namespace kestrel::daemon::ops {
+
+bool cuda_engine_built() {
+#ifdef KESTREL_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::string resolve_engine_name(const std::string& configured, std::string* why_not_cuda) {
+  if (configured != "auto") return configured;
+#ifdef KESTREL_WITH_CUDA
+  std::string why = gpu::cuda_unavailable_reason();
+  if (why.empty()) return "cuda";
+  if (why_not_cuda != nullptr) *why_not_cuda = why;
+#else
+  if (why_not_cuda != nullptr) *why_not_cuda = "this kestreld was built without CUDA";
+#endif
+  return "reference";
+}
+
+Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const Model& model, ServiceLimits* limits,
+                                              const std::function<void(int percent)>& progress) {
+  std::string why;
+  const std::string name = resolve_engine_name(config.engine, &why);
+  if (config.engine == "auto") {
+    spdlog::info("engine auto: {}{}", name, why.empty() ? "" : " (" + why + ")");
+  }
+  if (name == "reference") {
+    return make_reference_engine(model, static_cast<int32_t>(limits->max_sessions));
+  }
+#ifdef KESTREL_WITH_CUDA
+  gpu::CudaEngineOptions o;
+  const ModelHparams& hp = model.hparams();
+  int32_t ctx = limits->max_session_ctx;
+  if (hp.n_ctx_train > 0) ctx = std::min<int32_t>(ctx, static_cast<int32_t>(hp.n_ctx_train));
+  o.n_ctx = ctx;
+  o.max_slots = static_cast<int32_t>(std::min<uint32_t>(config.cuda.slots, limits->max_sessions));
+  o.device = static_cast<int>(config.cuda.device);
+  int last = -1;
+  o.progress = [&](uint64_t done, uint64_t total) {
+    const int percent = total > 0 ? static_cast<int>(done * 100 / total) : 100;
+    if (percent / 10 != last / 10 && progress) progress(percent);
+    last = percent;
+  };
+  KESTREL_TRY_ASSIGN(std::unique_ptr<gpu::CudaEngine> e, gpu::make_cuda_engine(model, o));
+  if (limits->max_sessions > static_cast<uint32_t>(o.max_slots)) {
+    spdlog::info("cuda: max_sessions lowered from {} to the engine's {} slots (cuda.slots)", limits->max_sessions,
+                 o.max_slots);
+    limits->max_sessions = static_cast<uint32_t>(o.max_slots);
+  }
+  limits->max_session_ctx = std::min(limits->max_session_ctx, o.n_ctx);
+  spdlog::info("cuda: {:.2f} GB weights, {:.2f} GB state ({} slots x {} tokens), {:.2f} GB scratch; {}",
+               static_cast<double>(e->weight_bytes()) / 1e9, static_cast<double>(e->state_bytes()) / 1e9,
+               o.max_slots, o.n_ctx, static_cast<double>(e->scratch_bytes()) / 1e9, e->layout_summary());
+  return std::unique_ptr<Engine>(std::move(e));
+#else
+  return make_error(ErrorCode::kFailedPrecondition,
+                    "engine = cuda, but this kestreld was built without CUDA (configure with nvcc present, or "
+                    "KESTREL_CUDA=ON)");
+#endif
+}
+
+}  // namespace kestrel::daemon::ops

@@ -1,0 +1,335 @@
+// The CUDA engine (cuda_engine.h): slots bookkeeping on the host, state on the device, ticks as decode passes.
+#include "gpu/engine/cuda_engine.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/reference/session_state.h"
+#include "gpu/cuda_check.h"
+#include "gpu/engine/device_model.h"
+#include "gpu/engine/forward_pass.h"
+#include "gpu/state_slots.h"
+
+namespace kestrel::gpu {
+namespace {
+
+struct SlotInfo {
+  bool used = false;
+  int32_t n_ctx = 0;
+  std::vector<int32_t> tokens;  // consumed tokens, oldest first (n_past = size)
+};
+
+std::string device_label(int device) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "cuda:" + std::to_string(device);
+  char gib[32];
+  std::snprintf(gib, sizeof gib, "%.0f GiB", static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0));
+  return "cuda:" + std::to_string(device) + " (" + std::string(prop.name) + ", " + gib + ")";
+}
+
+class CudaEngineImpl final : public CudaEngine {
+ public:
+  CudaEngineImpl(const Model& model, int device) : model_(model), device_(device) {}
+  ~CudaEngineImpl() override {
+    cudaSetDevice(device_);
+    pass_.reset();
+    slots_.reset();
+    dm_.reset();
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  Status init(const CudaEngineOptions& o) {
+    KESTREL_CUDA_TRY(cudaSetDevice(device_));
+    KESTREL_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    const ModelHparams& hp = model_.hparams();
+    if (o.max_slots < 1) {
+      return make_error(ErrorCode::kInvalidArgument, "the CUDA engine needs at least one slot (got " +
+                                                         std::to_string(o.max_slots) + ")");
+    }
+    if (o.n_ctx < 1 || (hp.n_ctx_train > 0 && static_cast<uint32_t>(o.n_ctx) > hp.n_ctx_train)) {
+      return make_error(ErrorCode::kOutOfRange, "the CUDA engine's slot context " + std::to_string(o.n_ctx) +
+                                                    " is outside 1.." + std::to_string(hp.n_ctx_train));
+    }
+    n_ctx_ = o.n_ctx;
+    // The state and scratch the weights must leave room for.
+    const uint64_t reserve = state_bytes_estimate(hp, o.n_ctx, o.max_slots) + ForwardPass::scratch_bytes(hp, o.n_ctx);
+    KESTREL_TRY_ASSIGN(dm_, DeviceModel::create(model_, reserve, o.progress, stream_));
+    KESTREL_TRY_ASSIGN(StateSlots s, StateSlots::create(hp, o.n_ctx, o.max_slots));
+    slots_.emplace(std::move(s));
+    KESTREL_TRY_ASSIGN(pass_, ForwardPass::create(*dm_, *slots_, stream_));
+    slot_info_.resize(static_cast<size_t>(o.max_slots));
+    placement_ = placement_all_on(model_.catalog(), "cuda:" + std::to_string(device_));
+    placement_.device = device_label(device_);
+    scratch_bytes_ = ForwardPass::scratch_bytes(hp, o.n_ctx);
+    return ok_status();
+  }
+
+  // Engine
+  std::string name() const override { return "cuda"; }
+  const ModelHparams& hparams() const override { return model_.hparams(); }
+  const PlacementPlan& placement() const override { return placement_; }
+  EngineCapabilities capabilities() const override {
+    EngineCapabilities c;
+    c.max_items_per_pass = kPassMaxTokens;
+    c.max_tokens_per_item = 0;
+    c.max_slot_ctx = n_ctx_;
+    return c;
+  }
+  int32_t max_slots() const override { return static_cast<int32_t>(slot_info_.size()); }
+
+  Expected<SlotId> slot_alloc(int32_t n_ctx) override {
+    if (n_ctx < 1 || n_ctx > n_ctx_) {
+      return make_error(ErrorCode::kOutOfRange, "n_ctx " + std::to_string(n_ctx) + " is outside 1.." +
+                                                    std::to_string(n_ctx_) + " (the CUDA engine's slot context)");
+    }
+    for (size_t i = 0; i < slot_info_.size(); ++i) {
+      if (slot_info_[i].used) continue;
+      KESTREL_CUDA_TRY(cudaSetDevice(device_));
+      KESTREL_TRY(slots_->reset(static_cast<int>(i), stream_));
+      KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
+      slot_info_[i] = SlotInfo{true, n_ctx, {}};
+      return static_cast<SlotId>(i);
+    }
+    return make_error(ErrorCode::kResourceExhausted,
+                      "all " + std::to_string(slot_info_.size()) + " CUDA engine slots are in use");
+  }
+
+  void slot_free(SlotId slot) override {
+    if (valid(slot)) slot_info_[static_cast<size_t>(slot)] = SlotInfo{};
+  }
+
+  void slot_reset(SlotId slot) override {
+    if (!valid(slot)) return;
+    cudaSetDevice(device_);
+    if (slots_->reset(slot, stream_) && cudaStreamSynchronize(stream_) == cudaSuccess) {
+      slot_info_[static_cast<size_t>(slot)].tokens.clear();
+    }
+  }
+
+  Status slot_clone(SlotId src, SlotId dst) override {
+    if (!valid(src) || !valid(dst)) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "slot_clone: slot " + std::to_string(valid(src) ? dst : src) + " is not allocated");
+    }
+    if (src == dst) return ok_status();
+    const SlotInfo& s = slot_info_[static_cast<size_t>(src)];
+    SlotInfo& d = slot_info_[static_cast<size_t>(dst)];
+    const int n_used = static_cast<int>(s.tokens.size());
+    if (n_used > d.n_ctx) {
+      return make_error(ErrorCode::kOutOfRange, "slot_clone: source holds " + std::to_string(n_used) +
+                                                    " tokens, the destination only " + std::to_string(d.n_ctx));
+    }
+    KESTREL_CUDA_TRY(cudaSetDevice(device_));
+    KESTREL_TRY(slots_->clone(src, dst, n_used, stream_));
+    KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
+    d.tokens = s.tokens;
+    return ok_status();
+  }
+
+  Expected<std::vector<uint8_t>> slot_snapshot(SlotId slot) const override {
+    if (!valid(slot)) return not_allocated(slot);
+    const SlotInfo& info = slot_info_[static_cast<size_t>(slot)];
+    KESTREL_CUDA_TRY(cudaSetDevice(device_));
+    KESTREL_TRY_ASSIGN(ref::SessionState state, ref::SessionState::create(model_.hparams(), info.n_ctx));
+    KESTREL_TRY(slots_->download(slot, static_cast<int>(info.tokens.size()), state, stream_));
+    state.append_tokens(info.tokens);
+    return state.snapshot();
+  }
+
+  Status slot_restore(SlotId slot, std::span<const uint8_t> bytes) override {
+    if (!valid(slot)) return not_allocated(slot);
+    SlotInfo& info = slot_info_[static_cast<size_t>(slot)];
+    KESTREL_TRY_ASSIGN(ref::SessionState state, ref::SessionState::create(model_.hparams(), info.n_ctx));
+    KESTREL_TRY(state.restore(bytes));  // checks the geometry (n_ctx included) before anything changes
+    KESTREL_CUDA_TRY(cudaSetDevice(device_));
+    KESTREL_TRY(slots_->upload(state, slot, stream_));
+    info.tokens = state.tokens();
+    return ok_status();
+  }
+
+  int64_t slot_n_past(SlotId slot) const override {
+    return valid(slot) ? static_cast<int64_t>(slot_info_[static_cast<size_t>(slot)].tokens.size()) : 0;
+  }
+  int32_t slot_n_ctx(SlotId slot) const override { return valid(slot) ? slot_info_[static_cast<size_t>(slot)].n_ctx : 0; }
+  std::span<const int32_t> slot_tokens(SlotId slot) const override {
+    if (!valid(slot)) return {};
+    return slot_info_[static_cast<size_t>(slot)].tokens;
+  }
+
+  Status check(const EngineStepItem& item) const override {
+    if (!valid(item.slot)) return not_allocated(item.slot);
+    if (item.tokens.empty()) return make_error(ErrorCode::kInvalidArgument, "empty batch: at least one token is needed");
+    const uint32_t n_vocab = model_.hparams().n_vocab;
+    for (size_t i = 0; i < item.tokens.size(); ++i) {
+      if (item.tokens[i] < 0 || static_cast<uint32_t>(item.tokens[i]) >= n_vocab) {
+        return make_error(ErrorCode::kInvalidArgument, "token id " + std::to_string(item.tokens[i]) + " at index " +
+                                                           std::to_string(i) + " is outside the vocabulary [0, " +
+                                                           std::to_string(n_vocab) + ")");
+      }
+    }
+    const SlotInfo& s = slot_info_[static_cast<size_t>(item.slot)];
+    if (s.tokens.size() + item.tokens.size() > static_cast<size_t>(s.n_ctx)) {
+      return make_error(ErrorCode::kOutOfRange, "context limit: " + std::to_string(s.tokens.size()) + " tokens + " +
+                                                    std::to_string(item.tokens.size()) + " new exceed the session's " +
+                                                    std::to_string(s.n_ctx));
+    }
+    return ok_status();
+  }
+
+  void step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) override {
+    run_tick(items, out, nullptr);
+  }
+
+  // CudaEngine
+  void step_with_hidden(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out,
+                        std::vector<float>* hidden) override {
+    run_tick(items, out, hidden);
+  }
+  uint64_t weight_bytes() const override { return dm_->device_bytes(); }
+  uint64_t state_bytes() const override { return slots_->bytes_per_slot() * static_cast<uint64_t>(slots_->n_slots()); }
+  uint64_t scratch_bytes() const override { return scratch_bytes_; }
+  Status set_profiling(bool on) override { return pass_->set_profiling(on); }
+  std::vector<std::pair<std::string, double>> profile(int* passes) const override {
+    const PassProfile& p = pass_->profile();
+    if (passes != nullptr) *passes = p.passes;
+    std::vector<std::pair<std::string, double>> out;
+    for (int i = 0; i < static_cast<int>(PassSection::kCount); ++i) {
+      out.emplace_back(pass_section_name(static_cast<PassSection>(i)), p.ms[i]);
+    }
+    return out;
+  }
+  void clear_profile() override { pass_->clear_profile(); }
+  std::string layout_summary() const override {
+    return std::to_string(dm_->n_tiled_matrices()) + " projection matrices tiled for GEMV v4, " +
+           std::to_string(dm_->n_raw_matrices()) + " raw; " + std::to_string(dm_->n_moe_tiled_layers()) +
+           " MoE layers on moe_imma";
+  }
+
+ private:
+  static uint64_t state_bytes_estimate(const ModelHparams& hp, int n_ctx, int n_slots) {
+    const uint64_t gdn = uint64_t{hp.ssm_n_v_heads} * hp.ssm_d_state * hp.ssm_head_v_dim() +
+                         uint64_t{hp.ssm_conv_dim()} * (hp.ssm_conv_kernel > 0 ? hp.ssm_conv_kernel - 1 : 0);
+    const uint64_t kv = 2ull * static_cast<uint64_t>(n_ctx) * hp.n_head_kv * hp.head_dim;
+    const uint64_t per_slot = (gdn * hp.n_gdn_layers() + kv * hp.n_attn_layers()) * sizeof(float) + 4096 * hp.n_layer;
+    return per_slot * static_cast<uint64_t>(n_slots);
+  }
+
+  bool valid(SlotId slot) const {
+    return slot >= 0 && static_cast<size_t>(slot) < slot_info_.size() && slot_info_[static_cast<size_t>(slot)].used;
+  }
+  static Error not_allocated(SlotId slot) {
+    return make_error(ErrorCode::kInvalidArgument, "slot " + std::to_string(slot) + " is not allocated");
+  }
+
+  // Runs the valid items in groups of kPassMaxTokens, a pass per token index.
+  void run_tick(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out, std::vector<float>* hidden) {
+    const ModelHparams& hp = model_.hparams();
+    const size_t layer_floats = size_t{hp.n_layer} * hp.n_embd;
+    if (hidden != nullptr) hidden->assign(items.size() * layer_floats, 0.0f);
+    std::vector<size_t> ok;
+    for (size_t i = 0; i < items.size() && i < out.size(); ++i) {
+      out[i].status = check(items[i]);
+      if (out[i].status && out[i].logits.size() != hp.n_vocab) {
+        out[i].status = make_error(ErrorCode::kInternal, "step: the caller's logits buffer holds " +
+                                                             std::to_string(out[i].logits.size()) +
+                                                             " floats, not n_vocab = " + std::to_string(hp.n_vocab));
+      }
+      if (out[i].status) ok.push_back(i);
+    }
+    if (Status st = cuda_status(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__); !st) {
+      for (size_t i : ok) out[i].status = st;
+      return;
+    }
+    std::vector<PassRow> rows;
+    std::vector<size_t> row_item;
+    std::vector<float> pass_hidden;
+    for (size_t g0 = 0; g0 < ok.size(); g0 += kPassMaxTokens) {
+      const size_t g1 = std::min(ok.size(), g0 + kPassMaxTokens);
+      size_t longest = 0;
+      for (size_t g = g0; g < g1; ++g) longest = std::max(longest, items[ok[g]].tokens.size());
+      Status st = ok_status();
+      for (size_t t = 0; t < longest && st; ++t) {
+        // Rows that want logits (the item's last token) first: lm_head runs only for the leading rows.
+        rows.clear();
+        row_item.clear();
+        for (int want = 1; want >= 0; --want) {
+          for (size_t g = g0; g < g1; ++g) {
+            const size_t i = ok[g];
+            const EngineStepItem& it = items[i];
+            if (t >= it.tokens.size() || (t + 1 == it.tokens.size()) != (want == 1)) continue;
+            const SlotInfo& s = slot_info_[static_cast<size_t>(it.slot)];
+            PassRow r;
+            r.slot = it.slot;
+            r.token = it.tokens[t];
+            r.position = static_cast<int32_t>(s.tokens.size() + t);
+            r.logits = want == 1 ? out[i].logits.data() : nullptr;
+            rows.push_back(r);
+            row_item.push_back(i);
+          }
+        }
+        const bool capture = hidden != nullptr;
+        if (capture) pass_hidden.assign(rows.size() * layer_floats, 0.0f);
+        st = pass_->run(rows, capture ? pass_hidden.data() : nullptr);
+        if (st && capture) {
+          // pass_hidden is [n_layer][rows][H]; an item's last token's rows go to its [n_layer][H].
+          for (size_t r = 0; r < rows.size(); ++r) {
+            if (rows[r].logits == nullptr) continue;
+            for (uint32_t l = 0; l < hp.n_layer; ++l) {
+              std::copy_n(pass_hidden.data() + (size_t{l} * rows.size() + r) * hp.n_embd, hp.n_embd,
+                          hidden->data() + row_item[r] * layer_floats + size_t{l} * hp.n_embd);
+            }
+          }
+        }
+      }
+      for (size_t g = g0; g < g1; ++g) {
+        const size_t i = ok[g];
+        if (!st) {
+          out[i].status = make_error(st.error().code, "the CUDA engine's pass failed; this session's state on the "
+                                                      "device is no longer consistent, reset it: " +
+                                                          st.error().message);
+          continue;
+        }
+        SlotInfo& s = slot_info_[static_cast<size_t>(items[i].slot)];
+        s.tokens.insert(s.tokens.end(), items[i].tokens.begin(), items[i].tokens.end());
+      }
+    }
+  }
+
+  const Model& model_;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  int32_t n_ctx_ = 0;
+  std::unique_ptr<DeviceModel> dm_;
+  std::optional<StateSlots> slots_;
+  std::unique_ptr<ForwardPass> pass_;
+  std::vector<SlotInfo> slot_info_;
+  PlacementPlan placement_;
+  uint64_t scratch_bytes_ = 0;
+};
+
+}  // namespace
+
+std::string cuda_unavailable_reason() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) return std::string("no usable CUDA device: ") + cudaGetErrorString(err);
+  if (n == 0) return "no CUDA device";
+  return "";
+}
+
+Expected<std::unique_ptr<CudaEngine>> make_cuda_engine(const Model& model, const CudaEngineOptions& options) {
+  if (std::string why = cuda_unavailable_reason(); !why.empty()) {
+    return make_error(ErrorCode::kFailedPrecondition, "the CUDA engine cannot start: " + why);
+  }
+  auto e = std::make_unique<CudaEngineImpl>(model, options.device);
+  KESTREL_TRY(e->init(options));
+  return std::unique_ptr<CudaEngine>(std::move(e));
+}
+
+}  // namespace kestrel::gpu

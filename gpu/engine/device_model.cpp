@@ -1,0 +1,274 @@
+// DeviceModel (device_model.h): the layout choice per tensor, the pool's registration in per-layer batches, and the
+// per-layer device views.
+#include "gpu/engine/device_model.h"
+
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+#include "gpu/cuda_check.h"
+#include "gpu/gemv.h"
+#include "gpu/gemv_imma.h"
+
+namespace kestrel::gpu {
+namespace {
+
+uint64_t align_up(uint64_t n) { return (n + kPoolAlignment - 1) / kPoolAlignment * kPoolAlignment; }
+
+std::string gb(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(bytes) / 1e9);
+  return buf;
+}
+
+// A raw view of a tensor of the file (host memory), for the shape and type checks of moe_imma_check_raw.
+DeviceExpertsView host_experts(const TensorRef& t) {
+  return {t.type(), t.data.data(), static_cast<int64_t>(t.ne_at(0)), static_cast<int64_t>(t.ne_at(1)),
+          static_cast<int64_t>(t.ne_at(2))};
+}
+DeviceMatrixView host_matrix(const TensorRef& t) {
+  if (!t.present()) return {};
+  return {t.type(), t.data.data(), static_cast<int64_t>(t.ne_at(0)), static_cast<int64_t>(t.rows())};
+}
+
+MoeDeviceWeights host_moe(const FfnWeights& f, uint32_t n_expert_used) {
+  MoeDeviceWeights w;
+  w.n_expert_used = static_cast<int>(n_expert_used);
+  w.router = host_matrix(f.router);
+  w.gate_exps = host_experts(f.gate_exps);
+  w.up_exps = host_experts(f.up_exps);
+  w.down_exps = host_experts(f.down_exps);
+  if (f.has_shared_expert()) {
+    w.shared_gate_inp = host_matrix(f.shared_gate_inp);
+    w.gate_shexp = host_matrix(f.gate_shexp);
+    w.up_shexp = host_matrix(f.up_shexp);
+    w.down_shexp = host_matrix(f.down_shexp);
+  }
+  return w;
+}
+
+bool is_projection(const std::string& name) {
+  for (const char* role : {".attn_qkv.weight", ".attn_gate.weight", ".ssm_in.weight", ".ssm_ba.weight",
+                           ".ssm_beta.weight", ".ssm_alpha.weight", ".ssm_out.weight", ".attn_q.weight",
+                           ".attn_k.weight", ".attn_v.weight", ".attn_output.weight", ".ffn_gate.weight",
+                           ".ffn_up.weight", ".ffn_down.weight"}) {
+    if (name.ends_with(role)) return true;
+  }
+  return name == "output.weight";
+}
+
+bool is_expert_matrix(const std::string& name) {
+  for (const char* role : {".ffn_gate_exps.weight", ".ffn_up_exps.weight", ".ffn_down_exps.weight",
+                           ".ffn_gate_shexp.weight", ".ffn_up_shexp.weight", ".ffn_down_shexp.weight"}) {
+    if (name.ends_with(role)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<DeviceModel>> DeviceModel::create(const Model& model, uint64_t reserve_bytes,
+                                                           const LoadProgress& progress, cudaStream_t stream) {
+  const WeightCatalog& catalog = model.catalog();
+  const ModelHparams& hp = catalog.hparams();
+
+  // Which MoE layers run on moe_imma: their expert matrices are tiled, the other layers' stay raw.
+  std::vector<bool> moe_tiled(hp.n_layer, false);
+  for (uint32_t l = 0; l < hp.n_layer; ++l) {
+    const FfnWeights& f = catalog.layer(l).ffn;
+    if (f.is_moe()) moe_tiled[l] = static_cast<bool>(moe_imma_check_raw(host_moe(f, hp.n_expert_used)));
+  }
+
+  // The registration plan: one batch per layer (globals first), each tensor with its layout.
+  std::vector<std::vector<PoolTensorDesc>> batches(hp.n_layer + 1);
+  uint64_t budget = 0;
+  for (const CatalogEntry& ce : catalog.entries()) {
+    if (ce.skipped || ce.info == nullptr) continue;
+    PoolTensorDesc d;
+    d.key = ce.info->name;
+    d.type = ce.info->type;
+    d.ne = ce.info->ne;
+    d.placement = ce.placement;
+    d.data = model.file().tensor_data(*ce.info);
+    const int64_t ne0 = static_cast<int64_t>(ce.info->ne[0]);
+    const int64_t ne1 = ce.info->ne.size() > 1 ? static_cast<int64_t>(ce.info->ne[1]) : 1;
+    if (is_projection(d.key)) {
+      if (gemv_imma_supports(d.type, ne0, ne1)) d.layout = PoolLayout::kTiled;
+    } else if (is_expert_matrix(d.key) && ce.layer >= 0 && moe_tiled[static_cast<size_t>(ce.layer)]) {
+      d.layout = PoolLayout::kTiled;
+    }
+    budget += align_up(ce.info->n_bytes);
+    batches[static_cast<size_t>(ce.layer + 1)].push_back(std::move(d));
+  }
+
+  size_t free_bytes = 0, total_bytes = 0;
+  KESTREL_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (budget + reserve_bytes > free_bytes) {
+    return make_error(ErrorCode::kResourceExhausted,
+                      "the model does not fit on the GPU: its weights need " + gb(budget) + " and the sessions' " +
+                          "state and scratch " + gb(reserve_bytes) + ", " + gb(budget + reserve_bytes) +
+                          " in all, but the device has " + gb(free_bytes) + " free of " + gb(total_bytes) +
+                          " (fewer sessions or a shorter context lowers the second figure)");
+  }
+  KESTREL_TRY_ASSIGN(WeightPool pool, WeightPool::create(budget));
+  std::unique_ptr<DeviceModel> dm(new DeviceModel(std::move(pool)));
+  dm->hp_ = hp;
+  dm->gdn_dims_ = ref::GdnDims::from_hparams(hp);
+
+  uint64_t done = 0;
+  for (const std::vector<PoolTensorDesc>& batch : batches) {
+    if (batch.empty()) continue;
+    KESTREL_TRY(dm->pool_.register_tensors(batch, stream));
+    for (const PoolTensorDesc& d : batch) done += d.data.size();
+    if (progress) progress(done, catalog.total_bytes());
+  }
+  KESTREL_TRY(dm->build_views(catalog));
+  return dm;
+}
+
+Expected<DeviceMatrix> DeviceModel::matrix(const TensorRef& t) {
+  DeviceMatrix m;
+  if (!t.present()) return m;
+  KESTREL_TRY_ASSIGN(PoolRef ref, pool_.find(t.name()));
+  KESTREL_TRY_ASSIGN(const PoolEntry* e, pool_.entry(ref));
+  m.n_in = static_cast<int64_t>(t.ne_at(0));
+  m.n_out = static_cast<int64_t>(t.rows());
+  if (e->layout == PoolLayout::kTiled) {
+    m.tiled = true;
+    KESTREL_TRY_ASSIGN(m.tiled_view, pool_.tiled_view(ref));
+    max_tiled_in_ = std::max(max_tiled_in_, m.n_in);
+    ++n_tiled_;
+  } else {
+    if (!gemv_supports(e->type)) {
+      return make_error(ErrorCode::kUnsupported, "the CUDA engine has no GEMV for " + t.name() + "'s type " +
+                                                     std::string(ggml_type_name(e->type)));
+    }
+    KESTREL_TRY_ASSIGN(m.raw_view, pool_.view(ref));
+    ++n_raw_;
+  }
+  return m;
+}
+
+Status DeviceModel::build_views(const WeightCatalog& catalog) {
+  auto f32 = [&](const TensorRef& t) -> Expected<const float*> {
+    if (!t.present()) return static_cast<const float*>(nullptr);
+    KESTREL_TRY_ASSIGN(DeviceMatrixView v, pool_.matrix(t.name()));
+    if (v.type != GgmlType::kF32) {
+      return make_error(ErrorCode::kUnsupported, t.name() + " must be F32 on the CUDA engine");
+    }
+    return static_cast<const float*>(v.data);
+  };
+  // A tiled expert stack's base (expert e at e · tiled_bytes) or a raw stack's view.
+  auto tiled_base = [&](const TensorRef& t) -> Expected<const void*> {
+    KESTREL_TRY_ASSIGN(PoolRef ref, pool_.find(t.name()));
+    const bool stack = t.ne().size() >= 3 && t.ne_at(2) > 1;
+    KESTREL_TRY_ASSIGN(TiledView v, stack ? pool_.tiled_slice(ref, 0) : pool_.tiled_view(ref));
+    return v.data;
+  };
+  auto raw_experts = [&](const TensorRef& t) -> Expected<DeviceExpertsView> {
+    KESTREL_TRY_ASSIGN(DeviceMatrixView v, pool_.matrix(t.name()));
+    return DeviceExpertsView{v.type, v.data, static_cast<int64_t>(t.ne_at(0)), static_cast<int64_t>(t.ne_at(1)),
+                             static_cast<int64_t>(t.ne_at(2))};
+  };
+
+  const GlobalWeights& g = catalog.globals();
+  KESTREL_TRY_ASSIGN(token_embd_, pool_.matrix(g.token_embd.name()));
+  if (!get_rows_supports(token_embd_.type)) {
+    return make_error(ErrorCode::kUnsupported, "token_embd.weight's type " +
+                                                   std::string(ggml_type_name(token_embd_.type)) +
+                                                   " has no embedding lookup on the CUDA engine");
+  }
+  KESTREL_TRY_ASSIGN(output_norm_, f32(g.output_norm));
+  KESTREL_TRY_ASSIGN(output_, matrix(g.output));
+
+  layers_.resize(hp_.n_layer);
+  for (uint32_t l = 0; l < hp_.n_layer; ++l) {
+    const LayerWeights& lw = catalog.layer(l);
+    DeviceLayer& d = layers_[l];
+    d.kind = lw.kind;
+    KESTREL_TRY_ASSIGN(d.attn_norm, f32(lw.attn_norm));
+    KESTREL_TRY_ASSIGN(d.post_attn_norm, f32(lw.post_attention_norm));
+    if (lw.kind == LayerKind::kGatedDeltaNet) {
+      const GdnWeights& w = lw.gdn;
+      DeviceGdnLayer& o = d.gdn;
+      o.projection = ref::gdn_projection_for(hp_.arch, catalog.layout().gdn_input);
+      KESTREL_TRY_ASSIGN(o.qkv, matrix(w.qkv));
+      KESTREL_TRY_ASSIGN(o.gate, matrix(w.gate));
+      KESTREL_TRY_ASSIGN(o.ssm_in, matrix(w.ssm_in));
+      KESTREL_TRY_ASSIGN(o.ba, matrix(w.ba));
+      KESTREL_TRY_ASSIGN(o.beta, matrix(w.beta));
+      KESTREL_TRY_ASSIGN(o.alpha, matrix(w.alpha));
+      KESTREL_TRY_ASSIGN(o.out, matrix(w.out));
+      KESTREL_TRY_ASSIGN(o.small.conv1d, f32(w.conv1d));
+      KESTREL_TRY_ASSIGN(o.small.dt_bias, f32(w.dt_bias));
+      KESTREL_TRY_ASSIGN(o.small.ssm_a, f32(w.a));
+      KESTREL_TRY_ASSIGN(o.small.ssm_norm, f32(w.norm));
+    } else {
+      const AttentionWeights& w = lw.attn;
+      DeviceAttnLayer& o = d.attn;
+      KESTREL_TRY_ASSIGN(o.q, matrix(w.q));
+      KESTREL_TRY_ASSIGN(o.k, matrix(w.k));
+      KESTREL_TRY_ASSIGN(o.v, matrix(w.v));
+      KESTREL_TRY_ASSIGN(o.o, matrix(w.o));
+      KESTREL_TRY_ASSIGN(o.q_norm, f32(w.q_norm));
+      KESTREL_TRY_ASSIGN(o.k_norm, f32(w.k_norm));
+    }
+    const FfnWeights& f = lw.ffn;
+    DeviceFfnLayer& o = d.ffn;
+    if (!f.is_moe()) {
+      KESTREL_TRY_ASSIGN(o.gate, matrix(f.gate));
+      KESTREL_TRY_ASSIGN(o.up, matrix(f.up));
+      KESTREL_TRY_ASSIGN(o.down, matrix(f.down));
+      continue;
+    }
+    o.moe = true;
+    KESTREL_TRY_ASSIGN(DeviceMatrixView router, pool_.matrix(f.router.name()));
+    DeviceMatrixView shared_gate;
+    if (f.has_shared_expert()) {
+      KESTREL_TRY_ASSIGN(shared_gate, pool_.matrix(f.shared_gate_inp.name()));
+      shared_gate.n_rows = 1;  // {H} or {H, 1}
+    }
+    KESTREL_TRY_ASSIGN(PoolRef gate_ref, pool_.find(f.gate_exps.name()));
+    KESTREL_TRY_ASSIGN(const PoolEntry* gate_entry, pool_.entry(gate_ref));
+    o.moe_tiled = gate_entry->layout == PoolLayout::kTiled;
+    if (o.moe_tiled) {
+      MoeImmaWeights& w = o.moe_imma;
+      w.gate_up_type = f.gate_exps.type();
+      w.down_type = f.down_exps.type();
+      w.n_expert_used = static_cast<int>(hp_.n_expert_used);
+      w.n_embd = hp_.n_embd;
+      w.n_ff = static_cast<int64_t>(f.gate_exps.ne_at(1));
+      w.n_expert = static_cast<int64_t>(f.gate_exps.ne_at(2));
+      w.router = router;
+      KESTREL_TRY_ASSIGN(w.gate_exps, tiled_base(f.gate_exps));
+      KESTREL_TRY_ASSIGN(w.up_exps, tiled_base(f.up_exps));
+      KESTREL_TRY_ASSIGN(w.down_exps, tiled_base(f.down_exps));
+      if (f.has_shared_expert()) {
+        w.shared_gate_inp = shared_gate;
+        KESTREL_TRY_ASSIGN(w.gate_shexp, tiled_base(f.gate_shexp));
+        KESTREL_TRY_ASSIGN(w.up_shexp, tiled_base(f.up_shexp));
+        KESTREL_TRY_ASSIGN(w.down_shexp, tiled_base(f.down_shexp));
+      }
+      KESTREL_TRY(moe_imma_check_weights(w));
+      ++n_moe_tiled_;
+    } else {
+      MoeDeviceWeights& w = o.moe_raw;
+      w.n_expert_used = static_cast<int>(hp_.n_expert_used);
+      w.router = router;
+      KESTREL_TRY_ASSIGN(w.gate_exps, raw_experts(f.gate_exps));
+      KESTREL_TRY_ASSIGN(w.up_exps, raw_experts(f.up_exps));
+      KESTREL_TRY_ASSIGN(w.down_exps, raw_experts(f.down_exps));
+      if (f.has_shared_expert()) {
+        w.shared_gate_inp = shared_gate;
+        KESTREL_TRY_ASSIGN(w.gate_shexp, pool_.matrix(f.gate_shexp.name()));
+        KESTREL_TRY_ASSIGN(w.up_shexp, pool_.matrix(f.up_shexp.name()));
+        KESTREL_TRY_ASSIGN(w.down_shexp, pool_.matrix(f.down_shexp.name()));
+      }
+      KESTREL_TRY(moe_check_weights(w));
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace kestrel::gpu

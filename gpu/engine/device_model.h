@@ -1,0 +1,118 @@
+// DeviceModel: every weight of a catalogued model resident in one WeightPool, and per layer the device views the
+// forward pass reads (design.md §3 "Weights"; the executor is forward_pass.h).
+//
+// Layout per tensor, decided once here from its type and shape:
+//   - projection matrices (GDN, attention, dense FFN, lm_head) re-tiled for GEMV v4 (gemv_imma) where it takes them
+//     (Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 at supported shapes), else kept as raw GGUF blocks for gpu::gemv;
+//   - an MoE layer's routed and shared experts tiled for moe_imma when moe_imma_check_raw accepts the layer's types
+//     and shapes (gate/up of one type, down of one type, shared ff == expert ff), else all raw for moe_forward;
+//   - token_embd (read by get_rows), the router, norms and the GDN's small f32 tensors raw.
+// Nothing is widened: the pool holds exactly the file's bytes, some reordered. Routed experts keep one pool entry per
+// stack (expert e at e · its bytes), so an expert is addressable by (layer, e) — expert_bytes() says where.
+//
+// Ownership: owns the pool; borrows the catalog's file mapping only while create() runs. Immutable afterwards;
+// the views point into the pool and stay valid for its lifetime. Not thread-safe to create; const use is.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/base/expected.h"
+#include "core/model/model.h"
+#include "core/reference/gdn_layer.h"
+#include "core/reference/gdn_state.h"
+#include "gpu/gdn_decode.h"
+#include "gpu/get_rows.h"
+#include "gpu/moe_experts.h"
+#include "gpu/moe_imma.h"
+#include "gpu/tiled_matrix.h"
+#include "gpu/weight_pool.h"
+
+namespace kestrel::gpu {
+
+// A projection matrix y = W x on the device, in whichever layout it was registered.
+struct DeviceMatrix {
+  bool tiled = false;
+  TiledView tiled_view;      // when tiled (gemv_imma)
+  DeviceMatrixView raw_view;  // when raw (gemv)
+  int64_t n_in = 0;           // ggml ne0
+  int64_t n_out = 0;          // ggml ne1
+  bool present() const { return n_out > 0; }
+};
+
+struct DeviceGdnLayer {
+  ref::GdnProjection projection = ref::GdnProjection::kQkvGateBetaAlpha;
+  DeviceMatrix qkv, gate, ssm_in, ba, beta, alpha, out;
+  GdnDecodeWeights small;  // conv1d, dt_bias, ssm_a, ssm_norm (f32)
+};
+
+struct DeviceAttnLayer {
+  DeviceMatrix q, k, v, o;
+  const float* q_norm = nullptr;  // f32 [hd]
+  const float* k_norm = nullptr;  // f32 [hd]
+};
+
+struct DeviceFfnLayer {
+  bool moe = false;
+  bool moe_tiled = false;  // moe_imma (else moe_forward on raw blocks)
+  MoeImmaWeights moe_imma;
+  MoeDeviceWeights moe_raw;
+  DeviceMatrix gate, up, down;  // dense SwiGLU (qwen35)
+};
+
+struct DeviceLayer {
+  LayerKind kind = LayerKind::kGatedDeltaNet;
+  const float* attn_norm = nullptr;       // f32 [H]
+  const float* post_attn_norm = nullptr;  // f32 [H]
+  DeviceGdnLayer gdn;
+  DeviceAttnLayer attn;
+  DeviceFfnLayer ffn;
+};
+
+// Called after each registered batch: bytes copied so far and the total.
+using LoadProgress = std::function<void(uint64_t done, uint64_t total)>;
+
+class DeviceModel {
+ public:
+  // Registers every used tensor of `model` (kResourceExhausted naming the bytes needed and the device's free memory
+  // when it does not fit alongside `reserve_bytes` for state and scratch). Synchronous.
+  static Expected<std::unique_ptr<DeviceModel>> create(const Model& model, uint64_t reserve_bytes,
+                                                       const LoadProgress& progress, cudaStream_t stream);
+
+  const ModelHparams& hparams() const { return hp_; }
+  const ref::GdnDims& gdn_dims() const { return gdn_dims_; }
+  const std::vector<DeviceLayer>& layers() const { return layers_; }
+  const DeviceMatrixView& token_embd() const { return token_embd_; }
+  const float* output_norm() const { return output_norm_; }
+  const DeviceMatrix& output() const { return output_; }
+  const WeightPool& pool() const { return pool_; }
+  // The pool's bytes (weights plus alignment padding).
+  uint64_t device_bytes() const { return pool_.used_bytes(); }
+  // Largest n_in of any tiled matrix (the prepared-activation buffer's width), 0 when none is tiled.
+  int64_t max_tiled_in() const { return max_tiled_in_; }
+  // How many layers run their experts on moe_imma, and how many matrices are tiled / raw.
+  int n_moe_tiled_layers() const { return n_moe_tiled_; }
+  int n_tiled_matrices() const { return n_tiled_; }
+  int n_raw_matrices() const { return n_raw_; }
+
+ private:
+  explicit DeviceModel(WeightPool pool) : pool_(std::move(pool)) {}
+  Status build_views(const WeightCatalog& catalog);
+  Expected<DeviceMatrix> matrix(const TensorRef& t);
+
+  WeightPool pool_;
+  ModelHparams hp_;
+  ref::GdnDims gdn_dims_;
+  std::vector<DeviceLayer> layers_;
+  DeviceMatrixView token_embd_;
+  const float* output_norm_ = nullptr;
+  DeviceMatrix output_;
+  int64_t max_tiled_in_ = 0;
+  int n_moe_tiled_ = 0, n_tiled_ = 0, n_raw_ = 0;
+};
+
+}  // namespace kestrel::gpu

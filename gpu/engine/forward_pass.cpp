@@ -1,0 +1,381 @@
+// ForwardPass (forward_pass.h): scratch layout and the layer loop of one decode pass.
+#include "gpu/engine/forward_pass.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/reference/rope.h"
+#include "gpu/attention_decode.h"
+#include "gpu/cuda_check.h"
+#include "gpu/gdn_decode.h"
+#include "gpu/gemv.h"
+#include "gpu/gemv_imma.h"
+#include "gpu/get_rows.h"
+#include "gpu/moe_experts.h"
+#include "gpu/moe_imma.h"
+#include "gpu/rms_norm.h"
+#include "gpu/swiglu.h"
+
+namespace kestrel::gpu {
+namespace {
+
+constexpr int P = kPassMaxTokens;
+constexpr uint64_t kAlign = 256;
+
+uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// The widths of the pass's f32 buffers for a model.
+struct Widths {
+  int64_t h, proj_a, proj_b, proj_c, proj_d, mixed, vocab;
+};
+
+Widths widths_of(const ModelHparams& hp) {
+  const int64_t H = hp.n_embd, C = hp.ssm_conv_dim(), Vd = hp.ssm_inner, Vh = hp.ssm_n_v_heads;
+  const int64_t qg = int64_t{hp.n_head} * 2 * hp.head_dim, kv = int64_t{hp.n_head_kv} * hp.head_dim;
+  const int64_t I = hp.n_ff_dense, att = int64_t{hp.n_head} * hp.head_dim;
+  Widths w;
+  w.h = H;
+  w.proj_a = std::max({C + Vd, qg, I, int64_t{1}});
+  w.proj_b = std::max({Vd, kv, I, int64_t{1}});
+  w.proj_c = std::max({2 * Vh, kv, int64_t{1}});
+  w.proj_d = std::max(Vh, int64_t{1});
+  w.mixed = std::max({Vd, att, I, int64_t{1}});
+  w.vocab = hp.n_vocab;
+  return w;
+}
+
+AttnDecodeDims attn_dims_of(const ModelHparams& hp) {
+  AttnDecodeDims d;
+  d.n_head = static_cast<int>(hp.n_head);
+  d.n_head_kv = static_cast<int>(hp.n_head_kv);
+  d.head_dim = static_cast<int>(hp.head_dim);
+  d.n_rot = static_cast<int>(hp.n_rot);
+  d.eps = hp.rms_eps;
+  return d;
+}
+
+// An upper bound of the MoE workspace before the weights are on the device: routing tables, per-entry activations
+// (gate, up, prepared) and outputs for P tokens × k experts plus the shared expert, with room to spare.
+uint64_t moe_workspace_estimate(const ModelHparams& hp) {
+  if (!hp.is_moe()) return 0;
+  const uint64_t entries = uint64_t{P} * (hp.n_expert_used + 1);
+  const uint64_t ff = std::max(hp.n_ff_expert, hp.n_ff_shared);
+  return entries * (4 * ff + 2 * hp.n_embd) * sizeof(float) + uint64_t{P} * hp.n_expert * 8 + (8u << 20);
+}
+
+}  // namespace
+
+const char* pass_section_name(PassSection s) {
+  switch (s) {
+    case PassSection::kRest: return "rest (embedding, norms, uploads)";
+    case PassSection::kGdn: return "gdn layers";
+    case PassSection::kAttention: return "attention layers";
+    case PassSection::kMoe: return "moe layers";
+    case PassSection::kDenseFfn: return "dense ffn";
+    case PassSection::kLmHead: return "lm_head + logits copy";
+    case PassSection::kCount: break;
+  }
+  return "?";
+}
+
+Status ForwardPass::set_profiling(bool on) {
+  if (on && events_.empty()) {
+    events_.resize(4 * model_.layers().size() + 8);
+    for (cudaEvent_t& e : events_) KESTREL_CUDA_TRY(cudaEventCreate(&e));
+    sections_.resize(events_.size());
+  }
+  profiling_ = on;
+  return ok_status();
+}
+
+Status ForwardPass::mark(PassSection section) {
+  if (!profiling_ || n_marks_ >= events_.size()) return ok_status();
+  KESTREL_CUDA_TRY(cudaEventRecord(events_[n_marks_], stream_));
+  sections_[n_marks_] = section;
+  ++n_marks_;
+  return ok_status();
+}
+
+uint64_t ForwardPass::scratch_bytes(const ModelHparams& hp, int n_ctx) {
+  const Widths w = widths_of(hp);
+  uint64_t b = 3 * align_up(P * sizeof(int32_t)) + align_up(uint64_t{hp.n_layer} * P * sizeof(GdnSlot));
+  for (int64_t width : {w.h, w.h, w.h, w.proj_a, w.proj_b, w.proj_c, w.proj_d, w.mixed, w.vocab}) {
+    b += align_up(static_cast<uint64_t>(width) * P * sizeof(float));
+  }
+  b += align_up(imma_x_bytes(8192, P));
+  if (hp.n_gdn_layers() > 0) b += align_up(gdn_decode_workspace_bytes(ref::GdnDims::from_hparams(hp), P));
+  if (hp.n_attn_layers() > 0) b += align_up(attention_decode_workspace_bytes(attn_dims_of(hp), P, n_ctx));
+  return b + align_up(moe_workspace_estimate(hp)) + align_up(hp.n_rot * sizeof(float));
+}
+
+Expected<std::unique_ptr<ForwardPass>> ForwardPass::create(const DeviceModel& model, const StateSlots& slots,
+                                                           cudaStream_t stream) {
+  std::unique_ptr<ForwardPass> p(new ForwardPass(model, slots, stream));
+  KESTREL_TRY(p->allocate());
+  return p;
+}
+
+ForwardPass::~ForwardPass() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  if (base_ != nullptr) cudaFree(base_);
+  if (host_upload_ != nullptr) cudaFreeHost(host_upload_);
+  if (host_logits_ != nullptr) cudaFreeHost(host_logits_);
+}
+
+Status ForwardPass::allocate() {
+  const ModelHparams& hp = model_.hparams();
+  const Widths w = widths_of(hp);
+  const std::vector<DeviceLayer>& layers = model_.layers();
+  gdn_index_.assign(layers.size(), -1);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (layers[l].kind == LayerKind::kGatedDeltaNet) gdn_index_[l] = n_gdn_++;
+  }
+
+  // The MoE workspace: the largest any layer needs at P tokens.
+  uint64_t moe_ws = 0;
+  const MoeImmaWeights* first_tiled = nullptr;
+  for (const DeviceLayer& d : layers) {
+    if (!d.ffn.moe) continue;
+    if (d.ffn.moe_tiled) {
+      moe_ws = std::max<uint64_t>(moe_ws, moe_imma_workspace_bytes(d.ffn.moe_imma, P));
+      if (first_tiled == nullptr) first_tiled = &d.ffn.moe_imma;
+    } else {
+      moe_ws = std::max<uint64_t>(moe_ws, moe_workspace_bytes(d.ffn.moe_raw, P));
+    }
+  }
+  const ref::GdnDims& dims = model_.gdn_dims();
+  const uint64_t gdn_ws = n_gdn_ > 0 ? gdn_decode_workspace_bytes(dims, P) : 0;
+  attn_ws_bytes_ = hp.n_attn_layers() > 0 ? attention_decode_workspace_bytes(attn_dims_of(hp), P, slots_.n_ctx()) : 0;
+  const int64_t prep_cols = std::max<int64_t>(model_.max_tiled_in(), 64);
+
+  // Carve one allocation.
+  uint64_t off = 0;
+  auto take = [&](uint64_t bytes) {
+    const uint64_t at = off;
+    off += align_up(std::max<uint64_t>(bytes, 1));
+    return at;
+  };
+  const uint64_t o_ids = take(3 * P * sizeof(int32_t) + uint64_t(n_gdn_) * P * sizeof(GdnSlot));
+  const uint64_t o_h = take(w.h * P * sizeof(float)), o_x = take(w.h * P * sizeof(float));
+  const uint64_t o_y = take(w.h * P * sizeof(float));
+  const uint64_t o_prep = take(imma_x_bytes(prep_cols, P));
+  const uint64_t o_a = take(w.proj_a * P * sizeof(float)), o_b = take(w.proj_b * P * sizeof(float));
+  const uint64_t o_c = take(w.proj_c * P * sizeof(float)), o_d = take(w.proj_d * P * sizeof(float));
+  const uint64_t o_m = take(w.mixed * P * sizeof(float)), o_l = take(w.vocab * P * sizeof(float));
+  const uint64_t o_gws = take(gdn_ws), o_aws = take(attn_ws_bytes_), o_mws = take(moe_ws);
+  const uint64_t o_rope = take(std::max<uint64_t>(hp.n_rot / 2, 1) * sizeof(float));
+  KESTREL_CUDA_TRY(cudaMalloc(&base_, off));
+  auto at = [&](uint64_t o) { return static_cast<uint8_t*>(base_) + o; };
+  ids_ = reinterpret_cast<int32_t*>(at(o_ids));
+  slot_ids_ = ids_ + P;
+  positions_ = ids_ + 2 * P;
+  gdn_slots_ = reinterpret_cast<GdnSlot*>(ids_ + 3 * P);
+  h_ = reinterpret_cast<float*>(at(o_h));
+  x_ = reinterpret_cast<float*>(at(o_x));
+  y_ = reinterpret_cast<float*>(at(o_y));
+  xprep_ = at(o_prep);
+  proj_a_ = reinterpret_cast<float*>(at(o_a));
+  proj_b_ = reinterpret_cast<float*>(at(o_b));
+  proj_c_ = reinterpret_cast<float*>(at(o_c));
+  proj_d_ = reinterpret_cast<float*>(at(o_d));
+  mixed_ = reinterpret_cast<float*>(at(o_m));
+  logits_ = reinterpret_cast<float*>(at(o_l));
+  gdn_ws_ = at(o_gws);
+  attn_ws_ = at(o_aws);
+  moe_ws_ = at(o_mws);
+  rope_inv_freq_ = reinterpret_cast<float*>(at(o_rope));
+
+  upload_bytes_ = 3 * P * sizeof(int32_t) + size_t(n_gdn_) * P * sizeof(GdnSlot);
+  KESTREL_CUDA_TRY(cudaMallocHost(&host_upload_, upload_bytes_));
+  KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_logits_), w.vocab * P * sizeof(float)));
+
+  // Zeroed once: the GDN readers' counters and the MoE counters (every call leaves them zero).
+  if (gdn_ws > 0) KESTREL_CUDA_TRY(cudaMemsetAsync(gdn_ws_, 0, gdn_ws, stream_));
+  if (first_tiled != nullptr) KESTREL_TRY(moe_imma_workspace_init(*first_tiled, moe_ws_, stream_));
+  if (hp.n_rot > 0) {
+    std::vector<float> inv(hp.n_rot / 2);
+    ref::rope_inv_freq(static_cast<int>(hp.n_rot), hp.rope_freq_base, inv.data());
+    KESTREL_CUDA_TRY(cudaMemcpyAsync(rope_inv_freq_, inv.data(), inv.size() * sizeof(float),
+                                     cudaMemcpyHostToDevice, stream_));
+  }
+
+  // Each slot's GDN state pointers, looked up once.
+  slot_states_.resize(size_t(slots_.n_slots()) * n_gdn_);
+  for (int s = 0; s < slots_.n_slots(); ++s) {
+    for (size_t l = 0; l < layers.size(); ++l) {
+      if (gdn_index_[l] < 0) continue;
+      GdnSlot& g = slot_states_[size_t(s) * n_gdn_ + gdn_index_[l]];
+      KESTREL_TRY_ASSIGN(g.s, slots_.gdn_s(s, static_cast<uint32_t>(l)));
+      KESTREL_TRY_ASSIGN(g.conv, slots_.gdn_conv(s, static_cast<uint32_t>(l)));
+    }
+  }
+  KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
+  return ok_status();
+}
+
+Status ForwardPass::prepare(const float* x, int64_t n_cols, int n) {
+  return gemv_imma_prepare_x(x, n_cols, n, xprep_, stream_);
+}
+
+Status ForwardPass::matmul(const DeviceMatrix& m, const float* x, bool x_prepared, int n, float* y) {
+  if (m.tiled) {
+    if (!x_prepared) KESTREL_TRY(prepare(x, m.n_in, n));
+    return gemv_imma(m.tiled_view, xprep_, n, y, stream_);
+  }
+  return gemv(m.raw_view, x, n, y, stream_);
+}
+
+Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
+  const DeviceGdnLayer& g = model_.layers()[l].gdn;
+  const bool tiled = g.qkv.tiled || g.gate.tiled || g.ssm_in.tiled || g.ba.tiled || g.beta.tiled || g.alpha.tiled;
+  if (tiled) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
+  GdnDecodeInputs in;
+  switch (g.projection) {
+    case ref::GdnProjection::kQkvGateBetaAlpha:
+      KESTREL_TRY(matmul(g.qkv, x_, tiled, n, proj_a_));
+      KESTREL_TRY(matmul(g.gate, x_, tiled, n, proj_b_));
+      KESTREL_TRY(matmul(g.beta, x_, tiled, n, proj_c_));
+      KESTREL_TRY(matmul(g.alpha, x_, tiled, n, proj_d_));
+      in.qkv = proj_a_, in.z = proj_b_, in.b = proj_c_, in.a = proj_d_;
+      break;
+    case ref::GdnProjection::kQkvGateBa:
+      KESTREL_TRY(matmul(g.qkv, x_, tiled, n, proj_a_));
+      KESTREL_TRY(matmul(g.gate, x_, tiled, n, proj_b_));
+      KESTREL_TRY(matmul(g.ba, x_, tiled, n, proj_c_));
+      in.qkv = proj_a_, in.z = proj_b_, in.ba = proj_c_;
+      break;
+    case ref::GdnProjection::kSsmInBa:
+      KESTREL_TRY(matmul(g.ssm_in, x_, tiled, n, proj_a_));
+      KESTREL_TRY(matmul(g.ba, x_, tiled, n, proj_c_));
+      in.qkv = proj_a_, in.ba = proj_c_;
+      break;
+  }
+  KESTREL_TRY(gdn_decode(model_.gdn_dims(), g.projection, g.small, in, gdn_slots_ + size_t(gdn_index) * P, n, mixed_,
+                         gdn_ws_, stream_));
+  return matmul(g.out, mixed_, false, n, y_);
+}
+
+Status ForwardPass::attn_layer(size_t l, std::span<const int32_t> slots, std::span<const int32_t> positions, int n) {
+  const DeviceAttnLayer& a = model_.layers()[l].attn;
+  const bool tiled = a.q.tiled || a.k.tiled || a.v.tiled;
+  if (tiled) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
+  KESTREL_TRY(matmul(a.q, x_, tiled, n, proj_a_));
+  KESTREL_TRY(matmul(a.k, x_, tiled, n, proj_b_));
+  KESTREL_TRY(matmul(a.v, x_, tiled, n, proj_c_));
+  KESTREL_TRY_ASSIGN(KvSlotTable table, slots_.kv_table(static_cast<uint32_t>(l)));
+  AttnDecodeArgs args;
+  args.qg = proj_a_;
+  args.k = proj_b_;
+  args.v = proj_c_;
+  args.q_norm = a.q_norm;
+  args.k_norm = a.k_norm;
+  args.rope_inv_freq = rope_inv_freq_;
+  args.slot_ids = slot_ids_;
+  args.positions = positions_;
+  args.out = mixed_;
+  args.workspace = static_cast<float*>(attn_ws_);
+  args.workspace_bytes = attn_ws_bytes_;
+  KESTREL_TRY(attention_decode(attn_dims_of(model_.hparams()), table, slots_.n_slots(), args, slots, positions,
+                               stream_));
+  return matmul(a.o, mixed_, false, n, y_);
+}
+
+Status ForwardPass::ffn_layer(size_t l, int n) {
+  const DeviceFfnLayer& f = model_.layers()[l].ffn;
+  if (f.moe) {
+    if (f.moe_tiled) return moe_imma_forward(f.moe_imma, x_, n, y_, moe_ws_, stream_);
+    return moe_forward(f.moe_raw, x_, n, y_, moe_ws_, stream_);
+  }
+  const bool tiled = f.gate.tiled || f.up.tiled;
+  if (tiled) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
+  KESTREL_TRY(matmul(f.gate, x_, tiled, n, proj_a_));
+  KESTREL_TRY(matmul(f.up, x_, tiled, n, proj_b_));
+  if (f.down.tiled) {
+    KESTREL_TRY(gemv_imma_prepare_swiglu(proj_a_, proj_b_, f.gate.n_out, n, xprep_, stream_));
+    return gemv_imma(f.down.tiled_view, xprep_, n, y_, stream_);
+  }
+  KESTREL_TRY(swiglu(proj_a_, proj_b_, f.gate.n_out * n, mixed_, stream_));
+  return gemv(f.down.raw_view, mixed_, n, y_, stream_);
+}
+
+Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
+  const int n = static_cast<int>(rows.size());
+  if (n < 1 || n > P) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "forward pass: " + std::to_string(n) + " rows (1.." + std::to_string(P) + " per pass)");
+  }
+  const ModelHparams& hp = model_.hparams();
+  const int64_t H = hp.n_embd;
+  const float eps = hp.rms_eps;
+
+  // One upload: ids, slot ids, positions, then each GDN layer's slot table.
+  int32_t* up = static_cast<int32_t*>(host_upload_);
+  for (int i = 0; i < n; ++i) {
+    up[i] = rows[size_t(i)].token;
+    up[P + i] = rows[size_t(i)].slot;
+    up[2 * P + i] = rows[size_t(i)].position;
+  }
+  GdnSlot* table = reinterpret_cast<GdnSlot*>(up + 3 * P);
+  for (int g = 0; g < n_gdn_; ++g) {
+    for (int i = 0; i < n; ++i) table[size_t(g) * P + i] = slot_states_[size_t(rows[size_t(i)].slot) * n_gdn_ + g];
+  }
+  n_marks_ = 0;
+  KESTREL_TRY(mark(PassSection::kRest));
+  KESTREL_CUDA_TRY(cudaMemcpyAsync(ids_, host_upload_, upload_bytes_, cudaMemcpyHostToDevice, stream_));
+  const std::span<const int32_t> slot_ids(up + P, size_t(n)), positions(up + 2 * P, size_t(n));
+
+  KESTREL_TRY(get_rows_device_ids(model_.token_embd(), ids_, n, h_, nullptr, stream_));
+  const std::vector<DeviceLayer>& layers = model_.layers();
+  KESTREL_TRY(rms_norm(h_, layers[0].attn_norm, n, H, eps, x_, stream_));
+  for (size_t l = 0; l < layers.size(); ++l) {
+    KESTREL_TRY(mark(PassSection::kRest));
+    if (layers[l].kind == LayerKind::kGatedDeltaNet) {
+      KESTREL_TRY(gdn_layer(l, gdn_index_[l], n));
+      KESTREL_TRY(mark(PassSection::kGdn));
+    } else {
+      KESTREL_TRY(attn_layer(l, slot_ids, positions, n));
+      KESTREL_TRY(mark(PassSection::kAttention));
+    }
+    KESTREL_TRY(residual_add_rms_norm(h_, y_, layers[l].post_attn_norm, n, H, eps, x_, stream_));
+    KESTREL_TRY(mark(PassSection::kRest));
+    KESTREL_TRY(ffn_layer(l, n));
+    KESTREL_TRY(mark(layers[l].ffn.moe ? PassSection::kMoe : PassSection::kDenseFfn));
+    const float* next_norm = l + 1 < layers.size() ? layers[l + 1].attn_norm : model_.output_norm();
+    KESTREL_TRY(residual_add_rms_norm(h_, y_, next_norm, n, H, eps, x_, stream_));
+    if (hidden != nullptr) {
+      KESTREL_CUDA_TRY(cudaMemcpyAsync(hidden + l * size_t(n) * H, h_, size_t(n) * H * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
+    }
+  }
+
+  int m = 0;
+  for (int i = 0; i < n; ++i) {
+    if (rows[size_t(i)].logits != nullptr) m = i + 1;
+  }
+  const size_t vocab = hp.n_vocab;
+  KESTREL_TRY(mark(PassSection::kRest));
+  if (m > 0) {
+    KESTREL_TRY(matmul(model_.output(), x_, false, m, logits_));
+    KESTREL_CUDA_TRY(cudaMemcpyAsync(host_logits_, logits_, size_t(m) * vocab * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream_));
+  }
+  KESTREL_TRY(mark(PassSection::kLmHead));
+  KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
+  if (profiling_ && n_marks_ > 1) {
+    for (size_t k = 1; k < n_marks_; ++k) {
+      float ms = 0.0f;
+      KESTREL_CUDA_TRY(cudaEventElapsedTime(&ms, events_[k - 1], events_[k]));
+      profile_.ms[static_cast<int>(sections_[k])] += ms;
+    }
+    ++profile_.passes;
+  }
+  for (int i = 0; i < m; ++i) {
+    if (rows[size_t(i)].logits != nullptr) {
+      std::memcpy(rows[size_t(i)].logits, host_logits_ + size_t(i) * vocab, vocab * sizeof(float));
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace kestrel::gpu

@@ -1,0 +1,129 @@
+// ForwardPass: one decode pass of the whole model on the GPU for up to kPassMaxTokens sessions, one token each, every
+// session at its own position in its own state slot (model-spec.md §2; ref::forward is the oracle):
+//
+//   h = token_embd[ids]                                          get_rows
+//   per layer l:  x = rms_norm(h) · attn_norm                    (fused with the previous residual add)
+//                 GDN:  qkv, z, b, a = W x  → gdn_decode (conv, delta rule, gated norm, state in the slot) → ssm_out
+//                 attn: q|gate, k, v = W x  → attention_decode (q/k norm, RoPE, KV append, softmax) → attn_output
+//                 h += y;  x = rms_norm(h) · post_attention_norm  residual_add_rms_norm
+//                 MoE (moe_imma or moe_forward) or dense SwiGLU (gemv, swiglu, gemv)
+//                 h += y;  x = rms_norm(h) · next norm          residual_add_rms_norm
+//   logits = output · x (output_norm applied)                    only for the rows that ask for them
+//
+// Every kernel is enqueued on one stream; the pass ends with one copy of the wanted logits rows to pinned host
+// memory and one stream synchronisation. Projections run on GEMV v4 (gemv_imma, activations prepared once per
+// input and shared by every matrix that reads it) where the matrix is tiled, else on gpu::gemv. Each kernel is
+// batch-invariant (a row's bits do not depend on the other rows), so a session's logits do not depend on the batch.
+//
+// Ownership: borrows the DeviceModel and the StateSlots for its lifetime; owns its scratch (device and pinned host
+// memory, sized once for kPassMaxTokens rows). One pass at a time; not thread-safe.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/base/expected.h"
+#include "gpu/engine/device_model.h"
+#include "gpu/state_slots.h"
+
+namespace kestrel::gpu {
+
+// Rows of one pass: the MoE and GEMV kernels take up to 32 vectors.
+inline constexpr int kPassMaxTokens = 32;
+
+struct PassRow {
+  int32_t slot = 0;      // state slot
+  int32_t token = 0;     // token id, in [0, n_vocab) (checked by the caller)
+  int32_t position = 0;  // the token's position (the slot's n_past), < the slot pool's n_ctx
+  float* logits = nullptr;  // host f32 [n_vocab] to receive the logits after this token, or null for none
+};
+
+// Where a pass's time goes, summed over the passes run while profiling is on (CUDA events between the sections).
+enum class PassSection { kRest, kGdn, kAttention, kMoe, kDenseFfn, kLmHead, kCount };
+const char* pass_section_name(PassSection s);
+
+struct PassProfile {
+  double ms[static_cast<int>(PassSection::kCount)] = {};
+  int passes = 0;
+};
+
+class ForwardPass {
+ public:
+  static Expected<std::unique_ptr<ForwardPass>> create(const DeviceModel& model, const StateSlots& slots,
+                                                       cudaStream_t stream);
+  ~ForwardPass();
+  ForwardPass(const ForwardPass&) = delete;
+  ForwardPass& operator=(const ForwardPass&) = delete;
+
+  // Device bytes the scratch of a pass takes for this model with slots of n_ctx tokens (for the memory check made
+  // before anything is allocated).
+  static uint64_t scratch_bytes(const ModelHparams& hp, int n_ctx);
+
+  // Runs one pass over rows (1..kPassMaxTokens rows of distinct slots) and waits for it. lm_head runs for rows
+  // [0, m) where m - 1 is the last row that wants logits (so callers put those rows first). When hidden is given
+  // (host f32 [n_layer, rows, H]) it receives the residual stream after every layer (for the per-layer tests).
+  Status run(std::span<const PassRow> rows, float* hidden = nullptr);
+
+  // Profiling: while on, every pass records an event after each section and adds the times to profile().
+  Status set_profiling(bool on);
+  const PassProfile& profile() const { return profile_; }
+  void clear_profile() { profile_ = PassProfile{}; }
+
+ private:
+  ForwardPass(const DeviceModel& model, const StateSlots& slots, cudaStream_t stream)
+      : model_(model), slots_(slots), stream_(stream) {}
+  Status allocate();
+  Status mark(PassSection section);
+  Status matmul(const DeviceMatrix& m, const float* x, bool x_prepared, int n, float* y);
+  Status prepare(const float* x, int64_t n_cols, int n);
+  Status gdn_layer(size_t l, int gdn_index, int n);
+  Status attn_layer(size_t l, std::span<const int32_t> slots, std::span<const int32_t> positions, int n);
+  Status ffn_layer(size_t l, int n);
+
+  const DeviceModel& model_;
+  const StateSlots& slots_;
+  cudaStream_t stream_;
+
+  // Device scratch, one allocation; every buffer holds kPassMaxTokens rows.
+  void* base_ = nullptr;
+  int32_t* ids_ = nullptr;        // int32 [P]  token ids, then slot ids, then positions (one upload)
+  int32_t* slot_ids_ = nullptr;   // int32 [P]
+  int32_t* positions_ = nullptr;  // int32 [P]
+  GdnSlot* gdn_slots_ = nullptr;  // [n_gdn_layers][P]
+  float* h_ = nullptr;            // f32 [P, H] residual stream
+  float* x_ = nullptr;            // f32 [P, H] normed sub-layer input
+  float* y_ = nullptr;            // f32 [P, H] sub-layer output
+  void* xprep_ = nullptr;         // prepared activations of the current input (gemv_imma_prepare_x)
+  float* proj_a_ = nullptr;       // f32 [P, max(C + Vd, n_head·2·hd, I)]  qkv / q|gate / ffn gate
+  float* proj_b_ = nullptr;       // f32 [P, max(Vd, n_kv·hd, I)]          z / k / ffn up
+  float* proj_c_ = nullptr;       // f32 [P, max(2·Vh, n_kv·hd)]            b or ba / v
+  float* proj_d_ = nullptr;       // f32 [P, Vh]                            a
+  float* mixed_ = nullptr;        // f32 [P, max(Vd, n_head·hd, I)]         gdn / attention output, SwiGLU act
+  float* logits_ = nullptr;       // f32 [P, n_vocab]
+  void* gdn_ws_ = nullptr;
+  void* attn_ws_ = nullptr;
+  size_t attn_ws_bytes_ = 0;
+  void* moe_ws_ = nullptr;
+  float* rope_inv_freq_ = nullptr;  // f32 [n_rot / 2]
+
+  // Pinned host staging: the upload block (ids, slots, positions, gdn slot table) and the logits rows.
+  void* host_upload_ = nullptr;
+  size_t upload_bytes_ = 0;
+  float* host_logits_ = nullptr;  // f32 [P, n_vocab]
+
+  std::vector<int> gdn_index_;        // per layer: index among GDN layers, -1 for attention
+  int n_gdn_ = 0;
+  std::vector<GdnSlot> slot_states_;  // [n_slots][n_gdn]: each slot's GDN state pointers (device memory)
+
+  bool profiling_ = false;
+  std::vector<cudaEvent_t> events_;      // [0] at the pass's start, then one per section end
+  std::vector<PassSection> sections_;    // the section each event closes
+  size_t n_marks_ = 0;
+  PassProfile profile_;
+};
+
+}  // namespace kestrel::gpu

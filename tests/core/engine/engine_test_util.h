@@ -1,0 +1,68 @@
+// Helpers of the engine tests (reference and CUDA): the golden fixture models and one tick with caller-owned logits
+// buffers, as the Service runs it.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/engine/engine.h"
+#include "core/model/model.h"
+
+namespace kestrel::test {
+
+inline std::string fixture_model_path(const std::string& name) {
+  return std::string(KESTREL_GOLDEN_FIXTURES_DIR) + "/" + name + "/" + name + ".gguf";
+}
+
+inline std::unique_ptr<Model> open_fixture(const std::string& name) {
+  auto m = Model::open(fixture_model_path(name));
+  EXPECT_TRUE(m.has_value()) << (m ? "" : m.error().to_string());
+  return m ? std::move(*m) : nullptr;
+}
+
+// n token ids spread over the golden vocabulary (start + i·stride mod `mod`).
+inline std::vector<int32_t> iota_tokens(int n, int start = 10, int stride = 7, int mod = 1000) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(static_cast<int32_t>((start + i * stride) % mod));
+  return t;
+}
+
+// One tick's results: a status and, where it is ok, the logits of each item.
+struct TickResult {
+  std::vector<Status> status;
+  std::vector<std::vector<float>> logits;  // f32 [n_vocab] per item (empty where the item failed)
+};
+
+inline TickResult run_tick(Engine& e, const std::vector<EngineStepItem>& items) {
+  const size_t n_vocab = e.hparams().n_vocab;
+  TickResult r;
+  r.logits.assign(items.size(), std::vector<float>(n_vocab));
+  std::vector<EngineStepOutput> out(items.size());
+  for (size_t i = 0; i < items.size(); ++i) out[i].logits = r.logits[i];
+  e.step(items, out);
+  for (size_t i = 0; i < items.size(); ++i) {
+    r.status.push_back(out[i].status);
+    if (!out[i].status) r.logits[i].clear();
+  }
+  return r;
+}
+
+// The logits after `tokens` fed to one slot in one item.
+inline std::vector<float> run_one(Engine& e, SlotId slot, std::span<const int32_t> tokens) {
+  TickResult r = run_tick(e, {{slot, tokens}});
+  EXPECT_TRUE(r.status[0]) << r.status[0].error().to_string();
+  return r.logits[0];
+}
+
+inline int32_t argmax(const std::vector<float>& v) {
+  int32_t best = 0;
+  for (size_t i = 1; i < v.size(); ++i) {
+    if (v[i] > v[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
+}  // namespace kestrel::test

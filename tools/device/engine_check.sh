@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Runs on the lent GPU machine, from the repository root, with dev/carry.tar.xz (tools/device/pack_carry.sh) carried:
+#   test    the CUDA engine against the reference engine (test_cuda_engine)
+#   bench   writes the 35B-A3B preset with --types q4_0 (and with the Q4_K_M mix for bench-km) and runs bench_engine
+#   daemon  kestreld --engine cuda on the Q4_0 35B-A3B file: status, generate over gRPC and shm; then the daemon's
+#           integration tests with KESTREL_ITEST_ENGINE=cuda (their default tiny model)
+# Outputs land in $OUT. The binaries carry this machine's build paths (/work/main/...), so the tree is linked there.
+set -uo pipefail
+export OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+k=/tmp/kestrel-carry
+mkdir -p $k && tar -xJf dev/carry.tar.xz -C $k
+export LD_LIBRARY_PATH=$k/lib:${LD_LIBRARY_PATH:-}
+mkdir -p build/release/bin
+for f in $k/bin/*; do ln -sf "$f" build/release/bin/; done
+B=$k/bin
+status=0
+model_q4=/tmp/q4_0.gguf
+make_q4() {
+  [ -f $model_q4 ] && return 0
+  local t0=$SECONDS
+  $B/kestrel-mkmodel --preset qwen35moe-35b-a3b --types q4_0 -o $model_q4 -q || return 1
+  echo "wrote $model_q4 in $((SECONDS - t0)) s"
+}
+for step in "$@"; do
+  echo "== $step"
+  case $step in
+    test)
+      $B/test_cuda_engine 2>&1 | tee "$OUT/test_cuda_engine.log" | grep -E "^\[ |FAILED|PASSED|OK \]|rel diff|Failure|Expected|Which|actual" | head -80
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    bench)
+      make_q4 || { status=1; continue; }
+      $B/bench_engine --model $model_q4 --sessions 1,8,32 2>&1 | tee "$OUT/bench_q4_0.txt" || status=1 ;;
+    bench-km)
+      rm -f $model_q4
+      $B/kestrel-mkmodel --preset qwen35moe-35b-a3b -o /tmp/q4_k_m.gguf -q || { status=1; continue; }
+      $B/bench_engine --model /tmp/q4_k_m.gguf --sessions 1,8,32 2>&1 | tee "$OUT/bench_q4_k_m.txt" || status=1
+      rm -f /tmp/q4_k_m.gguf ;;
+    daemon)
+      make_q4 || { status=1; continue; }
+      d=/tmp/kd && mkdir -p $d
+      $B/kestreld --engine cuda --model $model_q4 --socket $d/k.sock --shm-socket $d/k-shm.sock \
+        --cache-dir $d/cache --log-format text >"$OUT/kestreld.log" 2>&1 &
+      pid=$!
+      for _ in $(seq 1 600); do grep -q "serving" "$OUT/kestreld.log" && break; sleep 0.5; done
+      tail -12 "$OUT/kestreld.log"
+      $B/kestrel status --connect unix://$d/k.sock 2>&1 | tee "$OUT/status.txt"
+      $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_grpc.txt"
+      $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_shm.txt"
+      $B/kestrel bench --connect unix://$d/k.sock 2>&1 | tail -8 | tee "$OUT/bench_roundtrip.txt"
+      kill -TERM $pid; wait $pid; echo "kestreld exited $?"
+      KESTREL_ITEST_ENGINE=cuda $B/test_daemon_integration 2>&1 | tee "$OUT/integration.log" | tail -30
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    *) echo "unknown step $step"; status=2 ;;
+  esac
+done
+exit $status

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Packs what tools/device/engine_check.sh runs on the lent GPU machine: the CUDA engine's test, benchmark and runner,
+# kestrel-mkmodel, kestreld, the kestrel CLI and the daemon's integration test, stripped, with the shared libraries
+# they need beyond libc/libstdc++/CUDA (gRPC, protobuf, spdlog, ...), into dev/carry.tar.xz. Build the release preset
+# here first (nvcc present: CUDA on, sm_90); the device then needs no compiler and no Debian -dev packages.
+#   tools/device/pack_carry.sh && (device) carry ["dev/carry.tar.xz"], run tools/device/engine_check.sh test bench
+set -euo pipefail
+bin=build/release/bin
+rm -rf dev/carry && mkdir -p dev/carry/bin dev/carry/lib
+progs=(test_cuda_engine bench_engine kestrel-engine-run kestrel-mkmodel kestreld kestrel itest_client
+       test_daemon_integration)
+for b in "${progs[@]}"; do strip -o "dev/carry/bin/$b" "$bin/$b"; done
+for b in "${progs[@]}"; do ldd "$bin/$b"; done | awk '/=>/ {print $3}' | sort -u |
+  grep -vE 'lib(c|m|gcc_s|stdc\+\+|pthread|dl|rt|cuda|cudart)\.so|ld-linux' | while read -r f; do cp -L "$f" dev/carry/lib/; done
+tar -C dev/carry -cf - bin lib | xz -T0 -6 >dev/carry.tar.xz
+ls -la dev/carry.tar.xz
