@@ -62,8 +62,12 @@ __global__ void kv_append_kernel(AttnDecodeDims d, KvSlotTable cache, const floa
   for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) vc[i] = v[src + i];
 }
 
-// Chunks of `chunk` positions covering [0, pos]: the split depends only on the sequence's own position.
-__device__ __forceinline__ int n_chunks_of(int pos, int chunk) { return pos / chunk + 1; }
+// The split of [0, pos] into chunks: as many chunks of `chunk` positions as cover it, at most max_chunks of them,
+// each then ceil((pos + 1) / n) positions long. It depends only on the sequence's own position.
+__host__ __device__ __forceinline__ int n_chunks_of(int pos, const AttnDecodeDims& d) {
+  return min(pos / d.chunk + 1, d.max_chunks);
+}
+__device__ __forceinline__ int chunk_len_of(int pos, int n_chunks) { return (pos + n_chunks) / n_chunks; }
 
 // Per (head, sequence, chunk) record in the workspace: [0] running max, [1] sum, [2, 2 + hd) unnormalised output.
 __device__ __forceinline__ size_t chunk_record(int b, int h, int c, int n_head, int max_chunks, int hd) {
@@ -88,7 +92,7 @@ __global__ void __launch_bounds__(kThreads)
   const int h = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y), c = static_cast<int>(blockIdx.z);
   const int hd = d.head_dim;
   const int slot = slot_ids[b], pos = positions[b];
-  const int n_chunks = n_chunks_of(pos, d.chunk);
+  const int n_chunks = n_chunks_of(pos, d);
   if (c >= n_chunks) return;  // whole block: this sequence is shorter than the batch's longest
   const float* qrow = qg + static_cast<size_t>(b) * d.n_head * 2 * hd + static_cast<size_t>(h) * 2 * hd;
   norm_rope_head(qrow, q_norm, inv_freq, hd, d.n_rot, d.eps, static_cast<float>(pos), normed, q, scratch);
@@ -108,8 +112,9 @@ __global__ void __launch_bounds__(kThreads)
   const float* kbase = cache.k[slot] + static_cast<size_t>(kvh) * hd;
   const float* vbase = cache.v[slot] + static_cast<size_t>(kvh) * hd;
   const size_t pos_stride = static_cast<size_t>(d.n_head_kv) * hd;
-  const int p_begin = c * d.chunk;
-  const int p_end = min(pos + 1, p_begin + d.chunk);
+  const int len = chunk_len_of(pos, n_chunks);
+  const int p_begin = c * len;
+  const int p_end = min(pos + 1, p_begin + len);
   float m = -INFINITY, l = 0.0f;
   for (int p = p_begin + warp; p < p_end; p += kWarps) {
     const float* kp = kbase + static_cast<size_t>(p) * pos_stride;
@@ -178,7 +183,7 @@ __global__ void merge_chunks_kernel(AttnDecodeDims d, const float* __restrict__ 
                                     float* __restrict__ out) {
   const int h = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y);
   const int hd = d.head_dim;
-  const int n_chunks = n_chunks_of(positions[b], d.chunk);
+  const int n_chunks = n_chunks_of(positions[b], d);
   if (n_chunks == 1) return;  // finished by attend_kernel
   const float* first = ws + chunk_record(b, h, 0, d.n_head, max_chunks, hd);
   const size_t rec_stride = static_cast<size_t>(hd) + 2;
@@ -198,8 +203,8 @@ __global__ void merge_chunks_kernel(AttnDecodeDims d, const float* __restrict__ 
 }  // namespace
 
 size_t attention_decode_workspace_bytes(const AttnDecodeDims& d, int n_seq, int n_ctx) {
-  if (d.chunk < 1 || n_seq < 1 || n_ctx < 1 || d.n_head < 1 || d.head_dim < 1) return 0;
-  const size_t max_chunks = static_cast<size_t>((n_ctx - 1) / d.chunk + 1);
+  if (d.chunk < 1 || d.max_chunks < 1 || n_seq < 1 || n_ctx < 1 || d.n_head < 1 || d.head_dim < 1) return 0;
+  const size_t max_chunks = static_cast<size_t>(n_chunks_of(n_ctx - 1, d));
   return static_cast<size_t>(n_seq) * static_cast<size_t>(d.n_head) * max_chunks *
          (static_cast<size_t>(d.head_dim) + 2) * sizeof(float);
 }
@@ -220,7 +225,10 @@ Status attention_decode(const AttnDecodeDims& d, const KvSlotTable& cache, int n
   if (d.n_rot < 0 || d.n_rot % 2 != 0 || d.n_rot > d.head_dim) {
     return bad("n_rot " + std::to_string(d.n_rot) + " must be even and at most head_dim");
   }
-  if (d.chunk < 1) return bad("chunk " + std::to_string(d.chunk) + " must be at least 1 position");
+  if (d.chunk < 1 || d.max_chunks < 1 || d.max_chunks > 65535) {
+    return bad("chunk " + std::to_string(d.chunk) + " must be at least 1 position and max_chunks (" +
+               std::to_string(d.max_chunks) + ") in 1..65535");
+  }
   if (cache.k == nullptr || cache.v == nullptr || cache.n_head_kv != d.n_head_kv || cache.head_dim != d.head_dim) {
     return bad("the KV cache table (" + std::to_string(cache.n_head_kv) + " kv heads of " +
                std::to_string(cache.head_dim) + ") does not match the layer (" + std::to_string(d.n_head_kv) + " of " +
@@ -257,8 +265,20 @@ Status attention_decode(const AttnDecodeDims& d, const KvSlotTable& cache, int n
   }
   int max_pos = 0;
   for (int32_t p : positions_host) max_pos = std::max(max_pos, static_cast<int>(p));
-  const int max_chunks = max_pos / d.chunk + 1;
-  if (max_chunks > 65535) return bad("more than 65535 chunks: raise dims.chunk");
+  return attention_decode_device(d, cache, a, static_cast<int>(n_seq), max_pos, stream);
+}
+
+Status attention_decode_device(const AttnDecodeDims& d, const KvSlotTable& cache, const AttnDecodeArgs& a, int n_seq,
+                               int max_position, cudaStream_t stream) {
+  const auto bad = [](const std::string& what) {
+    return make_error(ErrorCode::kInvalidArgument, "attention_decode: " + what);
+  };
+  if (n_seq < 1 || n_seq > 65535 || max_position < 0 || d.chunk < 1 || d.max_chunks < 1 || d.max_chunks > 65535) {
+    return bad(std::to_string(n_seq) + " sequences, position bound " + std::to_string(max_position) + ", chunk " +
+               std::to_string(d.chunk) + ", max_chunks " + std::to_string(d.max_chunks));
+  }
+  const int max_pos = max_position;
+  const int max_chunks = n_chunks_of(max_pos, d);
   if (max_chunks > 1) {
     const size_t need = static_cast<size_t>(n_seq) * static_cast<size_t>(d.n_head) * static_cast<size_t>(max_chunks) *
                         (static_cast<size_t>(d.head_dim) + 2) * sizeof(float);

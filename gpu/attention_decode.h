@@ -13,11 +13,13 @@
 // (uploaded by the caller once per model), so the angles are bit-identical to the reference's; cosf/sinf, expf and
 // the f32 sums differ from the host's by a few ulps.
 //
-// Work split (flash-decoding): a sequence's positions [0, pos] are cut into chunks of dims.chunk positions; one
-// block per (head, sequence, chunk) runs a stable online softmax (running max and sum in f32) over its chunk with 4
-// warps taking positions in a fixed interleave, merged in warp order. A sequence of one chunk is finished by that
-// block; longer ones leave (max, sum, unnormalised accumulator) per chunk in `workspace` and a second kernel merges
-// the chunks in order. The split depends only on the sequence's own position and dims.chunk, never on the other
+// Work split (flash-decoding): a sequence's positions [0, pos] are cut into n = min(pos / chunk + 1, max_chunks)
+// chunks of ceil((pos + 1) / n) positions; one block per (head, sequence, chunk) runs a stable online softmax
+// (running max and sum in f32) over its chunk with 4 warps taking positions in a fixed interleave, merged in warp
+// order. Short chunks keep the per-warp chain of dependent loads short, and enough blocks are in flight for one
+// sequence. A sequence of one chunk is finished by that block; longer ones leave (max, sum, unnormalised
+// accumulator) per chunk in `workspace` and a second kernel merges the chunks in order. The split depends only on
+// the sequence's own position and dims.chunk / max_chunks, never on the other
 // sequences of the batch, so a session's output is bit-identical whether it runs alone or in any batch; there are
 // no atomics, so repeated runs are bit-identical too. Results agree with the reference to ~1e-5 relative.
 //
@@ -47,7 +49,9 @@ struct AttnDecodeDims {
   int head_dim = 0;   // hd, 1..kAttnDecodeMaxHeadDim
   int n_rot = 0;      // even, <= head_dim
   float eps = 1e-6f;  // q/k RMSNorm eps
-  int chunk = 256;    // positions per attention block (>= 1); part of the numerics: keep it fixed per model
+  int chunk = 32;        // least positions per attention block (>= 1); with max_chunks part of the numerics: keep
+                         // both fixed per model
+  int max_chunks = 32;   // most blocks per (head, sequence), 1..65535
 };
 
 struct AttnDecodeArgs {
@@ -74,5 +78,14 @@ size_t attention_decode_workspace_bytes(const AttnDecodeDims& dims, int n_seq, i
 Status attention_decode(const AttnDecodeDims& dims, const KvSlotTable& cache, int n_slots, const AttnDecodeArgs& args,
                         std::span<const int32_t> slot_ids_host, std::span<const int32_t> positions_host,
                         cudaStream_t stream);
+
+// The same launches for a call captured once and replayed (a CUDA graph): slot ids and positions are read only from
+// the device, and the launch shape comes from n_seq and max_position, a bound on every position (e.g. the cache's
+// n_ctx − 1): blocks past a sequence's own chunks return at once, so the results are the bits attention_decode gives.
+// The caller guarantees what attention_decode checks on the host copies (slots distinct and in range, positions in
+// [0, min(max_position, cache.n_ctx − 1)]); the workspace must hold attention_decode_workspace_bytes(dims, n_seq,
+// max_position + 1).
+Status attention_decode_device(const AttnDecodeDims& dims, const KvSlotTable& cache, const AttnDecodeArgs& args,
+                               int n_seq, int max_position, cudaStream_t stream);
 
 }  // namespace kestrel::gpu

@@ -57,7 +57,10 @@ constexpr int kCachedDevices = 16;      // devices whose non-portable cluster an
 struct Geo {
   int n_k_heads, n_v_heads, d_k, d_v, kernel, r;
   int key_dim, value_dim, conv_dim;
-  int qkv_stride;  // floats per session row of in.qkv (C, or C + Vd for kSsmInBa)
+  int qkv_stride;  // floats per session row of in.qkv (C, or C + Vd for kSsmInBa; in.row_stride when set)
+  int z_stride;    // of in.z (Vd, or in.row_stride)
+  int ab_stride;   // of in.b and in.a (Vh, or in.row_stride)
+  int ba_stride;   // of in.ba (2·Vh, or in.row_stride)
   int group;       // kSsmInBa: floats per K-group of qkvz (2·dk + 2·r·dv)
   bool tiled;      // HeadMapping::kTiled
   int proj;        // 0 kQkvGateBetaAlpha, 1 kQkvGateBa, 2 kSsmInBa
@@ -163,10 +166,10 @@ __device__ __forceinline__ void head_gates(const Geo& g, const GdnDecodeWeights&
   float b;
   float a;
   if (g.proj == 0) {
-    b = in.b[static_cast<size_t>(n) * g.n_v_heads + h];
-    a = in.a[static_cast<size_t>(n) * g.n_v_heads + h];
+    b = in.b[static_cast<size_t>(n) * g.ab_stride + h];
+    a = in.a[static_cast<size_t>(n) * g.ab_stride + h];
   } else {  // ba per K-group [b(r), a(r)], heads in grouped order (ref::gdn_split_ba)
-    const float* ba = in.ba + static_cast<size_t>(n) * 2 * g.n_v_heads + (h / g.r) * 2 * g.r;
+    const float* ba = in.ba + static_cast<size_t>(n) * g.ba_stride + (h / g.r) * 2 * g.r;
     b = ba[h % g.r];
     a = ba[g.r + h % g.r];
   }
@@ -300,7 +303,7 @@ __global__ void __launch_bounds__(32) gdn_norm_kernel(Geo g, const float* __rest
   if (g.proj == 2) {  // z_h of the legacy qkvz row (a head's dv values are contiguous there)
     z = in.qkv + static_cast<size_t>(n) * g.qkv_stride + z_index(g, h, 0);
   } else {
-    z = in.z + off;
+    z = in.z + static_cast<size_t>(n) * g.z_stride + static_cast<size_t>(h) * g.d_v;
   }
   for (int e = lane; e < g.d_v; e += 32) {
     out[off + e] = __fmul_rn(__fmul_rn(__fmul_rn(o[e], scale), ssm_norm[e]), silu_rn(z[e]));
@@ -400,7 +403,7 @@ __global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
   if (warp == 0 && col_ok) {
     nj = w.ssm_norm[j];
     zj = g.proj == 2 ? in.qkv[static_cast<size_t>(n) * g.qkv_stride + z_index(g, h, j)]
-                     : in.z[static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v + j];
+                     : in.z[static_cast<size_t>(n) * g.z_stride + static_cast<size_t>(h) * g.d_v + j];
   }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) {
@@ -632,7 +635,7 @@ __global__ void __launch_bounds__(kHeadThreads, 2)
     if (e < g.d_v) {
       nrm[e] = w.ssm_norm[e];
       zs[e] = silu_rn(g.proj == 2 ? row[z_index(g, h, e)]
-                                  : in.z[static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v + e]);
+                                  : in.z[static_cast<size_t>(n) * g.z_stride + static_cast<size_t>(h) * g.d_v + e]);
     }
     if (e == 0) {
       head_gates(g, w, in, n, h, gates);
@@ -880,7 +883,7 @@ Status check_dims(const ref::GdnDims& dims) {
   return ok_status();
 }
 
-Geo make_geo(const ref::GdnDims& dims, ref::GdnProjection projection) {
+Geo make_geo(const ref::GdnDims& dims, ref::GdnProjection projection, int row_stride) {
   Geo g{};
   g.n_k_heads = dims.n_k_heads;
   g.n_v_heads = dims.n_v_heads;
@@ -894,7 +897,10 @@ Geo make_geo(const ref::GdnDims& dims, ref::GdnProjection projection) {
   g.proj = projection == ref::GdnProjection::kQkvGateBetaAlpha ? 0
            : projection == ref::GdnProjection::kQkvGateBa      ? 1
                                                                : 2;
-  g.qkv_stride = g.proj == 2 ? g.conv_dim + g.value_dim : g.conv_dim;
+  g.qkv_stride = row_stride > 0 ? row_stride : g.proj == 2 ? g.conv_dim + g.value_dim : g.conv_dim;
+  g.z_stride = row_stride > 0 ? row_stride : g.value_dim;
+  g.ab_stride = row_stride > 0 ? row_stride : g.n_v_heads;
+  g.ba_stride = row_stride > 0 ? row_stride : 2 * g.n_v_heads;
   g.group = 2 * g.d_k + 2 * g.r * g.d_v;
   g.tiled = dims.mapping == HeadMapping::kTiled;
   g.eps = dims.eps;
@@ -944,14 +950,14 @@ Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const
   }
   if (slots == nullptr || out == nullptr || workspace == nullptr) return invalid("slots, out or workspace is null");
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) return invalid("workspace is not 16-byte aligned");
-  const Geo g = make_geo(dims, projection);
+  const Geo g = make_geo(dims, projection, in.row_stride);
   KESTREL_TRY(dispatch(g, w, in, slots, n_seq, out, static_cast<unsigned*>(workspace), programmatic, stream, true));
   return ok_status();
 }
 
 Expected<GdnKernel> gdn_decode_kernel(const ref::GdnDims& dims, int n_seq) {
   KESTREL_TRY(check_dims(dims));
-  return dispatch(make_geo(dims, ref::GdnProjection::kQkvGateBetaAlpha), GdnDecodeWeights{}, GdnDecodeInputs{}, nullptr,
+  return dispatch(make_geo(dims, ref::GdnProjection::kQkvGateBetaAlpha, 0), GdnDecodeWeights{}, GdnDecodeInputs{}, nullptr,
                   std::max(n_seq, 1), nullptr, nullptr, false, nullptr, false);
 }
 

@@ -69,6 +69,10 @@ struct GdnDecodeInputs {
   const float* b = nullptr;
   const float* a = nullptr;
   const float* ba = nullptr;
+  // 0: each buffer holds dense rows of its own width (above). > 0: every buffer's session rows are this many floats
+  // apart — the layout of one GEMV over the projections stacked row-wise (qkv, z, b, a as column ranges of one
+  // [n_seq, row_stride] output).
+  int row_stride = 0;
 };
 
 // The kernels of gdn_decode (see the top of this file).

@@ -3,11 +3,12 @@
 // the same run (docs/benchmarking.md). Then one profiled run per session count splits the step's time by section
 // (GDN, attention, MoE, dense FFN, lm_head with the logits copy, the rest), so the next speed work is chosen by it.
 //
-//   bench_engine --model M.gguf [--sessions 1,8,32] [--steps 64] [--prompt 32]
+//   bench_engine --model M.gguf [--sessions 1,8,32] [--steps 64] [--prompt 32] [--no-pdl]
 //
 // A step is one Engine::step() of one token for each of B sessions, timed on the host around the call (what a
-// caller waits for: the launches, the kernels, the logits copy back). Tokens are fixed ids (no sampling), every
-// session at its own position. Bytes per step: every weight but the routed experts and the embedding table (B rows of
+// caller waits for: the graph launch, the kernels, the copy back). Tokens are fixed ids, every session at its own
+// position; the items ask for argmax_only (a greedy request: 4 bytes per session come back), and the last column
+// repeats the run with the full logits copied back (a sampling request). Bytes per step: every weight but the routed experts and the embedding table (B rows of
 // it are read), plus the routed experts B tokens touch per MoE layer if routing were uniform (E·(1 − (1 − k/E)^B)
 // distinct experts), plus each session's GDN state read and written and its KV cache read.
 #include <algorithm>
@@ -32,6 +33,7 @@ struct Args {
   std::vector<int> sessions = {1, 8, 32};
   int steps = 64;
   int prompt = 32;
+  bool programmatic = true;
 };
 
 bool parse(int argc, char** argv, Args* a) {
@@ -45,6 +47,8 @@ bool parse(int argc, char** argv, Args* a) {
       a->steps = std::atoi(v);
     } else if (k == "--prompt" && (v = val())) {
       a->prompt = std::atoi(v);
+    } else if (k == "--no-pdl") {
+      a->programmatic = false;
     } else if (k == "--sessions" && (v = val())) {
       a->sessions.clear();
       for (const char* p = v; *p;) {
@@ -88,17 +92,19 @@ Status run(const Args& a) {
   const int max_b = *std::max_element(a.sessions.begin(), a.sessions.end());
   CudaEngineOptions o;
   o.max_slots = max_b;
-  o.n_ctx = a.prompt + 2 * a.steps + 16;
+  o.n_ctx = a.prompt + 3 * a.steps + 64;
+  o.programmatic = a.programmatic;
   const auto t0 = std::chrono::steady_clock::now();
   KESTREL_TRY_ASSIGN(std::unique_ptr<CudaEngine> e, make_cuda_engine(*model, o));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("model %s: %s, %u layers, vocab %u; %.2f GB on the device, loaded in %.1f s\n", a.model.c_str(),
               std::string(arch_name(hp.arch)).c_str(), hp.n_layer, hp.n_vocab, e->weight_bytes() / 1e9, load_s);
-  std::printf("layout: %s\n", e->layout_summary().c_str());
+  std::printf("layout: %s; programmatic launches %s\n", e->layout_summary().c_str(), a.programmatic ? "on" : "off");
   const double bw = setup.lim.peak_read_gbs * 1e9;
 
-  std::printf("\n| sessions | step ms | tokens/s | roofline tokens/s | of roofline | GB read per step |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+  std::printf("\n| sessions | step ms | tokens/s | roofline tokens/s | of roofline | GB read per step | tokens/s with "
+              "logits copied |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
   std::vector<std::string> splits;
   std::vector<float> logits(size_t(max_b) * hp.n_vocab);
   for (int B : a.sessions) {
@@ -120,12 +126,14 @@ Status run(const Args& a) {
     e->step(items, out);
     for (const EngineStepOutput& x : out) KESTREL_TRY(x.status);
     std::vector<int32_t> toks(static_cast<size_t>(B));
-    auto decode = [&](int n_steps) -> Expected<double> {
+    // greedy: the items ask for argmax_only (what a greedy request without penalties does); else the logits come
+    // back (what a sampling request needs).
+    auto decode = [&](int n_steps, bool greedy = true) -> Expected<double> {
       const auto s0 = std::chrono::steady_clock::now();
       for (int s = 0; s < n_steps; ++s) {
         for (int i = 0; i < B; ++i) {
           toks[size_t(i)] = (7 + 29 * s + 53 * i) % int(hp.n_vocab);
-          items[size_t(i)] = {slots[size_t(i)], std::span<const int32_t>(&toks[size_t(i)], 1)};
+          items[size_t(i)] = {slots[size_t(i)], std::span<const int32_t>(&toks[size_t(i)], 1), greedy};
         }
         e->step(items, out);
         for (const EngineStepOutput& x : out) KESTREL_TRY(x.status);
@@ -135,10 +143,11 @@ Status run(const Args& a) {
     KESTREL_TRY_ASSIGN(const double warm_s, decode(4));
     (void)warm_s;
     KESTREL_TRY_ASSIGN(const double step_s, decode(a.steps));
-    const double bytes = step_bytes(*model, B, a.prompt + a.steps / 2);
+    KESTREL_TRY_ASSIGN(const double sampled_s, decode(a.steps / 2, /*greedy=*/false));
+    const double bytes = step_bytes(*model, B, a.prompt + a.steps);
     const double roof = B / (bytes / bw);
-    std::printf("| %d | %.3f | %.0f | %.0f | %.1f%% | %.2f |\n", B, step_s * 1e3, B / step_s, roof,
-                100.0 * (B / step_s) / roof, bytes / 1e9);
+    std::printf("| %d | %.3f | %.0f | %.0f | %.1f%% | %.2f | %.0f |\n", B, step_s * 1e3, B / step_s, roof,
+                100.0 * (B / step_s) / roof, bytes / 1e9, B / sampled_s);
 
     KESTREL_TRY(e->set_profiling(true));
     e->clear_profile();
@@ -160,7 +169,8 @@ Status run(const Args& a) {
     splits.push_back(line);
     for (SlotId s : slots) e->slot_free(s);
   }
-  std::printf("\nstep time by section (CUDA events between sections, one profiled run of each size):\n");
+  std::printf("\nstep time by section (event-record nodes between the sections of the replayed graph, one profiled run "
+              "of each size):\n");
   for (const std::string& s : splits) std::printf("%s\n", s.c_str());
   return ok_status();
 }
@@ -171,7 +181,7 @@ Status run(const Args& a) {
 int main(int argc, char** argv) {
   kestrel::gpu::bench::Args a;
   if (!kestrel::gpu::bench::parse(argc, argv, &a)) {
-    std::fprintf(stderr, "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N]\n");
+    std::fprintf(stderr, "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--no-pdl]\n");
     return 2;
   }
   return kestrel::gpu::bench::exit_status("bench_engine", kestrel::gpu::bench::run(a));

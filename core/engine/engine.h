@@ -25,17 +25,22 @@ namespace kestrel {
 
 using SlotId = int32_t;
 
-// One sequence's share of a tick: tokens appended to `slot`, logits wanted after the last of them.
+// One sequence's share of a tick: tokens appended to `slot`, logits (or the greedy token) wanted after the last.
 struct EngineStepItem {
   SlotId slot = -1;
   std::span<const int32_t> tokens;  // borrowed for the call; >= 1
+  // The caller needs only the greedy token after the last token — the argmax of the logits, the lowest id among
+  // equal maxima, NaN never chosen (core/sampler's argmax_lowest) — so the engine may compute it where the logits
+  // are and leave `logits` unwritten (a device engine then copies back 4 bytes instead of n_vocab floats).
+  bool argmax_only = false;
 };
 
 // Where one item's result goes. The caller owns the logits buffer (one reused buffer for the whole tick, not a
 // fresh vector per item); the engine writes it only when status is ok.
 struct EngineStepOutput {
-  Status status;             // an error fails this item only (its slot is unchanged); the others proceed
-  std::span<float> logits;   // caller-owned f32 [n_vocab]: the logits after the item's last token
+  Status status;            // an error fails this item only (its slot is unchanged); the others proceed
+  std::span<float> logits;  // caller-owned f32 [n_vocab]: the logits after the item's last token (unless argmax_only)
+  int32_t argmax = -1;      // the greedy token, when the item asked for argmax_only
 };
 
 // One component of the model and where its weights live.

@@ -10,6 +10,7 @@
 #include "core/reference/forward.h"
 #include "core/reference/model_weights.h"
 #include "core/reference/session_state.h"
+#include "core/sampler/logit_scan.h"
 
 namespace kestrel {
 namespace {
@@ -133,6 +134,8 @@ class ReferenceEngine final : public Engine {
       ref::ForwardOutput fwd;
       o.status = ref::forward(weights_, *slots_[static_cast<size_t>(items[i].slot)], items[i].tokens, options, &fwd);
       if (!o.status) continue;
+      if (items[i].argmax_only) o.argmax = argmax_lowest(fwd.logits);
+      if (items[i].argmax_only && o.logits.empty()) continue;
       if (o.logits.size() != fwd.logits.size()) {  // f32 [n_vocab]: all_logits is off
         o.status = make_error(ErrorCode::kInternal, "step: the caller's logits buffer holds " +
                                                         std::to_string(o.logits.size()) + " floats, not n_vocab = " +

@@ -173,6 +173,8 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
     Request& r = *active_[i];
     EngineStepItem item;
     item.slot = r.session->slot;
+    // Greedy without penalties or log-probabilities is the argmax itself: the engine may compute it on its device.
+    item.argmax_only = r.params.temperature == 0.0f && !r.params.penalties_active() && r.params.n_logprobs == 0;
     if (r.decoding) {
       item.tokens = std::span<const int32_t>(&r.next_token, 1);
     } else {
@@ -222,7 +224,7 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
         r.consumed += n;
         if (r.consumed < r.todo.size()) continue;  // more prefill next tick
       }
-      sample_and_advance(r, outs[k].logits, &o);
+      sample_and_advance(r, outs[k].logits, items[k].argmax_only ? outs[k].argmax : -1, &o);
       if (o.finished) end_request(r);
       if (o.finished || !o.chunks.empty()) outcomes->push_back(std::move(o));
     }
@@ -241,11 +243,11 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
   active_ = std::move(still);
 }
 
-void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, Outcome* o) {
+void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, int32_t greedy, Outcome* o) {
   Session& s = *r.session;
   SampleResult sr;
   if (r.kind == Request::Kind::kStep) {
-    auto tok = s.sampler.sample_checked(logits, engine_.slot_tokens(s.slot), &sr);
+    auto tok = greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, engine_.slot_tokens(s.slot), &sr);
     if (!tok) {
       o->step_result = std::move(tok).error();
     } else {
@@ -269,7 +271,7 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
     reason = FinishReason::kContextFull;  // no room to feed another token
     c.text = r.text->finish();
   } else {
-    auto tok = s.sampler.sample_checked(logits, engine_.slot_tokens(s.slot), &sr);
+    auto tok = greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, engine_.slot_tokens(s.slot), &sr);
     if (!tok) {
       o->generate_result = std::move(tok).error();
       o->finished = true;

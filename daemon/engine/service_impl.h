@@ -76,7 +76,9 @@ class ServiceImpl final : public Service {
   // scheduler.cpp
   void engine_loop();
   void tick(std::vector<Outcome>* outcomes);
-  void sample_and_advance(Request& r, std::span<const float> logits, Outcome* out);
+  // Samples the request's next token from the logits, or takes `greedy` (>= 0: the engine's argmax for a greedy
+  // request without penalties or log-probabilities, where sampling would give exactly that token).
+  void sample_and_advance(Request& r, std::span<const float> logits, int32_t greedy, Outcome* out);
   void end_request(Request& r);
   void finish(std::vector<Outcome>* outcomes);
 

@@ -62,7 +62,9 @@ class CudaEngineImpl final : public CudaEngine {
     KESTREL_TRY_ASSIGN(dm_, DeviceModel::create(model_, reserve, o.progress, stream_));
     KESTREL_TRY_ASSIGN(StateSlots s, StateSlots::create(hp, o.n_ctx, o.max_slots));
     slots_.emplace(std::move(s));
-    KESTREL_TRY_ASSIGN(pass_, ForwardPass::create(*dm_, *slots_, stream_));
+    PassTuning tuning;
+    tuning.programmatic = o.programmatic;
+    KESTREL_TRY_ASSIGN(pass_, ForwardPass::create(*dm_, *slots_, tuning, stream_));
     slot_info_.resize(static_cast<size_t>(o.max_slots));
     placement_ = placement_all_on(model_.catalog(), "cuda:" + std::to_string(device_));
     placement_.device = device_label(device_);
@@ -207,7 +209,8 @@ class CudaEngineImpl final : public CudaEngine {
   void clear_profile() override { pass_->clear_profile(); }
   std::string layout_summary() const override {
     return std::to_string(dm_->n_tiled_matrices()) + " projection matrices tiled for GEMV v4, " +
-           std::to_string(dm_->n_raw_matrices()) + " raw; " + std::to_string(dm_->n_moe_tiled_layers()) +
+           std::to_string(dm_->n_raw_matrices()) + " raw; " + std::to_string(dm_->n_stacked_gdn_layers()) +
+           " GDN layers with stacked input projections; " + std::to_string(dm_->n_moe_tiled_layers()) +
            " MoE layers on moe_imma";
   }
 
@@ -235,7 +238,7 @@ class CudaEngineImpl final : public CudaEngine {
     std::vector<size_t> ok;
     for (size_t i = 0; i < items.size() && i < out.size(); ++i) {
       out[i].status = check(items[i]);
-      if (out[i].status && out[i].logits.size() != hp.n_vocab) {
+      if (out[i].status && !items[i].argmax_only && out[i].logits.size() != hp.n_vocab) {
         out[i].status = make_error(ErrorCode::kInternal, "step: the caller's logits buffer holds " +
                                                              std::to_string(out[i].logits.size()) +
                                                              " floats, not n_vocab = " + std::to_string(hp.n_vocab));
@@ -268,7 +271,8 @@ class CudaEngineImpl final : public CudaEngine {
             r.slot = it.slot;
             r.token = it.tokens[t];
             r.position = static_cast<int32_t>(s.tokens.size() + t);
-            r.logits = want == 1 ? out[i].logits.data() : nullptr;
+            r.logits = want == 1 && !it.argmax_only ? out[i].logits.data() : nullptr;
+            r.argmax = want == 1 ? &out[i].argmax : nullptr;
             rows.push_back(r);
             row_item.push_back(i);
           }
@@ -279,7 +283,7 @@ class CudaEngineImpl final : public CudaEngine {
         if (st && capture) {
           // pass_hidden is [n_layer][rows][H]; an item's last token's rows go to its [n_layer][H].
           for (size_t r = 0; r < rows.size(); ++r) {
-            if (rows[r].logits == nullptr) continue;
+            if (rows[r].argmax == nullptr) continue;
             for (uint32_t l = 0; l < hp.n_layer; ++l) {
               std::copy_n(pass_hidden.data() + (size_t{l} * rows.size() + r) * hp.n_embd, hp.n_embd,
                           hidden->data() + row_item[r] * layer_floats + size_t{l} * hp.n_embd);

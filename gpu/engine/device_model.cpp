@@ -66,6 +66,31 @@ bool is_expert_matrix(const std::string& name) {
   return false;
 }
 
+// The pool key of a GDN layer's stacked input projections.
+std::string stacked_key(uint32_t layer) { return "blk." + std::to_string(layer) + ".gdn_in_stacked"; }
+
+// A GDN layer's input projections in stacking order (qkv, gate, beta, alpha / qkv, gate, ba / ssm_in, ba), when they
+// all share one type GEMV v4 takes at the stacked shape; else empty.
+std::vector<const TensorRef*> stackable_inputs(const LayerWeights& lw, uint64_t n_embd) {
+  if (lw.kind != LayerKind::kGatedDeltaNet) return {};
+  const GdnWeights& g = lw.gdn;
+  std::vector<const TensorRef*> parts;
+  if (g.ssm_in.present()) {
+    parts = {&g.ssm_in, &g.ba};
+  } else if (g.ba.present()) {
+    parts = {&g.qkv, &g.gate, &g.ba};
+  } else {
+    parts = {&g.qkv, &g.gate, &g.beta, &g.alpha};
+  }
+  uint64_t rows = 0;
+  for (const TensorRef* t : parts) {
+    if (!t->present() || t->type() != parts[0]->type() || t->ne_at(0) != n_embd) return {};
+    rows += t->rows();
+  }
+  if (!gemv_imma_supports(parts[0]->type(), static_cast<int64_t>(n_embd), static_cast<int64_t>(rows))) return {};
+  return parts;
+}
+
 }  // namespace
 
 Expected<std::unique_ptr<DeviceModel>> DeviceModel::create(const Model& model, uint64_t reserve_bytes,
@@ -80,11 +105,32 @@ Expected<std::unique_ptr<DeviceModel>> DeviceModel::create(const Model& model, u
     if (f.is_moe()) moe_tiled[l] = static_cast<bool>(moe_imma_check_raw(host_moe(f, hp.n_expert_used)));
   }
 
-  // The registration plan: one batch per layer (globals first), each tensor with its layout.
+  // The registration plan: one batch per layer (globals first), each tensor with its layout; a GDN layer's stackable
+  // input projections as one stacked tensor (rows back to back in a host buffer kept until registration).
   std::vector<std::vector<PoolTensorDesc>> batches(hp.n_layer + 1);
+  std::vector<std::vector<uint8_t>> stacked_rows(hp.n_layer);
+  std::unordered_map<std::string, bool> in_stack;
   uint64_t budget = 0;
+  for (uint32_t l = 0; l < hp.n_layer; ++l) {
+    const std::vector<const TensorRef*> parts = stackable_inputs(catalog.layer(l), hp.n_embd);
+    if (parts.empty()) continue;
+    PoolTensorDesc d;
+    d.key = stacked_key(l);
+    d.type = parts[0]->type();
+    uint64_t rows = 0;
+    for (const TensorRef* t : parts) {
+      stacked_rows[l].insert(stacked_rows[l].end(), t->data.begin(), t->data.end());
+      rows += t->rows();
+      in_stack[t->name()] = true;
+    }
+    d.ne = {hp.n_embd, rows};
+    d.data = stacked_rows[l];
+    d.layout = PoolLayout::kTiled;
+    budget += align_up(d.data.size());
+    batches[l + 1].push_back(std::move(d));
+  }
   for (const CatalogEntry& ce : catalog.entries()) {
-    if (ce.skipped || ce.info == nullptr) continue;
+    if (ce.skipped || ce.info == nullptr || in_stack.count(ce.info->name) > 0) continue;
     PoolTensorDesc d;
     d.key = ce.info->name;
     d.type = ce.info->type;
@@ -193,12 +239,24 @@ Status DeviceModel::build_views(const WeightCatalog& catalog) {
       const GdnWeights& w = lw.gdn;
       DeviceGdnLayer& o = d.gdn;
       o.projection = ref::gdn_projection_for(hp_.arch, catalog.layout().gdn_input);
-      KESTREL_TRY_ASSIGN(o.qkv, matrix(w.qkv));
-      KESTREL_TRY_ASSIGN(o.gate, matrix(w.gate));
-      KESTREL_TRY_ASSIGN(o.ssm_in, matrix(w.ssm_in));
-      KESTREL_TRY_ASSIGN(o.ba, matrix(w.ba));
-      KESTREL_TRY_ASSIGN(o.beta, matrix(w.beta));
-      KESTREL_TRY_ASSIGN(o.alpha, matrix(w.alpha));
+      if (!stackable_inputs(lw, hp_.n_embd).empty()) {
+        KESTREL_TRY_ASSIGN(PoolRef ref, pool_.find(stacked_key(l)));
+        KESTREL_TRY_ASSIGN(const PoolEntry* e, pool_.entry(ref));
+        o.in_stacked.tiled = true;
+        o.in_stacked.n_in = static_cast<int64_t>(e->ne[0]);
+        o.in_stacked.n_out = static_cast<int64_t>(e->ne[1]);
+        KESTREL_TRY_ASSIGN(o.in_stacked.tiled_view, pool_.tiled_view(ref));
+        max_tiled_in_ = std::max(max_tiled_in_, o.in_stacked.n_in);
+        ++n_tiled_;
+        ++n_stacked_;
+      } else {
+        KESTREL_TRY_ASSIGN(o.qkv, matrix(w.qkv));
+        KESTREL_TRY_ASSIGN(o.gate, matrix(w.gate));
+        KESTREL_TRY_ASSIGN(o.ssm_in, matrix(w.ssm_in));
+        KESTREL_TRY_ASSIGN(o.ba, matrix(w.ba));
+        KESTREL_TRY_ASSIGN(o.beta, matrix(w.beta));
+        KESTREL_TRY_ASSIGN(o.alpha, matrix(w.alpha));
+      }
       KESTREL_TRY_ASSIGN(o.out, matrix(w.out));
       KESTREL_TRY_ASSIGN(o.small.conv1d, f32(w.conv1d));
       KESTREL_TRY_ASSIGN(o.small.dt_bias, f32(w.dt_bias));

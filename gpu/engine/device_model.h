@@ -7,6 +7,7 @@
 //   - an MoE layer's routed and shared experts tiled for moe_imma when moe_imma_check_raw accepts the layer's types
 //     and shapes (gate/up of one type, down of one type, shared ff == expert ff), else all raw for moe_forward;
 //   - token_embd (read by get_rows), the router, norms and the GDN's small f32 tensors raw.
+//   - a GDN layer's input projections stacked into one tiled matrix where they share a GEMV v4 type (DeviceGdnLayer);
 // Nothing is widened: the pool holds exactly the file's bytes, some reordered. Routed experts keep one pool entry per
 // stack (expert e at e · its bytes), so an expert is addressable by (layer, e) — expert_bytes() says where.
 //
@@ -46,6 +47,10 @@ struct DeviceMatrix {
 
 struct DeviceGdnLayer {
   ref::GdnProjection projection = ref::GdnProjection::kQkvGateBetaAlpha;
+  // The input projections stacked row-wise into one tiled matrix — [qkv | gate | beta | alpha], [qkv | gate | ba] or
+  // [ssm_in | ba] — where they share a type GEMV v4 takes (one launch instead of four; the separate matrices are then
+  // not registered). Its output rows hold the projections side by side (GdnDecodeInputs::row_stride).
+  DeviceMatrix in_stacked;
   DeviceMatrix qkv, gate, ssm_in, ba, beta, alpha, out;
   GdnDecodeWeights small;  // conv1d, dt_bias, ssm_a, ssm_norm (f32)
 };
@@ -96,6 +101,7 @@ class DeviceModel {
   int64_t max_tiled_in() const { return max_tiled_in_; }
   // How many layers run their experts on moe_imma, and how many matrices are tiled / raw.
   int n_moe_tiled_layers() const { return n_moe_tiled_; }
+  int n_stacked_gdn_layers() const { return n_stacked_; }
   int n_tiled_matrices() const { return n_tiled_; }
   int n_raw_matrices() const { return n_raw_; }
 
@@ -112,7 +118,7 @@ class DeviceModel {
   const float* output_norm_ = nullptr;
   DeviceMatrix output_;
   int64_t max_tiled_in_ = 0;
-  int n_moe_tiled_ = 0, n_tiled_ = 0, n_raw_ = 0;
+  int n_moe_tiled_ = 0, n_tiled_ = 0, n_raw_ = 0, n_stacked_ = 0;
 };
 
 }  // namespace kestrel::gpu

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/reference/rope.h"
+#include "gpu/argmax.h"
 #include "gpu/attention_decode.h"
 #include "gpu/cuda_check.h"
 #include "gpu/gdn_decode.h"
@@ -36,7 +37,7 @@ Widths widths_of(const ModelHparams& hp) {
   const int64_t I = hp.n_ff_dense, att = int64_t{hp.n_head} * hp.head_dim;
   Widths w;
   w.h = H;
-  w.proj_a = std::max({C + Vd, qg, I, int64_t{1}});
+  w.proj_a = std::max({C + Vd + 2 * Vh, qg, I, int64_t{1}});  // C + Vd + 2·Vh: the stacked GDN projections
   w.proj_b = std::max({Vd, kv, I, int64_t{1}});
   w.proj_c = std::max({2 * Vh, kv, int64_t{1}});
   w.proj_d = std::max(Vh, int64_t{1});
@@ -91,7 +92,8 @@ Status ForwardPass::set_profiling(bool on) {
 
 Status ForwardPass::mark(PassSection section) {
   if (!profiling_ || n_marks_ >= events_.size()) return ok_status();
-  KESTREL_CUDA_TRY(cudaEventRecord(events_[n_marks_], stream_));
+  // Captured into the profiled graphs as event-record nodes (cudaEventRecordExternal).
+  KESTREL_CUDA_TRY(cudaEventRecordWithFlags(events_[n_marks_], stream_, cudaEventRecordExternal));
   sections_[n_marks_] = section;
   ++n_marks_;
   return ok_status();
@@ -99,7 +101,7 @@ Status ForwardPass::mark(PassSection section) {
 
 uint64_t ForwardPass::scratch_bytes(const ModelHparams& hp, int n_ctx) {
   const Widths w = widths_of(hp);
-  uint64_t b = 3 * align_up(P * sizeof(int32_t)) + align_up(uint64_t{hp.n_layer} * P * sizeof(GdnSlot));
+  uint64_t b = 4 * align_up(P * sizeof(int32_t)) + align_up(uint64_t{hp.n_layer} * P * sizeof(GdnSlot));
   for (int64_t width : {w.h, w.h, w.h, w.proj_a, w.proj_b, w.proj_c, w.proj_d, w.mixed, w.vocab}) {
     b += align_up(static_cast<uint64_t>(width) * P * sizeof(float));
   }
@@ -110,17 +112,25 @@ uint64_t ForwardPass::scratch_bytes(const ModelHparams& hp, int n_ctx) {
 }
 
 Expected<std::unique_ptr<ForwardPass>> ForwardPass::create(const DeviceModel& model, const StateSlots& slots,
-                                                           cudaStream_t stream) {
-  std::unique_ptr<ForwardPass> p(new ForwardPass(model, slots, stream));
+                                                           const PassTuning& tuning, cudaStream_t stream) {
+  std::unique_ptr<ForwardPass> p(new ForwardPass(model, slots, tuning, stream));
   KESTREL_TRY(p->allocate());
   return p;
 }
 
 ForwardPass::~ForwardPass() {
+  for (auto* table : {&graphs_, &profiled_graphs_}) {
+    for (auto& per_n : *table) {
+      for (cudaGraphExec_t g : per_n) {
+        if (g != nullptr) cudaGraphExecDestroy(g);
+      }
+    }
+  }
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   if (base_ != nullptr) cudaFree(base_);
   if (host_upload_ != nullptr) cudaFreeHost(host_upload_);
   if (host_logits_ != nullptr) cudaFreeHost(host_logits_);
+  if (host_argmax_ != nullptr) cudaFreeHost(host_argmax_);
 }
 
 Status ForwardPass::allocate() {
@@ -163,6 +173,7 @@ Status ForwardPass::allocate() {
   const uint64_t o_a = take(w.proj_a * P * sizeof(float)), o_b = take(w.proj_b * P * sizeof(float));
   const uint64_t o_c = take(w.proj_c * P * sizeof(float)), o_d = take(w.proj_d * P * sizeof(float));
   const uint64_t o_m = take(w.mixed * P * sizeof(float)), o_l = take(w.vocab * P * sizeof(float));
+  const uint64_t o_am = take(P * sizeof(int32_t));
   const uint64_t o_gws = take(gdn_ws), o_aws = take(attn_ws_bytes_), o_mws = take(moe_ws);
   const uint64_t o_rope = take(std::max<uint64_t>(hp.n_rot / 2, 1) * sizeof(float));
   KESTREL_CUDA_TRY(cudaMalloc(&base_, off));
@@ -181,6 +192,7 @@ Status ForwardPass::allocate() {
   proj_d_ = reinterpret_cast<float*>(at(o_d));
   mixed_ = reinterpret_cast<float*>(at(o_m));
   logits_ = reinterpret_cast<float*>(at(o_l));
+  argmax_ = reinterpret_cast<int32_t*>(at(o_am));
   gdn_ws_ = at(o_gws);
   attn_ws_ = at(o_aws);
   moe_ws_ = at(o_mws);
@@ -189,6 +201,7 @@ Status ForwardPass::allocate() {
   upload_bytes_ = 3 * P * sizeof(int32_t) + size_t(n_gdn_) * P * sizeof(GdnSlot);
   KESTREL_CUDA_TRY(cudaMallocHost(&host_upload_, upload_bytes_));
   KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_logits_), w.vocab * P * sizeof(float)));
+  KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_argmax_), P * sizeof(int32_t)));
 
   // Zeroed once: the GDN readers' counters and the MoE counters (every call leaves them zero).
   if (gdn_ws > 0) KESTREL_CUDA_TRY(cudaMemsetAsync(gdn_ws_, 0, gdn_ws, stream_));
@@ -221,13 +234,36 @@ Status ForwardPass::prepare(const float* x, int64_t n_cols, int n) {
 Status ForwardPass::matmul(const DeviceMatrix& m, const float* x, bool x_prepared, int n, float* y) {
   if (m.tiled) {
     if (!x_prepared) KESTREL_TRY(prepare(x, m.n_in, n));
-    return gemv_imma(m.tiled_view, xprep_, n, y, stream_);
+    return gemv_imma(m.tiled_view, xprep_, n, y, stream_, tuning_.programmatic);
   }
   return gemv(m.raw_view, x, n, y, stream_);
 }
 
 Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
   const DeviceGdnLayer& g = model_.layers()[l].gdn;
+  if (g.in_stacked.present()) {
+    // One GEMV over the stacked projections; each output row holds them side by side.
+    KESTREL_TRY(matmul(g.in_stacked, x_, false, n, proj_a_));
+    const ref::GdnDims& d = model_.gdn_dims();
+    const int64_t C = d.conv_dim(), Vd = d.value_dim(), Vh = d.n_v_heads;
+    GdnDecodeInputs in;
+    in.qkv = proj_a_;
+    in.row_stride = static_cast<int>(g.in_stacked.n_out);
+    switch (g.projection) {
+      case ref::GdnProjection::kQkvGateBetaAlpha:
+        in.z = proj_a_ + C, in.b = proj_a_ + C + Vd, in.a = proj_a_ + C + Vd + Vh;
+        break;
+      case ref::GdnProjection::kQkvGateBa:
+        in.z = proj_a_ + C, in.ba = proj_a_ + C + Vd;
+        break;
+      case ref::GdnProjection::kSsmInBa:
+        in.ba = proj_a_ + C + Vd;
+        break;
+    }
+    KESTREL_TRY(gdn_decode(model_.gdn_dims(), g.projection, g.small, in, gdn_slots_ + size_t(gdn_index) * P, n,
+                           mixed_, gdn_ws_, stream_, tuning_.programmatic));
+    return matmul(g.out, mixed_, false, n, y_);
+  }
   const bool tiled = g.qkv.tiled || g.gate.tiled || g.ssm_in.tiled || g.ba.tiled || g.beta.tiled || g.alpha.tiled;
   if (tiled) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
   GdnDecodeInputs in;
@@ -252,11 +288,11 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
       break;
   }
   KESTREL_TRY(gdn_decode(model_.gdn_dims(), g.projection, g.small, in, gdn_slots_ + size_t(gdn_index) * P, n, mixed_,
-                         gdn_ws_, stream_));
+                         gdn_ws_, stream_, tuning_.programmatic));
   return matmul(g.out, mixed_, false, n, y_);
 }
 
-Status ForwardPass::attn_layer(size_t l, std::span<const int32_t> slots, std::span<const int32_t> positions, int n) {
+Status ForwardPass::attn_layer(size_t l, int n) {
   const DeviceAttnLayer& a = model_.layers()[l].attn;
   const bool tiled = a.q.tiled || a.k.tiled || a.v.tiled;
   if (tiled) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
@@ -276,8 +312,8 @@ Status ForwardPass::attn_layer(size_t l, std::span<const int32_t> slots, std::sp
   args.out = mixed_;
   args.workspace = static_cast<float*>(attn_ws_);
   args.workspace_bytes = attn_ws_bytes_;
-  KESTREL_TRY(attention_decode(attn_dims_of(model_.hparams()), table, slots_.n_slots(), args, slots, positions,
-                               stream_));
+  // Slot ids and positions come from the device copy (the engine checked them): the same launches replay in a graph.
+  KESTREL_TRY(attention_decode_device(attn_dims_of(model_.hparams()), table, args, n, slots_.n_ctx() - 1, stream_));
   return matmul(a.o, mixed_, false, n, y_);
 }
 
@@ -292,8 +328,8 @@ Status ForwardPass::ffn_layer(size_t l, int n) {
   KESTREL_TRY(matmul(f.gate, x_, tiled, n, proj_a_));
   KESTREL_TRY(matmul(f.up, x_, tiled, n, proj_b_));
   if (f.down.tiled) {
-    KESTREL_TRY(gemv_imma_prepare_swiglu(proj_a_, proj_b_, f.gate.n_out, n, xprep_, stream_));
-    return gemv_imma(f.down.tiled_view, xprep_, n, y_, stream_);
+    KESTREL_TRY(gemv_imma_prepare_swiglu(proj_a_, proj_b_, f.gate.n_out, n, xprep_, stream_, tuning_.programmatic));
+    return gemv_imma(f.down.tiled_view, xprep_, n, y_, stream_, tuning_.programmatic);
   }
   KESTREL_TRY(swiglu(proj_a_, proj_b_, f.gate.n_out * n, mixed_, stream_));
   return gemv(f.down.raw_view, mixed_, n, y_, stream_);
@@ -305,10 +341,6 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
     return make_error(ErrorCode::kInvalidArgument,
                       "forward pass: " + std::to_string(n) + " rows (1.." + std::to_string(P) + " per pass)");
   }
-  const ModelHparams& hp = model_.hparams();
-  const int64_t H = hp.n_embd;
-  const float eps = hp.rms_eps;
-
   // One upload: ids, slot ids, positions, then each GDN layer's slot table.
   int32_t* up = static_cast<int32_t*>(host_upload_);
   for (int i = 0; i < n; ++i) {
@@ -320,11 +352,66 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
   for (int g = 0; g < n_gdn_; ++g) {
     for (int i = 0; i < n; ++i) table[size_t(g) * P + i] = slot_states_[size_t(rows[size_t(i)].slot) * n_gdn_ + g];
   }
-  n_marks_ = 0;
+  int m = 0;
+  bool want_logits = false;
+  for (int i = 0; i < n; ++i) {
+    const PassRow& r = rows[size_t(i)];
+    if (r.logits != nullptr || r.argmax != nullptr) m = i + 1;
+    want_logits = want_logits || r.logits != nullptr;
+  }
+  const int mode = m == 0 ? 0 : want_logits ? 2 : 1;
+
+  if (hidden != nullptr) {
+    // Launched one by one: the per-layer copies of the residual stream sit between the kernels.
+    KESTREL_TRY(enqueue(n, m, mode, hidden));
+    KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
+  } else {
+    // Replayed: one CUDA graph per (rows, logits mode) captured on first use, lm_head over every row when any wants
+    // logits. The kernels read everything that changes from the uploaded block, so a replay is the same launches.
+    // Profiling replays its own graphs, the same launches with event-record nodes between the sections.
+    auto& graphs = profiling_ ? profiled_graphs_ : graphs_;
+    cudaGraphExec_t& exec = graphs[size_t(n - 1)][size_t(mode)];
+    if (exec == nullptr) KESTREL_TRY(capture(n, mode > 0 ? n : 0, mode, &exec));
+    KESTREL_CUDA_TRY(cudaGraphLaunch(exec, stream_));
+    KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
+    if (profiling_ && n_marks_ > 1) {
+      for (size_t k = 1; k < n_marks_; ++k) {
+        float ms = 0.0f;
+        KESTREL_CUDA_TRY(cudaEventElapsedTime(&ms, events_[k - 1], events_[k]));
+        profile_.ms[static_cast<int>(sections_[k])] += ms;
+      }
+      ++profile_.passes;
+    }
+  }
+  const size_t vocab = model_.hparams().n_vocab;
+  for (int i = 0; i < m; ++i) {
+    const PassRow& r = rows[size_t(i)];
+    if (r.logits != nullptr) std::memcpy(r.logits, host_logits_ + size_t(i) * vocab, vocab * sizeof(float));
+    if (r.argmax != nullptr) *r.argmax = host_argmax_[i];
+  }
+  return ok_status();
+}
+
+Status ForwardPass::capture(int n, int m, int logits_mode, cudaGraphExec_t* exec) {
+  n_marks_ = 0;  // every graph records the same sections in the same order
+  KESTREL_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  const Status enq = enqueue(n, m, logits_mode, nullptr);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+  KESTREL_TRY(enq);
+  KESTREL_CUDA_TRY(end);
+  const cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
+  cudaGraphDestroy(graph);
+  KESTREL_CUDA_TRY(inst);
+  return ok_status();
+}
+
+Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
+  const ModelHparams& hp = model_.hparams();
+  const int64_t H = hp.n_embd;
+  const float eps = hp.rms_eps;
   KESTREL_TRY(mark(PassSection::kRest));
   KESTREL_CUDA_TRY(cudaMemcpyAsync(ids_, host_upload_, upload_bytes_, cudaMemcpyHostToDevice, stream_));
-  const std::span<const int32_t> slot_ids(up + P, size_t(n)), positions(up + 2 * P, size_t(n));
-
   KESTREL_TRY(get_rows_device_ids(model_.token_embd(), ids_, n, h_, nullptr, stream_));
   const std::vector<DeviceLayer>& layers = model_.layers();
   KESTREL_TRY(rms_norm(h_, layers[0].attn_norm, n, H, eps, x_, stream_));
@@ -334,7 +421,7 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
       KESTREL_TRY(gdn_layer(l, gdn_index_[l], n));
       KESTREL_TRY(mark(PassSection::kGdn));
     } else {
-      KESTREL_TRY(attn_layer(l, slot_ids, positions, n));
+      KESTREL_TRY(attn_layer(l, n));
       KESTREL_TRY(mark(PassSection::kAttention));
     }
     KESTREL_TRY(residual_add_rms_norm(h_, y_, layers[l].post_attn_norm, n, H, eps, x_, stream_));
@@ -348,34 +435,18 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
                                        cudaMemcpyDeviceToHost, stream_));
     }
   }
-
-  int m = 0;
-  for (int i = 0; i < n; ++i) {
-    if (rows[size_t(i)].logits != nullptr) m = i + 1;
-  }
-  const size_t vocab = hp.n_vocab;
   KESTREL_TRY(mark(PassSection::kRest));
-  if (m > 0) {
+  if (m > 0 && logits_mode > 0) {
     KESTREL_TRY(matmul(model_.output(), x_, false, m, logits_));
-    KESTREL_CUDA_TRY(cudaMemcpyAsync(host_logits_, logits_, size_t(m) * vocab * sizeof(float), cudaMemcpyDeviceToHost,
+    KESTREL_TRY(argmax_rows(logits_, m, hp.n_vocab, argmax_, stream_));
+    KESTREL_CUDA_TRY(cudaMemcpyAsync(host_argmax_, argmax_, size_t(m) * sizeof(int32_t), cudaMemcpyDeviceToHost,
                                      stream_));
-  }
-  KESTREL_TRY(mark(PassSection::kLmHead));
-  KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
-  if (profiling_ && n_marks_ > 1) {
-    for (size_t k = 1; k < n_marks_; ++k) {
-      float ms = 0.0f;
-      KESTREL_CUDA_TRY(cudaEventElapsedTime(&ms, events_[k - 1], events_[k]));
-      profile_.ms[static_cast<int>(sections_[k])] += ms;
-    }
-    ++profile_.passes;
-  }
-  for (int i = 0; i < m; ++i) {
-    if (rows[size_t(i)].logits != nullptr) {
-      std::memcpy(rows[size_t(i)].logits, host_logits_ + size_t(i) * vocab, vocab * sizeof(float));
+    if (logits_mode == 2) {
+      KESTREL_CUDA_TRY(cudaMemcpyAsync(host_logits_, logits_, size_t(m) * hp.n_vocab * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream_));
     }
   }
-  return ok_status();
+  return mark(PassSection::kLmHead);
 }
 
 }  // namespace kestrel::gpu

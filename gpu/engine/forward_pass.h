@@ -10,8 +10,10 @@
 //                 h += y;  x = rms_norm(h) · next norm          residual_add_rms_norm
 //   logits = output · x (output_norm applied)                    only for the rows that ask for them
 //
-// Every kernel is enqueued on one stream; the pass ends with one copy of the wanted logits rows to pinned host
-// memory and one stream synchronisation. Projections run on GEMV v4 (gemv_imma, activations prepared once per
+// Every kernel is enqueued on one stream; a pass is one CUDA graph per row count (captured on first use: the token
+// ids, slots, positions and state pointers it reads come in one upload), ending with one copy of the logits rows to
+// pinned host memory and one stream synchronisation. Profiling and the per-layer captures launch the same kernels
+// one by one instead. Projections run on GEMV v4 (gemv_imma, activations prepared once per
 // input and shared by every matrix that reads it) where the matrix is tiled, else on gpu::gemv. Each kernel is
 // batch-invariant (a row's bits do not depend on the other rows), so a session's logits do not depend on the batch.
 //
@@ -21,6 +23,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -35,11 +38,19 @@ namespace kestrel::gpu {
 // Rows of one pass: the MoE and GEMV kernels take up to 32 vectors.
 inline constexpr int kPassMaxTokens = 32;
 
+// The pass's tuning choices, fixed when the engine is built.
+struct PassTuning {
+  // Projections (gemv_imma, gemv_imma_prepare_swiglu) and the GDN step launch as programmatic dependents of the
+  // kernel before them (gpu/pdl.cuh): their weight loads and launch overlap that kernel's end; the bits are the same.
+  bool programmatic = true;
+};
+
 struct PassRow {
   int32_t slot = 0;      // state slot
   int32_t token = 0;     // token id, in [0, n_vocab) (checked by the caller)
   int32_t position = 0;  // the token's position (the slot's n_past), < the slot pool's n_ctx
-  float* logits = nullptr;  // host f32 [n_vocab] to receive the logits after this token, or null for none
+  float* logits = nullptr;   // host f32 [n_vocab] to receive the logits after this token, or null for none
+  int32_t* argmax = nullptr;  // host int32 to receive the greedy token after this token (gpu/argmax.h), or null
 };
 
 // Where a pass's time goes, summed over the passes run while profiling is on (CUDA events between the sections).
@@ -54,7 +65,7 @@ struct PassProfile {
 class ForwardPass {
  public:
   static Expected<std::unique_ptr<ForwardPass>> create(const DeviceModel& model, const StateSlots& slots,
-                                                       cudaStream_t stream);
+                                                       const PassTuning& tuning, cudaStream_t stream);
   ~ForwardPass();
   ForwardPass(const ForwardPass&) = delete;
   ForwardPass& operator=(const ForwardPass&) = delete;
@@ -64,28 +75,36 @@ class ForwardPass {
   static uint64_t scratch_bytes(const ModelHparams& hp, int n_ctx);
 
   // Runs one pass over rows (1..kPassMaxTokens rows of distinct slots) and waits for it. lm_head runs for rows
-  // [0, m) where m - 1 is the last row that wants logits (so callers put those rows first). When hidden is given
+  // [0, m) where m - 1 is the last row that wants logits or the argmax (so callers put those rows first); the logits
+  // rows are copied back only when some row wants them, else only the argmax ids. When hidden is given
   // (host f32 [n_layer, rows, H]) it receives the residual stream after every layer (for the per-layer tests).
   Status run(std::span<const PassRow> rows, float* hidden = nullptr);
 
-  // Profiling: while on, every pass records an event after each section and adds the times to profile().
+  // Profiling: while on, passes replay graphs that record an event after each section, and the sections' times
+  // add up in profile().
   Status set_profiling(bool on);
   const PassProfile& profile() const { return profile_; }
   void clear_profile() { profile_ = PassProfile{}; }
 
  private:
-  ForwardPass(const DeviceModel& model, const StateSlots& slots, cudaStream_t stream)
-      : model_(model), slots_(slots), stream_(stream) {}
+  ForwardPass(const DeviceModel& model, const StateSlots& slots, const PassTuning& tuning, cudaStream_t stream)
+      : model_(model), slots_(slots), tuning_(tuning), stream_(stream) {}
   Status allocate();
   Status mark(PassSection section);
   Status matmul(const DeviceMatrix& m, const float* x, bool x_prepared, int n, float* y);
   Status prepare(const float* x, int64_t n_cols, int n);
   Status gdn_layer(size_t l, int gdn_index, int n);
-  Status attn_layer(size_t l, std::span<const int32_t> slots, std::span<const int32_t> positions, int n);
+  Status attn_layer(size_t l, int n);
+  // Every launch and copy of a pass of n rows with lm_head over the first m, on stream_ (marks and the per-layer
+  // hidden copies only when profiling / hidden ask for them).
+  // logits_mode: 0 no lm_head, 1 lm_head and argmax (ids copied back), 2 also the logits rows copied back.
+  Status enqueue(int n, int m, int logits_mode, float* hidden);
+  Status capture(int n, int m, int logits_mode, cudaGraphExec_t* exec);
   Status ffn_layer(size_t l, int n);
 
   const DeviceModel& model_;
   const StateSlots& slots_;
+  const PassTuning tuning_;
   cudaStream_t stream_;
 
   // Device scratch, one allocation; every buffer holds kPassMaxTokens rows.
@@ -104,6 +123,7 @@ class ForwardPass {
   float* proj_d_ = nullptr;       // f32 [P, Vh]                            a
   float* mixed_ = nullptr;        // f32 [P, max(Vd, n_head·hd, I)]         gdn / attention output, SwiGLU act
   float* logits_ = nullptr;       // f32 [P, n_vocab]
+  int32_t* argmax_ = nullptr;     // int32 [P]
   void* gdn_ws_ = nullptr;
   void* attn_ws_ = nullptr;
   size_t attn_ws_bytes_ = 0;
@@ -114,10 +134,15 @@ class ForwardPass {
   void* host_upload_ = nullptr;
   size_t upload_bytes_ = 0;
   float* host_logits_ = nullptr;  // f32 [P, n_vocab]
+  int32_t* host_argmax_ = nullptr;  // int32 [P]
 
   std::vector<int> gdn_index_;        // per layer: index among GDN layers, -1 for attention
   int n_gdn_ = 0;
   std::vector<GdnSlot> slot_states_;  // [n_slots][n_gdn]: each slot's GDN state pointers (device memory)
+
+  // The captured passes: [rows − 1][logits mode].
+  std::array<std::array<cudaGraphExec_t, 3>, kPassMaxTokens> graphs_{};
+  std::array<std::array<cudaGraphExec_t, 3>, kPassMaxTokens> profiled_graphs_{};  // with the section events
 
   bool profiling_ = false;
   std::vector<cudaEvent_t> events_;      // [0] at the pass's start, then one per section end

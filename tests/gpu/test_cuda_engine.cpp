@@ -220,6 +220,15 @@ TEST_P(CudaEngineTest, BatchInvariantCloneSnapshotRestore) {
   test::TickResult fork = test::run_tick(e, {{*a, third}, {*c, third}});
   ASSERT_TRUE(fork.status[0] && fork.status[1]);
   EXPECT_EQ(fork.logits[0], fork.logits[1]);
+  // argmax_only gives the greedy token of the same logits (session a replays `third` from the snapshot).
+  ASSERT_TRUE(e.slot_restore(*a, *snap));
+  {
+    std::vector<EngineStepItem> greedy = {{*a, third, /*argmax_only=*/true}};
+    std::vector<EngineStepOutput> gout(1);
+    e.step(greedy, gout);
+    ASSERT_TRUE(gout[0].status);
+    EXPECT_EQ(gout[0].argmax, test::argmax(fork.logits[0]));
+  }
   ASSERT_TRUE(e.slot_restore(*c, *snap));
   EXPECT_EQ(e.slot_n_past(*c), e.slot_n_past(*a) - 1);
   EXPECT_EQ(test::run_one(e, *c, third), fork.logits[0]);

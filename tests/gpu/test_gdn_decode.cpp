@@ -186,7 +186,9 @@ Result run_reference(const Problem& p) {
 // sets as programmatic dependents (gpu/pdl.cuh). A programmatic step loads its states before it waits, so a set is
 // never written by the launch just before its own; the plain launch of set 0 waits for everything before it, so a
 // set's previous step has completed by then. Returns each set's results.
-std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain) {
+// stacked: the inputs of each step as one [n_seq, W] buffer (qkv | z | b | a, or qkv | z | ba, or qkv | ba: the
+// output of one GEMV over the stacked projections) with GdnDecodeInputs::row_stride = W.
+std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bool stacked = false) {
   const ref::GdnDims& d = p.d;
   const size_t C = static_cast<size_t>(d.conv_dim()), Vd = static_cast<size_t>(d.value_dim());
   const size_t Vh = static_cast<size_t>(d.n_v_heads), N = static_cast<size_t>(p.n_seq);
@@ -239,6 +241,29 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain) {
   EXPECT_EQ(cudaMemset(ws.as(), 0, ws_bytes), cudaSuccess);                        // zero before the first call
   const GdnDecodeWeights w{conv1d.as<float>(), dt.as<float>(), sa.as<float>(), sn.as<float>()};
   auto out_of = [&](int t, size_t j) { return out.as<float>() + (static_cast<size_t>(t) * sets + j) * N * Vd; };
+  // The stacked layout: per session row [qkv | z | b | a] (or [qkv | z | ba], [qkv | ba]).
+  const bool has_z = p.proj != ref::GdnProjection::kSsmInBa, has_ab = p.proj == ref::GdnProjection::kQkvGateBetaAlpha;
+  const size_t qw = static_cast<size_t>(p.qkv_width());
+  const size_t W = qw + (has_z ? Vd : 0) + 2 * Vh;
+  DeviceBuffer rows(stacked ? kSteps * N * W * 4 : 4);
+  if (stacked) {
+    for (int t = 0; t < kSteps; ++t) {
+      std::vector<float> h(N * W);
+      for (size_t n = 0; n < N; ++n) {
+        float* row = h.data() + n * W;
+        std::copy_n(p.qkv[t].data() + n * qw, qw, row);
+        size_t at = qw;
+        if (has_z) std::copy_n(p.z[t].data() + n * Vd, Vd, row + at), at += Vd;
+        if (has_ab) {
+          std::copy_n(p.b[t].data() + n * Vh, Vh, row + at);
+          std::copy_n(p.a[t].data() + n * Vh, Vh, row + at + Vh);
+        } else {
+          std::copy_n(p.ba[t].data() + n * 2 * Vh, 2 * Vh, row + at);
+        }
+      }
+      upload(rows.as<float>() + t * N * W, h);
+    }
+  }
   for (int t = 0; t < kSteps; ++t) {
     GdnDecodeInputs in;
     in.qkv = qkv.as<float>() + t * qkv_n;
@@ -248,6 +273,15 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain) {
       in.a = a.as<float>() + t * b_n;
     } else {
       in.ba = ba.as<float>() + t * ba_n;
+    }
+    if (stacked) {
+      float* row0 = rows.as<float>() + t * N * W;
+      in.qkv = row0;
+      in.z = has_z ? row0 + qw : nullptr;
+      in.b = has_ab ? row0 + qw + Vd : nullptr;
+      in.a = has_ab ? row0 + qw + Vd + Vh : nullptr;
+      in.ba = has_ab ? nullptr : row0 + qw + (has_z ? Vd : 0);
+      in.row_stride = static_cast<int>(W);
     }
     for (size_t j = 0; j < sets; ++j) {
       const Status s = gdn_decode(d, p.proj, w, in, static_cast<const GdnSlot*>(slots.as()) + j * N, p.n_seq,
@@ -506,6 +540,19 @@ TEST(GdnDecode, SessionBitsDoNotDependOnTheBatch) {
 
 // Programmatic launches give the bits of plain ones (outputs of every step, final S and conv history), on each
 // kernel, in each projection layout, at 1–3 sessions and at 8 (the per-V-head kernel's two programmatic forms).
+TEST(GdnDecode, StackedInputRowsGivePlainBits) {
+  KESTREL_REQUIRE_DEVICE();
+  for (const Case& c : {Case{"stacked 35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 3},
+                        Case{"stacked grouped ba", 4, 8, 32, 32, 4, kGrouped, kBa, 3},
+                        Case{"stacked legacy ssm_in", 4, 8, 32, 32, 4, kGrouped, kSsmIn, 2}}) {
+    SCOPED_TRACE(case_name(c));
+    const Problem p = make_problem(c, 11);
+    const Result plain = run_device_sets(p, 1, false).front();
+    const Result stacked = run_device_sets(p, 1, false, /*stacked=*/true).front();
+    EXPECT_TRUE(bit_identical(plain, stacked)) << "row_stride must only move where the inputs are read";
+  }
+}
+
 TEST(GdnDecode, ProgrammaticChainGivesPlainBits) {
   KESTREL_REQUIRE_DEVICE();
   for (const Case& c : std::vector<Case>{{"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 1},

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine, from the repository root, with dev/carry.tar.xz (tools/device/pack_carry.sh) carried:
-#   test    the CUDA engine against the reference engine (test_cuda_engine)
+#   test    the CUDA engine against the reference engine (test_cuda_engine), test_attention_decode, test_gdn_decode
 #   bench   writes the 35B-A3B preset with --types q4_0 (and with the Q4_K_M mix for bench-km) and runs bench_engine
+#           (bench-nopdl: the same without programmatic launches)
 #   daemon  kestreld --engine cuda on the Q4_0 35B-A3B file: status, generate over gRPC and shm; then the daemon's
 #           integration tests with KESTREL_ITEST_ENGINE=cuda (their default tiny model)
 # Outputs land in $OUT. The binaries carry this machine's build paths (/work/main/...), so the tree is linked there.
@@ -29,10 +30,18 @@ for step in "$@"; do
   case $step in
     test)
       $B/test_cuda_engine 2>&1 | tee "$OUT/test_cuda_engine.log" | grep -E "^\[ |FAILED|PASSED|OK \]|rel diff|Failure|Expected|Which|actual" | head -80
-      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      $B/test_attention_decode --gtest_brief=1 2>&1 | tail -3
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      $B/test_gdn_decode --gtest_brief=1 2>&1 | tail -3
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      grep -E "^\[  (PASSED|FAILED) " "$OUT/test_cuda_engine.log" ;;
     bench)
       make_q4 || { status=1; continue; }
       $B/bench_engine --model $model_q4 --sessions 1,8,32 2>&1 | tee "$OUT/bench_q4_0.txt" || status=1 ;;
+    bench-nopdl)
+      make_q4 || { status=1; continue; }
+      $B/bench_engine --model $model_q4 --sessions 1,8,32 --no-pdl 2>&1 | tee "$OUT/bench_q4_0_nopdl.txt" || status=1 ;;
     bench-km)
       rm -f $model_q4
       $B/kestrel-mkmodel --preset qwen35moe-35b-a3b -o /tmp/q4_k_m.gguf -q || { status=1; continue; }
@@ -49,7 +58,7 @@ for step in "$@"; do
       $B/kestrel status --connect unix://$d/k.sock 2>&1 | tee "$OUT/status.txt"
       $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_grpc.txt"
       $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_shm.txt"
-      $B/kestrel bench --connect unix://$d/k.sock 2>&1 | tail -8 | tee "$OUT/bench_roundtrip.txt"
+      $B/kestrel bench --connect unix://$d/k.sock --shm shm://$d/k-shm.sock 2>&1 | tail -8 | tee "$OUT/bench_roundtrip.txt"
       kill -TERM $pid; wait $pid; echo "kestreld exited $?"
       KESTREL_ITEST_ENGINE=cuda $B/test_daemon_integration 2>&1 | tee "$OUT/integration.log" | tail -30
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;

@@ -7,7 +7,7 @@
 set -euo pipefail
 bin=build/release/bin
 rm -rf dev/carry && mkdir -p dev/carry/bin dev/carry/lib
-progs=(test_cuda_engine bench_engine kestrel-engine-run kestrel-mkmodel kestreld kestrel itest_client
+progs=(test_cuda_engine test_attention_decode test_gdn_decode bench_engine kestrel-engine-run kestrel-mkmodel kestreld kestrel itest_client
        test_daemon_integration)
 for b in "${progs[@]}"; do strip -o "dev/carry/bin/$b" "$bin/$b"; done
 for b in "${progs[@]}"; do ldd "$bin/$b"; done | awk '/=>/ {print $3}' | sort -u |

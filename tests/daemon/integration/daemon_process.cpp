@@ -84,6 +84,8 @@ Expected<std::unique_ptr<DaemonProcess>> DaemonProcess::start(const DaemonOption
   if (const char* engine = std::getenv("KESTREL_ITEST_ENGINE"); engine != nullptr && *engine != '\0') {
     argv.push_back("--engine");
     argv.push_back(engine);
+    argv.push_back("--cuda-slots");  // the tests open up to max_sessions (256) sessions of the tiny model
+    argv.push_back("256");
   }
   argv.insert(argv.end(), o.extra_args.begin(), o.extra_args.end());
   const std::string log_path = d->dir_ + "/kestreld.log";

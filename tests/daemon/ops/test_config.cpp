@@ -141,6 +141,8 @@ TEST(DaemonConfig, EveryBadValueNamesKeyAndLine) {
       {"listen", "socket_mode = \"0999\""},
       {"listen", "shm_socket = \"/" + std::string(120, 'a') + "\""},
       {"listen", "tcp = \"localhost\""},
+      {"cuda", "slots = 0"},
+      {"cuda", "device = -1"},
       {"limits", "max_sessions = 0"},
       {"limits", "max_queued_steps = \"many\""},
       {"limits", "default_n_ctx = -5"},
