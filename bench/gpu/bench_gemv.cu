@@ -3,7 +3,7 @@
 //   peak read   a plain streaming-read kernel (16-byte loads, grid-stride) over one 1 GiB buffer;
 //   copy        cudaMemcpy device-to-device of 1 GiB (bytes read + written; printed for reference only);
 //   size-matched read  the same read kernel over the same K rotating weight copies each GEMV case reads.
-// GEMV v4 (x prepared once) is also timed as a chain of programmatic launches (gpu/pdl.cuh: each launch may start
+// GEMV v4 (x prepared once) is also timed as a chain of programmatic launches (gpu/kernels/pdl.cuh: each launch may start
 // while the one before ends; its first weight loads are issued before it waits), against the read kernel chained
 // the same way ("us PDL", "%m PDL") — the form a decode step runs its GEMVs in.
 // Every figure is the median of 5 replays of a CUDA graph of back-to-back launches (>= 200), after warm-up, timed
@@ -34,9 +34,9 @@
 #include "core/gguf/ggml_type.h"
 #include "core/quant/quant.h"
 #include "gpu/cuda_check.h"
-#include "gpu/gemv.h"
-#include "gpu/gemv_imma.h"
-#include "gpu/tiled_matrix.h"
+#include "gpu/kernels/gemv.h"
+#include "gpu/kernels/gemv_imma.h"
+#include "gpu/memory/tiled_matrix.h"
 
 namespace kestrel::gpu {
 namespace {

@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "gpu/tiled_matrix.h"
+#include "gpu/memory/tiled_matrix.h"
 
 namespace {
 

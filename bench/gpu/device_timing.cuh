@@ -13,7 +13,7 @@
 
 #include "core/base/expected.h"
 #include "gpu/cuda_check.h"
-#include "gpu/pdl.cuh"
+#include "gpu/kernels/pdl.cuh"
 
 namespace kestrel::gpu::bench {
 
@@ -26,7 +26,7 @@ constexpr uint64_t kPeakBytes = 1ull << 30;  // peak read / copy buffer (1 GiB)
 
 // Plain streaming read: sums n16 16-byte words (then the n_tail bytes after them) and writes one partial per block
 // to out[blockIdx.x], so nothing is optimised away. src 16-byte aligned; out: u32 [gridDim.x]. kPdl: the form for
-// a chain of programmatic launches (gpu/pdl.cuh) — the next launch may start at once, and only the store of the
+// a chain of programmatic launches (gpu/kernels/pdl.cuh) — the next launch may start at once, and only the store of the
 // partial waits for the launch before (the source is read-only, as resident weights are).
 template <bool kPdl = false>
 __global__ void stream_read_kernel(const uint4* __restrict__ src, uint64_t n16, int n_tail,

@@ -58,6 +58,7 @@ void print_text(const std::string& uri, const std::string& transport, const v1::
   std::printf("model:        %s \"%s\", %s, engine %s\n", mi->architecture().c_str(), mi->name().c_str(),
               format_bytes(mi->file_bytes()).c_str(), mi->engine().c_str());
   std::printf("  path:       %s\n", mi->model_path().c_str());
+  if (!mi->device().empty()) std::printf("  device:     %s\n", mi->device().c_str());
   std::string eos;
   for (int32_t id : mi->eos_token_ids()) eos += (eos.empty() ? "" : " ") + std::to_string(id);
   std::printf("  vocab:      %s tokens, eos %s, bos %d\n", format_count(static_cast<uint64_t>(mi->n_vocab())).c_str(),

@@ -207,6 +207,7 @@ RpcStatus RpcHandlers::get_model_info(const v1::GetModelInfoRequest& /*request*/
   out->set_n_expert(m.n_expert);
   out->set_n_expert_used(m.n_expert_used);
   out->set_engine(m.engine);
+  out->set_device(m.device);
   for (const PlacementEntry& p : m.placement) {
     v1::PlacementEntry* e = out->add_placement();
     e->set_component(p.component);

@@ -14,7 +14,7 @@
 #include "gpu/cuda_check.h"
 #include "gpu/engine/device_model.h"
 #include "gpu/engine/forward_pass.h"
-#include "gpu/state_slots.h"
+#include "gpu/memory/state_slots.h"
 
 namespace kestrel::gpu {
 namespace {

@@ -8,8 +8,8 @@
 #include <utility>
 
 #include "gpu/cuda_check.h"
-#include "gpu/gemv.h"
-#include "gpu/gemv_imma.h"
+#include "gpu/kernels/gemv.h"
+#include "gpu/kernels/gemv_imma.h"
 
 namespace kestrel::gpu {
 namespace {

@@ -26,12 +26,12 @@
 #include "core/model/model.h"
 #include "core/reference/gdn_layer.h"
 #include "core/reference/gdn_state.h"
-#include "gpu/gdn_decode.h"
-#include "gpu/get_rows.h"
-#include "gpu/moe_experts.h"
-#include "gpu/moe_imma.h"
-#include "gpu/tiled_matrix.h"
-#include "gpu/weight_pool.h"
+#include "gpu/kernels/gdn_decode.h"
+#include "gpu/kernels/get_rows.h"
+#include "gpu/kernels/moe_experts.h"
+#include "gpu/kernels/moe_imma.h"
+#include "gpu/memory/tiled_matrix.h"
+#include "gpu/memory/weight_pool.h"
 
 namespace kestrel::gpu {
 

@@ -6,17 +6,17 @@
 #include <string>
 
 #include "core/reference/rope.h"
-#include "gpu/argmax.h"
-#include "gpu/attention_decode.h"
+#include "gpu/kernels/argmax.h"
+#include "gpu/kernels/attention_decode.h"
 #include "gpu/cuda_check.h"
-#include "gpu/gdn_decode.h"
-#include "gpu/gemv.h"
-#include "gpu/gemv_imma.h"
-#include "gpu/get_rows.h"
-#include "gpu/moe_experts.h"
-#include "gpu/moe_imma.h"
-#include "gpu/rms_norm.h"
-#include "gpu/swiglu.h"
+#include "gpu/kernels/gdn_decode.h"
+#include "gpu/kernels/gemv.h"
+#include "gpu/kernels/gemv_imma.h"
+#include "gpu/kernels/get_rows.h"
+#include "gpu/kernels/moe_experts.h"
+#include "gpu/kernels/moe_imma.h"
+#include "gpu/kernels/rms_norm.h"
+#include "gpu/kernels/swiglu.h"
 
 namespace kestrel::gpu {
 namespace {

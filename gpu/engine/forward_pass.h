@@ -31,7 +31,7 @@
 
 #include "core/base/expected.h"
 #include "gpu/engine/device_model.h"
-#include "gpu/state_slots.h"
+#include "gpu/memory/state_slots.h"
 
 namespace kestrel::gpu {
 
@@ -41,7 +41,7 @@ inline constexpr int kPassMaxTokens = 32;
 // The pass's tuning choices, fixed when the engine is built.
 struct PassTuning {
   // Projections (gemv_imma, gemv_imma_prepare_swiglu) and the GDN step launch as programmatic dependents of the
-  // kernel before them (gpu/pdl.cuh): their weight loads and launch overlap that kernel's end; the bits are the same.
+  // kernel before them (gpu/kernels/pdl.cuh): their weight loads and launch overlap that kernel's end; the bits are the same.
   bool programmatic = true;
 };
 
@@ -50,7 +50,7 @@ struct PassRow {
   int32_t token = 0;     // token id, in [0, n_vocab) (checked by the caller)
   int32_t position = 0;  // the token's position (the slot's n_past), < the slot pool's n_ctx
   float* logits = nullptr;   // host f32 [n_vocab] to receive the logits after this token, or null for none
-  int32_t* argmax = nullptr;  // host int32 to receive the greedy token after this token (gpu/argmax.h), or null
+  int32_t* argmax = nullptr;  // host int32 to receive the greedy token after this token (gpu/kernels/argmax.h), or null
 };
 
 // Where a pass's time goes, summed over the passes run while profiling is on (CUDA events between the sections).

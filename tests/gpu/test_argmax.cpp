@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/sampler/logit_scan.h"
-#include "gpu/argmax.h"
+#include "gpu/kernels/argmax.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu {

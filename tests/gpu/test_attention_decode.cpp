@@ -29,8 +29,8 @@
 #include "core/reference/kv_cache.h"
 #include "core/reference/matvec.h"
 #include "core/reference/rope.h"
-#include "gpu/attention_decode.h"
-#include "gpu/state_slots.h"
+#include "gpu/kernels/attention_decode.h"
+#include "gpu/memory/state_slots.h"
 #include "tests/core/model/model_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 

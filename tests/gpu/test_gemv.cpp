@@ -22,7 +22,7 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "core/reference/matvec.h"
-#include "gpu/gemv.h"
+#include "gpu/kernels/gemv.h"
 #include "tests/gpu/block_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -190,7 +190,7 @@ TEST(Gemv, MatrixAndActivationsOffSixteenByteBoundaries) {
 TEST(Gemv, Q4RowsOfSeveralStepsMatchReference) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(4242);
-  // Q4_0/Q4_K rows of whole 256-element groups on 16-byte aligned w and x take the v2 kernel (gpu/gemv_q4.cu),
+  // Q4_0/Q4_K rows of whole 256-element groups on 16-byte aligned w and x take the v2 kernel (gpu/kernels/gemv_q4.cu),
   // which walks a row in 2048-element steps, 4 rows per warp and 16 per block, vectors in slices of 8: rows of
   // several steps with a partial last one (2816 = 2048 + 768, 4352 = 2 * 2048 + 256), row counts off the 4/16
   // grid, vector counts on both sides of a slice, and the matrix or x moved by whole 16-byte units.

@@ -26,8 +26,8 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "core/reference/matvec.h"
-#include "gpu/gemv_imma.h"
-#include "gpu/tiled_matrix.h"
+#include "gpu/kernels/gemv_imma.h"
+#include "gpu/memory/tiled_matrix.h"
 #include "tests/gpu/block_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -284,7 +284,7 @@ TEST(GemvImma, SwigluPreparationMatchesReference) {
   }
 }
 
-// Programmatic launches (gpu/pdl.cuh): a dense call loads its first weights before it waits for the kernel before
+// Programmatic launches (gpu/kernels/pdl.cuh): a dense call loads its first weights before it waits for the kernel before
 // it, and must read the prepared x only after. A chain on one stream — prepare x_i (a plain launch), then
 // gemv_imma as a programmatic dependent, for several x_i in turn into one xprep buffer — gives the bits of plain
 // launches; a read of xprep ahead of the wait would see the previous x_i (or the zeros written first).

@@ -14,7 +14,7 @@
 
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
-#include "gpu/get_rows.h"
+#include "gpu/kernels/get_rows.h"
 #include "tests/gpu/block_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 

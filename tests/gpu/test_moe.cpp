@@ -24,9 +24,9 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "core/reference/moe.h"
-#include "gpu/gemv.h"
-#include "gpu/moe_experts.h"
-#include "gpu/moe_router.h"
+#include "gpu/kernels/gemv.h"
+#include "gpu/kernels/moe_experts.h"
+#include "gpu/kernels/moe_router.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/moe_test_util.h"
 

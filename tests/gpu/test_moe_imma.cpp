@@ -10,9 +10,8 @@
 // products are exact integer sums scaled per 32-element block in f32, and its digit representation of each
 // activation loses < 2^-27 of its 256-group's largest |x| (gemv_imma.h), so what remains is f32 summation order
 // (~1e-6 of the row scale at these sizes), as in the raw-block version. Repeated runs are bit-identical, with and
-// without programmatic dependent launches, and a token's output does not depend on the batch it is in. One-token cases
-// run the one-launch form (gpu/moe_imma_one.h, turned on here; off by default) and must give the chain's bits.
-// Device tests skip without a GPU; gemv_imma_segments must be linked in (gpu/gemv_imma.cu).
+// without programmatic dependent launches, and a token's output does not depend on the batch it is in.
+// Device tests skip without a GPU; gemv_imma_segments must be linked in (gpu/kernels/gemv_imma.cu).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -31,9 +30,8 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "core/reference/moe.h"
-#include "gpu/moe_imma.h"
-#include "gpu/moe_imma_one.h"
-#include "gpu/tiled_matrix.h"
+#include "gpu/kernels/moe_imma.h"
+#include "gpu/memory/tiled_matrix.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/moe_test_util.h"
 
@@ -153,22 +151,13 @@ DeviceRun run_device(const MoeImmaWeights& w, const std::vector<float>& x, int n
   return r;
 }
 
-// Launches moe_imma_forward enqueues: one token of a layer moe_imma_one takes, one; otherwise router logits with x's
-// preparation (an f32 router; else the router gemv and the preparation apart), route + tables, gate+up, the SwiGLU
-// activations' preparation, down, combine.
-// (check_case runs with the one-launch path on, and compares the chain against it.)
-int expected_launches(const Shape& s, const MoeImmaWeights& w, int n_tok) {
-  if (n_tok == 1 && moe_imma_one_supports(w)) return 1;
-  return s.router == GgmlType::kF32 ? 6 : 7;
-}
+// Launches moe_imma_forward enqueues: router logits with x's preparation (an f32 router; else the router gemv and
+// the preparation apart), route + tables, gate+up, the SwiGLU activations' preparation, down, combine.
+int expected_launches(const Shape& s) { return s.router == GgmlType::kF32 ? 6 : 7; }
 
 void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok) {
   const std::string what = describe(s, n_tok);
   SCOPED_TRACE(what);
-  moe_imma_set_single_launch(true);  // off by default (not yet faster); every case checks it at one token
-  struct SingleLaunchDefault {
-    ~SingleLaunchDefault() { moe_imma_set_single_launch(kMoeImmaSingleLaunch); }
-  } single_launch_default;
   const std::vector<float> x = draw_x(m, n_tok, 91u + static_cast<unsigned>(n_tok));
   std::vector<float> want(x.size());
   std::vector<int32_t> want_sel(static_cast<size_t>(n_tok * s.k));
@@ -182,7 +171,7 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
     ASSERT_EQ(got.ids[i], want_sel[i]) << "token " << i / static_cast<size_t>(s.k) << " slot "
                                        << i % static_cast<size_t>(s.k);
   }
-  EXPECT_EQ(got.launches, expected_launches(s, w, n_tok));
+  EXPECT_EQ(got.launches, expected_launches(s));
 
   EXPECT_EQ(test::count_out_of_tolerance(got.out, want, n_tok, s.h, kOutTol, what, got.launches, got.n_active), 0);
   const DeviceRun again = run_device(w, x, n_tok);
@@ -215,19 +204,9 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
         [&] { moe_imma_set_programmatic_max_tokens(pdl_max); },
         [] { moe_imma_set_programmatic_max_tokens(kMoeImmaProgrammaticMaxTokens); });
   }
-  expect_same_bits(  // one token: the chain against the one-launch path
-      "the six-launch chain at every size", [] { moe_imma_set_single_launch(false); },
-      [] { moe_imma_set_single_launch(true); });
   expect_same_bits(  // up to 32 entries: the grouping by one warp (the default) against the one-block kernel
-      "the chain with the routing of a small call in one block",
-      [] {
-        moe_imma_set_single_launch(false);
-        moe_imma_set_route_by_warp(false);
-      },
-      [] {
-        moe_imma_set_route_by_warp(true);
-        moe_imma_set_single_launch(true);
-      });
+      "the chain with the routing of a small call in one block", [] { moe_imma_set_route_by_warp(false); },
+      [] { moe_imma_set_route_by_warp(true); });
   for (const int spread_min : {1, kMoeMaxTokens + 1}) {
     expect_same_bits(
         spread_min == 1 ? "the routing in a block per token at every size" : "the routing in one block at every size",
@@ -323,20 +302,15 @@ TEST(MoeImma, TokenBitsDoNotDependOnTheBatch) {
   }
 }
 
-// One workspace through calls of 32 tokens (the chain, its routing spread over a block per token) and of one token
-// (one launch), in turns: every call leaves the workspace's counters zero for the next.
-TEST(MoeImma, CountersSurviveCallsOfBothPathsAndReset) {
+// One workspace through calls of 32 tokens (the routing spread over a block per token) and of one token (the routing
+// by a warp), in turns: every call leaves the workspace's counter zero for the next.
+TEST(MoeImma, CountersSurviveCallsOfBothRoutingsAndReset) {
   KESTREL_REQUIRE_DEVICE();
   const Shape s{"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_0};
   HostMoe m;
   DeviceMoe d;
   ASSERT_NO_FATAL_FAILURE(build_layer(s, m, d));
   const MoeImmaWeights& w = d.layer->weights();
-  ASSERT_TRUE(moe_imma_one_supports(w));
-  moe_imma_set_single_launch(true);
-  struct SingleLaunchDefault {
-    ~SingleLaunchDefault() { moe_imma_set_single_launch(kMoeImmaSingleLaunch); }
-  } single_launch_default;
   const std::vector<float> x = draw_x(m, 32, 5u);
   const DeviceRun alone = run_device(w, std::vector<float>(x.begin(), x.begin() + s.h), 1);
   DeviceBuffer dx(x.size() * 4), dout(x.size() * 4), ws(moe_imma_workspace_bytes(w, 32));
@@ -442,7 +416,6 @@ TEST(MoeImma, RefusesBadWeightsAndArguments) {
   EXPECT_FALSE(moe_imma_check_weights(w));
   w.down_type = GgmlType::kQ8_0;  // Q8_0 takes it
   EXPECT_TRUE(moe_imma_check_weights(w));
-  EXPECT_FALSE(moe_imma_one_supports(w)) << "the one-launch path multiplies one Q4 type";
   w.down_type = GgmlType::kQ4_0;
   w.down_exps = reinterpret_cast<const unsigned char*>(fake) + 4;  // misaligned
   s = moe_imma_check_weights(w);

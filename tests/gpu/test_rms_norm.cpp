@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "core/reference/norm.h"
-#include "gpu/rms_norm.h"
+#include "gpu/kernels/rms_norm.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu {

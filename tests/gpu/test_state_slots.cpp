@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/reference/session_state.h"
-#include "gpu/state_slots.h"
+#include "gpu/memory/state_slots.h"
 #include "tests/core/model/model_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 

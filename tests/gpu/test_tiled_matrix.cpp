@@ -12,7 +12,7 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "core/quant/quant_internal.h"
-#include "gpu/tiled_matrix.h"
+#include "gpu/memory/tiled_matrix.h"
 #include "tests/gpu/block_test_util.h"
 
 namespace kestrel::gpu {

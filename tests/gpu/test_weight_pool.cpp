@@ -19,9 +19,9 @@
 #include "core/model/weight_catalog.h"
 #include "core/quant/quant.h"
 #include "core/reference/matvec.h"
-#include "gpu/gemv.h"
-#include "gpu/gemv_imma.h"
-#include "gpu/weight_pool.h"
+#include "gpu/kernels/gemv.h"
+#include "gpu/kernels/gemv_imma.h"
+#include "gpu/memory/weight_pool.h"
 #include "tests/core/model/model_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
 

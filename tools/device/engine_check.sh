@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine, from the repository root, with dev/carry.tar.xz (tools/device/pack_carry.sh) carried:
 #   test    the CUDA engine against the reference engine (test_cuda_engine), test_attention_decode, test_gdn_decode
+#   gputests  every gpu-labelled test (what ctest -L gpu runs), one line each
 #   bench   writes the 35B-A3B preset with --types q4_0 (and with the Q4_K_M mix for bench-km) and runs bench_engine
 #           (bench-nopdl: the same without programmatic launches)
 #   daemon  kestreld --engine cuda on the Q4_0 35B-A3B file: status, generate over gRPC and shm; then the daemon's
@@ -36,6 +37,14 @@ for step in "$@"; do
       $B/test_gdn_decode --gtest_brief=1 2>&1 | tail -3
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       grep -E "^\[  (PASSED|FAILED) " "$OUT/test_cuda_engine.log" ;;
+    gputests)
+      for t in test_get_rows test_gemv test_gdn_decode test_gemv_imma test_weight_pool test_state_slots test_rms_norm \
+               test_argmax test_attention_decode test_moe test_moe_imma test_cuda_engine; do
+        mkdir -p /tmp/gputests && log=/tmp/gputests/$t.log
+        if $B/$t --gtest_brief=1 >"$log" 2>&1; then r=passed; else r=FAILED; status=1; fi
+        echo "$t: $r ($(grep -E '^\[==========\] [0-9]+ tests' "$log" | tail -1 | sed 's/\[==========\] //'))"
+        [ $r = passed ] || grep -E "Failure|FAILED" -A4 "$log" | head -20
+      done ;;
     bench)
       make_q4 || { status=1; continue; }
       $B/bench_engine --model $model_q4 --sessions 1,8,32 2>&1 | tee "$OUT/bench_q4_0.txt" || status=1 ;;

@@ -2,7 +2,7 @@
 """Instruments a COPY of the source tree for the GDN phase-clock measurements of docs/benchmarks.md
 ("GDN decode step: where the 1-session time goes"); never run it on your working tree.
 
-It edits gpu/gdn_decode.cu and bench/gpu/bench_gdn.cu of the copy in place:
+It edits gpu/kernels/gdn_decode.cu and bench/gpu/bench_gdn.cu of the copy in place:
   - --kernel cluster (the default): the cluster kernel (gdn_fused_kernel) stamps clock64() at block entry, after each
     of its three __syncthreads, after the cluster barrier wait, after the cluster sync and at its end (thread 0 of each
     block, plus the global timer at entry and end), into a device array; bench_gdn prints, after timing the cluster
@@ -82,7 +82,7 @@ def main():
     ap.add_argument("--no-s-stores", action="store_true", help="knock out the S-slice stores")
     ap.add_argument("--kernel", choices=["cluster", "per-head"], default="cluster", help="the kernel to stamp")
     a = ap.parse_args()
-    path = a.root + "/gpu/gdn_decode.cu"
+    path = a.root + "/gpu/kernels/gdn_decode.cu"
     src = open(path).read()
     stamp = stamp_per_head if a.kernel == "per-head" else stamp_cluster
     src, names, knockouts, bench_edits = stamp(src)

@@ -3,7 +3,7 @@
 "GEMV v4.4"); never run it on your working tree.
 
 It edits the copy in place:
-  - gpu/gemv_imma.cu: lane 0 of every warp of gemv_imma_flat_kernel (the dense calls' kernel at one group per warp:
+  - gpu/kernels/gemv_imma.cu: lane 0 of every warp of gemv_imma_flat_kernel (the dense calls' kernel at one group per warp:
     every batch-1 projection of the presets) stamps clock64() at entry, after its weight loads are issued, after its
     group's multiply and pair sums (so after the data arrived), after the cross-warp barrier (S > 1) and at its end,
     plus the global timer at entry and end, into device arrays (before 2026-12-01 it stamped the persistent
@@ -125,7 +125,7 @@ inline void read_print_phase_clocks(double us_per_launch) {
 
 
 def instrument_gemv(root):
-    path = root + "/gpu/gemv_imma.cu"
+    path = root + "/gpu/kernels/gemv_imma.cu"
     src = apply_edits(open(path).read(), [
         ("#include <type_traits>\n",
          "#include <type_traits>\n#include <cstdio>\n#include <utility>\n#include <vector>\n",

@@ -47,7 +47,7 @@ def main():
     ap.add_argument("tree", help="a copy of the source tree (edited in place)")
     ap.add_argument("mode", choices=["xsame", "xfree", "nomul"])
     args = ap.parse_args()
-    path = args.tree + "/gpu/gemv_imma.cu"
+    path = args.tree + "/gpu/kernels/gemv_imma.cu"
     with open(path) as f:
         s = f.read()
     if args.mode == "xsame":

@@ -2,7 +2,7 @@
 """Instruments a COPY of the source tree to measure what each launch of moe_imma_forward costs inside the layer's chain
 (docs/benchmarks.md, "MoE layer: what each launch costs in the chain"); never run it on your working tree.
 
-It edits the copy's gpu/moe_imma.cu so that the launch named by the environment variable KESTREL_MOE_DUP (0 router
+It edits the copy's gpu/kernels/moe_imma.cu so that the launch named by the environment variable KESTREL_MOE_DUP (0 router
 logits + x preparation, 1 route + tables, 2 gate+up GEMV, 3 SwiGLU preparation, 4 down GEMV, 5 combine) is issued
 twice in a row; every one of them is idempotent (it rewrites the same outputs from the same inputs), so the layer's
 results do not change and bench_moe's time grows by that launch's marginal cost in the chain (its second run finds
@@ -34,7 +34,7 @@ LAUNCHES = [
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tree", help="a copy of the source tree (edited in place)")
-    path = ap.parse_args().tree + "/gpu/moe_imma.cu"
+    path = ap.parse_args().tree + "/gpu/kernels/moe_imma.cu"
     with open(path) as f:
         s = f.read()
     s = replace_once(s, "#include <algorithm>\n", "#include <algorithm>\n#include <cstdlib>\n", "#include <algorithm>")

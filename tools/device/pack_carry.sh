@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Packs what tools/device/engine_check.sh runs on the lent GPU machine: the CUDA engine's test, benchmark and runner,
+# Packs what tools/device/engine_check.sh runs on the lent GPU machine: every gpu-labelled test, the CUDA engine's
+# benchmark and runner,
 # kestrel-mkmodel, kestreld, the kestrel CLI and the daemon's integration test, stripped, with the shared libraries
 # they need beyond libc/libstdc++/CUDA (gRPC, protobuf, spdlog, ...), into dev/carry.tar.xz. Build the release preset
 # here first (nvcc present: CUDA on, sm_90); the device then needs no compiler and no Debian -dev packages.
@@ -7,10 +8,12 @@
 set -euo pipefail
 bin=build/release/bin
 rm -rf dev/carry && mkdir -p dev/carry/bin dev/carry/lib
-progs=(test_cuda_engine test_attention_decode test_gdn_decode bench_engine kestrel-engine-run kestrel-mkmodel kestreld kestrel itest_client
+gpu_tests=(test_get_rows test_gemv test_gdn_decode test_gemv_imma test_weight_pool test_state_slots test_rms_norm
+           test_argmax test_attention_decode test_moe test_moe_imma test_cuda_engine)
+progs=("${gpu_tests[@]}" bench_engine kestrel-engine-run kestrel-mkmodel kestreld kestrel itest_client
        test_daemon_integration)
 for b in "${progs[@]}"; do strip -o "dev/carry/bin/$b" "$bin/$b"; done
 for b in "${progs[@]}"; do ldd "$bin/$b"; done | awk '/=>/ {print $3}' | sort -u |
   grep -vE 'lib(c|m|gcc_s|stdc\+\+|pthread|dl|rt|cuda|cudart)\.so|ld-linux' | while read -r f; do cp -L "$f" dev/carry/lib/; done
-tar -C dev/carry -cf - bin lib | xz -T0 -6 >dev/carry.tar.xz
+tar -C dev/carry -cf - bin lib | xz -T0 -9 >dev/carry.tar.xz
 ls -la dev/carry.tar.xz

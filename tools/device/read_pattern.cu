@@ -16,7 +16,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "gpu/ld_stream.cuh"
+#include "gpu/kernels/ld_stream.cuh"
 #define CK(x)                                        \
   do {                                               \
     cudaError_t e = (x);                             \

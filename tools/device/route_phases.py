@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Instruments a COPY of the source tree to show where the spread routing (route_spread_table_kernel in
-gpu/moe_imma.cu, moe_route_dev::route_spread in gpu/moe_route.cuh; the MoE layer's route + tables from
+gpu/kernels/moe_imma.cu, moe_route_dev::route_spread in gpu/kernels/moe_route.cuh; the MoE layer's route + tables from
 kMoeImmaRouteSpreadMinTokens tokens) spends its time; never run it on your working tree.
 
 Thread 0 of every block stamps %globaltimer (ns, one clock for all SMs) at the kernel's entry, after its programmatic
@@ -74,7 +74,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tree", help="a copy of the source tree (edited in place)")
     args = ap.parse_args()
-    route = args.tree + "/gpu/moe_route.cuh"
+    route = args.tree + "/gpu/kernels/moe_route.cuh"
     with open(route) as f:
         s = f.read()
     s = apply_edits(s, [
@@ -92,7 +92,7 @@ def main():
     ])
     with open(route, "w") as f:
         f.write(s)
-    imma = args.tree + "/gpu/moe_imma.cu"
+    imma = args.tree + "/gpu/kernels/moe_imma.cu"
     with open(imma) as f:
         s = f.read()
     s = apply_edits(s, [

@@ -1,0 +1,91 @@
+// Gated full-attention decode on the device: one new token for each of a batch of sessions (model-spec.md §4).
+//
+// Between the q/k/v GEMVs and the output GEMV of an attention layer, for each sequence b (slot slot_ids[b], the
+// new token at position positions[b] = the number of tokens already in that slot's cache), exactly as
+// ref::attn_forward does for one token:
+//   q_h, gate_h = qg[b][h·2hd, h·2hd+hd), qg[b][h·2hd+hd, (h+1)·2hd)          ([q | gate] per head)
+//   q_h = rms_norm(q_h) · q_norm;  k_j = rms_norm(k_j) · k_norm               (eps, over all hd dims)
+//   partial NeoX RoPE on dims [0, n_rot) of q_h and k_j at positions[b]       (pairs (i, i + n_rot/2))
+//   cache K[pos] = k (normed, roped), V[pos] = raw v                          (the slot's KV cache, state_slots.h)
+//   attn_h = softmax(q_h · K[0..pos] · scale) V[0..pos] over kv head h / (n_head / n_kv)      (GQA)
+//   out[b][h·hd + i] = attn_h[i] · sigmoid(gate_h[i])                         (input of the attn_output GEMV)
+// RoPE angles: θ_i = (float)pos · inv_freq[i] with inv_freq the table ref::rope_inv_freq computes on the host
+// (uploaded by the caller once per model), so the angles are bit-identical to the reference's; cosf/sinf, expf and
+// the f32 sums differ from the host's by a few ulps.
+//
+// Work split (flash-decoding): a sequence's positions [0, pos] are cut into n = min(pos / chunk + 1, max_chunks)
+// chunks of ceil((pos + 1) / n) positions; one block per (head, sequence, chunk) runs a stable online softmax
+// (running max and sum in f32) over its chunk with 4 warps taking positions in a fixed interleave, merged in warp
+// order. Short chunks keep the per-warp chain of dependent loads short, and enough blocks are in flight for one
+// sequence. A sequence of one chunk is finished by that block; longer ones leave (max, sum, unnormalised
+// accumulator) per chunk in `workspace` and a second kernel merges the chunks in order. The split depends only on
+// the sequence's own position and dims.chunk / max_chunks, never on the other
+// sequences of the batch, so a session's output is bit-identical whether it runs alone or in any batch; there are
+// no atomics, so repeated runs are bit-identical too. Results agree with the reference to ~1e-5 relative.
+//
+// Launches: one kernel appends k/v (grid n_kv × n_seq), one attends (grid n_head × n_seq × max chunks, q normed
+// and roped in shared memory by each block), and, when some sequence spans more than one chunk, one merges.
+// head_dim <= 512. Returns without waiting; argument errors (kInvalidArgument, kOutOfRange for a position outside
+// the cache, duplicate slots, a missing or small workspace) are found from the host copies of slot ids and
+// positions before anything is launched, and leave the caches untouched. Thread-safe (no shared state); the caller
+// keeps every buffer alive until the stream has run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <span>
+
+#include "core/base/expected.h"
+#include "gpu/memory/state_slots.h"  // KvSlotTable
+
+namespace kestrel::gpu {
+
+inline constexpr int kAttnDecodeMaxHeadDim = 512;
+
+struct AttnDecodeDims {
+  int n_head = 0;     // query heads
+  int n_head_kv = 0;  // key/value heads; n_head is a multiple
+  int head_dim = 0;   // hd, 1..kAttnDecodeMaxHeadDim
+  int n_rot = 0;      // even, <= head_dim
+  float eps = 1e-6f;  // q/k RMSNorm eps
+  int chunk = 32;        // least positions per attention block (>= 1); with max_chunks part of the numerics: keep
+                         // both fixed per model
+  int max_chunks = 32;   // most blocks per (head, sequence), 1..65535
+};
+
+struct AttnDecodeArgs {
+  const float* qg = nullptr;             // device f32 [n_seq, n_head·2·hd]  attn_q GEMV output
+  const float* k = nullptr;              // device f32 [n_seq, n_kv·hd]      attn_k GEMV output
+  const float* v = nullptr;              // device f32 [n_seq, n_kv·hd]      attn_v GEMV output
+  const float* q_norm = nullptr;         // device f32 [hd]
+  const float* k_norm = nullptr;         // device f32 [hd]
+  const float* rope_inv_freq = nullptr;  // device f32 [n_rot/2] = ref::rope_inv_freq(n_rot, freq_base); may be null
+                                         // when n_rot == 0
+  const int32_t* slot_ids = nullptr;     // device int32 [n_seq], distinct
+  const int32_t* positions = nullptr;    // device int32 [n_seq]
+  float* out = nullptr;                  // device f32 [n_seq, n_head·hd]
+  float* workspace = nullptr;            // device scratch, needed when a position >= dims.chunk; may be null else
+  size_t workspace_bytes = 0;
+};
+
+// Workspace bytes that suffice for any call with up to n_seq sequences on caches of n_ctx tokens.
+size_t attention_decode_workspace_bytes(const AttnDecodeDims& dims, int n_seq, int n_ctx);
+
+// slot_ids_host / positions_host: the same values as args.slot_ids / args.positions (n_seq = their size); each
+// slot id in [0, n_slots) and each position in [0, cache.n_ctx). cache: the layer's table from StateSlots
+// (its n_head_kv and head_dim must equal dims'). n_slots: the number of entries in the table.
+Status attention_decode(const AttnDecodeDims& dims, const KvSlotTable& cache, int n_slots, const AttnDecodeArgs& args,
+                        std::span<const int32_t> slot_ids_host, std::span<const int32_t> positions_host,
+                        cudaStream_t stream);
+
+// The same launches for a call captured once and replayed (a CUDA graph): slot ids and positions are read only from
+// the device, and the launch shape comes from n_seq and max_position, a bound on every position (e.g. the cache's
+// n_ctx − 1): blocks past a sequence's own chunks return at once, so the results are the bits attention_decode gives.
+// The caller guarantees what attention_decode checks on the host copies (slots distinct and in range, positions in
+// [0, min(max_position, cache.n_ctx − 1)]); the workspace must hold attention_decode_workspace_bytes(dims, n_seq,
+// max_position + 1).
+Status attention_decode_device(const AttnDecodeDims& dims, const KvSlotTable& cache, const AttnDecodeArgs& args,
+                               int n_seq, int max_position, cudaStream_t stream);
+
+}  // namespace kestrel::gpu

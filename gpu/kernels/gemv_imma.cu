@@ -1,0 +1,1002 @@
+// gemv_imma (see gemv_imma.h): GEMV v4, re-tiled Q4_0 / Q4_K / Q5_K weights on u8 × s8 tensor-core MMAs, Q6_K / Q8_0
+// on s8 × s8 (their multiplies: gpu/kernels/imma_tile.cuh; this head derives the Q4 types', which the others follow).
+//
+// MMA fragments (PTX mma.m16n8k32, 8-bit): lane = 4g + t; A regs {row g k 4t..4t+3, row g+8 k 4t.., row g k 16+4t..,
+// row g+8 k 16+4t..}; B regs {k 4t..4t+3 col g, k 16+4t.. col g}; C {row g col 2t, 2t+1, row g+8 col 2t, 2t+1}.
+// A tile word of lane t (tile_matrix) is bytes 4t..4t+3 of a block's 16 quant bytes: its low nibbles are elements 4t..,
+// its high nibbles elements 16+4t.. (Q4_0; Q4_K: low nibbles sub-block 2j, high nibbles sub-block 2j+1, with the
+// words of bytes 4t.. and 16+4t..). So `w & 0x0F0F0F0F` and `(w >> 4) & 0x0F0F0F0F` are A registers as they stand.
+//
+// Columns: MMA column c = 4·(vector of the pair) + digit. Lanes g < 4 load B of the pair's first vector (digit g),
+// lanes g >= 4 of its second; lane t holds C columns 2t, 2t+1: digits 2(t&1), 2(t&1)+1 of vector t >> 1.
+//
+// Per 32-element block b (one MMA), with h = t & 1 and D = 128·Σd_2h + Σd_2h+1 over the block (prepared with x):
+// a lane's two columns are joined exactly in int32 first, v = 128·c0 + c1 (|v − start| < 2^22), in units of digit
+// 2h + 1, so each block costs one scaling per row.
+//   Q4_0: c1 starts at 0x4B400000 − 8·D (the float 1.5·2^23 as an integer, minus the offset-8 term), so
+//         float_bits(v) − 1.5·2^23 is Σ(q − 8)·(128·d_2h + d_2h+1) exactly; acc += that · d_b.
+//   Q4_K: C starts at 0; I += v·sc and M += m·D in int32 over the super-block (|I| < 2^31), then acc = d·I − dmin·M.
+// Per round (one row group × 256 columns): partial = s_G · acc · 128^−(2h+1), added over lane pairs t, t^1 (all four
+// digits), then over the row group's warps in warp order.
+//
+// Memory: weights and scales for the next round are loaded into registers (ld.global.nc, no L1 allocation) before
+// the current round is multiplied; a block is S·R warps (R row groups at once when S < 8) and blocks are persistent
+// (as many as fit on the device), walking row groups gridDim.x·R apart (a counted table's: one run of consecutive row
+// groups per block, v4.11). Prepared activations are loaded a unit at a
+// time in each round (L1 hits after the first). Vectors beyond 8 are further segments of 8 (each reads the weights
+// again, mostly from L2).
+//
+// Measured (bench_gemv, H200, batch 1, % of a size-matched read; docs/benchmarks.md): v4.0 (one group per warp per
+// row group, a block barrier per round) 74.5% geomean, lm_head Q4_0 82%; v4.1 (segments, split by shape) first read
+// each segment through a reference into kernel parameters or the table — dynamic indexing on every load cost a third
+// (59%); dense calls now compute their segments (73–77% on the large shapes). Tried and dropped: cp.async
+// shared-memory stages instead of register double buffers (4 stages, 3 groups in flight, 3 blocks per SM at 80
+// registers: 61% on lm_head — the spills and the extra shared-memory pass cost more than the deeper queue gained),
+// and S = 8 for every row length (lm_head 57% against 70% with one warp per row group). ncu (v4.0, lm_head Q4_0):
+// 89 warp instructions per 512-byte tile, 59% issue-slot use, 15 warps per SM (128 registers), DRAM 73%: the
+// next step is fewer instructions per tile (the Q4_0 magic-number conversion and the per-block scale loads) and
+// fewer registers, not a deeper queue. Grouped calls (MoE): prefetching each segment's activations into L1 a step
+// ahead (prefetch.global.L1) with an NP = 1 kernel when every segment has one vector made moe_imma slower (batch 1
+// 36.5 → 55.6 µs, batch 32 286 → 346 µs): dropped.
+// v4.2 (each block's digit pair joined in int32 before its one scaling, the MMA's C read from registers instead of
+// copied into the accumulators, partial sums in dynamic shared memory sized by the block): lm_head Q4_0 79.5 → 85.2%,
+// geomean 71.0 → 71.1%. Tried in v4.2 and dropped (same session, same bench): (1) a ring of cp.async.bulk stages per
+// warp (one group = 2048 + 256 contiguous bytes per stage, an mbarrier each, lane 0 refilling a stage after
+// __syncwarp): depth 2/3/4/6 gave 63/62/62/56% geomean, lm_head Q4_0 63–68% — ncu: 98 registers, 16 warps per SM,
+// issue slots 64% busy, DRAM 59%: more bytes in flight did not help, the consumer's instructions are the limit;
+// reading the stage straight from shared memory at 64 registers (32 warps per SM) took 123 warp instructions per
+// tile (60%); (2) register caps for 3 or 4 blocks per SM (80 / 64 registers): 120–320 bytes of spills, 62.8% / 53.0%.
+// So the kernel is issue-bound (0.67 instructions per scheduler per cycle with ~4 warps per scheduler): the lever is
+// instructions per tile, not occupancy or queue depth.
+// v4.3 (per-round state: a warp finds its row group's weight and activation pointers once per round and steps them
+// per group; whole groups load without predicates; a missing second vector of a pair reads the first's): 123 → 62
+// warp instructions per tile (ncu, lm_head Q4_0), geomean 71.1 → 76–77%, lm_head Q4_0 88%, Q4_K 84–86%. ncu now:
+// issue slots 48% busy, 0.76 eligible warps per scheduler, DRAM 79% — latency-bound at 16 warps per SM (126
+// registers). Tried in v4.3 and dropped: lane 0 asking L2 ahead of the register loads with cp.async.bulk.prefetch.L2
+// — the whole next round's slice (geomean 71.8%, lm_head Q4_0 68%) or one group 1/2/3 ahead (75.1/75.1/74.9%,
+// lm_head 80%; MoE at 32 tokens 250 → 293 µs): the prefetched bytes cost more than the latency they hide.
+// v4.4: per-warp clock stamps (tools/device/gemv_phase_clocks.py) showed a warp's first weight load issued ~700
+// (0.07 MB) to ~1000 (4.7 MB) cycles after its entry — the split's runtime division by S and the address chain —
+// and the first group multiplied ~1700 cycles after that; a one-wave launch ends ~1 µs before the next one starts
+// in either kernel (the graph's launch gap). The split is now shifts (S and R powers of two), and a dense call
+// issues its first group's loads before its programmatic wait (gpu/kernels/pdl.cuh), so in a chain of programmatic launches
+// the address arithmetic, the launch gap and the weights' DRAM latency overlap the kernel before: 4.7 MB 4.1 → 3.0
+// µs, 0.07 MB 2.6 → 1.9 µs per launch (docs/benchmarks.md, "GEMV v4.4").
+// Tried after v4.4 and dropped: dense calls of more than 2 vectors as segments of 2 on the one-pair kernel,
+// interleaved by row group (a row group's segments on neighbouring blocks, so its weights come from DRAM once), as
+// moe_imma's grouped calls now run. Batch 8: 0.07–0.6 MB matrices 6.4 → 3.1 µs, but 4.7–9.4 MB 8.0 → 9.4 µs and
+// lm_head 195 → 232 µs; and the item-split branch it put in front of the first loads cost batch 1 ~0.15 µs (attn_k
+// 2.73 → 2.91 µs). A per-shape choice would need the split compiled out of the dense batch-1 kernel.
+// v4.5: the cross-warp sum loads all S partials before its first add (it loaded and added one at a time, S dependent
+// shared-memory round trips; S = 16 on every matrix of <= 128 row groups): 0.1–0.2 µs off each small call, geomean
+// 77.7 → 80.4% (4.7 MB 4.12 → 3.96 µs, 0.6 MB 2.75 → 2.59; bench_gemv, H200, same run). Tried with it and dropped:
+// grouped calls walking their items in runs of 2 / 4 / 8 rounds per block (neighbouring row groups of one segment, so
+// its activations stay in L1): moe_imma at 32 tokens 133.4 → 130.6 / 133.6 / 144.3 µs — the activations' L2 reads
+// are not what holds the grouped GEMVs back (ncu: 30–40% of their stalls wait on L1TEX, 7–8 cycles per instruction).
+// Also dropped: Q4_0's scales as one 8-byte load a lane and group (the group's 256 B in one request instead of four),
+// each unit's taken from lane 8i + g by shuffles: the loads alone read 9.4 MB 4–17% faster (tools/device/
+// read_pattern.cu), but the shuffles on the multiply's path cost more — lm_head Q4_0 76.1 → 81.1 µs, geomean
+// 79.7 → 78.9%; and a layout with each group's scales right after its quants (same loads, contiguous): geomean 80.1 →
+// 77.7%, Q4_K slower on every shape.
+// v4.6: the groups per slice compiled in (kGps = 2, 4, 8 for the one-pair kernel; 2 for the others, which spill
+// unrolled deeper), a round's groups unrolled: ncu (lm_head Q4_0, moe_imma's gate+up at 32 tokens) had 32-36 warp
+// instructions per MMA, ~11 of them the run-time cursor (gps reloaded from the constant bank, the round's branches)
+// and the prepared x's addresses rebuilt every group (register pressure); unrolled they are immediate offsets.
+// bench_moe Q4_0 / Q4_K 32 tokens 121.2 / 128.2 -> 118.3 / 118.6 us, 8 tokens 55.0 / 57.7 -> 53.4 / 55.3, one
+// token 22.5 / 24.3 -> 21.8 / 23.5; bench_gemv lm_head Q4_0 73.3 -> 71.6 us, 9.4 MB 5.67 -> 5.39 us (H200, same run).
+// ncu after it: lm_head Q4_0 26.7 instructions per MMA (31.8 before). Unrolled for one group per slice too (two
+// rounds an iteration) the 0.07-0.6 MB matrices took 0.1-0.2 us longer: gps = 1 keeps the run-time loop. Forcing
+// S = 1 for the grouped gate+up (KESTREL_IMMA_SPLIT=1: 8 groups a slice, no cross-warp sum) measured moe_imma 32
+// tokens Q4_0 117.5 -> 120.2 us, Q4_K 118.7 -> 117.3, one token 21.9 -> 24.7: the shape rule stays.
+// v4.7: a slice's groups are summed raw per lane and valued once at its end (imma_tile::multiply_add, pair_sum).
+// v4.8: ncu's source-level samples of the 0.6-9.4 MB projections had 4-12% of a launch's stalls on constant-cache
+// misses in the prologue, one after another for the three lines its parameters were read from (c[0x0][0x224],
+// c[0x0][0x248], the grid size); the fields read before the first weight load now sit in the parameters' first 48
+// bytes (one line): bench_gemv geomean 81.8 -> 82.7%, lm_head Q4_K 73.2 -> 71.5 us (H200, same run).
+// v4.9: the flat kernel (gemv_imma_flat_kernel) for dense calls at one group per warp, and the split taking one group
+// per warp up to 4096 warps (the 9.4 MB projections S = 4 -> 8): no rounds, nothing ahead, 64 registers for one pair
+// (one wave of 32 warps an SM), its parameters in one line (FlatArgs), and in plain launches on rows of <= 8 groups
+// x loaded into registers before the weights (ncu: 16-20% of the 9.4 MB projection's stall samples waited on the x
+// digit sums, issued after the weights and queued behind them). bench_gemv /imma/ batch 1 geomean 82.6 -> 89.5%:
+// 9.4 MB Q4_0 5.29 -> 4.39 us, 4.7 MB 3.65 -> 3.28, 0.6 MB 2.53 -> 2.41; batch 8 9.4 MB 10.0 -> 9.5 us (H200;
+// docs/benchmarks.md "GEMV v4.9"). Measured with it and not kept: x first on the 4096-column rows (S = 16, one block
+// of 16 warps an SM): 0.05-0.1 us slower per call (ssm_out Q4_0 3.37 -> 3.49 us).
+// Measured after v4.9 on the grouped calls and not kept (bench_moe --main, H200, each against the tree before in one
+// run; µs Q4_0 at 1 / 2 / 4 / 8 / 16 / 32 tokens, base 21.7 / 29.9-30.6 / 38.7 / 53.6-54.0 / 79.1 / 120.5-121.2):
+// (1) the flat kernel's form for tables (one group per warp, S = 8 for rows of 2048, a block per (row groups,
+// segment) reading its entry after the wait, 8-warp blocks, no rounds): 22.1 / 27.4 / 38.0 / 56.1 / 84.7 / 143.0 —
+// 2-4 tokens gain, 8-32 lose (each block pays the entry's round trip before its weights, and the worst-case table's
+// empty segments are blocks too); a batch-dependent choice would change S and so a token's bits with its batch. (2)
+// ncu on the 32-token gate+up GEMV (grid 528 x 4 warps, 128 registers, 16 warps an SM): DRAM 55%, 0.85 eligible
+// warps a scheduler, long-scoreboard stalls 43%, on the weights' nibbles and on the activations' digit sums — so the
+// weights were staged in shared memory by cp.async (depth 2 or 4 groups a warp, 86-108 registers, the same bits):
+// 4 deep with the largest shared-memory carveout 25.3 / 33.2 / 45.0 / 67.3 / 100.1 / 156.1 (ncu: the stalls moved
+// to the activations, now L2 misses: L1 had shrunk to ~25 KB); scales copied 16 bytes a lane through L2 only (8-byte
+// copies allocate in L1), default carveout, 4 deep 24.9 / 32.7 / 43.6 / 63.9 / 92.6 / 140.0, 2 deep 23.4 / 30.1 /
+// 38.3 / 59.0 / 86.7 / 133.3. Deeper queues of weights do not pay while each group still waits on its activations.
+// Settled tables (kSettledCall, kSettledCountedCall; gemv_imma_segments' table_settled): a table final before the
+// launch is read before the programmatic wait, with the first group's weights — moe_imma's down GEMV, 1 / 2 / 4 tokens
+// 19.7 / 30.3 / 37.6 -> 19.2 / 28.2 / 36.1 us. Everything a kernel before wrote (tables, counts, prepared x) is read
+// after the wait with ordinary loads (pdl.cuh ld_dep): ptxas had hoisted a table count's ld.global.nc over the wait.
+// Measured after it and not kept (bench_moe, H200, 2026-12-01): the settled kernel loading both of round 0's groups
+// before its wait (branch exp/settled-both-groups): 18.82 -> 18.63-18.65 us at one token, 51.93-52.02 -> 52.26-52.27
+// at 8 — within what two builds of one tree differ by; and gemv_imma_segments_swiglu (branch exp/swiglu-in-down: x
+// = silu(gate) · up prepared by each block in shared memory, the separate preparation's launch gone), slower at every
+// size (moe_imma.cu, at the preparation's launch).
+// Measured after it and not kept (2026-12-01, branch exp/grouped-regs): the table calls' kernels bounded for more
+// blocks an SM — 80 registers (124-280 bytes of spills, Q4_0 / Q4_K one pair) and 96 (36-84 bytes): bench_moe Q4_0 1 /
+// 8 / 32 tokens 18.9 / 52.0 / 119.9 us -> 22.0 / 67.0 / 162.7 and 20.0 / 55.6 / 125.1 (96 registers: 2 tokens 27.8 ->
+// 26.5, the only gain). More warps streaming do not make up for the spills' local-memory traffic.
+// Measured after it and not kept (2026-12-01, same bits each; docs/benchmarks.md "MoE layer: the grouped GEMVs' weights
+// through bulk-copied shared-memory stages, ..."): the weights by cp.async.bulk into a ring of 2-5 shared-memory stages
+// per warp (branch exp/grouped-ring: 32 tokens 119.7 -> 148-157 us, ncu DRAM 55 -> 45%), each round's activations
+// asked into L1 by prefetch.global.L1 (exp/x-prefetch-l1: 120.0 -> 123.9 us, one token 18.8 -> 21.3), and a warp's
+// whole slice loaded before its first multiply where every warp has one round (exp/deep-slices: one token 18.8 ->
+// 19.4 us).
+// v4.10 (2026-12-01): dense Q4_0 calls take one group per warp at any height (pick_split), the flat kernel running in
+// as many waves as it takes: lm_head Q4_0 in a chain 73.0 -> 69.6-71.3 us, batch 8 198-212 -> 193-194 (H200).
+// v4.11 (2026-12-01): a counted table's items in one run per block (gemv_imma_kernel, at n_used): bench_moe Q4_0 16 /
+// 32 tokens 76.6 / 119.7 -> 73.9 / 115.7 us (H200). Measured before it, as bounds (wrong bits, by
+// tools/device/moe_gemv_bounds.py; bench_moe --main q4_0/, 32 tokens, each against main in one run): every segment
+// reading vector 0's activations (all L1 hits) 119.9 -> 105.5 us; no activation loads at all (constants in registers)
+// 104.0; no multiply either (the weights' loads xor-ed) 98.7. The activations' loads cost the 32-token layer ~15 us,
+// the multiplies ~5. With v4.11, every activation an L1 hit measured 115.1 -> 112.0 us: staging a segment's activations
+// in shared memory has ~3 us to win, not built.
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
+
+#include "gpu/cuda_check.h"
+#include "gpu/kernels/gemv_imma.h"
+#include "gpu/kernels/imma_prepare.cuh"
+#include "gpu/kernels/imma_tile.cuh"
+#include "gpu/kernels/ld_stream.cuh"
+#include "gpu/kernels/pdl.cuh"
+
+namespace kestrel::gpu {
+namespace {
+
+using imma_prep::kGroupElems;
+using imma_prep::kUnitsPerSlice;
+using imma_prep::PlainRows;
+using imma_prep::SwigluRows;
+using imma_prep::x_layout;
+using imma_prep::XLayout;
+using imma_tile::kTileRows;
+using imma_tile::kUnitElems;
+using imma_tile::multiply_add;
+using imma_tile::pair_sum;
+using imma_tile::WeightBuf;
+using imma_tile::XSource;
+constexpr int kMaxWarps = 16;
+constexpr int kMaxVectors = 32;         // per gemv_imma call
+constexpr int kMaxPrepVectors = 65535;  // per gemv_imma_prepare_x call (grid.y)
+
+// ---- activation preparation -------------------------------------------------------------------------------------
+
+// One warp per (vector, group of 256), four a block. kHold: the next kernel may launch only after the wait.
+template <class Rows, bool kHold>
+__global__ void __launch_bounds__(128) prepare_x_kernel(Rows rows, int n_cols, XLayout lay, uint8_t* __restrict__ out) {
+  if constexpr (!kHold) pdl_trigger();
+  pdl_wait();
+  if constexpr (kHold) pdl_trigger();
+  imma_prep::prepare_group(rows, n_cols, lay, out, static_cast<int>(blockIdx.y),
+                           static_cast<int>(blockIdx.x * 4 + threadIdx.x / 32), static_cast<int>(threadIdx.x % 32));
+}
+
+// ---- the GEMV kernel --------------------------------------------------------------------------------------------
+
+// x / d for x < 2^31 with a multiply: q = (umulhi(x, m) + x) >> s (the round-up method), m and s from the host.
+struct FastDiv {
+  uint32_t m = 1, s = 0;
+  static FastDiv make(uint32_t d) {
+    FastDiv f;
+    while ((1ull << f.s) < d) ++f.s;
+    f.m = static_cast<uint32_t>(((1ull << 32) * ((1ull << f.s) - d)) / d + 1);
+    return f;
+  }
+  __device__ __forceinline__ int div(int x) const {
+    return static_cast<int>((__umulhi(static_cast<uint32_t>(x), m) + static_cast<uint32_t>(x)) >> s);
+  }
+};
+
+// The fields a warp reads before its first weight load come first, 48 bytes from the parameters' start (c[0x0][0x210]
+// on sm_90): one 64-byte constant-cache line, so a launch's first warps wait for one line of them, not two.
+struct KernelArgs {
+  const void* base;   // dense: the matrix (segment s holds vectors 8s .. min(8s + 8, n_vec) - 1); else the table
+  uint32_t meta_off;  // bytes from a tiled matrix's start to its scales (gemv_imma_supports: < 2^32)
+  int n_vec;          // dense: vectors in all
+  int n_seg;
+  int n_units;     // units of 64 columns per row
+  int n_rg;        // row groups per segment
+  FastDiv rg_div;  // divides by n_rg
+  int s_log;       // log2(S), S warps per row group (slices of gps groups)
+  int gps;         // groups per slice
+  int R;           // row groups per block and round
+  int S;           // 1 << s_log (the host's)
+  int n_groups;    // groups of 256 columns per row
+  const uint8_t* xprep;
+  XLayout lay;
+  float* y;
+  int64_t y_stride;
+  const int32_t* n_used;  // kCount: the table's segments in use (device; n_seg bounds it)
+  bool table;             // host: a grouped call (base is the table)
+  bool settled;           // host: the table was final before the launch (gemv_imma_segments' table_settled)
+};
+
+// Segment s as the kernel sees it: from the device table (kTable; written by the kernel before, so read with ordinary
+// loads, pdl.cuh) or computed for a dense call (no loads).
+template <bool kTable>
+struct Seg {
+  const ImmaSegment* e;
+  const void* data;
+  int n_vec;
+  int s;
+  __device__ __forceinline__ Seg(const KernelArgs& a, int seg) : s(seg) {
+    if constexpr (kTable) {
+      e = static_cast<const ImmaSegment*>(a.base) + seg;
+      data = reinterpret_cast<const void*>(ld_dep(reinterpret_cast<const unsigned long long*>(&e->data)));
+      n_vec = ld_dep(&e->n_vec);
+    } else {
+      e = nullptr;
+      data = a.base;
+      n_vec = min(kImmaSegmentVectors, a.n_vec - seg * kImmaSegmentVectors);
+    }
+  }
+  __device__ __forceinline__ int vec(int j) const {
+    if constexpr (kTable) return ld_dep(&e->vec[j]);
+    return s * kImmaSegmentVectors + j;
+  }
+  __device__ __forceinline__ int out(int j) const {
+    if constexpr (kTable) return ld_dep(&e->out[j]);
+    return s * kImmaSegmentVectors + j;
+  }
+};
+
+// A warp's place in its stream: round (row-group item of the block) and group within the warp's slice.
+struct Cursor {
+  int round;
+  int gi;
+};
+
+// The load side of a round: where the warp's row group of that round keeps the first group of its slice (lane's
+// word and scales), found once per round; ok = false past the last item or for an empty segment (zeros then).
+struct WRound {
+  const uint8_t* qs;    // + kGroupQuantBytes<T> per group (Q4: 2048, + 512 per unit; imma_tile::tile_lane)
+  const uint8_t* meta;  // + 256 per group (Q4_0, Q8_0: + 64 per unit; Q4_K, Q5_K: the super-block's heads, rows g + 8
+                        // at + 128; Q6_K: + 288 per group, the rows' scales)
+  int dgap;             // Q6_K: from meta to the rows' d
+  bool ok;
+};
+
+// What the load side needs of a round's segment, read a round ahead (a table entry is a dependent load: reading it
+// when the round starts would stall the warp in front of its first weight load).
+struct SegHead {
+  const void* data;
+  int item;
+  int seg;
+  bool ok;  // item < n_items and the segment has vectors
+};
+
+template <bool kTable>
+__device__ __forceinline__ SegHead seg_head(const KernelArgs& a, int item, int n_items) {
+  SegHead h;
+  h.item = item;
+  h.ok = item < n_items;
+  h.seg = h.ok ? a.rg_div.div(item) : 0;
+  const Seg<kTable> sg(a, h.seg);
+  h.ok = h.ok && sg.n_vec > 0;
+  h.data = sg.data;
+  return h;
+}
+
+template <GgmlType T>
+__device__ __forceinline__ WRound w_round(const KernelArgs& a, const SegHead& h, int group0, int lane) {
+  WRound r;
+  r.ok = h.ok;
+  const int rg = h.ok ? h.item - h.seg * a.n_rg : 0;
+  const auto* base = static_cast<const uint8_t*>(h.data);
+  imma_tile::tile_lane<T>(base, a.meta_off, a.n_units, rg, group0, lane, r.qs, r.meta);
+  r.dgap = imma_tile::q6_d_delta(lane);
+  return r;
+}
+
+// Group gi of the round's slice (column group `group`) into registers: whole groups without predicates; the row's
+// last, partial group (Q4_0) and groups past the row's end or the last item read zeros where there is nothing.
+template <GgmlType T, class Args>
+__device__ __forceinline__ void w_load(const Args& a, const WRound& r, int gi, int group, WeightBuf& b) {
+  if constexpr (T == GgmlType::kQ6_K) {  // whole super-blocks: a group is there or past the end
+    const uint8_t* qs = r.qs + static_cast<size_t>(gi) * imma_tile::kGroupQuantBytes<T>;
+    const uint8_t* meta = r.meta + static_cast<size_t>(gi) * imma_tile::kGroupMetaBytes<T>;
+    const bool ok = r.ok && group < a.n_groups;
+#pragma unroll
+    for (int i = 0; i < kUnitsPerSlice; ++i) b.w[i] = ok ? ldg_stream(qs + i * 512) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      b.qh[p] = ok ? ldg_stream(qs + 2048 + p * 512) : make_uint4(0, 0, 0, 0);
+      b.sc6[p] = ok ? ldg_stream(meta + p * 16) : make_uint4(0, 0, 0, 0);
+    }
+    b.d6 = ok ? ldg_stream1(meta + r.dgap) : 0u;
+    return;
+  }
+  constexpr bool kKQuant = T == GgmlType::kQ4_K || T == GgmlType::kQ5_K;  // scales in super-block heads
+  constexpr int kUnitBytes = T == GgmlType::kQ8_0 ? 1024 : 512;           // Q5_K: its high bits follow the units
+  const uint8_t* qs = r.qs + static_cast<size_t>(gi) * imma_tile::kGroupQuantBytes<T>;
+  const uint8_t* meta = r.meta + static_cast<size_t>(gi) * 256;
+  const int left = a.n_units - group * kUnitsPerSlice;
+  if (r.ok && left >= kUnitsPerSlice) {
+#pragma unroll
+    for (int i = 0; i < kUnitsPerSlice; ++i) {
+      b.w[i] = ldg_stream(qs + i * kUnitBytes);
+      if constexpr (T == GgmlType::kQ8_0) b.w2[i] = ldg_stream(qs + i * kUnitBytes + 512);
+      if constexpr (!kKQuant) b.m0[i] = ldg_stream2(meta + i * 64);
+    }
+    if constexpr (kKQuant) {
+      b.mk[0] = ldg_stream(meta);
+      b.mk[1] = ldg_stream(meta + 128);
+    }
+    if constexpr (T == GgmlType::kQ5_K) b.h5 = ldg_stream(qs + 2048);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kUnitsPerSlice; ++i) {
+    const bool u_ok = r.ok && i < left;
+    b.w[i] = u_ok ? ldg_stream(qs + i * kUnitBytes) : make_uint4(0, 0, 0, 0);
+    if constexpr (T == GgmlType::kQ8_0) b.w2[i] = u_ok ? ldg_stream(qs + i * kUnitBytes + 512) : make_uint4(0, 0, 0, 0);
+    if constexpr (!kKQuant) b.m0[i] = u_ok ? ldg_stream2(meta + i * 64) : make_uint2(0, 0);
+  }
+  if constexpr (kKQuant) {
+    const bool ok = r.ok && left > 0;
+    b.mk[0] = ok ? ldg_stream(meta) : make_uint4(0, 0, 0, 0);
+    b.mk[1] = ok ? ldg_stream(meta + 128) : make_uint4(0, 0, 0, 0);
+    if constexpr (T == GgmlType::kQ5_K) b.h5 = ok ? ldg_stream(qs + 2048) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+__host__ __device__ constexpr int part_bytes(int warps) { return 2 * warps * kImmaSegmentVectors * kTileRows * 4; }
+
+// One output's S slice partials (pr: the first, the next a warp's partials apart) added in warp order. All S are
+// loaded before the first add (a loop over the runtime S loaded and added one at a time: S dependent shared-memory
+// round trips on every small call's path).
+__device__ __forceinline__ float sum_slices(const float* pr, int S) {
+  float v[kMaxWarps];
+#pragma unroll
+  for (int s2 = 0; s2 < kMaxWarps; ++s2) v[s2] = s2 < S ? pr[s2 * kImmaSegmentVectors * kTileRows] : 0.0f;
+  float sum = v[0];
+#pragma unroll
+  for (int s2 = 1; s2 < kMaxWarps; ++s2) sum = s2 < S ? __fadd_rn(sum, v[s2]) : sum;
+  return sum;
+}
+
+// The cross-warp sum of a block's R row groups: y = the S slices' partials (part: [warp][vector slot][row]) added in
+// warp order, each output by one thread of the block's S·R·32. item0: the block's first row-group item this round.
+template <bool kTable, int NP>
+__device__ __forceinline__ void add_slices(const KernelArgs& a, const float* part, int S, int R, int item0,
+                                           int n_items) {
+  for (int k = threadIdx.x; k < R * 2 * NP * kTileRows; k += S * R * 32) {
+    const int r = k / (2 * NP * kTileRows);
+    const int slot = (k / kTileRows) % (2 * NP);
+    const int row = k % kTileRows;
+    const int it = item0 + r;
+    if (it >= n_items) continue;
+    const int so_i = a.rg_div.div(it);
+    const Seg<kTable> so(a, so_i);
+    if (slot >= so.n_vec) continue;
+    const float* pr = part + ((r * S) * kImmaSegmentVectors + slot) * kTileRows + row;
+    a.y[static_cast<int64_t>(so.out(slot)) * a.y_stride + static_cast<int64_t>(it - so_i * a.n_rg) * kTileRows + row] =
+        sum_slices(pr, S);
+  }
+}
+
+// NP: most vector pairs per segment (1, 2 or 4). kMode, what the call reads: kDenseCall (a.base: the matrix),
+// kTableCall (a.base: the table), kCountedCall (the table, only its first *a.n_used segments). kGps: the groups per
+// slice (a.gps) compiled in, so that a round's groups unroll (0: a.gps at run time).
+// kSettledCall / kSettledCountedCall: a table (and count) that was final before this kernel launched
+// (gemv_imma_segments' table_settled), read like the dense call's matrix before the wait.
+enum CallMode : int { kDenseCall = 0, kTableCall = 1, kCountedCall = 2, kSettledCall = 3, kSettledCountedCall = 4 };
+template <GgmlType T, int NP, int kMode, int kGps>
+__global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a) {
+  constexpr bool kTable = kMode != kDenseCall;
+  constexpr bool kCount = kMode == kCountedCall || kMode == kSettledCountedCall;
+  constexpr bool kWaitFirst = kTable && kMode != kSettledCall && kMode != kSettledCountedCall;
+  // Dynamic shared memory: partial sums per warp when S > 1, double-buffered by round parity ([buf][warp][vector
+  // slot][row], part_bytes()).
+  extern __shared__ __align__(128) uint8_t smem[];
+  // Under a programmatic launch (gpu/kernels/pdl.cuh) the next kernel may launch now. A dense call reads its resident weights
+  // (which no kernel writes) before it waits for the kernel before it: the address arithmetic and the first group's
+  // loads overlap that kernel's end. The table, the prepared x and y are touched only after the wait — but a settled
+  // table (kSettledCall) is read before it, with the first round's entries and the first group's weights.
+  pdl_trigger();
+  if constexpr (kWaitFirst) pdl_wait();
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int S = 1 << a.s_log;
+  const int R = a.R;
+  const int sl = warp & (S - 1);
+  const int rl = warp >> a.s_log;
+  // kCount: the table's segments in use (n_used) give the items, and each block takes one run of them, consecutive
+  // row groups (mostly of one segment), so that a segment's activations stay in its SM's L1 from round to round;
+  // n_items becomes the end of the block's run, and the first table entries wait for the count (GEMV v4.11 in the
+  // head has the figures). Uncounted tables (and dense calls) are walked round by round, gridDim.x · R items apart:
+  // their tail of empty segments would leave a run's blocks idle.
+  int n_items = a.n_seg * a.n_rg;
+  int run0 = 0;  // kCount: the block's first item
+  if constexpr (kCount) {
+    n_items = max(0, min(a.n_seg, ld_dep(a.n_used))) * a.n_rg;
+    const int slots = static_cast<int>(gridDim.x) * R;
+    const int per = (n_items + slots - 1) / slots * R;
+    run0 = static_cast<int>(blockIdx.x) * per;
+    n_items = min(n_items, run0 + per);
+  }
+  float* part = reinterpret_cast<float*>(smem);
+  auto item_of = [&](int round) {
+    if constexpr (kCount) return run0 + round * R;
+    return (round * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x)) * R;
+  };
+  const int gps = kGps > 0 ? kGps : a.gps;
+  const int group0 = sl * gps;  // the warp's first group in every round
+  auto next = [&](Cursor c) { return c.gi + 1 < gps ? Cursor{c.round, c.gi + 1} : Cursor{c.round + 1, 0}; };
+
+  float acc[NP][2];
+#pragma unroll
+  for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
+
+  // The compute side of the current round (set when its first group comes): the item, its segment, and per pair the
+  // lane's activation pointers at group0.
+  int item = 0, seg = 0, n_vec = 0;
+  // NP == 1 keeps the pair's two pointers; more pairs keep the two vector indices (fewer registers: no spills) and
+  // form the pointers per group. foff / doff: the lane's offsets at group0 within a vector's frag / dsum regions.
+  using XRef = std::conditional_t<NP == 1, const uint8_t*, int>;
+  XRef xf[NP];
+  XRef xd[NP];
+  const size_t foff = imma_tile::x_frag_off(group0, g, t);
+  const size_t doff = imma_tile::x_dsum_off(a.lay, group0, t);
+  // A group's scale lies at its dsum pointer + sdelta (group0's dsum at (t % 2)·8 + 64·group0 past the region's
+  // start, its scale at dsum_bytes + 4·group0), stepping 4 bytes per group where the dsum steps 64.
+  const int64_t sdelta = static_cast<int64_t>(a.lay.dsum_bytes()) - (t % 2) * 8 - 60 * static_cast<int64_t>(group0);
+  auto x_round = [&](int round) {
+    item = item_of(round) + rl;
+    const bool item_ok = item < n_items;
+    seg = item_ok ? a.rg_div.div(item) : 0;
+    const Seg<kTable> sg(a, seg);
+    n_vec = item_ok ? sg.n_vec : 0;
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+      if (2 * p < n_vec) {
+        const int va = sg.vec(2 * p);
+        const int vb = 2 * p + 1 < n_vec ? sg.vec(2 * p + 1) : va;
+        const int vf = g < 4 ? va : vb;
+        const int vd = t < 2 ? va : vb;
+        if constexpr (NP == 1) {
+          xf[p] = a.xprep + static_cast<size_t>(vf) * a.lay.vec_bytes() + foff;
+          xd[p] = a.xprep + static_cast<size_t>(vd) * a.lay.vec_bytes() + doff;
+        } else {
+          xf[p] = vf;
+          xd[p] = vd;
+        }
+      }
+    }
+  };
+
+  auto step = [&](const WeightBuf& wb, const Cursor& c) {
+    if (c.gi == 0) x_round(c.round);
+    if (group0 + c.gi < a.n_groups) {
+#pragma unroll
+      for (int p = 0; p < NP; ++p) {
+        if (2 * p < n_vec) {
+          const uint8_t* pf;
+          const uint8_t* pd;
+          if constexpr (NP == 1) {
+            pf = xf[p], pd = xd[p];
+          } else {
+            pf = a.xprep + static_cast<size_t>(xf[p]) * a.lay.vec_bytes() + foff;
+            pd = a.xprep + static_cast<size_t>(xd[p]) * a.lay.vec_bytes() + doff;
+          }
+          const XSource x{pf + static_cast<size_t>(c.gi) * kUnitsPerSlice * 256,
+                          pd + static_cast<size_t>(c.gi) * kUnitsPerSlice * 16, pd + sdelta + c.gi * 4};
+          multiply_add<T>(wb, x, acc[p]);
+        }
+      }
+    }
+    if (c.gi + 1 < gps) return;
+#pragma unroll
+    for (int p = 0; p < NP; ++p) pair_sum(acc[p], lane);
+    // The row group's last group of this slice: write y (S == 1) or add the slices in warp order (S > 1).
+    if (S == 1) {
+      const Seg<kTable> sg(a, seg);
+      const int rg = item - seg * a.n_rg;
+      if (t % 2 == 0) {
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+          const int slot = 2 * p + t / 2;
+          if (slot < n_vec) {
+            float* yo = a.y + static_cast<int64_t>(sg.out(slot)) * a.y_stride + static_cast<int64_t>(rg) * kTileRows;
+            yo[g] = acc[p][0];
+            yo[g + 8] = acc[p][1];
+          }
+        }
+      }
+    } else {
+      const int buf = c.round & 1;
+      if (t % 2 == 0) {
+#pragma unroll
+        for (int p = 0; p < NP; ++p) {
+          float* pw = part + ((buf * S * R + warp) * kImmaSegmentVectors + 2 * p + t / 2) * kTileRows;
+          pw[g] = acc[p][0];
+          pw[g + 8] = acc[p][1];
+        }
+      }
+      __syncthreads();
+      add_slices<kTable, NP>(a, part + buf * S * R * kImmaSegmentVectors * kTileRows, S, R, item_of(c.round), n_items);
+    }
+#pragma unroll
+    for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
+  };
+
+  if (item_of(0) >= n_items) return;
+  SegHead first = seg_head<kTable>(a, item_of(0) + rl, n_items);  // this round's
+  SegHead ahead = seg_head<kTable>(a, item_of(1) + rl, n_items);  // the next round's
+  // Two register buffers: the next group's weights are in flight while this one is multiplied.
+  Cursor cur{0, 0};
+  WRound wr = w_round<T>(a, first, group0, lane);
+  WeightBuf b0, b1;
+  w_load<T>(a, wr, 0, group0, b0);
+  if constexpr (!kWaitFirst) pdl_wait();
+  auto load_next = [&](const Cursor& nx, WeightBuf& b) {
+    if (nx.gi == 0) {
+      wr = w_round<T>(a, ahead, group0, lane);
+      ahead = seg_head<kTable>(a, item_of(nx.round + 1) + rl, n_items);
+    }
+    w_load<T>(a, wr, nx.gi, group0 + nx.gi, b);
+  };
+  if constexpr (kGps > 0) {
+    // Whole rounds per iteration, unrolled (two when kGps is odd, so that every iteration starts on b0): the cursor,
+    // the per-group pointer steps and the round's branches are compile-time.
+    constexpr int kSteps = kGps % 2 == 0 ? kGps : 2 * kGps;
+    for (int round = 0;; round += kSteps / kGps) {
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k) {
+        const Cursor c{round + k / kGps, k % kGps};
+        const Cursor nx = next(c);
+        load_next(nx, k % 2 == 0 ? b1 : b0);
+        step(k % 2 == 0 ? b0 : b1, c);
+        if (k % kGps == kGps - 1 && item_of(nx.round) >= n_items) return;
+      }
+    }
+  } else {
+    for (;;) {
+      Cursor nx = next(cur);
+      load_next(nx, b1);
+      step(b0, cur);
+      cur = nx;
+      if (item_of(cur.round) >= n_items) break;
+      nx = next(cur);
+      load_next(nx, b0);
+      step(b1, cur);
+      cur = nx;
+      if (item_of(cur.round) >= n_items) break;
+    }
+  }
+}
+
+// The flat kernel's parameters: everything read before the first loads in the first 48 bytes (one constant-cache
+// line; GEMV v4.8).
+struct FlatArgs {
+  const void* w;  // the tiled matrix
+  const uint8_t* xprep;
+  uint32_t meta_off;
+  int n_units;
+  int n_groups;
+  int n_rg;
+  int s_log;
+  int R;
+  int n_vec;  // 1..32: segments of 8 (grid.y)
+  float* y;
+  int64_t y_stride;
+};
+
+// The flat kernel: a dense call at one group per warp, its segments of up to 8 vectors along grid.y — no rounds,
+// nothing loaded ahead: a warp's first load is addressed from its block and place. NP = 1 (1-2 vectors) at two blocks
+// of 16 warps an SM (64 registers; the persistent kernel's 120+ allow one), so the split's rule (pick_split: one group
+// per warp up to kWaveWarps warps) puts the <= 9.4 MB projections in one wave (Q4_0's lm_head: one group per warp in
+// ~30 waves, GEMV v4.10); NP = 2, 4 at one block an SM, in as many waves as the grid needs. The same operations in the
+// same order as gemv_imma_kernel at the same S, so the same bits (test_gemv_imma compares them). kXFirst (plain
+// launches of one pair): the activations are loaded into registers before the weights — they come from L2 and, issued
+// after the weights, queued behind them (ncu: 16-20% of the 9.4 MB projection's stall samples waited on the digit sums
+// after the weights had come); a programmatic launch must load its weights first, before its wait, and x after it.
+template <GgmlType T, int NP, bool kXFirst>
+__global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_flat_kernel(FlatArgs a) {
+  static_assert(!kXFirst || NP == 1, "x ahead of the weights only for one pair");
+  extern __shared__ __align__(128) uint8_t smem[];
+  pdl_trigger();
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int S = 1 << a.s_log;
+  const int sl = warp & (S - 1);
+  const int item = static_cast<int>(blockIdx.x) * a.R + (warp >> a.s_log);
+  const bool ok = item < a.n_rg && sl < a.n_groups;
+  const XLayout lay{a.n_groups};
+  // Segment blockIdx.y: vectors v0 .. v0 + n_vec - 1 (a dense call's segments of 8, as the persistent kernel's). One
+  // pair is one segment (1-2 vectors): compiled out there, where two more registers spilled under the 64-register
+  // bound (Q4_0 and Q5_K with x first: 0.18 us a call, bench_gemv, H200).
+  const int v0 = NP == 1 ? 0 : static_cast<int>(blockIdx.y) * kImmaSegmentVectors;
+  const int n_vec = NP == 1 ? a.n_vec : min(kImmaSegmentVectors, a.n_vec - v0);
+  // Pair p's activations for this warp's group (the group clamped into the row: its loads stay inside x).
+  auto x_of = [&](int p) {
+    const int grp = min(sl, a.n_groups - 1);
+    const int vb = v0 + (2 * p + 1 < n_vec ? 2 * p + 1 : 2 * p);
+    const size_t vf = g < 4 ? v0 + 2 * p : vb;
+    const size_t vd = t < 2 ? v0 + 2 * p : vb;
+    return XSource{a.xprep + vf * lay.vec_bytes() + imma_tile::x_frag_off(grp, g, t),
+                   a.xprep + vd * lay.vec_bytes() + imma_tile::x_dsum_off(lay, grp, t),
+                   a.xprep + vd * lay.vec_bytes() + imma_tile::x_scale_off(lay, grp)};
+  };
+  WRound r;
+  r.ok = item < a.n_rg;
+  r.dgap = imma_tile::q6_d_delta(lane);
+  imma_tile::tile_lane<T>(static_cast<const uint8_t*>(a.w), a.meta_off, a.n_units, r.ok ? item : 0, sl, lane, r.qs,
+                          r.meta);
+  float acc[NP][2];
+#pragma unroll
+  for (int p = 0; p < NP; ++p) acc[p][0] = acc[p][1] = 0.0f;
+  WeightBuf b;
+  if constexpr (kXFirst) {
+    pdl_wait();  // a plain launch: no wait
+    const imma_tile::XRegs<T> x(x_of(0));
+    w_load<T>(a, r, 0, sl, b);
+    if (ok) multiply_add<T>(b, x, acc[0]);
+  } else {
+    w_load<T>(a, r, 0, sl, b);
+    pdl_wait();
+    if (ok) {
+#pragma unroll
+      for (int p = 0; p < NP; ++p) {
+        if (2 * p < n_vec) multiply_add<T>(b, x_of(p), acc[p]);
+      }
+    }
+  }
+#pragma unroll
+  for (int p = 0; p < NP; ++p) pair_sum(acc[p], lane);
+  if (S == 1) {
+    if (r.ok && t % 2 == 0) {
+#pragma unroll
+      for (int p = 0; p < NP; ++p) {
+        const int slot = 2 * p + t / 2;
+        if (slot < n_vec) {
+          float* yo = a.y + static_cast<int64_t>(v0 + slot) * a.y_stride + static_cast<int64_t>(item) * kTileRows;
+          yo[g] = acc[p][0];
+          yo[g + 8] = acc[p][1];
+        }
+      }
+    }
+    return;
+  }
+  float* part = reinterpret_cast<float*>(smem);
+  if (t % 2 == 0) {
+#pragma unroll
+    for (int p = 0; p < NP; ++p) {
+      float* pw = part + (warp * kImmaSegmentVectors + 2 * p + t / 2) * kTileRows;
+      pw[g] = acc[p][0];
+      pw[g + 8] = acc[p][1];
+    }
+  }
+  __syncthreads();
+  // The block's outputs, each the sum of its S slices in warp order (add_slices' order).
+  const int item0 = static_cast<int>(blockIdx.x) * a.R;
+  for (int k = threadIdx.x; k < a.R * 2 * NP * kTileRows; k += S * a.R * 32) {
+    const int rr = k / (2 * NP * kTileRows);
+    const int slot = (k / kTileRows) % (2 * NP);
+    const int row = k % kTileRows;
+    if (item0 + rr >= a.n_rg || slot >= n_vec) continue;
+    const float* pr = part + ((rr * S) * kImmaSegmentVectors + slot) * kTileRows + row;
+    a.y[static_cast<int64_t>(v0 + slot) * a.y_stride + static_cast<int64_t>(item0 + rr) * kTileRows + row] =
+        sum_slices(pr, S);
+  }
+}
+
+// ---- launch -----------------------------------------------------------------------------------------------------
+
+bool aligned(const void* p, uintptr_t al) { return (reinterpret_cast<uintptr_t>(p) % al) == 0; }
+
+// The split of a row: S warps per row group, each streaming gps groups of 256 columns. Matrices with enough row
+// groups to fill the device take S = 1 (no cross-warp sum, no block barrier); smaller ones split their rows further
+// so that ~2048 warps stream at once. Depends only on the matrix shape (so y[v] does not depend on n_vec).
+std::atomic<int> g_forced_split{0};
+
+// gemv_imma_set_compiled_groups: false keeps every call on the run-time groups-per-slice kernels (tests).
+std::atomic<bool> g_compiled_groups{true};
+
+// Grouped calls (a table) keep their row groups whole for up to 4 groups per warp: each segment entry is read from
+// the table once per row group and its matrix streamed, instead of a table read in front of every group.
+int grouped_split(int n_groups) {
+  int S = 1;
+  while (S < kMaxWarps && (n_groups + S - 1) / S > 4) S *= 2;
+  return S;
+}
+
+// gemv_imma_set_flat: false runs every call on the persistent kernel (tests: the bits must not change).
+std::atomic<bool> g_flat{true};
+constexpr int kWaveWarps = 4096;  // the flat kernel's one-vector-pair form: 32 warps an SM, 4224 on the H200's 132 SMs
+
+void pick_split(KernelArgs& a, GgmlType type, bool table) {
+  constexpr int kWantWarps = 2048;
+  int S = 1;
+  if (table) {
+    S = grouped_split(a.n_groups);
+  } else {
+    while (S < a.n_groups && S < kMaxWarps && static_cast<int64_t>(a.n_rg) * S < kWantWarps) S *= 2;
+    // One group per warp when that is at most kWaveWarps warps (gemv_imma_flat_kernel: one wave at 1-2 vectors), and
+    // for Q4_0 at any height, in as many waves as it takes (GEMV v4.10). bench_gemv, H200, this rule and the old split
+    // (S = 1 for lm_head) in turns, twice, µs: lm_head Q4_0 batch 1 70.2 / 74.1 against 72.4 / 72.5 plain (noisy),
+    // 69.6 / 71.3 against 73.0 / 72.9 in a chain of programmatic launches, batch 8 194.0 / 192.9 against 198.1 / 211.6,
+    // batch 32 755.5 / 755.8 against 774.0 / 773.5; next.lm_head chained 43.6 / 43.2 against 45.8 / 45.9, batch 8
+    // 121.2 / 119.5 against 137.1. Q4_K was slower so in an earlier run (lm_head 74.7 against 70.5-71.4 µs) and keeps
+    // the persistent kernel there.
+    int s1 = S;
+    while (s1 < a.n_groups) s1 *= 2;
+    const bool one_wave = static_cast<int64_t>(a.n_rg) * s1 <= kWaveWarps;
+    if (s1 <= kMaxWarps && (one_wave || type == GgmlType::kQ4_0)) S = s1;
+  }
+  if (const int f = g_forced_split.load(std::memory_order_relaxed); f > 0) {
+    S = 1;
+    while (2 * S <= std::min(f, kMaxWarps)) S *= 2;
+  }
+  a.S = S;
+  a.s_log = std::countr_zero(static_cast<unsigned>(S));
+  a.gps = (a.n_groups + S - 1) / S;
+  // Grouped calls in blocks of 4 warps (R = 4 / S): the same warps per SM in smaller blocks, 1 µs faster at 8 and 32
+  // tokens of moe_imma (53.95 vs 54.91, 132.4 vs 133.7 µs, bench_moe, H200), the same elsewhere. One warp per row
+  // group for grouped calls (S = 1) measured 126.8 vs 132.4 µs at 32 tokens but 24.0 vs 22.7 at one (half the warps
+  // stream a small call): kept at the shape rule, which must not depend on the batch (S orders the sums). Measured
+  // again after v4.5 with the sums in a fixed chunk order (a warp streaming a whole row group added its C chunks in
+  // registers in the order of the cross-warp sum, so S = 1 and S = C gave the same bits — test_gemv_imma's
+  // GroupedCallBitsDoNotDependOnItsItemCount passed with it) and S = 1 from 4096 items: moe_imma 32 tokens 132.6 vs
+  // 131.4–133.4 µs, 8 tokens 54.4 vs 53.9–54.3 — no gain, so not kept.
+  a.R = table ? std::max(1, 4 / S) : std::max(1, 8 / S);
+}
+
+template <GgmlType T, int NP, int kMode, int kGps>
+Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
+  const int warps = args.S * args.R;
+  const size_t smem = part_bytes(warps);
+  static int per_sm[kMaxWarps + 1] = {};  // blocks per SM by warps per block (a benign race: the same value)
+  static int sm_count = 0;
+  if (per_sm[warps] == 0) {
+    int dev = 0;
+    KESTREL_CUDA_TRY(cudaGetDevice(&dev));
+    KESTREL_CUDA_TRY(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, dev));
+    int n = 0;
+    KESTREL_CUDA_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_imma_kernel<T, NP, kMode, kGps>, warps * 32, smem));
+    per_sm[warps] = std::max(1, n);
+  }
+  const int64_t items = static_cast<int64_t>(args.n_seg) * args.n_rg;
+  const int64_t want = (items + args.R - 1) / args.R;
+  const int64_t fit = static_cast<int64_t>(per_sm[warps]) * sm_count;
+  return launch_programmatic(programmatic, gemv_imma_kernel<T, NP, kMode, kGps>,
+                             dim3(static_cast<unsigned>(std::min(want, fit))), dim3(warps * 32), smem, stream, args);
+}
+
+// A dense call at one group per warp: the flat kernel (false otherwise: the caller launches the persistent one).
+// Segments of more than 8 vectors (n_seg > 1) ran the persistent kernel until the 9.4 MB projections took one group
+// per warp, where it stepped a run-time loop a group at a time (batch 8: 11.3 us against the flat kernel's 9.7).
+template <GgmlType T>
+Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
+  if (args.table || args.gps != 1 || !g_flat.load(std::memory_order_relaxed)) return false;
+  FlatArgs f{};
+  f.w = args.base;
+  f.xprep = args.xprep;
+  f.meta_off = args.meta_off;
+  f.n_units = args.n_units;
+  f.n_groups = args.n_groups;
+  f.n_rg = args.n_rg;
+  f.s_log = args.s_log;
+  f.R = args.R;
+  f.n_vec = args.n_vec;
+  f.y = args.y;
+  f.y_stride = args.y_stride;
+  const int warps = args.S * args.R;
+  const size_t smem = part_bytes(warps) / 2;
+  const dim3 grid(static_cast<unsigned>((args.n_rg + args.R - 1) / args.R), static_cast<unsigned>(args.n_seg));
+  const dim3 block(warps * 32);
+  // x ahead of the weights for plain launches of rows of up to 8 groups (S <= 8): the 9.4 MB projections 4.73 ->
+  // 4.44 us Q4_0, 5.12 -> 4.67 Q4_K, the 0.07-0.6 MB ones 0.02-0.04 us faster; but the 4096-column ones (S = 16, one
+  // block of 16 warps an SM) 0.05-0.1 us slower (ssm_out Q4_0 3.37 -> 3.49 us; bench_gemv, H200, same run). Not Q8_0:
+  // its twice as many weight registers would spill under the 64-register bound.
+  constexpr bool kXFirstType = T != GgmlType::kQ8_0;
+  void (*kernel)(FlatArgs) = gemv_imma_flat_kernel<T, 4, false>;
+  if (max_vec <= 2) {
+    const bool x_first = !programmatic && args.S <= 8;
+    kernel = x_first ? gemv_imma_flat_kernel<T, 1, kXFirstType> : gemv_imma_flat_kernel<T, 1, false>;
+  } else if (max_vec <= 4) {
+    kernel = gemv_imma_flat_kernel<T, 2, false>;
+  }
+  KESTREL_TRY(launch_programmatic(programmatic, kernel, grid, block, smem, stream, f));
+  return true;
+}
+
+// The groups per slice compiled in for 2, 4 and 8 (the presets' shapes), else read at run time. One group per slice
+// stays on the run-time loop: unrolled (two rounds an iteration) its 0.6 MB matrices took 0.1-0.2 us longer per call.
+// The two- and four-pair kernels (3-8 vectors) only for 2 groups per slice: unrolled deeper they spill (56-268 bytes);
+// at 2 (the 9.4 MB projections) batch 8 took 10.92 -> 9.90 us Q4_0, 11.26 -> 10.72 Q4_K (bench_gemv, H200, same run).
+template <GgmlType T, int NP, int kMode>
+Status launch_gps(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
+  const int gps = g_compiled_groups.load(std::memory_order_relaxed) ? args.gps : 0;
+  if (gps == 2) return launch<T, NP, kMode, 2>(args, programmatic, stream);
+  if constexpr (NP == 1) {
+    if (gps == 4) return launch<T, NP, kMode, 4>(args, programmatic, stream);
+    if (gps == 8) return launch<T, NP, kMode, 8>(args, programmatic, stream);
+  }
+  return launch<T, NP, kMode, 0>(args, programmatic, stream);
+}
+
+template <GgmlType T, int kMode>
+Status launch_pairs(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
+  if (max_vec <= 2) return launch_gps<T, 1, kMode>(args, programmatic, stream);
+  if (max_vec <= 4) return launch_gps<T, 2, kMode>(args, programmatic, stream);
+  return launch_gps<T, 4, kMode>(args, programmatic, stream);
+}
+
+template <GgmlType T>
+Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
+  if (!args.table) {
+    KESTREL_TRY_ASSIGN(const bool flat, launch_flat<T>(args, max_vec, programmatic, stream));
+    if (flat) return ok_status();
+    return launch_pairs<T, kDenseCall>(args, max_vec, programmatic, stream);
+  }
+  // A settled table under a programmatic launch: only for one vector pair (moe_imma's programmatic calls; the other
+  // forms would double their kernels for calls that never come).
+  if (args.settled && programmatic && max_vec <= 2) {
+    if (args.n_used != nullptr) return launch_gps<T, 1, kSettledCountedCall>(args, programmatic, stream);
+    return launch_gps<T, 1, kSettledCall>(args, programmatic, stream);
+  }
+  if (args.n_used == nullptr) return launch_pairs<T, kTableCall>(args, max_vec, programmatic, stream);
+  return launch_pairs<T, kCountedCall>(args, max_vec, programmatic, stream);
+}
+
+Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
+  if (type == GgmlType::kQ4_0) return launch_mode<GgmlType::kQ4_0>(args, max_vec, programmatic, stream);
+  if (type == GgmlType::kQ5_K) return launch_mode<GgmlType::kQ5_K>(args, max_vec, programmatic, stream);
+  if (type == GgmlType::kQ6_K) return launch_mode<GgmlType::kQ6_K>(args, max_vec, programmatic, stream);
+  if (type == GgmlType::kQ8_0) return launch_mode<GgmlType::kQ8_0>(args, max_vec, programmatic, stream);
+  return launch_mode<GgmlType::kQ4_K>(args, max_vec, programmatic, stream);
+}
+
+KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xprep, float* y, int64_t y_stride) {
+  KernelArgs a{};
+  const int64_t n_rg = n_rows / kTileRows;
+  const int64_t n_units = n_cols / kUnitElems;
+  a.n_units = static_cast<int>(n_units);
+  a.n_groups = static_cast<int>((n_units + kUnitsPerSlice - 1) / kUnitsPerSlice);
+  a.n_rg = static_cast<int>(n_rg);
+  a.rg_div = FastDiv::make(static_cast<uint32_t>(n_rg));
+  a.meta_off = static_cast<uint32_t>(tiled_meta_offset(type, n_cols, n_rows));
+  a.xprep = static_cast<const uint8_t*>(xprep);
+  a.lay = x_layout(n_cols);
+  a.y = y;
+  a.y_stride = y_stride;
+  return a;
+}
+
+}  // namespace
+
+void gemv_imma_set_flat(bool on) { g_flat.store(on, std::memory_order_relaxed); }
+
+void gemv_imma_set_compiled_groups(bool on) { g_compiled_groups.store(on, std::memory_order_relaxed); }
+
+void gemv_imma_force_split(int warps_per_row_group) {
+  g_forced_split.store(warps_per_row_group > 0 ? warps_per_row_group : 0, std::memory_order_relaxed);
+}
+
+bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
+  return tiled_supports(type, n_cols, n_rows) && n_cols <= kImmaMaxCols &&
+         tiled_bytes(type, n_cols, n_rows) <= UINT32_MAX;  // KernelArgs::meta_off
+}
+
+uint64_t imma_x_bytes(int64_t n_cols, int n_vec) {
+  if (n_cols <= 0 || n_cols % kUnitElems != 0 || n_cols > kImmaMaxCols || n_vec < 1 || n_vec > kMaxPrepVectors) {
+    return 0;
+  }
+  return static_cast<uint64_t>(n_vec) * x_layout(n_cols).vec_bytes();
+}
+
+namespace {
+
+// The shared checks and launch of gemv_imma_prepare_x / gemv_imma_prepare_swiglu; `inputs` are the row pointers.
+template <class Rows>
+Status prepare(const char* name, Rows rows, std::initializer_list<const float*> inputs, int64_t n_cols, int n_vec,
+               void* xprep, bool programmatic, bool hold, cudaStream_t stream) {
+  if (imma_x_bytes(n_cols, n_vec) == 0) {
+    return make_error(ErrorCode::kInvalidArgument, std::string(name) + ": n_cols " + std::to_string(n_cols) +
+                                                       " (a multiple of 64 up to " + std::to_string(kImmaMaxCols) +
+                                                       ") or n_vec " + std::to_string(n_vec) +
+                                                       " (1..65535) out of range");
+  }
+  bool ok = xprep != nullptr && aligned(xprep, 16);
+  for (const float* p : inputs) ok = ok && p != nullptr && aligned(p, 16);
+  if (!ok)
+    return make_error(ErrorCode::kInvalidArgument, std::string(name) + ": null or misaligned pointer (16 bytes)");
+  const XLayout lay = x_layout(n_cols);
+  const dim3 grid(static_cast<unsigned>((lay.n_groups + 3) / 4), static_cast<unsigned>(n_vec));
+  return launch_programmatic(programmatic, hold ? prepare_x_kernel<Rows, true> : prepare_x_kernel<Rows, false>, grid,
+                             dim3(128), 0, stream, rows, static_cast<int>(n_cols), lay, static_cast<uint8_t*>(xprep));
+}
+
+}  // namespace
+
+Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xprep, cudaStream_t stream) {
+  return prepare("gemv_imma_prepare_x", PlainRows{x}, {x}, n_cols, n_vec, xprep, false, false, stream);
+}
+
+Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_cols, int n_vec, void* xprep,
+                                cudaStream_t stream, bool programmatic, bool hold_dependents) {
+  return prepare("gemv_imma_prepare_swiglu", SwigluRows{gate, up}, {gate, up}, n_cols, n_vec, xprep, programmatic,
+                 hold_dependents, stream);
+}
+
+Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream, bool programmatic) {
+  if (!gemv_imma_supports(w.type, w.n_cols, w.n_rows)) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv_imma: " + std::string(ggml_type_name(w.type)) + " {" +
+                                                       std::to_string(w.n_cols) + ", " + std::to_string(w.n_rows) +
+                                                       "} is not a shape it takes (gemv_imma_supports)");
+  }
+  if (n_vec < 1 || n_vec > kMaxVectors) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv_imma: n_vec " + std::to_string(n_vec) + " is outside [1, 32]");
+  }
+  if (w.data == nullptr || xprep == nullptr || y == nullptr || !aligned(w.data, 16) || !aligned(xprep, 16) ||
+      !aligned(y, 4)) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "gemv_imma: null or misaligned pointer (w and xprep need 16 bytes, y 4)");
+  }
+  const auto x0 = reinterpret_cast<uintptr_t>(xprep);
+  const auto y0 = reinterpret_cast<uintptr_t>(y);
+  const auto x1 = x0 + imma_x_bytes(w.n_cols, n_vec);
+  const auto y1 = y0 + static_cast<uintptr_t>(n_vec) * static_cast<uintptr_t>(w.n_rows) * sizeof(float);
+  if (x0 < y1 && y0 < x1) return make_error(ErrorCode::kInvalidArgument, "gemv_imma: y overlaps xprep");
+  KernelArgs args = base_args(w.type, w.n_cols, w.n_rows, xprep, y, w.n_rows);
+  args.table = false;
+  args.n_used = nullptr;
+  args.base = w.data;
+  args.n_vec = n_vec;
+  args.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
+  pick_split(args, w.type, false);
+  return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), programmatic, stream);
+}
+
+Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
+                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, int max_segment_vectors,
+                          bool programmatic, const int32_t* n_used, bool table_settled) {
+  if (!gemv_imma_supports(type, n_cols, n_rows)) {
+    return make_error(ErrorCode::kInvalidArgument, "gemv_imma_segments: " + std::string(ggml_type_name(type)) + " {" +
+                                                       std::to_string(n_cols) + ", " + std::to_string(n_rows) +
+                                                       "} is not a shape it takes (gemv_imma_supports)");
+  }
+  if (n_segments < 0 || (n_segments > 0 && segments == nullptr) || xprep == nullptr || y == nullptr ||
+      !aligned(xprep, 16) || !aligned(y, 4) || y_stride < n_rows || max_segment_vectors < 1 ||
+      max_segment_vectors > kImmaSegmentVectors) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "gemv_imma_segments: bad table, pointer (xprep 16-byte aligned, y 4), max_segment_vectors " +
+                          std::to_string(max_segment_vectors) + " (1..8) or y_stride " + std::to_string(y_stride) +
+                          " < n_rows " + std::to_string(n_rows));
+  }
+  if (n_segments == 0) return ok_status();
+  KernelArgs args = base_args(type, n_cols, n_rows, xprep, y, y_stride);
+  args.table = true;
+  args.base = segments;
+  args.n_used = n_used;
+  args.settled = table_settled;
+  args.n_seg = n_segments;
+  pick_split(args, type, true);
+  return launch_any(type, args, max_segment_vectors, programmatic, stream);
+}
+
+}  // namespace kestrel::gpu

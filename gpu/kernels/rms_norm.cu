@@ -1,0 +1,73 @@
+// RMSNorm kernels (see rms_norm.h): one block per row, strided per-thread partial sums, fixed block reduction.
+#include <string>
+
+#include "gpu/kernels/block_reduce.cuh"
+#include "gpu/cuda_check.h"
+#include "gpu/kernels/rms_norm.h"
+
+namespace kestrel::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+// kFused: res += delta first (written back), then the norm of the sum. In place (y == x) is safe for the plain
+// form: every thread reads its own elements before the reduction and writes the same elements after it.
+template <bool kFused>
+__global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const float* __restrict__ w, int64_t n,
+                                float eps, float* y) {
+  __shared__ float scratch[33];
+  const int64_t row = blockIdx.x;
+  float* xr = x + row * n;
+  float* yr = y + row * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = xr[i];
+    if constexpr (kFused) {
+      v = v + delta[row * n + i];
+      xr[i] = v;
+    }
+    ss += v * v;
+  }
+  ss = block_sum(ss, scratch);
+  const float mean = ss / static_cast<float>(n);
+  const float scale = 1.0f / sqrtf(mean + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+}
+
+Status check(const void* x, const void* w, const void* y, int64_t n_rows, int64_t n, const char* what) {
+  if (n_rows < 0 || n < 1 || n_rows > 0x7FFFFFFF) {
+    return make_error(ErrorCode::kInvalidArgument, std::string(what) + ": bad shape (" + std::to_string(n_rows) +
+                                                       " rows of " + std::to_string(n) + ")");
+  }
+  if (x == nullptr || w == nullptr || y == nullptr) {
+    return make_error(ErrorCode::kInvalidArgument, std::string(what) + ": null pointer");
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y, cudaStream_t stream) {
+  KESTREL_TRY(check(x, w, y, n_rows, n, "rms_norm"));
+  if (n_rows == 0) return ok_status();
+  // The kernel only writes through y; x is read (the non-const pointer serves the fused variant).
+  rms_norm_kernel<false>
+      <<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(const_cast<float*>(x), nullptr, w, n, eps, y);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  return ok_status();
+}
+
+Status residual_add_rms_norm(float* res, const float* delta, const float* w, int64_t n_rows, int64_t n, float eps,
+                             float* y, cudaStream_t stream) {
+  KESTREL_TRY(check(res, w, y, n_rows, n, "residual_add_rms_norm"));
+  if (delta == nullptr) return make_error(ErrorCode::kInvalidArgument, "residual_add_rms_norm: null delta");
+  if (y == res || y == delta) {
+    return make_error(ErrorCode::kInvalidArgument, "residual_add_rms_norm: y must not alias res or delta");
+  }
+  if (n_rows == 0) return ok_status();
+  rms_norm_kernel<true><<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(res, delta, w, n, eps, y);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  return ok_status();
+}
+
+}  // namespace kestrel::gpu
