@@ -60,7 +60,7 @@ struct PlacementPlan {
 // What a tick may hold. The engine accepts any batch; these say what it runs without splitting.
 struct EngineCapabilities {
   int32_t max_items_per_pass = 1;    // sessions advanced by one pass over the weights
-  int32_t max_tokens_per_item = 0;   // 0: no limit (a longer prompt runs as several passes inside step())
+  int32_t max_tokens_per_item = 0;   // tokens of one item a tick should carry (the Service cuts prompts to it); 0: any
   std::vector<int32_t> batch_buckets;  // pass sizes the engine has prepared launches for (empty: any)
   int32_t max_slot_ctx = 0;          // the largest n_ctx slot_alloc accepts (0: the model's training context)
 };

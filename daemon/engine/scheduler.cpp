@@ -163,7 +163,12 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
   // (2) Share the budget.
   std::vector<size_t> demands;
   demands.reserve(active_.size());
-  for (const std::shared_ptr<Request>& r : active_) demands.push_back(r->remaining());
+  // A prompt asks for at most the engine's max_tokens_per_item a tick (an engine that runs a prompt a token per pass
+  // would otherwise hold every decoding session for the whole prompt); the rest waits for the next tick.
+  const size_t per_item = static_cast<size_t>(std::max(engine_.capabilities().max_tokens_per_item, 0));
+  for (const std::shared_ptr<Request>& r : active_) {
+    demands.push_back(per_item > 0 ? std::min(r->remaining(), per_item) : r->remaining());
+  }
   const std::vector<size_t> alloc =
       allocate_tick_tokens(demands, static_cast<size_t>(limits_.max_batch_tokens), rotation_++);
   std::vector<size_t> which;  // index into active_ of each item

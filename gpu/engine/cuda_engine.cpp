@@ -79,7 +79,9 @@ class CudaEngineImpl final : public CudaEngine {
   EngineCapabilities capabilities() const override {
     EngineCapabilities c;
     c.max_items_per_pass = kPassMaxTokens;
-    c.max_tokens_per_item = 0;
+    // A prompt runs a token per pass: 16 per tick bound how long it holds the other sessions' next token (16 passes)
+    // and cost its own prefill nothing (the passes are the same, spread over ticks).
+    c.max_tokens_per_item = 16;
     c.max_slot_ctx = n_ctx_;
     return c;
   }

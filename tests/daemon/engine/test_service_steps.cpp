@@ -2,6 +2,8 @@
 // clone continues identically, reset, top logprobs, prefill split across ticks, model info and stats.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/reference/forward.h"
 #include "core/reference/model_weights.h"
 #include "core/sampler/sampler.h"
@@ -181,6 +183,59 @@ TEST_P(ServiceStepTest, ModelInfoAndTokenizer) {
   ASSERT_TRUE(text);
   EXPECT_EQ(*text, "hello world");
   EXPECT_EQ(f.service->detokenize({-1}).error().code, ErrorCode::kInvalidArgument);
+}
+
+// The reference engine reporting max_tokens_per_item = 4 and recording the largest item of every tick.
+class CappedEngine final : public Engine {
+ public:
+  explicit CappedEngine(Engine& inner) : inner_(inner) {}
+  std::string name() const override { return inner_.name(); }
+  const ModelHparams& hparams() const override { return inner_.hparams(); }
+  const PlacementPlan& placement() const override { return inner_.placement(); }
+  EngineCapabilities capabilities() const override {
+    EngineCapabilities c = inner_.capabilities();
+    c.max_tokens_per_item = 4;
+    return c;
+  }
+  int32_t max_slots() const override { return inner_.max_slots(); }
+  Expected<SlotId> slot_alloc(int32_t n_ctx) override { return inner_.slot_alloc(n_ctx); }
+  void slot_free(SlotId s) override { inner_.slot_free(s); }
+  void slot_reset(SlotId s) override { inner_.slot_reset(s); }
+  Status slot_clone(SlotId a, SlotId b) override { return inner_.slot_clone(a, b); }
+  Expected<std::vector<uint8_t>> slot_snapshot(SlotId s) const override { return inner_.slot_snapshot(s); }
+  Status slot_restore(SlotId s, std::span<const uint8_t> b) override { return inner_.slot_restore(s, b); }
+  int64_t slot_n_past(SlotId s) const override { return inner_.slot_n_past(s); }
+  int32_t slot_n_ctx(SlotId s) const override { return inner_.slot_n_ctx(s); }
+  std::span<const int32_t> slot_tokens(SlotId s) const override { return inner_.slot_tokens(s); }
+  Status check(const EngineStepItem& item) const override { return inner_.check(item); }
+  void step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) override {
+    size_t largest = 0;
+    for (const EngineStepItem& it : items) largest = std::max(largest, it.tokens.size());
+    largest_per_tick.push_back(largest);
+    inner_.step(items, out);
+  }
+  std::vector<size_t> largest_per_tick;  // engine loop thread; read after the step's callback
+
+ private:
+  Engine& inner_;
+};
+
+TEST(ServiceCapabilities, PromptsAreCutToTheEnginesTokensPerItem) {
+  ServiceFixture f = ServiceFixture::make("golden-qwen35moe", test_limits());
+  ASSERT_TRUE(f.service);
+  f.service.reset();  // the fixture's own Service; this test builds one over the capped engine
+  CappedEngine capped(*f.engine);
+  auto service = make_service(*f.model, capped, test_limits());
+  ASSERT_TRUE(service.has_value()) << service.error().to_string();
+  auto sess = (*service)->create_session({});
+  ASSERT_TRUE(sess);
+  const std::vector<int32_t> prompt = iota_tokens(10);
+  auto r = step_tokens(**service, sess->id, prompt);
+  ASSERT_TRUE(r) << r.error().to_string();
+  ASSERT_GE(capped.largest_per_tick.size(), 3u) << "10 tokens at 4 a tick take 3 ticks";
+  for (size_t n : capped.largest_per_tick) EXPECT_LE(n, 4u);
+  const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
+  EXPECT_EQ(r->token, want[0].token) << "cutting the prompt changes nothing of the result";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ServiceStepTest,
