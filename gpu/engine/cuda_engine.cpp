@@ -57,11 +57,12 @@ class CudaEngineImpl final : public CudaEngine {
                                                     " is outside 1.." + std::to_string(hp.n_ctx_train));
     }
     n_ctx_ = o.n_ctx;
-    // The state and scratch the weights must leave room for.
-    const uint64_t reserve = state_bytes_estimate(hp, o.n_ctx, o.max_slots) + ForwardPass::scratch_bytes(hp, o.n_ctx);
-    KESTREL_TRY_ASSIGN(dm_, DeviceModel::create(model_, reserve, o.progress, stream_));
+    // The state slots first (their error names the bytes they need and the device's free bytes), then the weights,
+    // which must leave room for the pass's scratch.
     KESTREL_TRY_ASSIGN(StateSlots s, StateSlots::create(hp, o.n_ctx, o.max_slots));
     slots_.emplace(std::move(s));
+    KESTREL_TRY_ASSIGN(dm_, DeviceModel::create(model_, ForwardPass::scratch_bytes(hp, o.n_ctx), state_bytes(),
+                                                o.progress, stream_));
     PassTuning tuning;
     tuning.programmatic = o.programmatic;
     KESTREL_TRY_ASSIGN(pass_, ForwardPass::create(*dm_, *slots_, tuning, stream_));
@@ -217,14 +218,6 @@ class CudaEngineImpl final : public CudaEngine {
   }
 
  private:
-  static uint64_t state_bytes_estimate(const ModelHparams& hp, int n_ctx, int n_slots) {
-    const uint64_t gdn = uint64_t{hp.ssm_n_v_heads} * hp.ssm_d_state * hp.ssm_head_v_dim() +
-                         uint64_t{hp.ssm_conv_dim()} * (hp.ssm_conv_kernel > 0 ? hp.ssm_conv_kernel - 1 : 0);
-    const uint64_t kv = 2ull * static_cast<uint64_t>(n_ctx) * hp.n_head_kv * hp.head_dim;
-    const uint64_t per_slot = (gdn * hp.n_gdn_layers() + kv * hp.n_attn_layers()) * sizeof(float) + 4096 * hp.n_layer;
-    return per_slot * static_cast<uint64_t>(n_slots);
-  }
-
   bool valid(SlotId slot) const {
     return slot >= 0 && static_cast<size_t>(slot) < slot_info_.size() && slot_info_[static_cast<size_t>(slot)].used;
   }

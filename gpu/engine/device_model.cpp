@@ -93,8 +93,9 @@ std::vector<const TensorRef*> stackable_inputs(const LayerWeights& lw, uint64_t 
 
 }  // namespace
 
-Expected<std::unique_ptr<DeviceModel>> DeviceModel::create(const Model& model, uint64_t reserve_bytes,
-                                                           const LoadProgress& progress, cudaStream_t stream) {
+Expected<std::unique_ptr<DeviceModel>> DeviceModel::create(const Model& model, uint64_t scratch_bytes,
+                                                           uint64_t state_bytes, const LoadProgress& progress,
+                                                           cudaStream_t stream) {
   const WeightCatalog& catalog = model.catalog();
   const ModelHparams& hp = catalog.hparams();
 
@@ -150,12 +151,12 @@ Expected<std::unique_ptr<DeviceModel>> DeviceModel::create(const Model& model, u
 
   size_t free_bytes = 0, total_bytes = 0;
   KESTREL_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (budget + reserve_bytes > free_bytes) {
+  if (budget + scratch_bytes > free_bytes) {
     return make_error(ErrorCode::kResourceExhausted,
-                      "the model does not fit on the GPU: its weights need " + gb(budget) + " and the sessions' " +
-                          "state and scratch " + gb(reserve_bytes) + ", " + gb(budget + reserve_bytes) +
-                          " in all, but the device has " + gb(free_bytes) + " free of " + gb(total_bytes) +
-                          " (fewer sessions or a shorter context lowers the second figure)");
+                      "the model does not fit on the GPU: its weights need " + gb(budget) + " and the pass scratch " +
+                          gb(scratch_bytes) + ", but after the sessions' state (" + gb(state_bytes) +
+                          ") the device has " + gb(free_bytes) + " free of " + gb(total_bytes) +
+                          " (fewer sessions or a shorter context lowers the state)");
   }
   KESTREL_TRY_ASSIGN(WeightPool pool, WeightPool::create(budget));
   std::unique_ptr<DeviceModel> dm(new DeviceModel(std::move(pool)));

@@ -84,9 +84,11 @@ using LoadProgress = std::function<void(uint64_t done, uint64_t total)>;
 class DeviceModel {
  public:
   // Registers every used tensor of `model` (kResourceExhausted naming the bytes needed and the device's free memory
-  // when it does not fit alongside `reserve_bytes` for state and scratch). Synchronous.
-  static Expected<std::unique_ptr<DeviceModel>> create(const Model& model, uint64_t reserve_bytes,
-                                                       const LoadProgress& progress, cudaStream_t stream);
+  // when it does not fit alongside `scratch_bytes` still to be allocated; `state_bytes`, already allocated, is named
+  // in the error too). Synchronous.
+  static Expected<std::unique_ptr<DeviceModel>> create(const Model& model, uint64_t scratch_bytes,
+                                                       uint64_t state_bytes, const LoadProgress& progress,
+                                                       cudaStream_t stream);
 
   const ModelHparams& hparams() const { return hp_; }
   const ref::GdnDims& gdn_dims() const { return gdn_dims_; }
