@@ -119,13 +119,7 @@ Expected<std::unique_ptr<ForwardPass>> ForwardPass::create(const DeviceModel& mo
 }
 
 ForwardPass::~ForwardPass() {
-  for (auto* table : {&graphs_, &profiled_graphs_}) {
-    for (auto& per_n : *table) {
-      for (cudaGraphExec_t g : per_n) {
-        if (g != nullptr) cudaGraphExecDestroy(g);
-      }
-    }
-  }
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
   if (base_ != nullptr) cudaFree(base_);
   if (host_upload_ != nullptr) cudaFreeHost(host_upload_);
@@ -313,7 +307,8 @@ Status ForwardPass::attn_layer(size_t l, int n) {
   args.workspace = static_cast<float*>(attn_ws_);
   args.workspace_bytes = attn_ws_bytes_;
   // Slot ids and positions come from the device copy (the engine checked them): the same launches replay in a graph.
-  KESTREL_TRY(attention_decode_device(attn_dims_of(model_.hparams()), table, args, n, slots_.n_ctx() - 1, stream_));
+  // The grid covers positions below the pass's bound (run() picks it from the rows).
+  KESTREL_TRY(attention_decode_device(attn_dims_of(model_.hparams()), table, args, n, position_bound_ - 1, stream_));
   return matmul(a.o, mixed_, false, n, y_);
 }
 
@@ -360,6 +355,11 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
     want_logits = want_logits || r.logits != nullptr;
   }
   const int mode = m == 0 ? 0 : want_logits ? 2 : 1;
+  int max_pos = 0;
+  for (const PassRow& r : rows) max_pos = std::max(max_pos, r.position);
+  position_bound_ = 256;
+  while (position_bound_ <= max_pos) position_bound_ *= 2;
+  position_bound_ = std::min(position_bound_, slots_.n_ctx());
 
   if (hidden != nullptr) {
     // Launched one by one: the per-layer copies of the residual stream sit between the kernels.
@@ -369,8 +369,7 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
     // Replayed: one CUDA graph per (rows, logits mode) captured on first use, lm_head over every row when any wants
     // logits. The kernels read everything that changes from the uploaded block, so a replay is the same launches.
     // Profiling replays its own graphs, the same launches with event-record nodes between the sections.
-    auto& graphs = profiling_ ? profiled_graphs_ : graphs_;
-    cudaGraphExec_t& exec = graphs[size_t(n - 1)][size_t(mode)];
+    cudaGraphExec_t& exec = graphs_[{profiling_, n, mode, position_bound_}];
     if (exec == nullptr) KESTREL_TRY(capture(n, mode > 0 ? n : 0, mode, &exec));
     KESTREL_CUDA_TRY(cudaGraphLaunch(exec, stream_));
     KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));

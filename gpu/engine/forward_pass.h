@@ -10,8 +10,10 @@
 //                 h += y;  x = rms_norm(h) · next norm          residual_add_rms_norm
 //   logits = output · x (output_norm applied)                    only for the rows that ask for them
 //
-// Every kernel is enqueued on one stream; a pass is one CUDA graph per row count (captured on first use: the token
-// ids, slots, positions and state pointers it reads come in one upload), ending with one copy of the logits rows to
+// Every kernel is enqueued on one stream; a pass is one CUDA graph per row count, logits mode and position bound (the
+// smallest power of two from 256 above every position, capped at the slots' n_ctx, so attention's grid is never more
+// than twice what the longest sequence needs), captured on first use: the token ids, slots, positions and state
+// pointers it reads come in one upload, ending with one copy of the logits rows to
 // pinned host memory and one stream synchronisation. Profiling and the per-layer captures launch the same kernels
 // one by one instead. Projections run on GEMV v4 (gemv_imma, activations prepared once per
 // input and shared by every matrix that reads it) where the matrix is tiled, else on gpu::gemv. Each kernel is
@@ -24,6 +26,8 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <map>
+#include <tuple>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -140,9 +144,9 @@ class ForwardPass {
   int n_gdn_ = 0;
   std::vector<GdnSlot> slot_states_;  // [n_slots][n_gdn]: each slot's GDN state pointers (device memory)
 
-  // The captured passes: [rows − 1][logits mode].
-  std::array<std::array<cudaGraphExec_t, 3>, kPassMaxTokens> graphs_{};
-  std::array<std::array<cudaGraphExec_t, 3>, kPassMaxTokens> profiled_graphs_{};  // with the section events
+  // The captured passes, by (profiled, rows, logits mode, position bound): profiled graphs carry the section events.
+  std::map<std::tuple<bool, int, int, int>, cudaGraphExec_t> graphs_;
+  int position_bound_ = 0;  // of the pass being enqueued: attention's grid covers positions below it
 
   bool profiling_ = false;
   std::vector<cudaEvent_t> events_;      // [0] at the pass's start, then one per section end

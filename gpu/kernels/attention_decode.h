@@ -51,7 +51,7 @@ struct AttnDecodeDims {
   float eps = 1e-6f;  // q/k RMSNorm eps
   int chunk = 32;        // least positions per attention block (>= 1); with max_chunks part of the numerics: keep
                          // both fixed per model
-  int max_chunks = 32;   // most blocks per (head, sequence), 1..65535
+  int max_chunks = 256;  // most blocks per (head, sequence), 1..65535
 };
 
 struct AttnDecodeArgs {

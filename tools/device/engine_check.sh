@@ -3,7 +3,7 @@
 #   test    the CUDA engine against the reference engine (test_cuda_engine), test_attention_decode, test_gdn_decode
 #   gputests  every gpu-labelled test (what ctest -L gpu runs), one line each
 #   bench   writes the 35B-A3B preset with --types q4_0 (and with the Q4_K_M mix for bench-km) and runs bench_engine
-#           (bench-nopdl: the same without programmatic launches)
+#           (bench-nopdl: the same without programmatic launches; bench-long: 1 and 8 sessions after 4000-token prompts)
 #   daemon  kestreld --engine cuda on the Q4_0 35B-A3B file: status, generate over gRPC and shm; then the daemon's
 #           integration tests with KESTREL_ITEST_ENGINE=cuda (their default tiny model)
 # Outputs land in $OUT. The binaries carry this machine's build paths (/work/main/...), so the tree is linked there.
@@ -48,6 +48,9 @@ for step in "$@"; do
     bench)
       make_q4 || { status=1; continue; }
       $B/bench_engine --model $model_q4 --sessions 1,8,32 2>&1 | tee "$OUT/bench_q4_0.txt" || status=1 ;;
+    bench-long)
+      make_q4 || { status=1; continue; }
+      $B/bench_engine --model $model_q4 --sessions 1,8 --prompt 4000 --steps 32 2>&1 | tee "$OUT/bench_q4_0_long.txt" || status=1 ;;
     bench-nopdl)
       make_q4 || { status=1; continue; }
       $B/bench_engine --model $model_q4 --sessions 1,8,32 --no-pdl 2>&1 | tee "$OUT/bench_q4_0_nopdl.txt" || status=1 ;;
