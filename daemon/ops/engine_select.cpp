@@ -68,6 +68,7 @@ Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const 
                o.max_slots, o.n_ctx, static_cast<double>(e->scratch_bytes()) / 1e9, e->layout_summary());
   return std::unique_ptr<Engine>(std::move(e));
 #else
+  (void)progress;
   return make_error(ErrorCode::kFailedPrecondition,
                     "engine = cuda, but this kestreld was built without CUDA (configure with nvcc present, or "
                     "KESTREL_CUDA=ON)");
