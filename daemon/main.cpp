@@ -20,8 +20,8 @@
 #include <string>
 
 #include "core/base/expected.h"
-#include "core/model/model.h"
 #include "core/engine/engine.h"
+#include "core/model/model.h"
 #include "daemon/engine/service.h"
 #include "daemon/ops/command_line.h"
 #include "daemon/ops/config.h"

@@ -30,8 +30,8 @@
 #include "client/cli/cli11.h"
 #include "client/cli/step_roundtrip.h"
 #include "client/lib/client.h"
-#include "core/model/model.h"
 #include "core/engine/reference_engine.h"
+#include "core/model/model.h"
 #include "daemon/engine/service.h"
 
 namespace kestrel {

@@ -7,8 +7,8 @@
 // (an all-to-all dependency, as a routing reads every logit or a GEMV its whole activation vector), adds them in a
 // fixed order, and the link writes n floats of its own (out[i] = in[i] + 1, grid-strided; plus one partial sum a
 // block); links alternate between two buffers. An "empty" link only launches, waits and ends: launch and completion
-// alone. Each is timed as plain launches and as a chain of programmatic launches (gpu/kernels/pdl.cuh: a link launches while
-// the one before runs and waits for it to complete before touching memory), for grids of 1 to 4 blocks an SM. The
+// alone. Each is timed as plain launches and as a chain of programmatic launches (gpu/kernels/pdl.cuh: a link launches
+// while the one before runs and waits for it to complete before touching memory), for grids of 1 to 4 blocks an SM. The
 // limit: the size-matched read of 18 MB — one token's routed and shared expert weights at the qwen35moe-35b-a3b shape,
 // Q4_0 — plain and chained, so "% read" says what one link costs of that layer's read, and k links' floor can be set
 // against the 1.5x budget (docs/benchmarks.md, "What a dependent link costs").

@@ -8,9 +8,10 @@
 // A step is one Engine::step() of one token for each of B sessions, timed on the host around the call (what a
 // caller waits for: the graph launch, the kernels, the copy back). Tokens are fixed ids, every session at its own
 // position; the items ask for argmax_only (a greedy request: 4 bytes per session come back), and the last column
-// repeats the run with the full logits copied back (a sampling request). Bytes per step: every weight but the routed experts and the embedding table (B rows of
-// it are read), plus the routed experts B tokens touch per MoE layer if routing were uniform (E·(1 − (1 − k/E)^B)
-// distinct experts), plus each session's GDN state read and written and its KV cache read.
+// repeats the run with the full logits copied back (a sampling request). Bytes per step: every weight but the routed
+// experts and the embedding table (B rows of it are read), plus the routed experts B tokens touch per MoE layer if
+// routing were uniform (E·(1 − (1 − k/E)^B) distinct experts), plus each session's GDN state read and written and its
+// KV cache read.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -78,7 +79,8 @@ double step_bytes(const Model& m, int B, int pos) {
     bytes += moe_layers * E * (1.0 - std::pow(1.0 - k / E, B)) * per_expert;
   }
   const double gdn_state = (double(hp.ssm_n_v_heads) * hp.ssm_d_state * hp.ssm_head_v_dim() +
-                            double(hp.ssm_conv_dim()) * (hp.ssm_conv_kernel - 1)) * 4.0;
+                            double(hp.ssm_conv_dim()) * (hp.ssm_conv_kernel - 1)) *
+                           4.0;
   const double kv = 2.0 * hp.n_head_kv * hp.head_dim * 4.0 * pos;
   bytes += B * (2.0 * gdn_state * hp.n_gdn_layers() + kv * hp.n_attn_layers());
   return bytes;
@@ -102,8 +104,9 @@ Status run(const Args& a) {
   std::printf("layout: %s; programmatic launches %s\n", e->layout_summary().c_str(), a.programmatic ? "on" : "off");
   const double bw = setup.lim.peak_read_gbs * 1e9;
 
-  std::printf("\n| sessions | step ms | tokens/s | roofline tokens/s | of roofline | GB read per step | tokens/s with "
-              "logits copied |\n");
+  std::printf(
+      "\n| sessions | step ms | tokens/s | roofline tokens/s | of roofline | GB read per step | tokens/s with "
+      "logits copied |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::vector<std::string> splits;
   std::vector<float> logits(size_t(max_b) * hp.n_vocab);
@@ -169,8 +172,9 @@ Status run(const Args& a) {
     splits.push_back(line);
     for (SlotId s : slots) e->slot_free(s);
   }
-  std::printf("\nstep time by section (event-record nodes between the sections of the replayed graph, one profiled run "
-              "of each size):\n");
+  std::printf(
+      "\nstep time by section (event-record nodes between the sections of the replayed graph, one profiled run "
+      "of each size):\n");
   for (const std::string& s : splits) std::printf("%s\n", s.c_str());
   return ok_status();
 }
@@ -181,7 +185,8 @@ Status run(const Args& a) {
 int main(int argc, char** argv) {
   kestrel::gpu::bench::Args a;
   if (!kestrel::gpu::bench::parse(argc, argv, &a)) {
-    std::fprintf(stderr, "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--no-pdl]\n");
+    std::fprintf(stderr,
+                 "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--no-pdl]\n");
     return 2;
   }
   return kestrel::gpu::bench::exit_status("bench_engine", kestrel::gpu::bench::run(a));

@@ -8,7 +8,8 @@
 //   matched copy = a plain copy kernel of the same bytes (half read, half written, buffers rotated out of L2 like
 //            the states), timed exactly like the step; %matched = matched-copy time / step time (the issue-5
 //            target: >= 67%, i.e. the step within 1.5x of moving its bytes);
-//   PDL    = the same steps as a chain of programmatic launches (gpu/kernels/pdl.cuh; each step loads its states before it
+//   PDL    = the same steps as a chain of programmatic launches (gpu/kernels/pdl.cuh; each step loads its states before
+//   it
 //            waits for the one before, as a decode step chains its kernels), against the copy kernel chained the
 //            same way (its loads before the wait, its stores after);
 //   kernel = the kernel gdn_decode picks; us cluster / per-head / two-kernel = each kernel forced

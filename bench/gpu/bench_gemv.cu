@@ -3,8 +3,8 @@
 //   peak read   a plain streaming-read kernel (16-byte loads, grid-stride) over one 1 GiB buffer;
 //   copy        cudaMemcpy device-to-device of 1 GiB (bytes read + written; printed for reference only);
 //   size-matched read  the same read kernel over the same K rotating weight copies each GEMV case reads.
-// GEMV v4 (x prepared once) is also timed as a chain of programmatic launches (gpu/kernels/pdl.cuh: each launch may start
-// while the one before ends; its first weight loads are issued before it waits), against the read kernel chained
+// GEMV v4 (x prepared once) is also timed as a chain of programmatic launches (gpu/kernels/pdl.cuh: each launch may
+// start while the one before ends; its first weight loads are issued before it waits), against the read kernel chained
 // the same way ("us PDL", "%m PDL") — the form a decode step runs its GEMVs in.
 // Every figure is the median of 5 replays of a CUDA graph of back-to-back launches (>= 200), after warm-up, timed
 // with CUDA events. Weights stay cold in the 60 MB L2: each case keeps K copies of its weight (K·B >= 256 MiB, K >= 2)

@@ -14,10 +14,10 @@
 // grouped GEMVs as gemv_imma_segments over segment tables built from the routing), same columns plus the
 // size-matched read (the plain read kernel over `weight bytes`, buffers rotated out of L2, timed the same way) and
 // the layer's time as a ratio to it, at 1, 2, 4, 8, 16 and 32 tokens, and the times with only the down GEMV and the
-// combine launched as programmatic dependents and with every kernel after the first so (gpu/kernels/pdl.cuh; the default does
-// the latter up to kMoeImmaProgrammaticMaxTokens tokens, the former above), and with at most 1, 4 and 8 vectors per
-// grouped-GEMV segment (moe_imma_set_segment_vectors; the default 2), and the routing in one
-// block at every size (moe_imma_set_route_spread_min_tokens).
+// combine launched as programmatic dependents and with every kernel after the first so (gpu/kernels/pdl.cuh; the
+// default does the latter up to kMoeImmaProgrammaticMaxTokens tokens, the former above), and with at most 1, 4 and 8
+// vectors per grouped-GEMV segment (moe_imma_set_segment_vectors; the default 2), and the routing in one block at every
+// size (moe_imma_set_route_spread_min_tokens).
 //
 // Usage: build/gpu/bin/bench_moe [--main] [FILTER]   (tens of seconds on an H200, most of it filling weights).
 //   FILTER: run only the rows whose "type/batch" (e.g. q4_0/32, q4_K+q6_K/8) contains it, in both tables;
@@ -245,8 +245,8 @@ Expected<std::string> imma_row(const std::string& type_name, int batch,
   auto t_route1 = time_layer();
   moe_imma_set_route_spread_min_tokens(kMoeImmaRouteSpreadMinTokens);
   if (!t_route1) return t_route1.error();
-  std::snprintf(line, sizeof(line), " %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", us_as[0], us_as[1], us_seg[0],
-                us_seg[1], us_seg[2], *t_route1);
+  std::snprintf(line, sizeof(line), " %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", us_as[0], us_as[1], us_seg[0], us_seg[1],
+                us_seg[2], *t_route1);
   return row + line;
 }
 
@@ -304,17 +304,17 @@ Status run(const Options& opt) {
     }
   }
   std::printf("\n%%read = (weight bytes / peak read) / time (target: >= 67%%, i.e. within 1.5x)\n");
-  std::printf(
-      "\nMoE on GEMV v4 (gpu/moe_imma)\n%-9s %5s %9s %14s %9s %9s %8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n",
-      "type", "batch", "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched",
-      "us tailPDL", "us allPDL", "us seg1", "us seg4", "us seg8", "us route1");
+  std::printf("\nMoE on GEMV v4 (gpu/moe_imma)\n%-9s %5s %9s %14s %9s %9s %8s %9s %9s %9s %9s %9s %9s %9s %9s %9s\n",
+              "type", "batch", "experts", "weight bytes", "us", "GB/s", "%read", "launches", "read us", "%matched",
+              "us tailPDL", "us allPDL", "us seg1", "us seg4", "us seg8", "us route1");
   for (const std::string& r : imma_rows) std::printf("%s", r.c_str());
   std::printf(
       "\n%%matched = (size-matched plain read time) / layer time; launches = kernels per layer call (graph nodes); "
       "us tailPDL / us allPDL = the layer with only the down GEMV and the combine / every kernel after the first "
       "launched as programmatic dependents (us: every one up to kMoeImmaProgrammaticMaxTokens tokens, then "
       "tailPDL's); us seg1 / seg4 / seg8 = at most 1 / 4 / 8 vectors per "
-      "grouped-GEMV segment (us: kMoeImmaSegmentVectors = 2); us route1 = the routing in one block at every size (us: spread over a block per token from "
+      "grouped-GEMV segment (us: kMoeImmaSegmentVectors = 2); us route1 = the routing in one block at every size (us: "
+      "spread over a block per token from "
       "kMoeImmaRouteSpreadMinTokens tokens)\n");
   return {};
 }

@@ -99,12 +99,14 @@ class ReferenceEngine final : public Engine {
   }
 
   Expected<std::vector<uint8_t>> slot_snapshot(SlotId slot) const override {
-    if (!valid(slot)) return make_error(ErrorCode::kInvalidArgument, "slot " + std::to_string(slot) + " is not allocated");
+    if (!valid(slot))
+      return make_error(ErrorCode::kInvalidArgument, "slot " + std::to_string(slot) + " is not allocated");
     return state(slot).snapshot();
   }
 
   Status slot_restore(SlotId slot, std::span<const uint8_t> bytes) override {
-    if (!valid(slot)) return make_error(ErrorCode::kInvalidArgument, "slot " + std::to_string(slot) + " is not allocated");
+    if (!valid(slot))
+      return make_error(ErrorCode::kInvalidArgument, "slot " + std::to_string(slot) + " is not allocated");
     return slots_[static_cast<size_t>(slot)]->restore(bytes);
   }
 
@@ -138,8 +140,8 @@ class ReferenceEngine final : public Engine {
       if (items[i].argmax_only && o.logits.empty()) continue;
       if (o.logits.size() != fwd.logits.size()) {  // f32 [n_vocab]: all_logits is off
         o.status = make_error(ErrorCode::kInternal, "step: the caller's logits buffer holds " +
-                                                        std::to_string(o.logits.size()) + " floats, not n_vocab = " +
-                                                        std::to_string(fwd.logits.size()));
+                                                        std::to_string(o.logits.size()) +
+                                                        " floats, not n_vocab = " + std::to_string(fwd.logits.size()));
         continue;
       }
       std::copy(fwd.logits.begin(), fwd.logits.end(), o.logits.begin());

@@ -15,8 +15,8 @@
 #include <memory>
 
 #include "core/base/expected.h"
-#include "core/model/model.h"
 #include "core/engine/engine.h"
+#include "core/model/model.h"
 
 namespace kestrel {
 

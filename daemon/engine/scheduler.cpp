@@ -191,7 +191,8 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
   std::vector<EngineStepOutput> outs(items.size());
   const size_t n_vocab = engine_.hparams().n_vocab;
   if (tick_logits_.size() < items.size() * n_vocab) tick_logits_.resize(items.size() * n_vocab);
-  for (size_t k = 0; k < items.size(); ++k) outs[k].logits = std::span<float>(tick_logits_.data() + k * n_vocab, n_vocab);
+  for (size_t k = 0; k < items.size(); ++k)
+    outs[k].logits = std::span<float>(tick_logits_.data() + k * n_vocab, n_vocab);
 
   // (3) One forward over the batch, then sampling.
   {
@@ -252,7 +253,8 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
   Session& s = *r.session;
   SampleResult sr;
   if (r.kind == Request::Kind::kStep) {
-    auto tok = greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, engine_.slot_tokens(s.slot), &sr);
+    auto tok =
+        greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, engine_.slot_tokens(s.slot), &sr);
     if (!tok) {
       o->step_result = std::move(tok).error();
     } else {
@@ -276,7 +278,8 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
     reason = FinishReason::kContextFull;  // no room to feed another token
     c.text = r.text->finish();
   } else {
-    auto tok = greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, engine_.slot_tokens(s.slot), &sr);
+    auto tok =
+        greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, engine_.slot_tokens(s.slot), &sr);
     if (!tok) {
       o->generate_result = std::move(tok).error();
       o->finished = true;

@@ -56,7 +56,7 @@ struct ModelInfo {
   int32_t n_vocab = 0, n_ctx_train = 0, max_session_ctx = 0, bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;
   int32_t n_layer = 0, n_embd = 0, n_expert = 0, n_expert_used = 0;
-  std::string device;                   // the engine's PlacementPlan::device
+  std::string device;                     // the engine's PlacementPlan::device
   std::vector<PlacementEntry> placement;  // core/engine/engine.h
   uint64_t file_bytes = 0;
 };
@@ -154,7 +154,6 @@ class GenerateSink {
   // the generation then ends with kCancelled without further on_chunk calls.
   virtual bool cancelled() const { return false; }
 };
-
 
 class Service {
  public:

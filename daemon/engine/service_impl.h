@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/model/model.h"
 #include "core/engine/engine.h"
+#include "core/model/model.h"
 #include "daemon/engine/scheduler.h"
 #include "daemon/engine/service.h"
 #include "daemon/engine/session_table.h"

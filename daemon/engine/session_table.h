@@ -19,8 +19,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/sampler/sampler.h"
 #include "core/engine/engine.h"
+#include "core/sampler/sampler.h"
 #include "daemon/engine/service.h"
 
 namespace kestrel::daemon {

@@ -52,8 +52,8 @@ struct LogConfig {
 };
 
 struct DaemonConfig {
-  std::string config_file;  // the file read ("" = none); not a key
-  std::string model;        // empty = the embedded default model
+  std::string config_file;      // the file read ("" = none); not a key
+  std::string model;            // empty = the embedded default model
   std::string engine = "auto";  // auto (cuda when a usable device exists, else reference), cuda, reference
   CudaConfig cuda;
   ListenConfig listen;

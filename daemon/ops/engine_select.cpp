@@ -64,8 +64,8 @@ Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const 
   }
   limits->max_session_ctx = std::min(limits->max_session_ctx, o.n_ctx);
   spdlog::info("cuda: {:.2f} GB weights, {:.2f} GB state ({} slots x {} tokens), {:.2f} GB scratch; {}",
-               static_cast<double>(e->weight_bytes()) / 1e9, static_cast<double>(e->state_bytes()) / 1e9,
-               o.max_slots, o.n_ctx, static_cast<double>(e->scratch_bytes()) / 1e9, e->layout_summary());
+               static_cast<double>(e->weight_bytes()) / 1e9, static_cast<double>(e->state_bytes()) / 1e9, o.max_slots,
+               o.n_ctx, static_cast<double>(e->scratch_bytes()) / 1e9, e->layout_summary());
   return std::unique_ptr<Engine>(std::move(e));
 #else
   (void)progress;

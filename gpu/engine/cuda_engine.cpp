@@ -49,8 +49,8 @@ class CudaEngineImpl final : public CudaEngine {
     KESTREL_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     const ModelHparams& hp = model_.hparams();
     if (o.max_slots < 1) {
-      return make_error(ErrorCode::kInvalidArgument, "the CUDA engine needs at least one slot (got " +
-                                                         std::to_string(o.max_slots) + ")");
+      return make_error(ErrorCode::kInvalidArgument,
+                        "the CUDA engine needs at least one slot (got " + std::to_string(o.max_slots) + ")");
     }
     if (o.n_ctx < 1 || (hp.n_ctx_train > 0 && static_cast<uint32_t>(o.n_ctx) > hp.n_ctx_train)) {
       return make_error(ErrorCode::kOutOfRange, "the CUDA engine's slot context " + std::to_string(o.n_ctx) +
@@ -61,8 +61,8 @@ class CudaEngineImpl final : public CudaEngine {
     // which must leave room for the pass's scratch.
     KESTREL_TRY_ASSIGN(StateSlots s, StateSlots::create(hp, o.n_ctx, o.max_slots));
     slots_.emplace(std::move(s));
-    KESTREL_TRY_ASSIGN(dm_, DeviceModel::create(model_, ForwardPass::scratch_bytes(hp, o.n_ctx), state_bytes(),
-                                                o.progress, stream_));
+    KESTREL_TRY_ASSIGN(
+        dm_, DeviceModel::create(model_, ForwardPass::scratch_bytes(hp, o.n_ctx), state_bytes(), o.progress, stream_));
     PassTuning tuning;
     tuning.programmatic = o.programmatic;
     KESTREL_TRY_ASSIGN(pass_, ForwardPass::create(*dm_, *slots_, tuning, stream_));
@@ -161,7 +161,9 @@ class CudaEngineImpl final : public CudaEngine {
   int64_t slot_n_past(SlotId slot) const override {
     return valid(slot) ? static_cast<int64_t>(slot_info_[static_cast<size_t>(slot)].tokens.size()) : 0;
   }
-  int32_t slot_n_ctx(SlotId slot) const override { return valid(slot) ? slot_info_[static_cast<size_t>(slot)].n_ctx : 0; }
+  int32_t slot_n_ctx(SlotId slot) const override {
+    return valid(slot) ? slot_info_[static_cast<size_t>(slot)].n_ctx : 0;
+  }
   std::span<const int32_t> slot_tokens(SlotId slot) const override {
     if (!valid(slot)) return {};
     return slot_info_[static_cast<size_t>(slot)].tokens;
@@ -169,7 +171,8 @@ class CudaEngineImpl final : public CudaEngine {
 
   Status check(const EngineStepItem& item) const override {
     if (!valid(item.slot)) return not_allocated(item.slot);
-    if (item.tokens.empty()) return make_error(ErrorCode::kInvalidArgument, "empty batch: at least one token is needed");
+    if (item.tokens.empty())
+      return make_error(ErrorCode::kInvalidArgument, "empty batch: at least one token is needed");
     const uint32_t n_vocab = model_.hparams().n_vocab;
     for (size_t i = 0; i < item.tokens.size(); ++i) {
       if (item.tokens[i] < 0 || static_cast<uint32_t>(item.tokens[i]) >= n_vocab) {
@@ -238,6 +241,15 @@ class CudaEngineImpl final : public CudaEngine {
                                                              std::to_string(out[i].logits.size()) +
                                                              " floats, not n_vocab = " + std::to_string(hp.n_vocab));
       }
+      if (out[i].status) {
+        for (size_t j : ok) {
+          if (items[j].slot == items[i].slot) {
+            out[i].status = make_error(ErrorCode::kInvalidArgument,
+                                       "slot " + std::to_string(items[i].slot) + " appears twice in one tick");
+            break;
+          }
+        }
+      }
       if (out[i].status) ok.push_back(i);
     }
     if (Status st = cuda_status(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__); !st) {
@@ -289,9 +301,10 @@ class CudaEngineImpl final : public CudaEngine {
       for (size_t g = g0; g < g1; ++g) {
         const size_t i = ok[g];
         if (!st) {
-          out[i].status = make_error(st.error().code, "the CUDA engine's pass failed; this session's state on the "
-                                                      "device is no longer consistent, reset it: " +
-                                                          st.error().message);
+          out[i].status = make_error(st.error().code,
+                                     "the CUDA engine's pass failed; this session's state on the "
+                                     "device is no longer consistent, reset it: " +
+                                         st.error().message);
           continue;
         }
         SlotInfo& s = slot_info_[static_cast<size_t>(items[i].slot)];

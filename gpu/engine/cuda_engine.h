@@ -31,9 +31,9 @@
 namespace kestrel::gpu {
 
 struct CudaEngineOptions {
-  int32_t max_slots = 16;  // sessions resident at once
-  int32_t n_ctx = 4096;    // tokens every slot's KV cache holds (slot_alloc accepts n_ctx up to this)
-  int device = 0;          // CUDA device ordinal
+  int32_t max_slots = 16;    // sessions resident at once
+  int32_t n_ctx = 4096;      // tokens every slot's KV cache holds (slot_alloc accepts n_ctx up to this)
+  int device = 0;            // CUDA device ordinal
   bool programmatic = true;  // chained launches (PassTuning::programmatic); false for A/B measurements
   // Called while the weights load: bytes copied so far and the total.
   std::function<void(uint64_t done, uint64_t total)> progress;

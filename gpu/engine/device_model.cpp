@@ -49,10 +49,10 @@ MoeDeviceWeights host_moe(const FfnWeights& f, uint32_t n_expert_used) {
 }
 
 bool is_projection(const std::string& name) {
-  for (const char* role : {".attn_qkv.weight", ".attn_gate.weight", ".ssm_in.weight", ".ssm_ba.weight",
-                           ".ssm_beta.weight", ".ssm_alpha.weight", ".ssm_out.weight", ".attn_q.weight",
-                           ".attn_k.weight", ".attn_v.weight", ".attn_output.weight", ".ffn_gate.weight",
-                           ".ffn_up.weight", ".ffn_down.weight"}) {
+  for (const char* role :
+       {".attn_qkv.weight", ".attn_gate.weight", ".ssm_in.weight", ".ssm_ba.weight", ".ssm_beta.weight",
+        ".ssm_alpha.weight", ".ssm_out.weight", ".attn_q.weight", ".attn_k.weight", ".attn_v.weight",
+        ".attn_output.weight", ".ffn_gate.weight", ".ffn_up.weight", ".ffn_down.weight"}) {
     if (name.ends_with(role)) return true;
   }
   return name == "output.weight";

@@ -38,7 +38,7 @@ namespace kestrel::gpu {
 // A projection matrix y = W x on the device, in whichever layout it was registered.
 struct DeviceMatrix {
   bool tiled = false;
-  TiledView tiled_view;      // when tiled (gemv_imma)
+  TiledView tiled_view;       // when tiled (gemv_imma)
   DeviceMatrixView raw_view;  // when raw (gemv)
   int64_t n_in = 0;           // ggml ne0
   int64_t n_out = 0;          // ggml ne1
@@ -86,9 +86,8 @@ class DeviceModel {
   // Registers every used tensor of `model` (kResourceExhausted naming the bytes needed and the device's free memory
   // when it does not fit alongside `scratch_bytes` still to be allocated; `state_bytes`, already allocated, is named
   // in the error too). Synchronous.
-  static Expected<std::unique_ptr<DeviceModel>> create(const Model& model, uint64_t scratch_bytes,
-                                                       uint64_t state_bytes, const LoadProgress& progress,
-                                                       cudaStream_t stream);
+  static Expected<std::unique_ptr<DeviceModel>> create(const Model& model, uint64_t scratch_bytes, uint64_t state_bytes,
+                                                       const LoadProgress& progress, cudaStream_t stream);
 
   const ModelHparams& hparams() const { return hp_; }
   const ref::GdnDims& gdn_dims() const { return gdn_dims_; }

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "core/reference/rope.h"
+#include "gpu/cuda_check.h"
 #include "gpu/kernels/argmax.h"
 #include "gpu/kernels/attention_decode.h"
-#include "gpu/cuda_check.h"
 #include "gpu/kernels/gdn_decode.h"
 #include "gpu/kernels/gemv.h"
 #include "gpu/kernels/gemv_imma.h"
@@ -203,8 +203,8 @@ Status ForwardPass::allocate() {
   if (hp.n_rot > 0) {
     std::vector<float> inv(hp.n_rot / 2);
     ref::rope_inv_freq(static_cast<int>(hp.n_rot), hp.rope_freq_base, inv.data());
-    KESTREL_CUDA_TRY(cudaMemcpyAsync(rope_inv_freq_, inv.data(), inv.size() * sizeof(float),
-                                     cudaMemcpyHostToDevice, stream_));
+    KESTREL_CUDA_TRY(
+        cudaMemcpyAsync(rope_inv_freq_, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
   }
 
   // Each slot's GDN state pointers, looked up once.
@@ -247,15 +247,11 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
       case ref::GdnProjection::kQkvGateBetaAlpha:
         in.z = proj_a_ + C, in.b = proj_a_ + C + Vd, in.a = proj_a_ + C + Vd + Vh;
         break;
-      case ref::GdnProjection::kQkvGateBa:
-        in.z = proj_a_ + C, in.ba = proj_a_ + C + Vd;
-        break;
-      case ref::GdnProjection::kSsmInBa:
-        in.ba = proj_a_ + C + Vd;
-        break;
+      case ref::GdnProjection::kQkvGateBa: in.z = proj_a_ + C, in.ba = proj_a_ + C + Vd; break;
+      case ref::GdnProjection::kSsmInBa: in.ba = proj_a_ + C + Vd; break;
     }
-    KESTREL_TRY(gdn_decode(model_.gdn_dims(), g.projection, g.small, in, gdn_slots_ + size_t(gdn_index) * P, n,
-                           mixed_, gdn_ws_, stream_, tuning_.programmatic));
+    KESTREL_TRY(gdn_decode(model_.gdn_dims(), g.projection, g.small, in, gdn_slots_ + size_t(gdn_index) * P, n, mixed_,
+                           gdn_ws_, stream_, tuning_.programmatic));
     return matmul(g.out, mixed_, false, n, y_);
   }
   const bool tiled = g.qkv.tiled || g.gate.tiled || g.ssm_in.tiled || g.ba.tiled || g.beta.tiled || g.alpha.tiled;
@@ -438,8 +434,8 @@ Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
   if (m > 0 && logits_mode > 0) {
     KESTREL_TRY(matmul(model_.output(), x_, false, m, logits_));
     KESTREL_TRY(argmax_rows(logits_, m, hp.n_vocab, argmax_, stream_));
-    KESTREL_CUDA_TRY(cudaMemcpyAsync(host_argmax_, argmax_, size_t(m) * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                     stream_));
+    KESTREL_CUDA_TRY(
+        cudaMemcpyAsync(host_argmax_, argmax_, size_t(m) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
     if (logits_mode == 2) {
       KESTREL_CUDA_TRY(cudaMemcpyAsync(host_logits_, logits_, size_t(m) * hp.n_vocab * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));

@@ -26,11 +26,11 @@
 #include <cuda_runtime.h>
 
 #include <array>
-#include <map>
-#include <tuple>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "core/base/expected.h"
@@ -45,15 +45,16 @@ inline constexpr int kPassMaxTokens = 32;
 // The pass's tuning choices, fixed when the engine is built.
 struct PassTuning {
   // Projections (gemv_imma, gemv_imma_prepare_swiglu) and the GDN step launch as programmatic dependents of the
-  // kernel before them (gpu/kernels/pdl.cuh): their weight loads and launch overlap that kernel's end; the bits are the same.
+  // kernel before them (gpu/kernels/pdl.cuh): their weight loads and launch overlap that kernel's end; the bits are the
+  // same.
   bool programmatic = true;
 };
 
 struct PassRow {
-  int32_t slot = 0;      // state slot
-  int32_t token = 0;     // token id, in [0, n_vocab) (checked by the caller)
-  int32_t position = 0;  // the token's position (the slot's n_past), < the slot pool's n_ctx
-  float* logits = nullptr;   // host f32 [n_vocab] to receive the logits after this token, or null for none
+  int32_t slot = 0;           // state slot
+  int32_t token = 0;          // token id, in [0, n_vocab) (checked by the caller)
+  int32_t position = 0;       // the token's position (the slot's n_past), < the slot pool's n_ctx
+  float* logits = nullptr;    // host f32 [n_vocab] to receive the logits after this token, or null for none
   int32_t* argmax = nullptr;  // host int32 to receive the greedy token after this token (gpu/kernels/argmax.h), or null
 };
 
@@ -137,10 +138,10 @@ class ForwardPass {
   // Pinned host staging: the upload block (ids, slots, positions, gdn slot table) and the logits rows.
   void* host_upload_ = nullptr;
   size_t upload_bytes_ = 0;
-  float* host_logits_ = nullptr;  // f32 [P, n_vocab]
+  float* host_logits_ = nullptr;    // f32 [P, n_vocab]
   int32_t* host_argmax_ = nullptr;  // int32 [P]
 
-  std::vector<int> gdn_index_;        // per layer: index among GDN layers, -1 for attention
+  std::vector<int> gdn_index_;  // per layer: index among GDN layers, -1 for attention
   int n_gdn_ = 0;
   std::vector<GdnSlot> slot_states_;  // [n_slots][n_gdn]: each slot's GDN state pointers (device memory)
 
@@ -149,8 +150,8 @@ class ForwardPass {
   int position_bound_ = 0;  // of the pass being enqueued: attention's grid covers positions below it
 
   bool profiling_ = false;
-  std::vector<cudaEvent_t> events_;      // [0] at the pass's start, then one per section end
-  std::vector<PassSection> sections_;    // the section each event closes
+  std::vector<cudaEvent_t> events_;    // [0] at the pass's start, then one per section end
+  std::vector<PassSection> sections_;  // the section each event closes
   size_t n_marks_ = 0;
   PassProfile profile_;
 };

@@ -2,8 +2,8 @@
 #include <cmath>
 #include <string>
 
-#include "gpu/kernels/argmax.h"
 #include "gpu/cuda_check.h"
+#include "gpu/kernels/argmax.h"
 
 namespace kestrel::gpu {
 namespace {

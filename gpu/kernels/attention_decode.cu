@@ -6,9 +6,9 @@
 #include <string>
 #include <unordered_set>
 
+#include "gpu/cuda_check.h"
 #include "gpu/kernels/attention_decode.h"
 #include "gpu/kernels/block_reduce.cuh"
-#include "gpu/cuda_check.h"
 
 namespace kestrel::gpu {
 namespace {

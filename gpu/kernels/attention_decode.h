@@ -44,11 +44,11 @@ namespace kestrel::gpu {
 inline constexpr int kAttnDecodeMaxHeadDim = 512;
 
 struct AttnDecodeDims {
-  int n_head = 0;     // query heads
-  int n_head_kv = 0;  // key/value heads; n_head is a multiple
-  int head_dim = 0;   // hd, 1..kAttnDecodeMaxHeadDim
-  int n_rot = 0;      // even, <= head_dim
-  float eps = 1e-6f;  // q/k RMSNorm eps
+  int n_head = 0;        // query heads
+  int n_head_kv = 0;     // key/value heads; n_head is a multiple
+  int head_dim = 0;      // hd, 1..kAttnDecodeMaxHeadDim
+  int n_rot = 0;         // even, <= head_dim
+  float eps = 1e-6f;     // q/k RMSNorm eps
   int chunk = 32;        // least positions per attention block (>= 1); with max_chunks part of the numerics: keep
                          // both fixed per model
   int max_chunks = 256;  // most blocks per (head, sequence), 1..65535

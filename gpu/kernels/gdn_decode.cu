@@ -957,8 +957,8 @@ Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const
 
 Expected<GdnKernel> gdn_decode_kernel(const ref::GdnDims& dims, int n_seq) {
   KESTREL_TRY(check_dims(dims));
-  return dispatch(make_geo(dims, ref::GdnProjection::kQkvGateBetaAlpha, 0), GdnDecodeWeights{}, GdnDecodeInputs{}, nullptr,
-                  std::max(n_seq, 1), nullptr, nullptr, false, nullptr, false);
+  return dispatch(make_geo(dims, ref::GdnProjection::kQkvGateBetaAlpha, 0), GdnDecodeWeights{}, GdnDecodeInputs{},
+                  nullptr, std::max(n_seq, 1), nullptr, nullptr, false, nullptr, false);
 }
 
 int gdn_kernel_launches(GdnKernel kernel) { return kernel == GdnKernel::kTwoKernel ? 2 : 1; }

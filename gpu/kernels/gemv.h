@@ -2,8 +2,8 @@
 // GGUF block layout (batched decode; model-spec.md §6.2 shapes, §6.4 types).
 //
 // Types: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. Each weight element is dequantized exactly as core's
-// dequantize_row (gpu/kernels/dequant.cuh) and multiplied into an f32 accumulator; only the summation order differs from
-// ref::matvec_batch (per-lane strided partial sums, then a fixed butterfly reduction), so results agree with it to
+// dequantize_row (gpu/kernels/dequant.cuh) and multiplied into an f32 accumulator; only the summation order differs
+// from ref::matvec_batch (per-lane strided partial sums, then a fixed butterfly reduction), so results agree with it to
 // ~1e-5 of Σ|w·x| and are bit-identical from run to run, and each y[v] does not depend on n_vec.
 // docs/gpu.md ("GEMV kernels") describes the layout and the launch shape.
 #pragma once

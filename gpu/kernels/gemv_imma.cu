@@ -59,36 +59,34 @@
 // (0.07 MB) to ~1000 (4.7 MB) cycles after its entry — the split's runtime division by S and the address chain —
 // and the first group multiplied ~1700 cycles after that; a one-wave launch ends ~1 µs before the next one starts
 // in either kernel (the graph's launch gap). The split is now shifts (S and R powers of two), and a dense call
-// issues its first group's loads before its programmatic wait (gpu/kernels/pdl.cuh), so in a chain of programmatic launches
-// the address arithmetic, the launch gap and the weights' DRAM latency overlap the kernel before: 4.7 MB 4.1 → 3.0
-// µs, 0.07 MB 2.6 → 1.9 µs per launch (docs/benchmarks.md, "GEMV v4.4").
-// Tried after v4.4 and dropped: dense calls of more than 2 vectors as segments of 2 on the one-pair kernel,
-// interleaved by row group (a row group's segments on neighbouring blocks, so its weights come from DRAM once), as
-// moe_imma's grouped calls now run. Batch 8: 0.07–0.6 MB matrices 6.4 → 3.1 µs, but 4.7–9.4 MB 8.0 → 9.4 µs and
-// lm_head 195 → 232 µs; and the item-split branch it put in front of the first loads cost batch 1 ~0.15 µs (attn_k
-// 2.73 → 2.91 µs). A per-shape choice would need the split compiled out of the dense batch-1 kernel.
-// v4.5: the cross-warp sum loads all S partials before its first add (it loaded and added one at a time, S dependent
-// shared-memory round trips; S = 16 on every matrix of <= 128 row groups): 0.1–0.2 µs off each small call, geomean
-// 77.7 → 80.4% (4.7 MB 4.12 → 3.96 µs, 0.6 MB 2.75 → 2.59; bench_gemv, H200, same run). Tried with it and dropped:
-// grouped calls walking their items in runs of 2 / 4 / 8 rounds per block (neighbouring row groups of one segment, so
-// its activations stay in L1): moe_imma at 32 tokens 133.4 → 130.6 / 133.6 / 144.3 µs — the activations' L2 reads
-// are not what holds the grouped GEMVs back (ncu: 30–40% of their stalls wait on L1TEX, 7–8 cycles per instruction).
-// Also dropped: Q4_0's scales as one 8-byte load a lane and group (the group's 256 B in one request instead of four),
-// each unit's taken from lane 8i + g by shuffles: the loads alone read 9.4 MB 4–17% faster (tools/device/
-// read_pattern.cu), but the shuffles on the multiply's path cost more — lm_head Q4_0 76.1 → 81.1 µs, geomean
-// 79.7 → 78.9%; and a layout with each group's scales right after its quants (same loads, contiguous): geomean 80.1 →
-// 77.7%, Q4_K slower on every shape.
-// v4.6: the groups per slice compiled in (kGps = 2, 4, 8 for the one-pair kernel; 2 for the others, which spill
-// unrolled deeper), a round's groups unrolled: ncu (lm_head Q4_0, moe_imma's gate+up at 32 tokens) had 32-36 warp
-// instructions per MMA, ~11 of them the run-time cursor (gps reloaded from the constant bank, the round's branches)
-// and the prepared x's addresses rebuilt every group (register pressure); unrolled they are immediate offsets.
-// bench_moe Q4_0 / Q4_K 32 tokens 121.2 / 128.2 -> 118.3 / 118.6 us, 8 tokens 55.0 / 57.7 -> 53.4 / 55.3, one
-// token 22.5 / 24.3 -> 21.8 / 23.5; bench_gemv lm_head Q4_0 73.3 -> 71.6 us, 9.4 MB 5.67 -> 5.39 us (H200, same run).
-// ncu after it: lm_head Q4_0 26.7 instructions per MMA (31.8 before). Unrolled for one group per slice too (two
-// rounds an iteration) the 0.07-0.6 MB matrices took 0.1-0.2 us longer: gps = 1 keeps the run-time loop. Forcing
-// S = 1 for the grouped gate+up (KESTREL_IMMA_SPLIT=1: 8 groups a slice, no cross-warp sum) measured moe_imma 32
-// tokens Q4_0 117.5 -> 120.2 us, Q4_K 118.7 -> 117.3, one token 21.9 -> 24.7: the shape rule stays.
-// v4.7: a slice's groups are summed raw per lane and valued once at its end (imma_tile::multiply_add, pair_sum).
+// issues its first group's loads before its programmatic wait (gpu/kernels/pdl.cuh), so in a chain of programmatic
+// launches the address arithmetic, the launch gap and the weights' DRAM latency overlap the kernel before: 4.7 MB 4.1
+// → 3.0 µs, 0.07 MB 2.6 → 1.9 µs per launch (docs/benchmarks.md, "GEMV v4.4"). Tried after v4.4 and dropped: dense
+// calls of more than 2 vectors as segments of 2 on the one-pair kernel, interleaved by row group (a row group's
+// segments on neighbouring blocks, so its weights come from DRAM once), as moe_imma's grouped calls now run. Batch 8:
+// 0.07–0.6 MB matrices 6.4 → 3.1 µs, but 4.7–9.4 MB 8.0 → 9.4 µs and lm_head 195 → 232 µs; and the item-split branch it
+// put in front of the first loads cost batch 1 ~0.15 µs (attn_k 2.73 → 2.91 µs). A per-shape choice would need the
+// split compiled out of the dense batch-1 kernel. v4.5: the cross-warp sum loads all S partials before its first add
+// (it loaded and added one at a time, S dependent shared-memory round trips; S = 16 on every matrix of <= 128 row
+// groups): 0.1–0.2 µs off each small call, geomean 77.7 → 80.4% (4.7 MB 4.12 → 3.96 µs, 0.6 MB 2.75 → 2.59; bench_gemv,
+// H200, same run). Tried with it and dropped: grouped calls walking their items in runs of 2 / 4 / 8 rounds per block
+// (neighbouring row groups of one segment, so its activations stay in L1): moe_imma at 32 tokens 133.4 → 130.6 / 133.6
+// / 144.3 µs — the activations' L2 reads are not what holds the grouped GEMVs back (ncu: 30–40% of their stalls wait on
+// L1TEX, 7–8 cycles per instruction). Also dropped: Q4_0's scales as one 8-byte load a lane and group (the group's 256
+// B in one request instead of four), each unit's taken from lane 8i + g by shuffles: the loads alone read 9.4 MB 4–17%
+// faster (tools/device/ read_pattern.cu), but the shuffles on the multiply's path cost more — lm_head Q4_0 76.1 → 81.1
+// µs, geomean 79.7 → 78.9%; and a layout with each group's scales right after its quants (same loads, contiguous):
+// geomean 80.1 → 77.7%, Q4_K slower on every shape. v4.6: the groups per slice compiled in (kGps = 2, 4, 8 for the
+// one-pair kernel; 2 for the others, which spill unrolled deeper), a round's groups unrolled: ncu (lm_head Q4_0,
+// moe_imma's gate+up at 32 tokens) had 32-36 warp instructions per MMA, ~11 of them the run-time cursor (gps reloaded
+// from the constant bank, the round's branches) and the prepared x's addresses rebuilt every group (register pressure);
+// unrolled they are immediate offsets. bench_moe Q4_0 / Q4_K 32 tokens 121.2 / 128.2 -> 118.3 / 118.6 us, 8 tokens 55.0
+// / 57.7 -> 53.4 / 55.3, one token 22.5 / 24.3 -> 21.8 / 23.5; bench_gemv lm_head Q4_0 73.3 -> 71.6 us, 9.4 MB 5.67
+// -> 5.39 us (H200, same run). ncu after it: lm_head Q4_0 26.7 instructions per MMA (31.8 before). Unrolled for one
+// group per slice too (two rounds an iteration) the 0.07-0.6 MB matrices took 0.1-0.2 us longer: gps = 1 keeps the
+// run-time loop. Forcing S = 1 for the grouped gate+up (KESTREL_IMMA_SPLIT=1: 8 groups a slice, no cross-warp sum)
+// measured moe_imma 32 tokens Q4_0 117.5 -> 120.2 us, Q4_K 118.7 -> 117.3, one token 21.9 -> 24.7: the shape rule
+// stays. v4.7: a slice's groups are summed raw per lane and valued once at its end (imma_tile::multiply_add, pair_sum).
 // v4.8: ncu's source-level samples of the 0.6-9.4 MB projections had 4-12% of a launch's stalls on constant-cache
 // misses in the prologue, one after another for the three lines its parameters were read from (c[0x0][0x224],
 // c[0x0][0x248], the grid size); the fields read before the first weight load now sit in the parameters' first 48
@@ -407,10 +405,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   // Dynamic shared memory: partial sums per warp when S > 1, double-buffered by round parity ([buf][warp][vector
   // slot][row], part_bytes()).
   extern __shared__ __align__(128) uint8_t smem[];
-  // Under a programmatic launch (gpu/kernels/pdl.cuh) the next kernel may launch now. A dense call reads its resident weights
-  // (which no kernel writes) before it waits for the kernel before it: the address arithmetic and the first group's
-  // loads overlap that kernel's end. The table, the prepared x and y are touched only after the wait — but a settled
-  // table (kSettledCall) is read before it, with the first round's entries and the first group's weights.
+  // Under a programmatic launch (gpu/kernels/pdl.cuh) the next kernel may launch now. A dense call reads its resident
+  // weights (which no kernel writes) before it waits for the kernel before it: the address arithmetic and the first
+  // group's loads overlap that kernel's end. The table, the prepared x and y are touched only after the wait — but a
+  // settled table (kSettledCall) is read before it, with the first round's entries and the first group's weights.
   pdl_trigger();
   if constexpr (kWaitFirst) pdl_wait();
   const int warp = threadIdx.x / 32;

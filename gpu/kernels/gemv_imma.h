@@ -49,9 +49,9 @@ Status gemv_imma_prepare_x(const float* x, int64_t n_cols, int n_vec, void* xpre
 // The prepared form of the SwiGLU activations act[v] = silu(gate[v]) ⊙ up[v], silu(g) = g · (1 / (1 + e^−g)) as
 // ref::swiglu_forward (device expf), without storing act: gate and up are device f32 [n_vec, n_cols] (rows
 // n_cols apart), 16-byte aligned; otherwise as gemv_imma_prepare_x (which it equals on act). programmatic: launched
-// as a programmatic dependent of the kernel before it (gpu/kernels/pdl.cuh: the launches overlap, the results do not change).
-// hold_dependents: the kernel lets the next one launch only after its own wait, so that everything the kernels before
-// the one before it wrote is final when the next kernel starts (gemv_imma_segments' table_settled).
+// as a programmatic dependent of the kernel before it (gpu/kernels/pdl.cuh: the launches overlap, the results do not
+// change). hold_dependents: the kernel lets the next one launch only after its own wait, so that everything the kernels
+// before the one before it wrote is final when the next kernel starts (gemv_imma_segments' table_settled).
 Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_cols, int n_vec, void* xprep,
                                 cudaStream_t stream, bool programmatic = false, bool hold_dependents = false);
 
@@ -93,8 +93,8 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
 // y[v] = W x[v] with x prepared by gemv_imma_prepare_x (same n_cols, at least n_vec vectors, earlier on `stream`).
 // y: device f32 [n_vec, n_rows], 4-byte aligned, not overlapping xprep; n_vec in [1, 32]. Errors are found before
 // the launch and leave y untouched; otherwise one kernel is enqueued and the call returns without waiting.
-// Thread-safe. programmatic: launched as a programmatic dependent of the kernel before it (gpu/kernels/pdl.cuh); its first
-// weight loads then overlap that kernel's end (w must not be written by any kernel while resident), and the
+// Thread-safe. programmatic: launched as a programmatic dependent of the kernel before it (gpu/kernels/pdl.cuh); its
+// first weight loads then overlap that kernel's end (w must not be written by any kernel while resident), and the
 // results do not change.
 Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream,
                  bool programmatic = false);

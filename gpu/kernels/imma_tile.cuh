@@ -1,7 +1,7 @@
 // imma_tile.cuh: GEMV v4's per-group arithmetic on the re-tiled Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 layouts
-// (gpu/memory/tiled_matrix.h) and the prepared activations (gpu/kernels/imma_prepare.cuh): the integer tensor-core MMAs (u8 × s8 for
-// the Q4 types and Q5_K, s8 × s8 for Q6_K and Q8_0), a warp's registers for one group of a row group, and the
-// multiply of one group for one vector pair. gemv_imma.cu's head derives the arithmetic and multiplies with it.
+// (gpu/memory/tiled_matrix.h) and the prepared activations (gpu/kernels/imma_prepare.cuh): the integer tensor-core MMAs
+// (u8 × s8 for the Q4 types and Q5_K, s8 × s8 for Q6_K and Q8_0), a warp's registers for one group of a row group, and
+// the multiply of one group for one vector pair. gemv_imma.cu's head derives the arithmetic and multiplies with it.
 // Device code only; include from .cu files.
 #pragma once
 

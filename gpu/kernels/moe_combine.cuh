@@ -1,6 +1,6 @@
 // moe_combine.cuh: the per-token combine of an MoE layer's expert outputs, shared by gpu/kernels/moe_experts.cu and
-// gpu/kernels/moe_imma.cu (ref::moe_forward's order): y = Σ over the token's entries by ascending expert id of ye·w, from 0,
-// then + sigmoid(ffn_gate_inp_shexp · x)·shared. Device code only; include from .cu files.
+// gpu/kernels/moe_imma.cu (ref::moe_forward's order): y = Σ over the token's entries by ascending expert id of ye·w,
+// from 0, then + sigmoid(ffn_gate_inp_shexp · x)·shared. Device code only; include from .cu files.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -22,8 +22,8 @@
 #include "gpu/kernels/gemv.h"
 #include "gpu/kernels/moe_combine.cuh"
 #include "gpu/kernels/moe_experts.h"
-#include "gpu/memory/scratch_carve.h"
 #include "gpu/kernels/stage_row.cuh"
+#include "gpu/memory/scratch_carve.h"
 
 namespace kestrel::gpu {
 namespace {

@@ -1,7 +1,7 @@
 // moe_experts: the MoE FFN layer on the device for n_tok tokens (model-spec.md §5.1; ref::moe_forward is the
-// oracle): router GEMV, routing (gpu/kernels/moe_router.h), the selected experts' SwiGLU FFNs GROUPED so that each expert's
-// weights are read once per call for all the tokens routed to it, the routing-weighted sum of expert outputs per
-// token in ascending expert order, plus the gated shared expert sigmoid(ffn_gate_inp_shexp · x) · FFN_sh(x).
+// oracle): router GEMV, routing (gpu/kernels/moe_router.h), the selected experts' SwiGLU FFNs GROUPED so that each
+// expert's weights are read once per call for all the tokens routed to it, the routing-weighted sum of expert outputs
+// per token in ascending expert order, plus the gated shared expert sigmoid(ffn_gate_inp_shexp · x) · FFN_sh(x).
 //
 // Expert tensors stay in their raw GGUF layout: [n_expert][n_rows][n_cols] blocks of any type gpu/kernels/dequant.cuh
 // handles (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32), each element dequantized exactly as core does.

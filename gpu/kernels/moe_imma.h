@@ -1,5 +1,6 @@
-// moe_imma: the MoE FFN layer on GEMV v4 (gpu/kernels/gemv_imma.h) for n_tok tokens (model-spec.md §5.1; ref::moe_forward
-// is the oracle; gpu/kernels/moe_experts.h is the raw-block version it replaces for experts of GEMV v4's types).
+// moe_imma: the MoE FFN layer on GEMV v4 (gpu/kernels/gemv_imma.h) for n_tok tokens (model-spec.md §5.1;
+// ref::moe_forward is the oracle; gpu/kernels/moe_experts.h is the raw-block version it replaces for experts of GEMV
+// v4's types).
 //
 // Weights: the routed experts' gate / up / down stacks re-tiled per expert with tile_matrix (expert e at
 // e · tiled_bytes(...) in one buffer per role; the same bytes as the raw stack, reordered), the shared expert's
@@ -10,11 +11,11 @@
 //
 // One call, all on one stream, no host synchronisation (launch counts in docs/gpu.md, "MoE on GEMV v4"):
 //   router logits (an f32 router: with x's preparation, gemv_imma_prepare_x's code, in the same launch; other types:
-//   gpu::gemv, then gemv_imma_prepare_x(x)) → one block that routes (moe_route's code, gpu/kernels/moe_route.cuh) and then
-//   writes the ImmaSegment tables of gate+up and of down from the routing (per active expert and per chunk of <= 8 of
-//   its tokens one gate, one up and one down segment, plus the shared expert's chunks) → gemv_imma_segments(gate+up) →
-//   gemv_imma_prepare_swiglu (SwiGLU per entry, written only in prepared form) → gemv_imma_segments(down) → combine (Σ
-//   over each token's entries by ascending expert id of w·y, then + sigmoid(shared gate · x) · shared y, as the
+//   gpu::gemv, then gemv_imma_prepare_x(x)) → one block that routes (moe_route's code, gpu/kernels/moe_route.cuh) and
+//   then writes the ImmaSegment tables of gate+up and of down from the routing (per active expert and per chunk of <= 8
+//   of its tokens one gate, one up and one down segment, plus the shared expert's chunks) → gemv_imma_segments(gate+up)
+//   → gemv_imma_prepare_swiglu (SwiGLU per entry, written only in prepared form) → gemv_imma_segments(down) → combine
+//   (Σ over each token's entries by ascending expert id of w·y, then + sigmoid(shared gate · x) · shared y, as the
 //   reference): 6 launches (7 with a router that is not f32).
 // Each active expert's matrices are read once per call for up to 8 of its tokens (an expert chosen by more than 8
 // tokens is read once per 8; at 32 tokens of a 256-expert top-8 layer that is rare). Fixed summation orders and no
@@ -92,10 +93,11 @@ class MoeImmaLayer {
 };
 
 // Calls of up to this many tokens launch every kernel after the first as a programmatic dependent of the kernel
-// before it (PDL, gpu/kernels/pdl.cuh: each triggers its dependents and waits for its predecessor, so results do not change and
-// only the launches overlap); larger calls only the spread routing (from kMoeImmaRouteSpreadMinTokens tokens), the
-// down GEMV and the combine, the last two reading what the routing wrote before their waits. Measured faster at 1–4
-// tokens and, for the rest of the chain, slower at 8–32 (moe_imma.cu says by how much), hence the default.
+// before it (PDL, gpu/kernels/pdl.cuh: each triggers its dependents and waits for its predecessor, so results do not
+// change and only the launches overlap); larger calls only the spread routing (from kMoeImmaRouteSpreadMinTokens
+// tokens), the down GEMV and the combine, the last two reading what the routing wrote before their waits. Measured
+// faster at 1–4 tokens and, for the rest of the chain, slower at 8–32 (moe_imma.cu says by how much), hence the
+// default.
 inline constexpr int kMoeImmaProgrammaticMaxTokens = 4;
 
 // Sets that bound (0: only the spread routing, the down GEMV and the combine programmatic; kMoeMaxTokens: every launch

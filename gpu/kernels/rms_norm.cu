@@ -1,8 +1,8 @@
 // RMSNorm kernels (see rms_norm.h): one block per row, strided per-thread partial sums, fixed block reduction.
 #include <string>
 
-#include "gpu/kernels/block_reduce.cuh"
 #include "gpu/cuda_check.h"
+#include "gpu/kernels/block_reduce.cuh"
 #include "gpu/kernels/rms_norm.h"
 
 namespace kestrel::gpu {

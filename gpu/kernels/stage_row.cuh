@@ -1,6 +1,6 @@
 // stage_row.cuh: a warp copies a chunk of a raw GGUF row (blocks of any ggml type) into its slice of shared memory
-// with coalesced 16-byte loads, reading no byte outside the chunk. Shared by the raw-block GEMV (gpu/kernels/gemv.cu) and the
-// raw-block MoE experts (gpu/kernels/moe_experts.cu). Device code only; include from .cu files.
+// with coalesced 16-byte loads, reading no byte outside the chunk. Shared by the raw-block GEMV (gpu/kernels/gemv.cu)
+// and the raw-block MoE experts (gpu/kernels/moe_experts.cu). Device code only; include from .cu files.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,7 +1,6 @@
 // swiglu (swiglu.h): one thread per element, grid-strided.
-#include "gpu/kernels/swiglu.h"
-
 #include "gpu/cuda_check.h"
+#include "gpu/kernels/swiglu.h"
 
 namespace kestrel::gpu {
 namespace {

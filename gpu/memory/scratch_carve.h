@@ -1,5 +1,5 @@
-// scratch_carve: lays out a caller's device scratch as consecutive 16-byte-aligned pieces (moe_experts, moe_imma). With a null base only the sizes add up, so one function gives both a workspace's size and its
-// pieces. Host code; pure.
+// scratch_carve: lays out a caller's device scratch as consecutive 16-byte-aligned pieces (moe_experts, moe_imma). With
+// a null base only the sizes add up, so one function gives both a workspace's size and its pieces. Host code; pure.
 #pragma once
 
 #include <cstddef>

@@ -1,8 +1,8 @@
-// tile_matrix: the re-tiled form of Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 matrices that GEMV v4 (gpu/kernels/gemv_imma.h) reads —
-// the same bytes as the GGUF rows, reordered (never widened) so that one 16-byte load per lane is the A fragment of two
-// integer MMAs (Q6_K: the low nibbles of four m16n8k16 MMAs, their high bits in a second load shared by two units;
-// Q8_0: one). The WeightPool tiles tensors into it at registration (PoolLayout::kTiled); docs/gpu.md ("GEMV v4") has
-// more.
+// tile_matrix: the re-tiled form of Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 matrices that GEMV v4 (gpu/kernels/gemv_imma.h)
+// reads — the same bytes as the GGUF rows, reordered (never widened) so that one 16-byte load per lane is the A
+// fragment of two integer MMAs (Q6_K: the low nibbles of four m16n8k16 MMAs, their high bits in a second load shared by
+// two units; Q8_0: one). The WeightPool tiles tensors into it at registration (PoolLayout::kTiled); docs/gpu.md ("GEMV
+// v4") has more.
 //
 // Layout (tile_matrix writes it from raw GGUF rows; both parts together are exactly the raw size):
 //   rows in groups of 16 ("row group" rg), columns in units of 64 elements (u);

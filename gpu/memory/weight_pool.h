@@ -4,8 +4,8 @@
 // "blk.3.attn_q.weight") with their exact ggml shape {ne0, ne1, ...} and type; their raw GGUF blocks are copied
 // byte for byte (no widening: the bytes at view().data are exactly the file's bytes, rows back to back), or, for a
 // Q4_0 / Q4_K / Q5_K / Q6_K / Q8_0 matrix registered with PoolLayout::kTiled, re-tiled on the host by tile_matrix
-// (gpu/memory/tiled_matrix.h: the same bytes reordered for GEMV v4, each 2-D slice of a 3-D stack on its own) and read through
-// tiled_view(). Each tensor starts at a kPoolAlignment-byte boundary inside the allocation.
+// (gpu/memory/tiled_matrix.h: the same bytes reordered for GEMV v4, each 2-D slice of a 3-D stack on its own) and read
+// through tiled_view(). Each tensor starts at a kPoolAlignment-byte boundary inside the allocation.
 //
 // Registration is all-or-nothing: a batch is checked first (known type, ne0 a multiple of the block, byte count
 // equal to the shape's, no duplicate or empty key, and the whole batch — with alignment padding — within the free
@@ -34,7 +34,7 @@
 #include "core/gguf/ggml_type.h"
 #include "core/model/tensor_layout.h"
 #include "core/model/weight_catalog.h"
-#include "gpu/kernels/get_rows.h"      // DeviceMatrixView
+#include "gpu/kernels/get_rows.h"     // DeviceMatrixView
 #include "gpu/memory/tiled_matrix.h"  // TiledView, tile_matrix
 
 namespace kestrel::gpu {

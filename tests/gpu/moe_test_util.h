@@ -1,6 +1,6 @@
 // moe_test_util.h: what tests/gpu/test_moe.cpp and tests/gpu/test_moe_imma.cpp share — reproducible random weight
-// stacks of any type gpu/kernels/dequant.cuh handles, activations whose routing is clear of rounding, device copies of the
-// weights, and the check of a layer's outputs against the reference.
+// stacks of any type gpu/kernels/dequant.cuh handles, activations whose routing is clear of rounding, device copies of
+// the weights, and the check of a layer's outputs against the reference.
 #pragma once
 
 #include <gtest/gtest.h>

@@ -247,6 +247,10 @@ TEST_P(CudaEngineTest, BatchInvariantCloneSnapshotRestore) {
   EXPECT_EQ(refused.status[0].error().code, ErrorCode::kInvalidArgument);
   EXPECT_TRUE(refused.status[1]) << "the other item of the tick proceeds";
   EXPECT_EQ(e.slot_n_past(*a), before);
+  test::TickResult twice = test::run_tick(e, {{*c, third}, {*c, third}});
+  EXPECT_TRUE(twice.status[0]);
+  ASSERT_FALSE(twice.status[1]) << "a slot twice in one tick is refused";
+  EXPECT_EQ(twice.status[1].error().code, ErrorCode::kInvalidArgument);
   const std::vector<int32_t> too_long = test::iota_tokens(kCtx, 1, 1);
   EXPECT_EQ(e.check({*a, too_long}).error().code, ErrorCode::kOutOfRange);
   EXPECT_EQ(e.slot_n_past(*a), before);

@@ -183,8 +183,8 @@ Result run_reference(const Problem& p) {
 // Runs the kSteps steps on the device for n_sets copies of the sessions' states (each from p's start) on one stream.
 // Session n of set j lives in slot j·N + perm[n] of one state allocation, off 16-byte boundaries. chain == false: a
 // host sync after each step. chain == true: no sync until the end; per step set 0 by a plain launch, then the other
-// sets as programmatic dependents (gpu/kernels/pdl.cuh). A programmatic step loads its states before it waits, so a set is
-// never written by the launch just before its own; the plain launch of set 0 waits for everything before it, so a
+// sets as programmatic dependents (gpu/kernels/pdl.cuh). A programmatic step loads its states before it waits, so a set
+// is never written by the launch just before its own; the plain launch of set 0 waits for everything before it, so a
 // set's previous step has completed by then. Returns each set's results.
 // stacked: the inputs of each step as one [n_seq, W] buffer (qkv | z | b | a, or qkv | z | ba, or qkv | ba: the
 // output of one GEMV over the stacked projections) with GdnDecodeInputs::row_stride = W.

@@ -284,8 +284,8 @@ TEST(GemvImma, SwigluPreparationMatchesReference) {
   }
 }
 
-// Programmatic launches (gpu/kernels/pdl.cuh): a dense call loads its first weights before it waits for the kernel before
-// it, and must read the prepared x only after. A chain on one stream — prepare x_i (a plain launch), then
+// Programmatic launches (gpu/kernels/pdl.cuh): a dense call loads its first weights before it waits for the kernel
+// before it, and must read the prepared x only after. A chain on one stream — prepare x_i (a plain launch), then
 // gemv_imma as a programmatic dependent, for several x_i in turn into one xprep buffer — gives the bits of plain
 // launches; a read of xprep ahead of the wait would see the previous x_i (or the zeros written first).
 TEST(GemvImma, ProgrammaticChainGivesPlainBits) {

@@ -6,7 +6,6 @@
 // Prints the prompt and the generated text as it streams, then prefill and decode tokens/s on stderr. Greedy by
 // default. Exit status 0, 1 on an error (one line naming it), 2 on a bad command line.
 #include <CLI/CLI.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <memory>

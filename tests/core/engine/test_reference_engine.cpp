@@ -2,9 +2,9 @@
 // errors leave the other items and the failing slot alone, clone forks exactly, placement adds up.
 #include <gtest/gtest.h>
 
+#include "core/engine/reference_engine.h"
 #include "core/reference/forward.h"
 #include "core/reference/model_weights.h"
-#include "core/engine/reference_engine.h"
 #include "tests/core/engine/engine_test_util.h"
 
 namespace kestrel {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "core/model/model.h"
 #include "core/engine/reference_engine.h"
+#include "core/model/model.h"
 #include "daemon/engine/service.h"
 #include "tests/core/engine/engine_test_util.h"
 

@@ -9,11 +9,11 @@
 #include <filesystem>
 
 #include "client/lib/client.h"
+#include "core/engine/reference_engine.h"
 #include "core/model/model.h"
 #include "core/reference/forward.h"
 #include "core/reference/model_weights.h"
 #include "core/reference/session_state.h"
-#include "core/engine/reference_engine.h"
 #include "daemon/engine/service.h"
 #include "daemon/server/grpc_server.h"
 #include "daemon/server/rpc_handlers.h"
