@@ -44,9 +44,9 @@ struct EngineStepOutput {
 };
 
 // One component of the model and where its weights live.
+// component: "embeddings", "gdn layers", "attention layers", "routed experts", "shared experts", "lm_head".
 struct PlacementEntry {
-  std::string
-      component;       // "embeddings", "gdn layers", "attention layers", "routed experts", "shared experts", "lm_head"
+  std::string component;
   std::string device;  // "cpu", "cuda:0"
   uint64_t bytes = 0;
 };
@@ -62,8 +62,7 @@ struct PlacementPlan {
 struct EngineCapabilities {
   int32_t max_items_per_pass = 1;   // sessions advanced by one pass over the weights
   int32_t max_tokens_per_item = 0;  // tokens of one item a tick should carry (the Service cuts prompts to it); 0: any
-  std::vector<int32_t> batch_buckets;  // pass sizes the engine has prepared launches for (empty: any)
-  int32_t max_slot_ctx = 0;            // the largest n_ctx slot_alloc accepts (0: the model's training context)
+  int32_t max_slot_ctx = 0;         // the largest n_ctx slot_alloc accepts (0: the model's training context)
 };
 
 class Engine {

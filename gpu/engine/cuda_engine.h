@@ -6,7 +6,8 @@
 // A tick's items advance together: pass t runs token t of every item that has one (a prompt of T tokens takes T
 // passes, sharing each with the other sessions' decode tokens), and an item's logits come from the pass of its last
 // token. Items of more than 32 sessions run in groups of 32. Prompts therefore run through the decode kernels a
-// token per pass until the prefill kernels exist (issue: GPU prefill).
+// token per pass until the prefill kernels exist (issue: GPU prefill); capabilities() asks the Service for at most
+// 16 tokens of an item per tick, so a long prompt holds the other sessions' next token for 16 passes at most.
 //
 // Numerics: every kernel has a fixed summation order and no atomics, and each row's bits do not depend on the other
 // rows of a pass: the same slot contents and tokens give bit-identical logits whatever else is in the tick. The
