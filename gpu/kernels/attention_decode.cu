@@ -1,6 +1,6 @@
-// attention_decode (see attention_decode.h): k/v append kernel, then one block per (head, sequence, chunk of
-// positions) with a 4-warp online softmax merged in warp order, then (for sequences of several chunks) a merge of
-// the chunk records in chunk order.
+// attention_decode (see attention_decode.h): k/v append kernel, then one block per (kv head, sequence, chunk of
+// positions) serving the kv head's whole group of query heads from tiles staged in shared memory, then (for
+// sequences of several chunks) a merge of the chunk records in chunk order.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -13,9 +13,8 @@
 namespace kestrel::gpu {
 namespace {
 
-constexpr int kThreads = 128;  // 4 warps
+constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxPerLane = kAttnDecodeMaxHeadDim / 32;
 
 // dst[i] = RoPE(rms_norm(src) · w)[i] for one head of hd values (ref::rms_norm then ref::rope_neox_partial).
 // normed: shared f32 [hd] scratch; dst may be global or shared, must not alias src or normed. Whole block calls.
@@ -42,6 +41,32 @@ __device__ void norm_rope_head(const float* src, const float* __restrict__ w, co
       dst[i] = i < half ? __fadd_rn(__fmul_rn(a, c), __fmul_rn(-b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
     }
   }
+}
+
+// The same as norm_rope_head for one warp: dst = RoPE(rms_norm(src) · w) with the sum of squares reduced by the
+// warp. normed: hd floats of shared scratch private to the warp; dst is shared memory. Whole warp calls.
+__device__ void norm_rope_head_warp(const float* src, const float* __restrict__ w, const float* __restrict__ inv_freq,
+                                    int hd, int n_rot, float eps, float pos, float* normed, float* dst) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  float ss = 0.0f;
+  for (int i = lane; i < hd; i += 32) ss += src[i] * src[i];
+  ss = warp_sum(ss);
+  const float scale = 1.0f / sqrtf(ss / static_cast<float>(hd) + eps);
+  for (int i = lane; i < hd; i += 32) normed[i] = (src[i] * scale) * w[i];
+  __syncwarp();
+  const int half = n_rot / 2;
+  for (int i = lane; i < hd; i += 32) {
+    if (i >= n_rot) {
+      dst[i] = normed[i];
+    } else {
+      const int p = i < half ? i : i - half;
+      const float theta = pos * inv_freq[p];
+      const float c = cosf(theta), s = sinf(theta);
+      const float a = normed[p], b = normed[p + half];
+      dst[i] = i < half ? __fadd_rn(__fmul_rn(a, c), __fmul_rn(-b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+  }
+  __syncwarp();
 }
 
 // grid (n_kv, n_seq): K[pos] = rope(norm(k)), V[pos] = v for kv head blockIdx.x of sequence blockIdx.y.
@@ -77,102 +102,164 @@ __device__ __forceinline__ size_t chunk_record(int b, int h, int c, int n_head, 
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// grid (n_head, n_seq, max_chunks): softmax(q·K/sqrt(hd)) V over chunk blockIdx.z of head h of sequence b; a
-// sequence of one chunk is finished here (out = attn ⊙ sigmoid(gate)), longer ones leave a workspace record.
+// Positions a GQA block stages per tile: the largest of 32, 16, 8 whose shared memory (attend_smem_floats) stays
+// within kAttendSmemTarget, so several blocks share an SM and their tile loads overlap one another's compute.
+constexpr size_t kAttendSmemTarget = 64 * 1024;
+
+__host__ __device__ __forceinline__ size_t attend_smem_floats(int group, int hd, int tile) {
+  const size_t gh = static_cast<size_t>(group) * static_cast<size_t>(hd);
+  // q [G][hd], acc [G][hd], K and V tiles [T][hd + 1], probabilities [G][T], running max / sum / correction [G].
+  return 2 * gh + 2 * static_cast<size_t>(tile) * static_cast<size_t>(hd + 1) +
+         static_cast<size_t>(group) * static_cast<size_t>(tile) + 3 * static_cast<size_t>(group);
+}
+
+int attend_tile_of(int group, int hd) {
+  for (int t : {32, 16}) {
+    if (attend_smem_floats(group, hd, t) * sizeof(float) <= kAttendSmemTarget) return t;
+  }
+  return 8;
+}
+
+// Copies positions [p0, p0 + n) of one kv head's rows (stride pos_stride floats) into a shared tile of rows of
+// hd + 1 floats (the pad keeps the score loop, one position per lane, free of bank conflicts). Whole block calls.
+__device__ __forceinline__ void load_tile(const float* __restrict__ base, size_t pos_stride, int p0, int n, int hd,
+                                          float* tile) {
+  const int stride = hd + 1;
+  if ((hd & 3) == 0) {
+    const int per_row = hd / 4;
+    for (int e = static_cast<int>(threadIdx.x); e < n * per_row; e += blockDim.x) {
+      const int t = e / per_row, i = (e - t * per_row) * 4;
+      const float4 v = *reinterpret_cast<const float4*>(base + static_cast<size_t>(p0 + t) * pos_stride + i);
+      float* dst = tile + t * stride + i;
+      dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+    }
+  } else {
+    for (int e = static_cast<int>(threadIdx.x); e < n * hd; e += blockDim.x) {
+      const int t = e / hd, i = e - t * hd;
+      tile[t * stride + i] = base[static_cast<size_t>(p0 + t) * pos_stride + i];
+    }
+  }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
+  return v;
+}
+
+// grid (n_kv, n_seq, max_chunks): the G = n_head / n_kv query heads of kv head blockIdx.x of sequence blockIdx.y over
+// chunk blockIdx.z of its positions, so each K and V row of the cache is read once for the whole group. The chunk
+// is walked in tiles of `tile` positions staged in shared memory; per tile: scores s[g][t] = q_g · K[t] · scale (one
+// thread per (head, position), a fixed-order dot), the online softmax of each head (one warp per head, lane =
+// position), then acc[g][i] = acc[g][i] · corr_g + Σ_t p[g][t] V[t][i] (one thread per (head, dim), t in order). A
+// sequence of one chunk is finished here (out = acc / l ⊙ sigmoid(gate)); longer ones leave a workspace record per
+// head.
 __global__ void __launch_bounds__(kThreads)
     attend_kernel(AttnDecodeDims d, KvSlotTable cache, const float* __restrict__ qg, const float* __restrict__ q_norm,
                   const float* __restrict__ inv_freq, const int32_t* __restrict__ slot_ids,
-                  const int32_t* __restrict__ positions, float scale, int max_chunks, float* __restrict__ ws,
+                  const int32_t* __restrict__ positions, float scale, int max_chunks, int tile, float* __restrict__ ws,
                   float* __restrict__ out) {
-  __shared__ float scratch[33];
-  __shared__ float normed[kAttnDecodeMaxHeadDim];
-  __shared__ float q[kAttnDecodeMaxHeadDim];
-  __shared__ float acc_w[kWarps][kAttnDecodeMaxHeadDim];
-  __shared__ float m_w[kWarps], l_w[kWarps];
-  const int h = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y), c = static_cast<int>(blockIdx.z);
-  const int hd = d.head_dim;
+  extern __shared__ float smem[];
+  const int j = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y), c = static_cast<int>(blockIdx.z);
+  const int hd = d.head_dim, G = d.n_head / d.n_head_kv;
   const int slot = slot_ids[b], pos = positions[b];
   const int n_chunks = n_chunks_of(pos, d);
   if (c >= n_chunks) return;  // whole block: this sequence is shorter than the batch's longest
-  const float* qrow = qg + static_cast<size_t>(b) * d.n_head * 2 * hd + static_cast<size_t>(h) * 2 * hd;
-  norm_rope_head(qrow, q_norm, inv_freq, hd, d.n_rot, d.eps, static_cast<float>(pos), normed, q, scratch);
-  __syncthreads();
+  const int stride = hd + 1;
+  float* q = smem;                 // [G][hd]
+  float* acc = q + G * hd;         // [G][hd]
+  float* kt = acc + G * hd;        // [tile][hd + 1]
+  float* vt = kt + tile * stride;  // [tile][hd + 1]
+  float* pr = vt + tile * stride;  // [G][tile]
+  float* m_s = pr + G * tile;      // [G]
+  float* l_s = m_s + G;            // [G]
+  float* corr_s = l_s + G;         // [G]
 
+  const float* qrow0 = qg + static_cast<size_t>(b) * d.n_head * 2 * hd + static_cast<size_t>(j) * G * 2 * hd;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
-  const int kvh = h / (d.n_head / d.n_head_kv);
-  const int n_per_lane = (hd + 31) / 32;
-  float qr[kMaxPerLane], acc[kMaxPerLane];
-#pragma unroll
-  for (int t = 0; t < kMaxPerLane; ++t) {
-    const int i = lane + 32 * t;
-    qr[t] = (t < n_per_lane && i < hd) ? q[i] : 0.0f;
-    acc[t] = 0.0f;
+  for (int g = warp; g < G; g += kWarps) {
+    // The K tile serves as the warps' scratch rows (8 rows of hd fit in any tile) until the first tile lands.
+    norm_rope_head_warp(qrow0 + static_cast<size_t>(g) * 2 * hd, q_norm, inv_freq, hd, d.n_rot, d.eps,
+                        static_cast<float>(pos), kt + warp * hd, q + g * hd);
   }
-  const float* kbase = cache.k[slot] + static_cast<size_t>(kvh) * hd;
-  const float* vbase = cache.v[slot] + static_cast<size_t>(kvh) * hd;
+  for (int e = static_cast<int>(threadIdx.x); e < G * hd; e += blockDim.x) acc[e] = 0.0f;
+  for (int g = static_cast<int>(threadIdx.x); g < G; g += blockDim.x) m_s[g] = -INFINITY, l_s[g] = 0.0f;
+  __syncthreads();
+
+  const float* kbase = cache.k[slot] + static_cast<size_t>(j) * hd;
+  const float* vbase = cache.v[slot] + static_cast<size_t>(j) * hd;
   const size_t pos_stride = static_cast<size_t>(d.n_head_kv) * hd;
   const int len = chunk_len_of(pos, n_chunks);
   const int p_begin = c * len;
   const int p_end = min(pos + 1, p_begin + len);
-  float m = -INFINITY, l = 0.0f;
-  for (int p = p_begin + warp; p < p_end; p += kWarps) {
-    const float* kp = kbase + static_cast<size_t>(p) * pos_stride;
-    float dot = 0.0f;
-#pragma unroll
-    for (int t = 0; t < kMaxPerLane; ++t) {
-      const int i = lane + 32 * t;
-      if (t < n_per_lane && i < hd) dot += qr[t] * kp[i];
+  for (int p0 = p_begin; p0 < p_end; p0 += tile) {
+    const int n = min(tile, p_end - p0);
+    load_tile(kbase, pos_stride, p0, n, hd, kt);
+    load_tile(vbase, pos_stride, p0, n, hd, vt);
+    __syncthreads();
+    for (int e = static_cast<int>(threadIdx.x); e < G * tile; e += blockDim.x) {
+      const int g = e / tile, t = e - g * tile;
+      float s = -INFINITY;
+      if (t < n) {
+        const float* qv = q + g * hd;
+        const float* kv = kt + t * stride;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        int i = 0;
+        for (; i + 4 <= hd; i += 4) {
+          a0 = fmaf(qv[i], kv[i], a0);
+          a1 = fmaf(qv[i + 1], kv[i + 1], a1);
+          a2 = fmaf(qv[i + 2], kv[i + 2], a2);
+          a3 = fmaf(qv[i + 3], kv[i + 3], a3);
+        }
+        for (; i < hd; ++i) a0 = fmaf(qv[i], kv[i], a0);
+        s = ((a0 + a1) + (a2 + a3)) * scale;
+      }
+      pr[e] = s;
     }
-    const float s = warp_sum(dot) * scale;
-    const float m_new = fmaxf(m, s);
-    const float corr = expf(m - m_new);  // 0 on the first position (m = -inf)
-    const float e = expf(s - m_new);
-    l = l * corr + e;
-    const float* vp = vbase + static_cast<size_t>(p) * pos_stride;
-#pragma unroll
-    for (int t = 0; t < kMaxPerLane; ++t) {
-      const int i = lane + 32 * t;
-      if (t < n_per_lane && i < hd) acc[t] = acc[t] * corr + e * vp[i];
+    __syncthreads();
+    for (int g = warp; g < G; g += kWarps) {
+      const float s = lane < tile ? pr[g * tile + lane] : -INFINITY;
+      const float m_old = m_s[g];
+      const float m_new = fmaxf(m_old, warp_max(s));  // finite: the tile holds at least one position
+      const float e = lane < n ? expf(s - m_new) : 0.0f;
+      const float sum = warp_sum(e);
+      __syncwarp();
+      if (lane < tile) pr[g * tile + lane] = e;
+      if (lane == 0) {
+        const float corr = expf(m_old - m_new);  // 0 on the first tile (m_old = -inf)
+        corr_s[g] = corr;
+        l_s[g] = l_s[g] * corr + sum;
+        m_s[g] = m_new;
+      }
     }
-    m = m_new;
+    __syncthreads();
+    for (int e = static_cast<int>(threadIdx.x); e < G * hd; e += blockDim.x) {
+      const int g = e / hd, i = e - g * hd;
+      const float* pg = pr + g * tile;
+      float a = acc[e] * corr_s[g];
+      for (int t = 0; t < n; ++t) a = fmaf(pg[t], vt[t * stride + i], a);
+      acc[e] = a;
+    }
+    __syncthreads();
   }
-#pragma unroll
-  for (int t = 0; t < kMaxPerLane; ++t) {
-    const int i = lane + 32 * t;
-    if (t < n_per_lane && i < hd) acc_w[warp][i] = acc[t];
-  }
-  if (lane == 0) {
-    m_w[warp] = m;
-    l_w[warp] = l;
-  }
-  __syncthreads();
-  float m_all = m_w[0];
-  for (int w = 1; w < kWarps; ++w) m_all = fmaxf(m_all, m_w[w]);
-  float f[kWarps];
-  float l_all = 0.0f;
-  for (int w = 0; w < kWarps; ++w) {
-    f[w] = l_w[w] > 0.0f ? expf(m_w[w] - m_all) : 0.0f;  // a warp that saw no position contributes nothing
-    l_all += l_w[w] * f[w];
-  }
+
   if (n_chunks == 1) {
-    const float* gate = qrow + hd;
-    float* orow = out + static_cast<size_t>(b) * d.n_head * hd + static_cast<size_t>(h) * hd;
-    for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) {
-      float a = 0.0f;
-      for (int w = 0; w < kWarps; ++w) a += acc_w[w][i] * f[w];
-      orow[i] = (a / l_all) * sigmoid_f(gate[i]);
+    for (int e = static_cast<int>(threadIdx.x); e < G * hd; e += blockDim.x) {
+      const int g = e / hd, i = e - g * hd;
+      const int h = j * G + g;
+      const float gate = qrow0[static_cast<size_t>(g) * 2 * hd + hd + i];
+      out[static_cast<size_t>(b) * d.n_head * hd + static_cast<size_t>(h) * hd + i] =
+          (acc[e] / l_s[g]) * sigmoid_f(gate);
     }
   } else {
-    float* rec = ws + chunk_record(b, h, c, d.n_head, max_chunks, hd);
-    if (threadIdx.x == 0) {
-      rec[0] = m_all;
-      rec[1] = l_all;
-    }
-    for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) {
-      float a = 0.0f;
-      for (int w = 0; w < kWarps; ++w) a += acc_w[w][i] * f[w];
-      rec[2 + i] = a;
+    for (int g = 0; g < G; ++g) {
+      float* rec = ws + chunk_record(b, j * G + g, c, d.n_head, max_chunks, hd);
+      if (threadIdx.x == 0) {
+        rec[0] = m_s[g];  // -inf with sum 0 for an empty chunk: the merge weighs it 0
+        rec[1] = l_s[g];
+      }
+      for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) rec[2 + i] = acc[g * hd + i];
     }
   }
 }
@@ -295,8 +382,27 @@ Status attention_decode_device(const AttnDecodeDims& d, const KvSlotTable& cache
   kv_append_kernel<<<dim3(static_cast<unsigned>(d.n_head_kv), seqs), kThreads, 0, stream>>>(
       d, cache, a.k, a.v, a.k_norm, a.rope_inv_freq, a.slot_ids, a.positions);
   KESTREL_CUDA_TRY(cudaGetLastError());
-  attend_kernel<<<dim3(static_cast<unsigned>(d.n_head), seqs, static_cast<unsigned>(max_chunks)), kThreads, 0,
-                  stream>>>(d, cache, a.qg, a.q_norm, a.rope_inv_freq, a.slot_ids, a.positions, scale, max_chunks,
+  const int group = d.n_head / d.n_head_kv;
+  const int tile = attend_tile_of(group, d.head_dim);
+  const size_t smem = attend_smem_floats(group, d.head_dim, tile) * sizeof(float);
+  static const int smem_optin = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      return 48 * 1024;
+    }
+    if (cudaFuncSetAttribute(attend_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v) != cudaSuccess) {
+      return 48 * 1024;
+    }
+    return v;
+  }();
+  if (smem > static_cast<size_t>(smem_optin)) {
+    return bad("a group of " + std::to_string(group) + " query heads of " + std::to_string(d.head_dim) +
+               " dims needs " + std::to_string(smem) + " bytes of shared memory per block (the device gives " +
+               std::to_string(smem_optin) + ")");
+  }
+  attend_kernel<<<dim3(static_cast<unsigned>(d.n_head_kv), seqs, static_cast<unsigned>(max_chunks)), kThreads, smem,
+                  stream>>>(d, cache, a.qg, a.q_norm, a.rope_inv_freq, a.slot_ids, a.positions, scale, max_chunks, tile,
                             a.workspace, a.out);
   KESTREL_CUDA_TRY(cudaGetLastError());
   if (max_chunks > 1) {

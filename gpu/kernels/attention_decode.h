@@ -13,18 +13,19 @@
 // (uploaded by the caller once per model), so the angles are bit-identical to the reference's; cosf/sinf, expf and
 // the f32 sums differ from the host's by a few ulps.
 //
-// Work split (flash-decoding): a sequence's positions [0, pos] are cut into n = min(pos / chunk + 1, max_chunks)
-// chunks of ceil((pos + 1) / n) positions; one block per (head, sequence, chunk) runs a stable online softmax
-// (running max and sum in f32) over its chunk with 4 warps taking positions in a fixed interleave, merged in warp
-// order. Short chunks keep the per-warp chain of dependent loads short, and enough blocks are in flight for one
-// sequence. A sequence of one chunk is finished by that block; longer ones leave (max, sum, unnormalised
-// accumulator) per chunk in `workspace` and a second kernel merges the chunks in order. The split depends only on
-// the sequence's own position and dims.chunk / max_chunks, never on the other
-// sequences of the batch, so a session's output is bit-identical whether it runs alone or in any batch; there are
-// no atomics, so repeated runs are bit-identical too. Results agree with the reference to ~1e-5 relative.
+// Work split (flash-decoding over GQA groups): a sequence's positions [0, pos] are cut into
+// n = min(pos / chunk + 1, max_chunks) chunks of ceil((pos + 1) / n) positions; one block per (kv head, sequence,
+// chunk) serves all n_head / n_kv query heads of that kv head, so every K and V row is read from memory once per
+// step (not once per query head). The block stages its chunk in tiles of 8-32 positions in shared memory (all 8
+// warps load a tile at once, so many rows are in flight) and runs a stable online softmax per head in f32, the
+// sums in a fixed order. A sequence of one chunk is finished by that block; longer ones leave (max, sum,
+// unnormalised accumulator) per head and chunk in `workspace` and a second kernel merges the chunks in order. The
+// split depends only on the sequence's own position and dims.chunk / max_chunks, never on the other sequences of
+// the batch, so a session's output is bit-identical whether it runs alone or in any batch; there are no atomics,
+// so repeated runs are bit-identical too. Results agree with the reference to ~1e-5 relative.
 //
-// Launches: one kernel appends k/v (grid n_kv × n_seq), one attends (grid n_head × n_seq × max chunks, q normed
-// and roped in shared memory by each block), and, when some sequence spans more than one chunk, one merges.
+// Launches: one kernel appends k/v (grid n_kv × n_seq), one attends (grid n_kv × n_seq × max chunks, the group's q
+// normed and roped in shared memory by each block), and, when some sequence spans more than one chunk, one merges.
 // head_dim <= 512. Returns without waiting; argument errors (kInvalidArgument, kOutOfRange for a position outside
 // the cache, duplicate slots, a missing or small workspace) are found from the host copies of slot ids and
 // positions before anything is launched, and leave the caches untouched. Thread-safe (no shared state); the caller
