@@ -16,6 +16,20 @@ namespace {
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
 
+// Element i of the partial NeoX RoPE of a normed head at position pos (pairs (i, i + n_rot/2); dims from n_rot on
+// pass through): q·cos + rotate_half(q)·sin with rotate_half = [−x2, x1], written without FMA so the rounding is the
+// reference's: x_i' = a·c + (−b)·s, x_{i+half}' = b·c + a·s.
+__device__ __forceinline__ float rope_element(const float* normed, const float* __restrict__ inv_freq, int i, int n_rot,
+                                              float pos) {
+  if (i >= n_rot) return normed[i];
+  const int half = n_rot / 2;
+  const int p = i < half ? i : i - half;
+  const float theta = pos * inv_freq[p];
+  const float c = cosf(theta), s = sinf(theta);
+  const float a = normed[p], b = normed[p + half];
+  return i < half ? __fadd_rn(__fmul_rn(a, c), __fmul_rn(-b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
 // dst[i] = RoPE(rms_norm(src) · w)[i] for one head of hd values (ref::rms_norm then ref::rope_neox_partial).
 // normed: shared f32 [hd] scratch; dst may be global or shared, must not alias src or normed. Whole block calls.
 __device__ void norm_rope_head(const float* src, const float* __restrict__ w, const float* __restrict__ inv_freq,
@@ -27,19 +41,8 @@ __device__ void norm_rope_head(const float* src, const float* __restrict__ w, co
   const float scale = 1.0f / sqrtf(mean + eps);
   for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) normed[i] = (src[i] * scale) * w[i];
   __syncthreads();
-  const int half = n_rot / 2;
   for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) {
-    if (i >= n_rot) {
-      dst[i] = normed[i];
-    } else {
-      const int p = i < half ? i : i - half;
-      const float theta = pos * inv_freq[p];
-      const float c = cosf(theta), s = sinf(theta);
-      const float a = normed[p], b = normed[p + half];
-      // q·cos + rotate_half(q)·sin with rotate_half = [−x2, x1], written without FMA so the rounding is the
-      // reference's: x_i' = a·c + (−b)·s, x_{i+half}' = b·c + a·s.
-      dst[i] = i < half ? __fadd_rn(__fmul_rn(a, c), __fmul_rn(-b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-    }
+    dst[i] = rope_element(normed, inv_freq, i, n_rot, pos);
   }
 }
 
@@ -54,17 +57,8 @@ __device__ void norm_rope_head_warp(const float* src, const float* __restrict__ 
   const float scale = 1.0f / sqrtf(ss / static_cast<float>(hd) + eps);
   for (int i = lane; i < hd; i += 32) normed[i] = (src[i] * scale) * w[i];
   __syncwarp();
-  const int half = n_rot / 2;
   for (int i = lane; i < hd; i += 32) {
-    if (i >= n_rot) {
-      dst[i] = normed[i];
-    } else {
-      const int p = i < half ? i : i - half;
-      const float theta = pos * inv_freq[p];
-      const float c = cosf(theta), s = sinf(theta);
-      const float a = normed[p], b = normed[p + half];
-      dst[i] = i < half ? __fadd_rn(__fmul_rn(a, c), __fmul_rn(-b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-    }
+    dst[i] = rope_element(normed, inv_freq, i, n_rot, pos);
   }
   __syncwarp();
 }
