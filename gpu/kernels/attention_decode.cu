@@ -100,7 +100,7 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf
 // within kAttendSmemTarget, so several blocks share an SM and their tile loads overlap one another's compute.
 constexpr size_t kAttendSmemTarget = 64 * 1024;
 
-__host__ __device__ __forceinline__ size_t attend_smem_floats(int group, int hd, int tile) {
+size_t attend_smem_floats(int group, int hd, int tile) {
   const size_t gh = static_cast<size_t>(group) * static_cast<size_t>(hd);
   // q [G][hd], acc [G][hd], K and V tiles [T][hd + 1], probabilities [G][T], running max / sum / correction [G].
   return 2 * gh + 2 * static_cast<size_t>(tile) * static_cast<size_t>(hd + 1) +
@@ -133,12 +133,6 @@ __device__ __forceinline__ void load_tile(const float* __restrict__ base, size_t
       tile[t * stride + i] = base[static_cast<size_t>(p0 + t) * pos_stride + i];
     }
   }
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int m = 16; m >= 1; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
-  return v;
 }
 
 // grid (n_kv, n_seq, max_chunks): the G = n_head / n_kv query heads of kv head blockIdx.x of sequence blockIdx.y over

@@ -1,4 +1,4 @@
-// Deterministic block-wide f32 sum for the small ops (rms_norm, attention_decode).
+// Deterministic warp max, warp and block-wide f32 sums for the small ops (rms_norm, attention_decode).
 //
 // Each warp reduces with an XOR butterfly (every lane ends with the same bits: each step adds the same two values
 // on both lanes of a pair, and f32 addition is commutative), then thread 0's view of the per-warp sums is added in
@@ -12,6 +12,13 @@ namespace kestrel::gpu {
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int m = 16; m >= 1; m >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, m);
+  return v;
+}
+
+// The largest `v` of the warp, on every lane (fmaxf: a NaN lane loses to a number).
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, m));
   return v;
 }
 
