@@ -1,0 +1,55 @@
+// Instruction-set detection and the process-wide choice (isa.h).
+#include "cpu/isa.h"
+
+#include <cstdlib>
+
+namespace kestrel::cpu {
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "unknown";
+}
+
+std::optional<Isa> isa_from_name(std::string_view name) {
+  for (Isa isa : kAllIsas) {
+    if (isa_name(isa) == name) return isa;
+  }
+  return std::nullopt;
+}
+
+bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return true;
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Isa::kAvx512:
+      return isa_supported(Isa::kAvx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+             __builtin_cpu_supports("avx512bf16");
+  }
+  return false;
+}
+
+Isa isa_choose(std::string_view request) {
+  Isa best = Isa::kScalar;
+  for (Isa isa : kAllIsas) {
+    if (isa_supported(isa)) best = isa;
+  }
+  const std::optional<Isa> asked = isa_from_name(request);
+  if (asked && static_cast<int>(*asked) < static_cast<int>(best)) return *asked;
+  return best;
+}
+
+Isa isa_selected() {
+  static const Isa chosen = [] {
+    const char* env = std::getenv("KESTREL_CPU_ISA");
+    return isa_choose(env != nullptr ? std::string_view(env) : std::string_view());
+  }();
+  return chosen;
+}
+
+}  // namespace kestrel::cpu
