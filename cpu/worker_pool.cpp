@@ -1,0 +1,149 @@
+// WorkerPool (worker_pool.h): a job counter, an item counter and a done counter, each a std::atomic.
+#include "cpu/worker_pool.h"
+
+#include <pthread.h>
+#include <sched.h>
+
+#include <fstream>
+#include <set>
+#include <string>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace kestrel::cpu {
+namespace {
+
+constexpr int kSpinIterations = 20000;  // ~50-100 µs of pause instructions before sleeping
+
+void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+// The lowest CPU listed in a sysfs list such as "0,64" or "0-1".
+int first_cpu_of(const std::string& list) { return std::stoi(list); }
+
+}  // namespace
+
+std::vector<int> physical_core_cpus() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  std::vector<int> all;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &allowed)) all.push_back(c);
+    }
+  }
+  std::set<int> firsts;
+  for (int c : all) {
+    std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list");
+    std::string list;
+    if (!(f >> list)) return all;
+    const int first = first_cpu_of(list);
+    // A core whose first sibling is outside the allowed set is represented by its first allowed sibling.
+    firsts.insert(CPU_ISSET(first, &allowed) ? first : c);
+  }
+  return std::vector<int>(firsts.begin(), firsts.end());
+}
+
+Expected<std::unique_ptr<WorkerPool>> WorkerPool::create(int n_threads, bool pin) {
+  if (n_threads < 0) {
+    return make_error(ErrorCode::kInvalidArgument, "worker pool: negative thread count " + std::to_string(n_threads));
+  }
+  std::unique_ptr<WorkerPool> pool(new WorkerPool());
+  const std::vector<int> cpus = pin ? physical_core_cpus() : std::vector<int>();
+  for (int i = 0; i < n_threads; ++i) {
+    pool->threads_.emplace_back([p = pool.get(), i] { p->worker_loop(i); });
+    if (!cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpus[static_cast<size_t>(i + 1) % cpus.size()], &set);  // the first core is the caller's
+      (void)pthread_setaffinity_np(pool->threads_.back().native_handle(), sizeof(set), &set);
+    }
+  }
+  return pool;
+}
+
+WorkerPool::~WorkerPool() {
+  stop_.store(true, std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  generation_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+bool WorkerPool::claim(uint32_t gen, int64_t* item) {
+  uint64_t v = cursor_.load(std::memory_order_acquire);
+  for (;;) {
+    if (static_cast<uint32_t>(v >> 32) != gen) return false;  // a later job: this one has no items left
+    const int64_t i = static_cast<int64_t>(v & 0xFFFFFFFFu);
+    if (i >= n_items_.load(std::memory_order_acquire)) return false;
+    if (cursor_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      *item = i;
+      return true;
+    }
+  }
+}
+
+void WorkerPool::take_items(uint32_t gen) {
+  int64_t item = 0;
+  int64_t done = 0;
+  int64_t n = 0;
+  while (claim(gen, &item)) {
+    // A claimed item keeps job `gen` unfinished, so job_ cannot be replaced while it runs.
+    n = job_.n_items;
+    job_.fn(job_.ctx, item);
+    ++done;
+  }
+  if (done > 0 && items_done_.fetch_add(done, std::memory_order_acq_rel) + done == n) {
+    finished_.store(1, std::memory_order_release);
+    finished_.notify_all();
+  }
+}
+
+void WorkerPool::worker_loop(int) {
+  uint64_t seen = 0;
+  for (;;) {
+    uint64_t g = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; g == seen && spin < kSpinIterations; ++spin) {
+      cpu_relax();
+      g = generation_.load(std::memory_order_acquire);
+    }
+    if (g == seen) {
+      generation_.wait(seen, std::memory_order_acquire);
+      continue;
+    }
+    seen = g;
+    if (stop_.load(std::memory_order_acquire)) return;
+    take_items(static_cast<uint32_t>(g));
+  }
+}
+
+void WorkerPool::submit(const Job& job) {
+  job_ = job;
+  items_done_.store(0, std::memory_order_relaxed);
+  finished_.store(job.n_items > 0 ? 0 : 1, std::memory_order_relaxed);
+  n_items_.store(job.n_items, std::memory_order_relaxed);
+  const uint64_t g = generation_.load(std::memory_order_relaxed) + 1;
+  cursor_.store(g << 32, std::memory_order_release);  // publishes job_ to whoever claims an item
+  generation_.store(g, std::memory_order_release);
+  generation_.notify_all();
+}
+
+void WorkerPool::wait() {
+  for (int spin = 0; spin < kSpinIterations; ++spin) {
+    if (finished_.load(std::memory_order_acquire) != 0) return;
+    cpu_relax();
+  }
+  while (finished_.load(std::memory_order_acquire) == 0) finished_.wait(0, std::memory_order_acquire);
+}
+
+void WorkerPool::run(const Job& job) {
+  submit(job);
+  take_items(static_cast<uint32_t>(generation_.load(std::memory_order_relaxed)));
+  wait();
+}
+
+}  // namespace kestrel::cpu

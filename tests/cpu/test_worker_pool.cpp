@@ -1,0 +1,90 @@
+// WorkerPool: every item runs exactly once per job, across many back-to-back jobs (the spin path) and after idle
+// pauses (the sleep path); submit()/wait() from a thread that is not a worker; run() with no workers; a matmul
+// through the pool gives the same bits at 1, 2 and hardware_concurrency threads.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "cpu/gemv.h"
+#include "cpu/matmul.h"
+#include "cpu/tick.h"
+#include "cpu/worker_pool.h"
+
+namespace kestrel::cpu {
+namespace {
+
+TEST(WorkerPool, EveryItemOncePerJob) {
+  auto pool = WorkerPool::create(3, /*pin=*/true);
+  ASSERT_TRUE(pool.has_value());
+  std::vector<std::atomic<int>> hits(1000);
+  for (int job = 0; job < 200; ++job) {
+    const int64_t n = 1 + (job * 37) % 1000;
+    auto body = [&](int64_t i) { hits[static_cast<size_t>(i)].fetch_add(1, std::memory_order_relaxed); };
+    (*pool)->for_each(n, body);
+    for (int64_t i = 0; i < 1000; ++i) {
+      ASSERT_EQ(hits[static_cast<size_t>(i)].exchange(0), i < n ? 1 : 0) << "job " << job << " item " << i;
+    }
+    if (job % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // workers go to sleep
+  }
+}
+
+TEST(WorkerPool, SubmitAndWaitFromAnotherThread) {
+  auto pool = WorkerPool::create(2, /*pin=*/false);
+  ASSERT_TRUE(pool.has_value());
+  std::atomic<int64_t> sum{0};
+  struct Ctx {
+    std::atomic<int64_t>* sum;
+  } ctx{&sum};
+  Job job;
+  job.fn = [](void* c, int64_t i) { static_cast<Ctx*>(c)->sum->fetch_add(i + 1); };
+  job.ctx = &ctx;
+  job.n_items = 100;
+  std::thread caller([&] {
+    for (int k = 0; k < 10; ++k) {
+      (*pool)->submit(job);
+      (*pool)->wait();
+    }
+  });
+  caller.join();
+  EXPECT_EQ(sum.load(), 10 * 5050);
+}
+
+TEST(WorkerPool, NoWorkersRunsOnTheCaller) {
+  auto pool = WorkerPool::create(0, /*pin=*/false);
+  ASSERT_TRUE(pool.has_value());
+  int count = 0;
+  auto body = [&](int64_t) { ++count; };
+  (*pool)->for_each(17, body);
+  EXPECT_EQ(count, 17);
+  EXPECT_EQ(WorkerPool::create(-1, false).error().code, ErrorCode::kInvalidArgument);
+  EXPECT_FALSE(physical_core_cpus().empty());
+}
+
+TEST(WorkerPool, MatmulBitsDoNotDependOnThreadCount) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  const int64_t n_in = 300, n_out = 1031, n_vec = 5;
+  std::vector<float> w(static_cast<size_t>(n_in * n_out)), x(static_cast<size_t>(n_in * n_vec));
+  for (float& v : w) v = dist(rng);
+  for (float& v : x) v = dist(rng);
+  const ref::QuantMatrix m = ref::f32_matrix(w.data(), static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out));
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<float> first;
+  for (int threads : {1, 2, hw}) {
+    auto pool = WorkerPool::create(threads - 1, /*pin=*/true);
+    ASSERT_TRUE(pool.has_value());
+    MatmulRunner mm(**pool, isa_selected());
+    std::vector<float> y(static_cast<size_t>(n_out * n_vec));
+    const GemvTask t[1] = {task_of(m, x.data(), n_vec, y.data())};
+    mm.run(t);
+    if (first.empty()) first = y;
+    EXPECT_EQ(y, first) << threads << " threads";
+  }
+}
+
+}  // namespace
+}  // namespace kestrel::cpu
