@@ -1,0 +1,354 @@
+// The CPU Engine (cpu_engine.h): slots of ref::SessionState, passes of stacked token rows through the blocks.
+#include "cpu/cpu_engine.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/quant/quant.h"
+#include "core/reference/forward.h"
+#include "core/reference/model_weights.h"
+#include "core/reference/norm.h"
+#include "core/sampler/logit_scan.h"
+#include "cpu/attention_block.h"
+#include "cpu/ffn_block.h"
+#include "cpu/gdn_block.h"
+#include "cpu/isa.h"
+#include "cpu/matmul.h"
+#include "cpu/worker_pool.h"
+
+namespace kestrel::cpu {
+namespace {
+
+constexpr int kPassTokensPerItem = 32;  // tokens of one item per pass (prompts longer than this take several)
+constexpr int kMaxExpertsUsed = 64;     // FfnBlock sorts a row's choices on the stack
+
+size_t sz(int64_t v) { return static_cast<size_t>(v); }
+
+Status check_kernel(const ref::QuantMatrix& w, const std::string& what) {
+  if (w.data == nullptr) return ok_status();  // an unused role (the ref checks say which roles are required)
+  if (!gemv_supports(w.type)) {
+    return make_error(ErrorCode::kUnsupported,
+                      "cpu engine: no CPU kernel for " + what + " of type " + std::string(ggml_type_name(w.type)));
+  }
+  return ok_status();
+}
+
+Status check_kernels(const ref::RefModelWeights& w) {
+  KESTREL_TRY(check_kernel(w.output, "output"));
+  if (!quant_can_dequantize(w.token_embd.type)) {
+    return make_error(ErrorCode::kUnsupported,
+                      "cpu engine: cannot read token_embd of type " + std::string(ggml_type_name(w.token_embd.type)));
+  }
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const ref::RefLayerWeights& lw = w.layers[l];
+    const std::string at = "layer " + std::to_string(l) + " ";
+    if (lw.kind == LayerKind::kGatedDeltaNet) {
+      for (const ref::QuantMatrix* m :
+           {&lw.gdn.qkv, &lw.gdn.gate, &lw.gdn.beta, &lw.gdn.alpha, &lw.gdn.ba, &lw.gdn.ssm_in, &lw.gdn.ssm_out}) {
+        KESTREL_TRY(check_kernel(*m, at + "gdn projection"));
+      }
+    } else {
+      for (const ref::QuantMatrix* m : {&lw.attn.q, &lw.attn.k, &lw.attn.v, &lw.attn.o}) {
+        KESTREL_TRY(check_kernel(*m, at + "attention projection"));
+      }
+    }
+    if (lw.is_moe) {
+      const ref::MoeWeights& m = lw.moe;
+      if (m.n_expert_used > kMaxExpertsUsed) {
+        return make_error(ErrorCode::kUnsupported, "cpu engine: " + std::to_string(m.n_expert_used) +
+                                                       " experts per token (at most " +
+                                                       std::to_string(kMaxExpertsUsed) + ")");
+      }
+      for (const ref::QuantMatrix* q : {&m.router, &m.shared_gate_inp, &m.gate_shexp, &m.up_shexp, &m.down_shexp}) {
+        KESTREL_TRY(check_kernel(*q, at + "moe"));
+      }
+      for (const ref::QuantExperts* e : {&m.gate_exps, &m.up_exps, &m.down_exps}) {
+        KESTREL_TRY(check_kernel(ref::QuantMatrix{e->type, e->data, e->n_in, e->n_out}, at + "experts"));
+      }
+    } else {
+      for (const ref::QuantMatrix* q : {&lw.dense.gate, &lw.dense.up, &lw.dense.down}) {
+        KESTREL_TRY(check_kernel(*q, at + "ffn"));
+      }
+    }
+  }
+  return ok_status();
+}
+
+class CpuEngineImpl final : public CpuEngine {
+ public:
+  CpuEngineImpl(const Model& model, ref::RefModelWeights weights, const CpuEngineOptions& o,
+                std::unique_ptr<WorkerPool> pool, Isa isa)
+      : model_(model),
+        weights_(std::move(weights)),
+        slots_(sz(o.max_slots)),
+        pool_(std::move(pool)),
+        mm_(*pool_, isa),
+        max_ctx_(o.max_ctx > 0 ? o.max_ctx : static_cast<int32_t>(model.hparams().n_ctx_train)) {
+    placement_ = placement_all_on(model_.catalog(), "cpu");
+    in_tick_.assign(slots_.size(), false);
+  }
+
+  std::string name() const override { return "cpu"; }
+  std::string summary() const override {
+    return std::string(isa_name(mm_.isa())) + ", " + std::to_string(pool_->n_threads() + 1) + " threads";
+  }
+  const ModelHparams& hparams() const override { return model_.hparams(); }
+  const PlacementPlan& placement() const override { return placement_; }
+  EngineCapabilities capabilities() const override {
+    EngineCapabilities c;
+    c.max_items_per_pass = static_cast<int32_t>(slots_.size());
+    c.max_tokens_per_item = 2 * kPassTokensPerItem;
+    c.max_slot_ctx = max_ctx_;
+    return c;
+  }
+  int32_t max_slots() const override { return static_cast<int32_t>(slots_.size()); }
+
+  Expected<SlotId> slot_alloc(int32_t n_ctx) override {
+    if (n_ctx < 1 || (max_ctx_ > 0 && n_ctx > max_ctx_)) {
+      return make_error(ErrorCode::kOutOfRange, "n_ctx " + std::to_string(n_ctx) + " is outside [1, " +
+                                                    std::to_string(max_ctx_) + "] (the CPU engine's context)");
+    }
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (slots_[i]) continue;
+      KESTREL_TRY_ASSIGN(ref::SessionState state, ref::SessionState::create(model_.hparams(), n_ctx));
+      slots_[i].emplace(std::move(state));
+      return static_cast<SlotId>(i);
+    }
+    return make_error(ErrorCode::kResourceExhausted,
+                      "all " + std::to_string(slots_.size()) + " CPU engine slots are in use");
+  }
+
+  void slot_free(SlotId slot) override {
+    if (valid(slot)) slots_[sz(slot)].reset();
+  }
+  void slot_reset(SlotId slot) override {
+    if (valid(slot)) slots_[sz(slot)]->reset();
+  }
+
+  Status slot_clone(SlotId src, SlotId dst) override {
+    if (!valid(src) || !valid(dst)) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "slot_clone: slot " + std::to_string(valid(src) ? dst : src) + " is not allocated");
+    }
+    if (src == dst) return ok_status();
+    const ref::SessionState& s = *slots_[sz(src)];
+    const int dst_ctx = slots_[sz(dst)]->n_ctx();
+    if (s.n_past() > dst_ctx) {
+      return make_error(ErrorCode::kOutOfRange, "slot_clone: source holds " + std::to_string(s.n_past()) +
+                                                    " tokens, the destination only " + std::to_string(dst_ctx));
+    }
+    if (s.n_ctx() == dst_ctx) {
+      slots_[sz(dst)] = s;  // a plain value: the copy is a fork
+      return ok_status();
+    }
+    // Different capacities: the KV caches are sized by n_ctx, so copy their filled rows into a fresh state.
+    KESTREL_TRY_ASSIGN(ref::SessionState fresh, ref::SessionState::create(model_.hparams(), dst_ctx));
+    const std::vector<LayerKind>& kinds = model_.hparams().layer_kinds;
+    for (uint32_t l = 0; l < kinds.size(); ++l) {
+      if (kinds[l] == LayerKind::kGatedDeltaNet) {
+        fresh.gdn(l) = s.gdn(l);
+        continue;
+      }
+      const ref::KvCache& from = s.kv(l);
+      ref::KvCache& to = fresh.kv(l);
+      const size_t n = sz(from.n_used) * sz(from.n_head_kv) * sz(from.head_dim);  // f32 [n_used, n_kv, hd]
+      std::copy_n(from.k.begin(), n, to.k.begin());
+      std::copy_n(from.v.begin(), n, to.v.begin());
+      to.n_used = from.n_used;
+    }
+    fresh.append_tokens(s.tokens());
+    slots_[sz(dst)].emplace(std::move(fresh));
+    return ok_status();
+  }
+
+  Expected<std::vector<uint8_t>> slot_snapshot(SlotId slot) const override {
+    if (!valid(slot)) return not_allocated(slot);
+    return slots_[sz(slot)]->snapshot();
+  }
+  Status slot_restore(SlotId slot, std::span<const uint8_t> bytes) override {
+    if (!valid(slot)) return not_allocated(slot);
+    return slots_[sz(slot)]->restore(bytes);
+  }
+  int64_t slot_n_past(SlotId slot) const override { return valid(slot) ? slots_[sz(slot)]->n_past() : 0; }
+  int32_t slot_n_ctx(SlotId slot) const override { return valid(slot) ? slots_[sz(slot)]->n_ctx() : 0; }
+  std::span<const int32_t> slot_tokens(SlotId slot) const override {
+    if (!valid(slot)) return {};
+    return slots_[sz(slot)]->tokens();
+  }
+
+  Status check(const EngineStepItem& item) const override {
+    if (!valid(item.slot)) return not_allocated(item.slot);
+    return ref::check_tokens(weights_, *slots_[sz(item.slot)], item.tokens);
+  }
+
+  void step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) override;
+
+ private:
+  bool valid(SlotId slot) const { return slot >= 0 && sz(slot) < slots_.size() && slots_[sz(slot)].has_value(); }
+  static Error not_allocated(SlotId slot) {
+    return Error{ErrorCode::kInvalidArgument, "slot " + std::to_string(slot) + " is not allocated"};
+  }
+
+  // Runs the rows of `segments` (tokens in tokens_, f32 hidden rows in h_) through every layer.
+  void run_layers(const Pass& pass);
+
+  const Model& model_;
+  ref::RefModelWeights weights_;
+  std::vector<std::optional<ref::SessionState>> slots_;
+  std::unique_ptr<WorkerPool> pool_;
+  MatmulRunner mm_;
+  int32_t max_ctx_;
+  PlacementPlan placement_;
+
+  GdnBlock gdn_;
+  AttentionBlock attn_;
+  FfnBlock ffn_;
+  // Per-step scratch, grown to the largest step seen.
+  std::vector<bool> in_tick_;          // [max_slots]: the slot already has an item this tick
+  std::vector<size_t> live_, offset_;  // indices of the items that run; tokens consumed of each
+  std::vector<Segment> segments_;      // this pass's sessions
+  std::vector<size_t> segment_item_;   // the item of each segment
+  std::vector<int32_t> tokens_;        // int32 [R]: this pass's tokens
+  std::vector<float> h_, x_, y_;       // f32 [R, H]: residual stream, normed input, sub-layer output
+  std::vector<float> last_, logits_;   // f32 [n_done, H], f32 [n_done, n_vocab]
+  std::vector<size_t> done_;           // the segments whose item ends in this pass
+};
+
+void CpuEngineImpl::run_layers(const Pass& pass) {
+  const size_t R = sz(pass.n_rows), H = model_.hparams().n_embd;
+  const float eps = model_.hparams().rms_eps;
+  float* h = h_.data();
+  float* x = grow(x_, R * H);
+  float* y = grow(y_, R * H);
+  auto norm_rows = [&](const float* w) {
+    for (size_t r = 0; r < R; ++r) ref::rms_norm(h + r * H, w, static_cast<int>(H), eps, x + r * H);
+  };
+  auto add_rows = [&] {
+    for (size_t i = 0; i < R * H; ++i) h[i] += y[i];
+  };
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    const ref::RefLayerWeights& lw = weights_.layers[l];
+    const uint32_t li = static_cast<uint32_t>(l);
+    norm_rows(lw.attn_norm);
+    if (lw.kind == LayerKind::kGatedDeltaNet) {
+      gdn_.run(pass, lw.gdn, li, x, y);
+    } else {
+      attn_.run(pass, lw.attn, li, x, y);
+    }
+    add_rows();
+    norm_rows(lw.post_attention_norm);
+    if (lw.is_moe) {
+      ffn_.run_moe(pass, lw.moe, x, y);
+    } else {
+      ffn_.run_dense(pass, lw.dense, x, y);
+    }
+    add_rows();
+  }
+}
+
+void CpuEngineImpl::step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) {
+  const size_t n_items = std::min(items.size(), out.size());
+  const size_t H = model_.hparams().n_embd, V = model_.hparams().n_vocab;
+  const float eps = model_.hparams().rms_eps;
+  live_.clear();
+  std::fill(in_tick_.begin(), in_tick_.end(), false);
+  for (size_t i = 0; i < n_items; ++i) {
+    EngineStepOutput& o = out[i];
+    o.status = check(items[i]);
+    if (o.status && in_tick_[sz(items[i].slot)]) {
+      o.status = make_error(ErrorCode::kInvalidArgument,
+                            "slot " + std::to_string(items[i].slot) + " has two items in one tick");
+    }
+    if (o.status && !(items[i].argmax_only && o.logits.empty()) && o.logits.size() != V) {
+      o.status =
+          make_error(ErrorCode::kInternal, "step: the caller's logits buffer holds " + std::to_string(o.logits.size()) +
+                                               " floats, not n_vocab = " + std::to_string(V));
+    }
+    if (!o.status) continue;
+    in_tick_[sz(items[i].slot)] = true;
+    live_.push_back(i);
+  }
+  offset_.assign(n_items, 0);
+
+  for (;;) {
+    // One pass: up to kPassTokensPerItem next tokens of every item that has tokens left.
+    segments_.clear();
+    segment_item_.clear();
+    tokens_.clear();
+    for (size_t i : live_) {
+      const size_t left = items[i].tokens.size() - offset_[i];
+      if (left == 0) continue;
+      const int n = static_cast<int>(std::min<size_t>(left, kPassTokensPerItem));
+      ref::SessionState* st = &*slots_[sz(items[i].slot)];
+      segments_.push_back(Segment{st, static_cast<int>(tokens_.size()), n, st->n_past()});
+      segment_item_.push_back(i);
+      tokens_.insert(tokens_.end(), items[i].tokens.begin() + static_cast<std::ptrdiff_t>(offset_[i]),
+                     items[i].tokens.begin() + static_cast<std::ptrdiff_t>(offset_[i]) + n);
+    }
+    if (segments_.empty()) break;
+    const size_t R = tokens_.size();
+    Pass pass;
+    pass.mm = &mm_;
+    pass.segments = segments_;
+    pass.n_rows = static_cast<int>(R);
+
+    // Embedding rows (token_embd dequantized, as the reference does).
+    float* h = grow(h_, R * H);
+    const uint64_t embd_row = *ggml_row_bytes(weights_.token_embd.type, weights_.token_embd.n_in);
+    for (size_t r = 0; r < R; ++r) {
+      (void)dequantize_row(weights_.token_embd.type, weights_.token_embd.data + sz(tokens_[r]) * embd_row, h + r * H,
+                           static_cast<int64_t>(H));
+    }
+    run_layers(pass);
+
+    // Items whose last token is in this pass: output norm and lm_head over their last rows.
+    done_.clear();
+    for (size_t s = 0; s < segments_.size(); ++s) {
+      const size_t i = segment_item_[s];
+      offset_[i] += sz(segments_[s].n_tok);
+      segments_[s].state->append_tokens(
+          std::span<const int32_t>(tokens_).subspan(sz(segments_[s].row0), sz(segments_[s].n_tok)));
+      if (offset_[i] == items[i].tokens.size()) done_.push_back(s);
+    }
+    if (done_.empty()) continue;
+    float* last = grow(last_, done_.size() * H);
+    for (size_t j = 0; j < done_.size(); ++j) {
+      const Segment& s = segments_[done_[j]];
+      ref::rms_norm(h + sz(s.row0 + s.n_tok - 1) * H, weights_.output_norm, static_cast<int>(H), eps, last + j * H);
+    }
+    float* logits = grow(logits_, done_.size() * V);
+    const GemvTask t[1] = {task_of(weights_.output, last, static_cast<int64_t>(done_.size()), logits)};
+    mm_.run(t);
+    for (size_t j = 0; j < done_.size(); ++j) {
+      const size_t i = segment_item_[done_[j]];
+      const std::span<const float> row(logits + j * V, V);
+      if (items[i].argmax_only) out[i].argmax = argmax_lowest(row);
+      if (!out[i].logits.empty()) std::copy(row.begin(), row.end(), out[i].logits.begin());
+    }
+  }
+}
+
+}  // namespace
+
+Expected<std::unique_ptr<CpuEngine>> make_cpu_engine(const Model& model, const CpuEngineOptions& options) {
+  if (options.max_slots < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "the CPU engine needs at least one slot (got max_slots = " +
+                                                       std::to_string(options.max_slots) + ")");
+  }
+  if (options.threads < 0) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the CPU engine's thread count must be >= 0 (got " + std::to_string(options.threads) + ")");
+  }
+  KESTREL_TRY_ASSIGN(ref::RefModelWeights weights, ref::RefModelWeights::from_catalog(model.catalog()));
+  KESTREL_TRY(check_kernels(weights));
+  const int threads = options.threads > 0 ? options.threads : static_cast<int>(physical_core_cpus().size());
+  // The caller's thread computes too (WorkerPool::run), so the pool holds one thread fewer.
+  KESTREL_TRY_ASSIGN(std::unique_ptr<WorkerPool> pool, WorkerPool::create(std::max(threads, 1) - 1, options.pin));
+  return std::unique_ptr<CpuEngine>(
+      std::make_unique<CpuEngineImpl>(model, std::move(weights), options, std::move(pool), isa_selected()));
+}
+
+}  // namespace kestrel::cpu

@@ -1,0 +1,46 @@
+// The CPU Engine (engine.h) — the public header of kestrel_cpu, free of intrinsic types.
+//
+// The whole model runs from the GGUF mapping the Model holds (weights are read in their raw blocks, never copied
+// or widened) on a WorkerPool of pinned threads with the GEMV kernels of the instruction-set level chosen at start
+// (isa.h; KESTREL_CPU_ISA lowers it). Slots are ref::SessionState in host memory, so snapshots are the reference
+// engine's format byte for byte and clone/restore behave as there.
+//
+// step() advances every item in passes: each pass takes up to kPassTokensPerItem tokens of every item still
+// holding tokens, stacks them into one batch, and runs embedding → layers → (for items whose last token is in the
+// pass) output norm, lm_head, argmax over it — every weight matrix read once per pass for all sessions. GDN layers
+// run the recurrent form token by token as the reference engine does, and each matrix row is computed by one
+// thread in a fixed order, so a session's logits are bit-identical whatever the batch, the cut of its prompt into
+// ticks and passes, and the thread count. They differ from the reference engine's by summation order only.
+//
+// Ownership: borrows `model` for the engine's lifetime. Threading: engine.h (calls never overlap); the engine's
+// own workers run inside step().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/base/expected.h"
+#include "core/engine/engine.h"
+#include "core/model/model.h"
+
+namespace kestrel::cpu {
+
+struct CpuEngineOptions {
+  int32_t max_slots = 8;
+  int32_t threads = 0;  // compute threads including the caller's; 0: one per physical core
+  bool pin = true;      // bind worker threads to cores
+  int32_t max_ctx = 0;  // the largest n_ctx slot_alloc accepts (0: the model's training context)
+};
+
+class CpuEngine : public Engine {
+ public:
+  // The instruction-set level and thread count the engine computes with ("avx2, 2 threads").
+  virtual std::string summary() const = 0;
+};
+
+// kInvalidArgument for max_slots < 1 or threads < 0, or weights that do not fit the reference's shapes;
+// kUnsupported for a weight type without a CPU kernel (gemv.h lists them), naming the tensor.
+Expected<std::unique_ptr<CpuEngine>> make_cpu_engine(const Model& model, const CpuEngineOptions& options);
+
+}  // namespace kestrel::cpu

@@ -1,0 +1,134 @@
+// FfnBlock (ffn_block.h): batched router, rows packed by expert, expert products as two pool jobs.
+#include "cpu/ffn_block.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/reference/activations.h"
+
+namespace kestrel::cpu {
+namespace {
+
+size_t sz(int64_t v) { return static_cast<size_t>(v); }
+
+// The view of expert e's matrix inside a 3-D expert tensor (ref::expert_matrix without the error path: e < E).
+ref::QuantMatrix expert(const ref::QuantExperts& w, size_t e) {
+  const uint64_t row_bytes = *ggml_row_bytes(w.type, w.n_in);
+  return ref::QuantMatrix{w.type, w.data + e * w.n_out * row_bytes, w.n_in, w.n_out};
+}
+
+// g[i] ← silu(g[i]) · u[i] (ref::swiglu_forward's activation).
+void swiglu(float* g, const float* u, size_t n) {
+  for (size_t i = 0; i < n; ++i) g[i] = ref::silu(g[i]) * u[i];
+}
+
+}  // namespace
+
+void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* x, float* out) {
+  const size_t R = sz(pass.n_rows), H = sz(static_cast<int64_t>(w.router.n_in));
+  const size_t E = sz(static_cast<int64_t>(w.router.n_out)), k = sz(w.n_expert_used);
+  const size_t I = sz(static_cast<int64_t>(w.gate_exps.n_out));
+  const bool shared = w.has_shared_expert();
+  const size_t Is = shared ? sz(static_cast<int64_t>(w.gate_shexp.n_out)) : 0;
+  const int n = pass.n_rows;
+
+  float* logits = grow(logits_, R * E);
+  float* sgate = grow(sgate_, R);
+  tasks_.clear();
+  tasks_.push_back(task_of(w.router, x, n, logits));
+  if (shared) tasks_.push_back(task_of(w.shared_gate_inp, x, n, sgate));
+  pass.mm->run(tasks_);
+
+  if (ids_.size() < R * k) ids_.resize(R * k);
+  if (slot_.size() < R * k) slot_.resize(R * k);
+  if (packed_.size() < R * k) packed_.resize(R * k);
+  float* wts = grow(wts_, R * k);
+  for (size_t r = 0; r < R; ++r) {
+    ref::moe_route(logits + r * E, static_cast<int>(E), static_cast<int>(k), ids_.data() + r * k, wts + r * k);
+  }
+
+  // Pack the rows by expert (ascending), rows of one expert in batch order.
+  start_.assign(E + 1, 0);
+  fill_.assign(E, 0);
+  for (size_t i = 0; i < R * k; ++i) ++start_[sz(ids_[i]) + 1];
+  for (size_t e = 0; e < E; ++e) start_[e + 1] += start_[e];
+  for (size_t r = 0; r < R; ++r) {
+    for (size_t j = 0; j < k; ++j) {
+      const size_t e = sz(ids_[r * k + j]);
+      const int32_t p = start_[e] + fill_[e]++;
+      packed_[sz(p)] = static_cast<int32_t>(r);
+      slot_[r * k + j] = p;
+    }
+  }
+  const size_t P = R * k;
+  float* xe = grow(xe_, P * H);
+  float* ge = grow(ge_, P * I);
+  float* ue = grow(ue_, P * I);
+  float* ye = grow(ye_, P * H);
+  for (size_t p = 0; p < P; ++p) std::memcpy(xe + p * H, x + sz(packed_[p]) * H, H * sizeof(float));
+
+  // Gate and up of every used expert and of the shared expert: one job.
+  float* sg = grow(sg_, R * Is);
+  float* su = grow(su_, R * Is);
+  float* sy = grow(sy_, R * H);
+  tasks_.clear();
+  for (size_t e = 0; e < E; ++e) {
+    const int64_t rows = start_[e + 1] - start_[e];
+    if (rows == 0) continue;
+    const size_t p0 = sz(start_[e]);
+    tasks_.push_back(task_of(expert(w.gate_exps, e), xe + p0 * H, rows, ge + p0 * I));
+    tasks_.push_back(task_of(expert(w.up_exps, e), xe + p0 * H, rows, ue + p0 * I));
+  }
+  if (shared) {
+    tasks_.push_back(task_of(w.gate_shexp, x, n, sg));
+    tasks_.push_back(task_of(w.up_shexp, x, n, su));
+  }
+  pass.mm->run(tasks_);
+  swiglu(ge, ue, P * I);
+  if (shared) swiglu(sg, su, R * Is);
+
+  tasks_.clear();
+  for (size_t e = 0; e < E; ++e) {
+    const int64_t rows = start_[e + 1] - start_[e];
+    if (rows == 0) continue;
+    const size_t p0 = sz(start_[e]);
+    tasks_.push_back(task_of(expert(w.down_exps, e), ge + p0 * I, rows, ye + p0 * H));
+  }
+  if (shared) tasks_.push_back(task_of(w.down_shexp, sg, n, sy));
+  pass.mm->run(tasks_);
+
+  // Per row: experts in ascending id (the reference's order), then the gated shared expert.
+  for (size_t r = 0; r < R; ++r) {
+    float* y = out + r * H;
+    std::fill(y, y + H, 0.0f);
+    size_t order[64];  // the row's k choices sorted by expert id (k <= 64 is checked when the engine is made)
+    for (size_t j = 0; j < k; ++j) order[j] = j;
+    std::sort(order, order + k, [&](size_t a, size_t b) { return ids_[r * k + a] < ids_[r * k + b]; });
+    for (size_t jj = 0; jj < k; ++jj) {
+      const size_t j = order[jj];
+      const float* src = ye + sz(slot_[r * k + j]) * H;
+      const float wt = wts[r * k + j];
+      for (size_t i = 0; i < H; ++i) y[i] += src[i] * wt;
+    }
+    if (shared) {
+      const float s = ref::sigmoid(sgate[r]);
+      for (size_t i = 0; i < H; ++i) y[i] += s * sy[r * H + i];
+    }
+  }
+}
+
+void FfnBlock::run_dense(const Pass& pass, const ref::DenseFfnWeights& w, const float* x, float* out) {
+  const size_t R = sz(pass.n_rows), I = sz(static_cast<int64_t>(w.gate.n_out));
+  float* g = grow(ge_, R * I);
+  float* u = grow(ue_, R * I);
+  tasks_.clear();
+  tasks_.push_back(task_of(w.gate, x, pass.n_rows, g));
+  tasks_.push_back(task_of(w.up, x, pass.n_rows, u));
+  pass.mm->run(tasks_);
+  swiglu(g, u, R * I);
+  tasks_.clear();
+  tasks_.push_back(task_of(w.down, g, pass.n_rows, out));
+  pass.mm->run(tasks_);
+}
+
+}  // namespace kestrel::cpu

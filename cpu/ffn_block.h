@@ -1,0 +1,40 @@
+// The feed-forward half of a layer for one pass: the MoE FFN with its gated shared expert (model-spec.md §5.1;
+// ref::moe_forward) or the dense SwiGLU FFN (§5.2; ref::dense_ffn_forward).
+//
+// MoE: the router over every row, ref::moe_route per row (softmax over all experts, top-k, lower index first on
+// ties, renormalised), then each selected expert once over the rows that chose it: the gate and up products of all
+// experts (and of the shared expert) in one pool job, SwiGLU, the down products in another. Each row sums its
+// experts in ascending expert id, then adds sigmoid(shared gate) · shared expert, as the reference does, so a row's
+// result does not depend on which other rows share the pass.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/reference/ffn.h"
+#include "core/reference/moe.h"
+#include "cpu/tick.h"
+
+namespace kestrel::cpu {
+
+class FfnBlock {
+ public:
+  // x: f32 [n_rows, H] normed input; out: f32 [n_rows, H] (may not alias x). Weights must have passed the
+  // reference's checks (ref::moe_check_weights, ref::swiglu_check).
+  void run_moe(const Pass& pass, const ref::MoeWeights& w, const float* x, float* out);
+  void run_dense(const Pass& pass, const ref::DenseFfnWeights& w, const float* x, float* out);
+
+ private:
+  std::vector<float> logits_;                // f32 [R, E] router logits
+  std::vector<int32_t> ids_;                 // int32 [R, k] selected experts
+  std::vector<float> wts_;                   // f32 [R, k] their weights
+  std::vector<int32_t> start_;               // int32 [E + 1]: first packed row of each expert
+  std::vector<int32_t> fill_;                // int32 [E]: packed rows placed so far
+  std::vector<int32_t> packed_;              // int32 [R·k]: the batch row of each packed row
+  std::vector<int32_t> slot_;                // int32 [R, k]: the packed row of each (row, choice)
+  std::vector<float> xe_, ge_, ue_, ye_;     // packed rows: f32 [R·k, H], [R·k, I] ×2, [R·k, H]
+  std::vector<float> sg_, su_, sy_, sgate_;  // shared expert: f32 [R, I_s] ×2, [R, H], [R]
+  std::vector<GemvTask> tasks_;
+};
+
+}  // namespace kestrel::cpu

@@ -1,0 +1,97 @@
+// GdnBlock (gdn_block.h): batched projections, then per-session recurrent GDN with the reference's per-token ops.
+#include "cpu/gdn_block.h"
+
+#include <algorithm>
+
+#include "core/reference/delta_rule.h"
+#include "core/reference/gdn_conv.h"
+#include "core/reference/gdn_layout.h"
+#include "core/reference/gdn_prepare.h"
+#include "core/reference/norm.h"
+
+namespace kestrel::cpu {
+namespace {
+
+size_t sz(int64_t v) { return static_cast<size_t>(v); }
+
+}  // namespace
+
+void GdnBlock::run(const Pass& pass, const ref::GdnWeights& w, uint32_t layer, const float* x, float* out) {
+  const ref::GdnDims& d = w.dims;
+  const size_t R = sz(pass.n_rows), C = sz(d.conv_dim()), Vd = sz(d.value_dim()), Kd = sz(d.key_dim());
+  const size_t Vh = sz(d.n_v_heads), dk = sz(d.d_k), dv = sz(d.d_v);
+  float* mixed = grow(mixed_, R * C);
+  float* z = grow(z_, R * Vd);
+  float* b = grow(b_, R * Vh);
+  float* a = grow(a_, R * Vh);
+
+  // Input projections (ref::gdn_project's layouts), all matrices in one pool job.
+  switch (w.projection) {
+    case ref::GdnProjection::kQkvGateBetaAlpha: {
+      const GemvTask t[4] = {task_of(w.qkv, x, pass.n_rows, mixed), task_of(w.gate, x, pass.n_rows, z),
+                             task_of(w.beta, x, pass.n_rows, b), task_of(w.alpha, x, pass.n_rows, a)};
+      pass.mm->run(t);
+      break;
+    }
+    case ref::GdnProjection::kQkvGateBa: {
+      float* ba = grow(extra_, R * 2 * Vh);  // f32 [R, 2·Vh], per-K-group [b(r), a(r)]
+      const GemvTask t[3] = {task_of(w.qkv, x, pass.n_rows, mixed), task_of(w.gate, x, pass.n_rows, z),
+                             task_of(w.ba, x, pass.n_rows, ba)};
+      pass.mm->run(t);
+      for (size_t r = 0; r < R; ++r) ref::gdn_split_ba(d, ba + r * 2 * Vh, b + r * Vh, a + r * Vh);
+      break;
+    }
+    case ref::GdnProjection::kSsmInBa: {
+      // f32 [R, C + Vd] (HF in_proj_qkvz), then f32 [R, 2·Vh] (ssm_ba) after it in the same buffer.
+      float* qkvz = grow(extra_, R * (C + Vd) + R * 2 * Vh);
+      float* ba = qkvz + R * (C + Vd);
+      const GemvTask t[2] = {task_of(w.ssm_in, x, pass.n_rows, qkvz), task_of(w.ba, x, pass.n_rows, ba)};
+      pass.mm->run(t);
+      for (size_t r = 0; r < R; ++r) {
+        ref::gdn_deinterleave_qkvz(d, qkvz + r * (C + Vd), mixed + r * C, z + r * Vd);
+        ref::gdn_split_ba(d, ba + r * 2 * Vh, b + r * Vh, a + r * Vh);
+      }
+      break;
+    }
+  }
+
+  // Conv step, split / normalise / scale and gates, token by token within each session.
+  float* u = grow(u_, R * C);
+  float* q = grow(q_, R * Kd);
+  float* k = grow(k_, R * Kd);
+  float* v = grow(v_, R * Vd);
+  float* beta = grow(beta_, R * Vh);
+  float* g = grow(g_, R * Vh);
+  auto prepare = [&](int64_t item) {
+    const Segment& s = pass.segments[sz(item)];
+    ref::GdnState& st = s.state->gdn(layer);
+    for (size_t r = sz(s.row0); r < sz(s.row0 + s.n_tok); ++r) {
+      ref::gdn_conv_step(w.conv1d, d.conv_dim(), d.conv_kernel, mixed + r * C, st.conv.data(), u + r * C);
+      ref::gdn_split_qkv(d, u + r * C, q + r * Kd, k + r * Kd, v + r * Vd);
+      ref::gdn_gates(b + r * Vh, a + r * Vh, w.dt_bias, w.ssm_a, d.n_v_heads, beta + r * Vh, g + r * Vh);
+    }
+  };
+  pass.mm->pool().for_each(static_cast<int64_t>(pass.segments.size()), prepare);
+
+  // Delta rule and gated norm per (session, V-head): each item owns one head's state.
+  float* o = grow(o_, R * Vd);
+  float* n = grow(n_, R * Vd);
+  auto heads = [&](int64_t item) {
+    const Segment& s = pass.segments[sz(item) / Vh];
+    const int h = static_cast<int>(sz(item) % Vh);
+    ref::GdnState& st = s.state->gdn(layer);
+    const size_t kh = sz(ref::gdn_k_head(d, h));
+    for (size_t r = sz(s.row0); r < sz(s.row0 + s.n_tok); ++r) {
+      const size_t hv = r * Vd + sz(h) * dv;
+      ref::delta_rule_step(q + r * Kd + kh * dk, k + r * Kd + kh * dk, v + hv, g[r * Vh + sz(h)], beta[r * Vh + sz(h)],
+                           d.d_k, d.d_v, st.head(d, h), o + hv);
+      ref::rms_norm_gated(o + hv, z + hv, w.ssm_norm, d.d_v, d.eps, n + hv);
+    }
+  };
+  pass.mm->pool().for_each(static_cast<int64_t>(pass.segments.size() * Vh), heads);
+
+  const GemvTask t[1] = {task_of(w.ssm_out, n, pass.n_rows, out)};
+  pass.mm->run(t);
+}
+
+}  // namespace kestrel::cpu
