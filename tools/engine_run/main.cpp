@@ -2,6 +2,7 @@
 // CUDA and CMake alone (the lent GPU machine) and for comparing engines on a file:
 //
 //   kestrel-engine-run --model M.gguf --engine cuda --prompt "Hello" -n 32 [--temp 0 --seed 1] [--ctx 4096]
+//   kestrel-engine-run --model M.gguf --engine cpu --threads 16 ...   (KESTREL_CPU_ISA=scalar|avx2 lowers the ISA)
 //
 // Prints the prompt and the generated text as it streams, then prefill and decode tokens/s on stderr. Greedy by
 // default. Exit status 0, 1 on an error (one line naming it), 2 on a bad command line.
@@ -16,6 +17,7 @@
 #include "core/engine/reference_engine.h"
 #include "core/model/model.h"
 #include "core/sampler/sampler.h"
+#include "cpu/cpu_engine.h"
 #ifdef KESTREL_WITH_CUDA
 #include "gpu/engine/cuda_engine.h"
 #endif
@@ -33,8 +35,17 @@ int fail(const std::string& what) {
   return 1;
 }
 
-Expected<std::unique_ptr<Engine>> make(const std::string& name, const Model& m, int ctx) {
+Expected<std::unique_ptr<Engine>> make(const std::string& name, const Model& m, int ctx, int threads) {
   if (name == "reference") return make_reference_engine(m, 1);
+  if (name == "cpu") {
+    cpu::CpuEngineOptions o;
+    o.max_slots = 1;
+    o.threads = threads;
+    o.max_ctx = ctx;
+    KESTREL_TRY_ASSIGN(std::unique_ptr<cpu::CpuEngine> e, cpu::make_cpu_engine(m, o));
+    std::fprintf(stderr, "cpu: %s\n", e->summary().c_str());
+    return std::unique_ptr<Engine>(std::move(e));
+  }
 #ifdef KESTREL_WITH_CUDA
   gpu::CudaEngineOptions o;
   o.max_slots = 1;
@@ -54,12 +65,14 @@ Expected<std::unique_ptr<Engine>> make(const std::string& name, const Model& m, 
 int main(int argc, char** argv) {
   CLI::App app{"One prompt through a Kestrel engine in this process (no daemon)"};
   std::string model_path, engine_name = "cuda", prompt = "Hello";
-  int n_predict = 32, ctx = 4096;
+  int n_predict = 32, ctx = 4096, threads = 0;
   SamplingParams sp;
   sp.temperature = 0.0f;
   uint64_t seed = 1;
   app.add_option("--model", model_path, "GGUF model")->required();
-  app.add_option("--engine", engine_name, "cuda or reference")->check(CLI::IsMember({"cuda", "reference"}));
+  app.add_option("--engine", engine_name, "cuda, cpu or reference")->check(CLI::IsMember({"cuda", "cpu", "reference"}));
+  app.add_option("--threads", threads, "cpu engine: compute threads (0: one per physical core)")
+      ->check(CLI::Range(0, 4096));
   app.add_option("--prompt", prompt, "prompt text (special tokens such as <|im_start|> are parsed)");
   app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::Range(0, 1 << 20));
   app.add_option("--ctx", ctx, "the session's context")->check(CLI::Range(1, 1 << 24));
@@ -71,7 +84,7 @@ int main(int argc, char** argv) {
   auto model = Model::open(model_path);
   if (!model) return fail(model.error().to_string());
   const Model& m = **model;
-  auto engine = make(engine_name, m, ctx);
+  auto engine = make(engine_name, m, ctx, threads);
   if (!engine) return fail(engine.error().to_string());
   Engine& e = **engine;
   auto slot = e.slot_alloc(ctx);
