@@ -1,0 +1,197 @@
+// CPU GEMV bandwidth at the 35B-A3B expert shapes, as a ratio to a plain read of the same bytes, same threads, same
+// run. The weights are one stack of 256 MiB (8× this machine's L3 or more), walked in full per iteration, so every
+// byte comes from DRAM:
+//
+//   BM_Gemv/<type>/<shape>/<batch>/<threads>   y = W x over the whole stack (MatmulRunner on a WorkerPool)
+//   BM_Read/<threads>                          the stack summed as uint64 words by the same pool and row blocks
+//
+// shape 0: ffn_gate/up_exps rows (n_in 2048, 512 rows per expert); shape 1: ffn_down_exps rows (n_in 512).
+// Counters: GB/s (weight bytes per second) and read_ratio (GB/s over BM_Read's at the same thread count, measured
+// once per thread count in the same process). Blocks hold random quants with a fixed, normal scale (no denormals).
+//
+// Build and run (Release, your own build directory):
+//   cmake -S . -B build/<dir> -G Ninja -DCMAKE_BUILD_TYPE=Release -DKESTREL_BENCH=ON -DKESTREL_CUDA=OFF
+//   cmake --build build/<dir> --target bench_cpu_gemv && build/<dir>/bin/bench_cpu_gemv
+// KESTREL_CPU_ISA=scalar|avx2 lowers the instruction set.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "core/gguf/ggml_type.h"
+#include "cpu/gemv.h"
+#include "cpu/isa.h"
+#include "cpu/matmul.h"
+#include "cpu/tick.h"
+#include "cpu/worker_pool.h"
+
+namespace kestrel::cpu {
+namespace {
+
+constexpr uint64_t kStackBytes = 256ull << 20;
+constexpr GgmlType kTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                               GgmlType::kQ6_K, GgmlType::kQ8_0, GgmlType::kBF16};
+constexpr int64_t kShapeNIn[] = {2048, 512};
+
+// Byte offsets of the f16 scales inside one block, and the block's bytes and elements.
+struct BlockShape {
+  uint64_t bytes, elems;
+  std::vector<uint64_t> scale_offsets;
+};
+
+BlockShape block_shape(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ4_0: return {18, 32, {0}};
+    case GgmlType::kQ8_0: return {34, 32, {0}};
+    case GgmlType::kQ4_K: return {144, 256, {0, 2}};
+    case GgmlType::kQ5_K: return {176, 256, {0, 2}};
+    case GgmlType::kQ6_K: return {210, 256, {208}};
+    default: return {2, 1, {}};  // BF16: random upper halves of f32, made normal below
+  }
+}
+
+struct Stack {
+  std::vector<uint8_t> bytes;
+  ref::QuantMatrix view;
+};
+
+// One stack of rows of n_in elements of type t filling kStackBytes.
+const Stack& stack_for(GgmlType t, int64_t n_in) {
+  static std::map<std::pair<int, int64_t>, std::unique_ptr<Stack>> cache;
+  auto& slot = cache[{static_cast<int>(t), n_in}];
+  if (slot) return *slot;
+  slot = std::make_unique<Stack>();
+  const uint64_t row_bytes = *ggml_row_bytes(t, static_cast<uint64_t>(n_in));
+  const uint64_t rows = kStackBytes / row_bytes;
+  slot->bytes.resize(rows * row_bytes);
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i + 8 <= slot->bytes.size(); i += 8) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    std::memcpy(slot->bytes.data() + i, &s, 8);
+  }
+  const BlockShape b = block_shape(t);
+  const uint16_t scale = 0x2C00;  // f16 0.0625
+  for (uint64_t off = 0; off + b.bytes <= slot->bytes.size(); off += b.bytes) {
+    if (t == GgmlType::kBF16) {
+      slot->bytes[off + 1] = static_cast<uint8_t>((slot->bytes[off + 1] & 0x80) | 0x3E);  // |w| in [2^-3, 2^-2)
+      continue;
+    }
+    for (uint64_t so : b.scale_offsets) std::memcpy(slot->bytes.data() + off + so, &scale, 2);
+  }
+  slot->view = ref::QuantMatrix{t, slot->bytes.data(), static_cast<uint64_t>(n_in), rows};
+  return *slot;
+}
+
+WorkerPool& pool_for(int threads) {
+  static std::map<int, std::unique_ptr<WorkerPool>> pools;
+  auto& p = pools[threads];
+  if (!p) p = std::move(*WorkerPool::create(threads - 1, /*pin=*/true));
+  return *p;
+}
+
+// Sums the stack's words over the pool, in the same 16 KiB blocks the GEMV items use; returns GB/s.
+double read_gbps(int threads, int iterations) {
+  const Stack& s = stack_for(GgmlType::kQ4_0, 2048);
+  const uint64_t block = 16 * 1024;
+  const int64_t n_items = static_cast<int64_t>(s.bytes.size() / block);
+  std::vector<uint64_t> sink(static_cast<size_t>(n_items));
+  auto body = [&](int64_t i) {
+    const uint8_t* p = s.bytes.data() + static_cast<uint64_t>(i) * block;
+    uint64_t acc[4] = {0, 0, 0, 0};
+    for (uint64_t o = 0; o < block; o += 32) {
+      for (int j = 0; j < 4; ++j) {
+        uint64_t w;
+        std::memcpy(&w, p + o + 8 * static_cast<uint64_t>(j), 8);
+        acc[j] += w;
+      }
+    }
+    sink[static_cast<size_t>(i)] = acc[0] ^ acc[1] ^ acc[2] ^ acc[3];
+  };
+  WorkerPool& pool = pool_for(threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < iterations; ++k) {
+    pool.for_each(n_items, body);
+    benchmark::DoNotOptimize(sink.data());
+  }
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(s.bytes.size()) * iterations / sec / 1e9;
+}
+
+double read_baseline(int threads) {
+  static std::map<int, double> measured;
+  auto it = measured.find(threads);
+  if (it != measured.end()) return it->second;
+  read_gbps(threads, 2);  // touch the pages and warm the pool
+  return measured[threads] = read_gbps(threads, 10);
+}
+
+void BM_Read(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const double gbps = read_baseline(threads);
+  for (auto _ : state) benchmark::DoNotOptimize(read_gbps(threads, 1));
+  state.counters["GB/s"] = gbps;
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kStackBytes));
+}
+
+void BM_Gemv(benchmark::State& state) {
+  const GgmlType type = kTypes[state.range(0)];
+  const int64_t n_in = kShapeNIn[state.range(1)];
+  const int64_t batch = state.range(2);
+  const int threads = static_cast<int>(state.range(3));
+  const Stack& s = stack_for(type, n_in);
+  std::vector<float> x(static_cast<size_t>(batch * n_in), 0.5f);
+  std::vector<float> y(static_cast<size_t>(batch) * s.view.n_out);
+  MatmulRunner mm(pool_for(threads), isa_selected());
+  const GemvTask t[1] = {task_of(s.view, x.data(), batch, y.data())};
+  const double base = read_baseline(threads);
+  mm.run(t);  // warm-up
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    mm.run(t);
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double gbps = static_cast<double>(s.bytes.size()) * static_cast<double>(state.iterations()) / sec / 1e9;
+  state.counters["GB/s"] = gbps;
+  state.counters["read_ratio"] = gbps / base;
+  state.SetLabel(std::string(ggml_type_name(type)) + " n_in " + std::to_string(n_in) + " batch " +
+                 std::to_string(batch) + " " + std::string(isa_name(isa_selected())));
+}
+
+void gemv_args(benchmark::internal::Benchmark* b) {
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<int> sweep = {1};
+  for (int t = 2; t < hw; t *= 2) sweep.push_back(t);
+  if (hw > 1) sweep.push_back(hw);
+  for (int64_t type = 0; type < static_cast<int64_t>(std::size(kTypes)); ++type) {
+    for (int64_t shape = 0; shape < 2; ++shape) {
+      for (int64_t batch : {1, 8}) {
+        for (int t : sweep) b->Args({type, shape, batch, t});
+      }
+    }
+  }
+  b->ArgNames({"type", "shape", "batch", "threads"});
+}
+
+void read_args(benchmark::internal::Benchmark* b) {
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  b->Arg(1);
+  for (int t = 2; t < hw; t *= 2) b->Arg(t);
+  if (hw > 1) b->Arg(hw);
+  b->ArgName("threads");
+}
+
+BENCHMARK(BM_Read)->Apply(read_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace kestrel::cpu
+
+BENCHMARK_MAIN();
