@@ -163,11 +163,12 @@ const std::vector<ConfigKey> kKeys = {
      },
      [](const DaemonConfig& c) -> ConfigValue { return c.model; }},
     {"", "engine", "--engine", "NAME",
-     "compute engine: auto (cuda when a usable CUDA device exists, else reference; the default), cuda (every "
-     "weight and session state on the GPU), reference (the scalar f32 oracle on the CPU)",
+     "compute engine: auto (cuda when a usable CUDA device exists, else cpu; the default), cuda (every weight and "
+     "session state on the GPU), cpu (SIMD kernels on pinned worker threads, weights read from the mapped file), "
+     "reference (the scalar f32 oracle, one thread)",
      ConfigValueKind::kString,
      [](DaemonConfig& c, const ConfigValue& v) -> Status {
-       KESTREL_TRY_ASSIGN(c.engine, as_one_of(v, {"auto", "cuda", "reference"}));
+       KESTREL_TRY_ASSIGN(c.engine, as_one_of(v, {"auto", "cuda", "cpu", "reference"}));
        return ok_status();
      },
      [](const DaemonConfig& c) -> ConfigValue { return c.engine; }},
@@ -231,6 +232,13 @@ const std::vector<ConfigKey> kKeys = {
     {"cuda", "device", "--cuda-device", "N", "CUDA engine: the device ordinal (default 0)", ConfigValueKind::kInteger,
      [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cuda.device, v, 0, 1024); },
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.device}; }},
+    // [cpu]
+    {"cpu", "threads", "--threads", "N",
+     "CPU engine: compute threads, the engine loop's own included, pinned one per core (0-1024; default 0: one per "
+     "physical core)",
+     ConfigValueKind::kInteger,
+     [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cpu.threads, v, 0, 1024); },
+     [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cpu.threads}; }},
     // [limits]
     {"limits", "max_sessions", "--max-sessions", "N",
      "open sessions at most; more get RESOURCE_EXHAUSTED (default 256)", ConfigValueKind::kInteger,

@@ -2,10 +2,12 @@
 // (flags > file > defaults). systemd/kestreld.toml.example documents every key; docs/operations.md is the reference.
 //
 //   model = ""                       # GGUF path; empty = the embedded default tiny model (default_model.h)
-//   engine = "reference"
+//   engine = "auto"                  # auto, cuda, cpu, reference
 //   stop_timeout_s = 30              # drain time on SIGTERM
 //   cache_dir = ""                   # empty = default_cache_dir() (default_paths.h)
 //   [listen]  socket, socket_mode, shm_socket, tcp
+//   [cuda]    slots, device
+//   [cpu]     threads
 //   [limits]  max_sessions, max_queued_steps, default_n_ctx, max_session_ctx, max_batch_tokens, idle_ttl_s,
 //             max_idle_ttl_s                                  (daemon::ServiceLimits)
 //   [sampling] temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty,
@@ -45,6 +47,11 @@ struct CudaConfig {
   uint32_t device = 0;  // CUDA device ordinal
 };
 
+// [cpu]: the CPU engine's workers (engine = cpu, or auto on a machine without a usable CUDA device).
+struct CpuConfig {
+  uint32_t threads = 0;  // compute threads, the engine loop's included; 0 = one per physical core
+};
+
 struct LogConfig {
   std::string level = "info";   // trace, debug, info, warn, error, critical, off
   std::string format = "auto";  // text (with timestamps), journal (syslog priority prefixes), auto (journal when
@@ -54,8 +61,9 @@ struct LogConfig {
 struct DaemonConfig {
   std::string config_file;      // the file read ("" = none); not a key
   std::string model;            // empty = the embedded default model
-  std::string engine = "auto";  // auto (cuda when a usable device exists, else reference), cuda, reference
+  std::string engine = "auto";  // auto (cuda when a usable device exists, else cpu), cuda, cpu, reference
   CudaConfig cuda;
+  CpuConfig cpu;
   ListenConfig listen;
   ServiceLimits limits = default_limits();  // [limits] and [sampling]
   LogConfig log;

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "core/engine/reference_engine.h"
+#include "cpu/cpu_engine.h"
 #ifdef KESTREL_WITH_CUDA
 #include "gpu/engine/cuda_engine.h"
 #endif
@@ -29,7 +30,7 @@ std::string resolve_engine_name(const std::string& configured, std::string* why_
 #else
   if (why_not_cuda != nullptr) *why_not_cuda = "this kestreld was built without CUDA";
 #endif
-  return "reference";
+  return "cpu";
 }
 
 Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const Model& model, ServiceLimits* limits,
@@ -41,6 +42,19 @@ Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const 
   }
   if (name == "reference") {
     return make_reference_engine(model, static_cast<int32_t>(limits->max_sessions));
+  }
+  if (name == "cpu") {
+    cpu::CpuEngineOptions o;
+    o.max_slots = static_cast<int32_t>(limits->max_sessions);
+    o.threads = static_cast<int32_t>(config.cpu.threads);
+    const ModelHparams& hp = model.hparams();
+    o.max_ctx = limits->max_session_ctx;
+    if (hp.n_ctx_train > 0) o.max_ctx = std::min<int32_t>(o.max_ctx, static_cast<int32_t>(hp.n_ctx_train));
+    KESTREL_TRY_ASSIGN(std::unique_ptr<cpu::CpuEngine> e, cpu::make_cpu_engine(model, o));
+    limits->max_session_ctx = std::min(limits->max_session_ctx, o.max_ctx);
+    if (progress) progress(100);
+    spdlog::info("cpu: {}; {} slots in host memory, up to {} tokens each", e->summary(), o.max_slots, o.max_ctx);
+    return std::unique_ptr<Engine>(std::move(e));
   }
 #ifdef KESTREL_WITH_CUDA
   gpu::CudaEngineOptions o;

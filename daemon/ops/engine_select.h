@@ -1,11 +1,14 @@
-// The engine kestreld computes with, from the configuration: `engine = auto | cuda | reference` (docs/operations.md).
+// The engine kestreld computes with, from the configuration: `engine = auto | cuda | cpu | reference`
+// (docs/operations.md).
 //
-//   auto       the CUDA engine when this build has it and a usable device exists, else the reference engine
+//   auto       the CUDA engine when this build has it and a usable device exists, else the CPU engine
 //   cuda       the CUDA engine (gpu/engine/cuda_engine.h); an error when the build or the machine lacks it
+//   cpu        the CPU engine (cpu/cpu_engine.h) on cpu.threads pinned workers
 //   reference  the scalar f32 oracle (core/engine/reference_engine.h)
 //
-// The CUDA engine holds cuda.slots sessions of max_session_ctx tokens each (the limits in `limits` are lowered to
-// what the engine holds, and the log says so). Loading reports progress through `progress` (percent, bytes).
+// The CUDA engine holds cuda.slots sessions of max_session_ctx tokens each; the CPU engine holds max_sessions
+// slots in host memory (the limits in `limits` are lowered to what the engine holds, and the log says so). Loading
+// reports progress through `progress` (percent).
 #pragma once
 
 #include <functional>
@@ -22,7 +25,7 @@ namespace kestrel::daemon::ops {
 // Whether this build of kestreld contains the CUDA engine.
 bool cuda_engine_built();
 
-// The name `auto` resolves to on this machine ("cuda" or "reference"), with the reason when it is not cuda.
+// The name `auto` resolves to on this machine ("cuda" or "cpu"), with the reason when it is not cuda.
 std::string resolve_engine_name(const std::string& configured, std::string* why_not_cuda);
 
 // Builds the engine; `limits` is the Service's, lowered to the engine's slots and context where needed.

@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "core/engine/reference_engine.h"
 #include "core/model/model.h"
 #include "cpu/cpu_engine.h"
@@ -41,9 +43,11 @@ constexpr float kRelTol = 2e-3f;
 constexpr int kCtx = 160;
 constexpr int kGreedySteps = 40;
 
-// Writes a tiny preset (with the Qwen3 vocabulary, so Model::open accepts it) into the test's temp dir.
+// Writes a tiny preset (with the Qwen3 vocabulary, so Model::open accepts it) into the test's temp dir, under a
+// name holding the process id: ctest runs this binary twice at once (the scalar level too), and rewriting a file
+// the other process has mapped would fault it.
 std::string write_tiny(const std::string& preset_name, const std::string& file, bool legacy, bool q4_0) {
-  const std::string path = ::testing::TempDir() + "/" + file;
+  const std::string path = ::testing::TempDir() + "/" + std::to_string(getpid()) + "_" + file;
   auto preset = mkmodel::find_preset(preset_name);
   EXPECT_TRUE(preset.has_value());
   if (!preset) return "";

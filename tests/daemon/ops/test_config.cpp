@@ -143,6 +143,7 @@ TEST(DaemonConfig, EveryBadValueNamesKeyAndLine) {
       {"listen", "tcp = \"localhost\""},
       {"cuda", "slots = 0"},
       {"cuda", "device = -1"},
+      {"cpu", "threads = -1"},
       {"limits", "max_sessions = 0"},
       {"limits", "max_queued_steps = \"many\""},
       {"limits", "default_n_ctx = -5"},
