@@ -14,6 +14,7 @@
 // wrong head, gate, norm, routing or RoPE gives (O(1) of the row's scale). At the scalar level the GEMVs are
 // bit-identical to the reference's, so the whole engine is too (KESTREL_CPU_ISA=scalar, asserted below).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -23,8 +24,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <unistd.h>
 
 #include "core/engine/reference_engine.h"
 #include "core/model/model.h"
