@@ -8,10 +8,7 @@
 // A step is one Engine::step() of one token for each of B sessions, timed on the host around the call (what a
 // caller waits for: the graph launch, the kernels, the copy back). Tokens are fixed ids, every session at its own
 // position; the items ask for argmax_only (a greedy request: 4 bytes per session come back), and the last column
-// repeats the run with the full logits copied back (a sampling request). Bytes per step: every weight but the routed
-// experts and the embedding table (B rows of it are read), plus the routed experts B tokens touch per MoE layer if
-// routing were uniform (E·(1 − (1 − k/E)^B) distinct experts), plus each session's GDN state read and written and its
-// KV cache read.
+// repeats the run with the full logits copied back (a sampling request). Bytes per step: bench/common/decode_bytes.h.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/common/decode_bytes.h"
 #include "bench/gpu/device_timing.cuh"
 #include "core/engine/engine.h"
 #include "core/model/model.h"
@@ -62,28 +60,6 @@ bool parse(int argc, char** argv, Args* a) {
     }
   }
   return !a->model.empty() && a->steps > 0 && a->prompt > 0 && !a->sessions.empty();
-}
-
-// Bytes one decode step of B sessions at context `pos` reads (see the file head).
-double step_bytes(const Model& m, int B, int pos) {
-  const WeightCatalog& c = m.catalog();
-  const ModelHparams& hp = m.hparams();
-  const double routed = static_cast<double>(c.bytes_in(PlacementClass::kRoutedExperts));
-  double bytes = static_cast<double>(c.total_bytes()) - routed;
-  if (!c.globals().tied_output) bytes -= static_cast<double>(c.globals().token_embd.n_bytes());
-  if (hp.is_moe()) {
-    uint32_t moe_layers = 0;
-    for (const LayerWeights& l : c.layers()) moe_layers += l.ffn.is_moe() ? 1 : 0;
-    const double E = hp.n_expert, k = hp.n_expert_used;
-    const double per_expert = routed / (moe_layers * E);
-    bytes += moe_layers * E * (1.0 - std::pow(1.0 - k / E, B)) * per_expert;
-  }
-  const double gdn_state = (double(hp.ssm_n_v_heads) * hp.ssm_d_state * hp.ssm_head_v_dim() +
-                            double(hp.ssm_conv_dim()) * (hp.ssm_conv_kernel - 1)) *
-                           4.0;
-  const double kv = 2.0 * hp.n_head_kv * hp.head_dim * 4.0 * pos;
-  bytes += B * (2.0 * gdn_state * hp.n_gdn_layers() + kv * hp.n_attn_layers());
-  return bytes;
 }
 
 Status run(const Args& a) {
@@ -147,7 +123,7 @@ Status run(const Args& a) {
     (void)warm_s;
     KESTREL_TRY_ASSIGN(const double step_s, decode(a.steps));
     KESTREL_TRY_ASSIGN(const double sampled_s, decode(a.steps / 2, /*greedy=*/false));
-    const double bytes = step_bytes(*model, B, a.prompt + a.steps);
+    const double bytes = kestrel::bench::decode_step_bytes(*model, B, a.prompt + a.steps);
     const double roof = B / (bytes / bw);
     std::printf("| %d | %.3f | %.0f | %.0f | %.1f%% | %.2f | %.0f |\n", B, step_s * 1e3, B / step_s, roof,
                 100.0 * (B / step_s) / roof, bytes / 1e9, B / sampled_s);

@@ -1,0 +1,40 @@
+// The bytes one decode step of an engine reads, for benchmarks' rooflines (docs/benchmarking.md): every weight but
+// the routed experts and the embedding table (B rows of it are read), plus the routed experts B tokens touch per MoE
+// layer if routing were uniform (E·(1 − (1 − k/E)^B) distinct experts), plus each session's f32 GDN state read and
+// written and its f32 KV cache read up to position `pos`. Header-only, core types only, so CUDA and CPU benchmarks
+// share it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "core/model/model.h"
+
+namespace kestrel::bench {
+
+inline double decode_step_bytes(const Model& m, int B, int pos) {
+  const WeightCatalog& c = m.catalog();
+  const ModelHparams& hp = m.hparams();
+  const double routed = static_cast<double>(c.bytes_in(PlacementClass::kRoutedExperts));
+  double bytes = static_cast<double>(c.total_bytes()) - routed;
+  if (!c.globals().tied_output) bytes -= static_cast<double>(c.globals().token_embd.n_bytes());
+  if (hp.is_moe()) {
+    uint32_t moe_layers = 0;
+    for (const LayerWeights& l : c.layers()) moe_layers += l.ffn.is_moe() ? 1 : 0;
+    const double E = hp.n_expert, k = hp.n_expert_used;
+    const double per_expert = routed / (moe_layers * E);
+    bytes += moe_layers * E * (1.0 - std::pow(1.0 - k / E, B)) * per_expert;
+  }
+  const double gdn_state = (double(hp.ssm_n_v_heads) * hp.ssm_d_state * hp.ssm_head_v_dim() +
+                            double(hp.ssm_conv_dim()) * (hp.ssm_conv_kernel - 1)) *
+                           4.0;
+  const double kv = 2.0 * hp.n_head_kv * hp.head_dim * 4.0 * pos;
+  bytes += B * (2.0 * gdn_state * hp.n_gdn_layers() + kv * hp.n_attn_layers());
+  return bytes;
+}
+
+// The bytes a prompt pass over n_tok tokens of one session reads at least: every weight but the embedding table,
+// the routed experts those tokens touch under uniform routing (as above, with n_tok tokens).
+inline double prompt_pass_bytes(const Model& m, int n_tok) { return decode_step_bytes(m, n_tok, 0); }
+
+}  // namespace kestrel::bench
