@@ -69,8 +69,8 @@ bool parse(int argc, char** argv, Args* a) {
       return false;
     }
   }
-  return !a->model.empty() && a->threads >= 0 && a->steps > 0 && a->prompt > 0 && a->pp >= 0 &&
-         !a->sessions.empty() && *std::min_element(a->sessions.begin(), a->sessions.end()) > 0;
+  return !a->model.empty() && a->threads >= 0 && a->steps > 0 && a->prompt > 0 && a->pp >= 0 && !a->sessions.empty() &&
+         *std::min_element(a->sessions.begin(), a->sessions.end()) > 0;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
