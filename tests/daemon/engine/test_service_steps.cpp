@@ -206,7 +206,6 @@ class CappedEngine final : public Engine {
   Status slot_restore(SlotId s, std::span<const uint8_t> b) override { return inner_.slot_restore(s, b); }
   int64_t slot_n_past(SlotId s) const override { return inner_.slot_n_past(s); }
   int32_t slot_n_ctx(SlotId s) const override { return inner_.slot_n_ctx(s); }
-  std::span<const int32_t> slot_tokens(SlotId s) const override { return inner_.slot_tokens(s); }
   Status check(const EngineStepItem& item) const override { return inner_.check(item); }
   void step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) override {
     size_t largest = 0;
