@@ -13,7 +13,7 @@
 //            waits for the one before, as a decode step chains its kernels), against the copy kernel chained the
 //            same way (its loads before the wait, its stores after);
 //   kernel = the kernel gdn_decode picks; us cluster / per-head / two-kernel = each kernel forced
-//            (gdn_decode_force_kernel), plain launches, so the choice can be checked against them.
+//            (GdnDecodeTuning::kernel), plain launches, so the choice can be checked against them.
 // The states stay cold in the 60 MB L2: K sets of session states (K·bytes >= 256 MiB) are used in rotation, launch
 // i on set i % K. Each figure is the median of 5 replays of a CUDA graph of >= 200 steps, after warm-up.
 //
@@ -123,23 +123,23 @@ Status run() {
 
     const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
     const GdnSlot* slots_dev = reinterpret_cast<const GdnSlot*>(slots.bytes());
-    auto time_steps = [&](bool programmatic) {
+    auto time_steps = [&](bool programmatic, const GdnDecodeTuning& tuning) {
       return time_graph_us(stream, n_launch, [&](int i) {
         return gdn_decode(d, ref::GdnProjection::kQkvGateBetaAlpha, w, in, slots_dev + static_cast<uint64_t>(i) % k * N,
-                          n_seq, out.floats(), ws.bytes(), stream, programmatic);
+                          n_seq, out.floats(), ws.bytes(), stream, programmatic, tuning);
       });
     };
-    KESTREL_TRY_ASSIGN(const double us, time_steps(false));
-    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));
+    KESTREL_TRY_ASSIGN(const double us, time_steps(false, GdnDecodeTuning{}));
+    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true, GdnDecodeTuning{}));
     double us_forced[3] = {};  // cluster, per-head, two-kernel; 0 where the kernel cannot serve the shape
     const GdnKernel forced[3] = {GdnKernel::kCluster, GdnKernel::kPerHead, GdnKernel::kTwoKernel};
     for (int f = 0; f < 3; ++f) {
-      gdn_decode_force_kernel(forced[f]);
-      const Expected<GdnKernel> served = gdn_decode_kernel(d, n_seq);
-      const Expected<double> t = served && *served == forced[f] ? time_steps(false) : Expected<double>(0.0);
-      gdn_decode_force_kernel(GdnKernel::kAuto);
-      if (!served) return served.error();
-      KESTREL_TRY_ASSIGN(us_forced[f], t);
+      GdnDecodeTuning tuning;
+      tuning.kernel = forced[f];
+      KESTREL_TRY_ASSIGN(const GdnKernel served, gdn_decode_kernel(d, n_seq, tuning));
+      if (served == forced[f]) {
+        KESTREL_TRY_ASSIGN(us_forced[f], time_steps(false, tuning));
+      }
     }
     // Sanity: the outputs are finite (a broken launch cannot pass as fast).
     std::vector<float> o(N * Vd);

@@ -795,9 +795,6 @@ Status fused_config(const Geo& g, int n_seq, cudaStream_t stream, cudaLaunchConf
   return ok_status();
 }
 
-// gdn_decode_force_kernel's setting (GdnKernel::kAuto: the measured choice below).
-std::atomic<GdnKernel> g_forced{GdnKernel::kAuto};
-
 bool head_kernel_serves(const Geo& g) { return g.d_k <= kHeadMaxD && g.d_v <= kHeadMaxD; }
 
 // Whether choose_kernel looks at cluster_ok for g under `forced`: only where the per-V-head kernel is not taken
@@ -834,12 +831,11 @@ GdnKernel choose_kernel(const Geo& g, int n_seq, GdnKernel forced, bool cluster_
 
 template <int R>
 Expected<GdnKernel> launch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
-                           int n_seq, float* out, unsigned* readers, bool programmatic, cudaStream_t stream,
-                           bool enqueue) {
+                           int n_seq, float* out, unsigned* readers, bool programmatic, GdnKernel forced,
+                           cudaStream_t stream, bool enqueue) {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attrs[2] = {};
   bool cluster_ok = false;
-  const GdnKernel forced = g_forced.load(std::memory_order_relaxed);
   if (cluster_considered(g, forced)) {
     KESTREL_TRY(fused_config<R>(g, std::max(n_seq, 1), stream, cfg, attrs[0], cluster_ok));
   }
@@ -911,13 +907,13 @@ Geo make_geo(const ref::GdnDims& dims, ref::GdnProjection projection, int row_st
 // Picks R (rows of S per thread in the cluster and step kernels) from dk and launches (enqueue) or only reports the
 // kernel (!enqueue). readers: the workspace, u32 [n_seq][Kh] (per-V-head kernel only).
 Expected<GdnKernel> dispatch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
-                             int n_seq, float* out, unsigned* readers, bool programmatic, cudaStream_t stream,
-                             bool enqueue) {
+                             int n_seq, float* out, unsigned* readers, bool programmatic, GdnKernel forced,
+                             cudaStream_t stream, bool enqueue) {
   const int rows = (g.d_k + kDeltaWarps - 1) / kDeltaWarps;
-  if (rows <= 4) return launch<4>(g, w, in, slots, n_seq, out, readers, programmatic, stream, enqueue);
-  if (rows <= 8) return launch<8>(g, w, in, slots, n_seq, out, readers, programmatic, stream, enqueue);
-  if (rows <= 16) return launch<16>(g, w, in, slots, n_seq, out, readers, programmatic, stream, enqueue);
-  return launch<32>(g, w, in, slots, n_seq, out, readers, programmatic, stream, enqueue);
+  if (rows <= 4) return launch<4>(g, w, in, slots, n_seq, out, readers, programmatic, forced, stream, enqueue);
+  if (rows <= 8) return launch<8>(g, w, in, slots, n_seq, out, readers, programmatic, forced, stream, enqueue);
+  if (rows <= 16) return launch<16>(g, w, in, slots, n_seq, out, readers, programmatic, forced, stream, enqueue);
+  return launch<32>(g, w, in, slots, n_seq, out, readers, programmatic, forced, stream, enqueue);
 }
 
 }  // namespace
@@ -929,7 +925,7 @@ size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq) {
 
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
                   const GdnDecodeInputs& in, const GdnSlot* slots, int n_seq, float* out, void* workspace,
-                  cudaStream_t stream, bool programmatic) {
+                  cudaStream_t stream, bool programmatic, const GdnDecodeTuning& tuning) {
   KESTREL_TRY(check_dims(dims));
   if (n_seq < 0 || n_seq > 65535) return invalid("n_seq " + std::to_string(n_seq) + " outside [0, 65535]");
   if (n_seq == 0) return ok_status();
@@ -951,14 +947,15 @@ Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const
   if (slots == nullptr || out == nullptr || workspace == nullptr) return invalid("slots, out or workspace is null");
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) return invalid("workspace is not 16-byte aligned");
   const Geo g = make_geo(dims, projection, in.row_stride);
-  KESTREL_TRY(dispatch(g, w, in, slots, n_seq, out, static_cast<unsigned*>(workspace), programmatic, stream, true));
+  KESTREL_TRY(dispatch(g, w, in, slots, n_seq, out, static_cast<unsigned*>(workspace), programmatic, tuning.kernel,
+                       stream, true));
   return ok_status();
 }
 
-Expected<GdnKernel> gdn_decode_kernel(const ref::GdnDims& dims, int n_seq) {
+Expected<GdnKernel> gdn_decode_kernel(const ref::GdnDims& dims, int n_seq, const GdnDecodeTuning& tuning) {
   KESTREL_TRY(check_dims(dims));
   return dispatch(make_geo(dims, ref::GdnProjection::kQkvGateBetaAlpha, 0), GdnDecodeWeights{}, GdnDecodeInputs{},
-                  nullptr, std::max(n_seq, 1), nullptr, nullptr, false, nullptr, false);
+                  nullptr, std::max(n_seq, 1), nullptr, nullptr, false, tuning.kernel, nullptr, false);
 }
 
 int gdn_kernel_launches(GdnKernel kernel) { return kernel == GdnKernel::kTwoKernel ? 2 : 1; }
@@ -972,7 +969,5 @@ const char* gdn_kernel_name(GdnKernel kernel) {
   }
   return "auto";
 }
-
-void gdn_decode_force_kernel(GdnKernel kernel) { g_forced.store(kernel, std::memory_order_relaxed); }
 
 }  // namespace kestrel::gpu

@@ -37,6 +37,7 @@
 #include "core/base/expected.h"
 #include "core/reference/gdn_layer.h"  // ref::GdnProjection
 #include "core/reference/gdn_state.h"  // ref::GdnDims
+#include "gpu/kernels/tuning.h"        // GdnKernel, GdnDecodeTuning
 
 namespace kestrel::gpu {
 
@@ -75,14 +76,6 @@ struct GdnDecodeInputs {
   int row_stride = 0;
 };
 
-// The kernels of gdn_decode (see the top of this file).
-enum class GdnKernel {
-  kAuto,  // gdn_decode's own choice (a setting of gdn_decode_force_kernel, never a kernel)
-  kCluster,
-  kPerHead,
-  kTwoKernel,
-};
-
 // Bytes of device scratch gdn_decode needs for n_seq sessions: u32 [n_seq][Kh] counters (the per-V-head kernel's
 // readers of each K-head's q/k history). It must be zero before its first call (cudaMemset once); every call
 // leaves it zero, so it serves later calls with up to that many sessions, of any layer with the same Kh, one call
@@ -104,21 +97,18 @@ size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq);
 // step a layer's states are written only by its own step, a decode step apart). The inputs, the output, the history
 // and the workspace are touched after the wait, and the results are the same bits. The two-kernel path launches
 // plainly either way (chained, it gained nothing at 8 sessions and lost 4% at 32: docs/benchmarks.md).
+// tuning: the kernel by shape unless it names one (gpu/kernels/tuning.h).
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
                   const GdnDecodeInputs& in, const GdnSlot* slots, int n_seq, float* out, void* workspace,
-                  cudaStream_t stream, bool programmatic = false);
+                  cudaStream_t stream, bool programmatic = false, const GdnDecodeTuning& tuning = {});
 
-// The kernel gdn_decode takes for dims and n_seq sessions on the current device (never kAuto). Errors: dims
-// gdn_decode would refuse (kInvalidArgument), or a CUDA error from the cluster query. Thread-safe.
-Expected<GdnKernel> gdn_decode_kernel(const ref::GdnDims& dims, int n_seq = 1);
+// The kernel gdn_decode takes for dims and n_seq sessions under `tuning` on the current device (never kAuto).
+// Errors: dims gdn_decode would refuse (kInvalidArgument), or a CUDA error from the cluster query. Thread-safe.
+Expected<GdnKernel> gdn_decode_kernel(const ref::GdnDims& dims, int n_seq = 1, const GdnDecodeTuning& tuning = {});
 
 // Kernels one call on `kernel` enqueues (2 for kTwoKernel, else 1), and its name for reports.
 int gdn_kernel_launches(GdnKernel kernel);
 const char* gdn_kernel_name(GdnKernel kernel);
-
-// Makes later calls take `kernel` wherever it can serve the shape (the automatic choice elsewhere; kAuto restores
-// it), process-wide; for benchmarks and tests. Thread-safe.
-void gdn_decode_force_kernel(GdnKernel kernel);
 
 // gdn_decode takes the per-V-head kernel at every batch size where it serves (dk, dv <= 128: every preset), so a
 // session's results do not depend on the batch it runs in. For larger heads it takes the cluster kernel below

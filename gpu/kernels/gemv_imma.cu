@@ -141,7 +141,6 @@
 // the multiplies ~5. With v4.11, every activation an L1 hit measured 115.1 -> 112.0 us: staging a segment's activations
 // in shared memory has ~3 us to win, not built.
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -705,14 +704,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_fla
 
 bool aligned(const void* p, uintptr_t al) { return (reinterpret_cast<uintptr_t>(p) % al) == 0; }
 
-// The split of a row: S warps per row group, each streaming gps groups of 256 columns. Matrices with enough row
-// groups to fill the device take S = 1 (no cross-warp sum, no block barrier); smaller ones split their rows further
-// so that ~2048 warps stream at once. Depends only on the matrix shape (so y[v] does not depend on n_vec).
-std::atomic<int> g_forced_split{0};
-
-// gemv_imma_set_compiled_groups: false keeps every call on the run-time groups-per-slice kernels (tests).
-std::atomic<bool> g_compiled_groups{true};
-
 // Grouped calls (a table) keep their row groups whole for up to 4 groups per warp: each segment entry is read from
 // the table once per row group and its matrix streamed, instead of a table read in front of every group.
 int grouped_split(int n_groups) {
@@ -721,11 +712,13 @@ int grouped_split(int n_groups) {
   return S;
 }
 
-// gemv_imma_set_flat: false runs every call on the persistent kernel (tests: the bits must not change).
-std::atomic<bool> g_flat{true};
 constexpr int kWaveWarps = 4096;  // the flat kernel's one-vector-pair form: 32 warps an SM, 4224 on the H200's 132 SMs
 
-void pick_split(KernelArgs& a, GgmlType type, bool table) {
+// The split of a row: S warps per row group, each streaming gps groups of 256 columns. Matrices with enough row
+// groups to fill the device take S = 1 (no cross-warp sum, no block barrier); smaller ones split their rows further
+// so that ~2048 warps stream at once. Depends only on the matrix shape (so y[v] does not depend on n_vec), unless
+// GemvImmaTuning::split forces S.
+void pick_split(KernelArgs& a, GgmlType type, bool table, const GemvImmaTuning& tuning) {
   constexpr int kWantWarps = 2048;
   int S = 1;
   if (table) {
@@ -744,7 +737,7 @@ void pick_split(KernelArgs& a, GgmlType type, bool table) {
     const bool one_wave = static_cast<int64_t>(a.n_rg) * s1 <= kWaveWarps;
     if (s1 <= kMaxWarps && (one_wave || type == GgmlType::kQ4_0)) S = s1;
   }
-  if (const int f = g_forced_split.load(std::memory_order_relaxed); f > 0) {
+  if (const int f = tuning.split; f > 0) {
     S = 1;
     while (2 * S <= std::min(f, kMaxWarps)) S *= 2;
   }
@@ -788,8 +781,9 @@ Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
 // Segments of more than 8 vectors (n_seg > 1) ran the persistent kernel until the 9.4 MB projections took one group
 // per warp, where it stepped a run-time loop a group at a time (batch 8: 11.3 us against the flat kernel's 9.7).
 template <GgmlType T>
-Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (args.table || args.gps != 1 || !g_flat.load(std::memory_order_relaxed)) return false;
+Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmatic, const GemvImmaTuning& tuning,
+                           cudaStream_t stream) {
+  if (args.table || args.gps != 1 || !tuning.flat_kernel) return false;
   FlatArgs f{};
   f.w = args.base;
   f.xprep = args.xprep;
@@ -827,8 +821,8 @@ Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmati
 // The two- and four-pair kernels (3-8 vectors) only for 2 groups per slice: unrolled deeper they spill (56-268 bytes);
 // at 2 (the 9.4 MB projections) batch 8 took 10.92 -> 9.90 us Q4_0, 11.26 -> 10.72 Q4_K (bench_gemv, H200, same run).
 template <GgmlType T, int NP, int kMode>
-Status launch_gps(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
-  const int gps = g_compiled_groups.load(std::memory_order_relaxed) ? args.gps : 0;
+Status launch_gps(const KernelArgs& args, bool programmatic, const GemvImmaTuning& tuning, cudaStream_t stream) {
+  const int gps = tuning.compiled_groups ? args.gps : 0;
   if (gps == 2) return launch<T, NP, kMode, 2>(args, programmatic, stream);
   if constexpr (NP == 1) {
     if (gps == 4) return launch<T, NP, kMode, 4>(args, programmatic, stream);
@@ -838,35 +832,38 @@ Status launch_gps(const KernelArgs& args, bool programmatic, cudaStream_t stream
 }
 
 template <GgmlType T, int kMode>
-Status launch_pairs(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (max_vec <= 2) return launch_gps<T, 1, kMode>(args, programmatic, stream);
-  if (max_vec <= 4) return launch_gps<T, 2, kMode>(args, programmatic, stream);
-  return launch_gps<T, 4, kMode>(args, programmatic, stream);
+Status launch_pairs(const KernelArgs& args, int max_vec, bool programmatic, const GemvImmaTuning& tuning,
+                    cudaStream_t stream) {
+  if (max_vec <= 2) return launch_gps<T, 1, kMode>(args, programmatic, tuning, stream);
+  if (max_vec <= 4) return launch_gps<T, 2, kMode>(args, programmatic, tuning, stream);
+  return launch_gps<T, 4, kMode>(args, programmatic, tuning, stream);
 }
 
 template <GgmlType T>
-Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
+Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, const GemvImmaTuning& tuning,
+                   cudaStream_t stream) {
   if (!args.table) {
-    KESTREL_TRY_ASSIGN(const bool flat, launch_flat<T>(args, max_vec, programmatic, stream));
+    KESTREL_TRY_ASSIGN(const bool flat, launch_flat<T>(args, max_vec, programmatic, tuning, stream));
     if (flat) return ok_status();
-    return launch_pairs<T, kDenseCall>(args, max_vec, programmatic, stream);
+    return launch_pairs<T, kDenseCall>(args, max_vec, programmatic, tuning, stream);
   }
   // A settled table under a programmatic launch: only for one vector pair (moe_imma's programmatic calls; the other
   // forms would double their kernels for calls that never come).
   if (args.settled && programmatic && max_vec <= 2) {
-    if (args.n_used != nullptr) return launch_gps<T, 1, kSettledCountedCall>(args, programmatic, stream);
-    return launch_gps<T, 1, kSettledCall>(args, programmatic, stream);
+    if (args.n_used != nullptr) return launch_gps<T, 1, kSettledCountedCall>(args, programmatic, tuning, stream);
+    return launch_gps<T, 1, kSettledCall>(args, programmatic, tuning, stream);
   }
-  if (args.n_used == nullptr) return launch_pairs<T, kTableCall>(args, max_vec, programmatic, stream);
-  return launch_pairs<T, kCountedCall>(args, max_vec, programmatic, stream);
+  if (args.n_used == nullptr) return launch_pairs<T, kTableCall>(args, max_vec, programmatic, tuning, stream);
+  return launch_pairs<T, kCountedCall>(args, max_vec, programmatic, tuning, stream);
 }
 
-Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (type == GgmlType::kQ4_0) return launch_mode<GgmlType::kQ4_0>(args, max_vec, programmatic, stream);
-  if (type == GgmlType::kQ5_K) return launch_mode<GgmlType::kQ5_K>(args, max_vec, programmatic, stream);
-  if (type == GgmlType::kQ6_K) return launch_mode<GgmlType::kQ6_K>(args, max_vec, programmatic, stream);
-  if (type == GgmlType::kQ8_0) return launch_mode<GgmlType::kQ8_0>(args, max_vec, programmatic, stream);
-  return launch_mode<GgmlType::kQ4_K>(args, max_vec, programmatic, stream);
+Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool programmatic, const GemvImmaTuning& tuning,
+                  cudaStream_t stream) {
+  if (type == GgmlType::kQ4_0) return launch_mode<GgmlType::kQ4_0>(args, max_vec, programmatic, tuning, stream);
+  if (type == GgmlType::kQ5_K) return launch_mode<GgmlType::kQ5_K>(args, max_vec, programmatic, tuning, stream);
+  if (type == GgmlType::kQ6_K) return launch_mode<GgmlType::kQ6_K>(args, max_vec, programmatic, tuning, stream);
+  if (type == GgmlType::kQ8_0) return launch_mode<GgmlType::kQ8_0>(args, max_vec, programmatic, tuning, stream);
+  return launch_mode<GgmlType::kQ4_K>(args, max_vec, programmatic, tuning, stream);
 }
 
 KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xprep, float* y, int64_t y_stride) {
@@ -886,14 +883,6 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
 }
 
 }  // namespace
-
-void gemv_imma_set_flat(bool on) { g_flat.store(on, std::memory_order_relaxed); }
-
-void gemv_imma_set_compiled_groups(bool on) { g_compiled_groups.store(on, std::memory_order_relaxed); }
-
-void gemv_imma_force_split(int warps_per_row_group) {
-  g_forced_split.store(warps_per_row_group > 0 ? warps_per_row_group : 0, std::memory_order_relaxed);
-}
 
 bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
   return tiled_supports(type, n_cols, n_rows) && n_cols <= kImmaMaxCols &&
@@ -941,7 +930,8 @@ Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_co
                  hold_dependents, stream);
 }
 
-Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream, bool programmatic) {
+Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream, bool programmatic,
+                 const GemvImmaTuning& tuning) {
   if (!gemv_imma_supports(w.type, w.n_cols, w.n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma: " + std::string(ggml_type_name(w.type)) + " {" +
                                                        std::to_string(w.n_cols) + ", " + std::to_string(w.n_rows) +
@@ -966,13 +956,13 @@ Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cud
   args.base = w.data;
   args.n_vec = n_vec;
   args.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
-  pick_split(args, w.type, false);
-  return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), programmatic, stream);
+  pick_split(args, w.type, false, tuning);
+  return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), programmatic, tuning, stream);
 }
 
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, int max_segment_vectors,
-                          bool programmatic, const int32_t* n_used, bool table_settled) {
+                          bool programmatic, const int32_t* n_used, bool table_settled, const GemvImmaTuning& tuning) {
   if (!gemv_imma_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma_segments: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
@@ -993,8 +983,8 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
   args.n_used = n_used;
   args.settled = table_settled;
   args.n_seg = n_segments;
-  pick_split(args, type, true);
-  return launch_any(type, args, max_segment_vectors, programmatic, stream);
+  pick_split(args, type, true, tuning);
+  return launch_any(type, args, max_segment_vectors, programmatic, tuning, stream);
 }
 
 }  // namespace kestrel::gpu

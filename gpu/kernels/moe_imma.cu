@@ -14,7 +14,6 @@
 // The routed chunk positions come from an exclusive scan of ⌈count/C⌉ over the experts (write_tables). Capacity:
 // Σ ⌈c_e/C⌉ <= Σ (1 + ⌊c_e/C⌋) <= n_active + ⌊n_entries/C⌋, and <= n_entries (the workspace holds C = 1's).
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstddef>
 #include <cstring>
@@ -47,37 +46,6 @@ using moe_router_logits::kRouterWarps;
 using moe_router_logits::router_blocks_of;
 using moe_router_logits::router_logits_block;
 using moe_router_logits::router_stage_bytes;
-
-// Programmatic dependent launch (gpu/kernels/pdl.cuh) of every kernel of the layer after the first, for calls of up to
-// g_pdl_max_tokens tokens: each kernel triggers its dependents and waits for the kernel before it at its start, so
-// only the launches overlap. Measured on the H200 (35B-A3B shape, Q4_0, bench_moe plain vs all-programmatic): 1 token
-// 25.4 → 23.8 µs, but 2 tokens 32.4 → 32.8, 4 tokens 46.3 → 49.3, 8 tokens 82.8 → 90.4 and 32 tokens 230 → 235 µs,
-// hence 1 at first. On today's kernels (2026-11-30, bench_moe's "us allPDL" against "us", 16 runs over 8 sessions of
-// the lent H200, two builds): 2 tokens 0.7–2.3 µs faster (Q4_0; Q4_K 1.3–2.2), 4 tokens 0.3–1.5 faster (Q4_K 0.2–1.5),
-// 8 tokens 0.3–1.7 slower in all but one, 16–32 tokens ~1.3 slower: hence kMoeImmaProgrammaticMaxTokens = 4.
-// Above it the down GEMV (reading its settled table before its wait) and the combine (its entries before its wait)
-// are still programmatic: bench_moe --main q4_0/, H200, launches chosen per link (the experiment's switch on branch
-// exp/pdl-links), both runs of one session, µs at 8 / 16 / 32 tokens: none 53.85–53.88 / 78.78–78.89 / 121.27–121.91;
-// down + combine 51.76–51.88 / 76.18–76.30 / 118.87–119.54; down only 52.66–52.72 / 77.01–77.13 / 119.46–120.09;
-// every link 51.23–51.63 / 76.23–76.47 / 120.17–120.56; all but the routing 51.20–51.42 / 76.73–76.86 /
-// 120.20–120.99.
-std::atomic<int> g_pdl_max_tokens{kMoeImmaProgrammaticMaxTokens};
-
-// Vectors per segment (chunk) of the grouped GEMVs' tables: the GEMV kernel is picked for the largest (1–2: one
-// vector pair, 3–4: two, 5–8: four). Measured on the H200 (bench_moe, 35B-A3B shape, Q4_0, chunks of 2 / 4 / 8): 8
-// tokens 56.3 / 62.0 / 77.8 µs, 32 tokens 149.5 / 172.1 / 201.3 µs (1–2 tokens the same): an expert with more tokens
-// is read once per chunk (the second time mostly from L2), but the one-pair kernel keeps every warp busy where the
-// four-pair one (spilling at 128 registers) waited on segments of one or two vectors. moe_imma_set_segment_vectors
-// moves it for benchmarks.
-std::atomic<int> g_chunk{kMoeImmaSegmentVectors};
-
-// The routing spread over a block per token (route_spread_table_kernel) from this many tokens; below it one block
-// routes them all (route_table_kernel).
-std::atomic<int> g_route_spread_min_tokens{kMoeImmaRouteSpreadMinTokens};
-
-// Calls of at most 32 entries grouped by one warp (route_table_one_kernel at one token, route_table_warp_kernel);
-// false: the one-block kernel.
-std::atomic<bool> g_route_by_warp{true};
 
 // From this many tokens the segment tables are counted: the table writer leaves how many segments each holds and the
 // grouped GEMVs read only those (n_used); below, it fills the tables' unused tail with empty segments, which the GEMVs
@@ -536,9 +504,9 @@ __global__ void __launch_bounds__(32 * kMoeMaxUsed)
   for (int i = used + lane; i < a.n_seg_dn; i += 32) put_empty(a.seg_dn + i);
 }
 
-// The same from kMoeImmaRouteSpreadMinTokens tokens, over n_tok blocks: a block per token routes it, the last block to
-// finish groups the entries and writes the tables (moe_route_dev::route_spread; a.arrivals zero before the launch and
-// after it).
+// The same from MoeImmaTuning::route_spread_min_tokens tokens, over n_tok blocks: a block per token routes it, the last
+// block to finish groups the entries and writes the tables (moe_route_dev::route_spread; a.arrivals zero before the
+// launch and after it).
 template <int kPer>
 __global__ void __launch_bounds__(moe_route_dev::kThreads)
     route_spread_table_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a) {
@@ -765,16 +733,6 @@ MoeImmaLayer::~MoeImmaLayer() {
   if (base_ != nullptr) (void)cudaFree(base_);
 }
 
-void moe_imma_set_programmatic_max_tokens(int n_tok) { g_pdl_max_tokens.store(n_tok, std::memory_order_relaxed); }
-
-void moe_imma_set_segment_vectors(int n) {
-  g_chunk.store(std::clamp(n, 1, kImmaSegmentVectors), std::memory_order_relaxed);
-}
-
-void moe_imma_set_route_spread_min_tokens(int n_tok) {
-  g_route_spread_min_tokens.store(n_tok, std::memory_order_relaxed);
-}
-
 // The workspace: the routing counter, then the scratch.
 size_t moe_imma_counter_bytes(const MoeImmaWeights&) { return kChainCounterBytes; }
 
@@ -789,13 +747,15 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
   return ok_status();
 }
 
-void moe_imma_set_route_by_warp(bool on) { g_route_by_warp.store(on, std::memory_order_relaxed); }
-
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
-                        cudaStream_t stream, MoeLaunchInfo* info) {
+                        cudaStream_t stream, const MoeImmaTuning& tuning, MoeLaunchInfo* info) {
   KESTREL_TRY(moe_imma_check_weights(w));
   if (n_tok < 1 || n_tok > kMoeMaxTokens) {
     return bad("n_tok " + std::to_string(n_tok) + " outside [1, " + std::to_string(kMoeMaxTokens) + "]");
+  }
+  if (tuning.segment_vectors < 1 || tuning.segment_vectors > kImmaSegmentVectors) {
+    return bad("tuning.segment_vectors " + std::to_string(tuning.segment_vectors) + " outside [1, " +
+               std::to_string(kImmaSegmentVectors) + "]");
   }
   if (x == nullptr || out == nullptr || workspace == nullptr || !aligned16(x) || !aligned16(workspace)) {
     return bad("x, out or workspace is null, or x / workspace is not 16-byte aligned");
@@ -806,7 +766,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   const int H = static_cast<int>(w.n_embd);
   const int I = static_cast<int>(w.n_ff);
   const int k = w.n_expert_used;
-  const Counts c = counts_of(w, n_tok, g_chunk.load(std::memory_order_relaxed));
+  const Counts c = counts_of(w, n_tok, tuning.segment_vectors);
   const Layout l = layout_of(w, counts_of(w, n_tok, 1), scratch);
   const MoeRouting r = moe_routing_carve(l.routing, n_tok, E, k);
   // The prepared form of n vectors is n back-to-back vectors (the segments' vec indices rely on it).
@@ -815,9 +775,9 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
     return make_error(ErrorCode::kInternal, "moe_imma: imma_x_bytes is not linear in n_vec");
   }
   int launches = 0;
-  // Every launch after the first programmatic up to g_pdl_max_tokens tokens; above it only the spread routing's, the
-  // down GEMV's and the combine's (see g_pdl_max_tokens).
-  const bool pdl = n_tok <= g_pdl_max_tokens.load(std::memory_order_relaxed);
+  // Every launch after the first programmatic up to tuning.programmatic_max_tokens tokens; above it only the spread
+  // routing's, the down GEMV's and the combine's.
+  const bool pdl = n_tok <= tuning.programmatic_max_tokens;
 
   // The layer's first kernel launches plainly. Tried and not kept: as a programmatic dependent of the kernel before
   // the layer, its first router weights loaded before the wait (branch exp/router-chained): layers chained so no
@@ -866,8 +826,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   const int32_t* const used_gu = ta.n_used;
   const int32_t* const used_dn = counted ? l.n_used + 1 : nullptr;
   ta.arrivals = route_arrivals;
-  const bool spread = n_tok >= g_route_spread_min_tokens.load(std::memory_order_relaxed);
-  const bool by_warp = c.n_entries <= 32 && !spread && g_route_by_warp.load(std::memory_order_relaxed);
+  const bool spread = n_tok >= tuning.route_spread_min_tokens;
+  const bool by_warp = c.n_entries <= 32 && !spread && tuning.route_by_warp;
   KESTREL_TRY(moe_route_dev::with_route_per_lane(E, [&](auto per) {
     constexpr int kPer = decltype(per)::value;
     if (by_warp && n_tok == 1) {
@@ -893,7 +853,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   // An expert (or a chunk of the shared expert) sees each token at most once: no segment holds more than n_tok.
   const int seg_bound = std::min(n_tok, c.chunk);
   KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound, pdl,
-                                 used_gu));
+                                 used_gu, false, tuning.grouped_gemv));
   ++launches;
 
   // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I. Tried and not
@@ -909,7 +869,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ++launches;
 
   KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, true,
-                                 used_dn, true));
+                                 used_dn, true, tuning.grouped_gemv));
   ++launches;
 
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));

@@ -34,6 +34,7 @@
 #include "gpu/kernels/get_rows.h"     // DeviceMatrixView
 #include "gpu/kernels/moe_experts.h"  // MoeDeviceWeights, MoeLaunchInfo
 #include "gpu/kernels/moe_router.h"
+#include "gpu/kernels/tuning.h"  // MoeImmaTuning
 
 namespace kestrel::gpu {
 
@@ -92,41 +93,6 @@ class MoeImmaLayer {
   MoeImmaWeights w_;
 };
 
-// Calls of up to this many tokens launch every kernel after the first as a programmatic dependent of the kernel
-// before it (PDL, gpu/kernels/pdl.cuh: each triggers its dependents and waits for its predecessor, so results do not
-// change and only the launches overlap); larger calls only the spread routing (from kMoeImmaRouteSpreadMinTokens
-// tokens), the down GEMV and the combine, the last two reading what the routing wrote before their waits. Measured
-// faster at 1–4 tokens and, for the rest of the chain, slower at 8–32 (moe_imma.cu says by how much), hence the
-// default.
-inline constexpr int kMoeImmaProgrammaticMaxTokens = 4;
-
-// Sets that bound (0: only the spread routing, the down GEMV and the combine programmatic; kMoeMaxTokens: every launch
-// of every call), process-wide, for calls made after it; for benchmarks and tests. Thread-safe.
-void moe_imma_set_programmatic_max_tokens(int n_tok);
-
-// Vectors per segment of the grouped GEMVs: an expert with more tokens than that is read once per chunk of them, and
-// the GEMV kernel is picked for the largest chunk (moe_imma.cu has the measurements behind the default).
-inline constexpr int kMoeImmaSegmentVectors = 2;
-
-// Sets it (clamped to 1..kImmaSegmentVectors), process-wide, for calls made after it; for benchmarks and tests.
-// Thread-safe.
-void moe_imma_set_segment_vectors(int n);
-
-// From this many tokens the routing runs in a block per token and the last block to finish groups the entries and
-// writes the segment tables; below it one block does all (moe_imma.cu has the measurements behind the default). The
-// routing and the output are the same either way.
-inline constexpr int kMoeImmaRouteSpreadMinTokens = 16;
-
-// Sets that bound (kMoeMaxTokens + 1: never), process-wide, for calls made after it; for benchmarks and tests.
-// Thread-safe.
-void moe_imma_set_route_spread_min_tokens(int n_tok);
-
-// Calls of at most 32 routed entries (n_tok · k): the routing by a warp per token and the grouping and segment tables
-// by one warp (on, the default: no block scans or barriers over 1024 threads), or all by the one-block kernel the
-// other sizes below kMoeImmaRouteSpreadMinTokens use (off). The same routing and tables either way. Process-wide, for
-// calls made after it; for tests and benchmarks; thread-safe.
-void moe_imma_set_route_by_warp(bool on);
-
 // Bytes of device scratch moe_imma_forward needs for calls of up to n_tok tokens; 0 when n_tok is out of [1,
 // kMoeMaxTokens]. The first bytes hold a counter (the spread routing's): zero it once
 // (moe_imma_workspace_init) before the workspace's first call; every call leaves them zero, and no call reads the
@@ -142,9 +108,11 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
 // x: device f32 [n_tok, H], 16-byte aligned; out: device f32 [n_tok, H], not overlapping x. 1 <= n_tok <=
 // kMoeMaxTokens. workspace: device, >= moe_imma_workspace_bytes(w, n_tok), 16-byte aligned. Errors before
 // anything is enqueued; otherwise the kernels are enqueued on `stream` and the call returns without waiting.
-// info (host, optional) receives the launch count and the routing views (into the workspace). Thread-safe (no
-// shared state); the caller keeps every buffer alive until the stream has run.
+// tuning: the launch forms, segment width and routing kernels (gpu/kernels/tuning.h; they change no bit of the output,
+// a forced split of the grouped GEMVs may); its segment_vectors must be in [1, kImmaSegmentVectors]. info (host,
+// optional) receives the launch count and the routing views (into the workspace). Thread-safe (no shared state); the
+// caller keeps every buffer alive until the stream has run.
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
-                        cudaStream_t stream, MoeLaunchInfo* info = nullptr);
+                        cudaStream_t stream, const MoeImmaTuning& tuning = {}, MoeLaunchInfo* info = nullptr);
 
 }  // namespace kestrel::gpu

@@ -19,7 +19,7 @@
 // the number of the token's experts with a lower id.
 // (Before: thread e scanned all n_tok·k ids to count, and again to place its entries — 49 µs at 32 tokens under ncu,
 // one warp of the 1024-thread block busy at a time.) route_spread runs phase 1 in a block per token and phase 2 in the
-// last block to finish (moe_imma uses it from kMoeImmaRouteSpreadMinTokens tokens).
+// last block to finish (moe_imma uses it from MoeImmaTuning::route_spread_min_tokens tokens).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -5,7 +5,7 @@
 // ba and with the legacy ssm_in qkvz), the 35B-A3B shape (Kh 16, Vh 32, dk = dv = 128, tiled) and odd shapes (r = 3,
 // dk 48 / dv 40, conv kernel 3; dk 200 / dv 72), each layout at 1 and 3 sessions, and clusters of 12 and 16 blocks
 // and shapes no cluster holds (20 blocks per K-head). Every case runs on each of the three kernels that can serve
-// its shape (gdn_decode_force_kernel). Sessions use slots in a shuffled order; the workspace must come back zero.
+// its shape (GdnDecodeTuning::kernel). Sessions use slots in a shuffled order; the workspace must come back zero.
 //
 // Tolerance: per (session, V-head), |gpu − ref| <= 2e-5 · max|ref| over that head, for the output and for S and the
 // conv history after the last step. The kernels differ from the reference only in summation order (column sums of
@@ -187,8 +187,9 @@ Result run_reference(const Problem& p) {
 // is never written by the launch just before its own; the plain launch of set 0 waits for everything before it, so a
 // set's previous step has completed by then. Returns each set's results.
 // stacked: the inputs of each step as one [n_seq, W] buffer (qkv | z | b | a, or qkv | z | ba, or qkv | ba: the
-// output of one GEMV over the stacked projections) with GdnDecodeInputs::row_stride = W.
-std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bool stacked = false) {
+// output of one GEMV over the stacked projections) with GdnDecodeInputs::row_stride = W. tuning: gdn_decode's.
+std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bool stacked = false,
+                                    const GdnDecodeTuning& tuning = {}) {
   const ref::GdnDims& d = p.d;
   const size_t C = static_cast<size_t>(d.conv_dim()), Vd = static_cast<size_t>(d.value_dim());
   const size_t Vh = static_cast<size_t>(d.n_v_heads), N = static_cast<size_t>(p.n_seq);
@@ -285,7 +286,7 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bo
     }
     for (size_t j = 0; j < sets; ++j) {
       const Status s = gdn_decode(d, p.proj, w, in, static_cast<const GdnSlot*>(slots.as()) + j * N, p.n_seq,
-                                  out_of(t, j), ws.as(), stream, /*programmatic=*/chain && j > 0);
+                                  out_of(t, j), ws.as(), stream, /*programmatic=*/chain && j > 0, tuning);
       EXPECT_TRUE(s) << s.error().to_string();
     }
     if (!chain) {
@@ -309,7 +310,9 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bo
 }
 
 // The kSteps steps of one set of states, plain launches, a host sync after each.
-Result run_device(const Problem& p) { return run_device_sets(p, 1, false).front(); }
+Result run_device(const Problem& p, const GdnDecodeTuning& tuning = {}) {
+  return run_device_sets(p, 1, false, false, tuning).front();
+}
 
 // Compares per block of `block` elements (a head); reports the worst ratio err / (kTol · max|want| of the block)
 // and the first element over the bound. Returns the number of elements over it.
@@ -364,21 +367,18 @@ bool bit_identical(const Result& x, const Result& y) {
   return true;
 }
 
-// Forces gdn_decode onto one kernel for its lifetime (gdn_decode_force_kernel), then restores the automatic choice.
-class ForcedKernel {
- public:
-  explicit ForcedKernel(GdnKernel k) { gdn_decode_force_kernel(k); }
-  ~ForcedKernel() { gdn_decode_force_kernel(GdnKernel::kAuto); }
-  ForcedKernel(const ForcedKernel&) = delete;
-  ForcedKernel& operator=(const ForcedKernel&) = delete;
-};
+// A tuning that forces gdn_decode onto `kernel` wherever it serves the shape.
+GdnDecodeTuning forced(GdnKernel kernel) {
+  GdnDecodeTuning t;
+  t.kernel = kernel;
+  return t;
+}
 
 constexpr GdnKernel kKernels[] = {GdnKernel::kCluster, GdnKernel::kPerHead, GdnKernel::kTwoKernel};
 
 // Whether gdn_decode, forced onto `kernel`, can run the problem's shape on it.
 bool serves(GdnKernel kernel, const ref::GdnDims& d, int n_seq) {
-  const ForcedKernel force(kernel);
-  const Expected<GdnKernel> k = gdn_decode_kernel(d, n_seq);
+  const Expected<GdnKernel> k = gdn_decode_kernel(d, n_seq, forced(kernel));
   EXPECT_TRUE(k) << k.error().to_string();
   return k && *k == kernel;
 }
@@ -386,8 +386,7 @@ bool serves(GdnKernel kernel, const ref::GdnDims& d, int n_seq) {
 void check_kernel(const Case& c, const Problem& p, const Result& want, GdnKernel kernel) {
   const std::string where = case_name(c) + " on " + gdn_kernel_name(kernel);
   SCOPED_TRACE(where);
-  const ForcedKernel force(kernel);
-  const Result got = run_device(p);
+  const Result got = run_device(p, forced(kernel));
   if (got.s.size() != want.s.size()) return;
   const size_t dv = static_cast<size_t>(c.dv);
   int bad = 0;
@@ -404,7 +403,7 @@ void check_kernel(const Case& c, const Problem& p, const Result& want, GdnKernel
   }
   std::printf("  %s: worst error %.3g x tolerance, %d over\n", where.c_str(), worst, bad);
   EXPECT_EQ(bad, 0);
-  const Result again = run_device(p);
+  const Result again = run_device(p, forced(kernel));
   EXPECT_TRUE(bit_identical(got, again)) << "repeated run differs";
 }
 
@@ -569,9 +568,8 @@ TEST(GdnDecode, ProgrammaticChainGivesPlainBits) {
     for (const GdnKernel kernel : kKernels) {
       if (!serves(kernel, p.d, p.n_seq)) continue;
       SCOPED_TRACE(case_name(c) + " on " + gdn_kernel_name(kernel));
-      const ForcedKernel force(kernel);
-      const Result plain = run_device(p);
-      const std::vector<Result> chained = run_device_sets(p, 3, true);
+      const Result plain = run_device(p, forced(kernel));
+      const std::vector<Result> chained = run_device_sets(p, 3, true, false, forced(kernel));
       for (size_t j = 0; j < chained.size(); ++j) {
         EXPECT_TRUE(bit_identical(plain, chained[j]))
             << "set " << j << (j == 0 ? " (plain launches)" : " (programmatic)")

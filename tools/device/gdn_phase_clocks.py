@@ -188,8 +188,8 @@ def stamp_per_head(src):
                    "if (s[r][c] == 12345.0f) __stcs(s_slice + r * dv + 32 * c, s[r][c]);", "per-head S store"),
     }
     bench_edits = [
-        ("    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));\n",
-         "    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));\n"
+        ("    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true, GdnDecodeTuning{}));\n",
+         "    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true, GdnDecodeTuning{}));\n"
          "    gdn_print_phase_clocks(d.n_v_heads * n_seq, \"per-head, chained\");\n", "the chained timing"),
         ("    // Sanity: the outputs are finite",
          "    if (us_forced[1] > 0.0) gdn_print_phase_clocks(d.n_v_heads * n_seq, \"per-head, plain\");\n"
