@@ -52,17 +52,15 @@ struct MoeImmaTuning {
 // The kernels of gdn_decode (gpu/kernels/gdn_decode.h).
 enum class GdnKernel {
   kAuto,  // gdn_decode's choice by shape (a setting of GdnDecodeTuning, never a kernel)
-  kCluster,
   kPerHead,
   kTwoKernel,
 };
 
 // The GDN decode step (gdn_decode).
 struct GdnDecodeTuning {
-  // kAuto: the per-V-head kernel where dk, dv <= 128 (every preset; one kernel at every batch size, so a session's bits
-  // do not depend on its batch), else the cluster kernel below kGdnClusterMaxSessions sessions where a cluster fits and
-  // the two-kernel path otherwise. A kernel named here runs wherever it serves the shape (the automatic choice
-  // elsewhere), so tests and benchmarks can run every kernel on one problem.
+  // kAuto: the per-V-head kernel where dk, dv <= 128 (every preset), else the two-kernel path — one kernel per shape
+  // at every batch size, so a session's bits do not depend on its batch. kTwoKernel runs the two-kernel path on every
+  // shape (kPerHead where it serves: the automatic choice), so tests can run both kernels on one problem.
   GdnKernel kernel = GdnKernel::kAuto;
 };
 
