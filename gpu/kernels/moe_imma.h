@@ -11,15 +11,17 @@
 //
 // One call, all on one stream, no host synchronisation (launch counts in docs/gpu.md, "MoE on GEMV v4"):
 //   router logits (an f32 router: with x's preparation, gemv_imma_prepare_x's code, in the same launch; other types:
-//   gpu::gemv, then gemv_imma_prepare_x(x)) → one block that routes (moe_route's code, gpu/kernels/moe_route.cuh) and
-//   then writes the ImmaSegment tables of gate+up and of down from the routing (per active expert and per chunk of <= 8
-//   of its tokens one gate, one up and one down segment, plus the shared expert's chunks) → gemv_imma_segments(gate+up)
-//   → gemv_imma_prepare_swiglu (SwiGLU per entry, written only in prepared form) → gemv_imma_segments(down) → combine
-//   (Σ over each token's entries by ascending expert id of w·y, then + sigmoid(shared gate · x) · shared y, as the
-//   reference): 6 launches (7 with a router that is not f32).
-// Each active expert's matrices are read once per call for up to 8 of its tokens (an expert chosen by more than 8
-// tokens is read once per 8; at 32 tokens of a 256-expert top-8 layer that is rare). Fixed summation orders and no
-// atomics in these kernels: repeated runs are bit-identical (given gemv_imma_segments is, as its header says).
+//   gpu::gemv, then gemv_imma_prepare_x(x)) → the routing (moe_route's code, gpu/kernels/moe_route.cuh: one warp for
+//   one token, a warp per token for up to 32 routed entries, one block below 16 tokens, a block per token from 16),
+//   which then writes the ImmaSegment tables of gate+up and of down from the routing (per active expert and per chunk
+//   of up to C of its tokens one gate, one up and one down segment, plus the shared expert's chunks) →
+//   gemv_imma_segments(gate+up) → gemv_imma_prepare_swiglu (SwiGLU per entry, written only in prepared form) →
+//   gemv_imma_segments(down) → combine (Σ over each token's entries by ascending expert id of w·y, then +
+//   sigmoid(shared gate · x) · shared y, as the reference): 6 launches (7 with a router that is not f32).
+// Each active expert's matrices are read once per chunk of C of its tokens (C = MoeImmaTuning::segment_vectors, 2: the
+// one-pair GEMV kernel; the later reads mostly from L2). Fixed summation orders and no floating-point atomics:
+// repeated runs are bit-identical (given gemv_imma_segments is, as its header says), and a token's outputs do not
+// depend on C or on the other tokens of the call.
 #pragma once
 
 #include <cuda_runtime.h>
