@@ -21,7 +21,7 @@
 //   kTwoKernel the step writing o into `out` (a block per 32 columns of a V-head), then the gated norm per (session,
 //              V-head) in place, which also shifts the q/k history. Every shape up to kGdnMaxDk.
 // Fixed summation orders and no floating-point atomics, so repeated runs are bit-identical; the kernels differ from
-// each other in summation order only. docs/gpu.md ("GDN decode") has details.
+// each other in summation order only. docs/gpu.md ("GDN decode step") has details.
 #pragma once
 
 #include <cuda_runtime.h>

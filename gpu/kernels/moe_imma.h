@@ -9,7 +9,7 @@
 // Q6_K); the shared expert's ff equals the routed experts' (true of the qwen35moe / qwen3next presets). The router and
 // the shared-expert gate stay raw (gpu::gemv's types, gpu/kernels/dequant.cuh's types).
 //
-// One call, all on one stream, no host synchronisation (launch counts in docs/gpu.md, "MoE on GEMV v4"):
+// One call, all on one stream, no host synchronisation (launch counts in docs/gpu.md, "MoE layer on GEMV v4"):
 //   router logits (an f32 router: with x's preparation, gemv_imma_prepare_x's code, in the same launch; other types:
 //   gpu::gemv, then gemv_imma_prepare_x(x)) → the routing (moe_route's code, gpu/kernels/moe_route.cuh: one warp for
 //   one token, a warp per token for up to 32 routed entries, one block below 16 tokens, a block per token from 16),

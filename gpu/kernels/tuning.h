@@ -35,14 +35,14 @@ struct MoeImmaTuning {
   int programmatic_max_tokens = 4;
   // Vectors per segment of the grouped GEMVs, 1..kImmaSegmentVectors: an expert chosen by more tokens is read once per
   // chunk of this many. At 2 every call runs the one-pair GEMV kernel, which beats wider segments on the wider kernels
-  // (8 tokens 56 against 78 us at 8, 32 tokens 150 against 201).
+  // (8 tokens 56 against 78 µs at 8, 32 tokens 150 against 201).
   int segment_vectors = 2;
   // From this many tokens the routing runs in a block per token and the last block to finish writes the segment
   // tables; below it one block (or one warp) does all of it (one block is issue-bound from 16 tokens). kMoeMaxTokens
   // + 1: never.
   int route_spread_min_tokens = 16;
   // Calls of at most 32 routed entries (n_tok · k) are routed by a warp per token and grouped by one warp, without the
-  // one-block kernel's barriers and scans over 1024 threads (about 2 us less at one token). false runs them on the
+  // one-block kernel's barriers and scans over 1024 threads (about 2 µs less at one token). false runs them on the
   // one-block kernel, for the test that both write the same tables.
   bool route_by_warp = true;
   // The layer's two grouped GEMVs (gemv_imma_segments).
