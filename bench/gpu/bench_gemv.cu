@@ -63,7 +63,7 @@ struct Shape {
 // gemv() on raw GGUF rows (v1/v2); gemv_imma() on the re-tiled copy (v4), with x prepared once outside the timed
 // launches (as a decode step does for the matrices that share an x, or as the op that produces x writes it), or with
 // one preparation per launch. (GEMV v3, bf16 tensor cores on the same tiles, was removed once v4 beat it at every
-// shape; its figures stay in docs/benchmarks.md.)
+// shape; dev/notes/gpu-kernels.md has its figures.)
 enum class Kernel { kRaw, kImma, kImmaPrep };
 constexpr int kKernels = 3;
 constexpr const char* kKernelNames[kKernels] = {"raw", "imma", "i+prep"};

@@ -90,7 +90,7 @@ size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq);
 // kernel: the slot array and the states must not be written by any kernel that may still be running (in a decode
 // step a layer's states are written only by its own step, a decode step apart). The inputs, the output, the history
 // and the workspace are touched after the wait, and the results are the same bits. The two-kernel path launches
-// plainly either way (chained, it gained nothing at 8 sessions and lost 4% at 32: docs/benchmarks.md).
+// plainly either way (chained, it gained nothing at 8 sessions and lost 4% at 32).
 // tuning: the kernel by shape unless it names one (gpu/kernels/tuning.h).
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
                   const GdnDecodeInputs& in, const GdnSlot* slots, int n_seq, float* out, void* workspace,

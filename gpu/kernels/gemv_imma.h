@@ -19,7 +19,7 @@
 // per round; the S warps of a row group (S from the shape alone) sit in one block and their partial sums are added
 // in warp order through shared memory. No atomics: runs are bit-identical, y[v] does not depend on n_vec, and a
 // grouped call's segment does not depend on the other segments or the table's length.
-// docs/gpu.md ("GEMV v4") has the derivation, docs/benchmarks.md the measurements.
+// docs/gpu.md ("GEMV v4") has the derivation, dev/notes/gpu-kernels.md the measurements behind its choices.
 #pragma once
 
 #include <cuda_runtime.h>

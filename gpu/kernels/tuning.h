@@ -2,7 +2,7 @@
 // engine fixes one when it builds its forward pass (gpu/engine/forward_pass.h, from CudaEngineOptions) and passes its
 // parts to the kernel entry points; tests and benchmarks construct one to force a path. The member initializers are
 // the engine's path; each field says what it chooses and why that default (figures: bench_gemv / bench_moe /
-// bench_gdn on the H200, docs/benchmarks.md; the history of each choice: dev/notes/gpu-kernels.md).
+// bench_gdn on the H200; the history of each choice: dev/notes/gpu-kernels.md).
 //
 // Plain values without CUDA types, so cuda_engine.h can carry one. Nothing here is process-wide: two calls with
 // different tunings may run side by side.
