@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Instruments a COPY of the source tree for the GDN phase-clock measurements of docs/benchmarks.md
+"""Instruments a COPY of the source tree for the GDN phase-clock measurements of 6eb9850^:docs/benchmarks.md
 ("GDN decode step: where the 1-session time goes"); never run it on your working tree.
 
 It edits gpu/kernels/gdn_decode.cu and bench/gpu/bench_gdn.cu of the copy in place:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Instruments a COPY of the source tree to measure what each launch of moe_imma_forward costs inside the layer's chain
-(docs/benchmarks.md, "MoE layer: what each launch costs in the chain"); never run it on your working tree.
+(6eb9850^:docs/benchmarks.md, "MoE layer: what each launch costs in the chain"); never run it on your working tree.
 
 It edits the copy's gpu/kernels/moe_imma.cu so that the launch named by the environment variable KESTREL_MOE_DUP (0 router
 logits + x preparation, 1 route + tables, 2 gate+up GEMV, 3 SwiGLU preparation, 4 down GEMV, 5 combine) is issued
