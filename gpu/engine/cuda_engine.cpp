@@ -63,9 +63,7 @@ class CudaEngineImpl final : public CudaEngine {
     slots_.emplace(std::move(s));
     KESTREL_TRY_ASSIGN(
         dm_, DeviceModel::create(model_, ForwardPass::scratch_bytes(hp, o.n_ctx), state_bytes(), o.progress, stream_));
-    PassTuning tuning;
-    tuning.programmatic = o.programmatic;
-    KESTREL_TRY_ASSIGN(pass_, ForwardPass::create(*dm_, *slots_, tuning, stream_));
+    KESTREL_TRY_ASSIGN(pass_, ForwardPass::create(*dm_, *slots_, o.tuning, stream_));
     slot_info_.resize(static_cast<size_t>(o.max_slots));
     placement_ = placement_all_on(model_.catalog(), "cuda:" + std::to_string(device_));
     placement_.device = device_label(device_);
