@@ -15,8 +15,9 @@ namespace {
 
 constexpr int kMaxJsonDepth = 512;
 
+// `text_bytes` adds up the bytes of every string (the rendering is about that long).
 template <class Json>
-Expected<jinja::Value> to_value(const Json& j, int depth) {
+Expected<jinja::Value> to_value(const Json& j, int depth, size_t& text_bytes) {
   using jinja::Value;
   if (depth > kMaxJsonDepth) return make_error(ErrorCode::kInvalidArgument, "the context is nested too deeply");
   switch (j.type()) {
@@ -34,13 +35,14 @@ Expected<jinja::Value> to_value(const Json& j, int depth) {
     case nlohmann::json::value_t::string: {
       const auto& s = j.template get_ref<const std::string&>();
       if (!jinja::valid_utf8(s)) return make_error(ErrorCode::kInvalidArgument, "a string in the context is not UTF-8");
+      text_bytes += s.size();
       return Value::string(s);
     }
     case nlohmann::json::value_t::array: {
       std::vector<Value> items;
       items.reserve(j.size());
       for (const auto& item : j) {
-        KESTREL_TRY_ASSIGN(Value v, to_value(item, depth + 1));
+        KESTREL_TRY_ASSIGN(Value v, to_value(item, depth + 1, text_bytes));
         items.push_back(std::move(v));
       }
       return Value::list(std::move(items));
@@ -51,7 +53,7 @@ Expected<jinja::Value> to_value(const Json& j, int depth) {
       for (auto it = j.begin(); it != j.end(); ++it) {
         if (!jinja::valid_utf8(it.key()))
           return make_error(ErrorCode::kInvalidArgument, "a key in the context is not UTF-8");
-        KESTREL_TRY_ASSIGN(Value v, to_value(it.value(), depth + 1));
+        KESTREL_TRY_ASSIGN(Value v, to_value(it.value(), depth + 1, text_bytes));
         d.entries.emplace_back(Value::string(it.key()), std::move(v));
       }
       return Value::dict(std::move(d));
@@ -65,9 +67,10 @@ Expected<std::string> render_json(const jinja::Program& program, const Json& con
   try {
     if (!context.is_object())
       return make_error(ErrorCode::kInvalidArgument, "the chat template context must be an object");
-    KESTREL_TRY_ASSIGN(jinja::Value globals, to_value(context, 0));
+    size_t text_bytes = 0;
+    KESTREL_TRY_ASSIGN(jinja::Value globals, to_value(context, 0, text_bytes));
     jinja::Evaluator ev(program, globals.dict());
-    return ev.render();
+    return ev.render(text_bytes + text_bytes / 8 + 4096);
   } catch (const std::exception& e) {
     return make_error(ErrorCode::kResourceExhausted, std::string("rendering the chat template failed: ") + e.what());
   }

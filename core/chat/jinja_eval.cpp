@@ -1,6 +1,8 @@
 // Jinja evaluator: statements, scopes, expressions (jinja_eval.h).
 #include "core/chat/jinja_eval.h"
 
+#include <algorithm>
+
 #include "core/chat/jinja_builtins.h"
 #include "core/chat/jinja_methods.h"
 #include "core/chat/jinja_ops.h"
@@ -83,9 +85,10 @@ Status Evaluator::check_size(size_t bytes) const {
   return ok_status();
 }
 
-Expected<std::string> Evaluator::render() {
+Expected<std::string> Evaluator::render(size_t expected_bytes) {
   auto top = std::make_shared<Scope>();
   std::string out;
+  out.reserve(std::min(expected_bytes, limits_.max_output_bytes));
   KESTREL_TRY(exec(program_.body, top, out));
   return out;
 }

@@ -36,7 +36,9 @@ class Evaluator {
   Evaluator(const Evaluator&) = delete;
   Evaluator& operator=(const Evaluator&) = delete;
 
-  Expected<std::string> render();
+  // `expected_bytes`: a guess of the output's size (reserved up front: growing a large string step by step costs
+  // more than the rendering itself).
+  Expected<std::string> render(size_t expected_bytes = 0);
 
   // For builtins and callables.
   Expected<Value> call(const Value& fn, CallArgs args);

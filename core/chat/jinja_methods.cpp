@@ -327,7 +327,7 @@ Expected<Value> fn_raise_exception(Evaluator& /*ev*/, CallArgs args) {
   if (!args.positional.empty()) {
     KESTREL_TRY_ASSIGN(message, py_str(args.positional[0]));
   }
-  return make_error(ErrorCode::kInvalidArgument, "raise_exception: " + message);
+  return make_error(ErrorCode::kInvalidArgument, message);
 }
 
 }  // namespace
