@@ -102,6 +102,11 @@ Expected<Evaluator::Flow> Evaluator::exec(const Body& body, const ScopePtr& scop
 }
 
 Expected<Evaluator::Flow> Evaluator::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out) {
+  if (++steps_ > limits_.max_steps) {
+    return at_line(make_error(ErrorCode::kResourceExhausted,
+                              "the template ran more than " + std::to_string(limits_.max_steps) + " statements"),
+                   s.line);
+  }
   switch (s.kind) {
     case StmtKind::kText:
       out += s.text;
@@ -217,6 +222,11 @@ Status Evaluator::assign(const Target& target, Value value, const ScopePtr& scop
       const Value ns = lookup(target.names[0], scope);
       if (ns.kind() != Value::Kind::kNamespace) {
         return at_line(type_error("cannot assign attribute on non-namespace object"), line);
+      }
+      if (value.depth() > kMaxNesting) {
+        return at_line(make_error(ErrorCode::kResourceExhausted,
+                                  "a value nested more than " + std::to_string(kMaxNesting) + " levels deep"),
+                       line);
       }
       ns.name_space().set(target.attr, std::move(value));
       return ok_status();
