@@ -21,7 +21,7 @@ Expected<ChatConversation::Turn> ChatConversation::user_turn(std::string content
   nlohmann::ordered_json ctx = globals_;
   ctx["messages"] = messages_;
   ctx["add_generation_prompt"] = true;
-  auto prompt = tmpl_.render_ordered(ctx);
+  auto prompt = tmpl_.render(ctx);
   if (!prompt) {
     messages_.erase(messages_.size() - 1);
     return std::move(prompt).error();

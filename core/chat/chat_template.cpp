@@ -41,7 +41,7 @@ Expected<std::string> ChatTemplate::render(const nlohmann::json& context) const 
   return render_json(*program_, context);
 }
 
-Expected<std::string> ChatTemplate::render_ordered(const nlohmann::ordered_json& context) const {
+Expected<std::string> ChatTemplate::render(const nlohmann::ordered_json& context) const {
   return render_json(*program_, context);
 }
 

@@ -5,7 +5,7 @@
 //
 //   KESTREL_TRY_ASSIGN(auto tmpl, chat::ChatTemplate::parse(vocab.chat_template));   // at model load
 //   nlohmann::ordered_json ctx = {{"messages", messages}, {"add_generation_prompt", true}};
-//   KESTREL_TRY_ASSIGN(std::string prompt, tmpl.render_ordered(ctx));                 // per request
+//   KESTREL_TRY_ASSIGN(std::string prompt, tmpl.render(ctx));                         // per request
 //
 // parse() refuses, at load, a template that uses a construct the interpreter does not implement (kUnsupported,
 // naming the construct and its line) and a malformed one (kInvalidArgument with the line). render() takes the
@@ -18,8 +18,7 @@
 //
 // Key order: Python keeps a JSON object's keys in the order the client sent them and `tojson` writes them in that
 // order (tool definitions, tool-call arguments). nlohmann::json sorts keys; nlohmann::ordered_json keeps them. Render
-// with render_ordered() from an ordered_json (parse requests with nlohmann::ordered_json::parse) to match transformers
-// byte for byte; render() gives the same text when the keys are in sorted order anyway.
+// from an ordered_json (parse requests with nlohmann::ordered_json::parse) to match transformers byte for byte.
 //
 // Ownership and threads: a ChatTemplate owns its parsed template, is immutable, cheap to copy (shared), and render()
 // may run on any number of threads at once. No exception escapes either function.
@@ -44,9 +43,8 @@ class ChatTemplate {
   static Expected<ChatTemplate> parse(std::string_view source);
   // Renders with `context` as the Jinja globals (see above). Errors name the construct and template line.
   Expected<std::string> render(const nlohmann::json& context) const;
-  // The same, keeping the context's key order (what transformers sees). A separate name, so that render({...}) with a
-  // braced initializer stays unambiguous.
-  Expected<std::string> render_ordered(const nlohmann::ordered_json& context) const;
+  // The same, keeping the context's key order (what transformers sees).
+  Expected<std::string> render(const nlohmann::ordered_json& context) const;
 
  private:
   explicit ChatTemplate(std::shared_ptr<const jinja::Program> program) : program_(std::move(program)) {}

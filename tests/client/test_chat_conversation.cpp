@@ -27,7 +27,7 @@ std::string render(const std::string& name, const Json& messages, const Json& gl
   Json ctx = globals;
   ctx["messages"] = messages;
   ctx["add_generation_prompt"] = true;
-  auto r = load(name).render_ordered(ctx);
+  auto r = load(name).render(ctx);
   EXPECT_TRUE(r) << r.error().to_string();
   return r ? *r : std::string();
 }

@@ -99,7 +99,7 @@ TEST_P(ChatGolden, MatchesJinja2) {
   ASSERT_EQ(cases.size(), conversations.size()) << "regenerate with tools/golden/make_chat_golden.py";
   for (size_t i = 0; i < cases.size(); ++i) {
     ASSERT_EQ(cases[i]["name"], conversations[i]["name"]);
-    check_case(tmpl->render_ordered(conversations[i]["context"]), cases[i],
+    check_case(tmpl->render(conversations[i]["context"]), cases[i],
                stem + " / " + conversations[i]["name"].get<std::string>());
   }
 }
@@ -127,7 +127,7 @@ TEST(ChatGoldenSnippets, MatchJinja2) {
       EXPECT_TRUE(expected[i].contains("error")) << name << ": " << tmpl.error().to_string();
       continue;
     }
-    check_case(tmpl->render_ordered(snippets[i]["context"]), expected[i], "snippet " + name);
+    check_case(tmpl->render(snippets[i]["context"]), expected[i], "snippet " + name);
   }
 }
 
