@@ -1,6 +1,8 @@
 // Jinja evaluator: statements, scopes, expressions (jinja_eval.h).
 #include "core/chat/jinja_eval.h"
 
+#include <algorithm>
+
 #include "core/chat/jinja_builtins.h"
 #include "core/chat/jinja_methods.h"
 #include "core/chat/jinja_ops.h"
@@ -83,9 +85,10 @@ Status Evaluator::check_size(size_t bytes) const {
   return ok_status();
 }
 
-Expected<std::string> Evaluator::render() {
+Expected<std::string> Evaluator::render(size_t expected_bytes) {
   auto top = std::make_shared<Scope>();
   std::string out;
+  out.reserve(std::min(expected_bytes, limits_.max_output_bytes));
   KESTREL_TRY(exec(program_.body, top, out));
   return out;
 }
@@ -99,6 +102,11 @@ Expected<Evaluator::Flow> Evaluator::exec(const Body& body, const ScopePtr& scop
 }
 
 Expected<Evaluator::Flow> Evaluator::exec_stmt(const Stmt& s, const ScopePtr& scope, std::string& out) {
+  if (++steps_ > limits_.max_steps) {
+    return at_line(make_error(ErrorCode::kResourceExhausted,
+                              "the template ran more than " + std::to_string(limits_.max_steps) + " statements"),
+                   s.line);
+  }
   switch (s.kind) {
     case StmtKind::kText:
       out += s.text;
@@ -214,6 +222,11 @@ Status Evaluator::assign(const Target& target, Value value, const ScopePtr& scop
       const Value ns = lookup(target.names[0], scope);
       if (ns.kind() != Value::Kind::kNamespace) {
         return at_line(type_error("cannot assign attribute on non-namespace object"), line);
+      }
+      if (value.depth() > kMaxNesting) {
+        return at_line(make_error(ErrorCode::kResourceExhausted,
+                                  "a value nested more than " + std::to_string(kMaxNesting) + " levels deep"),
+                       line);
       }
       ns.name_space().set(target.attr, std::move(value));
       return ok_status();

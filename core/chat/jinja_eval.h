@@ -9,9 +9,11 @@
 //
 // Errors (kInvalidArgument for what the template or its data does wrong: raise_exception, TypeError, undefined
 // values; kUnsupported for Python behaviour not implemented; kResourceExhausted past the limits) name the template
-// line. One Evaluator renders once, on one thread.
+// line. One Evaluator renders once, on one thread. Limits (RenderLimits) bound the output, nested macro calls and the
+// statements executed, so no template and no conversation can make a render run away.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +29,7 @@ struct Scope;
 struct RenderLimits {
   size_t max_output_bytes = size_t{256} << 20;  // the rendered text, and any one string built on the way
   int max_call_depth = 256;                     // nested macro calls
+  uint64_t max_steps = 50'000'000;              // statements executed (loop bodies included), ~seconds of work
 };
 
 class Evaluator {
@@ -36,7 +39,9 @@ class Evaluator {
   Evaluator(const Evaluator&) = delete;
   Evaluator& operator=(const Evaluator&) = delete;
 
-  Expected<std::string> render();
+  // `expected_bytes`: a guess of the output's size (reserved up front: growing a large string step by step costs
+  // more than the rendering itself).
+  Expected<std::string> render(size_t expected_bytes = 0);
 
   // For builtins and callables.
   Expected<Value> call(const Value& fn, CallArgs args);
@@ -65,6 +70,7 @@ class Evaluator {
   Dict globals_;
   RenderLimits limits_;
   int depth_ = 0;
+  uint64_t steps_ = 0;
   std::vector<std::shared_ptr<Namespace>> namespaces_;  // cleared at the end: a namespace may hold itself
 };
 

@@ -235,6 +235,9 @@ Expected<Value> filter_replace(const Value& v, CallArgs args) {
     }
     count = a[2].as_int();
   }
+  if (py_replace_size(s, old, rep, count) > kMaxStringBytes) {
+    return make_error(ErrorCode::kResourceExhausted, "replace result past 256 MiB");
+  }
   return Value::string(py_replace(s, old, rep, count));
 }
 
@@ -254,6 +257,9 @@ Expected<Value> filter_indent(const Value& v, CallArgs args) {
     return type_error("can't multiply sequence by non-int of type '" + type_name(a[0]) + "'");
   }
   const std::vector<std::string> lines = py_splitlines(v.str() + "\n");
+  if (v.str().size() + lines.size() * (indention.size() + 1) > kMaxStringBytes) {
+    return make_error(ErrorCode::kResourceExhausted, "indent result past 256 MiB");
+  }
   std::string rv;
   if (truthy(a[2])) {
     for (size_t i = 0; i < lines.size(); ++i) {

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <nlohmann/json.hpp>
 
 #include "core/chat/jinja_text.h"
 
@@ -69,6 +71,9 @@ class Encoder {
   }
 
   Status encode(const Value& v, int level) {
+    // Python raises RecursionError for a structure that deep (a namespace cannot be encoded, so no cycles).
+    if (level > kMaxNesting) return make_error(ErrorCode::kResourceExhausted, "tojson of a value nested too deeply");
+    if (out_.size() > kMaxStringBytes) return make_error(ErrorCode::kResourceExhausted, "tojson result past 256 MiB");
     switch (v.kind()) {
       case Value::Kind::kNone: out_ += "null"; return ok_status();
       case Value::Kind::kBool: out_ += v.as_bool() ? "true" : "false"; return ok_status();
@@ -168,12 +173,78 @@ class Encoder {
   std::string out_;
 };
 
+// Recursion over either nlohmann type; `text_bytes` adds up the bytes of every string.
+constexpr int kMaxJsonDepth = 512;
+
+// `text_bytes` adds up the bytes of every string (the rendering is about that long).
+template <class Json>
+Expected<Value> to_value(const Json& j, int depth, size_t& text_bytes) {
+  if (depth > kMaxJsonDepth) return make_error(ErrorCode::kInvalidArgument, "the context is nested too deeply");
+  switch (j.type()) {
+    case nlohmann::json::value_t::null: return Value::none();
+    case nlohmann::json::value_t::boolean: return Value::boolean(j.template get<bool>());
+    case nlohmann::json::value_t::number_integer: return Value::integer(j.template get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned: {
+      const auto u = j.template get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return make_error(ErrorCode::kUnsupported, "an integer in the context beyond 64 bits: " + std::to_string(u));
+      }
+      return Value::integer(static_cast<int64_t>(u));
+    }
+    case nlohmann::json::value_t::number_float: return Value::number(j.template get<double>());
+    case nlohmann::json::value_t::string: {
+      const auto& s = j.template get_ref<const std::string&>();
+      if (!valid_utf8(s)) return make_error(ErrorCode::kInvalidArgument, "a string in the context is not UTF-8");
+      text_bytes += s.size();
+      return Value::string(s);
+    }
+    case nlohmann::json::value_t::array: {
+      std::vector<Value> items;
+      items.reserve(j.size());
+      for (const auto& item : j) {
+        KESTREL_TRY_ASSIGN(Value v, to_value(item, depth + 1, text_bytes));
+        items.push_back(std::move(v));
+      }
+      return Value::list(std::move(items));
+    }
+    case nlohmann::json::value_t::object: {
+      Dict d;
+      d.entries.reserve(j.size());
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        if (!valid_utf8(it.key())) return make_error(ErrorCode::kInvalidArgument, "a key in the context is not UTF-8");
+        KESTREL_TRY_ASSIGN(Value v, to_value(it.value(), depth + 1, text_bytes));
+        d.entries.emplace_back(Value::string(it.key()), std::move(v));
+      }
+      return Value::dict(std::move(d));
+    }
+    default: return make_error(ErrorCode::kInvalidArgument, "the context holds a value JSON cannot (binary)");
+  }
+}
+
 }  // namespace
 
 Expected<std::string> json_dumps(const Value& v, const JsonDumpOptions& options) {
   Encoder e(options);
   KESTREL_TRY(e.encode(v, 0));
   return e.take();
+}
+
+}  // namespace kestrel::chat::jinja
+
+namespace kestrel::chat::jinja {
+
+Expected<Value> value_from_json(const nlohmann::json& j, size_t* text_bytes) {
+  size_t bytes = 0;
+  auto v = to_value(j, 0, bytes);
+  if (text_bytes != nullptr) *text_bytes = bytes;
+  return v;
+}
+
+Expected<Value> value_from_json(const nlohmann::ordered_json& j, size_t* text_bytes) {
+  size_t bytes = 0;
+  auto v = to_value(j, 0, bytes);
+  if (text_bytes != nullptr) *text_bytes = bytes;
+  return v;
 }
 
 }  // namespace kestrel::chat::jinja

@@ -8,6 +8,7 @@
 // them, sort_keys ordering, and "Object of type X is not JSON serializable" for anything else.
 #pragma once
 
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 
@@ -25,5 +26,12 @@ struct JsonDumpOptions {
 };
 
 Expected<std::string> json_dumps(const Value& v, const JsonDumpOptions& options);
+
+// A JSON document as a Value, the way Python's json.loads gives it to jinja2: objects as dicts (in the document's
+// key order for ordered_json; nlohmann::json has sorted them), arrays as lists. `text_bytes` (optional) receives the
+// total length of its strings. kInvalidArgument for a string or key that is not UTF-8 or nesting past 512 levels,
+// kUnsupported for an integer beyond int64.
+Expected<Value> value_from_json(const nlohmann::json& j, size_t* text_bytes = nullptr);
+Expected<Value> value_from_json(const nlohmann::ordered_json& j, size_t* text_bytes = nullptr);
 
 }  // namespace kestrel::chat::jinja

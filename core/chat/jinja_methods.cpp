@@ -99,6 +99,9 @@ Expected<Value> call_str_method(const Value& self, const std::string& name, Call
     if (a[2].kind() != Value::Kind::kInt && a[2].kind() != Value::Kind::kBool) {
       return type_error("'" + type_name(a[2]) + "' object cannot be interpreted as an integer");
     }
+    if (py_replace_size(s, old, rep, a[2].as_int()) > kMaxStringBytes) {
+      return make_error(ErrorCode::kResourceExhausted, "replace() result past 256 MiB");
+    }
     return Value::string(py_replace(s, old, rep, a[2].as_int()));
   }
   if (name == "upper" || name == "lower" || name == "capitalize") {
@@ -327,7 +330,7 @@ Expected<Value> fn_raise_exception(Evaluator& /*ev*/, CallArgs args) {
   if (!args.positional.empty()) {
     KESTREL_TRY_ASSIGN(message, py_str(args.positional[0]));
   }
-  return make_error(ErrorCode::kInvalidArgument, "raise_exception: " + message);
+  return make_error(ErrorCode::kInvalidArgument, message);
 }
 
 }  // namespace

@@ -53,7 +53,7 @@ Expected<Value> repeat(const Value& seq, int64_t n, size_t max_bytes) {
     return Value::string(std::move(out), seq.markup());
   }
   const List& l = seq.list();
-  if (!l.items.empty() && static_cast<uint64_t>(n) > max_bytes / l.items.size()) {
+  if (!l.items.empty() && static_cast<uint64_t>(n) > kMaxListItems / l.items.size()) {
     return make_error(ErrorCode::kResourceExhausted, "list repetition past the output limit");
   }
   std::vector<Value> out;
@@ -87,6 +87,9 @@ Expected<Value> add(const Value& a, const Value& b, size_t max_bytes) {
   }
   if (a.kind() == Value::Kind::kList && b.kind() == Value::Kind::kList && a.list().kind == b.list().kind &&
       (a.list().kind == SeqKind::kList || a.list().kind == SeqKind::kTuple)) {
+    if (a.list().items.size() + b.list().items.size() > kMaxListItems) {
+      return make_error(ErrorCode::kResourceExhausted, "a list of more than 2^20 items");
+    }
     std::vector<Value> items = a.list().items;
     items.insert(items.end(), b.list().items.begin(), b.list().items.end());
     return Value::list(std::move(items), a.list().kind);

@@ -1,6 +1,7 @@
 // Python str semantics over UTF-8 (see jinja_text.h).
 #include "core/chat/jinja_text.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -247,6 +248,12 @@ std::string py_replace(std::string_view s, std::string_view old, std::string_vie
   }
   out += s.substr(pos);
   return out;
+}
+
+uint64_t py_replace_size(std::string_view s, std::string_view old, std::string_view rep, int64_t count) {
+  uint64_t n = static_cast<uint64_t>(py_count(s, old));
+  if (count >= 0) n = std::min<uint64_t>(n, static_cast<uint64_t>(count));
+  return s.size() - n * old.size() + n * rep.size();
 }
 
 int64_t py_find(std::string_view s, std::string_view sub) {

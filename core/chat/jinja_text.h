@@ -40,6 +40,8 @@ std::vector<std::string> py_split(std::string_view s, std::string_view sep, int6
 std::vector<std::string> py_split_whitespace(std::string_view s, int64_t maxsplit);
 // str.replace(old, new, count); count < 0: all. An empty `old` inserts `rep` around every code point.
 std::string py_replace(std::string_view s, std::string_view old, std::string_view rep, int64_t count);
+// The length py_replace's result would have (to refuse a huge one before building it).
+uint64_t py_replace_size(std::string_view s, std::string_view old, std::string_view rep, int64_t count);
 // str.find(sub): the code-point index of the first occurrence, or -1.
 int64_t py_find(std::string_view s, std::string_view sub);
 // str.count(sub): non-overlapping occurrences (code points + 1 for an empty sub).

@@ -1,6 +1,7 @@
 // Python semantics of Values: truthiness, ==, ordering, str(), repr(), len(), iteration, `in` (jinja_value.h).
 #include "core/chat/jinja_value.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/chat/jinja_text.h"
@@ -44,15 +45,27 @@ Value Value::string(std::string s, bool markup) {
   v.markup_ = markup;
   return v;
 }
+namespace {
+
+uint16_t nested_depth(uint16_t child_max) { return child_max == UINT16_MAX ? child_max : child_max + 1; }
+
+}  // namespace
+
 Value Value::list(std::vector<Value> items, SeqKind kind) {
   Value v;
   v.kind_ = Kind::kList;
+  uint16_t d = 0;
+  for (const Value& item : items) d = std::max(d, item.depth_);
+  v.depth_ = nested_depth(d);
   v.list_ = std::make_shared<const List>(List{std::move(items), kind});
   return v;
 }
 Value Value::dict(Dict d) {
   Value v;
   v.kind_ = Kind::kDict;
+  uint16_t depth = 0;
+  for (const auto& [k, val] : d.entries) depth = std::max({depth, k.depth_, val.depth_});
+  v.depth_ = nested_depth(depth);
   v.dict_ = std::make_shared<const Dict>(std::move(d));
   return v;
 }
@@ -185,7 +198,18 @@ bool same_identity(const Value& a, const Value& b) {
 
 }  // namespace
 
-bool py_equal(const Value& a, const Value& b) {
+namespace {
+
+bool equal_at(const Value& a, const Value& b, int depth);
+
+}  // namespace
+
+bool py_equal(const Value& a, const Value& b) { return equal_at(a, b, 0); }
+
+namespace {
+
+bool equal_at(const Value& a, const Value& b, int depth) {
+  if (depth > kMaxNesting) return false;  // containers that deep are refused when built; this is a backstop
   if (a.is_number() && b.is_number()) {
     if (is_integral(a) && is_integral(b)) return a.as_int() == b.as_int();
     if (is_integral(a)) return int_equals_float(a.as_int(), b.as_float());
@@ -203,7 +227,7 @@ bool py_equal(const Value& a, const Value& b) {
       if (x.kind == SeqKind::kGenerator) return &x == &y;
       if (x.kind != y.kind || x.items.size() != y.items.size()) return false;
       for (size_t i = 0; i < x.items.size(); ++i) {
-        if (!py_equal(x.items[i], y.items[i])) return false;
+        if (!equal_at(x.items[i], y.items[i], depth + 1)) return false;
       }
       return true;
     }
@@ -213,13 +237,15 @@ bool py_equal(const Value& a, const Value& b) {
       if (x.entries.size() != y.entries.size()) return false;
       for (const auto& [k, v] : x.entries) {
         const Value* other = y.find(k);
-        if (other == nullptr || !py_equal(v, *other)) return false;
+        if (other == nullptr || !equal_at(v, *other, depth + 1)) return false;
       }
       return true;
     }
     default: return same_identity(a, b);
   }
 }
+
+}  // namespace
 
 namespace {
 
@@ -270,29 +296,44 @@ Expected<bool> py_order(const Value& a, const Value& b, Order op) {
 
 namespace {
 
-Status append_repr(const Value& v, std::string& out);
+Status append_repr(const Value& v, std::string& out, int depth);
 
-Status append_items(const std::vector<Value>& items, std::string& out) {
+Status append_items(const std::vector<Value>& items, std::string& out, int depth) {
   for (size_t i = 0; i < items.size(); ++i) {
     if (i > 0) out += ", ";
-    KESTREL_TRY(append_repr(items[i], out));
+    KESTREL_TRY(append_repr(items[i], out, depth));
   }
   return ok_status();
 }
 
-Status append_dict(const Dict& d, std::string& out) {
+Status append_dict(const Dict& d, std::string& out, int depth) {
   out += '{';
   for (size_t i = 0; i < d.entries.size(); ++i) {
     if (i > 0) out += ", ";
-    KESTREL_TRY(append_repr(d.entries[i].first, out));
+    KESTREL_TRY(append_repr(d.entries[i].first, out, depth));
     out += ": ";
-    KESTREL_TRY(append_repr(d.entries[i].second, out));
+    KESTREL_TRY(append_repr(d.entries[i].second, out, depth));
   }
   out += '}';
   return ok_status();
 }
 
-Status append_repr(const Value& v, std::string& out) {
+Status append_namespace(const Namespace& ns, std::string& out, int depth) {
+  Dict d;
+  for (const auto& [k, val] : ns.attrs) d.entries.emplace_back(Value::string(k), val);
+  out += "<Namespace ";
+  KESTREL_TRY(append_dict(d, out, depth));
+  out += '>';
+  return ok_status();
+}
+
+Status append_repr(const Value& v, std::string& out, int depth) {
+  if (depth > kMaxNesting || out.size() > kMaxStringBytes) {
+    return make_error(ErrorCode::kResourceExhausted, depth > kMaxNesting
+                                                         ? "repr of a value nested too deeply (or containing itself)"
+                                                         : "repr of a value past 256 MiB");
+  }
+  ++depth;
   switch (v.kind()) {
     case Value::Kind::kUndefined: out += "Undefined"; return ok_status();
     case Value::Kind::kString:
@@ -307,24 +348,25 @@ Status append_repr(const Value& v, std::string& out) {
       switch (l.kind) {
         case SeqKind::kList:
           out += '[';
-          KESTREL_TRY(append_items(l.items, out));
+          KESTREL_TRY(append_items(l.items, out, depth));
           out += ']';
           return ok_status();
         case SeqKind::kTuple:
           out += '(';
-          KESTREL_TRY(append_items(l.items, out));
+          KESTREL_TRY(append_items(l.items, out, depth));
           if (l.items.size() == 1) out += ',';
           out += ')';
           return ok_status();
         case SeqKind::kGenerator: return unsupported("printing a generator (Python shows a memory address)");
         default:
           out += type_name(v) + "([";
-          KESTREL_TRY(append_items(l.items, out));
+          KESTREL_TRY(append_items(l.items, out, depth));
           out += "])";
           return ok_status();
       }
     }
-    case Value::Kind::kDict: return append_dict(v.dict(), out);
+    case Value::Kind::kDict: return append_dict(v.dict(), out, depth);
+    case Value::Kind::kNamespace: return append_namespace(v.name_space(), out, depth);
     default: {
       KESTREL_TRY_ASSIGN(std::string s, py_str(v));
       out += s;
@@ -344,17 +386,11 @@ Expected<std::string> py_str(const Value& v) {
     case Value::Kind::kFloat: return py_float_repr(v.as_float());
     case Value::Kind::kString: return v.str();
     case Value::Kind::kList:
-    case Value::Kind::kDict: {
-      std::string out;
-      KESTREL_TRY(append_repr(v, out));
-      return out;
-    }
+    case Value::Kind::kDict:
     case Value::Kind::kNamespace: {
-      Dict d;
-      for (const auto& [k, val] : v.name_space().attrs) d.entries.emplace_back(Value::string(k), val);
-      std::string out = "<Namespace ";
-      KESTREL_TRY(append_dict(d, out));
-      return out + ">";
+      std::string out;
+      KESTREL_TRY(append_repr(v, out, 0));
+      return out;
     }
     case Value::Kind::kLoop: {
       const LoopState& l = v.loop();
@@ -368,7 +404,7 @@ Expected<std::string> py_str(const Value& v) {
 
 Expected<std::string> py_repr(const Value& v) {
   std::string out;
-  KESTREL_TRY(append_repr(v, out));
+  KESTREL_TRY(append_repr(v, out, 0));
   return out;
 }
 
@@ -396,6 +432,9 @@ Expected<std::vector<Value>> py_iterate(const Value& v) {
       return out;
     case Value::Kind::kString: {
       const std::string& s = v.str();
+      if (code_point_count(s) > kMaxListItems) {
+        return make_error(ErrorCode::kResourceExhausted, "iterating a string of more than 2^20 characters");
+      }
       size_t i = 0;
       while (i < s.size()) {
         const size_t start = i;

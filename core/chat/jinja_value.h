@@ -72,6 +72,8 @@ class Value {
   static Value loop(std::shared_ptr<const LoopState> loop);
 
   Kind kind() const { return kind_; }
+  // How deeply lists and dicts nest inside this value (0 for anything else); saturates at 65535.
+  uint16_t depth() const { return depth_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
   bool is_none() const { return kind_ == Kind::kNone; }
   bool is_string() const { return kind_ == Kind::kString; }
@@ -92,6 +94,7 @@ class Value {
 
  private:
   Kind kind_ = Kind::kUndefined;
+  uint16_t depth_ = 0;
   bool b_ = false;
   bool markup_ = false;
   int64_t i_ = 0;
@@ -133,6 +136,14 @@ class Callable {
   virtual Expected<Value> call(Evaluator& ev, CallArgs args) const = 0;
 };
 
+// Containers nested deeper than this (a template growing a namespace attribute [[[...]]] in a loop) are refused:
+// their recursive repr, comparison and destruction would exhaust the stack. Python stops near 1000 frames.
+inline constexpr int kMaxNesting = 256;
+// No string built by a filter or method (replace, indent, tojson, repr) is longer than this.
+inline constexpr size_t kMaxStringBytes = size_t{256} << 20;
+// No list built by an operation (repetition, concatenation, iteration of a string) holds more items than this.
+inline constexpr size_t kMaxListItems = size_t{1} << 20;
+
 // Errors as Jinja would raise them; the evaluator adds the template line.
 Error type_error(std::string message);      // TypeError, ValueError, ... from Python operations
 Error undefined_error(const Value& undef);  // UndefinedError: the hint of `undef`
@@ -148,6 +159,7 @@ enum class Order : uint8_t { kLt, kLe, kGt, kGe };
 Expected<bool> py_order(const Value& a, const Value& b, Order op);
 
 // str(v) as Jinja prints it: Undefined -> "", None -> "None", True -> "True", floats as repr, containers as repr.
+// kResourceExhausted past 256 MiB or for a namespace that contains itself (Python would print "{...}").
 Expected<std::string> py_str(const Value& v);
 Expected<std::string> py_repr(const Value& v);
 // len(v): code points of a str, items of a container, 0 for Undefined.

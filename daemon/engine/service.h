@@ -59,6 +59,7 @@ struct ModelInfo {
   std::string device;                     // the engine's PlacementPlan::device
   std::vector<PlacementEntry> placement;  // core/engine/engine.h
   uint64_t file_bytes = 0;
+  std::string chat_template;  // tokenizer.chat_template; empty: none
 };
 
 struct ServiceLimits {

@@ -60,6 +60,7 @@ ServiceImpl::ServiceImpl(const Model& model, Engine& engine, const ServiceLimits
   info_.device = engine_.placement().device;
   info_.placement = engine_.placement().entries;
   info_.file_bytes = model_.file().file_size();
+  info_.chat_template = model_.tokenizer().vocab().chat_template;
 }
 
 ServiceImpl::~ServiceImpl() {

@@ -216,6 +216,7 @@ RpcStatus RpcHandlers::get_model_info(const v1::GetModelInfoRequest& /*request*/
   }
   out->set_file_bytes(m.file_bytes);
   out->set_model_path(utf8_sanitize(m.model_path));
+  out->set_chat_template(utf8_sanitize(m.chat_template));
   return {};
 }
 

@@ -1,15 +1,19 @@
 // core/chat on inputs the golden comparison with jinja2 cannot cover: syntax errors (with their line), constructs
 // refused at parse time (named, with their line), render errors naming the line, the API's input checks, limits,
-// key order, and concurrent renders of one template.
+// key order, concurrent renders of one template, and mutated templates.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/chat/chat_template.h"
 #include "core/chat/jinja_eval.h"
+#include "core/chat/jinja_json.h"
 #include "core/chat/jinja_parser.h"
 
 namespace kestrel::chat {
@@ -242,6 +246,114 @@ TEST(ChatTemplateRender, ConcurrentRendersOfOneTemplateAgree) {
   }
   for (auto& th : threads) th.join();
   for (const std::string& r : results) EXPECT_EQ(r, *expected);
+}
+
+// Seeded random edits of the real templates (deleted, duplicated and swapped spans, inserted Jinja tokens): every
+// mutant must parse or be refused, and render or fail, with an error and never a crash, a hang or an exception. The
+// limits are small so that a mutant that loops or recurses ends quickly.
+TEST(ChatTemplateRobustness, MutatedTemplatesFailCleanly) {
+  std::vector<std::string> seeds;
+  for (const char* name : {"qwen3", "qwen3.5", "qwen3-next-instruct", "qwen3-next-thinking"}) {
+    std::ifstream in(std::string(KESTREL_TEST_DATA_DIR) + "/chat_templates/" + name + ".jinja", std::ios::binary);
+    seeds.emplace_back((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(seeds.back().empty()) << name;
+  }
+  static constexpr const char* kPieces[] = {"{%",
+                                            "%}",
+                                            "{{",
+                                            "}}",
+                                            "{#",
+                                            "#}",
+                                            "-",
+                                            "+",
+                                            "(",
+                                            ")",
+                                            "[",
+                                            "]",
+                                            "{",
+                                            "}",
+                                            "'",
+                                            "\"",
+                                            "|",
+                                            ".",
+                                            ",",
+                                            ":",
+                                            " is ",
+                                            " not ",
+                                            " in ",
+                                            " and ",
+                                            " or ",
+                                            " if ",
+                                            " else ",
+                                            "endif",
+                                            "endfor",
+                                            "for x in ",
+                                            "loop",
+                                            "ns",
+                                            "messages",
+                                            "tojson",
+                                            "trim",
+                                            "items",
+                                            "length",
+                                            "[::-1]",
+                                            "*",
+                                            "**",
+                                            "//",
+                                            "~",
+                                            "\n",
+                                            " ",
+                                            "0",
+                                            "-1",
+                                            "1e9",
+                                            "range(99999)",
+                                            "raise_exception('x')",
+                                            "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}",
+                                            "\xC3\xA9"};
+  const Json ctx = Json::parse(R"({
+    "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi <tool_response>"},
+                 {"role": "assistant", "content": "<think>r</think>a", "reasoning_content": "r",
+                  "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {"a": [1, 2.5, null]}}}]},
+                 {"role": "tool", "content": "ok"}, {"role": "user", "content": [{"type": "text", "text": "t"}]}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    "add_generation_prompt": true, "enable_thinking": false})");
+  auto globals = jinja::value_from_json(ctx);
+  ASSERT_TRUE(globals);
+  std::mt19937_64 rng(12345);
+  int parsed = 0, rendered = 0;
+  for (int iter = 0; iter < 1200; ++iter) {
+    std::string t = seeds[static_cast<size_t>(iter) % seeds.size()];
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits && !t.empty(); ++e) {
+      const size_t at = rng() % t.size();
+      const size_t len = 1 + rng() % 24;
+      switch (rng() % 4) {
+        case 0: t.erase(at, len); break;
+        case 1: t.insert(at, t.substr(at, len)); break;
+        case 2: t.insert(at, kPieces[rng() % (sizeof kPieces / sizeof kPieces[0])]); break;
+        default: {
+          const size_t other = rng() % t.size();
+          t.insert(at, t.substr(other, len));
+          break;
+        }
+      }
+    }
+    auto program = jinja::parse_program(t);
+    if (!program) {
+      EXPECT_FALSE(program.error().message.empty());
+      continue;
+    }
+    ++parsed;
+    jinja::Evaluator ev(*program, globals->dict(), jinja::RenderLimits{1 << 20, 32, 200000});
+    auto r = ev.render();
+    if (r) {
+      ++rendered;
+    } else {
+      EXPECT_FALSE(r.error().message.empty());
+    }
+  }
+  // The mutants exercise both outcomes.
+  EXPECT_GT(parsed, 100);
+  EXPECT_GT(rendered, 50);
 }
 
 }  // namespace

@@ -177,6 +177,7 @@ TEST_P(ServiceStepTest, ModelInfoAndTokenizer) {
   EXPECT_EQ(info.model_path, test::fixture_model_path(GetParam()));
   EXPECT_EQ(info.file_bytes, f.model->file().file_size());
   EXPECT_EQ(info.placement.size(), 6u);
+  EXPECT_EQ(info.chat_template, f.model->tokenizer().vocab().chat_template);  // empty for the golden fixtures
   // The GGUF eos id (<|im_end|> in these vocabularies) and <|endoftext|>.
   const Tokenizer& tok = f.model->tokenizer();
   EXPECT_EQ(info.eos_token_ids, (std::vector<int32_t>{tok.vocab().eos_id, tok.find_token("<|endoftext|>")}));

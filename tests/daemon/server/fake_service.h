@@ -63,6 +63,7 @@ class FakeService final : public Service {
     m.n_expert_used = 2;
     m.placement = {{"embeddings", "cpu", 1234}};
     m.file_bytes = 4321;
+    m.chat_template = "{{ messages[0].content }}";
     return m;
   }
   ServiceStats stats() const override {
