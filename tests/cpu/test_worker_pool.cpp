@@ -32,6 +32,30 @@ TEST(WorkerPool, EveryItemOncePerJob) {
   }
 }
 
+// Many more workers than cores and many tiny jobs, so workers wake late for a job that has already finished while
+// the next one is being submitted: no item may run twice or under the wrong job, and no job may end early.
+TEST(WorkerPool, LateWorkersNeverRunItemsOfTheNextJob) {
+  auto pool = WorkerPool::create(15, /*pin=*/false);
+  ASSERT_TRUE(pool.has_value());
+  constexpr int kMaxItems = 24;
+  std::vector<std::atomic<int>> hits(kMaxItems);
+  std::atomic<int> job_id{0};
+  std::atomic<int> wrong_job{0};
+  for (int job = 0; job < 20000; ++job) {
+    const int64_t n = 1 + (job * 7) % kMaxItems;
+    job_id.store(job, std::memory_order_relaxed);
+    auto body = [&, job](int64_t i) {
+      if (job_id.load(std::memory_order_relaxed) != job) wrong_job.fetch_add(1);
+      hits[static_cast<size_t>(i)].fetch_add(1, std::memory_order_relaxed);
+    };
+    (*pool)->for_each(n, body);
+    for (int64_t i = 0; i < kMaxItems; ++i) {
+      ASSERT_EQ(hits[static_cast<size_t>(i)].exchange(0), i < n ? 1 : 0) << "job " << job << " item " << i;
+    }
+  }
+  EXPECT_EQ(wrong_job.load(), 0);
+}
+
 TEST(WorkerPool, SubmitAndWaitFromAnotherThread) {
   auto pool = WorkerPool::create(2, /*pin=*/false);
   ASSERT_TRUE(pool.has_value());
