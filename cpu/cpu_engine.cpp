@@ -85,7 +85,7 @@ class CpuEngineImpl final : public CpuEngine {
         weights_(std::move(weights)),
         slots_(sz(o.max_slots)),
         pool_(std::move(pool)),
-        mm_(*pool_, isa),
+        mm_(*pool_, isa, o.activations == CpuActivations::kInt8 ? GemvInput::kQ8 : GemvInput::kF32),
         max_ctx_(o.max_ctx > 0 ? o.max_ctx : static_cast<int32_t>(model.hparams().n_ctx_train)) {
     placement_ = placement_all_on(model_.catalog(), "cpu");
     in_tick_.assign(slots_.size(), false);
@@ -93,7 +93,11 @@ class CpuEngineImpl final : public CpuEngine {
 
   std::string name() const override { return "cpu"; }
   std::string summary() const override {
-    return std::string(isa_name(mm_.isa())) + ", " + std::to_string(pool_->n_threads() + 1) + " threads";
+    // int8 only where the level has int8 kernels (gemv_kernel falls back to f32 otherwise).
+    const bool int8 = mm_.activations() == GemvInput::kQ8 &&
+                      gemv_kernel(mm_.isa(), GgmlType::kQ4_0, GemvInput::kQ8).input == GemvInput::kQ8;
+    return std::string(isa_name(mm_.isa())) + (int8 ? ", int8" : ", f32") + ", " +
+           std::to_string(pool_->n_threads() + 1) + " threads";
   }
   const ModelHparams& hparams() const override { return model_.hparams(); }
   const PlacementPlan& placement() const override { return placement_; }
@@ -347,8 +351,9 @@ Expected<std::unique_ptr<CpuEngine>> make_cpu_engine(const Model& model, const C
   const int threads = options.threads > 0 ? options.threads : static_cast<int>(physical_core_cpus().size());
   // The caller's thread computes too (WorkerPool::run), so the pool holds one thread fewer.
   KESTREL_TRY_ASSIGN(std::unique_ptr<WorkerPool> pool, WorkerPool::create(std::max(threads, 1) - 1, options.pin));
+  const Isa isa = options.isa ? isa_choose(isa_name(*options.isa)) : isa_selected();
   return std::unique_ptr<CpuEngine>(
-      std::make_unique<CpuEngineImpl>(model, std::move(weights), options, std::move(pool), isa_selected()));
+      std::make_unique<CpuEngineImpl>(model, std::move(weights), options, std::move(pool), isa));
 }
 
 }  // namespace kestrel::cpu

@@ -55,9 +55,9 @@ void gemv_rows_scalar(const GemvTask& t, int64_t row_begin, int64_t row_end) {
 
 extern const GemvKernels kGemvScalar;
 const GemvKernels kGemvScalar = {
-    gemv_rows_scalar<GgmlType::kF32>,  gemv_rows_scalar<GgmlType::kF16>,  gemv_rows_scalar<GgmlType::kBF16>,
-    gemv_rows_scalar<GgmlType::kQ8_0>, gemv_rows_scalar<GgmlType::kQ4_0>, gemv_rows_scalar<GgmlType::kQ4_K>,
-    gemv_rows_scalar<GgmlType::kQ5_K>, gemv_rows_scalar<GgmlType::kQ6_K>,
+    {gemv_rows_scalar<GgmlType::kF32>},  {gemv_rows_scalar<GgmlType::kF16>},  {gemv_rows_scalar<GgmlType::kBF16>},
+    {gemv_rows_scalar<GgmlType::kQ8_0>}, {gemv_rows_scalar<GgmlType::kQ4_0>}, {gemv_rows_scalar<GgmlType::kQ4_K>},
+    {gemv_rows_scalar<GgmlType::kQ5_K>}, {gemv_rows_scalar<GgmlType::kQ6_K>},
 };
 
 }  // namespace kestrel::cpu

@@ -9,15 +9,44 @@ namespace kestrel::cpu {
 
 int64_t row_block_rows(uint64_t row_bytes) {
   constexpr uint64_t kItemBytes = 16 * 1024;
-  const uint64_t rows = row_bytes == 0 ? 64 : kItemBytes / row_bytes;
-  return static_cast<int64_t>(std::clamp<uint64_t>(rows, 1, 64));
+  const uint64_t rows = std::clamp<uint64_t>(row_bytes == 0 ? 64 : kItemBytes / row_bytes, 1, 64);
+  return static_cast<int64_t>(rows >= 4 ? rows / 4 * 4 : rows);  // whole 4-row tiles (gemv_q8_avx512.h)
+}
+
+ActQ8View MatmulRunner::quantized(const GemvTask& t) {
+  for (const Quantized& q : quantized_) {
+    if (q.x == t.x && q.n_vec == t.n_vec && q.n_in == t.n_in) return q.view;
+  }
+  const uint32_t index = static_cast<uint32_t>(quantized_.size());
+  if (buffers_.size() <= index) buffers_.push_back(std::make_unique<ActQ8Buffer>());
+  quantized_.push_back({t.x, t.n_vec, t.n_in, buffers_[index]->reserve(t.n_vec, t.n_in)});
+  for (int64_t v = 0; v < t.n_vec; ++v) quant_items_.emplace_back(index, v);
+  return quantized_.back().view;
 }
 
 void MatmulRunner::run(std::span<const GemvTask> tasks) {
   tasks_.assign(tasks.begin(), tasks.end());
   fns_.clear();
   items_.clear();
-  for (const GemvTask& task : tasks_) fns_.push_back(gemv_kernel(isa_, task.type));
+  quantized_.clear();
+  quant_items_.clear();
+  for (GemvTask& task : tasks_) {
+    const GemvKernel k = gemv_kernel(isa_, task.type, act_);
+    fns_.push_back(k.fn);
+    if (k.input == GemvInput::kQ8 && task.n_vec > 0 && task.n_out > 0) task.xq = quantized(task);
+  }
+  // Quantize the inputs: inline for a few vectors (a decode step), over the pool for a prompt's many.
+  auto quantize = [this](int64_t i) {
+    const auto [index, v] = quant_items_[static_cast<size_t>(i)];
+    const Quantized& q = quantized_[index];
+    act_q8_quantize(q.x, q.n_in, v, v + 1, *buffers_[index]);
+  };
+  const int64_t n_quant = static_cast<int64_t>(quant_items_.size());
+  if (n_quant > 4) {
+    pool_.for_each(n_quant, quantize);
+  } else {
+    for (int64_t i = 0; i < n_quant; ++i) quantize(i);
+  }
   for (uint32_t t = 0; t < tasks_.size(); ++t) {
     const GemvTask& task = tasks_[t];
     if (task.n_vec <= 0 || task.n_out <= 0) continue;
