@@ -22,8 +22,10 @@
 namespace kestrel::cpu {
 namespace {
 
-constexpr int kPassTokensPerItem = 32;  // tokens of one item per pass (prompts longer than this take several)
-constexpr int kMaxExpertsUsed = 64;     // FfnBlock sorts a row's choices on the stack
+// Tokens of one item per pass (prompts longer than this take several): a multiple of the delta rule's 64-token
+// chunk, so passes keep whole aligned chunks intact (gdn_block.h).
+constexpr int kPassTokensPerItem = 128;
+constexpr int kMaxExpertsUsed = 64;  // FfnBlock sorts a row's choices on the stack
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
@@ -104,7 +106,7 @@ class CpuEngineImpl final : public CpuEngine {
   EngineCapabilities capabilities() const override {
     EngineCapabilities c;
     c.max_items_per_pass = static_cast<int32_t>(slots_.size());
-    c.max_tokens_per_item = 2 * kPassTokensPerItem;
+    c.max_tokens_per_item = kPassTokensPerItem;  // one pass a tick: a long prompt does not hold decode back long
     c.max_slot_ctx = max_ctx_;
     return c;
   }

@@ -7,14 +7,15 @@
 // activations quantized to int8 per 32-element block where the level has int8 kernels (CpuActivations::kInt8:
 // avx512), as llama.cpp's CPU backend does; CpuActivations::kF32 keeps the reference's f32 activations.
 //
-// step() advances every item in passes: each pass takes up to kPassTokensPerItem tokens of every item still
-// holding tokens, stacks them into one batch, and runs embedding → layers → (for items whose last token is in the
-// pass) output norm, lm_head, argmax over it — every weight matrix read once per pass for all sessions. GDN layers
-// run the recurrent form token by token as the reference engine does, and each matrix row is computed by one
-// thread in a fixed order, so a session's logits are bit-identical whatever the batch, the cut of its prompt into
-// ticks and passes, and the thread count. With kF32 they differ from the reference engine's by summation order
-// only; with kInt8 by the activations' rounding too (≤ 1/254 of each block's largest value per element), and from
-// the scalar level's kInt8 engine (the reference's arithmetic on the same rounded activations) by summation order.
+// step() advances every item in passes: each pass takes up to 128 tokens of every item still holding tokens,
+// stacks them into one batch, and runs embedding → layers → (for items whose last token is in the pass) output norm,
+// lm_head, argmax over it — every weight matrix read once per pass for all sessions. GDN layers run the chunked
+// delta rule over whole 64-position chunks of a prompt and the recurrent step otherwise (cpu/gdn_block.h), and each
+// matrix row is computed by one thread in a fixed order, so a session's logits are bit-identical whatever the
+// batch, the thread count, and the cut of its prompt into ticks and passes as long as the cuts fall on multiples of
+// 64 positions (the Service's prefill ticks of max_tokens_per_item = 128 from position 0 do); other cuts agree to
+// f32 rounding. With kF32 they differ from the reference engine's by summation order and the chunked form's
+// rounding only; with kInt8 by the activations' rounding too (≤ 1/254 of each block's largest value per element).
 //
 // Ownership: borrows `model` for the engine's lifetime. Threading: engine.h (calls never overlap); the engine's
 // own workers run inside step().

@@ -40,7 +40,7 @@
 namespace kestrel::cpu {
 namespace {
 
-constexpr int kCtx = 64;
+constexpr int kCtx = 320;
 constexpr int kPrefix = 5;  // tokens through both before the compared ones
 constexpr int kTokens = 7;
 
@@ -149,6 +149,49 @@ TEST_P(CpuBlocksTest, EveryLayerAgreesWithTheReference) {
         "%.1g)\n",
         GetParam().c_str(), std::string(isa_name(isa_selected())).c_str(), mode.name, int8 ? "int8" : "f32", worst_mix,
         mode.tol_mix, worst_ffn, mode.tol_ffn);
+  }
+}
+
+// The GDN layers on prompts of T = 1, 63, 64, 65 and 300 tokens in one pass (whole aligned 64-token chunks through
+// the chunked delta rule, the rest recurrent), from position 0 and from position 10 (so no chunk starts the pass),
+// against the reference's recurrent and chunked forms; f32 activations, the same 1e-4 bound.
+TEST_P(CpuBlocksTest, GdnPromptsAgreeWithBothReferenceForms) {
+  const ModelHparams& hp = model_->hparams();
+  const size_t H = hp.n_embd;
+  MatmulRunner mm(*pool_, isa_selected(), GemvInput::kF32);
+  std::mt19937 rng(12);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const uint32_t l = 0;  // the first layer is a GDN layer in every preset
+  ASSERT_EQ(weights_.layers[l].kind, LayerKind::kGatedDeltaNet);
+  const ref::GdnWeights& w = weights_.layers[l].gdn;
+  for (int64_t n_past : {0, 10}) {
+    for (int T : {1, 63, 64, 65, 300}) {
+      std::vector<float> prefix(static_cast<size_t>(n_past) * H), x(static_cast<size_t>(T) * H);
+      for (float& v : prefix) v = dist(rng);
+      for (float& v : x) v = dist(rng);
+      auto base = ref::SessionState::create(hp, kCtx);
+      ASSERT_TRUE(base.has_value());
+      std::vector<float> scratch(prefix.size());
+      if (n_past > 0) {
+        ASSERT_TRUE(ref::gdn_forward(w, base->gdn(l), prefix.data(), static_cast<int>(n_past), scratch.data(),
+                                     ref::GdnMode::kRecurrent));
+      }
+      ref::SessionState rec = *base, chk = *base, cs = *base;
+      std::vector<float> out_rec(x.size()), out_chk(x.size()), out_cpu(x.size());
+      ASSERT_TRUE(ref::gdn_forward(w, rec.gdn(l), x.data(), T, out_rec.data(), ref::GdnMode::kRecurrent));
+      ASSERT_TRUE(ref::gdn_forward(w, chk.gdn(l), x.data(), T, out_chk.data(), ref::GdnMode::kChunked));
+      const Segment seg{&cs, 0, T, n_past};
+      Pass pass;
+      pass.mm = &mm;
+      pass.segments = std::span<const Segment>(&seg, 1);
+      pass.n_rows = T;
+      gdn_.run(pass, w, l, x.data(), out_cpu.data());
+      const std::string what = "T " + std::to_string(T) + " from position " + std::to_string(n_past);
+      EXPECT_LE(row_rel_diff(out_cpu, out_rec, H), 1e-4f) << what << " vs recurrent";
+      EXPECT_LE(row_rel_diff(out_cpu, out_chk, H), 1e-4f) << what << " vs chunked";
+      EXPECT_LE(row_rel_diff(cs.gdn(l).s, rec.gdn(l).s, cs.gdn(l).s.size()), 1e-4f) << what << " state";
+      EXPECT_LE(row_rel_diff(cs.gdn(l).conv, rec.gdn(l).conv, cs.gdn(l).conv.size()), 1e-4f) << what << " conv";
+    }
   }
 }
 

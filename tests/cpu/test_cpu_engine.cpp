@@ -6,7 +6,8 @@
 //   - with the default activations (int8 where the level has int8 kernels), logits are bit-identical across runs
 //     and at 1, 2 and hardware_concurrency threads;
 //   - a session's logits are bit-identical alone or in a batch of 8 with others at other positions, and whether its
-//     prompt comes in one item, in chunks over several ticks, or past one pass's token cut;
+//     prompt comes in one item or in ticks cut at multiples of 64 positions, past one pass's token cut; other cuts
+//     (which move the delta rule between its chunked and recurrent forms) agree within the tolerance;
 //   - clone, snapshot and restore continue bit-identically (the snapshot is the reference engine's format); bad
 //     input, a context overflow and a slot twice in one tick fail that item alone.
 //
@@ -200,19 +201,35 @@ TEST_P(CpuEngineTest, BitIdenticalAcrossRunsAndThreadCounts) {
 
 TEST_P(CpuEngineTest, BatchAndChunkingInvariant) {
   Engine& e = *cpu_;
-  // 45 tokens: more than one pass's cut of 32.
-  const std::vector<int32_t> prompt = test::iota_tokens(45, 5, 13);
+  // 150 tokens: more than one pass's cut of 128, two whole 64-position chunks for the chunked delta rule.
+  const std::vector<int32_t> prompt = test::iota_tokens(150, 5, 13);
   const int32_t next[1] = {42};
   auto a = e.slot_alloc(kCtx);
   ASSERT_TRUE(a);
   const std::vector<float> after_prompt = test::run_one(e, *a, prompt);
   const std::vector<float> alone = test::run_one(e, *a, next);
 
-  // The same prompt in chunks of 5, 30 and 10 over three ticks.
+  // The same prompt in chunks of 64, 64 and 22 over three ticks (cuts on the delta rule's chunks): the same bits.
   e.slot_reset(*a);
-  test::run_one(e, *a, std::span<const int32_t>(prompt).first(5));
-  test::run_one(e, *a, std::span<const int32_t>(prompt).subspan(5, 30));
-  EXPECT_EQ(test::run_one(e, *a, std::span<const int32_t>(prompt).subspan(35)), after_prompt);
+  test::run_one(e, *a, std::span<const int32_t>(prompt).first(64));
+  test::run_one(e, *a, std::span<const int32_t>(prompt).subspan(64, 64));
+  EXPECT_EQ(test::run_one(e, *a, std::span<const int32_t>(prompt).subspan(128)), after_prompt);
+
+  // Cuts off the chunks (5, 70, 75) move whole chunks to the recurrent form: the reference's two forms' agreement,
+  // checked with f32 activations (int8 rounding turns any f32 difference into a step, see the file head).
+  {
+    std::unique_ptr<CpuEngine> f32 = make(0, CpuActivations::kF32);
+    ASSERT_TRUE(f32);
+    auto b = f32->slot_alloc(kCtx);
+    ASSERT_TRUE(b);
+    const std::vector<float> whole = test::run_one(*f32, *b, prompt);
+    f32->slot_reset(*b);
+    test::run_one(*f32, *b, std::span<const int32_t>(prompt).first(5));
+    test::run_one(*f32, *b, std::span<const int32_t>(prompt).subspan(5, 70));
+    const std::vector<float> cut = test::run_one(*f32, *b, std::span<const int32_t>(prompt).subspan(75));
+    EXPECT_LE(rel_diff(cut, whole), kRelTol);
+    EXPECT_EQ(test::argmax(cut), test::argmax(whole));
+  }
 
   // In a batch of 8: seven other sessions at other positions, session a's prompt in a mixed tick.
   e.slot_reset(*a);
