@@ -17,6 +17,7 @@
 #include "cpu/gdn_block.h"
 #include "cpu/isa.h"
 #include "cpu/matmul.h"
+#include "cpu/populate.h"
 #include "cpu/worker_pool.h"
 
 namespace kestrel::cpu {
@@ -90,10 +91,15 @@ class CpuEngineImpl final : public CpuEngine {
         mm_(*pool_, isa, o.activations == CpuActivations::kInt8 ? GemvInput::kQ8 : GemvInput::kF32),
         max_ctx_(o.max_ctx > 0 ? o.max_ctx : static_cast<int32_t>(model.hparams().n_ctx_train)) {
     placement_ = placement_all_on(model_.catalog(), "cpu");
+    if (o.profile) profile_.emplace();
     in_tick_.assign(slots_.size(), false);
   }
 
   std::string name() const override { return "cpu"; }
+  std::string profile_report() const override { return profile_ ? profile_->report() : std::string(); }
+  void profile_reset() override {
+    if (profile_) *profile_ = StepProfile{};
+  }
   std::string summary() const override {
     // int8 only where the level has int8 kernels (gemv_kernel falls back to f32 otherwise).
     const bool int8 = mm_.activations() == GemvInput::kQ8 &&
@@ -208,6 +214,7 @@ class CpuEngineImpl final : public CpuEngine {
   MatmulRunner mm_;
   int32_t max_ctx_;
   PlacementPlan placement_;
+  std::optional<StepProfile> profile_;  // CpuEngineOptions::profile
 
   GdnBlock gdn_;
   AttentionBlock attn_;
@@ -238,24 +245,35 @@ void CpuEngineImpl::run_layers(const Pass& pass) {
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
     const ref::RefLayerWeights& lw = weights_.layers[l];
     const uint32_t li = static_cast<uint32_t>(l);
-    norm_rows(lw.attn_norm);
+    {
+      const SectionTimer t(pass.profile, StepSection::kNorms);
+      norm_rows(lw.attn_norm);
+    }
     if (lw.kind == LayerKind::kGatedDeltaNet) {
+      const SectionTimer t(pass.profile, StepSection::kGdn);
       gdn_.run(pass, lw.gdn, li, x, y);
     } else {
+      const SectionTimer t(pass.profile, StepSection::kAttention);
       attn_.run(pass, lw.attn, li, x, y);
     }
-    add_rows();
-    norm_rows(lw.post_attention_norm);
+    {
+      const SectionTimer t(pass.profile, StepSection::kNorms);
+      add_rows();
+      norm_rows(lw.post_attention_norm);
+    }
     if (lw.is_moe) {
       ffn_.run_moe(pass, lw.moe, x, y);
     } else {
+      const SectionTimer t(pass.profile, StepSection::kDenseFfn);
       ffn_.run_dense(pass, lw.dense, x, y);
     }
+    const SectionTimer t(pass.profile, StepSection::kNorms);
     add_rows();
   }
 }
 
 void CpuEngineImpl::step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) {
+  if (profile_) ++profile_->steps;
   const size_t n_items = std::min(items.size(), out.size());
   const size_t H = model_.hparams().n_embd, V = model_.hparams().n_vocab;
   const float eps = model_.hparams().rms_eps;
@@ -298,17 +316,21 @@ void CpuEngineImpl::step(std::span<const EngineStepItem> items, std::span<Engine
     const size_t R = tokens_.size();
     Pass pass;
     pass.mm = &mm_;
+    pass.profile = profile_ ? &*profile_ : nullptr;
     pass.segments = segments_;
     pass.n_rows = static_cast<int>(R);
 
     // Embedding rows (token_embd dequantized, as the reference does).
+    std::optional<SectionTimer> timer(std::in_place, pass.profile, StepSection::kEmbedding);
     float* h = grow(h_, R * H);
     const uint64_t embd_row = *ggml_row_bytes(weights_.token_embd.type, weights_.token_embd.n_in);
     for (size_t r = 0; r < R; ++r) {
       (void)dequantize_row(weights_.token_embd.type, weights_.token_embd.data + sz(tokens_[r]) * embd_row, h + r * H,
                            static_cast<int64_t>(H));
     }
+    timer.reset();
     run_layers(pass);
+    timer.emplace(pass.profile, StepSection::kOutput);
 
     // Items whose last token is in this pass: output norm and lm_head over their last rows.
     done_.clear();
@@ -353,6 +375,7 @@ Expected<std::unique_ptr<CpuEngine>> make_cpu_engine(const Model& model, const C
   const int threads = options.threads > 0 ? options.threads : static_cast<int>(physical_core_cpus().size());
   // The caller's thread computes too (WorkerPool::run), so the pool holds one thread fewer.
   KESTREL_TRY_ASSIGN(std::unique_ptr<WorkerPool> pool, WorkerPool::create(std::max(threads, 1) - 1, options.pin));
+  if (options.populate) populate_tensor_data(model.file(), *pool);
   const Isa isa = options.isa ? isa_choose(isa_name(*options.isa)) : isa_selected();
   return std::unique_ptr<CpuEngine>(
       std::make_unique<CpuEngineImpl>(model, std::move(weights), options, std::move(pool), isa));

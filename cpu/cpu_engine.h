@@ -45,6 +45,8 @@ struct CpuEngineOptions {
   bool pin = true;      // bind worker threads to cores
   int32_t max_ctx = 0;  // the largest n_ctx slot_alloc accepts (0: the model's training context)
   CpuActivations activations = CpuActivations::kInt8;
+  bool populate = true;    // map every weight page at start (cpu/populate.h): no page faults inside steps
+  bool profile = false;    // time each step's sections (cpu/step_profile.h; a clock read around each)
   std::optional<Isa> isa;  // the instruction-set level (lowered to what the CPU has); default isa_selected()
 };
 
@@ -52,6 +54,10 @@ class CpuEngine : public Engine {
  public:
   // The instruction-set level, activations and thread count the engine computes with ("avx512, int8, 2 threads").
   virtual std::string summary() const = 0;
+  // With CpuEngineOptions::profile: where the steps since the last reset spent their time (a Markdown table);
+  // empty otherwise.
+  virtual std::string profile_report() const = 0;
+  virtual void profile_reset() = 0;
 };
 
 // kInvalidArgument for max_slots < 1 or threads < 0, or weights that do not fit the reference's shapes;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "core/reference/activations.h"
 
@@ -32,6 +33,7 @@ void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* 
   const size_t Is = shared ? sz(static_cast<int64_t>(w.gate_shexp.n_out)) : 0;
   const int n = pass.n_rows;
 
+  std::optional<SectionTimer> timer(std::in_place, pass.profile, StepSection::kMoeRouter);
   float* logits = grow(logits_, R * E);
   float* sgate = grow(sgate_, R);
   tasks_.clear();
@@ -67,6 +69,7 @@ void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* 
   float* ye = grow(ye_, P * H);
   for (size_t p = 0; p < P; ++p) std::memcpy(xe + p * H, x + sz(packed_[p]) * H, H * sizeof(float));
 
+  timer.emplace(pass.profile, StepSection::kMoeExperts);
   // Gate and up of every used expert and of the shared expert: one job.
   float* sg = grow(sg_, R * Is);
   float* su = grow(su_, R * Is);
@@ -97,6 +100,7 @@ void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* 
   if (shared) tasks_.push_back(task_of(w.down_shexp, sg, n, sy));
   pass.mm->run(tasks_);
 
+  timer.emplace(pass.profile, StepSection::kMoeCombine);
   // Per row: experts in ascending id (the reference's order), then the gated shared expert.
   for (size_t r = 0; r < R; ++r) {
     float* y = out + r * H;
