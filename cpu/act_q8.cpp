@@ -17,6 +17,7 @@ ActQ8View ActQ8Buffer::reserve(int64_t n_vec, int64_t n_in) {
 }
 
 void act_q8_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out) {
+  constexpr float kRound = 12582912.0f;  // 1.5 · 2^23
   const int64_t nb = n_in / kActQ8Block;
   for (int64_t v = v_begin; v < v_end; ++v) {
     const float* xv = x + v * n_in;
@@ -32,7 +33,9 @@ void act_q8_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_en
       const float id = d > 0.0f ? 1.0f / d : 0.0f;
       int32_t sum = 0;
       for (int64_t i = 0; i < kActQ8Block; ++i) {
-        const float r = std::nearbyint(xb[i] * id);
+        // Round to nearest, ties to even, as nearbyint in the default mode: adding and taking away 1.5·2^23 leaves
+        // the integer part in the significand (|x·id| <= 127.0001 < 2^22); plain arithmetic, no libm call.
+        const float r = (xb[i] * id + kRound) - kRound;
         const int32_t qi = static_cast<int32_t>(std::clamp(r, -127.0f, 127.0f));
         q[b * kActQ8Block + i] = static_cast<int8_t>(qi);
         sum += qi;

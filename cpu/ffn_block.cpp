@@ -2,7 +2,6 @@
 #include "cpu/ffn_block.h"
 
 #include <algorithm>
-#include <cstring>
 #include <optional>
 
 #include "core/reference/activations.h"
@@ -16,11 +15,6 @@ size_t sz(int64_t v) { return static_cast<size_t>(v); }
 ref::QuantMatrix expert(const ref::QuantExperts& w, size_t e) {
   const uint64_t row_bytes = *ggml_row_bytes(w.type, w.n_in);
   return ref::QuantMatrix{w.type, w.data + e * w.n_out * row_bytes, w.n_in, w.n_out};
-}
-
-// g[i] ← silu(g[i]) · u[i] (ref::swiglu_forward's activation).
-void swiglu(float* g, const float* u, size_t n) {
-  for (size_t i = 0; i < n; ++i) g[i] = ref::silu(g[i]) * u[i];
 }
 
 }  // namespace
@@ -63,39 +57,46 @@ void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* 
     }
   }
   const size_t P = R * k;
-  float* xe = grow(xe_, P * H);
-  float* ge = grow(ge_, P * I);
-  float* ue = grow(ue_, P * I);
-  float* ye = grow(ye_, P * H);
-  for (size_t p = 0; p < P; ++p) std::memcpy(xe + p * H, x + sz(packed_[p]) * H, H * sizeof(float));
+  float* ge = grow(ge_, P * I);  // f32 [P, I]: silu(gate) · up of each packed row
+  float* ye = grow(ye_, P * H);  // f32 [P, H]: its expert's output
+  if (iota_.size() < P) {
+    iota_.resize(P);
+    for (size_t p = 0; p < P; ++p) iota_[p] = static_cast<int32_t>(p);
+  }
 
   timer.emplace(pass.profile, StepSection::kMoeExperts);
-  // Gate and up of every used expert and of the shared expert: one job.
+  // Gate and up of every used expert and of the shared expert as SwiGLU pairs over the batch rows in place (each
+  // expert reads its rows of x through packed_; one quantization of x serves them all): one job.
   float* sg = grow(sg_, R * Is);
-  float* su = grow(su_, R * Is);
   float* sy = grow(sy_, R * H);
   tasks_.clear();
   for (size_t e = 0; e < E; ++e) {
     const int64_t rows = start_[e + 1] - start_[e];
     if (rows == 0) continue;
     const size_t p0 = sz(start_[e]);
-    tasks_.push_back(task_of(expert(w.gate_exps, e), xe + p0 * H, rows, ge + p0 * I));
-    tasks_.push_back(task_of(expert(w.up_exps, e), xe + p0 * H, rows, ue + p0 * I));
+    GemvTask t = task_of(expert(w.gate_exps, e), x, rows, ge + p0 * I);
+    t.w_up = expert(w.up_exps, e).data;
+    t.x_rows = packed_.data() + p0;
+    t.x_count = n;
+    tasks_.push_back(t);
   }
   if (shared) {
-    tasks_.push_back(task_of(w.gate_shexp, x, n, sg));
-    tasks_.push_back(task_of(w.up_shexp, x, n, su));
+    GemvTask t = task_of(w.gate_shexp, x, n, sg);
+    t.w_up = w.up_shexp.data;
+    tasks_.push_back(t);
   }
   pass.mm->run(tasks_);
-  swiglu(ge, ue, P * I);
-  if (shared) swiglu(sg, su, R * Is);
 
+  // Down of every used expert (reading the packed rows of ge, quantized once) and of the shared expert: one job.
   tasks_.clear();
   for (size_t e = 0; e < E; ++e) {
     const int64_t rows = start_[e + 1] - start_[e];
     if (rows == 0) continue;
     const size_t p0 = sz(start_[e]);
-    tasks_.push_back(task_of(expert(w.down_exps, e), ge + p0 * I, rows, ye + p0 * H));
+    GemvTask t = task_of(expert(w.down_exps, e), ge, rows, ye + p0 * H);
+    t.x_rows = iota_.data() + p0;
+    t.x_count = static_cast<int64_t>(P);
+    tasks_.push_back(t);
   }
   if (shared) tasks_.push_back(task_of(w.down_shexp, sg, n, sy));
   pass.mm->run(tasks_);
@@ -123,13 +124,12 @@ void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* 
 
 void FfnBlock::run_dense(const Pass& pass, const ref::DenseFfnWeights& w, const float* x, float* out) {
   const size_t R = sz(pass.n_rows), I = sz(static_cast<int64_t>(w.gate.n_out));
-  float* g = grow(ge_, R * I);
-  float* u = grow(ue_, R * I);
+  float* g = grow(ge_, R * I);  // f32 [R, I]: silu(gate) · up
   tasks_.clear();
-  tasks_.push_back(task_of(w.gate, x, pass.n_rows, g));
-  tasks_.push_back(task_of(w.up, x, pass.n_rows, u));
+  GemvTask t = task_of(w.gate, x, pass.n_rows, g);
+  t.w_up = w.up.data;
+  tasks_.push_back(t);
   pass.mm->run(tasks_);
-  swiglu(g, u, R * I);
   tasks_.clear();
   tasks_.push_back(task_of(w.down, g, pass.n_rows, out));
   pass.mm->run(tasks_);

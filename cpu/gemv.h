@@ -29,8 +29,9 @@
 
 namespace kestrel::cpu {
 
-// One product. x: f32 [n_vec, n_in]; y: f32 [n_vec, n_out] (must not alias x). xq: x quantized (act_q8.h), read by
-// kQ8 kernels only.
+// One product. x: f32 [n_vec, n_in] — or, with x_rows, f32 [x_count, n_in] of which vector v is row x_rows[v] (the
+// rows of a batch that chose one expert, without copying them out); y: f32 [n_vec, n_out] (must not alias x). xq: x
+// quantized (act_q8.h, all of x's rows), read by kQ8 kernels only. w_up: read by MatmulRunner only (matmul.h).
 struct GemvTask {
   GgmlType type = GgmlType::kF32;
   const uint8_t* w = nullptr;  // n_out rows of row_bytes
@@ -38,10 +39,16 @@ struct GemvTask {
   int64_t n_in = 0;
   int64_t n_out = 0;
   const float* x = nullptr;
+  const int32_t* x_rows = nullptr;  // int32 [n_vec], or nullptr: vector v is row v
+  int64_t x_count = 0;              // rows of x when x_rows is set
   ActQ8View xq;
   int64_t n_vec = 0;
   float* y = nullptr;
+  const uint8_t* w_up = nullptr;  // a second matrix shaped as w: y = silu(W x) · (W_up x)
 };
+
+// The row of x (and of xq) that vector v of a task reads.
+inline int64_t gemv_x_row(const GemvTask& t, int64_t v) { return t.x_rows != nullptr ? t.x_rows[v] : v; }
 
 // Computes rows [row_begin, row_end) of y for every vector.
 using GemvRowsFn = void (*)(const GemvTask& task, int64_t row_begin, int64_t row_end);

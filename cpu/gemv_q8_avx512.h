@@ -348,7 +348,7 @@ void q8_tile(const GemvTask& t, int64_t o, int64_t v0) {
   Q8Vec x[V];
   KESTREL_UNROLL
   for (int v = 0; v < V; ++v) {
-    const int64_t vv = v0 + v;
+    const int64_t vv = gemv_x_row(t, v0 + v);
     x[v] = Q8Vec{t.xq.q + vv * t.n_in, t.xq.dl + vv * (t.n_in / 4), t.xq.ns4 + vv * (t.n_in / 4),
                  t.xq.ds + vv * (t.n_in / 32)};
   }

@@ -248,7 +248,7 @@ void gemv_rows(const GemvTask& t, int64_t row_begin, int64_t row_end) {
         const float* w = Decoder::decode(row, base, len, tile);
         const int64_t n_full = len / L * L;
         for (int64_t v = 0; v < nv; ++v) {
-          const float* x = t.x + (v0 + v) * t.n_in + base;
+          const float* x = t.x + gemv_x_row(t, v0 + v) * t.n_in + base;
           Vec a0 = acc[v][0], a1 = acc[v][1], a2 = acc[v][2], a3 = acc[v][3];
           int64_t i = 0;
           for (; i + 4 * L <= n_full; i += 4 * L) {

@@ -3,8 +3,10 @@
 // Every output row is computed by one thread with the kernel's fixed order, so results are bit-identical whatever
 // the thread count and whatever else is in the job.
 //
-// Tasks whose kernel reads int8 activations (GemvInput::kQ8) get them here: each distinct (x, n_vec, n_in) of a
-// run() is quantized once (act_q8.h), vectors spread over the pool when there are many, before the products start.
+// Tasks whose kernel reads int8 activations (GemvInput::kQ8) get them here: each distinct input of a run() (x, its
+// rows, n_in) is quantized once (act_q8.h), inline when small, over the pool when large, before the products start.
+// A task with w_up is a SwiGLU pair: each item computes its rows of W x and W_up x and writes silu(W x) · (W_up x)
+// (ref::swiglu_forward's activation), so gate and up need no second pass and no buffer of their own.
 //
 // Ownership: a MatmulRunner borrows the pool; its scratch (the item table, the quantized activations) grows to the
 // largest job seen and is reused, so a steady-state step allocates nothing here. Threading: one thread calls run()
@@ -51,6 +53,10 @@ class MatmulRunner {
   };
   // The int8 form of task t's input, quantizing it (into quant_items_) when this run has not seen it.
   ActQ8View quantized(const GemvTask& t);
+  // Rows [row_begin, row_end) of a SwiGLU pair task.
+  static void run_pair(const GemvTask& task, GemvRowsFn fn, int64_t row_begin, int64_t row_end);
+
+  static constexpr int64_t kInlineQuantElements = 32 * 1024;  // quantized on the calling thread up to this
 
   WorkerPool& pool_;
   Isa isa_;
@@ -61,6 +67,7 @@ class MatmulRunner {
   std::vector<Quantized> quantized_;
   std::vector<std::unique_ptr<ActQ8Buffer>> buffers_;      // buffers_[i] holds quantized_[i]
   std::vector<std::pair<uint32_t, int64_t>> quant_items_;  // (quantized_ index, vector) still to quantize
+  int64_t quant_elements_ = 0;                             // their elements
 };
 
 }  // namespace kestrel::cpu

@@ -1,6 +1,6 @@
 // act_q8_quantize (cpu/act_q8.h): each 32-element block rounds to int8 with d = max|x| / 127, so the largest element
-// maps to ±127 and every element to within d/2 of its value; the derived arrays (lane scales, negated lane sums,
-// block sums) match the quants; an all-zero block is all zeros; only the asked vectors are written.
+// maps to ±127 and every element to within d/2 of its value, ties to even; the derived arrays (lane scales, negated
+// lane sums, block sums) match the quants; an all-zero block is all zeros; only the asked vectors are written.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -56,6 +56,21 @@ TEST(ActQ8, BlocksRoundToWithinHalfAStep) {
   act_q8_quantize(x.data(), n_in, 1, 2, part);
   EXPECT_EQ(p.q[0], 9);
   for (int64_t i = n_in; i < 2 * n_in; ++i) EXPECT_EQ(p.q[i], q.q[i]);
+}
+
+// Ties round to even (cvtps2dq's rounding): a block whose largest value is 127 has d = 1, so x·(1/d) = x exactly.
+TEST(ActQ8, TiesRoundToEven) {
+  std::vector<float> x(32, 0.0f);
+  x[0] = 127.0f;
+  const float halves[] = {0.5f, 1.5f, 2.5f, -2.5f, -3.5f, 126.5f, -0.5f};
+  const int expect[] = {0, 2, 2, -2, -4, 126, 0};
+  for (size_t i = 0; i < std::size(halves); ++i) x[1 + i] = halves[i];
+  ActQ8Buffer buf;
+  const ActQ8View q = buf.reserve(1, 32);
+  act_q8_quantize(x.data(), 32, 0, 1, buf);
+  EXPECT_EQ(q.dl[0], 1.0f);
+  EXPECT_EQ(q.q[0], 127);
+  for (size_t i = 0; i < std::size(halves); ++i) EXPECT_EQ(q.q[1 + i], expect[i]) << halves[i];
 }
 
 }  // namespace
