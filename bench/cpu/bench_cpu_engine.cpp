@@ -13,7 +13,7 @@
 // interval also holds other processes' time slices, and the CPU-time ratio (the step's CPU seconds against the
 // read's for the same bytes, pool threads' spinning included in both) says how close the engine runs to the
 // memory when it has its cores. The load average is printed at the start and the end. --profile adds the engine's
-// own split of the timed decode steps by section (cpu/step_profile.h).
+// own split of the timed decode steps and of the timed prompt by section (cpu/step_profile.h).
 // KESTREL_CPU_ISA=scalar|avx2 lowers the instruction set.
 #include <time.h>
 
@@ -246,6 +246,7 @@ Status run(const Args& a) {
     for (int rep = 0; rep < 2; ++rep) {  // the first run warms the pages and the scratch
       KESTREL_TRY_ASSIGN(SlotId s, e->slot_alloc(o.max_ctx));
       std::vector<EngineStepItem> items = {{s, prompt, true}};
+      e->profile_reset();
       const Interval t;
       e->step(items, out);
       best_s = t.wall();
@@ -263,6 +264,8 @@ Status run(const Args& a) {
         "tokens read >= %.2f GB, %.2f s at the plain read (%.1f%% of that bound)\n",
         a.pp, best_s, a.pp / best_s, a.pp / (cpu_s / threads), passes, pass_tokens, bytes / 1e9, bytes / bw,
         100.0 * (bytes / bw) / best_s);
+    const std::string profile = e->profile_report();
+    if (!profile.empty()) std::printf("\nwhere the prompt goes:\n%s", profile.c_str());
   }
   std::printf("load average at the end: %s\n", loadavg().c_str());
   return ok_status();
