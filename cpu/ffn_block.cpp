@@ -19,6 +19,26 @@ ref::QuantMatrix expert(const ref::QuantExperts& w, size_t e) {
 
 }  // namespace
 
+void FfnBlock::route(const float* logits, size_t E, size_t k, int32_t* ids, float* weights) {
+  // ref::moe_route's operations in its order, over member buffers instead of the ones it allocates.
+  probs_.assign(logits, logits + E);
+  ref::softmax(probs_.data(), static_cast<int>(E));
+  taken_.assign(E, 0);
+  float sum = 0.0f;
+  for (size_t j = 0; j < k; ++j) {
+    size_t best = E;
+    for (size_t e = 0; e < E; ++e) {  // strict '>' keeps the lowest index among equals
+      if (taken_[e] == 0 && (best == E || probs_[e] > probs_[best])) best = e;
+    }
+    taken_[best] = 1;
+    ids[j] = static_cast<int32_t>(best);
+    weights[j] = probs_[best];
+    sum += weights[j];
+  }
+  const float denom = std::max(sum, ref::kMoeWeightSumMin);
+  for (size_t j = 0; j < k; ++j) weights[j] = weights[j] / denom;
+}
+
 void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* x, float* out) {
   const size_t R = sz(pass.n_rows), H = sz(static_cast<int64_t>(w.router.n_in));
   const size_t E = sz(static_cast<int64_t>(w.router.n_out)), k = sz(w.n_expert_used);
@@ -39,9 +59,7 @@ void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* 
   if (slot_.size() < R * k) slot_.resize(R * k);
   if (packed_.size() < R * k) packed_.resize(R * k);
   float* wts = grow(wts_, R * k);
-  for (size_t r = 0; r < R; ++r) {
-    ref::moe_route(logits + r * E, static_cast<int>(E), static_cast<int>(k), ids_.data() + r * k, wts + r * k);
-  }
+  for (size_t r = 0; r < R; ++r) route(logits + r * E, E, k, ids_.data() + r * k, wts + r * k);
 
   // Pack the rows by expert (ascending), rows of one expert in batch order.
   start_.assign(E + 1, 0);
