@@ -301,18 +301,22 @@ class GrpcService final : public v1::Kestrel::CallbackService {
                                  v1::StepResponse* resp) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     // resp stays valid until Finish; the callback runs once, on the engine thread (or here when refused).
-    handlers_.step(*req, deadline_of(*ctx), [reactor, resp](const RpcStatus& status, v1::StepResponse response) {
-      log_status("Step", status);
-      if (status.ok()) *resp = std::move(response);
-      reactor->Finish(to_grpc(status));
-    });
+    handlers_.step(
+        *req, deadline_of(*ctx),
+        [reactor, resp](const RpcStatus& status, v1::StepResponse response) {
+          log_status("Step", status);
+          if (status.ok()) *resp = std::move(response);
+          reactor->Finish(to_grpc(status));
+        },
+        Transport::kGrpc);
     return reactor;
   }
 
   grpc::ServerWriteReactor<v1::GenerateChunk>* Generate(grpc::CallbackServerContext* ctx,
                                                         const v1::GenerateRequest* req) override {
     auto* call = new GenerateCall();  // deleted by its OnDone
-    handlers_.generate(*req, deadline_of(*ctx), /*owner=*/0, std::make_shared<GenerateCall::Stream>(call));
+    handlers_.generate(*req, deadline_of(*ctx), /*owner=*/0, std::make_shared<GenerateCall::Stream>(call),
+                       Transport::kGrpc);
     return call;
   }
 
