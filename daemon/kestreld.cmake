@@ -1,14 +1,16 @@
 # kestreld: the daemon executable (daemon/main.cpp) and its installation: the binary, the systemd unit, the
 # sysusers.d and tmpfiles.d entries, the example configuration (installed as <sysconfdir>/kestrel/kestreld.toml
 # unless one exists) and docs/operations.md. Included by daemon/CMakeLists.txt when main.cpp exists.
-if(NOT (TARGET kestrel::server AND TARGET kestrel::shm_server AND TARGET kestrel::engine AND TARGET kestrel::ops))
-  message(STATUS "kestreld: not built yet (needs kestrel::engine, kestrel::server, kestrel::shm_server, kestrel::ops)")
+if(NOT (TARGET kestrel::server AND TARGET kestrel::shm_server AND TARGET kestrel::engine AND TARGET kestrel::ops
+        AND TARGET kestrel::http))
+  message(STATUS "kestreld: not built yet (needs kestrel::engine, kestrel::server, kestrel::shm_server, kestrel::http, "
+                 "kestrel::ops)")
   return()
 endif()
 
 add_executable(kestreld ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
 target_link_libraries(kestreld PRIVATE kestrel::ops kestrel::engine kestrel::server kestrel::shm_server
-                                       spdlog::spdlog)
+                                       kestrel::http spdlog::spdlog)
 target_compile_definitions(kestreld PRIVATE KESTREL_VERSION="${PROJECT_VERSION}")
 
 # Install locations. The configuration lives in /etc for the usual prefixes (/usr, /usr/local) so that the unit,
