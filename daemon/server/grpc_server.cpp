@@ -3,6 +3,7 @@
 // write queue.
 #include "daemon/server/grpc_server.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
@@ -341,6 +342,8 @@ Expected<std::unique_ptr<GrpcServer>> GrpcServer::create(RpcHandlers& handlers, 
 
   std::unique_ptr<GrpcServer> server(new GrpcServer(handlers, options));
   grpc::EnableDefaultHealthCheckService(true);
+  // Server reflection (grpc.reflection.v1alpha): grpcurl and other tools list and call the API without the .proto.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   int unix_ok = 0;
