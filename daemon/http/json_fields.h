@@ -13,7 +13,9 @@
 
 namespace kestrel::daemon::http {
 
-using Json = nlohmann::json;
+// Request bodies keep the client's key order, as Python's json does: the chat template writes tool-call arguments with
+// tojson in that order (core/chat/chat_template.h), so the rendered prompt matches transformers byte for byte.
+using Json = nlohmann::ordered_json;
 using FieldError = std::optional<ApiError>;  // nullopt: the field was read
 
 // "a string", "an array", "null", ... for messages.
