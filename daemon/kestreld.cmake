@@ -10,7 +10,7 @@ endif()
 
 add_executable(kestreld ${CMAKE_CURRENT_LIST_DIR}/main.cpp)
 target_link_libraries(kestreld PRIVATE kestrel::ops kestrel::engine kestrel::server kestrel::shm_server
-                                       kestrel::http spdlog::spdlog)
+                                       kestrel::http kestrel_mkmodel spdlog::spdlog)
 target_compile_definitions(kestreld PRIVATE KESTREL_VERSION="${PROJECT_VERSION}")
 
 # Install locations. The configuration lives in /etc for the usual prefixes (/usr, /usr/local) so that the unit,

@@ -29,7 +29,6 @@
 #include "daemon/http/http_server.h"
 #include "daemon/ops/command_line.h"
 #include "daemon/ops/config.h"
-#include "daemon/ops/default_model.h"
 #include "daemon/ops/engine_select.h"
 #include "daemon/ops/logging.h"
 #include "daemon/ops/model_loader.h"
@@ -39,6 +38,7 @@
 #include "daemon/server/grpc_server.h"
 #include "daemon/server/rpc_handlers.h"
 #include "daemon/shm/shm_server.h"
+#include "tools/mkmodel/default_model.h"
 
 #ifndef KESTREL_VERSION
 #define KESTREL_VERSION "unknown"
@@ -128,8 +128,9 @@ Expected<Daemon> build(const DaemonConfig& config) {
   std::string path = config.model;
   if (path.empty()) {
     notify_status("preparing the default model in " + config.cache_dir);
-    KESTREL_TRY_ASSIGN(DefaultModel dm,
-                       ensure_default_model(config.cache_dir, [](std::string_view line) { spdlog::info("{}", line); }));
+    KESTREL_TRY_ASSIGN(
+        mkmodel::DefaultModel dm,
+        mkmodel::ensure_default_model(config.cache_dir, [](std::string_view line) { spdlog::info("{}", line); }));
     path = dm.path;
   }
   d.model_path = path;

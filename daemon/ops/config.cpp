@@ -498,11 +498,7 @@ void append_value(std::string& out, const ConfigValue& v) {
 
 ServiceLimits DaemonConfig::default_limits() {
   ServiceLimits limits;
-  limits.default_sampling.temperature = 0.8f;
-  limits.default_sampling.top_k = 40;
-  limits.default_sampling.top_p = 0.95f;
-  limits.default_sampling.min_p = 0.05f;
-  limits.default_sampling.seed = 0;
+  limits.default_sampling = kestrel_default_sampling();
   limits.random_seed_by_default = true;
   return limits;
 }

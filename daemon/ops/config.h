@@ -1,7 +1,7 @@
 // DaemonConfig: everything kestreld can be told, read from a TOML file and then from command-line flags
 // (flags > file > defaults). systemd/kestreld.toml.example documents every key; docs/operations.md is the reference.
 //
-//   model = ""                       # GGUF path; empty = the embedded default tiny model (default_model.h)
+//   model = ""                       # GGUF path; empty = the default model (tools/mkmodel/default_model.h)
 //   engine = "auto"                  # auto, cuda, cpu, reference
 //   stop_timeout_s = 30              # drain time on SIGTERM
 //   cache_dir = ""                   # empty = default_cache_dir() (default_paths.h)
@@ -86,8 +86,8 @@ struct DaemonConfig {
   // "section.name" ("limits.max_sessions") or "name" at the top level.
   std::map<std::string, std::string> origins;
 
-  // ServiceLimits with kestreld's sampling defaults (llama.cpp's: temperature 0.8, top_k 40, top_p 0.95, min_p
-  // 0.05, a random seed per session); the rest as in service.h.
+  // ServiceLimits with Kestrel's sampling defaults (kestrel_default_sampling(): temperature 0.8, top_k 40, top_p
+  // 0.95, min_p 0.05) and a random seed per session; the rest as in service.h.
   static ServiceLimits default_limits();
 };
 
