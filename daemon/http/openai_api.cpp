@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "core/chat/chat_template.h"
+#include "daemon/http/chat_context.h"
 #include "daemon/http/completion_call.h"
 #include "daemon/http/openai_encode.h"
 
@@ -51,6 +54,8 @@ struct OpenAiApi::Attached {
   Service* service;
   ServedModel model;
   ServiceLimits limits;
+  std::optional<chat::ChatTemplate> chat_template;  // parsed at attach; when empty, chat completions are refused
+  std::string no_chat_template;                     // with this reason
 };
 
 OpenAiApi::OpenAiApi(ApiOptions options) : options_(std::move(options)) {}
@@ -59,7 +64,20 @@ OpenAiApi::~OpenAiApi() = default;
 
 void OpenAiApi::attach(Service& service, ServedModel model) {
   if (attached_owner_ != nullptr) return;
-  attached_owner_ = std::make_unique<Attached>(Attached{&service, std::move(model), service.limits()});
+  auto a = std::make_unique<Attached>(Attached{&service, std::move(model), service.limits(), std::nullopt, ""});
+  if (a->model.chat_template.empty()) {
+    a->no_chat_template =
+        "the model has no chat template (tokenizer.chat_template), so kestreld cannot render "
+        "conversations for it; use /v1/completions with a prompt in the model's format";
+  } else if (Expected<chat::ChatTemplate> t = chat::ChatTemplate::parse(a->model.chat_template); t) {
+    a->chat_template = std::move(t).value();
+  } else {
+    a->no_chat_template =
+        "the model's chat template (tokenizer.chat_template) cannot be rendered by kestreld: " + t.error().message +
+        "; use /v1/completions with a prompt in the model's format";
+  }
+  if (!a->no_chat_template.empty()) spdlog::warn("http: /v1/chat/completions is off: {}", a->no_chat_template);
+  attached_owner_ = std::move(a);
   attached_.store(attached_owner_.get(), std::memory_order_release);
 }
 
@@ -99,12 +117,13 @@ void OpenAiApi::handle(HttpRequest request, const std::shared_ptr<Exchange>& exc
     return exchange->respond(std::move(r));
   }
   const bool models = path == "/v1/models" || path.starts_with("/v1/models/");
-  const bool completions = path == "/v1/completions";
+  const bool chat = path == "/v1/chat/completions";
+  const bool completions = chat || path == "/v1/completions";
   if (!models && !completions) {
     return exchange->respond(error_response(ApiError{404,
                                                      "no route for " + request.method + " " + std::string(path) +
-                                                         " (kestreld serves /v1/models, "
-                                                         "/v1/completions, /health and /metrics)",
+                                                         " (kestreld serves /v1/models, /v1/completions, "
+                                                         "/v1/chat/completions, /health and /metrics)",
                                                      "not_found_error", "", "not_found"}));
   }
   if ((models && !get) || (completions && !post)) return wrong_method(models ? "GET" : "POST");
@@ -127,7 +146,7 @@ void OpenAiApi::handle(HttpRequest request, const std::shared_ptr<Exchange>& exc
     }
     return exchange->respond(json_response(200, model_body(a->model.id, a->model.created)));
   }
-  completion(ApiKind::kCompletion, request, exchange);
+  completion(chat ? ApiKind::kChat : ApiKind::kCompletion, request, exchange);
 }
 
 void OpenAiApi::completion(ApiKind kind, const HttpRequest& http_request, const std::shared_ptr<Exchange>& exchange) {
@@ -145,9 +164,21 @@ void OpenAiApi::completion(ApiKind kind, const HttpRequest& http_request, const 
         "invalid_request_error", "model", "model_not_found"});
   }
 
-  // The prompt's tokens (and, with echo, its text).
+  // The prompt's tokens (and, with echo, its text). A conversation is rendered with the model's chat template.
   std::vector<int32_t> prompt;
   std::string echo;
+  if (kind == ApiKind::kChat) {
+    if (!a.chat_template) return refuse(ApiError{501, a.no_chat_template, "server_error", "", "no_chat_template"});
+    Expected<std::string> rendered =
+        a.chat_template->render(template_context(req.chat_context, a.model.bos_token, a.model.eos_token));
+    if (!rendered) {
+      ApiError e = ApiError::from_error(rendered.error());
+      e.message = "the model's chat template refused the conversation: " + e.message;
+      e.param = "messages";
+      return refuse(e);
+    }
+    req.prompt_text = std::move(rendered).value();
+  }
   if (!req.prompt_tokens.empty()) {
     prompt = std::move(req.prompt_tokens);
     if (req.echo) {

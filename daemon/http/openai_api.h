@@ -6,6 +6,8 @@
 //   GET  /v1/models              the model served; GET /v1/models/{id} that one model
 //   POST /v1/completions         a completion (openai_request.h → Service::generate → completion_call.h)
 //   POST /v1/chat/completions    a chat completion, the conversation rendered with the GGUF's chat template
+//                                (core/chat/chat_template.h, parsed at attach; a model without a template, or with
+//                                one the renderer refuses, answers 501 with the reason, logged once at attach)
 //
 // With an API key configured, every /v1/ route needs `Authorization: Bearer <key>` (401 otherwise); /health and
 // /metrics never do. At most max_concurrent_requests completions run at once over HTTP (429 beyond). A completion

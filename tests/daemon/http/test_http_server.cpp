@@ -306,6 +306,60 @@ TEST_F(HttpServerTest, ClientThatDisconnectsCancelsItsGeneration) {
       << "its concurrency slot was given back";
 }
 
+// The conversation reaches the Service rendered by the model's chat template (the fake tokenizes a byte per token).
+TEST_F(HttpServerTest, ChatCompletionRendersTheTemplate) {
+  HttpServerOptions o;
+  o.address = "127.0.0.1:0";
+  auto s = HttpServer::start(o);
+  ASSERT_TRUE(s) << s.error().to_string();
+  server_ = std::move(*s);
+  server_->attach(service_, ServedModel{"chat-model", 1, R"({%- for m in messages -%}
+[{{ m.role }}]{{ m.content }}
+{%- endfor -%}
+{%- if add_generation_prompt %}[assistant]{% endif -%}
+{%- if messages[0].role != 'system' %}{{ raise_exception('the first message must be a system message') }}{% endif -%})",
+                                        "", "<eos>"});
+  Client c = client();
+  Reply r = c.request(bhttp::verb::post, "/v1/chat/completions",
+                      R"({"model": "chat-model", "messages": [{"role": "developer", "content": "Be brief."},
+                          {"role": "user", "content": [{"type": "text", "text": "Hi"}]}], "max_tokens": 3,
+                          "logprobs": true, "top_logprobs": 1})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = json_of(r);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "abc");
+  EXPECT_EQ(j["choices"][0]["logprobs"]["content"].size(), 3u);
+  ASSERT_TRUE(service_.last_generate.has_value());
+  const std::string rendered = "[system]Be brief.[user]Hi[assistant]";
+  EXPECT_EQ(service_.last_generate->prompt, std::vector<int32_t>(rendered.begin(), rendered.end()));
+
+  r = c.request(bhttp::verb::post, "/v1/chat/completions",
+                R"({"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}],
+                    "max_tokens": 2, "stream": true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::vector<Json> ev = events(r.body);
+  ASSERT_EQ(ev.size(), 5u) << r.body;  // role, 2 deltas, finish, [DONE]
+  EXPECT_EQ(ev[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(ev[1]["choices"][0]["delta"]["content"], "a");
+  EXPECT_EQ(ev[3]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(ev[4], "[DONE]");
+
+  expect_error(c.request(bhttp::verb::post, "/v1/chat/completions",
+                         R"({"messages": [{"role": "user", "content": "no system message"}]})"),
+               400, "first message must be a system message");
+}
+
+TEST_F(HttpServerTest, ChatWithoutATemplateIs501) {
+  start();
+  Client c = client();
+  expect_error(
+      c.request(bhttp::verb::post, "/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}]})"), 501,
+      "no chat template");
+  EXPECT_EQ(c.request(bhttp::verb::post, "/v1/completions", R"({"prompt": "x", "max_tokens": 1})").status, 200);
+}
+
 TEST_F(HttpServerTest, MalformedHttpIs400) {
   start();
   Client c = client();

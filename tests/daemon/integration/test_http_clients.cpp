@@ -169,6 +169,12 @@ TEST_F(HttpClients, CurlErrorsWhileOthersAreServed) {
                "does not exist");
   expect_error(post("/v1/completions", R"({"prompt": ")" + std::string(100000, 'x') + R"("})", key), 413, "",
                "at most 65536 bytes");
+  expect_error(
+      post("/v1/chat/completions",
+           R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]})", key),
+      400, "messages[0].content[0].type", "text only");
+  expect_error(post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "tools": [{}]})", key),
+               400, "tools", "cannot honour");
   expect_error(curl({"-X", "DELETE", url("/v1/completions")}), 405, "", "not allowed");
   expect_error(curl({url("/v1/embeddings")}), 404, "", "no route");
 
