@@ -134,34 +134,7 @@ class CpuEngineImpl final : public CpuEngine {
                         "slot_clone: slot " + std::to_string(valid(src) ? dst : src) + " is not allocated");
     }
     if (src == dst) return ok_status();
-    const ref::SessionState& s = *slots_[sz(src)];
-    const int dst_ctx = slots_[sz(dst)]->n_ctx();
-    if (s.n_past() > dst_ctx) {
-      return make_error(ErrorCode::kOutOfRange, "slot_clone: source holds " + std::to_string(s.n_past()) +
-                                                    " tokens, the destination only " + std::to_string(dst_ctx));
-    }
-    if (s.n_ctx() == dst_ctx) {
-      slots_[sz(dst)] = s;  // a plain value: the copy is a fork
-      return ok_status();
-    }
-    // Different capacities: the KV caches are sized by n_ctx, so copy their filled rows into a fresh state.
-    KESTREL_TRY_ASSIGN(ref::SessionState fresh, ref::SessionState::create(model_.hparams(), dst_ctx));
-    const std::vector<LayerKind>& kinds = model_.hparams().layer_kinds;
-    for (uint32_t l = 0; l < kinds.size(); ++l) {
-      if (kinds[l] == LayerKind::kGatedDeltaNet) {
-        fresh.gdn(l) = s.gdn(l);
-        continue;
-      }
-      const ref::KvCache& from = s.kv(l);
-      ref::KvCache& to = fresh.kv(l);
-      const size_t n = sz(from.n_used) * sz(from.n_head_kv) * sz(from.head_dim);  // f32 [n_used, n_kv, hd]
-      std::copy_n(from.k.begin(), n, to.k.begin());
-      std::copy_n(from.v.begin(), n, to.v.begin());
-      to.n_used = from.n_used;
-    }
-    fresh.append_tokens(s.tokens());
-    slots_[sz(dst)].emplace(std::move(fresh));
-    return ok_status();
+    return slots_[sz(dst)]->copy_from(*slots_[sz(src)]);
   }
 
   Expected<std::vector<uint8_t>> slot_snapshot(SlotId slot) const override {
@@ -174,10 +147,6 @@ class CpuEngineImpl final : public CpuEngine {
   }
   int64_t slot_n_past(SlotId slot) const override { return valid(slot) ? slots_[sz(slot)]->n_past() : 0; }
   int32_t slot_n_ctx(SlotId slot) const override { return valid(slot) ? slots_[sz(slot)]->n_ctx() : 0; }
-  std::span<const int32_t> slot_tokens(SlotId slot) const override {
-    if (!valid(slot)) return {};
-    return slots_[sz(slot)]->tokens();
-  }
 
   Status check(const EngineStepItem& item) const override {
     if (!valid(item.slot)) return not_allocated(item.slot);
@@ -309,8 +278,7 @@ void CpuEngineImpl::step(std::span<const EngineStepItem> items, std::span<Engine
     for (size_t s = 0; s < segments_.size(); ++s) {
       const size_t i = segment_item_[s];
       offset_[i] += sz(segments_[s].n_tok);
-      segments_[s].state->append_tokens(
-          std::span<const int32_t>(tokens_).subspan(sz(segments_[s].row0), sz(segments_[s].n_tok)));
+      segments_[s].state->advance(segments_[s].n_tok);
       if (offset_[i] == items[i].tokens.size()) done_.push_back(s);
     }
     if (done_.empty()) continue;

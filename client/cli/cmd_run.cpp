@@ -95,11 +95,12 @@ int run_generation(RunOptions o) {
     return 1;
   }
   const double t_prefill = seconds_since(t0);
+  std::vector<int32_t> history(prompt.begin(), prompt.end());  // the session's tokens, for the sampler's penalties
 
   int n_decoded = 0;
   t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < o.n_predict; ++i) {
-    auto next = sampler->sample_checked(out.logits, session->tokens(), nullptr);
+    auto next = sampler->sample_checked(out.logits, history, nullptr);
     if (!next) {
       print_error("", next.error().message);
       return 1;
@@ -119,6 +120,7 @@ int run_generation(RunOptions o) {
       print_error("", st.error().message);
       return 1;
     }
+    history.push_back(tok);
   }
   const double t_decode = seconds_since(t0);
   std::fputc('\n', stdout);

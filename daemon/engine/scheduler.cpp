@@ -122,7 +122,7 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
           GenerateChunk c;
           c.text = std::move(rest);
           c.session = r.session->temporary ? 0 : r.session->id;
-          c.n_past = r.session->n_fed + (r.decoding && r.next_token >= 0 ? 1 : 0);
+          c.n_past = r.session->n_fed() + (r.decoding && r.next_token >= 0 ? 1 : 0);
           o.chunks.push_back(std::move(c));
         }
         GenerateSummary sum;
@@ -130,7 +130,7 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
         sum.prompt_tokens = r.prompt_tokens;
         sum.completion_tokens = r.generated;
         sum.session = r.session->temporary ? 0 : r.session->id;
-        sum.n_past = r.session->n_fed + (r.decoding && r.next_token >= 0 ? 1 : 0);
+        sum.n_past = r.session->n_fed() + (r.decoding && r.next_token >= 0 ? 1 : 0);
         o.generate_result = sum;
       }
       o.finished = true;
@@ -227,7 +227,7 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
         continue;
       }
       const size_t n = items[k].tokens.size();
-      r.session->n_fed += static_cast<int64_t>(n);
+      r.session->fed.insert(r.session->fed.end(), items[k].tokens.begin(), items[k].tokens.end());
       tokens_processed_ += n;
       if (r.decoding) {
         r.next_token = -1;  // fed
@@ -271,7 +271,7 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
   SampleResult sr;
   if (r.kind == Request::Kind::kStep) {
     auto tok =
-        greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, engine_.slot_tokens(s.slot), &sr);
+        greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, s.fed, &sr);
     if (!tok) {
       o->step_result = std::move(tok).error();
     } else {
@@ -292,12 +292,12 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
   std::optional<FinishReason> reason;
   GenerateChunk c;
   c.session = visible_id;
-  if (s.n_fed >= s.n_ctx) {
+  if (s.n_fed() >= s.n_ctx) {
     reason = FinishReason::kContextFull;  // no room to feed another token
     c.text = r.text->finish();
   } else {
     auto tok =
-        greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, engine_.slot_tokens(s.slot), &sr);
+        greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, s.fed, &sr);
     if (!tok) {
       o->generate_result = std::move(tok).error();
       o->finished = true;
@@ -327,11 +327,11 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
       lp.token = t;
       lp.logprob = sr.logprob;
       lp.top = std::move(sr.top);
-      lp.n_past = s.n_fed + 1;
+      lp.n_past = s.n_fed() + 1;
       c.logprobs.push_back(std::move(lp));
     }
   }
-  c.n_past = s.n_fed + (r.next_token >= 0 ? 1 : 0);
+  c.n_past = s.n_fed() + (r.next_token >= 0 ? 1 : 0);
   if (!c.tokens.empty() || !c.text.empty()) o->chunks.push_back(std::move(c));
   if (reason) {
     GenerateSummary sum;
@@ -339,7 +339,7 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
     sum.prompt_tokens = r.prompt_tokens;
     sum.completion_tokens = r.generated;
     sum.session = visible_id;
-    sum.n_past = s.n_fed + (r.next_token >= 0 ? 1 : 0);
+    sum.n_past = s.n_fed() + (r.next_token >= 0 ? 1 : 0);
     o->generate_result = sum;
     o->finished = true;
   }

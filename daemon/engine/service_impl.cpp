@@ -212,7 +212,7 @@ Expected<SessionInfo> ServiceImpl::clone_session(SessionId id, uint64_t owner) {
   }
   ++slots_held_;
   dst->n_ctx = src->n_ctx;
-  dst->n_fed = src->n_fed;
+  dst->fed = src->fed;
   dst->pending = src->pending;
   dst->params = src->params;
   dst->idle_ttl = src->idle_ttl;
@@ -236,7 +236,7 @@ Expected<SessionInfo> ServiceImpl::reset_session(SessionId id) {
     std::lock_guard<std::mutex> elk(engine_mu_);
     engine_.slot_reset(s->slot);
   }
-  s->n_fed = 0;
+  s->fed.clear();
   s->pending.clear();
   s->last_used = Clock::now();
   return s->info();

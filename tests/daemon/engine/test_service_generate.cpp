@@ -34,13 +34,15 @@ std::vector<int32_t> direct_generate(const Model& m, const SamplingParams& p, co
   o.gdn_mode = ref::GdnMode::kRecurrent;
   ref::ForwardOutput out;
   EXPECT_TRUE(ref::forward(*w, *st, prompt, o, &out));
+  std::vector<int32_t> history = prompt;  // the tokens fed, the sampler's penalty window
   std::vector<int32_t> gen;
   for (int i = 0; i < n; ++i) {
-    const int32_t t = *sampler->sample_checked(out.logits, st->tokens(), nullptr);
+    const int32_t t = *sampler->sample_checked(out.logits, history, nullptr);
     gen.push_back(t);
     if (i + 1 < n) {
       const int32_t one[1] = {t};
       EXPECT_TRUE(ref::forward(*w, *st, one, o, &out));
+      history.push_back(t);
     }
   }
   return gen;
