@@ -204,8 +204,13 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
         if (r.reseed) r.session->sampler.reseed(r.params.seed);
         r.started = true;
       }
+      if (!r.scheduled) {
+        r.scheduled = true;
+        metrics_.scheduled(r.transport, std::chrono::duration<double>(now - r.admitted).count());
+      }
     }
     engine_.step(items, outs);
+    const Clock::time_point sampled_at = Clock::now();
     for (size_t k = 0; k < items.size(); ++k) {
       Request& r = *active_[which[k]];
       Outcome o;
@@ -230,7 +235,7 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
         r.consumed += n;
         if (r.consumed < r.todo.size()) continue;  // more prefill next tick
       }
-      sample_and_advance(r, outs[k].logits, items[k].argmax_only ? outs[k].argmax : -1, &o);
+      sample_and_advance(r, outs[k].logits, items[k].argmax_only ? outs[k].argmax : -1, sampled_at, &o);
       if (o.finished) end_request(r);
       if (o.finished || !o.chunks.empty()) outcomes->push_back(std::move(o));
     }
@@ -249,7 +254,19 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
   active_ = std::move(still);
 }
 
-void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, int32_t greedy, Outcome* o) {
+void ServiceImpl::record_token(Request& r, Clock::time_point now) {
+  if (r.last_token == Clock::time_point{}) {
+    // The first token: the prompt (the request's own tokens, not the session's pending one) is processed.
+    const auto prompt = static_cast<uint64_t>(r.todo.size() - r.n_from_pending);
+    metrics_.first_token(r.transport, std::chrono::duration<double>(now - r.admitted).count(), prompt);
+  } else {
+    metrics_.next_token(r.transport, std::chrono::duration<double>(now - r.last_token).count());
+  }
+  r.last_token = now;
+}
+
+void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, int32_t greedy, Clock::time_point now,
+                                     Outcome* o) {
   Session& s = *r.session;
   SampleResult sr;
   if (r.kind == Request::Kind::kStep) {
@@ -258,6 +275,7 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
     if (!tok) {
       o->step_result = std::move(tok).error();
     } else {
+      record_token(r, now);
       StepResult res;
       res.token = *tok;
       res.logprob = sr.logprob;
@@ -289,6 +307,7 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
     r.next_token = t;
     ++r.generated;
     ++tokens_generated_;
+    record_token(r, now);
     c.tokens.push_back(t);
     if (contains(r.stop_tokens, t)) {
       reason = FinishReason::kStopToken;
@@ -326,6 +345,32 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
   }
 }
 
+void ServiceImpl::record_end(const Request& r, const Outcome& o) {
+  const double e2e = std::chrono::duration<double>(Clock::now() - r.admitted).count();
+  if (o.step_result) {
+    if (*o.step_result) {
+      metrics_.succeeded(r.transport, r.scheduled, FinishClass::kStep, e2e);
+    } else {
+      metrics_.failed(r.transport, /*was_admitted=*/true, r.scheduled, o.step_result->error().code);
+    }
+    return;
+  }
+  if (!o.generate_result) return;
+  if (!*o.generate_result) {
+    metrics_.failed(r.transport, /*was_admitted=*/true, r.scheduled, o.generate_result->error().code);
+    return;
+  }
+  FinishClass finish = FinishClass::kStop;
+  switch ((*o.generate_result)->reason) {
+    case FinishReason::kStopToken:
+    case FinishReason::kStopString: finish = FinishClass::kStop; break;
+    case FinishReason::kMaxTokens:
+    case FinishReason::kContextFull: finish = FinishClass::kLength; break;
+    case FinishReason::kAborted: finish = FinishClass::kAbort; break;
+  }
+  metrics_.succeeded(r.transport, r.scheduled, finish, e2e);
+}
+
 void ServiceImpl::finish(std::vector<Outcome>* outcomes) {
   std::vector<SlotId> to_free;
   {
@@ -345,6 +390,7 @@ void ServiceImpl::finish(std::vector<Outcome>* outcomes) {
   free_slots(to_free);
   for (Outcome& o : *outcomes) {
     Request& r = *o.request;
+    if (o.finished) record_end(r, o);
     for (GenerateChunk& c : o.chunks) r.sink->on_chunk(std::move(c));
     if (o.step_result) {
       auto done = std::move(r.done);

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "tools/mkmodel/default_model.h"
+
 namespace kestrel::daemon::ops {
 
 namespace {
@@ -49,11 +51,7 @@ std::string default_shm_socket_path(const std::string& socket_path) {
 }
 
 std::string default_cache_dir(const Environment& env) {
-  namespace fs = std::filesystem;
-  if (!env.cache_directory.empty()) return first_of_list(env.cache_directory);
-  if (!env.xdg_cache_home.empty()) return (fs::path(env.xdg_cache_home) / "kestrel").string();
-  if (!env.home.empty()) return (fs::path(env.home) / ".cache" / "kestrel").string();
-  return (fs::path(private_tmp_dir(env.uid)) / "cache").string();
+  return mkmodel::default_model_cache_dir(env.cache_directory, env.xdg_cache_home, env.home, env.uid);
 }
 
 }  // namespace kestrel::daemon::ops

@@ -3,6 +3,7 @@
 // write queue.
 #include "daemon/server/grpc_server.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
@@ -301,18 +302,22 @@ class GrpcService final : public v1::Kestrel::CallbackService {
                                  v1::StepResponse* resp) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     // resp stays valid until Finish; the callback runs once, on the engine thread (or here when refused).
-    handlers_.step(*req, deadline_of(*ctx), [reactor, resp](const RpcStatus& status, v1::StepResponse response) {
-      log_status("Step", status);
-      if (status.ok()) *resp = std::move(response);
-      reactor->Finish(to_grpc(status));
-    });
+    handlers_.step(
+        *req, deadline_of(*ctx),
+        [reactor, resp](const RpcStatus& status, v1::StepResponse response) {
+          log_status("Step", status);
+          if (status.ok()) *resp = std::move(response);
+          reactor->Finish(to_grpc(status));
+        },
+        Transport::kGrpc);
     return reactor;
   }
 
   grpc::ServerWriteReactor<v1::GenerateChunk>* Generate(grpc::CallbackServerContext* ctx,
                                                         const v1::GenerateRequest* req) override {
     auto* call = new GenerateCall();  // deleted by its OnDone
-    handlers_.generate(*req, deadline_of(*ctx), /*owner=*/0, std::make_shared<GenerateCall::Stream>(call));
+    handlers_.generate(*req, deadline_of(*ctx), /*owner=*/0, std::make_shared<GenerateCall::Stream>(call),
+                       Transport::kGrpc);
     return call;
   }
 
@@ -337,6 +342,8 @@ Expected<std::unique_ptr<GrpcServer>> GrpcServer::create(RpcHandlers& handlers, 
 
   std::unique_ptr<GrpcServer> server(new GrpcServer(handlers, options));
   grpc::EnableDefaultHealthCheckService(true);
+  // Server reflection (grpc.reflection.v1alpha): grpcurl and other tools list and call the API without the .proto.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   int unix_ok = 0;

@@ -75,6 +75,7 @@ class FakeService final : public Service {
     return s;
   }
   ServiceLimits limits() const override { return ServiceLimits{}; }
+  const ServiceMetrics& metrics() const override { return metrics_; }
 
   Expected<std::vector<int32_t>> tokenize(const std::string& text, bool /*parse_special*/) const override {
     if (auto e = take_error()) return *e;
@@ -257,6 +258,7 @@ class FakeService final : public Service {
   std::map<SessionId, SessionInfo> sessions_;
   SessionId next_id_ = 1;
   std::thread engine_;  // last: started after every other member exists
+  ServiceMetrics metrics_;
 };
 
 }  // namespace kestrel::daemon::testing

@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "core/model/model.h"
-#include "daemon/ops/default_model.h"
 #include "tests/daemon/scratch_dir.h"
+#include "tools/mkmodel/default_model.h"
 
-namespace kestrel::daemon::ops {
+namespace kestrel::mkmodel {
 namespace {
 
 namespace fs = std::filesystem;
@@ -111,6 +111,13 @@ TEST_F(DefaultModelTest, UnwritableCacheFolderIsAClearError) {
   EXPECT_NE(r.error().message.find("--model"), std::string::npos) << r.error().message;
 }
 
+TEST(DefaultModelCacheDir, FromTheEnvironment) {
+  EXPECT_EQ(default_model_cache_dir("/var/cache/kestrel:/var/cache/other", "/x", "/home/u", 5), "/var/cache/kestrel");
+  EXPECT_EQ(default_model_cache_dir("", "/x/cache", "/home/u", 5), "/x/cache/kestrel");
+  EXPECT_EQ(default_model_cache_dir("", "", "/home/u", 5), "/home/u/.cache/kestrel");
+  EXPECT_EQ(default_model_cache_dir("", "", "", 5), "/tmp/kestrel-5/cache");
+}
+
 TEST_F(DefaultModelTest, CacheFolderIsAFileIsAClearError) {
   fs::create_directories(dir_);
   std::ofstream(dir_ / "file") << "x";
@@ -120,4 +127,4 @@ TEST_F(DefaultModelTest, CacheFolderIsAFileIsAClearError) {
 }
 
 }  // namespace
-}  // namespace kestrel::daemon::ops
+}  // namespace kestrel::mkmodel
