@@ -22,6 +22,7 @@
 #include "gpu/kernels/gemv.h"
 #include "gpu/kernels/moe_combine.cuh"
 #include "gpu/kernels/moe_experts.h"
+#include "gpu/kernels/moe_hybrid.h"
 #include "gpu/kernels/stage_row.cuh"
 #include "gpu/memory/scratch_carve.h"
 
@@ -51,6 +52,8 @@ struct Groups {
   const int32_t* active_offset;  // [max_active + 1]
   const int32_t* entry_token;    // [entries]
   int n_tok;
+  const int32_t* resident = nullptr;  // hybrid layers: expert id → index in the compact stack, < 0: not here (the
+                                      // block returns); null: the stack holds every expert
 };
 
 std::string tname(GgmlType t) { return std::string(ggml_type_name(t)); }
@@ -94,9 +97,12 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(Job j0, Job j1, int j
                 s2 ? j1.a.row_bytes : j0.a.row_bytes, s2 ? j1.a.n_cols : j0.a.n_cols, s2 ? j1.a.n_rows : j0.a.n_rows};
   const Stack b{s2 ? j1.b.data : j0.b.data, s2 ? j1.b.expert_bytes : j0.b.expert_bytes,
                 s2 ? j1.b.row_bytes : j0.b.row_bytes, s2 ? j1.b.n_cols : j0.b.n_cols, s2 ? j1.b.n_rows : j0.b.n_rows};
-  const Groups gr{s2 ? j1.gr.n_active : j0.gr.n_active, s2 ? j1.gr.active_expert : j0.gr.active_expert,
-                  s2 ? j1.gr.active_offset : j0.gr.active_offset, s2 ? j1.gr.entry_token : j0.gr.entry_token,
-                  s2 ? j1.gr.n_tok : j0.gr.n_tok};
+  const Groups gr{s2 ? j1.gr.n_active : j0.gr.n_active,
+                  s2 ? j1.gr.active_expert : j0.gr.active_expert,
+                  s2 ? j1.gr.active_offset : j0.gr.active_offset,
+                  s2 ? j1.gr.entry_token : j0.gr.entry_token,
+                  s2 ? j1.gr.n_tok : j0.gr.n_tok,
+                  s2 ? j1.gr.resident : j0.gr.resident};
   const float* __restrict__ x = s2 ? j1.x : j0.x;
   float* __restrict__ out = s2 ? j1.out : j0.out;
   int expert = 0;
@@ -105,6 +111,10 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(Job j0, Job j1, int j
   if (gr.n_active != nullptr) {
     if (slot >= *gr.n_active) return;  // whole block
     expert = gr.active_expert[slot];
+    if (gr.resident != nullptr) {
+      expert = gr.resident[expert];
+      if (expert < 0) return;  // whole block: a host expert
+    }
     first = gr.active_offset[slot];
     last = gr.active_offset[slot + 1];
   }
@@ -277,11 +287,9 @@ Status check_matrix(const DeviceMatrixView& m, const char* name, int64_t n_cols,
   return ok_status();
 }
 
-}  // namespace
-
-bool moe_supports(GgmlType type) { return has_dequant(type); }
-
-Status moe_check_weights(const MoeDeviceWeights& w) {
+// moe_check_weights for stacks of `stack_experts` experts (E, or a hybrid layer's resident count; 0: null data
+// allowed).
+Status check_weights(const MoeDeviceWeights& w, int64_t stack_experts) {
   const int64_t H = w.router.n_cols, E = w.router.n_rows, I = w.gate_exps.n_rows;
   KESTREL_TRY(check_matrix(w.router, "ffn_gate_inp", H, E));
   if (!gemv_supports(w.router.type)) {
@@ -293,12 +301,13 @@ Status moe_check_weights(const MoeDeviceWeights& w) {
                                                        " used: need 1 <= used <= min(E, 32), E <= 1024");
   }
   auto check_stack = [&](const DeviceExpertsView& s, const char* name, int64_t n_cols, int64_t n_rows) -> Status {
-    if (s.data == nullptr || s.n_cols != n_cols || s.n_rows != n_rows || s.n_expert != E) {
+    if ((s.data == nullptr && stack_experts > 0) || s.n_cols != n_cols || s.n_rows != n_rows ||
+        s.n_expert != stack_experts) {
       return make_error(ErrorCode::kInvalidArgument,
                         std::string("moe: ") + name + " has shape {" + std::to_string(s.n_cols) + ", " +
                             std::to_string(s.n_rows) + ", " + std::to_string(s.n_expert) + "}" +
                             (s.data == nullptr ? " and no data" : "") + ", expected {" + std::to_string(n_cols) + ", " +
-                            std::to_string(n_rows) + ", " + std::to_string(E) + "}");
+                            std::to_string(n_rows) + ", " + std::to_string(stack_experts) + "}");
     }
     if (!has_dequant(s.type) || !ggml_row_bytes(s.type, static_cast<uint64_t>(n_cols))) {
       return make_error(ErrorCode::kUnsupported, std::string("moe: ") + name + " type " + tname(s.type) +
@@ -331,14 +340,25 @@ Status moe_check_weights(const MoeDeviceWeights& w) {
   return ok_status();
 }
 
+}  // namespace
+
+bool moe_supports(GgmlType type) { return has_dequant(type); }
+
+Status moe_check_weights(const MoeDeviceWeights& w) { return check_weights(w, w.router.n_rows); }
+
 size_t moe_workspace_bytes(const MoeDeviceWeights& w, int n_tok) {
   if (n_tok < 1) return 0;
   return layout_of(w, n_tok, nullptr).bytes;
 }
 
-Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* out, void* workspace,
-                   cudaStream_t stream, MoeLaunchInfo* info) {
-  KESTREL_TRY(moe_check_weights(w));
+namespace {
+
+// moe_forward, and with `h` moe_forward_hybrid (moe_hybrid.h's steps: the split after the routing, the hooks, the
+// resident experts through the map, the hybrid combine).
+Status forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* out, void* workspace, cudaStream_t stream,
+               MoeLaunchInfo* info, const MoeHybrid* h, const MoeHybridHooks* hooks) {
+  KESTREL_TRY(h != nullptr ? check_weights(w, h->n_resident) : moe_check_weights(w));
+  if (h != nullptr) KESTREL_TRY(moe_hybrid_check(*h, w.router.n_rows));
   if (n_tok < 1 || n_tok > kMoeMaxTokens) {
     return make_error(ErrorCode::kInvalidArgument,
                       "moe: n_tok " + std::to_string(n_tok) + " outside [1, " + std::to_string(kMoeMaxTokens) + "]");
@@ -361,14 +381,24 @@ Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* 
   ++launches;
   KESTREL_TRY(moe_route(l.logits, n_tok, E, k, r, stream));
   ++launches;
-  const Groups routed{r.n_active, r.active_expert, r.active_offset, r.entry_token, n_tok};
+  if (h != nullptr) {
+    KESTREL_TRY(moe_hybrid_split(r, n_tok, k, *h, stream));
+    ++launches;
+    if (hooks != nullptr && hooks->after_route) KESTREL_TRY(hooks->after_route());
+  }
+  // A hybrid layer with no resident expert launches the shared expert alone (nothing at all without one).
+  const bool routed_on_device = h == nullptr || h->n_resident > 0;
+  Groups routed{r.n_active, r.active_expert, r.active_offset, r.entry_token, n_tok};
+  if (h != nullptr) routed.resident = h->resident;
   const Stack gate = stack_of(w.gate_exps), up = stack_of(w.up_exps), down = stack_of(w.down_exps);
   const Job routed_gate_up{gate, up, routed, x, l.h};
   const Job routed_down{down, down, routed, l.h, l.ye};
   if (!w.has_shared_expert()) {
-    KESTREL_TRY(launch_grouped(w.gate_exps.type, true, routed_gate_up, max_active, nullptr, stream));
-    KESTREL_TRY(launch_grouped(w.down_exps.type, false, routed_down, max_active, nullptr, stream));
-    launches += 2;
+    if (routed_on_device) {
+      KESTREL_TRY(launch_grouped(w.gate_exps.type, true, routed_gate_up, max_active, nullptr, stream));
+      KESTREL_TRY(launch_grouped(w.down_exps.type, false, routed_down, max_active, nullptr, stream));
+      launches += 2;
+    }
   } else {
     // The shared expert is one more "expert" whose entries are all the tokens; it joins the routed launch of a
     // pass when its type matches, else it gets its own launch.
@@ -376,22 +406,50 @@ Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* 
     const Stack sg = stack_of(w.gate_shexp), su = stack_of(w.up_shexp), sd = stack_of(w.down_shexp);
     const Job shared_gate_up{sg, su, all, x, l.sh_h};
     const Job shared_down{sd, sd, all, l.sh_h, l.sh_y};
-    if (w.gate_shexp.type == w.gate_exps.type) {
-      KESTREL_TRY(launch_grouped(w.gate_exps.type, true, routed_gate_up, max_active, &shared_gate_up, stream));
-      launches += 1;
-    } else {
-      KESTREL_TRY(launch_grouped(w.gate_exps.type, true, routed_gate_up, max_active, nullptr, stream));
+    if (!routed_on_device) {
       KESTREL_TRY(launch_grouped(w.gate_shexp.type, true, shared_gate_up, 1, nullptr, stream));
-      launches += 2;
-    }
-    if (w.down_shexp.type == w.down_exps.type) {
-      KESTREL_TRY(launch_grouped(w.down_exps.type, false, routed_down, max_active, &shared_down, stream));
-      launches += 1;
-    } else {
-      KESTREL_TRY(launch_grouped(w.down_exps.type, false, routed_down, max_active, nullptr, stream));
       KESTREL_TRY(launch_grouped(w.down_shexp.type, false, shared_down, 1, nullptr, stream));
       launches += 2;
+    } else {
+      if (w.gate_shexp.type == w.gate_exps.type) {
+        KESTREL_TRY(launch_grouped(w.gate_exps.type, true, routed_gate_up, max_active, &shared_gate_up, stream));
+        launches += 1;
+      } else {
+        KESTREL_TRY(launch_grouped(w.gate_exps.type, true, routed_gate_up, max_active, nullptr, stream));
+        KESTREL_TRY(launch_grouped(w.gate_shexp.type, true, shared_gate_up, 1, nullptr, stream));
+        launches += 2;
+      }
+      if (w.down_shexp.type == w.down_exps.type) {
+        KESTREL_TRY(launch_grouped(w.down_exps.type, false, routed_down, max_active, &shared_down, stream));
+        launches += 1;
+      } else {
+        KESTREL_TRY(launch_grouped(w.down_exps.type, false, routed_down, max_active, nullptr, stream));
+        KESTREL_TRY(launch_grouped(w.down_shexp.type, false, shared_down, 1, nullptr, stream));
+        launches += 2;
+      }
     }
+  }
+  if (h != nullptr) {
+    if (hooks != nullptr && hooks->before_combine) KESTREL_TRY(hooks->before_combine());
+    MoeHybridCombine c;
+    c.ye = l.ye;
+    c.token_entry = r.token_entry;
+    c.entry_weight = r.entry_weight;
+    c.k = k;
+    c.host_y = h->host_y;
+    c.sh = w.has_shared_expert() ? l.sh_y : nullptr;
+    c.shared_gate_inp = w.shared_gate_inp;
+    c.x = x;
+    c.n_tok = n_tok;
+    c.h = H;
+    c.out = out;
+    KESTREL_TRY(moe_hybrid_combine(c, stream));
+    ++launches;
+    if (info != nullptr) {
+      info->launches = launches;
+      info->routing = r;
+    }
+    return ok_status();
   }
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
   if (w.has_shared_expert()) {
@@ -417,6 +475,18 @@ Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* 
     info->routing = r;
   }
   return ok_status();
+}
+
+}  // namespace
+
+Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* out, void* workspace,
+                   cudaStream_t stream, MoeLaunchInfo* info) {
+  return forward(w, x, n_tok, out, workspace, stream, info, nullptr, nullptr);
+}
+
+Status moe_forward_hybrid(const MoeDeviceWeights& w, const MoeHybrid& h, const float* x, int n_tok, float* out,
+                          void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks, MoeLaunchInfo* info) {
+  return forward(w, x, n_tok, out, workspace, stream, info, &h, &hooks);
 }
 
 }  // namespace kestrel::gpu

@@ -20,6 +20,7 @@
 #include "core/base/expected.h"
 #include "core/gguf/ggml_type.h"
 #include "gpu/kernels/get_rows.h"  // DeviceMatrixView
+#include "gpu/kernels/moe_hybrid.h"
 #include "gpu/kernels/moe_router.h"
 
 namespace kestrel::gpu {
@@ -70,5 +71,12 @@ struct MoeLaunchInfo {
 // Thread-safe (no shared state); the caller keeps every buffer alive until the stream has run.
 Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* out, void* workspace,
                    cudaStream_t stream, MoeLaunchInfo* info = nullptr);
+
+// The hybrid layer (moe_hybrid.h): w's expert stacks hold only the resident experts (n_expert = h.n_resident,
+// expert id e at h.resident[e]; null data when none is resident) while the router and the routing cover all E; the
+// hooks run between the phases. Same workspace as moe_forward; the same checks plus moe_hybrid_check.
+Status moe_forward_hybrid(const MoeDeviceWeights& w, const MoeHybrid& h, const float* x, int n_tok, float* out,
+                          void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks,
+                          MoeLaunchInfo* info = nullptr);
 
 }  // namespace kestrel::gpu

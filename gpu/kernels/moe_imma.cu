@@ -31,6 +31,7 @@
 #include "gpu/kernels/gemv_imma.h"
 #include "gpu/kernels/imma_prepare.cuh"
 #include "gpu/kernels/moe_combine.cuh"
+#include "gpu/kernels/moe_hybrid.h"
 #include "gpu/kernels/moe_imma.h"
 #include "gpu/kernels/moe_route.cuh"
 #include "gpu/kernels/moe_router_logits.cuh"
@@ -145,6 +146,8 @@ struct TableArgs {
   ImmaSegment* seg_dn;
   unsigned* arrivals;  // route_spread_table_kernel's block count (the workspace's chain counter)
   int32_t* n_used;     // [2]: segments the tables hold, gate+up and down (counted tables; else null: empties written)
+  const int32_t* resident;  // hybrid layers (route_table_hybrid_kernel): expert id → index in the compact stacks,
+                            // < 0: a host expert (no chunks); null: the stacks hold every expert
 };
 
 // A segment in 16-byte pieces (the tables are 16-byte aligned: scratch_carve).
@@ -261,7 +264,8 @@ __device__ __forceinline__ void write_tables(const TableArgs& a, const moe_route
 
   // 1. Routed experts: expert e's chunks start at the exclusive scan of ⌈count/C⌉ over the experts before it.
   const int e = tid;
-  const int chunks = e < n_expert ? (__popc(rt.mask[e]) + a.chunk - 1) / a.chunk : 0;
+  const bool here = e < n_expert && (a.resident == nullptr || a.resident[e] >= 0);
+  const int chunks = here ? (__popc(rt.mask[e]) + a.chunk - 1) / a.chunk : 0;
   int chunk0 = 0;
   int total = 0;
   Scan(scan_tmp).ExclusiveSum(chunks, chunk0, total);
@@ -293,7 +297,8 @@ __device__ __forceinline__ void write_tables(const TableArgs& a, const moe_route
         if (j < n) rest &= rest - 1u;
       }
     }
-    cs.expert[c] = static_cast<short>(x);
+    // The stack index table_piece addresses: the expert's own id, or its compact index in a hybrid layer.
+    cs.expert[c] = static_cast<short>(x >= 0 && a.resident != nullptr ? a.resident[x] : x);
     cs.n[c] = static_cast<unsigned char>(n);
     cs.row0[c] = static_cast<short>(row0);
 #pragma unroll
@@ -325,6 +330,32 @@ __global__ void __launch_bounds__(moe_route_dev::kThreads)
   pdl_wait();
   const moe_route_dev::BlockRoute rt = moe_route_dev::route_block<kPer>(logits, a.n_tok, n_expert, k, a.r);
   __syncthreads();  // the routing's shared-memory results are visible to the whole block
+  write_tables<moe_route_dev::kThreads>(a, rt, n_expert);
+}
+
+// route_table_kernel for a hybrid layer (moe_hybrid.h step 1; a.resident set): after the routing, entry (t, j) of a
+// host expert is written to host_choices (the device's experts as kExpertNotHere) and its routing entry's weight set
+// to −1 (its place: the expert's first entry + the tokens below t in its mask, as group_entries placed it); then the
+// tables, whose chunks skip the host experts and address the compact stacks.
+template <int kPer>
+__global__ void __launch_bounds__(moe_route_dev::kThreads)
+    route_table_hybrid_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a,
+                              ExpertChoice* __restrict__ host_choices) {
+  pdl_trigger();
+  pdl_wait();
+  const moe_route_dev::BlockRoute rt = moe_route_dev::route_block<kPer>(logits, a.n_tok, n_expert, k, a.r);
+  __syncthreads();  // the routing's results (shared and global) are visible to the whole block
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < a.n_entries) {
+    const int t = tid / k;
+    const int x = a.r.ids[tid];  // written by this block before the barrier
+    const bool here = a.resident[x] >= 0;
+    ExpertChoice c;
+    c.expert = here ? kExpertNotHere : x;
+    c.weight = here ? 0.0f : a.r.weights[tid];
+    host_choices[tid] = c;
+    if (!here) a.r.entry_weight[rt.first[x] + __popc(rt.mask[x] & ((1u << t) - 1u))] = -1.0f;
+  }
   write_tables<moe_route_dev::kThreads>(a, rt, n_expert);
 }
 
@@ -609,7 +640,11 @@ Status moe_imma_check_raw(const MoeDeviceWeights& raw) {
   return ok_status();
 }
 
-Status moe_imma_check_weights(const MoeImmaWeights& w) {
+namespace {
+
+// moe_imma_check_weights; with routed_may_be_null (a hybrid layer with no resident expert) the routed stacks may be
+// null.
+Status check_weights(const MoeImmaWeights& w, bool routed_may_be_null) {
   if (w.router.data == nullptr || w.router.n_cols != w.n_embd || w.router.n_rows != w.n_expert) {
     return bad("ffn_gate_inp has shape " + shape(w.router.n_cols, w.router.n_rows) +
                (w.router.data == nullptr ? " and no data" : "") + ", expected " + shape(w.n_embd, w.n_expert));
@@ -621,8 +656,9 @@ Status moe_imma_check_weights(const MoeImmaWeights& w) {
                " used: need 1 <= used <= min(E, 32), E <= 1024");
   }
   KESTREL_TRY(check_tiled_shapes(w.gate_up_type, w.down_type, w.n_embd, w.n_ff));
-  if (w.gate_exps == nullptr || w.up_exps == nullptr || w.down_exps == nullptr || !aligned16(w.gate_exps) ||
-      !aligned16(w.up_exps) || !aligned16(w.down_exps)) {
+  const bool none = w.gate_exps == nullptr && w.up_exps == nullptr && w.down_exps == nullptr;
+  if (!(routed_may_be_null && none) && (w.gate_exps == nullptr || w.up_exps == nullptr || w.down_exps == nullptr ||
+                                        !aligned16(w.gate_exps) || !aligned16(w.up_exps) || !aligned16(w.down_exps))) {
     return bad("a routed expert stack (gate, up, down) is null or not 16-byte aligned");
   }
   if (w.has_shared_expert()) {
@@ -641,6 +677,10 @@ Status moe_imma_check_weights(const MoeImmaWeights& w) {
   }
   return ok_status();
 }
+
+}  // namespace
+
+Status moe_imma_check_weights(const MoeImmaWeights& w) { return check_weights(w, false); }
 
 Status moe_imma_tile_experts(GgmlType type, const void* raw, int64_t n_cols, int64_t n_rows, int64_t n_expert,
                              std::span<uint8_t> out) {
@@ -732,9 +772,15 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
   return ok_status();
 }
 
-Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
-                        cudaStream_t stream, const MoeImmaTuning& tuning, MoeLaunchInfo* info) {
-  KESTREL_TRY(moe_imma_check_weights(w));
+namespace {
+
+// moe_imma_forward, and with `h` moe_imma_forward_hybrid (moe_hybrid.h's steps: the routing by
+// route_table_hybrid_kernel, the hooks, the GEMVs over the resident experts' and the shared expert's segments, the
+// hybrid combine).
+Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace, cudaStream_t stream,
+               const MoeImmaTuning& tuning, MoeLaunchInfo* info, const MoeHybrid* h, const MoeHybridHooks* hooks) {
+  KESTREL_TRY(check_weights(w, h != nullptr && h->n_resident == 0));
+  if (h != nullptr) KESTREL_TRY(moe_hybrid_check(*h, w.n_expert));
   if (n_tok < 1 || n_tok > kMoeMaxTokens) {
     return bad("n_tok " + std::to_string(n_tok) + " outside [1, " + std::to_string(kMoeMaxTokens) + "]");
   }
@@ -810,10 +856,15 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   const int32_t* const used_gu = ta.n_used;
   const int32_t* const used_dn = counted ? l.n_used + 1 : nullptr;
   ta.arrivals = route_arrivals;
+  ta.resident = h != nullptr ? h->resident : nullptr;
   const bool spread = n_tok >= tuning.route_spread_min_tokens;
   const bool by_warp = c.n_entries <= 32 && !spread && tuning.route_by_warp;
   KESTREL_TRY(moe_route_dev::with_route_per_lane(E, [&](auto per) {
     constexpr int kPer = decltype(per)::value;
+    if (h != nullptr) {  // the one-block routing, with the split (hybrid layers take no other form)
+      return launch_programmatic(pdl, route_table_hybrid_kernel<kPer>, dim3(1), dim3(moe_route_dev::kThreads), 0,
+                                 stream, l.logits, E, k, ta, h->host_choices);
+    }
     if (by_warp && n_tok == 1) {
       return launch_programmatic(pdl, route_table_one_kernel<kPer>, dim3(1), dim3(32), 0, stream, l.logits, E, k, ta);
     }
@@ -832,12 +883,18 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
     KESTREL_TRY(gemv_imma_prepare_x(x, H, n_tok, l.xprep, stream));
     ++launches;
   }
+  if (h != nullptr && hooks != nullptr && hooks->after_route) KESTREL_TRY(hooks->after_route());
 
+  // A hybrid layer with no resident expert and no shared expert has nothing for the GEMVs.
+  const bool gemvs = h == nullptr || h->n_resident > 0 || w.has_shared_expert();
   // An expert (or a chunk of the shared expert) sees each token at most once: no segment holds more than n_tok.
   const int seg_bound = std::min(n_tok, c.chunk);
-  KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound, pdl,
-                                 used_gu, false, tuning.grouped_gemv));
-  ++launches;
+  if (gemvs) {
+    // In a hybrid layer the gate+up GEMV follows the hand-off's copies and host function: a plain launch.
+    KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound,
+                                   pdl && h == nullptr, used_gu, false, tuning.grouped_gemv));
+    ++launches;
+  }
 
   // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I. Its own launch:
   // inside the down GEMV it would be repeated in every down block (one launch fewer, but slower at every size).
@@ -845,13 +902,38 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   // the gate+up GEMV anyway): the gate+up GEMV, and the tables' writer before it, have completed, so the down GEMV —
   // programmatic at every size — reads its table and first weights before its own wait (table_settled), and the
   // combine its entries.
-  KESTREL_TRY(
-      gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(c.n_all) * I, I, c.n_all, l.aprep, stream, pdl, true));
-  ++launches;
+  if (gemvs) {
+    KESTREL_TRY(gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(c.n_all) * I, I, c.n_all, l.aprep, stream,
+                                         pdl, true));
+    ++launches;
 
-  KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, true,
-                                 used_dn, true, tuning.grouped_gemv));
-  ++launches;
+    KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, true,
+                                   used_dn, true, tuning.grouped_gemv));
+    ++launches;
+  }
+
+  if (h != nullptr) {
+    if (hooks != nullptr && hooks->before_combine) KESTREL_TRY(hooks->before_combine());
+    MoeHybridCombine hc;
+    hc.ye = l.ye;
+    hc.token_entry = r.token_entry;
+    hc.entry_weight = r.entry_weight;
+    hc.k = k;
+    hc.host_y = h->host_y;
+    hc.sh = w.has_shared_expert() ? l.ye + static_cast<size_t>(c.n_entries) * H : nullptr;
+    hc.shared_gate_inp = w.shared_gate_inp;
+    hc.x = x;
+    hc.n_tok = n_tok;
+    hc.h = H;
+    hc.out = out;
+    KESTREL_TRY(moe_hybrid_combine(hc, stream));
+    ++launches;
+    if (info != nullptr) {
+      info->launches = launches;
+      info->routing = r;
+    }
+    return ok_status();
+  }
 
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
   const float* ye = l.ye;
@@ -878,6 +960,19 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
     info->routing = r;
   }
   return ok_status();
+}
+
+}  // namespace
+
+Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
+                        cudaStream_t stream, const MoeImmaTuning& tuning, MoeLaunchInfo* info) {
+  return forward(w, x, n_tok, out, workspace, stream, tuning, info, nullptr, nullptr);
+}
+
+Status moe_imma_forward_hybrid(const MoeImmaWeights& w, const MoeHybrid& h, const float* x, int n_tok, float* out,
+                               void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks,
+                               const MoeImmaTuning& tuning, MoeLaunchInfo* info) {
+  return forward(w, x, n_tok, out, workspace, stream, tuning, info, &h, &hooks);
 }
 
 }  // namespace kestrel::gpu

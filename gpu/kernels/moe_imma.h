@@ -35,6 +35,7 @@
 #include "core/gguf/ggml_type.h"
 #include "gpu/kernels/get_rows.h"     // DeviceMatrixView
 #include "gpu/kernels/moe_experts.h"  // MoeDeviceWeights, MoeLaunchInfo
+#include "gpu/kernels/moe_hybrid.h"
 #include "gpu/kernels/moe_router.h"
 #include "gpu/kernels/tuning.h"  // MoeImmaTuning
 
@@ -116,5 +117,14 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
 // caller keeps every buffer alive until the stream has run.
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
                         cudaStream_t stream, const MoeImmaTuning& tuning = {}, MoeLaunchInfo* info = nullptr);
+
+// The hybrid layer (moe_hybrid.h): w's routed stacks hold only the resident experts (expert id e at slot
+// h.resident[e] of each stack; null when none is resident) while n_expert, the router and the routing cover all E;
+// the hooks run between the phases. The routing always takes the one-block form (route_table_kernel's, with the split
+// and the resident map); the rest is moe_imma_forward's launches over the resident experts' and the shared expert's
+// segments (none when neither exists), then the hybrid combine. Same workspace as moe_imma_forward.
+Status moe_imma_forward_hybrid(const MoeImmaWeights& w, const MoeHybrid& h, const float* x, int n_tok, float* out,
+                               void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks,
+                               const MoeImmaTuning& tuning = {}, MoeLaunchInfo* info = nullptr);
 
 }  // namespace kestrel::gpu
