@@ -4,22 +4,11 @@
 #include <cstdio>
 #include <string>
 
+#include "core/base/byte_size.h"
+
 namespace kestrel::cli {
 
-std::string format_bytes(uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  double v = static_cast<double>(bytes) / 1024.0;
-  size_t unit = 0;
-  while (v >= 1024.0 && unit + 1 < std::size(kUnits)) {
-    v /= 1024.0;
-    ++unit;
-  }
-  char buf[32];
-  const int decimals = v >= 100.0 ? 0 : (v >= 10.0 ? 1 : 2);
-  std::snprintf(buf, sizeof(buf), "%.*f %s", decimals, v, kUnits[unit]);
-  return buf;
-}
+std::string format_bytes(uint64_t bytes) { return format_byte_size(bytes); }
 
 std::string format_percent(uint64_t part, uint64_t whole) {
   char buf[32];

@@ -287,12 +287,11 @@ Expected<PlanView> make_plan(const WeightCatalog& cat, const InspectOptions& opt
   return v;
 }
 
-void print_plan(const WeightCatalog& cat, const InspectOptions& opt, const PlanView& v) {
+void print_plan(const InspectOptions& opt, const PlanView& v) {
   const PlacementRequest& req = v.request;
   const PlacementDecision& d = v.decision;
   const std::string& host_source = v.host_source;
   const PlannerModel& model = v.model;
-  const PlacementPlan plan = summarize_placement(model, d, "gpu");
   if (req.has_gpu) {
     std::printf("placement plan (GPU budget %s; GPU read %.0f GB/s, %s; host read %.1f GB/s, %s):\n",
                 format_bytes(req.gpu_budget).c_str(), opt.gpu_gbps,
@@ -302,29 +301,7 @@ void print_plan(const WeightCatalog& cat, const InspectOptions& opt, const PlanV
     std::printf("placement plan (no GPU; host read %.1f GB/s, %s):\n", req.host_read_bytes_per_s / 1e9,
                 host_source.c_str());
   }
-  for (const PlacementEntry& e : plan.entries) {
-    std::printf("  %-18s %-5s %11s\n", e.component.c_str(), e.device.c_str(), format_bytes(e.bytes).c_str());
-  }
-  std::printf("  total: %s on the GPU, %s on the host\n", format_bytes(d.gpu_bytes).c_str(),
-              format_bytes(d.host_bytes).c_str());
-  if (cat.hparams().is_moe() && req.has_gpu) {
-    const ModelHparams& hp = cat.hparams();
-    std::vector<uint32_t> mixed;
-    uint32_t moe_layers = 0, all_gpu = 0;
-    for (uint32_t l = 0; l < hp.n_layer; ++l) {
-      const std::vector<uint8_t>& on = d.expert_on_gpu[l];
-      if (on.empty()) continue;
-      ++moe_layers;
-      const auto n = static_cast<uint32_t>(std::count(on.begin(), on.end(), static_cast<uint8_t>(1)));
-      if (n == hp.n_expert) ++all_gpu;
-      if (n > 0 && n < hp.n_expert) mixed.push_back(l);
-    }
-    std::printf("  routed experts: %u of %u MoE layers wholly on the GPU, %zu split (%s), %u wholly on the host\n",
-                all_gpu, moe_layers, mixed.size(), mixed.empty() ? "none" : join_indices(mixed, 16).c_str(),
-                moe_layers - all_gpu - static_cast<uint32_t>(mixed.size()));
-  }
-  std::printf("  predicted decode (roofline of the cost model): %.0f tokens/s at 1 session, %.0f aggregate at 32\n",
-              d.predicted_tokens_per_s(1), d.predicted_tokens_per_s(32));
+  for (const std::string& line : describe_placement(model, d, req.has_gpu)) std::printf("%s\n", line.c_str());
 }
 
 int run_inspect(const InspectOptions& opt) {
@@ -372,7 +349,7 @@ int run_inspect(const InspectOptions& opt) {
     print_layer_summary(*cat);
   }
   if (opt.metadata) print_metadata(*file);
-  if (plan) print_plan(*cat, opt, *plan);
+  if (plan) print_plan(opt, *plan);
   return std::fflush(stdout) == 0 ? 0 : 1;
 }
 

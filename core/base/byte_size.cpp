@@ -1,8 +1,9 @@
-// parse_byte_size (byte_size.h).
+// parse_byte_size and format_byte_size (byte_size.h).
 #include "core/base/byte_size.h"
 
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -41,6 +42,21 @@ Expected<uint64_t> parse_byte_size(std::string_view text) {
   const double bytes = std::floor(value * scale);
   if (bytes >= 18446744073709551616.0) return bad("too large");
   return static_cast<uint64_t>(bytes);
+}
+
+std::string format_byte_size(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes) / 1024.0;
+  size_t unit = 0;
+  while (v >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    v /= 1024.0;
+    ++unit;
+  }
+  char buf[32];
+  const int decimals = v >= 100.0 ? 0 : (v >= 10.0 ? 1 : 2);
+  std::snprintf(buf, sizeof(buf), "%.*f %s", decimals, v, kUnits[unit]);
+  return buf;
 }
 
 }  // namespace kestrel

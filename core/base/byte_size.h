@@ -1,4 +1,5 @@
-// Byte sizes as people write them in flags and config files: "12G", "12GiB", "512 MiB", "1.5T", "8000000000".
+// Byte sizes as people write them in flags and config files: "12G", "12GiB", "512 MiB", "1.5T", "8000000000", and
+// as they read them in logs and tables.
 // Units are binary (K = KiB = 1024, M = MiB, G = GiB, T = TiB; a trailing "B" or "iB" is optional, any case);
 // "kB", "MB", "GB", "TB" written with a capital B and no "i" are the same binary units, as most tools read them.
 // Pure functions; thread-safe.
@@ -15,5 +16,8 @@ namespace kestrel {
 // kInvalidArgument naming the text for anything else: no number, an unknown unit, a negative or non-finite value,
 // or a size past 2^64 - 1.
 Expected<uint64_t> parse_byte_size(std::string_view text);
+
+// "1.23 GiB", "45.6 MiB", "7.8 KiB", "512 B" (binary units, 3 significant digits).
+std::string format_byte_size(uint64_t bytes);
 
 }  // namespace kestrel

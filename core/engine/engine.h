@@ -58,6 +58,7 @@ struct PlacementEntry {
 struct PlacementPlan {
   std::string device;  // "cpu" or "cuda:0 (NVIDIA H200, 139 GiB)"
   std::vector<PlacementEntry> entries;
+  std::string summary;  // one line on how a planned placement split the model (placement_planner.h); may be empty
 };
 
 // What a tick may hold. The engine accepts any batch; these say what it runs without splitting.

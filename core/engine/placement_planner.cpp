@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "core/base/byte_size.h"
 #include "core/model/weight_catalog.h"
 
 namespace kestrel {
@@ -310,7 +311,96 @@ PlacementPlan summarize_placement(const PlannerModel& model, const PlacementDeci
   add("routed experts", "cpu", routed_host);
   add("shared experts", dense_dev, shared);
   add("lm_head", dense_dev, lm_head);
+  plan.summary = placement_summary(model, decision);
   return plan;
+}
+
+namespace {
+
+// "0, 1, 2, ..." of at most max_shown indices.
+std::string join_indices(const std::vector<uint32_t>& v, size_t max_shown) {
+  std::string s;
+  for (size_t i = 0; i < v.size() && i < max_shown; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(v[i]);
+  }
+  if (v.size() > max_shown) s += ", ...";
+  return s;
+}
+
+// "routed experts: ..." for a model with MoE layers and a GPU; empty otherwise.
+std::string routed_line(const PlannerModel& model, const PlacementDecision& d) {
+  const ModelHparams& hp = model.hparams;
+  if (!hp.is_moe() || !(d.gpu_read_bytes_per_s > 0)) return "";
+  std::vector<uint32_t> mixed;
+  uint32_t moe_layers = 0, all_gpu = 0;
+  for (uint32_t l = 0; l < hp.n_layer && l < d.expert_on_gpu.size(); ++l) {
+    const std::vector<uint8_t>& on = d.expert_on_gpu[l];
+    if (on.empty()) continue;
+    ++moe_layers;
+    const auto n = static_cast<uint32_t>(std::count(on.begin(), on.end(), static_cast<uint8_t>(1)));
+    if (n == hp.n_expert) ++all_gpu;
+    if (n > 0 && n < hp.n_expert) mixed.push_back(l);
+  }
+  return "routed experts: " + std::to_string(all_gpu) + " of " + std::to_string(moe_layers) +
+         " MoE layers wholly on the GPU, " + std::to_string(mixed.size()) + " split (" +
+         (mixed.empty() ? std::string("none") : join_indices(mixed, 16)) + "), " +
+         std::to_string(moe_layers - all_gpu - static_cast<uint32_t>(mixed.size())) + " wholly on the host";
+}
+
+std::string predicted_line(const PlacementDecision& d) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%.0f tokens/s at 1 session, %.0f aggregate at 32", d.predicted_tokens_per_s(1),
+                d.predicted_tokens_per_s(32));
+  return buf;
+}
+
+}  // namespace
+
+std::vector<std::string> describe_placement(const PlannerModel& model, const PlacementDecision& d, bool has_gpu) {
+  std::vector<std::string> lines;
+  const PlacementPlan plan = summarize_placement(model, d, "gpu");
+  char buf[160];
+  for (const PlacementEntry& e : plan.entries) {
+    std::snprintf(buf, sizeof buf, "  %-18s %-5s %11s", e.component.c_str(), e.device.c_str(),
+                  format_byte_size(e.bytes).c_str());
+    lines.emplace_back(buf);
+  }
+  lines.push_back("  total: " + format_byte_size(d.gpu_bytes) + " on the GPU, " + format_byte_size(d.host_bytes) +
+                  " on the host");
+  if (has_gpu) {
+    const std::string routed = routed_line(model, d);
+    if (!routed.empty()) lines.push_back("  " + routed);
+  }
+  lines.push_back("  predicted decode (roofline of the cost model): " + predicted_line(d));
+  return lines;
+}
+
+std::string placement_summary(const PlannerModel& model, const PlacementDecision& d) {
+  const std::string routed = routed_line(model, d);
+  return (routed.empty() ? std::string() : routed + "; ") + "predicted decode " + predicted_line(d);
+}
+
+Expected<PlacementChoice> parse_placement_flags(const PlacementFlags& flags) {
+  PlacementChoice c;
+  if (lower(flags.gpu_memory) != "auto") {
+    auto bytes = parse_byte_size(flags.gpu_memory);
+    if (!bytes) {
+      return make_error(ErrorCode::kInvalidArgument, "gpu memory: " + bytes.error().message + " (or auto)");
+    }
+    c.auto_budget = false;
+    c.gpu_budget = *bytes;
+  }
+  if (flags.n_cpu_moe < 0) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "n_cpu_moe must be >= 0 (got " + std::to_string(flags.n_cpu_moe) + ")");
+  }
+  c.n_cpu_moe = flags.n_cpu_moe;
+  for (const std::string& text : flags.overrides) {
+    KESTREL_TRY_ASSIGN(TensorOverride o, parse_tensor_override(text));
+    c.overrides.push_back(std::move(o));
+  }
+  return c;
 }
 
 }  // namespace kestrel

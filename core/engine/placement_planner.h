@@ -114,8 +114,36 @@ struct PlacementDecision {
 Expected<PlacementDecision> plan_placement(const PlannerModel& model, const PlacementRequest& request);
 
 // The per-component summary engines report (engine.h): routed experts split into a GPU and a host entry when both
-// hold some.
+// hold some; PlacementPlan::summary is placement_summary's line.
 PlacementPlan summarize_placement(const PlannerModel& model, const PlacementDecision& decision,
                                   const std::string& gpu_label);
+
+// The plan as people read it (kestrel inspect --plan, kestreld's start-up log, kestrel-engine-run, bench_engine): a
+// line per component ("  gdn layers   gpu   1.23 GiB"), the totals, with a GPU where the MoE layers' routed
+// experts are (wholly on the GPU, split, wholly on the host), and the cost model's predicted decode tokens/s.
+std::vector<std::string> describe_placement(const PlannerModel& model, const PlacementDecision& decision, bool has_gpu);
+
+// One line: "routed experts: 20 of 40 MoE layers wholly on the GPU, 0 split (none), 20 wholly on the host; predicted
+// decode 183 tokens/s at 1 session, 520 aggregate at 32" (without routed experts only the prediction).
+std::string placement_summary(const PlannerModel& model, const PlacementDecision& decision);
+
+// The placement flags as users give them: kestreld's --gpu-memory, --n-cpu-moe and --override-tensor (and the
+// config file's keys of the same names), kestrel-engine-run's and bench_engine's; `kestrel inspect --plan` takes the
+// same names.
+struct PlacementFlags {
+  std::string gpu_memory = "auto";     // BYTES (12G, 512MiB, 8000000000) or "auto": what the device has free, less
+                                       // the engine's state, scratch and headroom
+  int32_t n_cpu_moe = 0;               // the routed experts of the first N MoE layers stay on the host
+  std::vector<std::string> overrides;  // REGEX=cpu|gpu (parse_tensor_override), the last matching one wins
+};
+
+// The flags parsed. kInvalidArgument naming the bad flag.
+struct PlacementChoice {
+  bool auto_budget = true;
+  uint64_t gpu_budget = 0;  // when !auto_budget
+  int32_t n_cpu_moe = 0;
+  std::vector<TensorOverride> overrides;
+};
+Expected<PlacementChoice> parse_placement_flags(const PlacementFlags& flags);
 
 }  // namespace kestrel

@@ -274,5 +274,59 @@ TEST(PlacementPlanner, ParsesTensorOverrides) {
   }
 }
 
+TEST(PlacementPlanner, ParsesPlacementFlags) {
+  auto defaults = parse_placement_flags(PlacementFlags{});
+  ASSERT_TRUE(defaults.has_value());
+  EXPECT_TRUE(defaults->auto_budget);
+  EXPECT_EQ(defaults->n_cpu_moe, 0);
+  EXPECT_TRUE(defaults->overrides.empty());
+  PlacementFlags f;
+  f.gpu_memory = "12G";
+  f.n_cpu_moe = 20;
+  f.overrides = {"blk\\.1[0-9]\\.=cpu", "blk\\.3\\.=gpu"};
+  auto c = parse_placement_flags(f);
+  ASSERT_TRUE(c.has_value()) << c.error().to_string();
+  EXPECT_FALSE(c->auto_budget);
+  EXPECT_EQ(c->gpu_budget, uint64_t{12} << 30);
+  EXPECT_EQ(c->n_cpu_moe, 20);
+  ASSERT_EQ(c->overrides.size(), 2u);
+  EXPECT_EQ(c->overrides[1].device, WeightDevice::kGpu);
+  f.gpu_memory = "AUTO";
+  EXPECT_TRUE(parse_placement_flags(f)->auto_budget);
+  for (const char* bad : {"twelve", "12X", ""}) {
+    PlacementFlags b;
+    b.gpu_memory = bad;
+    EXPECT_EQ(parse_placement_flags(b).error().code, ErrorCode::kInvalidArgument) << bad;
+  }
+  PlacementFlags neg;
+  neg.n_cpu_moe = -1;
+  EXPECT_EQ(parse_placement_flags(neg).error().code, ErrorCode::kInvalidArgument);
+  PlacementFlags bad_override;
+  bad_override.overrides = {"blk=tpu"};
+  EXPECT_EQ(parse_placement_flags(bad_override).error().code, ErrorCode::kInvalidArgument);
+}
+
+TEST(PlacementPlanner, DescribesThePlan) {
+  const PlannerModel m = model_35b_q4_0();
+  PlacementRequest r = gpu_request(uint64_t{1} << 40);
+  r.n_cpu_moe = 20;
+  auto d = plan_placement(m, r);
+  ASSERT_TRUE(d.has_value());
+  const std::string summary = placement_summary(m, *d);
+  EXPECT_EQ(summary.rfind("routed experts: 20 of 40 MoE layers wholly on the GPU, 0 split (none), 20 wholly on the "
+                          "host; predicted decode ",
+                          0),
+            0u)
+      << summary;
+  EXPECT_EQ(summarize_placement(m, *d, "cuda:0").summary, summary);
+  const std::vector<std::string> lines = describe_placement(m, *d, true);
+  ASSERT_GE(lines.size(), 4u);
+  EXPECT_NE(std::find(lines.begin(), lines.end(), "  " + summary.substr(0, summary.find(';'))), lines.end());
+  EXPECT_EQ(lines.back().rfind("  predicted decode (roofline of the cost model): ", 0), 0u) << lines.back();
+  bool host_experts = false;
+  for (const std::string& l : lines) host_experts = host_experts || l.rfind("  routed experts     cpu", 0) == 0;
+  EXPECT_TRUE(host_experts) << "no host line for the routed experts";
+}
+
 }  // namespace
 }  // namespace kestrel
