@@ -61,12 +61,21 @@ class CudaEngineImpl final : public CudaEngine {
     // which must leave room for the pass's scratch.
     KESTREL_TRY_ASSIGN(StateSlots s, StateSlots::create(hp, o.n_ctx, o.max_slots));
     slots_.emplace(std::move(s));
-    KESTREL_TRY_ASSIGN(
-        dm_, DeviceModel::create(model_, ForwardPass::scratch_bytes(hp, o.n_ctx), state_bytes(), o.progress, stream_));
-    KESTREL_TRY_ASSIGN(pass_, ForwardPass::create(*dm_, *slots_, o.tuning, stream_));
+    const std::vector<std::vector<uint8_t>> no_plan;
+    const std::vector<std::vector<uint8_t>>& on_gpu = o.placement ? o.placement->expert_on_gpu : no_plan;
+    KESTREL_TRY_ASSIGN(dm_, DeviceModel::create(model_, ForwardPass::scratch_bytes(hp, o.n_ctx), state_bytes(),
+                                                o.progress, stream_, on_gpu));
+    backend_ = o.expert_backend;
+    KESTREL_TRY_ASSIGN(pass_, ForwardPass::create(*dm_, *slots_, o.tuning, stream_, backend_.get()));
     slot_info_.resize(static_cast<size_t>(o.max_slots));
-    placement_ = placement_all_on(model_.catalog(), "cuda:" + std::to_string(device_));
-    placement_.device = device_label(device_);
+    const std::string gpu = "cuda:" + std::to_string(device_);
+    if (o.placement) {
+      placement_ = summarize_placement(planner_model(model_.catalog()), *o.placement, gpu);
+      placement_.device = device_label(device_) + (dm_->n_hybrid_layers() > 0 ? " + cpu experts" : "");
+    } else {
+      placement_ = placement_all_on(model_.catalog(), gpu);
+      placement_.device = device_label(device_);
+    }
     scratch_bytes_ = ForwardPass::scratch_bytes(hp, o.n_ctx);
     return ok_status();
   }
@@ -194,6 +203,10 @@ class CudaEngineImpl final : public CudaEngine {
     run_tick(items, out, hidden);
   }
   uint64_t weight_bytes() const override { return dm_->device_bytes(); }
+  uint64_t weight_bytes_unpadded() const override { return dm_->device_bytes() - dm_->pool().padding_bytes(); }
+  uint64_t routed_expert_bytes() const override { return dm_->routed_expert_bytes(); }
+  int hybrid_layers() const override { return dm_->n_hybrid_layers(); }
+  int host_expert_layers() const override { return dm_->n_host_expert_layers(); }
   uint64_t state_bytes() const override { return slots_->bytes_per_slot() * static_cast<uint64_t>(slots_->n_slots()); }
   uint64_t scratch_bytes() const override { return scratch_bytes_; }
   Status set_profiling(bool on) override { return pass_->set_profiling(on); }
@@ -211,7 +224,11 @@ class CudaEngineImpl final : public CudaEngine {
     return std::to_string(dm_->n_tiled_matrices()) + " projection matrices tiled for GEMV v4, " +
            std::to_string(dm_->n_raw_matrices()) + " raw; " + std::to_string(dm_->n_stacked_gdn_layers()) +
            " GDN layers with stacked input projections; " + std::to_string(dm_->n_moe_tiled_layers()) +
-           " MoE layers on moe_imma";
+           " MoE layers on moe_imma" +
+           (dm_->n_hybrid_layers() > 0
+                ? "; " + std::to_string(dm_->n_hybrid_layers()) + " MoE layers with routed experts on the host (" +
+                      std::to_string(dm_->n_host_expert_layers()) + " with none on the GPU)"
+                : std::string());
   }
 
  private:
@@ -313,6 +330,7 @@ class CudaEngineImpl final : public CudaEngine {
   std::unique_ptr<DeviceModel> dm_;
   std::optional<StateSlots> slots_;
   std::unique_ptr<ForwardPass> pass_;
+  std::shared_ptr<ExpertBackend> backend_;  // outlives pass_ and the stream (released after the destructor's body)
   std::vector<SlotInfo> slot_info_;
   PlacementPlan placement_;
   uint64_t scratch_bytes_ = 0;
@@ -326,6 +344,33 @@ std::string cuda_unavailable_reason() {
   if (err != cudaSuccess) return std::string("no usable CUDA device: ") + cudaGetErrorString(err);
   if (n == 0) return "no CUDA device";
   return "";
+}
+
+Expected<CudaMemory> cuda_memory(int device) {
+  if (std::string why = cuda_unavailable_reason(); !why.empty()) {
+    return make_error(ErrorCode::kFailedPrecondition, "no CUDA device memory to measure: " + why);
+  }
+  KESTREL_CUDA_TRY(cudaSetDevice(device));
+  size_t free_b = 0, total_b = 0;
+  KESTREL_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+  return CudaMemory{free_b, total_b};
+}
+
+Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const CudaEngineOptions& options) {
+  KESTREL_TRY_ASSIGN(const CudaMemory mem, cuda_memory(options.device));
+  const ModelHparams& hp = model.hparams();
+  const uint64_t state = StateSlots::bytes_for(hp, options.n_ctx, options.max_slots);
+  const uint64_t scratch = ForwardPass::scratch_bytes(hp, options.n_ctx);
+  const uint64_t reserved = state + scratch + kCudaHeadroomBytes;
+  if (reserved >= mem.free) {
+    return make_error(ErrorCode::kResourceExhausted,
+                      "no GPU memory is left for weights: the device has " + std::to_string(mem.free) +
+                          " bytes free, and the sessions' state (" + std::to_string(state) + " bytes for " +
+                          std::to_string(options.max_slots) + " slots of " + std::to_string(options.n_ctx) +
+                          " tokens), the pass scratch (" + std::to_string(scratch) + ") and the headroom (" +
+                          std::to_string(kCudaHeadroomBytes) + ") take " + std::to_string(reserved));
+  }
+  return mem.free - reserved;
 }
 
 Expected<std::unique_ptr<CudaEngine>> make_cuda_engine(const Model& model, const CudaEngineOptions& options) {

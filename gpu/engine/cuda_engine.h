@@ -14,19 +14,28 @@
 // results agree with the reference engine to f32 rounding differences (summation orders, device expf; tests state
 // the tolerance).
 //
-// Ownership: borrows `model` (its file mapping is read while the weights are registered) for the engine's lifetime.
+// Placement: by default every weight is on the GPU. With CudaEngineOptions::placement (a plan_placement decision) the
+// GPU loads only the routed experts the plan puts on it (DeviceModel's compact stacks) and the rest run on
+// expert_backend (an ExpertBackend over host memory, e.g. cpu/expert_backend.h, built by the caller: gpu/ includes
+// no cpu/), inside the same graphed pass (forward_pass.h, "hybrid MoE layer"); placement() then reports the split.
+//
+// Ownership: borrows `model` (its file mapping is read while the weights are registered) for the engine's lifetime;
+// shares the expert backend (the engine's host functions call it until the engine is destroyed).
 // Threading: as engine.h (calls never overlap); each call makes the engine's device current on its thread.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/base/expected.h"
 #include "core/engine/engine.h"
+#include "core/engine/expert_backend.h"
+#include "core/engine/placement_planner.h"
 #include "core/model/model.h"
 #include "gpu/kernels/tuning.h"
 
@@ -40,6 +49,12 @@ struct CudaEngineOptions {
                            // measured path, tests and benchmarks force others)
   // Called while the weights load: bytes copied so far and the total.
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // Where the routed experts live: the GPU loads the experts decision.expert_on_gpu marks (plan_placement over this
+  // model) and expert_backend computes the others. None: every weight on the GPU.
+  std::optional<PlacementDecision> placement;
+  // Required when the placement leaves experts on the host; its experts() must be exactly those (kInvalidArgument
+  // otherwise) and its hidden() the model's n_embd.
+  std::shared_ptr<ExpertBackend> expert_backend;
 };
 
 // The CUDA engine with extras for tests and benchmarks.
@@ -49,12 +64,18 @@ class CudaEngine : public Engine {
   // hidden (f32 [items][n_layer][H], resized), for per-layer comparisons with the reference.
   virtual void step_with_hidden(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out,
                                 std::vector<float>* hidden) = 0;
-  // Bytes on the device: weights (with alignment padding), state slots, pass scratch.
+  // Bytes on the device: weights (with alignment padding; without it, the file's bytes of the weights loaded — a
+  // placement's PlacementDecision::gpu_bytes), state slots, pass scratch.
   virtual uint64_t weight_bytes() const = 0;
+  virtual uint64_t weight_bytes_unpadded() const = 0;
   virtual uint64_t state_bytes() const = 0;
   virtual uint64_t scratch_bytes() const = 0;
-  // A line describing the layout choices (tiled / raw matrices, MoE layers on moe_imma).
+  // A line describing the layout choices (tiled / raw matrices, MoE layers on moe_imma, hybrid MoE layers).
   virtual std::string layout_summary() const = 0;
+  // Bytes of routed experts on the device, and MoE layers with some / all of their experts on the host.
+  virtual uint64_t routed_expert_bytes() const = 0;
+  virtual int hybrid_layers() const = 0;
+  virtual int host_expert_layers() const = 0;
   // Profiling of the passes (CUDA events between the sections of each pass): while on, each section's time is
   // summed; profile() returns (section name, milliseconds) pairs and the number of passes since clear_profile().
   virtual Status set_profiling(bool on) = 0;
@@ -64,6 +85,26 @@ class CudaEngine : public Engine {
 
 // Empty when a CUDA device can be used, else why not (no driver, no device).
 std::string cuda_unavailable_reason();
+
+// Bytes the device has free and in all (cudaMemGetInfo); kFailedPrecondition without a usable device.
+struct CudaMemory {
+  uint64_t free = 0;
+  uint64_t total = 0;
+};
+Expected<CudaMemory> cuda_memory(int device);
+
+// Device memory kept out of an automatic weight budget beyond the engine's own state and scratch: CUDA graphs, the
+// context's growth, the allocator's rounding.
+inline constexpr uint64_t kCudaHeadroomBytes = uint64_t{768} << 20;
+
+// What `--gpu-memory auto` gives the weights of `model` under `options` (max_slots, n_ctx, device): the device's free
+// bytes less the sessions' state slots, the pass scratch and kCudaHeadroomBytes. kResourceExhausted naming those
+// bytes when they alone exceed what is free.
+Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const CudaEngineOptions& options);
+
+// The device's plain read bandwidth in bytes/s (a streaming read of a 512 MiB buffer, best of three; for the
+// placement planner's cost model). Allocates and frees the buffer.
+Expected<double> cuda_read_bandwidth(int device);
 
 // Loads the model onto the device. kResourceExhausted naming the bytes needed and free when it does not fit;
 // kUnsupported for a tensor type the kernels lack; kFailedPrecondition when there is no usable device.

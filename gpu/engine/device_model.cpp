@@ -91,13 +91,65 @@ std::vector<const TensorRef*> stackable_inputs(const LayerWeights& lw, uint64_t 
   return parts;
 }
 
+// The resident experts of each layer in ascending id ([n_layer]; empty rows: every expert, or no MoE), and whether
+// the layer keeps all of them. kInvalidArgument when expert_on_gpu's rows do not fit the model's MoE layers.
+struct Residency {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<bool> all;
+};
+
+Expected<Residency> residency_of(const WeightCatalog& catalog, const std::vector<std::vector<uint8_t>>& on_gpu) {
+  const ModelHparams& hp = catalog.hparams();
+  Residency r;
+  r.ids.resize(hp.n_layer);
+  r.all.assign(hp.n_layer, true);
+  if (on_gpu.empty()) return r;
+  if (on_gpu.size() != hp.n_layer) {
+    return make_error(ErrorCode::kInvalidArgument, "expert placement: " + std::to_string(on_gpu.size()) + " rows for " +
+                                                       std::to_string(hp.n_layer) + " layers");
+  }
+  for (uint32_t l = 0; l < hp.n_layer; ++l) {
+    const bool moe = catalog.layer(l).ffn.is_moe();
+    const std::vector<uint8_t>& row = on_gpu[l];
+    if (!moe) {
+      if (!row.empty()) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "expert placement: layer " + std::to_string(l) + " has no routed experts to place");
+      }
+      continue;
+    }
+    if (row.size() != hp.n_expert) {
+      return make_error(ErrorCode::kInvalidArgument, "expert placement: layer " + std::to_string(l) + " has " +
+                                                         std::to_string(row.size()) + " entries for " +
+                                                         std::to_string(hp.n_expert) + " experts");
+    }
+    for (uint32_t e = 0; e < hp.n_expert; ++e) {
+      if (row[e] != 0) r.ids[l].push_back(static_cast<int32_t>(e));
+    }
+    r.all[l] = r.ids[l].size() == hp.n_expert;
+    if (r.all[l]) r.ids[l].clear();
+  }
+  return r;
+}
+
+bool is_routed_stack(const std::string& name) {
+  return name.ends_with(".ffn_gate_exps.weight") || name.ends_with(".ffn_up_exps.weight") ||
+         name.ends_with(".ffn_down_exps.weight");
+}
+
 }  // namespace
+
+DeviceModel::~DeviceModel() {
+  if (resident_maps_ != nullptr) (void)cudaFree(resident_maps_);
+}
 
 Expected<std::unique_ptr<DeviceModel>> DeviceModel::create(const Model& model, uint64_t scratch_bytes,
                                                            uint64_t state_bytes, const LoadProgress& progress,
-                                                           cudaStream_t stream) {
+                                                           cudaStream_t stream,
+                                                           const std::vector<std::vector<uint8_t>>& expert_on_gpu) {
   const WeightCatalog& catalog = model.catalog();
   const ModelHparams& hp = catalog.hparams();
+  KESTREL_TRY_ASSIGN(const Residency res, residency_of(catalog, expert_on_gpu));
 
   // Which MoE layers run on moe_imma: their expert matrices are tiled, the other layers' stay raw.
   std::vector<bool> moe_tiled(hp.n_layer, false);
@@ -110,6 +162,14 @@ Expected<std::unique_ptr<DeviceModel>> DeviceModel::create(const Model& model, u
   // input projections as one stacked tensor (rows back to back in a host buffer kept until registration).
   std::vector<std::vector<PoolTensorDesc>> batches(hp.n_layer + 1);
   std::vector<std::vector<uint8_t>> stacked_rows(hp.n_layer);
+  // A hybrid layer's compact stacks: gathered from the file right before their batch is registered (a whole model's
+  // would not fit in host memory), kept only for that batch.
+  struct Compact {
+    size_t desc;                      // index in its batch
+    std::span<const uint8_t> source;  // the full stack in the file
+    uint64_t slice;                   // one expert's bytes
+  };
+  std::vector<std::vector<Compact>> compact(hp.n_layer + 1);
   std::unordered_map<std::string, bool> in_stack;
   uint64_t budget = 0;
   for (uint32_t l = 0; l < hp.n_layer; ++l) {
@@ -145,8 +205,20 @@ Expected<std::unique_ptr<DeviceModel>> DeviceModel::create(const Model& model, u
     } else if (is_expert_matrix(d.key) && ce.layer >= 0 && moe_tiled[static_cast<size_t>(ce.layer)]) {
       d.layout = PoolLayout::kTiled;
     }
+    const size_t b = static_cast<size_t>(ce.layer + 1);
+    if (ce.layer >= 0 && is_routed_stack(d.key) && !res.all[static_cast<size_t>(ce.layer)]) {
+      const std::vector<int32_t>& ids = res.ids[static_cast<size_t>(ce.layer)];
+      if (ids.empty()) continue;  // every expert of the layer on the host: nothing of the stack here
+      const uint64_t slice = ce.info->n_bytes / hp.n_expert;
+      d.ne = {ce.info->ne[0], ce.info->ne[1], ids.size()};
+      compact[b].push_back(Compact{batches[b].size(), d.data, slice});
+      d.data = {};
+      budget += align_up(slice * ids.size());
+      batches[b].push_back(std::move(d));
+      continue;
+    }
     budget += align_up(ce.info->n_bytes);
-    batches[static_cast<size_t>(ce.layer + 1)].push_back(std::move(d));
+    batches[b].push_back(std::move(d));
   }
 
   size_t free_bytes = 0, total_bytes = 0;
@@ -163,14 +235,29 @@ Expected<std::unique_ptr<DeviceModel>> DeviceModel::create(const Model& model, u
   dm->hp_ = hp;
   dm->gdn_dims_ = ref::GdnDims::from_hparams(hp);
 
-  uint64_t done = 0;
-  for (const std::vector<PoolTensorDesc>& batch : batches) {
+  uint64_t done = 0, total = 0;
+  for (size_t b = 0; b < batches.size(); ++b) {
+    for (const PoolTensorDesc& d : batches[b]) total += d.data.size();  // compact stacks: empty until gathered
+    for (const Compact& c : compact[b]) total += c.slice * res.ids[b - 1].size();
+  }
+  for (size_t b = 0; b < batches.size(); ++b) {
+    std::vector<PoolTensorDesc>& batch = batches[b];
     if (batch.empty()) continue;
+    std::vector<std::vector<uint8_t>> gathered;
+    for (const Compact& c : compact[b]) {
+      const std::vector<int32_t>& ids = res.ids[b - 1];
+      std::vector<uint8_t>& g = gathered.emplace_back(c.slice * ids.size());
+      for (size_t i = 0; i < ids.size(); ++i) {
+        std::copy_n(c.source.begin() + static_cast<ptrdiff_t>(c.slice * static_cast<uint64_t>(ids[i])), c.slice,
+                    g.begin() + static_cast<ptrdiff_t>(c.slice * i));
+      }
+      batch[c.desc].data = g;
+    }
     KESTREL_TRY(dm->pool_.register_tensors(batch, stream));
     for (const PoolTensorDesc& d : batch) done += d.data.size();
-    if (progress) progress(done, catalog.total_bytes());
+    if (progress) progress(done, total);
   }
-  KESTREL_TRY(dm->build_views(catalog));
+  KESTREL_TRY(dm->build_views(catalog, expert_on_gpu));
   return dm;
 }
 
@@ -197,7 +284,8 @@ Expected<DeviceMatrix> DeviceModel::matrix(const TensorRef& t) {
   return m;
 }
 
-Status DeviceModel::build_views(const WeightCatalog& catalog) {
+Status DeviceModel::build_views(const WeightCatalog& catalog, const std::vector<std::vector<uint8_t>>& expert_on_gpu) {
+  KESTREL_TRY_ASSIGN(const Residency res, residency_of(catalog, expert_on_gpu));
   auto f32 = [&](const TensorRef& t) -> Expected<const float*> {
     if (!t.present()) return static_cast<const float*>(nullptr);
     KESTREL_TRY_ASSIGN(DeviceMatrixView v, pool_.matrix(t.name()));
@@ -218,6 +306,35 @@ Status DeviceModel::build_views(const WeightCatalog& catalog) {
     return DeviceExpertsView{v.type, v.data, static_cast<int64_t>(t.ne_at(0)), static_cast<int64_t>(t.ne_at(1)),
                              static_cast<int64_t>(t.ne_at(2))};
   };
+  // A hybrid layer's stacks: n resident experts (compact; none registered when n is 0).
+  auto compact_base = [&](const TensorRef& t, size_t n) -> Expected<const void*> {
+    if (n == 0) return static_cast<const void*>(nullptr);
+    KESTREL_TRY_ASSIGN(PoolRef ref, pool_.find(t.name()));
+    KESTREL_TRY_ASSIGN(TiledView v, pool_.tiled_slice(ref, 0));
+    return v.data;
+  };
+  auto compact_raw = [&](const TensorRef& t, size_t n) -> Expected<DeviceExpertsView> {
+    DeviceExpertsView v{t.type(), nullptr, static_cast<int64_t>(t.ne_at(0)), static_cast<int64_t>(t.ne_at(1)),
+                        static_cast<int64_t>(n)};
+    if (n == 0) return v;
+    KESTREL_TRY_ASSIGN(DeviceMatrixView m, pool_.matrix(t.name()));
+    v.data = m.data;
+    return v;
+  };
+
+  // The hybrid layers' resident maps, one device allocation.
+  std::vector<int32_t> maps;
+  for (uint32_t l = 0; l < hp_.n_layer; ++l) {
+    if (res.all[l]) continue;
+    std::vector<int32_t> map(hp_.n_expert, kExpertNotHere);
+    for (size_t i = 0; i < res.ids[l].size(); ++i) map[static_cast<size_t>(res.ids[l][i])] = static_cast<int32_t>(i);
+    maps.insert(maps.end(), map.begin(), map.end());
+  }
+  if (!maps.empty()) {
+    KESTREL_CUDA_TRY(cudaMalloc(&resident_maps_, maps.size() * sizeof(int32_t)));
+    KESTREL_CUDA_TRY(cudaMemcpy(resident_maps_, maps.data(), maps.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  }
+  size_t map_at = 0;
 
   const GlobalWeights& g = catalog.globals();
   KESTREL_TRY_ASSIGN(token_embd_, pool_.matrix(g.token_embd.name()));
@@ -282,15 +399,27 @@ Status DeviceModel::build_views(const WeightCatalog& catalog) {
       continue;
     }
     o.moe = true;
+    o.n_expert = static_cast<int32_t>(hp_.n_expert);
+    o.n_resident = o.n_expert;
+    const bool hybrid = !res.all[l];
+    const size_t n_res = res.ids[l].size();
+    if (hybrid) {
+      o.n_resident = static_cast<int32_t>(n_res);
+      o.resident = static_cast<const int32_t*>(resident_maps_) + map_at;
+      o.resident_host.assign(maps.begin() + static_cast<ptrdiff_t>(map_at),
+                             maps.begin() + static_cast<ptrdiff_t>(map_at + hp_.n_expert));
+      map_at += hp_.n_expert;
+      ++n_hybrid_;
+      if (n_res == 0) ++n_host_only_;
+    }
     KESTREL_TRY_ASSIGN(DeviceMatrixView router, pool_.matrix(f.router.name()));
     DeviceMatrixView shared_gate;
     if (f.has_shared_expert()) {
       KESTREL_TRY_ASSIGN(shared_gate, pool_.matrix(f.shared_gate_inp.name()));
       shared_gate.n_rows = 1;  // {H} or {H, 1}
     }
-    KESTREL_TRY_ASSIGN(PoolRef gate_ref, pool_.find(f.gate_exps.name()));
-    KESTREL_TRY_ASSIGN(const PoolEntry* gate_entry, pool_.entry(gate_ref));
-    o.moe_tiled = gate_entry->layout == PoolLayout::kTiled;
+    // The layout follows the layer's types and shapes (create()'s choice), also when no stack is registered.
+    o.moe_tiled = static_cast<bool>(moe_imma_check_raw(host_moe(f, hp_.n_expert_used)));
     if (o.moe_tiled) {
       MoeImmaWeights& w = o.moe_imma;
       w.gate_up_type = f.gate_exps.type();
@@ -300,31 +429,43 @@ Status DeviceModel::build_views(const WeightCatalog& catalog) {
       w.n_ff = static_cast<int64_t>(f.gate_exps.ne_at(1));
       w.n_expert = static_cast<int64_t>(f.gate_exps.ne_at(2));
       w.router = router;
-      KESTREL_TRY_ASSIGN(w.gate_exps, tiled_base(f.gate_exps));
-      KESTREL_TRY_ASSIGN(w.up_exps, tiled_base(f.up_exps));
-      KESTREL_TRY_ASSIGN(w.down_exps, tiled_base(f.down_exps));
+      if (hybrid) {
+        KESTREL_TRY_ASSIGN(w.gate_exps, compact_base(f.gate_exps, n_res));
+        KESTREL_TRY_ASSIGN(w.up_exps, compact_base(f.up_exps, n_res));
+        KESTREL_TRY_ASSIGN(w.down_exps, compact_base(f.down_exps, n_res));
+      } else {
+        KESTREL_TRY_ASSIGN(w.gate_exps, tiled_base(f.gate_exps));
+        KESTREL_TRY_ASSIGN(w.up_exps, tiled_base(f.up_exps));
+        KESTREL_TRY_ASSIGN(w.down_exps, tiled_base(f.down_exps));
+      }
       if (f.has_shared_expert()) {
         w.shared_gate_inp = shared_gate;
         KESTREL_TRY_ASSIGN(w.gate_shexp, tiled_base(f.gate_shexp));
         KESTREL_TRY_ASSIGN(w.up_shexp, tiled_base(f.up_shexp));
         KESTREL_TRY_ASSIGN(w.down_shexp, tiled_base(f.down_shexp));
       }
-      KESTREL_TRY(moe_imma_check_weights(w));
+      if (n_res > 0 || !hybrid) KESTREL_TRY(moe_imma_check_weights(w));  // none resident: checked when it runs
       ++n_moe_tiled_;
     } else {
       MoeDeviceWeights& w = o.moe_raw;
       w.n_expert_used = static_cast<int>(hp_.n_expert_used);
       w.router = router;
-      KESTREL_TRY_ASSIGN(w.gate_exps, raw_experts(f.gate_exps));
-      KESTREL_TRY_ASSIGN(w.up_exps, raw_experts(f.up_exps));
-      KESTREL_TRY_ASSIGN(w.down_exps, raw_experts(f.down_exps));
+      if (hybrid) {
+        KESTREL_TRY_ASSIGN(w.gate_exps, compact_raw(f.gate_exps, n_res));
+        KESTREL_TRY_ASSIGN(w.up_exps, compact_raw(f.up_exps, n_res));
+        KESTREL_TRY_ASSIGN(w.down_exps, compact_raw(f.down_exps, n_res));
+      } else {
+        KESTREL_TRY_ASSIGN(w.gate_exps, raw_experts(f.gate_exps));
+        KESTREL_TRY_ASSIGN(w.up_exps, raw_experts(f.up_exps));
+        KESTREL_TRY_ASSIGN(w.down_exps, raw_experts(f.down_exps));
+      }
       if (f.has_shared_expert()) {
         w.shared_gate_inp = shared_gate;
         KESTREL_TRY_ASSIGN(w.gate_shexp, pool_.matrix(f.gate_shexp.name()));
         KESTREL_TRY_ASSIGN(w.up_shexp, pool_.matrix(f.up_shexp.name()));
         KESTREL_TRY_ASSIGN(w.down_shexp, pool_.matrix(f.down_shexp.name()));
       }
-      KESTREL_TRY(moe_check_weights(w));
+      if (!hybrid) KESTREL_TRY(moe_check_weights(w));  // a hybrid layer's compact stacks: checked when it runs
     }
   }
   return ok_status();

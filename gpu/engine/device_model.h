@@ -9,10 +9,12 @@
 //   - token_embd (read by get_rows), the router, norms and the GDN's small f32 tensors raw.
 //   - a GDN layer's input projections stacked into one tiled matrix where they share a GEMV v4 type (DeviceGdnLayer);
 // Nothing is widened: the pool holds exactly the file's bytes, some reordered. Routed experts keep one pool entry per
-// stack (expert e at e · its bytes), so an expert is addressable by (layer, e) — expert_bytes() says where.
+// stack (expert e at e · its bytes, or at its slot in a hybrid layer's compact stack), so an expert is addressable by
+// (layer, e).
 //
-// Ownership: owns the pool; borrows the catalog's file mapping only while create() runs. Immutable afterwards;
-// the views point into the pool and stay valid for its lifetime. Not thread-safe to create; const use is.
+// Ownership: owns the pool and the hybrid layers' resident maps; borrows the catalog's file mapping only while
+// create() runs. Immutable afterwards; the views point into the pool and stay valid for its lifetime. Not thread-safe
+// to create; const use is.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -67,6 +69,13 @@ struct DeviceFfnLayer {
   MoeImmaWeights moe_imma;
   MoeDeviceWeights moe_raw;
   DeviceMatrix gate, up, down;  // dense SwiGLU (qwen35)
+  // The routed experts on the device: n_resident of n_expert. Fewer (a hybrid layer, gpu/kernels/moe_hybrid.h): the
+  // stacks of moe_imma / moe_raw hold only those, in ascending expert id, and `resident` maps an id to its slot.
+  int32_t n_expert = 0;
+  int32_t n_resident = 0;
+  const int32_t* resident = nullptr;   // device int32 [n_expert]: slot or kExpertNotHere; null unless hybrid()
+  std::vector<int32_t> resident_host;  // the same map on the host (empty unless hybrid())
+  bool hybrid() const { return moe && n_resident < n_expert; }
 };
 
 struct DeviceLayer {
@@ -86,8 +95,19 @@ class DeviceModel {
   // Registers every used tensor of `model` (kResourceExhausted naming the bytes needed and the device's free memory
   // when it does not fit alongside `scratch_bytes` still to be allocated; `state_bytes`, already allocated, is named
   // in the error too). Synchronous.
+  //
+  // expert_on_gpu ([n_layer][n_expert], 1: resident; PlacementDecision::expert_on_gpu) chooses the routed experts to
+  // load; empty: every expert. A MoE layer with all of its experts resident is registered as without it; with some,
+  // each of its three expert stacks is registered compact — the resident experts' slices in ascending id, {ne0, ne1,
+  // n_resident}, tiled per expert as the full stack would be — and the layer gets a resident map; with none, its
+  // routed experts are not registered at all. So the pool holds exactly the plan's GPU bytes (plus alignment).
+  // kInvalidArgument when the rows do not match the model's MoE layers.
   static Expected<std::unique_ptr<DeviceModel>> create(const Model& model, uint64_t scratch_bytes, uint64_t state_bytes,
-                                                       const LoadProgress& progress, cudaStream_t stream);
+                                                       const LoadProgress& progress, cudaStream_t stream,
+                                                       const std::vector<std::vector<uint8_t>>& expert_on_gpu = {});
+  ~DeviceModel();
+  DeviceModel(const DeviceModel&) = delete;
+  DeviceModel& operator=(const DeviceModel&) = delete;
 
   const ModelHparams& hparams() const { return hp_; }
   const ref::GdnDims& gdn_dims() const { return gdn_dims_; }
@@ -105,10 +125,15 @@ class DeviceModel {
   int n_stacked_gdn_layers() const { return n_stacked_; }
   int n_tiled_matrices() const { return n_tiled_; }
   int n_raw_matrices() const { return n_raw_; }
+  // MoE layers with some routed experts off the device (hybrid()), and with none on it.
+  int n_hybrid_layers() const { return n_hybrid_; }
+  int n_host_expert_layers() const { return n_host_only_; }
+  // Bytes of routed experts on the device (without padding).
+  uint64_t routed_expert_bytes() const { return pool_.bytes_in(PlacementClass::kRoutedExperts); }
 
  private:
   explicit DeviceModel(WeightPool pool) : pool_(std::move(pool)) {}
-  Status build_views(const WeightCatalog& catalog);
+  Status build_views(const WeightCatalog& catalog, const std::vector<std::vector<uint8_t>>& expert_on_gpu);
   Expected<DeviceMatrix> matrix(const TensorRef& t);
 
   WeightPool pool_;
@@ -119,7 +144,8 @@ class DeviceModel {
   const float* output_norm_ = nullptr;
   DeviceMatrix output_;
   int64_t max_tiled_in_ = 0;
-  int n_moe_tiled_ = 0, n_tiled_ = 0, n_raw_ = 0, n_stacked_ = 0;
+  int n_moe_tiled_ = 0, n_tiled_ = 0, n_raw_ = 0, n_stacked_ = 0, n_hybrid_ = 0, n_host_only_ = 0;
+  void* resident_maps_ = nullptr;  // device: the hybrid layers' resident maps, one allocation
 };
 
 }  // namespace kestrel::gpu

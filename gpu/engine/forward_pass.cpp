@@ -14,6 +14,7 @@
 #include "gpu/kernels/gemv_imma.h"
 #include "gpu/kernels/get_rows.h"
 #include "gpu/kernels/moe_experts.h"
+#include "gpu/kernels/moe_hybrid.h"
 #include "gpu/kernels/moe_imma.h"
 #include "gpu/kernels/rms_norm.h"
 #include "gpu/kernels/swiglu.h"
@@ -65,6 +66,19 @@ uint64_t moe_workspace_estimate(const ModelHparams& hp) {
   return entries * (4 * ff + 2 * hp.n_embd) * sizeof(float) + uint64_t{P} * hp.n_expert * 8 + (8u << 20);
 }
 
+// The hybrid layers' device buffers (host choices, host partial sums), carved for every MoE model.
+uint64_t hybrid_choices_bytes(const ModelHparams& hp) {
+  return hp.is_moe() ? uint64_t{P} * hp.n_expert_used * sizeof(ExpertChoice) : 0;
+}
+uint64_t hybrid_rows_bytes(const ModelHparams& hp) { return hp.is_moe() ? uint64_t{P} * hp.n_embd * sizeof(float) : 0; }
+
+bool any_hybrid(const DeviceModel& m) {
+  for (const DeviceLayer& d : m.layers()) {
+    if (d.ffn.hybrid()) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 const char* pass_section_name(PassSection s) {
@@ -108,12 +122,41 @@ uint64_t ForwardPass::scratch_bytes(const ModelHparams& hp, int n_ctx) {
   b += align_up(imma_x_bytes(8192, P));
   if (hp.n_gdn_layers() > 0) b += align_up(gdn_decode_workspace_bytes(ref::GdnDims::from_hparams(hp), P));
   if (hp.n_attn_layers() > 0) b += align_up(attention_decode_workspace_bytes(attn_dims_of(hp), P, n_ctx));
-  return b + align_up(moe_workspace_estimate(hp)) + align_up(hp.n_rot * sizeof(float));
+  return b + align_up(moe_workspace_estimate(hp)) + align_up(hp.n_rot * sizeof(float)) +
+         align_up(hybrid_choices_bytes(hp)) + align_up(hybrid_rows_bytes(hp));
 }
 
 Expected<std::unique_ptr<ForwardPass>> ForwardPass::create(const DeviceModel& model, const StateSlots& slots,
-                                                           const GpuTuning& tuning, cudaStream_t stream) {
-  std::unique_ptr<ForwardPass> p(new ForwardPass(model, slots, tuning, stream));
+                                                           const GpuTuning& tuning, cudaStream_t stream,
+                                                           ExpertBackend* backend) {
+  if (any_hybrid(model)) {
+    if (backend == nullptr) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "the placement leaves routed experts on the host, but no expert backend computes them");
+    }
+    const ModelHparams& hp = model.hparams();
+    if (backend->hidden() != static_cast<int32_t>(hp.n_embd)) {
+      return make_error(ErrorCode::kInvalidArgument, "the expert backend's rows are " +
+                                                         std::to_string(backend->hidden()) + " elements, the model's " +
+                                                         std::to_string(hp.n_embd));
+    }
+    // The backend must hold exactly the experts the device does not.
+    const ExpertSet& held = backend->experts();
+    for (size_t l = 0; l < model.layers().size(); ++l) {
+      const DeviceFfnLayer& f = model.layers()[l].ffn;
+      if (!f.moe) continue;
+      for (int32_t e = 0; e < f.n_expert; ++e) {
+        const bool on_device = !f.hybrid() || f.resident_host[static_cast<size_t>(e)] != kExpertNotHere;
+        if (held.holds(static_cast<int32_t>(l), e) == on_device) {
+          return make_error(ErrorCode::kInvalidArgument,
+                            "expert " + std::to_string(e) + " of layer " + std::to_string(l) + " is " +
+                                (on_device ? "on the GPU and also held by the expert backend"
+                                           : "on neither the GPU nor the expert backend"));
+        }
+      }
+    }
+  }
+  std::unique_ptr<ForwardPass> p(new ForwardPass(model, slots, tuning, stream, any_hybrid(model) ? backend : nullptr));
   KESTREL_TRY(p->allocate());
   return p;
 }
@@ -125,6 +168,9 @@ ForwardPass::~ForwardPass() {
   if (host_upload_ != nullptr) cudaFreeHost(host_upload_);
   if (host_logits_ != nullptr) cudaFreeHost(host_logits_);
   if (host_argmax_ != nullptr) cudaFreeHost(host_argmax_);
+  for (void* p : {static_cast<void*>(pinned_x_), static_cast<void*>(pinned_choices_), static_cast<void*>(pinned_y_)}) {
+    if (p != nullptr) cudaFreeHost(p);
+  }
 }
 
 Status ForwardPass::allocate() {
@@ -170,6 +216,7 @@ Status ForwardPass::allocate() {
   const uint64_t o_am = take(P * sizeof(int32_t));
   const uint64_t o_gws = take(gdn_ws), o_aws = take(attn_ws_bytes_), o_mws = take(moe_ws);
   const uint64_t o_rope = take(std::max<uint64_t>(hp.n_rot / 2, 1) * sizeof(float));
+  const uint64_t o_hch = take(hybrid_choices_bytes(hp)), o_hy = take(hybrid_rows_bytes(hp));
   KESTREL_CUDA_TRY(cudaMalloc(&base_, off));
   auto at = [&](uint64_t o) { return static_cast<uint8_t*>(base_) + o; };
   ids_ = reinterpret_cast<int32_t*>(at(o_ids));
@@ -191,11 +238,18 @@ Status ForwardPass::allocate() {
   attn_ws_ = at(o_aws);
   moe_ws_ = at(o_mws);
   rope_inv_freq_ = reinterpret_cast<float*>(at(o_rope));
+  host_choices_dev_ = reinterpret_cast<ExpertChoice*>(at(o_hch));
+  host_y_dev_ = reinterpret_cast<float*>(at(o_hy));
 
   upload_bytes_ = 3 * P * sizeof(int32_t) + size_t(n_gdn_) * P * sizeof(GdnSlot);
   KESTREL_CUDA_TRY(cudaMallocHost(&host_upload_, upload_bytes_));
   KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_logits_), w.vocab * P * sizeof(float)));
   KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_argmax_), P * sizeof(int32_t)));
+  if (backend_ != nullptr) {
+    KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&pinned_x_), hybrid_rows_bytes(hp)));
+    KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&pinned_choices_), hybrid_choices_bytes(hp)));
+    KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&pinned_y_), hybrid_rows_bytes(hp)));
+  }
 
   // Zeroed once: the GDN readers' counters and the MoE counters (every call leaves them zero).
   if (gdn_ws > 0) KESTREL_CUDA_TRY(cudaMemsetAsync(gdn_ws_, 0, gdn_ws, stream_));
@@ -308,8 +362,80 @@ Status ForwardPass::attn_layer(size_t l, int n) {
   return matmul(a.o, mixed_, false, n, y_);
 }
 
+ForwardPass::HostCall* ForwardPass::host_call(int32_t layer, int32_t n) {
+  std::unique_ptr<HostCall>& c = host_calls_[{layer, n}];
+  if (c == nullptr) c = std::make_unique<HostCall>(HostCall{this, layer, n});
+  return c.get();
+}
+
+// Host functions (CUDA's callback thread, in stream order): no CUDA API here.
+void CUDART_CB ForwardPass::submit_host_fn(void* call) {
+  const HostCall& c = *static_cast<const HostCall*>(call);
+  ForwardPass& p = *c.pass;
+  const ModelHparams& hp = p.model_.hparams();
+  ExpertBatch b;
+  b.layer = c.layer;
+  b.n_tokens = c.n;
+  b.hidden = static_cast<int32_t>(hp.n_embd);
+  b.k = static_cast<int32_t>(hp.n_expert_used);
+  b.x = p.pinned_x_;
+  b.choices = p.pinned_choices_;
+  b.y = p.pinned_y_;
+  const Status s = p.backend_->submit(b);
+  if (!s) p.record_host_error(s);
+}
+
+void CUDART_CB ForwardPass::wait_host_fn(void* call) {
+  ForwardPass& p = *static_cast<const HostCall*>(call)->pass;
+  const Status s = p.backend_->wait();
+  if (!s) p.record_host_error(s);
+}
+
+void ForwardPass::record_host_error(const Status& s) {
+  std::lock_guard<std::mutex> lk(host_mu_);
+  if (host_status_) host_status_ = s;
+}
+
+Status ForwardPass::take_host_status() {
+  std::lock_guard<std::mutex> lk(host_mu_);
+  Status s = host_status_;
+  host_status_ = ok_status();
+  return s;
+}
+
+Status ForwardPass::hybrid_ffn_layer(size_t l, int n) {
+  const DeviceFfnLayer& f = model_.layers()[l].ffn;
+  const ModelHparams& hp = model_.hparams();
+  const size_t rows_bytes = size_t(n) * hp.n_embd * sizeof(float);
+  const size_t choices_bytes = size_t(n) * hp.n_expert_used * sizeof(ExpertChoice);
+  HostCall* call = host_call(static_cast<int32_t>(l), n);
+  MoeHybrid h;
+  h.resident = f.resident;
+  h.n_resident = f.n_resident;
+  h.host_choices = host_choices_dev_;
+  h.host_y = host_y_dev_;
+  MoeHybridHooks hooks;
+  hooks.after_route = [&]() -> Status {
+    KESTREL_CUDA_TRY(cudaMemcpyAsync(pinned_x_, x_, rows_bytes, cudaMemcpyDeviceToHost, stream_));
+    KESTREL_CUDA_TRY(
+        cudaMemcpyAsync(pinned_choices_, host_choices_dev_, choices_bytes, cudaMemcpyDeviceToHost, stream_));
+    KESTREL_CUDA_TRY(cudaLaunchHostFunc(stream_, &ForwardPass::submit_host_fn, call));
+    return ok_status();
+  };
+  hooks.before_combine = [&]() -> Status {
+    KESTREL_CUDA_TRY(cudaLaunchHostFunc(stream_, &ForwardPass::wait_host_fn, call));
+    KESTREL_CUDA_TRY(cudaMemcpyAsync(host_y_dev_, pinned_y_, rows_bytes, cudaMemcpyHostToDevice, stream_));
+    return ok_status();
+  };
+  if (f.moe_tiled) {
+    return moe_imma_forward_hybrid(f.moe_imma, h, x_, n, y_, moe_ws_, stream_, hooks, tuning_.moe_imma);
+  }
+  return moe_forward_hybrid(f.moe_raw, h, x_, n, y_, moe_ws_, stream_, hooks);
+}
+
 Status ForwardPass::ffn_layer(size_t l, int n) {
   const DeviceFfnLayer& f = model_.layers()[l].ffn;
+  if (f.hybrid()) return hybrid_ffn_layer(l, n);
   if (f.moe) {
     if (f.moe_tiled) return moe_imma_forward(f.moe_imma, x_, n, y_, moe_ws_, stream_, tuning_.moe_imma);
     return moe_forward(f.moe_raw, x_, n, y_, moe_ws_, stream_);
@@ -357,10 +483,13 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
   while (position_bound_ <= max_pos) position_bound_ *= 2;
   position_bound_ = std::min(position_bound_, slots_.n_ctx());
 
+  (void)take_host_status();  // nothing is in flight between passes: clear what an earlier pass left
   if (hidden != nullptr) {
     // Launched one by one: the per-layer copies of the residual stream sit between the kernels.
-    KESTREL_TRY(enqueue(n, m, mode, hidden));
+    const Status enq = enqueue(n, m, mode, hidden);
     KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
+    if (!enq && backend_ != nullptr) (void)backend_->wait();  // a submit whose wait was never enqueued
+    KESTREL_TRY(enq);
   } else {
     // Replayed: one CUDA graph per (rows, logits mode) captured on first use, lm_head over every row when any wants
     // logits. The kernels read everything that changes from the uploaded block, so a replay is the same launches.
@@ -378,6 +507,8 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
       ++profile_.passes;
     }
   }
+  // An expert backend's error inside a host function (the pass ran to its end with that layer's host part missing).
+  KESTREL_TRY(take_host_status());
   const size_t vocab = model_.hparams().n_vocab;
   for (int i = 0; i < m; ++i) {
     const PassRow& r = rows[size_t(i)];

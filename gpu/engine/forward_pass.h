@@ -6,7 +6,7 @@
 //                 GDN:  qkv, z, b, a = W x  → gdn_decode (conv, delta rule, gated norm, state in the slot) → ssm_out
 //                 attn: q|gate, k, v = W x  → attention_decode (q/k norm, RoPE, KV append, softmax) → attn_output
 //                 h += y;  x = rms_norm(h) · post_attention_norm  residual_add_rms_norm
-//                 MoE (moe_imma or moe_forward) or dense SwiGLU (gemv, swiglu, gemv)
+//                 MoE (moe_imma or moe_forward; a hybrid layer below) or dense SwiGLU (gemv, swiglu, gemv)
 //                 h += y;  x = rms_norm(h) · next norm          residual_add_rms_norm
 //   logits = output · x (output_norm applied)                    only for the rows that ask for them
 //
@@ -22,8 +22,21 @@
 // The kernel choices that do not follow from the shapes (GpuTuning, gpu/kernels/tuning.h) are fixed at create() and
 // passed to every launch.
 //
-// Ownership: borrows the DeviceModel and the StateSlots for its lifetime; owns its scratch (device and pinned host
-// memory, sized once for kPassMaxTokens rows). One pass at a time; not thread-safe.
+// A hybrid MoE layer (DeviceFfnLayer::hybrid(): some routed experts on the host) runs moe_imma_forward_hybrid /
+// moe_forward_hybrid (gpu/kernels/moe_hybrid.h) with the hand-off in the same stream, so it is captured in the
+// pass's graph like every other node:
+//   routing (device) → copy x and the host choices to pinned memory → host function: ExpertBackend::submit →
+//   the resident experts and the shared expert (device, while the backend's CPU workers compute the host experts) →
+//   host function: ExpertBackend::wait → copy the host partial sums back → combine (device experts by ascending
+//   id, + the host partial, + the gated shared expert).
+// The host functions call no CUDA API; the layers share one set of pinned buffers (each layer's hand-off completes
+// before the next layer's starts, in stream order). A backend error inside a host function is recorded and run()
+// returns it after the stream has drained. Layers with every expert resident run the all-resident kernels (their
+// launches and bits are those of a model without host experts); layers with none launch no routed-expert kernel.
+//
+// Ownership: borrows the DeviceModel, the StateSlots and the ExpertBackend for its lifetime; owns its scratch (device
+// and pinned host memory, sized once for kPassMaxTokens rows). One pass at a time; not thread-safe (the host
+// functions run on CUDA's callback thread while run() waits for the stream).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,11 +45,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/base/expected.h"
+#include "core/engine/expert_backend.h"
 #include "gpu/engine/device_model.h"
 #include "gpu/kernels/tuning.h"
 #include "gpu/memory/state_slots.h"
@@ -65,8 +81,11 @@ struct PassProfile {
 
 class ForwardPass {
  public:
+  // backend: computes the host experts of the model's hybrid layers (required when it has any; its experts() must be
+  // exactly the experts the DeviceModel left on the host — kInvalidArgument otherwise).
   static Expected<std::unique_ptr<ForwardPass>> create(const DeviceModel& model, const StateSlots& slots,
-                                                       const GpuTuning& tuning, cudaStream_t stream);
+                                                       const GpuTuning& tuning, cudaStream_t stream,
+                                                       ExpertBackend* backend = nullptr);
   ~ForwardPass();
   ForwardPass(const ForwardPass&) = delete;
   ForwardPass& operator=(const ForwardPass&) = delete;
@@ -88,8 +107,9 @@ class ForwardPass {
   void clear_profile() { profile_ = PassProfile{}; }
 
  private:
-  ForwardPass(const DeviceModel& model, const StateSlots& slots, const GpuTuning& tuning, cudaStream_t stream)
-      : model_(model), slots_(slots), tuning_(tuning), stream_(stream) {}
+  ForwardPass(const DeviceModel& model, const StateSlots& slots, const GpuTuning& tuning, cudaStream_t stream,
+              ExpertBackend* backend)
+      : model_(model), slots_(slots), tuning_(tuning), stream_(stream), backend_(backend) {}
   Status allocate();
   Status mark(PassSection section);
   Status matmul(const DeviceMatrix& m, const float* x, bool x_prepared, int n, float* y);
@@ -102,11 +122,25 @@ class ForwardPass {
   Status enqueue(int n, int m, int logits_mode, float* hidden);
   Status capture(int n, int m, int logits_mode, cudaGraphExec_t* exec);
   Status ffn_layer(size_t l, int n);
+  Status hybrid_ffn_layer(size_t l, int n);
+
+  // What a hybrid layer's host functions carry (kept for the life of the graphs that point at it).
+  struct HostCall {
+    ForwardPass* pass = nullptr;
+    int32_t layer = 0;
+    int32_t n = 0;
+  };
+  HostCall* host_call(int32_t layer, int32_t n);
+  static void CUDART_CB submit_host_fn(void* call);
+  static void CUDART_CB wait_host_fn(void* call);
+  void record_host_error(const Status& s);
+  Status take_host_status();
 
   const DeviceModel& model_;
   const StateSlots& slots_;
   const GpuTuning tuning_;
   cudaStream_t stream_;
+  ExpertBackend* backend_ = nullptr;
 
   // Device scratch, one allocation; every buffer holds kPassMaxTokens rows.
   void* base_ = nullptr;
@@ -130,12 +164,22 @@ class ForwardPass {
   size_t attn_ws_bytes_ = 0;
   void* moe_ws_ = nullptr;
   float* rope_inv_freq_ = nullptr;  // f32 [n_rot / 2]
+  // Hybrid layers: the routing's host choices and the host partial sums, on the device.
+  ExpertChoice* host_choices_dev_ = nullptr;  // [P, k]
+  float* host_y_dev_ = nullptr;               // f32 [P, H]
 
   // Pinned host staging: the upload block (ids, slots, positions, gdn slot table) and the logits rows.
   void* host_upload_ = nullptr;
   size_t upload_bytes_ = 0;
   float* host_logits_ = nullptr;    // f32 [P, n_vocab]
   int32_t* host_argmax_ = nullptr;  // int32 [P]
+  // Pinned host memory of the hybrid layers' hand-off (the ExpertBatch buffers), allocated when the model has any.
+  float* pinned_x_ = nullptr;                                                    // f32 [P, H]
+  ExpertChoice* pinned_choices_ = nullptr;                                       // [P, k]
+  float* pinned_y_ = nullptr;                                                    // f32 [P, H]
+  std::map<std::pair<int32_t, int32_t>, std::unique_ptr<HostCall>> host_calls_;  // by (layer, rows)
+  std::mutex host_mu_;
+  Status host_status_;  // the first error a host function met since run() began
 
   std::vector<int> gdn_index_;  // per layer: index among GDN layers, -1 for attention
   int n_gdn_ = 0;

@@ -15,6 +15,24 @@ uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
+uint64_t StateSlots::bytes_for(const ModelHparams& hp, int n_ctx, int n_slots) {
+  if (n_slots < 1 || n_ctx < 1 || hp.layer_kinds.size() != hp.n_layer) return 0;
+  uint64_t gdn_s = 0, gdn_conv = 0, kv = 0;
+  if (hp.n_gdn_layers() > 0) {
+    const ref::GdnDims d = ref::GdnDims::from_hparams(hp);
+    gdn_s = static_cast<uint64_t>(d.n_v_heads) * d.d_k * d.d_v;
+    gdn_conv = static_cast<uint64_t>(d.conv_dim()) * (d.conv_kernel - 1);
+  }
+  if (hp.n_attn_layers() > 0) kv = static_cast<uint64_t>(n_ctx) * hp.n_head_kv * hp.head_dim;
+  // create()'s layout: per layer its two arrays, each 256-aligned.
+  uint64_t off = 0;
+  for (LayerKind k : hp.layer_kinds) {
+    off = align_up(off + (k == LayerKind::kGatedDeltaNet ? gdn_s : kv) * sizeof(float));
+    off = align_up(off + (k == LayerKind::kGatedDeltaNet ? gdn_conv : kv) * sizeof(float));
+  }
+  return off * static_cast<uint64_t>(n_slots);
+}
+
 Expected<StateSlots> StateSlots::create(const ModelHparams& hp, int n_ctx, int n_slots) {
   if (n_slots < 1) return make_error(ErrorCode::kInvalidArgument, "state slots: need at least one slot");
   if (n_ctx < 1 || (hp.n_ctx_train > 0 && static_cast<uint32_t>(n_ctx) > hp.n_ctx_train)) {

@@ -49,6 +49,9 @@ class StateSlots {
   // that is known). kResourceExhausted (naming the bytes needed and free) when the device cannot hold them.
   // The slots start zeroed.
   static Expected<StateSlots> create(const ModelHparams& hp, int n_ctx, int n_slots);
+  // The device bytes create() allocates for these slots (their state; the small pointer tables aside), without
+  // allocating; 0 for arguments create() refuses.
+  static uint64_t bytes_for(const ModelHparams& hp, int n_ctx, int n_slots);
 
   StateSlots(StateSlots&& other) noexcept;
   StateSlots& operator=(StateSlots&& other) noexcept;
