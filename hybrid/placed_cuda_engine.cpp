@@ -1,0 +1,70 @@
+// make_placed_cuda_engine (placed_cuda_engine.h).
+#include "hybrid/placed_cuda_engine.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+#include "core/base/byte_size.h"
+#include "core/engine/expert_backend.h"
+#include "cpu/expert_backend.h"
+#include "cpu/read_bandwidth.h"
+#include "cpu/worker_pool.h"
+
+namespace kestrel::hybrid {
+namespace {
+
+// The host read for the cost model: 512 MiB twice, on as many threads as the backend will use.
+Expected<double> host_read(int32_t threads) {
+  const int n = threads > 0 ? threads : static_cast<int>(cpu::physical_core_cpus().size());
+  KESTREL_TRY_ASSIGN(std::unique_ptr<cpu::WorkerPool> pool, cpu::WorkerPool::create(std::max(n, 1) - 1, true));
+  return cpu::measure_read_bandwidth(*pool, uint64_t{512} << 20, 2);
+}
+
+}  // namespace
+
+Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedEngineOptions& options) {
+  KESTREL_TRY_ASSIGN(const PlacementChoice choice, parse_placement_flags(options.placement));
+  PlacementRequest req;
+  req.has_gpu = true;
+  req.n_cpu_moe = choice.n_cpu_moe;
+  req.overrides = choice.overrides;
+  std::string budget_text;
+  if (choice.auto_budget) {
+    KESTREL_TRY_ASSIGN(req.gpu_budget, gpu::cuda_auto_weight_budget(model, options.cuda));
+    budget_text = format_byte_size(req.gpu_budget) + " (auto: free GPU memory less the sessions' state, the scratch " +
+                  "and " + format_byte_size(gpu::kCudaHeadroomBytes) + " of headroom)";
+  } else {
+    req.gpu_budget = choice.gpu_budget;
+    budget_text = format_byte_size(req.gpu_budget);
+  }
+  KESTREL_TRY_ASSIGN(req.gpu_read_bytes_per_s, gpu::cuda_read_bandwidth(options.cuda.device));
+  KESTREL_TRY_ASSIGN(req.host_read_bytes_per_s, host_read(options.cpu_threads));
+  const PlannerModel planner = planner_model(model.catalog());
+  PlacedEngine out;
+  KESTREL_TRY_ASSIGN(out.decision, plan_placement(planner, req));
+
+  gpu::CudaEngineOptions cuda = options.cuda;
+  cuda.placement = out.decision;
+  const ExpertSet host = ExpertSet::on_device(out.decision, WeightDevice::kHost);
+  std::string backend_text;
+  if (host.count() > 0) {
+    cpu::CpuExpertBackendOptions bo;
+    bo.threads = options.cpu_threads;
+    bo.activations = options.activations;
+    KESTREL_TRY_ASSIGN(std::unique_ptr<cpu::CpuExpertBackend> backend, cpu::make_cpu_expert_backend(model, host, bo));
+    backend_text = "  expert backend (the host's routed experts): cpu, " + backend->summary();
+    cuda.expert_backend = std::move(backend);
+  }
+  KESTREL_TRY_ASSIGN(out.engine, gpu::make_cuda_engine(model, cuda));
+
+  char head[256];
+  std::snprintf(head, sizeof head, "placement plan (GPU budget %s; GPU read %.0f GB/s, host read %.1f GB/s, measured):",
+                budget_text.c_str(), req.gpu_read_bytes_per_s / 1e9, req.host_read_bytes_per_s / 1e9);
+  out.plan.emplace_back(head);
+  for (std::string& line : describe_placement(planner, out.decision, true)) out.plan.push_back(std::move(line));
+  if (!backend_text.empty()) out.plan.push_back(backend_text);
+  return out;
+}
+
+}  // namespace kestrel::hybrid
