@@ -155,6 +155,7 @@ Expected<Daemon> build(const DaemonConfig& config) {
   for (const PlacementEntry& p : d.engine->placement().entries) {
     spdlog::info("placement: {:<16} {:<8} {:.1f} MB", p.component, p.device, static_cast<double>(p.bytes) / 1e6);
   }
+  if (!d.engine->placement().summary.empty()) spdlog::info("placement: {}", d.engine->placement().summary);
   KESTREL_TRY_ASSIGN(d.service, make_service(*d.model, *d.engine, limits));
   const ServiceLimits in_force = d.service->limits();
   spdlog::info("limits: {} sessions, {} queued steps, n_ctx {} (max {}), {} tokens per tick, idle TTL {} s",

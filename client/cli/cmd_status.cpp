@@ -79,6 +79,7 @@ void print_text(const std::string& uri, const std::string& transport, const v1::
     std::printf("  %-*s  %-8s  %10s  %6s\n", static_cast<int>(width), p.component().c_str(), p.device().c_str(),
                 format_bytes(p.bytes()).c_str(), format_percent(p.bytes(), total).c_str());
   }
+  if (!mi->placement_summary().empty()) std::printf("  %s\n", mi->placement_summary().c_str());
 }
 
 int run_status(const StatusOptions& o) {

@@ -381,6 +381,17 @@ std::string placement_summary(const PlannerModel& model, const PlacementDecision
   return (routed.empty() ? std::string() : routed + "; ") + "predicted decode " + predicted_line(d);
 }
 
+std::vector<std::string> split_tensor_overrides(std::string_view list) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t end = std::min(list.find(';', at), list.size());
+    if (end > at) out.emplace_back(list.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
 Expected<PlacementChoice> parse_placement_flags(const PlacementFlags& flags) {
   PlacementChoice c;
   if (lower(flags.gpu_memory) != "auto") {

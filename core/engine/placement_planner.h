@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/base/expected.h"
@@ -136,6 +137,10 @@ struct PlacementFlags {
   int32_t n_cpu_moe = 0;               // the routed experts of the first N MoE layers stay on the host
   std::vector<std::string> overrides;  // REGEX=cpu|gpu (parse_tensor_override), the last matching one wins
 };
+
+// "A=cpu;B=gpu" → {"A=cpu", "B=gpu"}: several overrides in one value (kestreld's --override-tensor and its config
+// key hold one string; a regular expression rarely needs a ';'). Empty pieces are dropped.
+std::vector<std::string> split_tensor_overrides(std::string_view list);
 
 // The flags parsed. kInvalidArgument naming the bad flag.
 struct PlacementChoice {

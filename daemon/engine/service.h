@@ -59,6 +59,7 @@ struct ModelInfo {
   int32_t n_layer = 0, n_embd = 0, n_expert = 0, n_expert_used = 0;
   std::string device;                     // the engine's PlacementPlan::device
   std::vector<PlacementEntry> placement;  // core/engine/engine.h
+  std::string placement_summary;          // PlacementPlan::summary
   uint64_t file_bytes = 0;
   std::string chat_template;  // tokenizer.chat_template; empty: none
 };

@@ -59,6 +59,7 @@ ServiceImpl::ServiceImpl(const Model& model, Engine& engine, const ServiceLimits
   info_.n_expert_used = static_cast<int32_t>(hp.n_expert_used);
   info_.device = engine_.placement().device;
   info_.placement = engine_.placement().entries;
+  info_.placement_summary = engine_.placement().summary;
   info_.file_bytes = model_.file().file_size();
   info_.chat_template = model_.tokenizer().vocab().chat_template;
 }

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <system_error>
 
+#include "core/engine/placement_planner.h"
+
 namespace kestrel::daemon::ops {
 
 namespace {
@@ -292,10 +294,41 @@ const std::vector<ConfigKey> kKeys = {
     {"cuda", "device", "--cuda-device", "N", "CUDA engine: the device ordinal (default 0)", ConfigValueKind::kInteger,
      [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cuda.device, v, 0, 1024); },
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.device}; }},
+    {"cuda", "gpu_memory", "--gpu-memory", "BYTES|auto",
+     "CUDA engine: GPU memory the weights may take (12G, 512MiB, bytes); the routed experts that do not fit run on "
+     "the CPU. auto (the default): what the device has free less the sessions' state, the scratch and a headroom",
+     ConfigValueKind::kString,
+     [](DaemonConfig& c, const ConfigValue& v) -> Status {
+       KESTREL_TRY_ASSIGN(std::string text, as_string(v));
+       PlacementFlags f;
+       f.gpu_memory = text;
+       if (auto parsed = parse_placement_flags(f); !parsed) return bad(parsed.error().message);
+       c.cuda.gpu_memory = text;
+       return ok_status();
+     },
+     [](const DaemonConfig& c) -> ConfigValue { return c.cuda.gpu_memory; }},
+    {"cuda", "n_cpu_moe", "--n-cpu-moe", "N",
+     "CUDA engine: keep the routed experts of the first N MoE layers on the CPU (0-100000; default 0)",
+     ConfigValueKind::kInteger,
+     [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cuda.n_cpu_moe, v, 0, 100000); },
+     [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.n_cpu_moe}; }},
+    {"cuda", "override_tensor", "--override-tensor", "REGEX=cpu|gpu[;...]",
+     "CUDA engine: put the routed experts of the layers whose expert tensors match REGEX on the CPU or the GPU "
+     "(several separated by ';', the last match wins; names as in `kestrel inspect --plan`); default none",
+     ConfigValueKind::kString,
+     [](DaemonConfig& c, const ConfigValue& v) -> Status {
+       KESTREL_TRY_ASSIGN(std::string text, as_string(v));
+       PlacementFlags f;
+       f.overrides = split_tensor_overrides(text);
+       if (auto parsed = parse_placement_flags(f); !parsed) return bad(parsed.error().message);
+       c.cuda.override_tensor = text;
+       return ok_status();
+     },
+     [](const DaemonConfig& c) -> ConfigValue { return c.cuda.override_tensor; }},
     // [cpu]
     {"cpu", "threads", "--threads", "N",
-     "CPU engine: compute threads, the engine loop's own included, pinned one per core (0-1024; default 0: one per "
-     "physical core)",
+     "CPU engine (and the CUDA engine's routed experts on the CPU): compute threads, the engine loop's own included, "
+     "pinned one per core (0-1024; default 0: one per physical core)",
      ConfigValueKind::kInteger,
      [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cpu.threads, v, 0, 1024); },
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cpu.threads}; }},

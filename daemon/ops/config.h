@@ -7,7 +7,7 @@
 //   cache_dir = ""                   # empty = default_cache_dir() (default_paths.h)
 //   [listen]  socket, socket_mode, shm_socket, tcp, http
 //   [http]    api_key, api_key_file, served_model_name, max_body_bytes, max_concurrent_requests, max_connections
-//   [cuda]    slots, device
+//   [cuda]    slots, device, gpu_memory, n_cpu_moe, override_tensor
 //   [cpu]     threads
 //   [limits]  max_sessions, max_queued_steps, default_n_ctx, max_session_ctx, max_batch_tokens, idle_ttl_s,
 //             max_idle_ttl_s                                  (daemon::ServiceLimits)
@@ -53,10 +53,16 @@ struct HttpConfig {
   uint32_t max_connections = 512;
 };
 
-// [cuda]: the CUDA engine's sizes (engine = cuda, or auto on a machine with a device).
+// [cuda]: the CUDA engine's sizes and placement (engine = cuda, or auto on a machine with a device).
 struct CudaConfig {
   uint32_t slots = 16;  // sessions resident on the device at once (each holds max_session_ctx tokens of KV)
   uint32_t device = 0;  // CUDA device ordinal
+  // Placement (core/engine/placement_planner.h, hybrid/placed_cuda_engine.h): the weights' GPU budget (BYTES or
+  // auto), the MoE layers whose routed experts stay on the host, and per-tensor overrides "REGEX=cpu|gpu[;...]".
+  // The host experts run on [cpu] threads workers.
+  std::string gpu_memory = "auto";
+  uint32_t n_cpu_moe = 0;
+  std::string override_tensor;
 };
 
 // [cpu]: the CPU engine's workers (engine = cpu, or auto on a machine without a usable CUDA device).

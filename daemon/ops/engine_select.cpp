@@ -5,10 +5,12 @@
 
 #include <algorithm>
 
+#include "core/engine/placement_planner.h"
 #include "core/engine/reference_engine.h"
 #include "cpu/cpu_engine.h"
 #ifdef KESTREL_WITH_CUDA
 #include "gpu/engine/cuda_engine.h"
+#include "hybrid/placed_cuda_engine.h"
 #endif
 
 namespace kestrel::daemon::ops {
@@ -57,7 +59,12 @@ Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const 
     return std::unique_ptr<Engine>(std::move(e));
   }
 #ifdef KESTREL_WITH_CUDA
-  gpu::CudaEngineOptions o;
+  hybrid::PlacedEngineOptions po;
+  po.placement.gpu_memory = config.cuda.gpu_memory;
+  po.placement.n_cpu_moe = static_cast<int32_t>(config.cuda.n_cpu_moe);
+  po.placement.overrides = split_tensor_overrides(config.cuda.override_tensor);
+  po.cpu_threads = static_cast<int32_t>(config.cpu.threads);
+  gpu::CudaEngineOptions& o = po.cuda;
   const ModelHparams& hp = model.hparams();
   int32_t ctx = limits->max_session_ctx;
   if (hp.n_ctx_train > 0) ctx = std::min<int32_t>(ctx, static_cast<int32_t>(hp.n_ctx_train));
@@ -70,7 +77,9 @@ Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const 
     if (percent / 10 != last / 10 && progress) progress(percent);
     last = percent;
   };
-  KESTREL_TRY_ASSIGN(std::unique_ptr<gpu::CudaEngine> e, gpu::make_cuda_engine(model, o));
+  KESTREL_TRY_ASSIGN(hybrid::PlacedEngine placed, hybrid::make_placed_cuda_engine(model, po));
+  for (const std::string& line : placed.plan) spdlog::info("{}", line);
+  std::unique_ptr<gpu::CudaEngine> e = std::move(placed.engine);
   if (limits->max_sessions > static_cast<uint32_t>(o.max_slots)) {
     spdlog::info("cuda: max_sessions lowered from {} to the engine's {} slots (cuda.slots)", limits->max_sessions,
                  o.max_slots);

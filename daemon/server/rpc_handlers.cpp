@@ -214,6 +214,7 @@ RpcStatus RpcHandlers::get_model_info(const v1::GetModelInfoRequest& /*request*/
     e->set_device(p.device);
     e->set_bytes(p.bytes);
   }
+  out->set_placement_summary(m.placement_summary);
   out->set_file_bytes(m.file_bytes);
   out->set_model_path(utf8_sanitize(m.model_path));
   out->set_chat_template(utf8_sanitize(m.chat_template));

@@ -306,6 +306,12 @@ TEST(PlacementPlanner, ParsesPlacementFlags) {
   EXPECT_EQ(parse_placement_flags(bad_override).error().code, ErrorCode::kInvalidArgument);
 }
 
+TEST(PlacementPlanner, SplitsOverrideLists) {
+  EXPECT_EQ(split_tensor_overrides("a=cpu;b{1,2}=gpu"), (std::vector<std::string>{"a=cpu", "b{1,2}=gpu"}));
+  EXPECT_EQ(split_tensor_overrides(";a=cpu;;"), (std::vector<std::string>{"a=cpu"}));
+  EXPECT_TRUE(split_tensor_overrides("").empty());
+}
+
 TEST(PlacementPlanner, DescribesThePlan) {
   const PlannerModel m = model_35b_q4_0();
   PlacementRequest r = gpu_request(uint64_t{1} << 40);
