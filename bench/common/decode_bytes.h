@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "core/model/model.h"
 
@@ -31,6 +32,31 @@ inline double decode_step_bytes(const Model& m, int B, int pos) {
   const double kv = 2.0 * hp.n_head_kv * hp.head_dim * 4.0 * pos;
   bytes += B * (2.0 * gdn_state * hp.n_gdn_layers() + kv * hp.n_attn_layers());
   return bytes;
+}
+
+// decode_step_bytes split by where the weights live when only the routed experts marked in expert_on_gpu
+// ([n_layer][n_expert], PlacementDecision::expert_on_gpu; empty: all) are on the GPU: the host reads the touched host
+// experts (uniform routing: each expert is touched by B tokens with probability 1 − (1 − k/E)^B), the GPU the rest.
+struct StepBytes {
+  double gpu = 0;
+  double host = 0;
+};
+inline StepBytes decode_step_split(const Model& m, int B, int pos, const std::vector<std::vector<uint8_t>>& on_gpu) {
+  StepBytes s;
+  s.gpu = decode_step_bytes(m, B, pos);
+  const WeightCatalog& c = m.catalog();
+  const ModelHparams& hp = m.hparams();
+  if (!hp.is_moe() || on_gpu.empty()) return s;
+  uint32_t moe_layers = 0;
+  for (const LayerWeights& l : c.layers()) moe_layers += l.ffn.is_moe() ? 1 : 0;
+  const double E = hp.n_expert, k = hp.n_expert_used;
+  const double per_expert = static_cast<double>(c.bytes_in(PlacementClass::kRoutedExperts)) / (moe_layers * E);
+  const double touched = 1.0 - std::pow(1.0 - k / E, B);
+  for (const std::vector<uint8_t>& row : on_gpu) {
+    for (uint8_t g : row) s.host += g == 0 ? touched * per_expert : 0.0;
+  }
+  s.gpu -= s.host;
+  return s;
 }
 
 // The bytes a prompt pass over n_tok tokens of one session reads at least: every weight but the embedding table,

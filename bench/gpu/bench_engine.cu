@@ -4,6 +4,12 @@
 // (GDN, attention, MoE, dense FFN, lm_head with the logits copy, the rest), so the next speed work is chosen by it.
 //
 //   bench_engine --model M.gguf [--sessions 1,8,32] [--steps 64] [--prompt 32] [--no-pdl]
+//                [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]... [--threads N]
+//
+// With a placement flag the engine is built as kestreld builds it (hybrid/placed_cuda_engine.h): the routed experts
+// the plan leaves on the host run on --threads CPU workers (0: one per physical core), the plan is printed, and the
+// roofline becomes GPU bytes ÷ the GPU read + host bytes ÷ the host read (measured in the same run with the same
+// thread count; bench/common/decode_bytes.h decode_step_split). Without one every weight is on the GPU.
 //
 // A step is one Engine::step() of one token for each of B sessions, timed on the host around the call (what a
 // caller waits for: the graph launch, the kernels, the copy back). Tokens are fixed ids, every session at its own
@@ -21,8 +27,10 @@
 #include "bench/common/decode_bytes.h"
 #include "bench/gpu/device_timing.cuh"
 #include "core/engine/engine.h"
+#include "core/engine/placement_planner.h"
 #include "core/model/model.h"
 #include "gpu/engine/cuda_engine.h"
+#include "hybrid/placed_cuda_engine.h"
 
 namespace kestrel::gpu::bench {
 namespace {
@@ -33,6 +41,9 @@ struct Args {
   int steps = 64;
   int prompt = 32;
   bool programmatic = true;
+  bool placed = false;  // a placement flag was given
+  PlacementFlags placement;
+  int threads = 0;
 };
 
 bool parse(int argc, char** argv, Args* a) {
@@ -48,6 +59,17 @@ bool parse(int argc, char** argv, Args* a) {
       a->prompt = std::atoi(v);
     } else if (k == "--no-pdl") {
       a->programmatic = false;
+    } else if (k == "--gpu-memory" && (v = val())) {
+      a->placement.gpu_memory = v;
+      a->placed = true;
+    } else if (k == "--n-cpu-moe" && (v = val())) {
+      a->placement.n_cpu_moe = std::atoi(v);
+      a->placed = true;
+    } else if ((k == "--override-tensor" || k == "-o") && (v = val())) {
+      a->placement.overrides.emplace_back(v);
+      a->placed = true;
+    } else if (k == "--threads" && (v = val())) {
+      a->threads = std::atoi(v);
     } else if (k == "--sessions" && (v = val())) {
       a->sessions.clear();
       for (const char* p = v; *p;) {
@@ -73,7 +95,22 @@ Status run(const Args& a) {
   o.n_ctx = a.prompt + 3 * a.steps + 64;
   o.tuning.programmatic = a.programmatic;
   const auto t0 = std::chrono::steady_clock::now();
-  KESTREL_TRY_ASSIGN(std::unique_ptr<CudaEngine> e, make_cuda_engine(*model, o));
+  std::unique_ptr<CudaEngine> e;
+  std::vector<std::vector<uint8_t>> on_gpu;  // empty: every expert on the GPU
+  double host_bw = 0;
+  if (a.placed) {
+    hybrid::PlacedEngineOptions po;
+    po.cuda = o;
+    po.placement = a.placement;
+    po.cpu_threads = a.threads;
+    KESTREL_TRY_ASSIGN(hybrid::PlacedEngine placed, hybrid::make_placed_cuda_engine(*model, po));
+    for (const std::string& line : placed.plan) std::printf("%s\n", line.c_str());
+    e = std::move(placed.engine);
+    on_gpu = placed.decision.expert_on_gpu;
+    host_bw = placed.decision.host_read_bytes_per_s;
+  } else {
+    KESTREL_TRY_ASSIGN(e, make_cuda_engine(*model, o));
+  }
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("model %s: %s, %u layers, vocab %u; %.2f GB on the device, loaded in %.1f s\n", a.model.c_str(),
               std::string(arch_name(hp.arch)).c_str(), hp.n_layer, hp.n_vocab, e->weight_bytes() / 1e9, load_s);
@@ -81,8 +118,8 @@ Status run(const Args& a) {
   const double bw = setup.lim.peak_read_gbs * 1e9;
 
   std::printf(
-      "\n| sessions | step ms | tokens/s | roofline tokens/s | of roofline | GB read per step | tokens/s with "
-      "logits copied |\n");
+      "\n| sessions | step ms | tokens/s | roofline tokens/s | of roofline | GB read per step (GPU / host) | tokens/s "
+      "with logits copied |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::vector<std::string> splits;
   std::vector<float> logits(size_t(max_b) * hp.n_vocab);
@@ -123,10 +160,10 @@ Status run(const Args& a) {
     (void)warm_s;
     KESTREL_TRY_ASSIGN(const double step_s, decode(a.steps));
     KESTREL_TRY_ASSIGN(const double sampled_s, decode(a.steps / 2, /*greedy=*/false));
-    const double bytes = kestrel::bench::decode_step_bytes(*model, B, a.prompt + a.steps);
-    const double roof = B / (bytes / bw);
-    std::printf("| %d | %.3f | %.0f | %.0f | %.1f%% | %.2f | %.0f |\n", B, step_s * 1e3, B / step_s, roof,
-                100.0 * (B / step_s) / roof, bytes / 1e9, B / sampled_s);
+    const kestrel::bench::StepBytes bytes = kestrel::bench::decode_step_split(*model, B, a.prompt + a.steps, on_gpu);
+    const double roof = B / (bytes.gpu / bw + (bytes.host > 0 ? bytes.host / host_bw : 0.0));
+    std::printf("| %d | %.3f | %.0f | %.0f | %.1f%% | %.2f / %.2f | %.0f |\n", B, step_s * 1e3, B / step_s, roof,
+                100.0 * (B / step_s) / roof, bytes.gpu / 1e9, bytes.host / 1e9, B / sampled_s);
 
     KESTREL_TRY(e->set_profiling(true));
     e->clear_profile();
@@ -162,7 +199,9 @@ int main(int argc, char** argv) {
   kestrel::gpu::bench::Args a;
   if (!kestrel::gpu::bench::parse(argc, argv, &a)) {
     std::fprintf(stderr,
-                 "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--no-pdl]\n");
+                 "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--no-pdl]\n"
+                 "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...\n"
+                 "                    [--threads N]\n");
     return 2;
   }
   return kestrel::gpu::bench::exit_status("bench_engine", kestrel::gpu::bench::run(a));

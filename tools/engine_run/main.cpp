@@ -2,10 +2,13 @@
 // CUDA and CMake alone (the lent GPU machine) and for comparing engines on a file:
 //
 //   kestrel-engine-run --model M.gguf --engine cuda --prompt "Hello" -n 32 [--temp 0 --seed 1] [--ctx 4096]
+//   kestrel-engine-run --model M.gguf --engine cuda --gpu-memory 12G [--n-cpu-moe 20] [--override-tensor RE=cpu]...
 //   kestrel-engine-run --model M.gguf --engine cpu --threads 16 ...   (KESTREL_CPU_ISA=scalar|avx2 lowers the ISA)
 //
-// Prints the prompt and the generated text as it streams, then prefill and decode tokens/s on stderr. Greedy by
-// default. Exit status 0, 1 on an error (one line naming it), 2 on a bad command line.
+// The CUDA engine is placed as kestreld places it (hybrid/placed_cuda_engine.h): the routed experts that the GPU
+// budget (--gpu-memory, default auto), --n-cpu-moe and --override-tensor leave on the host run on --threads CPU
+// workers; the plan goes to stderr. Prints the prompt and the generated text as it streams, then prefill and decode
+// tokens/s on stderr. Greedy by default. Exit status 0, 1 on an error (one line naming it), 2 on a bad command line.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -14,12 +17,14 @@
 #include <vector>
 
 #include "core/engine/engine.h"
+#include "core/engine/placement_planner.h"
 #include "core/engine/reference_engine.h"
 #include "core/model/model.h"
 #include "core/sampler/sampler.h"
 #include "cpu/cpu_engine.h"
 #ifdef KESTREL_WITH_CUDA
 #include "gpu/engine/cuda_engine.h"
+#include "hybrid/placed_cuda_engine.h"
 #endif
 
 namespace {
@@ -35,7 +40,8 @@ int fail(const std::string& what) {
   return 1;
 }
 
-Expected<std::unique_ptr<Engine>> make(const std::string& name, const Model& m, int ctx, int threads) {
+Expected<std::unique_ptr<Engine>> make(const std::string& name, const Model& m, int ctx, int threads,
+                                       const PlacementFlags& placement) {
   if (name == "reference") return make_reference_engine(m, 1);
   if (name == "cpu") {
     cpu::CpuEngineOptions o;
@@ -47,15 +53,20 @@ Expected<std::unique_ptr<Engine>> make(const std::string& name, const Model& m, 
     return std::unique_ptr<Engine>(std::move(e));
   }
 #ifdef KESTREL_WITH_CUDA
-  gpu::CudaEngineOptions o;
-  o.max_slots = 1;
-  o.n_ctx = ctx;
-  KESTREL_TRY_ASSIGN(std::unique_ptr<gpu::CudaEngine> e, gpu::make_cuda_engine(m, o));
+  hybrid::PlacedEngineOptions o;
+  o.cuda.max_slots = 1;
+  o.cuda.n_ctx = ctx;
+  o.placement = placement;
+  o.cpu_threads = threads;
+  KESTREL_TRY_ASSIGN(hybrid::PlacedEngine placed, hybrid::make_placed_cuda_engine(m, o));
+  for (const std::string& line : placed.plan) std::fprintf(stderr, "%s\n", line.c_str());
+  std::unique_ptr<gpu::CudaEngine> e = std::move(placed.engine);
   std::fprintf(stderr, "cuda: %.2f GB weights; %s\n", static_cast<double>(e->weight_bytes()) / 1e9,
                e->layout_summary().c_str());
   return std::unique_ptr<Engine>(std::move(e));
 #else
   (void)ctx;
+  (void)placement;
   return make_error(ErrorCode::kFailedPrecondition, "this build has no CUDA engine");
 #endif
 }
@@ -71,8 +82,20 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   app.add_option("--model", model_path, "GGUF model")->required();
   app.add_option("--engine", engine_name, "cuda, cpu or reference")->check(CLI::IsMember({"cuda", "cpu", "reference"}));
-  app.add_option("--threads", threads, "cpu engine: compute threads (0: one per physical core)")
+  app.add_option("--threads", threads,
+                 "cpu engine, and the cuda engine's routed experts on the CPU: compute threads (0: one per physical "
+                 "core)")
       ->check(CLI::Range(0, 4096));
+  PlacementFlags placement;
+  app.add_option("--gpu-memory", placement.gpu_memory,
+                 "cuda engine: GPU memory for weights (12G, 512MiB, bytes, or auto: free memory less state, scratch "
+                 "and headroom); routed experts that do not fit run on the CPU");
+  app.add_option("--n-cpu-moe", placement.n_cpu_moe,
+                 "cuda engine: keep the routed experts of the first N MoE layers on the CPU")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--override-tensor,-o", placement.overrides,
+                 "cuda engine: REGEX=cpu|gpu puts the routed experts of the layers whose expert tensors match on that "
+                 "device (repeatable, the last match wins)");
   app.add_option("--prompt", prompt, "prompt text (special tokens such as <|im_start|> are parsed)");
   app.add_option("-n,--n-predict", n_predict, "tokens to generate")->check(CLI::Range(0, 1 << 20));
   app.add_option("--ctx", ctx, "the session's context")->check(CLI::Range(1, 1 << 24));
@@ -84,7 +107,7 @@ int main(int argc, char** argv) {
   auto model = Model::open(model_path);
   if (!model) return fail(model.error().to_string());
   const Model& m = **model;
-  auto engine = make(engine_name, m, ctx, threads);
+  auto engine = make(engine_name, m, ctx, threads, placement);
   if (!engine) return fail(engine.error().to_string());
   Engine& e = **engine;
   auto slot = e.slot_alloc(ctx);
