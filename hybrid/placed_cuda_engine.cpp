@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 #include <utility>
 
 #include "core/base/byte_size.h"
@@ -25,6 +26,9 @@ Expected<double> host_read(int32_t threads) {
 
 Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedEngineOptions& options) {
   KESTREL_TRY_ASSIGN(const PlacementChoice choice, parse_placement_flags(options.placement));
+  if (std::string why = gpu::cuda_unavailable_reason(); !why.empty()) {
+    return make_error(ErrorCode::kFailedPrecondition, "the CUDA engine cannot start: " + why);
+  }
   PlacementRequest req;
   req.has_gpu = true;
   req.n_cpu_moe = choice.n_cpu_moe;

@@ -161,6 +161,22 @@ TEST_P(StateSlotsTest, DevicePointerTablesAddressEverySlot) {
   }
 }
 
+// bytes_for (the auto GPU budget's state term) is what create() allocates, for several contexts and slot counts.
+TEST_P(StateSlotsTest, BytesForIsWhatCreateAllocates) {
+  KESTREL_REQUIRE_DEVICE();
+  const ModelHparams hp = kestrel::test::tiny_hparams(GetParam());
+  for (const int ctx : {1, kCtx, 1000}) {
+    for (const int n : {1, 3}) {
+      auto slots = StateSlots::create(hp, ctx, n);
+      ASSERT_TRUE(slots) << slots.error().to_string();
+      EXPECT_EQ(StateSlots::bytes_for(hp, ctx, n), slots->bytes_per_slot() * static_cast<uint64_t>(n))
+          << "n_ctx " << ctx << ", " << n << " slots";
+    }
+  }
+  EXPECT_EQ(StateSlots::bytes_for(hp, kCtx, 0), 0u);
+  EXPECT_EQ(StateSlots::bytes_for(hp, 0, 1), 0u);
+}
+
 TEST_P(StateSlotsTest, ErrorsAreRefused) {
   KESTREL_REQUIRE_DEVICE();
   const ModelHparams hp = kestrel::test::tiny_hparams(GetParam());

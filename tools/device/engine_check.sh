@@ -8,6 +8,11 @@
 #   cpubench  bench_cpu_gemv and bench_cpu_engine (all physical cores) on the Q4_0 and the Q4_K_M 35B-A3B files
 #   daemon  kestreld --engine cuda on the Q4_0 35B-A3B file: status, generate over gRPC and shm; then the daemon's
 #           integration tests with KESTREL_ITEST_ENGINE=cuda (their default tiny model)
+#   hybrid  routed experts on the CPU (issue 32): test_moe_hybrid, test_cuda_hybrid, the CPU expert backend's tests,
+#           then bench_engine on the Q4_0 35B-A3B file at 1 and 32 sessions with --n-cpu-moe 40 (every layer's
+#           experts on the CPU), --n-cpu-moe 20 (half) and --gpu-memory 12G (the planner's choice)
+#   hybrid-daemon  kestreld --engine cuda --gpu-memory 12G on the Q4_0 35B-A3B file: the plan it logs, status,
+#           a generation over gRPC
 # Outputs land in $OUT. The binaries carry this machine's build paths (/work/main/...), so the tree is linked there.
 set -uo pipefail
 export OUT=${OUT:-/tmp/out}
@@ -41,7 +46,8 @@ for step in "$@"; do
       grep -E "^\[  (PASSED|FAILED) " "$OUT/test_cuda_engine.log" ;;
     gputests)
       for t in test_get_rows test_gemv test_gdn_decode test_gemv_imma test_weight_pool test_state_slots test_rms_norm \
-               test_argmax test_attention_decode test_moe test_moe_imma test_cuda_engine; do
+               test_argmax test_attention_decode test_moe test_moe_imma test_moe_hybrid test_cuda_engine \
+               test_cuda_hybrid; do
         mkdir -p /tmp/gputests && log=/tmp/gputests/$t.log
         if $B/$t --gtest_brief=1 >"$log" 2>&1; then r=passed; else r=FAILED; status=1; fi
         echo "$t: $r ($(grep -E '^\[==========\] [0-9]+ tests' "$log" | tail -1 | sed 's/\[==========\] //'))"
@@ -92,6 +98,29 @@ for step in "$@"; do
       kill -TERM $pid; wait $pid; echo "kestreld exited $?"
       KESTREL_ITEST_ENGINE=cuda $B/test_daemon_integration 2>&1 | tee "$OUT/integration.log" | tail -30
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    hybrid)
+      for t in test_moe_hybrid test_cuda_hybrid test_cpu_expert_backend test_cpu_expert_backend_threads; do
+        if $B/$t --gtest_brief=1 >"$OUT/$t.log" 2>&1; then r=passed; else r=FAILED; status=1; fi
+        echo "$t: $r ($(grep -E '^\[==========\] [0-9]+ tests' "$OUT/$t.log" | tail -1 | sed 's/\[==========\] //'))"
+        [ $r = passed ] || grep -E "Failure|FAILED" -A4 "$OUT/$t.log" | head -20
+      done
+      grep -E "greedy tokens equal|hidden max rel diff" "$OUT/test_cuda_hybrid.log" | head -40
+      make_q4 || { status=1; continue; }
+      for p in "--n-cpu-moe 40" "--n-cpu-moe 20" "--gpu-memory 12G"; do
+        echo "-- bench_engine $p"
+        $B/bench_engine --model $model_q4 --sessions 1,32 $p 2>&1 | tee "$OUT/bench_hybrid_${p// /_}.txt" || status=1
+      done ;;
+    hybrid-daemon)
+      make_q4 || { status=1; continue; }
+      d=/tmp/kdh && mkdir -p $d
+      $B/kestreld --engine cuda --gpu-memory 12G --model $model_q4 --socket $d/k.sock --cache-dir $d/cache \
+        --log-format text >"$OUT/kestreld_hybrid.log" 2>&1 &
+      pid=$!
+      for _ in $(seq 1 600); do grep -q "serving" "$OUT/kestreld_hybrid.log" && break; sleep 0.5; done
+      grep -E "placement|cuda:|expert backend|routed experts|predicted" "$OUT/kestreld_hybrid.log" | head -30
+      $B/kestrel status --connect unix://$d/k.sock 2>&1 | tee "$OUT/status_hybrid.txt"
+      $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_hybrid.txt"
+      kill -TERM $pid; wait $pid; echo "kestreld exited $?" ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
 done
