@@ -113,13 +113,14 @@ for step in "$@"; do
     hybrid-daemon)
       make_q4 || { status=1; continue; }
       d=/tmp/kdh && mkdir -p $d
-      $B/kestreld --engine cuda --gpu-memory 12G --model $model_q4 --socket $d/k.sock --cache-dir $d/cache \
-        --log-format text >"$OUT/kestreld_hybrid.log" 2>&1 &
+      $B/kestreld --engine cuda --gpu-memory 12G --model $model_q4 --socket $d/k.sock --shm-socket $d/k-shm.sock \
+        --cache-dir $d/cache --log-format text >"$OUT/kestreld_hybrid.log" 2>&1 &
       pid=$!
       for _ in $(seq 1 600); do grep -q "serving" "$OUT/kestreld_hybrid.log" && break; sleep 0.5; done
       grep -E "placement|cuda:|expert backend|routed experts|predicted" "$OUT/kestreld_hybrid.log" | head -30
       $B/kestrel status --connect unix://$d/k.sock 2>&1 | tee "$OUT/status_hybrid.txt"
       $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_hybrid.txt"
+      $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee -a "$OUT/generate_hybrid.txt"
       kill -TERM $pid; wait $pid; echo "kestreld exited $?" ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
