@@ -78,9 +78,10 @@ class CudaEngineImpl final : public CudaEngine {
   EngineCapabilities capabilities() const override {
     EngineCapabilities c;
     c.max_items_per_pass = kPassMaxTokens;
-    // A prompt runs a token per pass: 16 per tick bound how long it holds the other sessions' next token (16 passes)
-    // and cost its own prefill nothing (the passes are the same, spread over ticks).
-    c.max_tokens_per_item = 16;
+    // With runs, a prompt's chunk of kPassMaxTokens tokens fills one pass beside the decode tokens of a tick (two
+    // passes when others decode), so a prompt holds the others' next token back by about one pass. Without them a
+    // prompt runs a token per pass: 16 a tick bound the wait to 16 passes.
+    c.max_tokens_per_item = pass_->supports_runs() ? kPassMaxTokens : 16;
     c.max_slot_ctx = n_ctx_;
     return c;
   }
@@ -222,7 +223,8 @@ class CudaEngineImpl final : public CudaEngine {
     return make_error(ErrorCode::kInvalidArgument, "slot " + std::to_string(slot) + " is not allocated");
   }
 
-  // Runs the valid items in groups of kPassMaxTokens, a pass per token index.
+  // Runs the valid items in groups of kPassMaxTokens items, passes of up to kPassMaxTokens rows each until every
+  // item's tokens have run: a row per item with tokens left, the rest of the pass to the items with more (runs).
   void run_tick(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out, std::vector<float>* hidden) {
     const ModelHparams& hp = model_.hparams();
     const size_t layer_floats = size_t{hp.n_layer} * hp.n_embd;
@@ -253,31 +255,51 @@ class CudaEngineImpl final : public CudaEngine {
     std::vector<PassRow> rows;
     std::vector<size_t> row_item;
     std::vector<float> pass_hidden;
+    const bool runs = pass_->supports_runs();
     for (size_t g0 = 0; g0 < ok.size(); g0 += kPassMaxTokens) {
       const size_t g1 = std::min(ok.size(), g0 + kPassMaxTokens);
-      size_t longest = 0;
-      for (size_t g = g0; g < g1; ++g) longest = std::max(longest, items[ok[g]].tokens.size());
+      // Tokens of each item already passed, and those the next pass takes.
+      std::vector<size_t> done(g1 - g0, 0), take(g1 - g0, 0);
       Status st = ok_status();
-      for (size_t t = 0; t < longest && st; ++t) {
-        // Rows that want logits (the item's last token) first: lm_head runs only for the leading rows.
+      while (st) {
+        // Every item with tokens left gets one row, then (with runs) the rows left over go to the items with more,
+        // in item order: a decode token never waits behind a prompt for more than the pass they share.
+        size_t room = kPassMaxTokens;
+        bool any = false;
+        for (size_t g = g0; g < g1; ++g) {
+          const size_t left = items[ok[g]].tokens.size() - done[g - g0];
+          take[g - g0] = left > 0 ? 1 : 0;
+          room -= take[g - g0];
+          any = any || left > 0;
+        }
+        if (!any) break;
+        for (size_t g = g0; g < g1 && runs && room > 0; ++g) {
+          const size_t extra = std::min(items[ok[g]].tokens.size() - done[g - g0] - take[g - g0], room);
+          take[g - g0] += extra;
+          room -= extra;
+        }
+        // Rows that want logits (an item's last token) first: lm_head runs only for the leading rows.
         rows.clear();
         row_item.clear();
         for (int want = 1; want >= 0; --want) {
           for (size_t g = g0; g < g1; ++g) {
             const size_t i = ok[g];
             const EngineStepItem& it = items[i];
-            if (t >= it.tokens.size() || (t + 1 == it.tokens.size()) != (want == 1)) continue;
             const SlotInfo& s = slot_info_[static_cast<size_t>(it.slot)];
-            PassRow r;
-            r.slot = it.slot;
-            r.token = it.tokens[t];
-            r.position = static_cast<int32_t>(s.n_past + static_cast<int64_t>(t));
-            r.logits = want == 1 && !it.argmax_only ? out[i].logits.data() : nullptr;
-            r.argmax = want == 1 ? &out[i].argmax : nullptr;
-            rows.push_back(r);
-            row_item.push_back(i);
+            for (size_t t = done[g - g0]; t < done[g - g0] + take[g - g0]; ++t) {
+              if ((t + 1 == it.tokens.size()) != (want == 1)) continue;
+              PassRow r;
+              r.slot = it.slot;
+              r.token = it.tokens[t];
+              r.position = static_cast<int32_t>(s.n_past + static_cast<int64_t>(t));
+              r.logits = want == 1 && !it.argmax_only ? out[i].logits.data() : nullptr;
+              r.argmax = want == 1 ? &out[i].argmax : nullptr;
+              rows.push_back(r);
+              row_item.push_back(i);
+            }
           }
         }
+        for (size_t g = g0; g < g1; ++g) done[g - g0] += take[g - g0];
         const bool capture = hidden != nullptr;
         if (capture) pass_hidden.assign(rows.size() * layer_floats, 0.0f);
         st = pass_->run(rows, capture ? pass_hidden.data() : nullptr);

@@ -83,7 +83,10 @@ Status attention_decode(const AttnDecodeDims& dims, const KvSlotTable& cache, in
 // The same launches for a call captured once and replayed (a CUDA graph): slot ids and positions are read only from
 // the device, and the launch shape comes from n_seq and max_position, a bound on every position (e.g. the cache's
 // n_ctx − 1): blocks past a sequence's own chunks return at once, so the results are the bits attention_decode gives.
-// The caller guarantees what attention_decode checks on the host copies (slots distinct and in range, positions in
+// Rows of one slot at consecutive positions (a prompt's tokens in one pass) are allowed here: every row's K/V is
+// appended before any row attends, so each row sees positions [0, its own] as it would a token at a time, with the
+// same bits (the split depends on the position alone). Otherwise the caller guarantees what attention_decode checks
+// on the host copies (slots in range, positions in
 // [0, min(max_position, cache.n_ctx − 1)]); the workspace must hold attention_decode_workspace_bytes(dims, n_seq,
 // max_position + 1).
 Status attention_decode_device(const AttnDecodeDims& dims, const KvSlotTable& cache, const AttnDecodeArgs& args,

@@ -4,7 +4,8 @@
 //   - logits after a prompt and per-layer residual streams agree within the tolerance below;
 //   - greedy tokens are identical for 64 steps;
 //   - a session's logits are bit-identical alone or in a batch of 8 with others at other positions;
-//   - clone, snapshot and restore continue bit-identically; a bad token or a context overflow leaves the slot alone.
+//   - clone, snapshot and restore continue bit-identically; a bad token or a context overflow leaves the slot alone;
+//   - a prompt run as runs of tokens per pass gives the bits of the same prompt a token per pass.
 //
 // Tolerance: both engines compute in f32 from the same quantized weights and differ only in summation order (GEMV
 // partial sums, block reductions in the norms, attention's online softmax, GEMV v4's exact 7-bit-digit activations
@@ -255,6 +256,53 @@ TEST_P(CudaEngineTest, BatchInvariantCloneSnapshotRestore) {
   EXPECT_EQ(e.check({*a, too_long}).error().code, ErrorCode::kOutOfRange);
   EXPECT_EQ(e.slot_n_past(*a), before);
   EXPECT_EQ(e.slot_alloc(kCtx + 1).error().code, ErrorCode::kOutOfRange);
+}
+
+// A prompt fed as one item runs as runs of up to 32 of its tokens per pass (gdn_runs, attention over rows of one
+// slot); token by token it runs a pass per token on the decode kernels. Both must give the same bits: the logits
+// after the prompt and the whole state (snapshot bytes). A prompt sharing its passes with decode tokens of other
+// sessions leaves theirs as they are alone. And the reference agrees within the tolerance after 75 tokens.
+TEST_P(CudaEngineTest, PromptRunsGiveTheBitsOfTokenByToken) {
+  Engine& e = *cuda_;
+  const std::vector<int32_t> prompt = test::iota_tokens(75, 17, 29);
+  auto a = e.slot_alloc(kCtx);
+  auto b = e.slot_alloc(kCtx);
+  ASSERT_TRUE(a && b);
+  const std::vector<float> whole = test::run_one(e, *a, prompt);
+  std::vector<float> single;
+  for (const int32_t t : prompt) single = test::run_one(e, *b, std::span<const int32_t>(&t, 1));
+  EXPECT_EQ(whole, single) << "a prompt's logits depend on how it was cut into passes";
+  auto sa = e.slot_snapshot(*a);
+  auto sb = e.slot_snapshot(*b);
+  ASSERT_TRUE(sa && sb);
+  EXPECT_TRUE(*sa == *sb) << "a prompt's state depends on how it was cut into passes";
+
+  auto r = ref_->slot_alloc(kCtx);
+  ASSERT_TRUE(r);
+  EXPECT_LE(rel_diff(whole, test::run_one(*ref_, *r, prompt)), kRelTol);
+
+  // Decode tokens of three sessions alone, then the same beside a 40-token prompt of a fourth.
+  std::vector<SlotId> dec;
+  for (int i = 0; i < 3; ++i) {
+    auto s = e.slot_alloc(kCtx);
+    ASSERT_TRUE(s);
+    dec.push_back(*s);
+    test::run_one(e, *s, test::iota_tokens(3 + 5 * i, 50 + i, 7));
+  }
+  auto snap0 = e.slot_snapshot(dec[0]);
+  ASSERT_TRUE(snap0);
+  const int32_t tok[1] = {123};
+  const std::vector<float> alone = test::run_one(e, dec[0], tok);
+  ASSERT_TRUE(e.slot_restore(dec[0], *snap0));
+  auto p = e.slot_alloc(kCtx);
+  ASSERT_TRUE(p);
+  const std::vector<int32_t> long_prompt = test::iota_tokens(40, 3, 11);
+  test::TickResult mixed = test::run_tick(e, {{dec[0], tok}, {*p, long_prompt}, {dec[1], tok}, {dec[2], tok}});
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(mixed.status[static_cast<size_t>(i)]);
+  EXPECT_EQ(mixed.logits[0], alone) << "a decode token's logits depend on a prompt in its passes";
+  auto q = e.slot_alloc(kCtx);
+  ASSERT_TRUE(q);
+  EXPECT_EQ(mixed.logits[1], test::run_one(e, *q, long_prompt)) << "a prompt's logits depend on its tick";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaEngineTest,
