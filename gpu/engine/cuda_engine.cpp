@@ -78,10 +78,11 @@ class CudaEngineImpl final : public CudaEngine {
   EngineCapabilities capabilities() const override {
     EngineCapabilities c;
     c.max_items_per_pass = kPassMaxTokens;
-    // With runs, a prompt's chunk of kPassMaxTokens tokens fills one pass beside the decode tokens of a tick (two
-    // passes when others decode), so a prompt holds the others' next token back by about one pass. Without them a
-    // prompt runs a token per pass: 16 a tick bound the wait to 16 passes.
+    // With runs, a prompt's chunk fills what the tick's decode tokens leave of one pass (max_tokens_per_tick), so a
+    // prompt costs the decoding sessions a fuller pass, not another one. Without them a prompt runs a token per pass:
+    // 16 a tick bound the others' wait to 16 passes.
     c.max_tokens_per_item = pass_->supports_runs() ? kPassMaxTokens : 16;
+    c.max_tokens_per_tick = pass_->supports_runs() ? kPassMaxTokens : 0;
     c.max_slot_ctx = n_ctx_;
     return c;
   }
