@@ -14,9 +14,10 @@
 // Prefill (--pp): one session's prompt of N tokens fed as the Service feeds it, a step of the engine's
 // max_tokens_per_item tokens at a time, timed from the first step to the greedy token after the last; beside it the
 // roofline of those passes (prompt_pass_bytes per pass ÷ the read bandwidth). A warm-up prompt of the same length
-// comes first (its passes capture the graphs). --ttft: a prompt of N tokens fed the same way while 8 other sessions
-// decode a token each step: the time to its first token, and the 8 sessions' time per token (mean and worst step)
-// against the same steps without the prompt.
+// comes first (its passes capture the graphs). --ttft: a prompt of N tokens fed as the Service feeds it beside 8
+// other sessions that decode a token each step (a step's prompt chunk is what they leave of max_tokens_per_tick): the
+// time to its first token, and the 8 sessions' time per token (mean and worst step) against the same steps without the
+// prompt.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -161,7 +162,12 @@ Status ttft_beside_decode(CudaEngine& e, const Model& model, const Args& a) {
     for (size_t i = 0; i < items.size(); ++i) KESTREL_TRY(out[i].status);
     return s;
   };
-  const size_t chunk = static_cast<size_t>(std::max(e.capabilities().max_tokens_per_item, 1));
+  // The prompt's share of a tick as the Service gives it: what the decoders leave of max_tokens_per_tick.
+  const EngineCapabilities caps = e.capabilities();
+  size_t chunk = static_cast<size_t>(std::max(caps.max_tokens_per_item, 1));
+  if (caps.max_tokens_per_tick > 0) {
+    chunk = std::min(chunk, static_cast<size_t>(std::max(caps.max_tokens_per_tick - kDecoders, 1)));
+  }
   // The prompt's ticks once untimed (graph captures), then the decoders alone, then the prompt beside them.
   int step = 0;
   for (size_t at = 0; at < prompt.size(); at += chunk) {
