@@ -96,7 +96,8 @@ Expected<double> feed_prompt(Engine& e, SlotId slot, const std::vector<int32_t>&
     std::vector<EngineStepItem> item = {{slot, std::span<const int32_t>(prompt.data() + at, len), true}};
     e.step(item, out);
     KESTREL_TRY(out[0].status);
-    n += static_cast<int>((len + kPassMaxTokens - 1) / kPassMaxTokens);
+    const size_t rows = static_cast<size_t>(std::max(e.capabilities().max_items_per_pass, 1));
+    n += static_cast<int>((len + rows - 1) / rows);
   }
   if (passes != nullptr) *passes = n;
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -122,8 +123,9 @@ Status prefill(CudaEngine& e, const Model& model, const Args& a, double bw) {
     KESTREL_TRY_ASSIGN(const double s, feed_prompt(e, slot, prompt, &passes));
     e.slot_reset(slot);
     double bytes = 0;
-    for (int at = 0; at < n; at += kPassMaxTokens) {
-      bytes += kestrel::bench::prompt_pass_bytes(model, std::min(kPassMaxTokens, n - at), at);
+    const int rows = std::max(e.capabilities().max_items_per_pass, 1);
+    for (int at = 0; at < n; at += rows) {
+      bytes += kestrel::bench::prompt_pass_bytes(model, std::min(rows, n - at), at);
     }
     const double roof = n / (bytes / bw);
     std::printf("| %d | %.1f | %.0f | %d | %.0f | %.1f%% |\n", n, s * 1e3, n / s, passes, roof, 100.0 * (n / s) / roof);
