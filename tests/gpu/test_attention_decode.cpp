@@ -110,7 +110,7 @@ struct RefLayer {
 // slot's pages (host copy, in position order; the device table lists the same).
 struct Caches {
   KvPageTable table;
-  const float* pool = nullptr;  // device
+  float* pool = nullptr;  // device
   size_t pool_floats = 0;
   std::vector<std::vector<int32_t>> pages;  // per slot
 
@@ -146,7 +146,7 @@ void run_case(const Config& c, const Caches& caches, uint32_t seed) {
   const size_t H = static_cast<size_t>(layer.dims.n_embd), hd = static_cast<size_t>(c.hd);
   const size_t q_width = static_cast<size_t>(c.n_head) * 2 * hd, kv_width = static_cast<size_t>(c.n_kv) * hd;
   const size_t o_width = static_cast<size_t>(c.n_head) * hd, row_floats = kv_width;
-  float* pool = const_cast<float*>(caches.pool);
+  float* pool = caches.pool;
 
   // The whole pool starts as NaN: a read of an unused page, of another slot's page or of a row past the position
   // poisons the output.
@@ -488,7 +488,7 @@ TEST(AttentionDecode, ArgumentErrorsAreRefusedBeforeLaunch) {
   bad.pages = nullptr;
   EXPECT_TRUE(starts(code(dims, bad, two_slots, two_pos), invalid)) << "no page table";
   bad = table;
-  bad.page_stride = 2 * 2 * 16 - 1;
+  bad.page_stride = 2 * 2 * 16 - 4;
   EXPECT_TRUE(starts(code(dims, bad, two_slots, two_pos), invalid)) << "pages overlap";
   bad = table;
   bad.page_stride = table.page_stride + 2;
