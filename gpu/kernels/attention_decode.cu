@@ -126,22 +126,34 @@ int attend_tile_of(int group, int hd) {
 
 // Copies positions [p0, p0 + n) of one kv head's rows (base: the layer's K or V page-0 base plus the head's j · hd;
 // each position's row found through the slot's table entries `pages`) into a shared tile of rows of hd + 1 floats
-// (the pad keeps the score loop, one position per lane, free of bank conflicts). Whole block calls.
+// (the pad keeps the score loop, one position per lane, free of bank conflicts). A tile no longer than a page (always
+// with the engine's 256-position pages) lies in at most two pages, whose bases are read once; with smaller pages
+// every row looks its page up. Either way the same rows land in the tile. Whole block calls.
 __device__ __forceinline__ void load_tile(const float* __restrict__ base, const KvPageTable& table,
                                           const int32_t* __restrict__ pages, int p0, int n, int hd, float* tile) {
   const int stride = hd + 1;
+  const int shift = __ffs(table.page_size) - 1;
+  const int64_t row_floats = static_cast<int64_t>(table.n_head_kv) * hd;
+  const bool two_pages = n <= table.page_size;
+  const int next = ((p0 >> shift) + 1) << shift;  // the first position of the page after p0's
+  const int64_t base0 = two_pages ? pages[p0 >> shift] * table.page_stride : 0;
+  const int64_t base1 = two_pages && p0 + n > next ? pages[next >> shift] * table.page_stride : base0;
+  const auto row = [&](int p) -> int64_t {
+    if (!two_pages) return paged_row(table, pages, p);
+    return (p < next ? base0 : base1) + static_cast<int64_t>(p & (table.page_size - 1)) * row_floats;
+  };
   if ((hd & 3) == 0) {
     const int per_row = hd / 4;
     for (int e = static_cast<int>(threadIdx.x); e < n * per_row; e += blockDim.x) {
       const int t = e / per_row, i = (e - t * per_row) * 4;
-      const float4 v = *reinterpret_cast<const float4*>(base + paged_row(table, pages, p0 + t) + i);
+      const float4 v = *reinterpret_cast<const float4*>(base + row(p0 + t) + i);
       float* dst = tile + t * stride + i;
       dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
     }
   } else {
     for (int e = static_cast<int>(threadIdx.x); e < n * hd; e += blockDim.x) {
       const int t = e / hd, i = e - t * hd;
-      tile[t * stride + i] = base[paged_row(table, pages, p0 + t) + i];
+      tile[t * stride + i] = base[row(p0 + t) + i];
     }
   }
 }
