@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -95,17 +96,16 @@ Expected<StateSlots> StateSlots::create(const ModelHparams& hp, int n_ctx, int n
     if (ss.n_head_kv_ <= 0 || ss.head_dim_ <= 0) {
       return make_error(ErrorCode::kInvalidArgument, "state slots: attention layers need n_head_kv and head_dim > 0");
     }
-    if (kv.n_pages < 1) {
-      return make_error(ErrorCode::kInvalidArgument,
-                        "state slots: the KV page pool needs at least one page, got " + std::to_string(kv.n_pages));
+    if (kv.n_pages < 1 || kv.n_pages > std::numeric_limits<int32_t>::max()) {
+      return make_error(ErrorCode::kInvalidArgument, "state slots: the KV page pool needs 1.." +
+                                                         std::to_string(std::numeric_limits<int32_t>::max()) +
+                                                         " pages, got " + std::to_string(kv.n_pages));
     }
     n_pages = kv.n_pages;
     ss.rows_floats_ = static_cast<uint64_t>(kv.page_size) * static_cast<uint64_t>(ss.n_head_kv_) * ss.head_dim_;
     ss.page_bytes_ = kv_bytes_per_page(hp, kv.page_size);
   }
-  KESTREL_TRY_ASSIGN(ss.pages_, KvPageAllocator::create(n_pages, kv.page_size, ss.page_bytes_, n_slots, ss.max_pages_));
-
-  const uint64_t gdn_total = ss.gdn_bytes(), kv_total = ss.kv_bytes();
+  const uint64_t gdn_total = ss.gdn_bytes(), kv_total = ss.page_bytes_ * static_cast<uint64_t>(n_pages);
   const size_t n_ptrs = ss.kinds_.size() * 2 * static_cast<size_t>(n_slots);
   const uint64_t page_entries = static_cast<uint64_t>(n_slots) * static_cast<uint64_t>(ss.max_pages_);
   ss.table_bytes_ = align_up(n_ptrs * sizeof(float*)) + align_up(page_entries * sizeof(int32_t));
@@ -134,6 +134,9 @@ Expected<StateSlots> StateSlots::create(const ModelHparams& hp, int n_ctx, int n
   KESTREL_TRY(device_malloc(&p, ss.table_bytes_, "slot tables"));
   ss.gdn_tables_ = static_cast<float**>(p);
   ss.page_tables_ = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(p) + align_up(n_ptrs * sizeof(float*)));
+  // The host bookkeeping after the device memory: a pool the device cannot hold is refused before its free list of
+  // page ids is built.
+  KESTREL_TRY_ASSIGN(ss.pages_, KvPageAllocator::create(n_pages, kv.page_size, ss.page_bytes_, n_slots, ss.max_pages_));
 
   // GDN pointer tables: [layer][a|b][slot], null for attention layers.
   std::vector<float*> host_tab(n_ptrs, nullptr);
