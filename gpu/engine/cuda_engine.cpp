@@ -1,10 +1,13 @@
 // The CUDA engine (cuda_engine.h): slots bookkeeping on the host, state on the device, ticks as decode passes.
+// KV pages are reserved on the host before a tick's passes run; each pass publishes the page of every row's position
+// to the device page table itself (forward_pass.h).
 #include "gpu/engine/cuda_engine.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -56,10 +59,16 @@ class CudaEngineImpl final : public CudaEngine {
       return make_error(ErrorCode::kOutOfRange, "the CUDA engine's slot context " + std::to_string(o.n_ctx) +
                                                     " is outside 1.." + std::to_string(hp.n_ctx_train));
     }
+    if (o.kv_page_tokens < 1 || o.kv_page_tokens > 65536 || (o.kv_page_tokens & (o.kv_page_tokens - 1)) != 0) {
+      return make_error(ErrorCode::kInvalidArgument, "the CUDA engine's KV page of " +
+                                                         std::to_string(o.kv_page_tokens) +
+                                                         " tokens: a power of two from 1 to 65536 is needed");
+    }
     n_ctx_ = o.n_ctx;
+    KESTREL_TRY_ASSIGN(const int64_t n_pages, pool_pages(o));
     // The state slots first (their error names the bytes they need and the device's free bytes), then the weights,
     // which must leave room for the pass's scratch.
-    KESTREL_TRY_ASSIGN(StateSlots s, StateSlots::create(hp, o.n_ctx, o.max_slots));
+    KESTREL_TRY_ASSIGN(StateSlots s, StateSlots::create(hp, o.n_ctx, o.max_slots, {o.kv_page_tokens, n_pages}));
     slots_.emplace(std::move(s));
     KESTREL_TRY_ASSIGN(
         dm_, DeviceModel::create(model_, ForwardPass::scratch_bytes(hp, o.n_ctx), state_bytes(), o.progress, stream_));
@@ -106,7 +115,9 @@ class CudaEngineImpl final : public CudaEngine {
   }
 
   void slot_free(SlotId slot) override {
-    if (valid(slot)) slot_info_[static_cast<size_t>(slot)] = SlotInfo{};
+    if (!valid(slot)) return;
+    slots_->release(slot);  // host bookkeeping: the pages go back to the pool
+    slot_info_[static_cast<size_t>(slot)] = SlotInfo{};
   }
 
   void slot_reset(SlotId slot) override {
@@ -131,7 +142,7 @@ class CudaEngineImpl final : public CudaEngine {
                                                     " tokens, the destination only " + std::to_string(d.n_ctx));
     }
     KESTREL_CUDA_TRY(cudaSetDevice(device_));
-    KESTREL_TRY(slots_->clone(src, dst, n_used, stream_));
+    KESTREL_TRY(slots_->clone(src, dst, n_used, stream_));  // kResourceExhausted without the pages: dst unchanged
     KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
     d.n_past = s.n_past;
     return ok_status();
@@ -153,7 +164,7 @@ class CudaEngineImpl final : public CudaEngine {
     KESTREL_TRY_ASSIGN(ref::SessionState state, ref::SessionState::create(model_.hparams(), info.n_ctx));
     KESTREL_TRY(state.restore(bytes));  // checks the geometry (n_ctx included) before anything changes
     KESTREL_CUDA_TRY(cudaSetDevice(device_));
-    KESTREL_TRY(slots_->upload(state, slot, stream_));
+    KESTREL_TRY(slots_->upload(state, slot, stream_));  // kResourceExhausted without the pages: the slot unchanged
     info.n_past = state.n_past();
     return ok_status();
   }
@@ -196,8 +207,11 @@ class CudaEngineImpl final : public CudaEngine {
     run_tick(items, out, hidden);
   }
   uint64_t weight_bytes() const override { return dm_->device_bytes(); }
-  uint64_t state_bytes() const override { return slots_->bytes_per_slot() * static_cast<uint64_t>(slots_->n_slots()); }
+  uint64_t state_bytes() const override { return slots_->device_bytes(); }
   uint64_t scratch_bytes() const override { return scratch_bytes_; }
+  CudaKvCacheInfo kv_cache() const override {
+    return CudaKvCacheInfo{slots_->page_size(), slots_->bytes_per_page(), slots_->n_pages(), slots_->free_pages()};
+  }
   Status set_profiling(bool on) override { return pass_->set_profiling(on); }
   std::vector<std::pair<std::string, double>> profile(int* passes) const override {
     const PassProfile& p = pass_->profile();
@@ -222,6 +236,42 @@ class CudaEngineImpl final : public CudaEngine {
   }
   static Error not_allocated(SlotId slot) {
     return make_error(ErrorCode::kInvalidArgument, "slot " + std::to_string(slot) + " is not allocated");
+  }
+
+  // The KV page pool's size in pages (0 for a model without attention layers): o.kv_cache_bytes in whole pages, or
+  // the automatic size (cuda_engine.h). The device's free memory is read after the context exists, before anything
+  // of this engine is allocated; the weights are estimated from the catalogue (their bytes plus 256 bytes of
+  // alignment a tensor), the same sum DeviceModel allocates.
+  Expected<int64_t> pool_pages(const CudaEngineOptions& o) const {
+    constexpr int64_t kMaxPages = std::numeric_limits<int32_t>::max();  // page ids are int32
+    const ModelHparams& hp = model_.hparams();
+    const uint64_t page_bytes = StateSlots::kv_bytes_per_page(hp, o.kv_page_tokens);
+    if (page_bytes == 0) return int64_t{0};
+    if (o.kv_cache_bytes > 0) {
+      const uint64_t n = o.kv_cache_bytes / page_bytes;
+      if (n < 1) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "a KV cache of " + std::to_string(o.kv_cache_bytes) + " bytes holds no page of " +
+                              std::to_string(o.kv_page_tokens) + " tokens (" + std::to_string(page_bytes) +
+                              " bytes at this model's shape)");
+      }
+      if (n > static_cast<uint64_t>(kMaxPages)) {
+        return make_error(ErrorCode::kOutOfRange, "a KV cache of " + std::to_string(o.kv_cache_bytes) +
+                                                      " bytes is more than 2^31 pages; use larger pages");
+      }
+      return static_cast<int64_t>(n);
+    }
+    const int64_t per_slot = (int64_t{o.n_ctx} + o.kv_page_tokens - 1) / o.kv_page_tokens;
+    const int64_t full = per_slot * o.max_slots;
+    size_t free_b = 0, total_b = 0;
+    KESTREL_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    const uint64_t weights = model_.catalog().total_bytes() + 256 * uint64_t{model_.catalog().entries().size()};
+    const uint64_t others = weights + ForwardPass::scratch_bytes(hp, o.n_ctx) +
+                            StateSlots::gdn_bytes_per_slot(hp) * static_cast<uint64_t>(o.max_slots) +
+                            (uint64_t{1} << 30);
+    const uint64_t budget = free_b > others ? (free_b - others) / 10 * 9 : 0;
+    const int64_t fit = static_cast<int64_t>(std::min<uint64_t>(budget / page_bytes, kMaxPages));
+    return std::clamp(fit, per_slot, std::min<int64_t>(full, kMaxPages));
   }
 
   // Runs the valid items in groups of kPassMaxTokens items, passes of up to kPassMaxTokens rows each until every
@@ -249,6 +299,15 @@ class CudaEngineImpl final : public CudaEngine {
       }
       if (out[i].status) ok.push_back(i);
     }
+    // The KV pages of every token of the tick, taken before anything runs: an item the pool cannot serve fails here
+    // with its slot untouched, and the items before and after it proceed.
+    size_t n_ok = 0;
+    for (size_t i : ok) {
+      const SlotInfo& s = slot_info_[static_cast<size_t>(items[i].slot)];
+      out[i].status = slots_->reserve(items[i].slot, s.n_past + static_cast<int64_t>(items[i].tokens.size()));
+      if (out[i].status) ok[n_ok++] = i;
+    }
+    ok.resize(n_ok);
     if (Status st = cuda_status(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__); !st) {
       for (size_t i : ok) out[i].status = st;
       return;

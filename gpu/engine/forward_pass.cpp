@@ -206,7 +206,7 @@ Status ForwardPass::allocate() {
     off += align_up(std::max<uint64_t>(bytes, 1));
     return at;
   };
-  const uint64_t o_ids = take(6 * P * sizeof(int32_t) + uint64_t(n_gdn_) * P * sizeof(GdnSlot));
+  const uint64_t o_ids = take(7 * P * sizeof(int32_t) + uint64_t(n_gdn_) * P * sizeof(GdnSlot));
   const uint64_t o_h = take(w.h * P * sizeof(float)), o_x = take(w.h * P * sizeof(float));
   const uint64_t o_y = take(w.h * P * sizeof(float));
   const uint64_t o_prep = take(imma_x_bytes(prep_cols, P));
@@ -221,10 +221,11 @@ Status ForwardPass::allocate() {
   ids_ = reinterpret_cast<int32_t*>(at(o_ids));
   slot_ids_ = ids_ + P;
   positions_ = ids_ + 2 * P;
-  run_start_ = ids_ + 3 * P;
-  run_len_ = ids_ + 4 * P;
-  run_order_ = ids_ + 5 * P;
-  gdn_slots_ = reinterpret_cast<GdnSlot*>(ids_ + 6 * P);
+  row_pages_ = ids_ + 3 * P;
+  run_start_ = ids_ + 4 * P;
+  run_len_ = ids_ + 5 * P;
+  run_order_ = ids_ + 6 * P;
+  gdn_slots_ = reinterpret_cast<GdnSlot*>(ids_ + 7 * P);
   h_ = reinterpret_cast<float*>(at(o_h));
   x_ = reinterpret_cast<float*>(at(o_x));
   y_ = reinterpret_cast<float*>(at(o_y));
@@ -241,7 +242,7 @@ Status ForwardPass::allocate() {
   moe_ws_ = at(o_mws);
   rope_inv_freq_ = reinterpret_cast<float*>(at(o_rope));
 
-  upload_bytes_ = 6 * P * sizeof(int32_t) + size_t(n_gdn_) * P * sizeof(GdnSlot);
+  upload_bytes_ = 7 * P * sizeof(int32_t) + size_t(n_gdn_) * P * sizeof(GdnSlot);
   supports_runs_ = n_gdn_ == 0 || gdn_runs_supported(dims, tuning_.gdn_decode);
   KESTREL_CUDA_TRY(cudaMallocHost(&host_upload_, upload_bytes_));
   KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_logits_), w.vocab * P * sizeof(float)));
@@ -347,7 +348,7 @@ Status ForwardPass::attn_layer(size_t l, int n) {
   KESTREL_TRY(matmul(a.q, x_, tiled, n, proj_a_));
   KESTREL_TRY(matmul(a.k, x_, tiled, n, proj_b_));
   KESTREL_TRY(matmul(a.v, x_, tiled, n, proj_c_));
-  KESTREL_TRY_ASSIGN(KvSlotTable table, slots_.kv_table(static_cast<uint32_t>(l)));
+  KESTREL_TRY_ASSIGN(KvPageTable table, slots_.kv_table(static_cast<uint32_t>(l)));
   AttnDecodeArgs args;
   args.qg = proj_a_;
   args.k = proj_b_;
@@ -390,19 +391,21 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
     return make_error(ErrorCode::kInvalidArgument,
                       "forward pass: " + std::to_string(n) + " rows (1.." + std::to_string(P) + " per pass)");
   }
-  // One upload: ids, slot ids, positions, the GDN run table, then each GDN layer's slot table.
+  // One upload: ids, slot ids, positions, the KV page of each row's position (published to the slot's page table at
+  // the pass's start), the GDN run table, then each GDN layer's slot table.
   int32_t* up = static_cast<int32_t*>(host_upload_);
   for (int i = 0; i < n; ++i) {
     up[i] = rows[size_t(i)].token;
     up[P + i] = rows[size_t(i)].slot;
     up[2 * P + i] = rows[size_t(i)].position;
+    KESTREL_TRY_ASSIGN(up[3 * P + i], slots_.page_at(rows[size_t(i)].slot, rows[size_t(i)].position));
   }
-  KESTREL_TRY(build_runs(rows, up + 3 * P, up + 4 * P, up + 5 * P, &runs_));
+  KESTREL_TRY(build_runs(rows, up + 4 * P, up + 5 * P, up + 6 * P, &runs_));
   if (runs_ && !supports_runs_) {
     return make_error(ErrorCode::kInvalidArgument,
                       "forward pass: a slot has several rows, and this model's GDN heads run a token per pass");
   }
-  GdnSlot* table = reinterpret_cast<GdnSlot*>(up + 6 * P);
+  GdnSlot* table = reinterpret_cast<GdnSlot*>(up + 7 * P);
   for (int g = 0; g < n_gdn_; ++g) {
     for (int i = 0; i < n; ++i) table[size_t(g) * P + i] = slot_states_[size_t(rows[size_t(i)].slot) * n_gdn_ + g];
   }
@@ -470,6 +473,10 @@ Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
   const float eps = hp.rms_eps;
   KESTREL_TRY(mark(PassSection::kRest));
   KESTREL_CUDA_TRY(cudaMemcpyAsync(ids_, host_upload_, upload_bytes_, cudaMemcpyHostToDevice, stream_));
+  if (slots_.has_kv()) {
+    KESTREL_TRY_ASSIGN(KvPageTable pages, slots_.page_table());
+    KESTREL_TRY(kv_page_publish(pages, slot_ids_, positions_, row_pages_, n, stream_));
+  }
   KESTREL_TRY(get_rows_device_ids(model_.token_embd(), ids_, n, h_, nullptr, stream_));
   const std::vector<DeviceLayer>& layers = model_.layers();
   KESTREL_TRY(rms_norm(h_, layers[0].attn_norm, n, H, eps, x_, stream_));

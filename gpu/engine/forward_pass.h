@@ -16,11 +16,12 @@
 // Every kernel is enqueued on one stream; a pass is one CUDA graph per row count, logits mode, position bound (the
 // smallest power of two from 256 above every position, capped at the slots' n_ctx, so attention's grid is never more
 // than twice what the longest sequence needs) and GDN kernel (runs or not), captured on first use: the token ids,
-// slots, positions, run table and state pointers it reads come in one upload, ending with one copy of the logits
-// rows to pinned host memory and one stream synchronisation. Profiling and the per-layer captures launch the same
-// kernels one by one instead. Projections run on GEMV v4 (gemv_imma, activations prepared once per input and shared
-// by every matrix that reads it) where the matrix is tiled, else on gpu::gemv. Each kernel is batch-invariant (a
-// row's bits do not depend on the other rows), so a session's logits do not depend on the batch.
+// slots, positions, the KV page of each row's position (written into the slot's page table by kv_page_publish, so a
+// replay follows the slots' pages as data), the run table and state pointers it reads come in one upload, ending
+// with one copy of the logits rows to pinned host memory and one stream synchronisation. Profiling and the per-layer
+// captures launch the same kernels one by one instead. Projections run on GEMV v4 (gemv_imma, activations prepared
+// once per input and shared by every matrix that reads it) where the matrix is tiled, else on gpu::gemv. Each kernel
+// is batch-invariant (a row's bits do not depend on the other rows), so a session's logits do not depend on the batch.
 //
 // The kernel choices that do not follow from the shapes (GpuTuning, gpu/kernels/tuning.h) are fixed at create() and
 // passed to every launch.
@@ -56,7 +57,8 @@ inline constexpr int kPassMaxTokens = 32;
 struct PassRow {
   int32_t slot = 0;           // state slot
   int32_t token = 0;          // token id, in [0, n_vocab) (checked by the caller)
-  int32_t position = 0;       // the token's position (the slot's n_past), < the slot pool's n_ctx
+  int32_t position = 0;       // the token's position (the slot's n_past), < the slot pool's n_ctx; the slot holds
+                              // the KV page of this position (StateSlots::reserve)
   float* logits = nullptr;    // host f32 [n_vocab] to receive the logits after this token, or null for none
   int32_t* argmax = nullptr;  // host int32 to receive the greedy token after this token (gpu/kernels/argmax.h), or null
 };
@@ -122,9 +124,10 @@ class ForwardPass {
 
   // Device scratch, one allocation; every buffer holds kPassMaxTokens rows.
   void* base_ = nullptr;
-  int32_t* ids_ = nullptr;        // int32 [P]  token ids, then slot ids, then positions (one upload)
+  int32_t* ids_ = nullptr;        // int32 [P]  token ids, then slot ids, positions, row pages (one upload)
   int32_t* slot_ids_ = nullptr;   // int32 [P]
   int32_t* positions_ = nullptr;  // int32 [P]
+  int32_t* row_pages_ = nullptr;  // int32 [P]  the KV page holding each row's position
   int32_t* run_start_ = nullptr;  // int32 [P]  the GDN run table (gdn_runs.h): entry starts, lengths, row order
   int32_t* run_len_ = nullptr;    // int32 [P]
   int32_t* run_order_ = nullptr;  // int32 [P]
@@ -146,7 +149,7 @@ class ForwardPass {
   void* moe_ws_ = nullptr;
   float* rope_inv_freq_ = nullptr;  // f32 [n_rot / 2]
 
-  // Pinned host staging: the upload block (ids, slots, positions, gdn slot table) and the logits rows.
+  // Pinned host staging: the upload block (ids, slots, positions, row pages, gdn slot table) and the logits rows.
   void* host_upload_ = nullptr;
   size_t upload_bytes_ = 0;
   float* host_logits_ = nullptr;    // f32 [P, n_vocab]
