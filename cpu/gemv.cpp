@@ -32,7 +32,7 @@ GemvKernel gemv_kernel(Isa isa, GgmlType type, GemvInput prefer) {
     case GgmlType::kQ6_K: t = &k.q6_k; break;
     default: return GemvKernel{};
   }
-  if (prefer == GemvInput::kQ8 && t->on_q8 != nullptr) return GemvKernel{t->on_q8, GemvInput::kQ8};
+  if (prefer != GemvInput::kF32 && t->on_q8 != nullptr) return GemvKernel{t->on_q8, t->q8_form};
   return GemvKernel{t->on_f32, GemvInput::kF32};
 }
 

@@ -201,7 +201,7 @@ void BM_Gemv(benchmark::State& state) {
   state.counters["read_GB/s"] = median(read_gbps);
   state.counters["read_ratio"] = median(ratio);
   state.counters["cpu_ratio"] = median(cpu_ratio);
-  const bool int8 = gemv_kernel(isa_selected(), type, act).input == GemvInput::kQ8;
+  const bool int8 = gemv_kernel(isa_selected(), type, act).input != GemvInput::kF32;
   state.SetLabel(std::string(ggml_type_name(type)) + (experts ? " experts 512 x " : " n_in ") + std::to_string(n_in) +
                  " batch " + std::to_string(batch) + " " + std::string(isa_name(isa_selected())) +
                  (int8 ? " int8" : " f32"));
