@@ -7,12 +7,14 @@ namespace kestrel::cpu {
 
 extern const GemvKernels kGemvScalar;
 extern const GemvKernels kGemvAvx2;
+extern const GemvKernels kGemvAvxVnni;
 extern const GemvKernels kGemvAvx512;
 
 const GemvKernels& gemv_kernels(Isa isa) {
   switch (isa) {
     case Isa::kScalar: return kGemvScalar;
     case Isa::kAvx2: return kGemvAvx2;
+    case Isa::kAvxVnni: return kGemvAvxVnni;
     case Isa::kAvx512: return kGemvAvx512;
   }
   return kGemvScalar;

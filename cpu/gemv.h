@@ -5,15 +5,15 @@
 // Types: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. Each instruction-set level (isa.h) has its own kernels, and
 // each kernel takes its activations in one of three forms (GemvInput):
 // - kF32: x itself. scalar: each block is dequantized with core/quant into a 256-element stack tile and dotted in
-//   index order with one f32 accumulator, bit-identical to ref::matvec_batch. avx2 and avx512: blocks decoded into
-//   the same tile with SIMD (exactly core/quant's values) and multiplied into f32 with FMA, four vector
+//   index order with one f32 accumulator, bit-identical to ref::matvec_batch. avx2, avxvnni (avx2's) and avx512: blocks
+//   decoded into the same tile with SIMD (exactly core/quant's values) and multiplied into f32 with FMA, four vector
 //   accumulators per vector, reduced in a fixed order — the reference up to summation order.
 // - kQ8 and kQ8K: x quantized to int8 per 32- or per 256-element block (act_q8.h), read by the int8 kernels of the
-//   block-quantized types: avx512's (gemv_q8_avx512.h) all on kQ8, avx2's (gemv_q8_avx2.h) Q4_0 / Q8_0 on kQ8 and
-//   the K-quants on kQ8K. Integer dot products exact in integers (several times the f32 kernels' throughput:
-//   docs/benchmarks.md), combined in f32 — the reference applied to x̃ (the dequantized activations) up to summation
-//   order. The scalar level has none (its types run on kF32). The caller (MatmulRunner) quantizes x into task.xq in
-//   the form the kernel reads.
+//   block-quantized types: avx512's (gemv_q8_avx512.h) all on kQ8, avx2's and avxvnni's (gemv_q8_avx2.h, the same
+//   kernels on other instructions for the same integer products) Q4_0 / Q8_0 on kQ8 and the K-quants on kQ8K. Integer
+//   dot products exact in integers (several times the f32 kernels' throughput: docs/benchmarks.md), combined in f32 —
+//   the reference applied to x̃ (the dequantized activations) up to summation order. The scalar level has none (its
+//   types run on kF32). The caller (MatmulRunner) quantizes x into task.xq in the form the kernel reads.
 //
 // Determinism: a row's result depends only on that row's weights, the vector and the level: not on n_vec, on which
 // rows another call computes, nor on the thread that runs it. Callers split rows across threads freely.

@@ -1,11 +1,12 @@
 // AVX2 GEMV kernels for the block-quantized weight types on int8 activations (act_q8.h): Q4_0 and Q8_0 on the
-// per-32 form (kQ8), Q4_K, Q5_K and Q6_K on the per-256 form (kQ8K). Included by gemv_avx2.cpp after gemv_simd.h
-// (whose half_at it uses), so it is compiled with that file's flags, and parametrised by the integer dot products of
-// the level (a Dot policy):
+// per-32 form (kQ8), Q4_K, Q5_K and Q6_K on the per-256 form (kQ8K). Included by gemv_avx2.cpp and
+// gemv_avxvnni.cpp after gemv_simd.h (whose half_at it uses), so it is compiled with that file's flags, and
+// parametrised by the integer dot products of the level (a Dot policy):
 //   u8(acc, u, q)   acc + Σ of 4 products u·q per 32-bit lane (u unsigned bytes <= 128, q int8)
 //   i16(acc, a, b)  acc + Σ of 2 products a·b per 32-bit lane (int16)
 // DotMaddubs (plain AVX2): vpmaddubsw then vpmaddwd — no int16 pair sum can saturate, since every u here is at
-// most 128 and every |q| at most 127 (2·128·127 < 2^15) — and a vpaddd.
+// most 128 and every |q| at most 127 (2·128·127 < 2^15) — and a vpaddd; DotVnni (AVX-VNNI, gemv_avxvnni.cpp):
+// vpdpbusd / vpdpwssd. Both give the same int32 values, so the avx2 and avxvnni levels give the same bits.
 //
 // Why int8: the f32 kernels (gemv_simd.h) widen, convert, scale and FMA every 8 weights, far below the memory's
 // pace; here 32 weights are one register of bytes and one or two integer instructions multiply them by 32

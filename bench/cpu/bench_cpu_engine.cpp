@@ -14,7 +14,7 @@
 // read's for the same bytes, pool threads' spinning included in both) says how close the engine runs to the
 // memory when it has its cores. The load average is printed at the start and the end. --profile adds the engine's
 // own split of the timed decode steps and of the timed prompt by section (cpu/step_profile.h).
-// KESTREL_CPU_ISA=scalar|avx2 lowers the instruction set.
+// KESTREL_CPU_ISA=scalar|avx2|avxvnni lowers the instruction set.
 #include <time.h>
 
 #include <algorithm>

@@ -19,7 +19,7 @@
 // Build and run (Release, your own build directory):
 //   cmake -S . -B build/<dir> -G Ninja -DCMAKE_BUILD_TYPE=Release -DKESTREL_BENCH=ON -DKESTREL_CUDA=OFF
 //   cmake --build build/<dir> --target bench_cpu_gemv && build/<dir>/bin/bench_cpu_gemv
-// KESTREL_CPU_ISA=scalar|avx2 lowers the instruction set.
+// KESTREL_CPU_ISA=scalar|avx2|avxvnni lowers the instruction set.
 #include <benchmark/benchmark.h>
 #include <time.h>
 

@@ -218,6 +218,21 @@ INSTANTIATE_TEST_SUITE_P(Levels, GemvTest,
                                   (std::get<1>(i.param) == GemvInput::kQ8 ? "_q8" : "_f32");
                          });
 
+// avxvnni's int8 kernels are avx2's with other instructions for the same int32 dot products: the same bits.
+TEST(GemvLevels, AvxVnniGivesTheAvx2Bits) {
+  if (!isa_supported(Isa::kAvxVnni)) GTEST_SKIP() << "this CPU lacks avxvnni";
+  std::mt19937 rng(3);
+  for (const Case& c : cases()) {
+    const Matrix m = random_matrix(c, rng);
+    const int64_t n_vec = 5;
+    const std::vector<float> x = random_vectors(n_vec * c.n_in, rng);
+    const size_t n_y = static_cast<size_t>(n_vec * c.n_out);
+    EXPECT_EQ(run(Isa::kAvxVnni, GemvInput::kQ8, m, x, n_vec, 0, c.n_out, std::vector<float>(n_y)),
+              run(Isa::kAvx2, GemvInput::kQ8, m, x, n_vec, 0, c.n_out, std::vector<float>(n_y)))
+        << ggml_type_name(c.type) << " n_in " << c.n_in;
+  }
+}
+
 TEST(Isa, ChoiceHonoursTheRequestDownwardOnly) {
   EXPECT_EQ(isa_choose("scalar"), Isa::kScalar);
   const Isa best = isa_choose("");
@@ -227,6 +242,8 @@ TEST(Isa, ChoiceHonoursTheRequestDownwardOnly) {
   if (isa_supported(Isa::kAvx2)) {
     EXPECT_EQ(isa_choose("avx2"), Isa::kAvx2);
   }
+  // avxvnni: itself where the CPU has it, else the best level below it (an AVX-512 part may lack AVX-VNNI).
+  EXPECT_EQ(isa_choose("avxvnni"), isa_supported(Isa::kAvxVnni) ? Isa::kAvxVnni : isa_choose("avx2"));
   EXPECT_FALSE(gemv_supports(GgmlType::kQ5_0));
   const float w[2] = {1.0f, 2.0f};
   ref::QuantMatrix q5{GgmlType::kQ5_0, reinterpret_cast<const uint8_t*>(w), 32, 1};

@@ -2,7 +2,7 @@
 // CUDA and CMake alone (the lent GPU machine) and for comparing engines on a file:
 //
 //   kestrel-engine-run --model M.gguf --engine cuda --prompt "Hello" -n 32 [--temp 0 --seed 1] [--ctx 4096]
-//   kestrel-engine-run --model M.gguf --engine cpu --threads 16 ...   (KESTREL_CPU_ISA=scalar|avx2 lowers the ISA)
+//   kestrel-engine-run --model M.gguf --engine cpu --threads 16 ...   (KESTREL_CPU_ISA=scalar|avx2|avxvnni lowers the ISA)
 //
 // Prints the prompt and the generated text as it streams, then prefill and decode tokens/s on stderr. Greedy by
 // default. Exit status 0, 1 on an error (one line naming it), 2 on a bad command line.
