@@ -40,9 +40,10 @@
 #include "cpu/act_q8.h"
 #include "cpu/gemv.h"
 
-// The small loops over a tile's rows, vectors and chunks must unroll fully, so that the accumulator and weight arrays
-// live in registers.
+// The small loops over a tile's rows, vectors and chunks must unroll fully, and a format's unit / block / tail must
+// inline into the tile, so that the accumulators stay in registers rather than pass through memory every unit.
 #define KESTREL_UNROLL _Pragma("GCC unroll 16")
+#define KESTREL_INLINE __attribute__((always_inline)) inline
 
 namespace kestrel::cpu::KESTREL_GEMV_NS {
 
@@ -83,7 +84,7 @@ struct FmtBlock32 {
 
   // One block at element `base` for every (row, vector).
   template <int R, int V>
-  static void block(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m256 (&acc)[R][V]) {
+  KESTREL_INLINE static void block(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m256 (&acc)[R][V]) {
     const uint64_t off = static_cast<uint64_t>(base / 32) * kBlockBytes;
     __m256i w[R];  // Q4_0: the nibbles, unsigned (w + 8); Q8_0: the signed weights
     float ws[R];   // the blocks' scales
@@ -116,12 +117,13 @@ struct FmtBlock32 {
   }
 
   template <int R, int V>
-  static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m256 (&acc)[R][V]) {
+  KESTREL_INLINE static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m256 (&acc)[R][V]) {
     for (int k = 0; k < 8; ++k) block<R, V>(row, base + 32 * k, x, acc);
   }
 
   template <int R, int V>
-  static void tail(const uint8_t* const* row, int64_t base, int64_t n_in, const Q8Vec* x, __m256 (&acc)[R][V]) {
+  KESTREL_INLINE static void tail(const uint8_t* const* row, int64_t base, int64_t n_in, const Q8Vec* x,
+                                  __m256 (&acc)[R][V]) {
     for (; base < n_in; base += 32) block<R, V>(row, base, x, acc);
   }
 };
@@ -154,7 +156,7 @@ struct FmtK45 {
   static constexpr uint64_t kBlockBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
 
   template <int R, int V>
-  static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m256 (&acc)[R][V]) {
+  KESTREL_INLINE static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m256 (&acc)[R][V]) {
     const uint64_t sb = static_cast<uint64_t>(base / 256);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const uint8_t* blk[R];
@@ -227,7 +229,7 @@ struct FmtQ6_K {
   static constexpr uint64_t kBlockBytes = sizeof(BlockQ6_K);
 
   template <int R, int V>
-  static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m256 (&acc)[R][V]) {
+  KESTREL_INLINE static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m256 (&acc)[R][V]) {
     const uint64_t sb = static_cast<uint64_t>(base / 256);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i m2 = _mm256_set1_epi8(0x03);
@@ -376,3 +378,4 @@ void add_q8_kernels(GemvKernels& k) {
 }  // namespace kestrel::cpu::KESTREL_GEMV_NS
 
 #undef KESTREL_UNROLL
+#undef KESTREL_INLINE
