@@ -16,8 +16,8 @@
 // own split of the timed decode steps and of the timed prompt by section (cpu/step_profile.h).
 // The engine line says how much of the weights the page cache holds in 2 MiB pages (cpu/populate.h): a file written
 // or copied since boot is often cached in 4 KiB pages, which slows the experts several-fold on a VM. --drop-cache
-// drops the file's cached pages first (posix_fadvise DONTNEED; pages another process maps stay), so the engine reads
-// it from disk into 2 MiB pages — the state of a daemon started on a file not yet cached.
+// drops the file's cached pages first (fdatasync, posix_fadvise DONTNEED; pages another process maps stay), so the
+// engine reads it from disk into 2 MiB pages — the state of a daemon started on a file not yet cached.
 // KESTREL_CPU_ISA=scalar|avx2|avxvnni lowers the instruction set.
 #include <fcntl.h>
 #include <time.h>
@@ -168,7 +168,8 @@ Expected<ReadRate> plain_read(int threads) {
 Status run(const Args& a) {
   if (a.drop_cache) {
     const int fd = open(a.model.c_str(), O_RDONLY);
-    if (fd < 0 || posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) {
+    // Dirty pages are not dropped: write them back first.
+    if (fd < 0 || fdatasync(fd) != 0 || posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) {
       if (fd >= 0) close(fd);
       return make_error(ErrorCode::kIo, "--drop-cache: cannot drop " + a.model + "'s cached pages");
     }
