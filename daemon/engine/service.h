@@ -164,8 +164,9 @@ class Service {
   virtual ServiceLimits limits() const = 0;
 
   virtual Expected<std::vector<int32_t>> tokenize(const std::string& text, bool parse_special) const = 0;
-  // Exact bytes; kInvalidArgument naming the first id outside the vocabulary.
-  virtual Expected<std::string> detokenize(const std::vector<int32_t>& tokens) const = 0;
+  // Exact bytes; kInvalidArgument naming the first id outside the vocabulary; kResourceExhausted, before any text
+  // is built, when the bytes would be more than max_bytes (the sum of the tokens' piece lengths is checked first).
+  virtual Expected<std::string> detokenize(const std::vector<int32_t>& tokens, size_t max_bytes) const = 0;
 
   virtual Expected<SessionInfo> create_session(const SessionOptions& options) = 0;
   virtual Expected<SessionInfo> clone_session(SessionId id, uint64_t owner) = 0;

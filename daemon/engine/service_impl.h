@@ -37,7 +37,7 @@ class ServiceImpl final : public Service {
   ServiceLimits limits() const override { return limits_; }
 
   Expected<std::vector<int32_t>> tokenize(const std::string& text, bool parse_special) const override;
-  Expected<std::string> detokenize(const std::vector<int32_t>& tokens) const override;
+  Expected<std::string> detokenize(const std::vector<int32_t>& tokens, size_t max_bytes) const override;
 
   Expected<SessionInfo> create_session(const SessionOptions& options) override;
   Expected<SessionInfo> clone_session(SessionId id, uint64_t owner) override;

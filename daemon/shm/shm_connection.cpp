@@ -344,11 +344,11 @@ void ShmConnection::handle(const shm::Record& record) {
       return;
     case Op::kTokenize:
       unary(v1::TokenizeRequest{}, v1::TokenizeResponse{},
-            [&](const auto& r, auto* out) { return handlers_.tokenize(r, out); });
+            [&](const auto& r, auto* out) { return handlers_.tokenize(r, out, shm::kMaxPayloadSize); });
       return;
     case Op::kDetokenize:
       unary(v1::DetokenizeRequest{}, v1::DetokenizeResponse{},
-            [&](const auto& r, auto* out) { return handlers_.detokenize(r, out); });
+            [&](const auto& r, auto* out) { return handlers_.detokenize(r, out, shm::kMaxPayloadSize); });
       return;
     case Op::kCreateSession:
       unary(v1::CreateSessionRequest{}, v1::SessionInfo{},

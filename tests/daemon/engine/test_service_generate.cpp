@@ -65,7 +65,7 @@ TEST(ServiceGenerate, MaxTokensMatchesDirectAndPendingTokenIsFedNext) {
   EXPECT_EQ(sum.session, sess->id);
   EXPECT_EQ(sum.n_past, 27);  // the last token counts, though it is not fed yet
   EXPECT_EQ(sink->chunks().back().n_past, 27);
-  std::string text = *f.service->detokenize(expect);
+  std::string text = *f.service->detokenize(expect, SIZE_MAX);
   EXPECT_EQ(sink->text(), text);
 
   // The next step feeds the pending token first: same as a direct run over prompt + generated + {5}.
@@ -134,13 +134,13 @@ TEST(ServiceGenerate, StopTokenAndStopString) {
   ASSERT_TRUE(sink->result());
   EXPECT_EQ(sink->result()->reason, FinishReason::kStopToken);
   EXPECT_EQ(sink->tokens(), std::vector<int32_t>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(k) + 1));
-  const std::string before =
-      *f.service->detokenize(std::vector<int32_t>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(k)));
+  const std::string before = *f.service->detokenize(
+      std::vector<int32_t>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(k)), SIZE_MAX);
   EXPECT_EQ(sink->text(), before) << "the stop token's own text is not emitted";
 
   // Stop string: the text of generated tokens 4..5, cut before its first occurrence.
-  const std::string full_text = *f.service->detokenize(full);
-  const std::string stop = *f.service->detokenize({full[4], full[5]});
+  const std::string full_text = *f.service->detokenize(full, SIZE_MAX);
+  const std::string stop = *f.service->detokenize({full[4], full[5]}, SIZE_MAX);
   ASSERT_FALSE(stop.empty());
   GenerateRequest req2 = gen_request(0, prompt, 16);
   req2.stop_strings = {stop};

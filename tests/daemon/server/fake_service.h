@@ -47,6 +47,7 @@ class FakeService final : public Service {
   std::optional<SessionOptions> last_create;
   std::atomic<bool> generate_saw_cancel{false};
   std::atomic<int> generate_tokens_emitted{0};
+  mutable std::atomic<size_t> last_detokenize_max_bytes{0};
 
   ModelInfo model_info() const override {
     ModelInfo m;
@@ -81,8 +82,13 @@ class FakeService final : public Service {
     for (unsigned char c : text) out.push_back(c);
     return out;
   }
-  Expected<std::string> detokenize(const std::vector<int32_t>& tokens) const override {
+  Expected<std::string> detokenize(const std::vector<int32_t>& tokens, size_t max_bytes) const override {
     if (auto e = take_error()) return *e;
+    last_detokenize_max_bytes = max_bytes;
+    if (tokens.size() > max_bytes) {
+      return make_error(ErrorCode::kResourceExhausted,
+                        std::to_string(tokens.size()) + " bytes, more than " + std::to_string(max_bytes));
+    }
     std::string out;
     for (int32_t t : tokens) out.push_back(static_cast<char>(t & 0xFF));
     return out;

@@ -57,7 +57,11 @@ class FakeService final : public Service {
   Expected<std::vector<int32_t>> tokenize(const std::string& text, bool) const override {
     return std::vector<int32_t>(text.begin(), text.end());
   }
-  Expected<std::string> detokenize(const std::vector<int32_t>& tokens) const override {
+  Expected<std::string> detokenize(const std::vector<int32_t>& tokens, size_t max_bytes) const override {
+    if (tokens.size() > max_bytes) {
+      return make_error(ErrorCode::kResourceExhausted,
+                        std::to_string(tokens.size()) + " bytes, more than " + std::to_string(max_bytes));
+    }
     std::string s;
     for (int32_t t : tokens) {
       if (t < 0 || t >= kVocab) return make_error(ErrorCode::kInvalidArgument, "token " + std::to_string(t));
