@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "daemon/ops/private_dir.h"
 #include "tools/mkmodel/model_plan.h"
 #include "tools/mkmodel/model_writer.h"
 #include "tools/mkmodel/presets.h"
@@ -82,6 +83,9 @@ Expected<DefaultModel> ensure_default_model(const std::string& cache_dir, const 
   KESTREL_TRY_ASSIGN(const std::string name, default_model_file_name());
   const fs::path dir(cache_dir);
   const fs::path final_path = dir / name;
+  // Before anything in it is trusted: the fallback /tmp/kestrel-$UID must be ours alone (private_dir.h).
+  KESTREL_TRY(
+      prepare_fallback_dir(dir.string(), "cache folder", "set HOME or cache_dir, or give a model with --model"));
   std::error_code ec;
   if (fs::is_regular_file(final_path, ec)) {
     if (log) log("default model: using " + final_path.string());

@@ -31,7 +31,8 @@ struct DefaultModel {
 using LogLine = std::function<void(std::string_view)>;
 
 // Returns the cached default model, creating `cache_dir` (mode 0755 as the umask allows) and the file as needed.
-// kIo naming the folder when it cannot be created or written (the message suggests cache_dir / --model).
+// kIo naming the folder when it cannot be created or written (the message suggests cache_dir / --model). A folder in
+// the fallback /tmp/kestrel-$UID must pass prepare_fallback_dir (private_dir.h) before anything in it is used.
 Expected<DefaultModel> ensure_default_model(const std::string& cache_dir, const LogLine& log);
 
 }  // namespace kestrel::daemon::ops

@@ -18,9 +18,9 @@ std::string env_or_empty(const char* name) {
 // systemd joins several RuntimeDirectory=/CacheDirectory= folders with ':'; the first is ours.
 std::string first_of_list(const std::string& value) { return value.substr(0, value.find(':')); }
 
-std::string private_tmp_dir(uint32_t uid) { return "/tmp/kestrel-" + std::to_string(uid); }
-
 }  // namespace
+
+std::string fallback_runtime_dir(uint32_t uid) { return "/tmp/kestrel-" + std::to_string(uid); }
 
 Environment Environment::from_process() {
   Environment env;
@@ -40,7 +40,7 @@ std::string default_socket_path(const Environment& env) {
   }
   if (env.uid == 0) return std::string("/run/kestrel/") + kSocketFileName;
   if (!env.xdg_runtime_dir.empty()) return (fs::path(env.xdg_runtime_dir) / "kestrel" / kSocketFileName).string();
-  return (fs::path(private_tmp_dir(env.uid)) / kSocketFileName).string();
+  return (fs::path(fallback_runtime_dir(env.uid)) / kSocketFileName).string();
 }
 
 std::string default_shm_socket_path(const std::string& socket_path) {
@@ -53,7 +53,7 @@ std::string default_cache_dir(const Environment& env) {
   if (!env.cache_directory.empty()) return first_of_list(env.cache_directory);
   if (!env.xdg_cache_home.empty()) return (fs::path(env.xdg_cache_home) / "kestrel").string();
   if (!env.home.empty()) return (fs::path(env.home) / ".cache" / "kestrel").string();
-  return (fs::path(private_tmp_dir(env.uid)) / "cache").string();
+  return (fs::path(fallback_runtime_dir(env.uid)) / "cache").string();
 }
 
 }  // namespace kestrel::daemon::ops
