@@ -33,6 +33,9 @@ class FakeService final : public Service {
   }
 
   std::atomic<int> tick_ms{0};  // pause between generation ticks
+  // Time between a generation's cancellation check and its chunk, as the real engine's forward pass sits between its
+  // tick's checks and the chunks it delivers: a stream cancelled meanwhile still gets that chunk.
+  std::atomic<int> forward_us{0};
 
   ModelInfo model_info() const override {
     ModelInfo m;
@@ -156,6 +159,7 @@ class FakeService final : public Service {
         sink->on_done(s);
         return false;
       }
+      if (forward_us.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(forward_us.load()));
       GenerateChunk c;
       const int32_t token = 'a' + (request.prompt.back() + *state) % 26;
       c.tokens = {token};

@@ -319,7 +319,7 @@ TEST(ShmServerLimits, ClientsOverTheLimitAreRefusedWithResourceExhausted) {
   RpcHandlers handlers(service);
   ShmServerOptions options;
   options.socket_path = temp_socket_path();
-  options.max_clients = 1;
+  options.admission.max_clients = 1;
   auto server = ShmServer::start(options, service, handlers);
   ASSERT_TRUE(server) << server.error().message;
   auto first = Client::connect("shm://" + options.socket_path);
