@@ -421,6 +421,7 @@ void ServiceImpl::drain(Clock::time_point deadline) {
   std::lock_guard<std::mutex> dlk(drain_mu_);
   {
     std::unique_lock<std::mutex> lk(mu_);
+    if (!draining_) drain_time_ = std::max(Clock::duration::zero(), deadline - Clock::now());
     draining_ = true;
     idle_.wait_until(lk, deadline, [&] { return queued_ == 0; });
     stop_ = true;

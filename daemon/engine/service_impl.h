@@ -101,6 +101,7 @@ class ServiceImpl final : public Service {
   uint32_t slots_held_ = 0;
   bool draining_ = false;
   bool stop_ = false;
+  Clock::duration drain_time_{0};  // from drain()'s call to its deadline (for the shutdown messages)
 
   std::mutex engine_mu_;
 
@@ -110,6 +111,7 @@ class ServiceImpl final : public Service {
 
   // Engine loop thread only.
   std::vector<std::shared_ptr<Request>> active_;
+  Clock::duration stop_drain_time_{0};  // drain_time_, read with stop_
   uint64_t rotation_ = 0;
   std::vector<float> tick_logits_;  // f32 [items, n_vocab]: every item's logits of the current tick, reused
 

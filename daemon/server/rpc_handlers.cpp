@@ -73,6 +73,7 @@ v1::FinishReason finish_to_v1(FinishReason reason) {
     case FinishReason::kMaxTokens: return v1::FINISH_REASON_MAX_TOKENS;
     case FinishReason::kContextFull: return v1::FINISH_REASON_CONTEXT_FULL;
     case FinishReason::kAborted: return v1::FINISH_REASON_ABORTED;
+    case FinishReason::kShutdown: return v1::FINISH_REASON_SHUTDOWN;
   }
   return v1::FINISH_REASON_UNSPECIFIED;
 }
@@ -125,6 +126,7 @@ class StreamSink final : public GenerateSink {
     last.set_n_past(result->n_past);
     last.set_prompt_tokens(result->prompt_tokens);
     last.set_completion_tokens(result->completion_tokens);
+    last.set_finish_message(utf8_sanitize(result->message));
     stream_->on_done(RpcStatus{}, std::move(last));
   }
 

@@ -305,7 +305,9 @@ TEST(ServiceGenerate, DrainFinishesInFlightThenRefuses) {
   f.service->drain(Clock::now());  // a second drain returns at once
 }
 
-TEST(ServiceGenerate, DrainDeadlineAbortsWhatIsLeft) {
+// What the drain deadline cuts ends with its own reason and message, unlike a user's Abort: a Generate with
+// FinishReason::kShutdown, a Step with UNAVAILABLE; both name the drain time.
+TEST(ServiceGenerate, DrainDeadlineEndsWhatIsLeftWithShutdown) {
   ServiceLimits limits = test_limits();
   limits.max_batch_tokens = 4;
   auto f = ServiceFixture::make(kModel, limits);
@@ -323,13 +325,18 @@ TEST(ServiceGenerate, DrainDeadlineAbortsWhatIsLeft) {
   auto p = std::make_shared<std::promise<Expected<StepResult>>>();
   auto fut = p->get_future();
   f.service->step(sreq, [p](Expected<StepResult> r) { p->set_value(std::move(r)); });
-  f.service->drain(Clock::now() + std::chrono::milliseconds(50));
+  f.service->drain(Clock::now() + std::chrono::milliseconds(1500));
   ASSERT_TRUE(sink->done());
   ASSERT_TRUE(sink->result());
-  EXPECT_EQ(sink->result()->reason, FinishReason::kAborted);
+  EXPECT_EQ(sink->result()->reason, FinishReason::kShutdown);
+  EXPECT_EQ(sink->result()->message,
+            "kestreld is shutting down: its drain time of 1.5 s ran out before this generation finished");
   auto r = fut.get();
   ASSERT_FALSE(r);
-  EXPECT_EQ(r.error().code, ErrorCode::kCancelled);
+  EXPECT_EQ(r.error().code, ErrorCode::kUnavailable);
+  EXPECT_EQ(r.error().message,
+            "kestreld is shutting down: its drain time of 1.5 s ran out before this step finished; retry on another "
+            "kestreld");
 }
 
 TEST(ServiceGenerate, DestructorDrainsImmediately) {
@@ -344,7 +351,9 @@ TEST(ServiceGenerate, DestructorDrainsImmediately) {
     ASSERT_TRUE(sink->done());
   }
   ASSERT_TRUE(sink->result());
-  EXPECT_EQ(sink->result()->reason, FinishReason::kAborted);
+  EXPECT_EQ(sink->result()->reason, FinishReason::kShutdown);
+  EXPECT_EQ(sink->result()->message,
+            "kestreld is stopping without a drain period: this generation was cut before it finished");
 }
 
 }  // namespace
