@@ -199,6 +199,18 @@ TEST_F(GrpcServerTest, MalformedRequestBytesAreInvalidArgument) {
     EXPECT_NE(st.error_message().find("does not parse as a kestrel.v1."), std::string::npos)
         << method << ": " << st.error_message();
   }
+  {  // A method the service does not have is gRPC's to answer (docs/api.md "What gRPC itself answers").
+    grpc::ClientContext ctx;
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, "/kestrel.v1.Kestrel/NoSuchMethod", grpc::StubOptions(), &request, &response,
+                   [&done](grpc::Status st) { done.set_value(std::move(st)); });
+    const grpc::Status st = done.get_future().get();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED) << st.error_message();
+    EXPECT_EQ(st.error_message(), "") << "docs/api.md says gRPC answers an unknown method without a message";
+  }
   // Generate: a generic stream sends the one request and half-closes, as a server-streaming client does.
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;
