@@ -325,17 +325,17 @@ TEST(ServiceGenerate, DrainDeadlineEndsWhatIsLeftWithShutdown) {
   auto p = std::make_shared<std::promise<Expected<StepResult>>>();
   auto fut = p->get_future();
   f.service->step(sreq, [p](Expected<StepResult> r) { p->set_value(std::move(r)); });
-  f.service->drain(Clock::now() + std::chrono::milliseconds(1500));
+  f.service->drain(Clock::now() + std::chrono::milliseconds(100));
   ASSERT_TRUE(sink->done());
   ASSERT_TRUE(sink->result());
   EXPECT_EQ(sink->result()->reason, FinishReason::kShutdown);
   EXPECT_EQ(sink->result()->message,
-            "kestreld is shutting down: its drain time of 1.5 s ran out before this generation finished");
+            "kestreld is shutting down: its drain time of 0.1 s ran out before this generation finished");
   auto r = fut.get();
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, ErrorCode::kUnavailable);
   EXPECT_EQ(r.error().message,
-            "kestreld is shutting down: its drain time of 1.5 s ran out before this step finished; retry on another "
+            "kestreld is shutting down: its drain time of 0.1 s ran out before this step finished; retry on another "
             "kestreld");
 }
 

@@ -324,6 +324,9 @@ TEST(ShmServerLimits, ClientsOverTheLimitAreRefusedWithResourceExhausted) {
   ASSERT_TRUE(server) << server.error().message;
   auto first = Client::connect("shm://" + options.socket_path);
   ASSERT_TRUE(first) << first.error().message;
+  // The first takes its client slot once the daemon has read its "mapped" message (a moment after connect returns).
+  ASSERT_TRUE((*first)->server_status());
+  EXPECT_EQ((*server)->client_count(), 1u);
   auto second = Client::connect("shm://" + options.socket_path);
   ASSERT_FALSE(second);
   EXPECT_EQ(second.error().code, ErrorCode::kResourceExhausted);
