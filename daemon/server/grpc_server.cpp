@@ -75,8 +75,8 @@ bool parse_request(const grpc::ByteBuffer& bytes, Message* out) {
 }
 
 RpcStatus unparsable(const google::protobuf::MessageLite& request) {
-  return RpcStatus{rpc_code::kInvalidArgument,
-                   "the request does not parse as a " + request.GetTypeName() + " (malformed protobuf bytes)"};
+  return RpcStatus{rpc_code::kInvalidArgument, "the request does not parse as a " + request.GetTypeName() +
+                                                   " (malformed protobuf bytes, or a string field that is not UTF-8)"};
 }
 
 // A response message into the raw reply; INTERNAL if protobuf cannot serialize it.

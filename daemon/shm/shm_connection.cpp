@@ -227,7 +227,8 @@ void ShmConnection::handle(const shm::Record& record) {
   const auto unary = [&]<class Request, class Response>(Request request, Response response, auto call) {
     if (!parse_payload(record, &request)) {
       reply_error(id, rpc_code::kInvalidArgument,
-                  "request " + std::to_string(id) + ": the payload is not a valid " + request.GetTypeName());
+                  "request " + std::to_string(id) + ": the payload is not a valid " + request.GetTypeName() +
+                      " (malformed protobuf bytes, or a string field that is not UTF-8)");
       return;
     }
     const RpcStatus status = call(request, &response);
@@ -277,7 +278,9 @@ void ShmConnection::handle(const shm::Record& record) {
       v1::StepRequest request;
       if (!parse_payload(record, &request)) {
         reply_error(id, rpc_code::kInvalidArgument,
-                    "request " + std::to_string(id) + ": the payload is not a valid kestrel.v1.StepRequest");
+                    "request " + std::to_string(id) +
+                        ": the payload is not a valid kestrel.v1.StepRequest (malformed protobuf bytes, or a string "
+                        "field that is not UTF-8)");
         return;
       }
       handlers_.step(request, deadline, [outbox = outbox_, id](RpcStatus status, const v1::StepResponse& response) {
@@ -293,7 +296,9 @@ void ShmConnection::handle(const shm::Record& record) {
       v1::GenerateRequest request;
       if (!parse_payload(record, &request)) {
         reply_error(id, rpc_code::kInvalidArgument,
-                    "request " + std::to_string(id) + ": the payload is not a valid kestrel.v1.GenerateRequest");
+                    "request " + std::to_string(id) +
+                        ": the payload is not a valid kestrel.v1.GenerateRequest (malformed protobuf bytes, or a "
+                        "string field that is not UTF-8)");
         return;
       }
       if (generations_.contains(id)) {

@@ -236,7 +236,8 @@ TEST_F(GrpcServerTest, MalformedRequestBytesAreInvalidArgument) {
   wait();
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
   EXPECT_EQ(st.error_message(),
-            "the request does not parse as a kestrel.v1.GenerateRequest (malformed protobuf bytes)");
+            "the request does not parse as a kestrel.v1.GenerateRequest (malformed protobuf bytes, or a string "
+            "field that is not UTF-8)");
   cq.Shutdown();
   void* tag = nullptr;
   bool ok = false;
