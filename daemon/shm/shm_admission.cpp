@@ -7,8 +7,15 @@
 namespace kestrel::daemon {
 namespace {
 
+// No client slot: the connection would wait for another client to leave.
 Error full(std::string message) {
   return make_error(ErrorCode::kResourceExhausted, std::move(message) + "; use gRPC or retry later");
+}
+
+// No handshake place: transient (places free within milliseconds, or at the handshake deadline); libkestrel-client
+// retries these until its connect timeout.
+Error busy(std::string message) {
+  return make_error(ErrorCode::kUnavailable, std::move(message) + "; retry in a moment");
 }
 
 }  // namespace
@@ -37,13 +44,13 @@ Status ShmAdmission::begin_handshake(uid_t uid) {
   std::lock_guard<std::mutex> lock(mu_);
   KESTREL_TRY(check_client_slot(uid));
   if (handshakes_ >= limits_.max_handshakes) {
-    return full(std::to_string(limits_.max_handshakes) + " shm handshakes are in progress (max_handshakes)");
+    return busy(std::to_string(limits_.max_handshakes) + " shm handshakes are in progress (max_handshakes)");
   }
   PerUid& u = uids_[uid];
   if (u.handshakes >= limits_.max_handshakes_per_uid) {
     const uint32_t n = u.handshakes;
     forget_if_idle(uid);
-    return full("uid " + std::to_string(uid) + " already has " + std::to_string(n) +
+    return busy("uid " + std::to_string(uid) + " already has " + std::to_string(n) +
                 " shm handshakes in progress (max_handshakes_per_uid)");
   }
   ++u.handshakes;

@@ -11,7 +11,9 @@
 //   abandon_handshake     handshake failed or timed out
 //   release_client        a promoted client left
 //
-// Refusals are kResourceExhausted with a message that names the limit. Pure bookkeeping (no I/O, no logging);
+// Refusals name the limit: kResourceExhausted when the client slots are full (a client would wait for another to
+// leave), kUnavailable when only the handshake places are (they free within milliseconds, or at the handshake
+// deadline; libkestrel-client retries those until its connect timeout). Pure bookkeeping (no I/O, no logging);
 // thread-safe. on_clients_changed (if set) is called with the new client count under the lock, so the counts it
 // sees arrive in order: it must be quick and must not call back into the ShmAdmission.
 #pragma once
@@ -31,7 +33,7 @@ struct ShmAdmissionLimits {
   uint32_t max_clients = 64;            // connected clients (handshake done), all uids
   uint32_t max_clients_per_uid = 32;    // connected clients of one uid
   uint32_t max_handshakes = 16;         // connections still in their handshake, all uids
-  uint32_t max_handshakes_per_uid = 4;  // connections of one uid still in their handshake
+  uint32_t max_handshakes_per_uid = 8;  // connections of one uid still in their handshake
 };
 
 class ShmAdmission {

@@ -119,7 +119,7 @@ void ShmServer::admit(int fd) {
     return;
   }
   if (Status st = admission_.begin_handshake(peer.uid); !st) {
-    refuse(fd, name, rpc_code::kResourceExhausted, st.error().message);
+    refuse(fd, name, to_rpc_status(st.error()).code, st.error().message);
     return;
   }
   ShmConnectionOptions copts;

@@ -96,8 +96,8 @@ TEST(ShmAdmissionTest, HandshakePlacesAreNotClientSlots) {
   EXPECT_EQ(a.clients(), 0u);
   Status fourth = a.begin_handshake(1001);
   ASSERT_FALSE(fourth);
-  EXPECT_EQ(fourth.error().code, ErrorCode::kResourceExhausted);
-  EXPECT_EQ(fourth.error().message, "3 shm handshakes are in progress (max_handshakes); use gRPC or retry later");
+  EXPECT_EQ(fourth.error().code, ErrorCode::kUnavailable) << "handshake places free soon: a retryable refusal";
+  EXPECT_EQ(fourth.error().message, "3 shm handshakes are in progress (max_handshakes); retry in a moment");
   ASSERT_TRUE(a.promote(1000));
   ASSERT_TRUE(a.promote(1000));
   EXPECT_EQ(a.clients(), 2u);
@@ -105,6 +105,7 @@ TEST(ShmAdmissionTest, HandshakePlacesAreNotClientSlots) {
   // The third finished its handshake while the slots filled up: refused, and its place is given back.
   Status late = a.promote(1000);
   ASSERT_FALSE(late);
+  EXPECT_EQ(late.error().code, ErrorCode::kResourceExhausted);
   EXPECT_EQ(late.error().message, "kestreld already serves 2 shm clients (max_clients); use gRPC or retry later");
   EXPECT_EQ(a.handshakes(), 0u);
   // With every slot taken a new connection is refused before its handshake.
@@ -124,7 +125,7 @@ TEST(ShmAdmissionTest, EachUidHasItsOwnShare) {
   Status third = a.begin_handshake(7);
   ASSERT_FALSE(third);
   EXPECT_EQ(third.error().message,
-            "uid 7 already has 2 shm handshakes in progress (max_handshakes_per_uid); use gRPC or retry later");
+            "uid 7 already has 2 shm handshakes in progress (max_handshakes_per_uid); retry in a moment");
   EXPECT_TRUE(a.begin_handshake(8)) << "another uid is not held back by uid 7's handshakes";
   ASSERT_TRUE(a.promote(7));
   ASSERT_TRUE(a.promote(7));
@@ -267,6 +268,32 @@ TEST_F(ShmServerAdmissionTest, SilentConnectionsDoNotLockClientsOut) {
   EXPECT_EQ(st->shm_clients(), 2u) << "ServerStatus counts clients, not handshakes";
 }
 
+// Many connections of one program at once: those over the handshake places are refused as busy and the client
+// library tries them again, so all of them get in.
+TEST_F(ShmServerAdmissionTest, ABurstOfOneUidsClientsAllConnect) {
+  ShmServerOptions options;
+  options.admission = {/*max_clients=*/64, /*max_clients_per_uid=*/64, /*max_handshakes=*/4,
+                       /*max_handshakes_per_uid=*/2};
+  start(options);
+  std::vector<std::thread> threads;
+  std::atomic<int> served{0};
+  std::vector<std::string> errors(24);
+  for (int i = 0; i < 24; ++i) {
+    threads.emplace_back([&, i] {
+      auto c = connect();
+      if (!c) {
+        errors[static_cast<size_t>(i)] = c.error().message;
+        return;
+      }
+      if ((*c)->server_status()) ++served;
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(served.load(), 24);
+  EXPECT_GE(server_->suppressed_warnings() + log_.count("refused: "), 1u) << "the burst met the handshake limit";
+}
+
 TEST_F(ShmServerAdmissionTest, FloodOfRefusalsIsLoggedAFewLinesAPeriod) {
   ShmServerOptions options;
   options.admission = {/*max_clients=*/4, /*max_clients_per_uid=*/4, /*max_handshakes=*/2,
@@ -283,7 +310,7 @@ TEST_F(ShmServerAdmissionTest, FloodOfRefusalsIsLoggedAFewLinesAPeriod) {
     auto m = p.first_message();
     ASSERT_TRUE(m) << m.error().message;
     EXPECT_EQ(m->type, shm::kControlRefused);
-    EXPECT_EQ(m->status, rpc_code::kResourceExhausted);
+    EXPECT_EQ(m->status, rpc_code::kUnavailable);
   }
   EXPECT_EQ(log_.count("refused: "), 3u) << log_.all();
   EXPECT_TRUE(eventually([&] { return server_->suppressed_warnings() == 37u; }));
@@ -317,8 +344,11 @@ TEST_F(ShmServerAdmissionTest, AUidsHandshakesDoNotHoldOtherUidsBack) {
   // Root's two handshake places are taken by silent connections: root's next client is refused...
   SilentPeer s1(path), s2(path);
   ASSERT_TRUE(eventually([&] { return (*server)->handshake_count() == 2; }));
-  auto mine = Client::connect("shm://" + path);
+  client::ClientOptions brief;
+  brief.connect_timeout = 300ms;  // the client retries a busy refusal until then; the silent ones hold for 2 s
+  auto mine = Client::connect("shm://" + path, brief);
   ASSERT_FALSE(mine);
+  EXPECT_EQ(mine.error().code, ErrorCode::kUnavailable);
   EXPECT_NE(mine.error().message.find("uid 0 already has 2 shm handshakes in progress"), std::string::npos)
       << mine.error().message;
   // ...while another uid connects and is served.
