@@ -270,8 +270,8 @@ int run(const Options& o, const std::string& command_line) {
   }
   const ProcSample& first = samples.front();
   const ProcSample& middle = samples[samples.size() / 2];
-  std::printf("\n| kestreld | start (%.0f s) | middle (%.0f s) | end (%.0f s) |\n|---|---|---|---|\n", first.t_s,
-              middle.t_s, last.t_s);
+  std::printf("\n| kestreld | start (%.0f s) | middle (%.0f s) | end, clients gone (%.0f s) |\n|---|---|---|---|\n",
+              first.t_s, middle.t_s, last.t_s);
   std::printf("| RSS | %s | %s | %s |\n", mib(first.rss).c_str(), mib(middle.rss).c_str(), mib(last.rss).c_str());
   std::printf("| open fds | %d | %d | %d |\n", first.fds, middle.fds, last.fds);
   std::printf("| threads | %d | %d | %d |\n", first.threads, middle.threads, last.threads);
