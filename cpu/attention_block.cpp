@@ -2,6 +2,7 @@
 #include "cpu/attention_block.h"
 
 #include <cmath>
+#include <vector>
 
 #include "core/reference/activations.h"
 #include "core/reference/norm.h"
@@ -11,6 +12,47 @@ namespace kestrel::cpu {
 namespace {
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
+
+// ref::attend_head's operations in its order (so the scalar level stays the reference's arithmetic), with a
+// per-thread score buffer grown once instead of one allocated per call: nothing is allocated inside a step.
+void attend_one(const ref::KvCache& cache, int kv_head, int n_pos, const float* q, float scale, float* out) {
+  thread_local std::vector<float> p;  // f32 [n_pos]: scores, then probabilities
+  if (p.size() < sz(n_pos)) p.resize(sz(n_pos));
+  const int hd = cache.head_dim;
+  for (int pos = 0; pos < n_pos; ++pos) p[sz(pos)] = ref::dot_f32(q, cache.k_at(pos, kv_head), hd) * scale;
+  ref::softmax(p.data(), n_pos);
+  for (int i = 0; i < hd; ++i) out[i] = 0.0f;
+  for (int pos = 0; pos < n_pos; ++pos) {
+    const float* vp = cache.v_at(pos, kv_head);
+    for (int i = 0; i < hd; ++i) out[i] += p[sz(pos)] * vp[i];
+  }
+}
+
+// ref::rope_neox_partial's operations in its order, its cos/sin tables in a per-thread buffer grown once.
+void rope_rotate(float* x, int n_head, int head_dim, int n_rot, float freq_base, int64_t pos) {
+  const int half = n_rot / 2;
+  thread_local std::vector<float> buf;  // f32 [3·half]: inv_freq, cos, sin
+  if (buf.size() < sz(3 * half)) buf.resize(sz(3 * half));
+  float* inv_freq = buf.data();
+  float* c = inv_freq + half;
+  float* sn = c + half;
+  ref::rope_inv_freq(n_rot, freq_base, inv_freq);
+  const float p = static_cast<float>(pos);
+  for (int i = 0; i < half; ++i) {
+    const float theta = p * inv_freq[i];
+    c[i] = std::cos(theta);
+    sn[i] = std::sin(theta);
+  }
+  for (int h = 0; h < n_head; ++h) {
+    float* xh = x + sz(h) * sz(head_dim);
+    for (int i = 0; i < half; ++i) {
+      const float a = xh[i];
+      const float b = xh[i + half];
+      xh[i] = a * c[i] + (-b) * sn[i];
+      xh[i + half] = b * c[i] + a * sn[i];
+    }
+  }
+}
 
 }  // namespace
 
@@ -40,10 +82,10 @@ void AttentionBlock::run(const Pass& pass, const ref::AttnWeights& w, uint32_t l
         ref::rms_norm(src, w.q_norm, d.head_dim, d.eps, q + r * o_width + h * hd);
         for (size_t i = 0; i < hd; ++i) gate[r * o_width + h * hd + i] = src[hd + i];
       }
-      ref::rope_neox_partial(q + r * o_width, d.n_head, d.head_dim, d.n_rot, d.freq_base, pos);
+      rope_rotate(q + r * o_width, d.n_head, d.head_dim, d.n_rot, d.freq_base, pos);
       float* kt = k + r * kv_width;
       for (size_t j = 0; j < sz(d.n_head_kv); ++j) ref::rms_norm(kt + j * hd, w.k_norm, d.head_dim, d.eps, kt + j * hd);
-      ref::rope_neox_partial(kt, d.n_head_kv, d.head_dim, d.n_rot, d.freq_base, pos);
+      rope_rotate(kt, d.n_head_kv, d.head_dim, d.n_rot, d.freq_base, pos);
       // Room was checked before the pass (the engine's check of every item), so append cannot fail here.
       (void)cache.append(kt, v + r * kv_width);
     }
@@ -59,7 +101,7 @@ void AttentionBlock::run(const Pass& pass, const ref::AttnWeights& w, uint32_t l
     const ref::KvCache& cache = s.state->kv(layer);
     for (int t = 0; t < s.n_tok; ++t) {
       const size_t off = sz(s.row0 + t) * o_width + sz(h) * hd;
-      ref::attend_head(cache, h / group, static_cast<int>(s.n_past) + t + 1, q + off, scale, att + off);
+      attend_one(cache, h / group, static_cast<int>(s.n_past) + t + 1, q + off, scale, att + off);
       for (size_t i = 0; i < hd; ++i) att[off + i] = att[off + i] * ref::sigmoid(gate[off + i]);
     }
   };

@@ -1,6 +1,7 @@
 // The gated full-attention layer of one pass (model-spec.md §4; ref::attn_forward): Q/K/V and the output projection
 // over every row of the pass (one read of each matrix); per session the q/k norms, RoPE, the KV-cache append and
-// causal attention with core/reference's per-token functions (ref::attend_head over the session's ref::KvCache).
+// causal attention with core/reference's per-token operations (ref::attend_head and ref::rope_neox_partial in their
+// order, over per-thread buffers instead of the ones they allocate, so a step allocates nothing).
 //
 // Parallel items: norms + RoPE + append one per segment; attention one per (segment, query head) pair.
 #pragma once

@@ -17,13 +17,16 @@
 #include "cpu/gdn_block.h"
 #include "cpu/isa.h"
 #include "cpu/matmul.h"
+#include "cpu/populate.h"
 #include "cpu/worker_pool.h"
 
 namespace kestrel::cpu {
 namespace {
 
-constexpr int kPassTokensPerItem = 32;  // tokens of one item per pass (prompts longer than this take several)
-constexpr int kMaxExpertsUsed = 64;     // FfnBlock sorts a row's choices on the stack
+// Tokens of one item per pass (prompts longer than this take several): a multiple of the delta rule's 64-token
+// chunk, so passes keep whole aligned chunks intact (gdn_block.h).
+constexpr int kPassTokensPerItem = 128;
+constexpr int kMaxExpertsUsed = 64;  // FfnBlock sorts a row's choices on the stack
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
@@ -85,22 +88,31 @@ class CpuEngineImpl final : public CpuEngine {
         weights_(std::move(weights)),
         slots_(sz(o.max_slots)),
         pool_(std::move(pool)),
-        mm_(*pool_, isa),
+        mm_(*pool_, isa, o.activations == CpuActivations::kInt8 ? GemvInput::kQ8 : GemvInput::kF32),
         max_ctx_(o.max_ctx > 0 ? o.max_ctx : static_cast<int32_t>(model.hparams().n_ctx_train)) {
     placement_ = placement_all_on(model_.catalog(), "cpu");
+    if (o.profile) profile_.emplace();
     in_tick_.assign(slots_.size(), false);
   }
 
   std::string name() const override { return "cpu"; }
+  std::string profile_report() const override { return profile_ ? profile_->report() : std::string(); }
+  void profile_reset() override {
+    if (profile_) *profile_ = StepProfile{};
+  }
   std::string summary() const override {
-    return std::string(isa_name(mm_.isa())) + ", " + std::to_string(pool_->n_threads() + 1) + " threads";
+    // int8 only where the level has int8 kernels (gemv_kernel falls back to f32 otherwise).
+    const bool int8 = mm_.activations() == GemvInput::kQ8 &&
+                      gemv_kernel(mm_.isa(), GgmlType::kQ4_0, GemvInput::kQ8).input == GemvInput::kQ8;
+    return std::string(isa_name(mm_.isa())) + (int8 ? ", int8" : ", f32") + ", " +
+           std::to_string(pool_->n_threads() + 1) + " threads";
   }
   const ModelHparams& hparams() const override { return model_.hparams(); }
   const PlacementPlan& placement() const override { return placement_; }
   EngineCapabilities capabilities() const override {
     EngineCapabilities c;
     c.max_items_per_pass = static_cast<int32_t>(slots_.size());
-    c.max_tokens_per_item = 2 * kPassTokensPerItem;
+    c.max_tokens_per_item = kPassTokensPerItem;  // one pass a tick: a long prompt does not hold decode back long
     c.max_slot_ctx = max_ctx_;
     return c;
   }
@@ -134,34 +146,7 @@ class CpuEngineImpl final : public CpuEngine {
                         "slot_clone: slot " + std::to_string(valid(src) ? dst : src) + " is not allocated");
     }
     if (src == dst) return ok_status();
-    const ref::SessionState& s = *slots_[sz(src)];
-    const int dst_ctx = slots_[sz(dst)]->n_ctx();
-    if (s.n_past() > dst_ctx) {
-      return make_error(ErrorCode::kOutOfRange, "slot_clone: source holds " + std::to_string(s.n_past()) +
-                                                    " tokens, the destination only " + std::to_string(dst_ctx));
-    }
-    if (s.n_ctx() == dst_ctx) {
-      slots_[sz(dst)] = s;  // a plain value: the copy is a fork
-      return ok_status();
-    }
-    // Different capacities: the KV caches are sized by n_ctx, so copy their filled rows into a fresh state.
-    KESTREL_TRY_ASSIGN(ref::SessionState fresh, ref::SessionState::create(model_.hparams(), dst_ctx));
-    const std::vector<LayerKind>& kinds = model_.hparams().layer_kinds;
-    for (uint32_t l = 0; l < kinds.size(); ++l) {
-      if (kinds[l] == LayerKind::kGatedDeltaNet) {
-        fresh.gdn(l) = s.gdn(l);
-        continue;
-      }
-      const ref::KvCache& from = s.kv(l);
-      ref::KvCache& to = fresh.kv(l);
-      const size_t n = sz(from.n_used) * sz(from.n_head_kv) * sz(from.head_dim);  // f32 [n_used, n_kv, hd]
-      std::copy_n(from.k.begin(), n, to.k.begin());
-      std::copy_n(from.v.begin(), n, to.v.begin());
-      to.n_used = from.n_used;
-    }
-    fresh.append_tokens(s.tokens());
-    slots_[sz(dst)].emplace(std::move(fresh));
-    return ok_status();
+    return slots_[sz(dst)]->copy_from(*slots_[sz(src)]);
   }
 
   Expected<std::vector<uint8_t>> slot_snapshot(SlotId slot) const override {
@@ -174,10 +159,6 @@ class CpuEngineImpl final : public CpuEngine {
   }
   int64_t slot_n_past(SlotId slot) const override { return valid(slot) ? slots_[sz(slot)]->n_past() : 0; }
   int32_t slot_n_ctx(SlotId slot) const override { return valid(slot) ? slots_[sz(slot)]->n_ctx() : 0; }
-  std::span<const int32_t> slot_tokens(SlotId slot) const override {
-    if (!valid(slot)) return {};
-    return slots_[sz(slot)]->tokens();
-  }
 
   Status check(const EngineStepItem& item) const override {
     if (!valid(item.slot)) return not_allocated(item.slot);
@@ -202,6 +183,7 @@ class CpuEngineImpl final : public CpuEngine {
   MatmulRunner mm_;
   int32_t max_ctx_;
   PlacementPlan placement_;
+  std::optional<StepProfile> profile_;  // CpuEngineOptions::profile
 
   GdnBlock gdn_;
   AttentionBlock attn_;
@@ -232,24 +214,35 @@ void CpuEngineImpl::run_layers(const Pass& pass) {
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
     const ref::RefLayerWeights& lw = weights_.layers[l];
     const uint32_t li = static_cast<uint32_t>(l);
-    norm_rows(lw.attn_norm);
+    {
+      const SectionTimer t(pass.profile, StepSection::kNorms);
+      norm_rows(lw.attn_norm);
+    }
     if (lw.kind == LayerKind::kGatedDeltaNet) {
+      const SectionTimer t(pass.profile, StepSection::kGdn);
       gdn_.run(pass, lw.gdn, li, x, y);
     } else {
+      const SectionTimer t(pass.profile, StepSection::kAttention);
       attn_.run(pass, lw.attn, li, x, y);
     }
-    add_rows();
-    norm_rows(lw.post_attention_norm);
+    {
+      const SectionTimer t(pass.profile, StepSection::kNorms);
+      add_rows();
+      norm_rows(lw.post_attention_norm);
+    }
     if (lw.is_moe) {
       ffn_.run_moe(pass, lw.moe, x, y);
     } else {
+      const SectionTimer t(pass.profile, StepSection::kDenseFfn);
       ffn_.run_dense(pass, lw.dense, x, y);
     }
+    const SectionTimer t(pass.profile, StepSection::kNorms);
     add_rows();
   }
 }
 
 void CpuEngineImpl::step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) {
+  if (profile_) ++profile_->steps;
   const size_t n_items = std::min(items.size(), out.size());
   const size_t H = model_.hparams().n_embd, V = model_.hparams().n_vocab;
   const float eps = model_.hparams().rms_eps;
@@ -292,25 +285,28 @@ void CpuEngineImpl::step(std::span<const EngineStepItem> items, std::span<Engine
     const size_t R = tokens_.size();
     Pass pass;
     pass.mm = &mm_;
+    pass.profile = profile_ ? &*profile_ : nullptr;
     pass.segments = segments_;
     pass.n_rows = static_cast<int>(R);
 
     // Embedding rows (token_embd dequantized, as the reference does).
+    std::optional<SectionTimer> timer(std::in_place, pass.profile, StepSection::kEmbedding);
     float* h = grow(h_, R * H);
     const uint64_t embd_row = *ggml_row_bytes(weights_.token_embd.type, weights_.token_embd.n_in);
     for (size_t r = 0; r < R; ++r) {
       (void)dequantize_row(weights_.token_embd.type, weights_.token_embd.data + sz(tokens_[r]) * embd_row, h + r * H,
                            static_cast<int64_t>(H));
     }
+    timer.reset();
     run_layers(pass);
+    timer.emplace(pass.profile, StepSection::kOutput);
 
     // Items whose last token is in this pass: output norm and lm_head over their last rows.
     done_.clear();
     for (size_t s = 0; s < segments_.size(); ++s) {
       const size_t i = segment_item_[s];
       offset_[i] += sz(segments_[s].n_tok);
-      segments_[s].state->append_tokens(
-          std::span<const int32_t>(tokens_).subspan(sz(segments_[s].row0), sz(segments_[s].n_tok)));
+      segments_[s].state->advance(segments_[s].n_tok);
       if (offset_[i] == items[i].tokens.size()) done_.push_back(s);
     }
     if (done_.empty()) continue;
@@ -347,8 +343,10 @@ Expected<std::unique_ptr<CpuEngine>> make_cpu_engine(const Model& model, const C
   const int threads = options.threads > 0 ? options.threads : static_cast<int>(physical_core_cpus().size());
   // The caller's thread computes too (WorkerPool::run), so the pool holds one thread fewer.
   KESTREL_TRY_ASSIGN(std::unique_ptr<WorkerPool> pool, WorkerPool::create(std::max(threads, 1) - 1, options.pin));
+  if (options.populate) populate_tensor_data(model.file(), *pool);
+  const Isa isa = options.isa ? isa_choose(isa_name(*options.isa)) : isa_selected();
   return std::unique_ptr<CpuEngine>(
-      std::make_unique<CpuEngineImpl>(model, std::move(weights), options, std::move(pool), isa_selected()));
+      std::make_unique<CpuEngineImpl>(model, std::move(weights), options, std::move(pool), isa));
 }
 
 }  // namespace kestrel::cpu

@@ -2,7 +2,7 @@
 #include "cpu/ffn_block.h"
 
 #include <algorithm>
-#include <cstring>
+#include <optional>
 
 #include "core/reference/activations.h"
 
@@ -17,12 +17,27 @@ ref::QuantMatrix expert(const ref::QuantExperts& w, size_t e) {
   return ref::QuantMatrix{w.type, w.data + e * w.n_out * row_bytes, w.n_in, w.n_out};
 }
 
-// g[i] ← silu(g[i]) · u[i] (ref::swiglu_forward's activation).
-void swiglu(float* g, const float* u, size_t n) {
-  for (size_t i = 0; i < n; ++i) g[i] = ref::silu(g[i]) * u[i];
-}
-
 }  // namespace
+
+void FfnBlock::route(const float* logits, size_t E, size_t k, int32_t* ids, float* weights) {
+  // ref::moe_route's operations in its order, over member buffers instead of the ones it allocates.
+  probs_.assign(logits, logits + E);
+  ref::softmax(probs_.data(), static_cast<int>(E));
+  taken_.assign(E, 0);
+  float sum = 0.0f;
+  for (size_t j = 0; j < k; ++j) {
+    size_t best = E;
+    for (size_t e = 0; e < E; ++e) {  // strict '>' keeps the lowest index among equals
+      if (taken_[e] == 0 && (best == E || probs_[e] > probs_[best])) best = e;
+    }
+    taken_[best] = 1;
+    ids[j] = static_cast<int32_t>(best);
+    weights[j] = probs_[best];
+    sum += weights[j];
+  }
+  const float denom = std::max(sum, ref::kMoeWeightSumMin);
+  for (size_t j = 0; j < k; ++j) weights[j] = weights[j] / denom;
+}
 
 void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* x, float* out) {
   const size_t R = sz(pass.n_rows), H = sz(static_cast<int64_t>(w.router.n_in));
@@ -32,6 +47,7 @@ void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* 
   const size_t Is = shared ? sz(static_cast<int64_t>(w.gate_shexp.n_out)) : 0;
   const int n = pass.n_rows;
 
+  std::optional<SectionTimer> timer(std::in_place, pass.profile, StepSection::kMoeRouter);
   float* logits = grow(logits_, R * E);
   float* sgate = grow(sgate_, R);
   tasks_.clear();
@@ -43,9 +59,7 @@ void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* 
   if (slot_.size() < R * k) slot_.resize(R * k);
   if (packed_.size() < R * k) packed_.resize(R * k);
   float* wts = grow(wts_, R * k);
-  for (size_t r = 0; r < R; ++r) {
-    ref::moe_route(logits + r * E, static_cast<int>(E), static_cast<int>(k), ids_.data() + r * k, wts + r * k);
-  }
+  for (size_t r = 0; r < R; ++r) route(logits + r * E, E, k, ids_.data() + r * k, wts + r * k);
 
   // Pack the rows by expert (ascending), rows of one expert in batch order.
   start_.assign(E + 1, 0);
@@ -61,42 +75,51 @@ void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* 
     }
   }
   const size_t P = R * k;
-  float* xe = grow(xe_, P * H);
-  float* ge = grow(ge_, P * I);
-  float* ue = grow(ue_, P * I);
-  float* ye = grow(ye_, P * H);
-  for (size_t p = 0; p < P; ++p) std::memcpy(xe + p * H, x + sz(packed_[p]) * H, H * sizeof(float));
+  float* ge = grow(ge_, P * I);  // f32 [P, I]: silu(gate) · up of each packed row
+  float* ye = grow(ye_, P * H);  // f32 [P, H]: its expert's output
+  if (iota_.size() < P) {
+    iota_.resize(P);
+    for (size_t p = 0; p < P; ++p) iota_[p] = static_cast<int32_t>(p);
+  }
 
-  // Gate and up of every used expert and of the shared expert: one job.
+  timer.emplace(pass.profile, StepSection::kMoeExperts);
+  // Gate and up of every used expert and of the shared expert as SwiGLU pairs over the batch rows in place (each
+  // expert reads its rows of x through packed_; one quantization of x serves them all): one job.
   float* sg = grow(sg_, R * Is);
-  float* su = grow(su_, R * Is);
   float* sy = grow(sy_, R * H);
   tasks_.clear();
   for (size_t e = 0; e < E; ++e) {
     const int64_t rows = start_[e + 1] - start_[e];
     if (rows == 0) continue;
     const size_t p0 = sz(start_[e]);
-    tasks_.push_back(task_of(expert(w.gate_exps, e), xe + p0 * H, rows, ge + p0 * I));
-    tasks_.push_back(task_of(expert(w.up_exps, e), xe + p0 * H, rows, ue + p0 * I));
+    GemvTask t = task_of(expert(w.gate_exps, e), x, rows, ge + p0 * I);
+    t.w_up = expert(w.up_exps, e).data;
+    t.x_rows = packed_.data() + p0;
+    t.x_count = n;
+    tasks_.push_back(t);
   }
   if (shared) {
-    tasks_.push_back(task_of(w.gate_shexp, x, n, sg));
-    tasks_.push_back(task_of(w.up_shexp, x, n, su));
+    GemvTask t = task_of(w.gate_shexp, x, n, sg);
+    t.w_up = w.up_shexp.data;
+    tasks_.push_back(t);
   }
   pass.mm->run(tasks_);
-  swiglu(ge, ue, P * I);
-  if (shared) swiglu(sg, su, R * Is);
 
+  // Down of every used expert (reading the packed rows of ge, quantized once) and of the shared expert: one job.
   tasks_.clear();
   for (size_t e = 0; e < E; ++e) {
     const int64_t rows = start_[e + 1] - start_[e];
     if (rows == 0) continue;
     const size_t p0 = sz(start_[e]);
-    tasks_.push_back(task_of(expert(w.down_exps, e), ge + p0 * I, rows, ye + p0 * H));
+    GemvTask t = task_of(expert(w.down_exps, e), ge, rows, ye + p0 * H);
+    t.x_rows = iota_.data() + p0;
+    t.x_count = static_cast<int64_t>(P);
+    tasks_.push_back(t);
   }
   if (shared) tasks_.push_back(task_of(w.down_shexp, sg, n, sy));
   pass.mm->run(tasks_);
 
+  timer.emplace(pass.profile, StepSection::kMoeCombine);
   // Per row: experts in ascending id (the reference's order), then the gated shared expert.
   for (size_t r = 0; r < R; ++r) {
     float* y = out + r * H;
@@ -119,13 +142,12 @@ void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* 
 
 void FfnBlock::run_dense(const Pass& pass, const ref::DenseFfnWeights& w, const float* x, float* out) {
   const size_t R = sz(pass.n_rows), I = sz(static_cast<int64_t>(w.gate.n_out));
-  float* g = grow(ge_, R * I);
-  float* u = grow(ue_, R * I);
+  float* g = grow(ge_, R * I);  // f32 [R, I]: silu(gate) · up
   tasks_.clear();
-  tasks_.push_back(task_of(w.gate, x, pass.n_rows, g));
-  tasks_.push_back(task_of(w.up, x, pass.n_rows, u));
+  GemvTask t = task_of(w.gate, x, pass.n_rows, g);
+  t.w_up = w.up.data;
+  tasks_.push_back(t);
   pass.mm->run(tasks_);
-  swiglu(g, u, R * I);
   tasks_.clear();
   tasks_.push_back(task_of(w.down, g, pass.n_rows, out));
   pass.mm->run(tasks_);

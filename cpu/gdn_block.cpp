@@ -8,6 +8,7 @@
 #include "core/reference/gdn_layout.h"
 #include "core/reference/gdn_prepare.h"
 #include "core/reference/norm.h"
+#include "cpu/delta_rule.h"
 
 namespace kestrel::cpu {
 namespace {
@@ -73,19 +74,44 @@ void GdnBlock::run(const Pass& pass, const ref::GdnWeights& w, uint32_t layer, c
   };
   pass.mm->pool().for_each(static_cast<int64_t>(pass.segments.size()), prepare);
 
-  // Delta rule and gated norm per (session, V-head): each item owns one head's state.
+  // Delta rule and gated norm per (session, V-head): each item owns one head's state. Tokens that fill a chunk of
+  // kDeltaRuleChunk positions aligned to the sequence (position % 64 == 0 .. + 63) within this pass run the chunked
+  // form; the others (a prompt's first and last partial chunks, decode tokens) the recurrent step.
   float* o = grow(o_, R * Vd);
   float* n = grow(n_, R * Vd);
+  const DeltaRuleKernels dr = delta_rule_kernels(pass.mm->isa(), d.d_k, d.d_v);
   auto heads = [&](int64_t item) {
     const Segment& s = pass.segments[sz(item) / Vh];
     const int h = static_cast<int>(sz(item) % Vh);
-    ref::GdnState& st = s.state->gdn(layer);
+    float* state = s.state->gdn(layer).head(d, h);
     const size_t kh = sz(ref::gdn_k_head(d, h));
-    for (size_t r = sz(s.row0); r < sz(s.row0 + s.n_tok); ++r) {
+    for (size_t r = sz(s.row0); r < sz(s.row0 + s.n_tok);) {
+      const int64_t pos = s.n_past + static_cast<int64_t>(r - sz(s.row0));
       const size_t hv = r * Vd + sz(h) * dv;
-      ref::delta_rule_step(q + r * Kd + kh * dk, k + r * Kd + kh * dk, v + hv, g[r * Vh + sz(h)], beta[r * Vh + sz(h)],
-                           d.d_k, d.d_v, st.head(d, h), o + hv);
+      if (pos % kDeltaRuleChunk == 0 && r + kDeltaRuleChunk <= sz(s.row0 + s.n_tok)) {
+        DeltaRuleChunk c;
+        c.q = q + r * Kd + kh * dk;
+        c.k = k + r * Kd + kh * dk;
+        c.qk_stride = static_cast<int64_t>(Kd);
+        c.v = v + hv;
+        c.v_stride = static_cast<int64_t>(Vd);
+        c.g = g + r * Vh + sz(h);
+        c.beta = beta + r * Vh + sz(h);
+        c.gate_stride = static_cast<int64_t>(Vh);
+        c.o = o + hv;
+        c.o_stride = static_cast<int64_t>(Vd);
+        dr.chunk(c, d.d_k, d.d_v, state);
+        for (size_t t = r; t < r + kDeltaRuleChunk; ++t) {
+          const size_t ht = t * Vd + sz(h) * dv;
+          ref::rms_norm_gated(o + ht, z + ht, w.ssm_norm, d.d_v, d.eps, n + ht);
+        }
+        r += kDeltaRuleChunk;
+        continue;
+      }
+      dr.step(q + r * Kd + kh * dk, k + r * Kd + kh * dk, v + hv, g[r * Vh + sz(h)], beta[r * Vh + sz(h)], d.d_k, d.d_v,
+              state, o + hv);
       ref::rms_norm_gated(o + hv, z + hv, w.ssm_norm, d.d_v, d.eps, n + hv);
+      ++r;
     }
   };
   pass.mm->pool().for_each(static_cast<int64_t>(pass.segments.size() * Vh), heads);

@@ -1,7 +1,12 @@
-// The Gated DeltaNet layer of one pass (model-spec.md §3; ref::gdn_forward in recurrent mode): the input
-// projections and ssm_out over every row of the pass (one read of each matrix), the conv step, split, gates, delta
-// rule and gated norm per session, token by token, with core/reference's per-token functions. Per session the
-// operations are exactly the reference's recurrent ones; only the projections' summation order differs (gemv.h).
+// The Gated DeltaNet layer of one pass (model-spec.md §3; ref::gdn_forward): the input projections and ssm_out over
+// every row of the pass (one read of each matrix), then per session the conv step, split and gates token by token
+// with core/reference's per-token functions, the delta rule (cpu/delta_rule.h) and the gated norm. The delta rule
+// runs the chunked form over every chunk of kDeltaRuleChunk (64) sequence positions aligned to a multiple of 64
+// that lies wholly in the pass, and the recurrent step for the other tokens. So a prompt's result depends on where
+// the passes cut it only through which whole aligned chunks they leave intact: cuts at multiples of 64 positions
+// (the engine's passes and the Service's prefill ticks from position 0) give the same bits as one pass; other cuts
+// agree to f32 rounding (the two forms' difference). Decode tokens are always recurrent, and nothing depends on
+// the other sessions in the pass or on the thread count. At the scalar level the kernels are the reference's own.
 //
 // Parallel items: conv + split + gates one per segment; delta rule + gated norm one per (segment, V-head) pair.
 #pragma once

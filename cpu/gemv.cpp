@@ -18,22 +18,25 @@ const GemvKernels& gemv_kernels(Isa isa) {
   return kGemvScalar;
 }
 
-GemvRowsFn gemv_kernel(Isa isa, GgmlType type) {
+GemvKernel gemv_kernel(Isa isa, GgmlType type, GemvInput prefer) {
   const GemvKernels& k = gemv_kernels(isa);
+  const GemvTypeKernels* t = nullptr;
   switch (type) {
-    case GgmlType::kF32: return k.f32;
-    case GgmlType::kF16: return k.f16;
-    case GgmlType::kBF16: return k.bf16;
-    case GgmlType::kQ8_0: return k.q8_0;
-    case GgmlType::kQ4_0: return k.q4_0;
-    case GgmlType::kQ4_K: return k.q4_k;
-    case GgmlType::kQ5_K: return k.q5_k;
-    case GgmlType::kQ6_K: return k.q6_k;
-    default: return nullptr;
+    case GgmlType::kF32: t = &k.f32; break;
+    case GgmlType::kF16: t = &k.f16; break;
+    case GgmlType::kBF16: t = &k.bf16; break;
+    case GgmlType::kQ8_0: t = &k.q8_0; break;
+    case GgmlType::kQ4_0: t = &k.q4_0; break;
+    case GgmlType::kQ4_K: t = &k.q4_k; break;
+    case GgmlType::kQ5_K: t = &k.q5_k; break;
+    case GgmlType::kQ6_K: t = &k.q6_k; break;
+    default: return GemvKernel{};
   }
+  if (prefer == GemvInput::kQ8 && t->on_q8 != nullptr) return GemvKernel{t->on_q8, GemvInput::kQ8};
+  return GemvKernel{t->on_f32, GemvInput::kF32};
 }
 
-bool gemv_supports(GgmlType type) { return gemv_kernel(Isa::kScalar, type) != nullptr; }
+bool gemv_supports(GgmlType type) { return gemv_kernel(Isa::kScalar, type, GemvInput::kF32).fn != nullptr; }
 
 Expected<GemvTask> gemv_task(const ref::QuantMatrix& w, const float* x, int64_t n_vec, float* y) {
   if (!gemv_supports(w.type)) {

@@ -2,13 +2,17 @@
 //
 //   y[v][o] = Σ_i W[o][i] · x[v][i]      W: the raw rows of a ref::QuantMatrix (never widened in memory)
 //
-// Types: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. Each instruction-set level (isa.h) has its own kernels:
-// - scalar: each block is dequantized with core/quant into a 256-element stack tile and dotted in index order with
-//   one f32 accumulator, so its results are bit-identical to ref::matvec_batch;
-// - avx2 / avx512: blocks are decoded into the same tile with SIMD (exactly core/quant's values: one multiply and
-//   one subtraction per element, no fused rounding) and multiplied into f32 with FMA, four vector accumulators per
-//   activation vector, reduced in a fixed order at the end of the row.
-// Activations stay f32 (no int8 quantization), so the only difference from the reference is the summation order.
+// Types: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K. Each instruction-set level (isa.h) has its own kernels, and
+// each kernel takes its activations in one of two forms (GemvInput):
+// - kF32: x itself. scalar: each block is dequantized with core/quant into a 256-element stack tile and dotted in
+//   index order with one f32 accumulator, bit-identical to ref::matvec_batch. avx2 (all types) and avx512 (F32,
+//   F16, BF16): blocks decoded into the same tile with SIMD (exactly core/quant's values) and multiplied into f32
+//   with FMA, four vector accumulators per vector, reduced in a fixed order — the reference up to summation order.
+// - kQ8: x quantized per 32-element block (act_q8.h): avx512's Q8_0/Q4_0/Q4_K/Q5_K/Q6_K kernels, int8 VNNI dot
+//   products (gemv_q8_avx512.h says why: about twice the throughput of decoding to f32), exact in integers per 4
+//   elements, combined in f32 — the reference applied to x̃ (the dequantized activations) up to summation order.
+//   The scalar and avx2 levels have none (their types run on kF32). The caller (MatmulRunner) quantizes x into
+//   task.xq.
 //
 // Determinism: a row's result depends only on that row's weights, the vector and the level: not on n_vec, on which
 // rows another call computes, nor on the thread that runs it. Callers split rows across threads freely.
@@ -20,11 +24,14 @@
 #include "core/base/expected.h"
 #include "core/gguf/ggml_type.h"
 #include "core/reference/matvec.h"
+#include "cpu/act_q8.h"
 #include "cpu/isa.h"
 
 namespace kestrel::cpu {
 
-// One product. x: f32 [n_vec, n_in]; y: f32 [n_vec, n_out] (must not alias x).
+// One product. x: f32 [n_vec, n_in] — or, with x_rows, f32 [x_count, n_in] of which vector v is row x_rows[v] (the
+// rows of a batch that chose one expert, without copying them out); y: f32 [n_vec, n_out] (must not alias x). xq: x
+// quantized (act_q8.h, all of x's rows), read by kQ8 kernels only. w_up: read by MatmulRunner only (matmul.h).
 struct GemvTask {
   GgmlType type = GgmlType::kF32;
   const uint8_t* w = nullptr;  // n_out rows of row_bytes
@@ -32,31 +39,49 @@ struct GemvTask {
   int64_t n_in = 0;
   int64_t n_out = 0;
   const float* x = nullptr;
+  const int32_t* x_rows = nullptr;  // int32 [n_vec], or nullptr: vector v is row v
+  int64_t x_count = 0;              // rows of x when x_rows is set
+  ActQ8View xq;
   int64_t n_vec = 0;
   float* y = nullptr;
+  const uint8_t* w_up = nullptr;  // a second matrix shaped as w: y = silu(W x) · (W_up x)
 };
+
+// The row of x (and of xq) that vector v of a task reads.
+inline int64_t gemv_x_row(const GemvTask& t, int64_t v) { return t.x_rows != nullptr ? t.x_rows[v] : v; }
 
 // Computes rows [row_begin, row_end) of y for every vector.
 using GemvRowsFn = void (*)(const GemvTask& task, int64_t row_begin, int64_t row_end);
 
-// The kernels of one level, by weight type; nullptr for a type the level does not have.
+// Which form of the activations a kernel reads.
+enum class GemvInput {
+  kF32,  // task.x
+  kQ8,   // task.xq
+};
+
+// A type's kernels at one level, by the form of activations they read (nullptr: none).
+struct GemvTypeKernels {
+  GemvRowsFn on_f32 = nullptr;
+  GemvRowsFn on_q8 = nullptr;
+};
+
+// The kernels of one level, by weight type.
 struct GemvKernels {
-  GemvRowsFn f32 = nullptr;
-  GemvRowsFn f16 = nullptr;
-  GemvRowsFn bf16 = nullptr;
-  GemvRowsFn q8_0 = nullptr;
-  GemvRowsFn q4_0 = nullptr;
-  GemvRowsFn q4_k = nullptr;
-  GemvRowsFn q5_k = nullptr;
-  GemvRowsFn q6_k = nullptr;
+  GemvTypeKernels f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k;
+};
+
+struct GemvKernel {
+  GemvRowsFn fn = nullptr;  // nullptr: the level has no kernel for the type
+  GemvInput input = GemvInput::kF32;
 };
 
 // The table of a level (each defined in its own translation unit). Calling a kernel of a level the CPU lacks
 // (isa_supported() false) is undefined.
 const GemvKernels& gemv_kernels(Isa isa);
 
-// The kernel for `type` at `isa`, or nullptr.
-GemvRowsFn gemv_kernel(Isa isa, GgmlType type);
+// The kernel for `type` at `isa`: the kQ8 one when `prefer` is kQ8 and the level has it, else the kF32 one (fn
+// nullptr when the type has none).
+GemvKernel gemv_kernel(Isa isa, GgmlType type, GemvInput prefer);
 
 // Whether a weight type has kernels (the same set at every level).
 bool gemv_supports(GgmlType type);

@@ -40,7 +40,7 @@ void gemv_rows_scalar(const GemvTask& t, int64_t row_begin, int64_t row_end) {
         // The task was checked by gemv_task: the type dequantizes and len is a whole number of blocks.
         (void)dequantize_row(kType, row + chunk_offset<kType>(base), tile, len);
         for (int64_t v = 0; v < nv; ++v) {
-          const float* x = t.x + (v0 + v) * t.n_in + base;
+          const float* x = t.x + gemv_x_row(t, v0 + v) * t.n_in + base;
           float a = acc[v];
           for (int64_t i = 0; i < len; ++i) a += tile[i] * x[i];
           acc[v] = a;
@@ -55,9 +55,9 @@ void gemv_rows_scalar(const GemvTask& t, int64_t row_begin, int64_t row_end) {
 
 extern const GemvKernels kGemvScalar;
 const GemvKernels kGemvScalar = {
-    gemv_rows_scalar<GgmlType::kF32>,  gemv_rows_scalar<GgmlType::kF16>,  gemv_rows_scalar<GgmlType::kBF16>,
-    gemv_rows_scalar<GgmlType::kQ8_0>, gemv_rows_scalar<GgmlType::kQ4_0>, gemv_rows_scalar<GgmlType::kQ4_K>,
-    gemv_rows_scalar<GgmlType::kQ5_K>, gemv_rows_scalar<GgmlType::kQ6_K>,
+    {gemv_rows_scalar<GgmlType::kF32>},  {gemv_rows_scalar<GgmlType::kF16>},  {gemv_rows_scalar<GgmlType::kBF16>},
+    {gemv_rows_scalar<GgmlType::kQ8_0>}, {gemv_rows_scalar<GgmlType::kQ4_0>}, {gemv_rows_scalar<GgmlType::kQ4_K>},
+    {gemv_rows_scalar<GgmlType::kQ5_K>}, {gemv_rows_scalar<GgmlType::kQ6_K>},
 };
 
 }  // namespace kestrel::cpu

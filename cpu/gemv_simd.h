@@ -248,7 +248,7 @@ void gemv_rows(const GemvTask& t, int64_t row_begin, int64_t row_end) {
         const float* w = Decoder::decode(row, base, len, tile);
         const int64_t n_full = len / L * L;
         for (int64_t v = 0; v < nv; ++v) {
-          const float* x = t.x + (v0 + v) * t.n_in + base;
+          const float* x = t.x + gemv_x_row(t, v0 + v) * t.n_in + base;
           Vec a0 = acc[v][0], a1 = acc[v][1], a2 = acc[v][2], a3 = acc[v][3];
           int64_t i = 0;
           for (; i + 4 * L <= n_full; i += 4 * L) {
@@ -285,14 +285,14 @@ void gemv_rows(const GemvTask& t, int64_t row_begin, int64_t row_end) {
 template <class S>
 constexpr GemvKernels make_kernels() {
   GemvKernels k;
-  k.f32 = gemv_rows<S, DecodeF32>;
-  k.f16 = gemv_rows<S, DecodeF16>;
-  k.bf16 = gemv_rows<S, DecodeBf16>;
-  k.q8_0 = gemv_rows<S, DecodeQ8_0>;
-  k.q4_0 = gemv_rows<S, DecodeQ4_0>;
-  k.q4_k = gemv_rows<S, DecodeQ4_K>;
-  k.q5_k = gemv_rows<S, DecodeQ5_K>;
-  k.q6_k = gemv_rows<S, DecodeQ6_K>;
+  k.f32.on_f32 = gemv_rows<S, DecodeF32>;
+  k.f16.on_f32 = gemv_rows<S, DecodeF16>;
+  k.bf16.on_f32 = gemv_rows<S, DecodeBf16>;
+  k.q8_0.on_f32 = gemv_rows<S, DecodeQ8_0>;
+  k.q4_0.on_f32 = gemv_rows<S, DecodeQ4_0>;
+  k.q4_k.on_f32 = gemv_rows<S, DecodeQ4_K>;
+  k.q5_k.on_f32 = gemv_rows<S, DecodeQ5_K>;
+  k.q6_k.on_f32 = gemv_rows<S, DecodeQ6_K>;
   return k;
 }
 

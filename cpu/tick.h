@@ -13,6 +13,7 @@
 
 #include "core/reference/session_state.h"
 #include "cpu/matmul.h"
+#include "cpu/step_profile.h"
 
 namespace kestrel::cpu {
 
@@ -25,6 +26,7 @@ struct Segment {
 
 struct Pass {
   MatmulRunner* mm = nullptr;
+  StepProfile* profile = nullptr;  // where to add section times (nullptr: not profiling)
   std::span<const Segment> segments;
   int n_rows = 0;  // Σ n_tok
 };

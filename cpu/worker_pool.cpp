@@ -122,13 +122,17 @@ void WorkerPool::worker_loop(int) {
 }
 
 void WorkerPool::submit(const Job& job) {
+  const uint64_t g = generation_.load(std::memory_order_relaxed) + 1;
+  // The cursor moves to the new generation first, closing the finished job: a late worker of that job may still be
+  // inside claim() with the old generation, and must not pair the old cursor with the new n_items_ (it would claim
+  // item n_old of the new job under the old generation, running it twice and before job_ is published). n_items_
+  // is stored with release after this, so a claim that reads the new count also sees the new cursor and fails.
+  cursor_.store(g << 32, std::memory_order_relaxed);
   job_ = job;
   items_done_.store(0, std::memory_order_relaxed);
   finished_.store(job.n_items > 0 ? 0 : 1, std::memory_order_relaxed);
-  n_items_.store(job.n_items, std::memory_order_relaxed);
-  const uint64_t g = generation_.load(std::memory_order_relaxed) + 1;
-  cursor_.store(g << 32, std::memory_order_release);  // publishes job_ to whoever claims an item
-  generation_.store(g, std::memory_order_release);
+  n_items_.store(job.n_items, std::memory_order_release);
+  generation_.store(g, std::memory_order_release);  // publishes job_ to the workers that wake for generation g
   generation_.notify_all();
 }
 

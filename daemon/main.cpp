@@ -1,8 +1,9 @@
 // kestreld: the Kestrel inference daemon. Parse → build → run until SIGTERM (design.md §2, docs/operations.md):
 //
-//   config (file + flags) → logging → gRPC listener (health NOT_SERVING, calls UNAVAILABLE) → model (or the embedded
-//   default) → engine → service → attached to the handlers → shm server → health SERVING + READY=1 → wait for
-//   SIGTERM/SIGINT → STOPPING=1, health NOT_SERVING, drain for stop_timeout_s, servers shut down → exit 0.
+//   config (file + flags) → logging → gRPC listener (health NOT_SERVING, calls UNAVAILABLE) and HTTP listener when
+//   configured (/health "loading") → model (or the embedded default) → engine → service → attached to the handlers
+//   and the HTTP API → shm server → health SERVING + READY=1 → wait for SIGTERM/SIGINT → STOPPING=1, health
+//   NOT_SERVING, drain for stop_timeout_s, servers shut down → exit 0.
 //
 // Exit status: 0 after a drain (and for --help, --version, --print-config, --check-config); 1 when start-up fails
 // (one line saying why: bad config, unreadable or corrupt model, socket folder not writable, address in use) or on a
@@ -15,6 +16,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -23,10 +26,10 @@
 #include "core/engine/engine.h"
 #include "core/model/model.h"
 #include "daemon/engine/service.h"
+#include "daemon/http/http_server.h"
 #include "daemon/ops/allocator.h"
 #include "daemon/ops/command_line.h"
 #include "daemon/ops/config.h"
-#include "daemon/ops/default_model.h"
 #include "daemon/ops/engine_select.h"
 #include "daemon/ops/logging.h"
 #include "daemon/ops/model_loader.h"
@@ -36,6 +39,7 @@
 #include "daemon/server/grpc_server.h"
 #include "daemon/server/rpc_handlers.h"
 #include "daemon/shm/shm_server.h"
+#include "tools/mkmodel/default_model.h"
 
 #ifndef KESTREL_VERSION
 #define KESTREL_VERSION "unknown"
@@ -56,8 +60,50 @@ struct Daemon {
   std::unique_ptr<RpcHandlers> handlers;
   std::unique_ptr<GrpcServer> grpc;
   std::unique_ptr<ShmServer> shm;
+  std::unique_ptr<http::HttpServer> http;
   std::string model_path;  // the file served (the default model's path when none was configured)
 };
+
+// The HTTP server's options; the API key is read from [http] api_key_file when that is set.
+Expected<http::HttpServerOptions> http_options(const DaemonConfig& config) {
+  http::HttpServerOptions o;
+  o.address = config.listen.http;
+  o.api_key = config.http.api_key;
+  if (!config.http.api_key_file.empty()) {
+    std::ifstream in(config.http.api_key_file);
+    if (!in || !std::getline(in, o.api_key)) {
+      return make_error(ErrorCode::kIo,
+                        "[http] api_key_file " + config.http.api_key_file + ": cannot read a key from its first line");
+    }
+    while (!o.api_key.empty() && (o.api_key.back() == '\r' || o.api_key.back() == ' ')) o.api_key.pop_back();
+    if (o.api_key.empty()) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "[http] api_key_file " + config.http.api_key_file + ": the first line is empty");
+    }
+  }
+  o.max_body_bytes = config.http.max_body_bytes;
+  o.max_concurrent_requests = config.http.max_concurrent_requests;
+  o.max_connections = config.http.max_connections;
+  return o;
+}
+
+// What the HTTP API says about the model: its id, its chat template and the texts of its BOS and EOS tokens.
+http::ServedModel served_model(const DaemonConfig& config, const Model& model, const std::string& path) {
+  http::ServedModel m;
+  m.id = config.http.served_model_name;
+  if (m.id.empty()) m.id = std::filesystem::path(path).stem().string();
+  m.created =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const Tokenizer& tok = model.tokenizer();
+  m.chat_template = tok.vocab().chat_template;
+  auto text = [&](int32_t id) {
+    auto bytes = id >= 0 ? tok.token_bytes(id) : Expected<std::string_view>(std::string_view());
+    return bytes ? std::string(*bytes) : std::string();
+  };
+  m.bos_token = text(tok.vocab().bos_id);
+  m.eos_token = text(tok.vocab().eos_id);
+  return m;
+}
 
 // Builds the daemon from a validated configuration, reporting progress through the log and STATUS=.
 Expected<Daemon> build(const DaemonConfig& config) {
@@ -74,12 +120,18 @@ Expected<Daemon> build(const DaemonConfig& config) {
   grpc_options.unix_socket_mode = static_cast<mode_t>(config.listen.socket_mode);
   grpc_options.tcp_address = config.listen.tcp;
   KESTREL_TRY_ASSIGN(d.grpc, GrpcServer::create(*d.handlers, grpc_options));
+  if (!config.listen.http.empty()) {
+    // Bound now too: while the model loads, /health answers {"status": "loading"} and /v1/ routes 503.
+    KESTREL_TRY_ASSIGN(http::HttpServerOptions http_opts, http_options(config));
+    KESTREL_TRY_ASSIGN(d.http, http::HttpServer::start(http_opts));
+  }
 
   std::string path = config.model;
   if (path.empty()) {
     notify_status("preparing the default model in " + config.cache_dir);
-    KESTREL_TRY_ASSIGN(DefaultModel dm,
-                       ensure_default_model(config.cache_dir, [](std::string_view line) { spdlog::info("{}", line); }));
+    KESTREL_TRY_ASSIGN(
+        mkmodel::DefaultModel dm,
+        mkmodel::ensure_default_model(config.cache_dir, [](std::string_view line) { spdlog::info("{}", line); }));
     path = dm.path;
   }
   d.model_path = path;
@@ -110,6 +162,7 @@ Expected<Daemon> build(const DaemonConfig& config) {
                in_force.max_sessions, in_force.max_queued_steps, in_force.default_n_ctx, in_force.max_session_ctx,
                in_force.max_batch_tokens, in_force.default_idle_ttl.count());
   d.handlers->attach(*d.service);
+  if (d.http) d.http->attach(*d.service, served_model(config, *d.model, path));
 
   if (!config.listen.shm_socket.empty()) {
     KESTREL_TRY(prepare_socket_dir(config.listen.shm_socket));
@@ -173,7 +226,8 @@ int run(int argc, char** argv) {
   Daemon& d = *daemon;
 
   d.grpc->set_serving(true);
-  const std::string serving = "serving " + d.model_path + " on " + config.listen.socket;
+  const std::string serving = "serving " + d.model_path + " on " + config.listen.socket +
+                              (d.http ? " and http://" + config.listen.http : std::string());
   notify_ready(serving);
   spdlog::info("{}", serving);
 
@@ -193,6 +247,7 @@ int run(int argc, char** argv) {
   // The shm connections keep running while the service drains, so their in-flight streams finish; then they end.
   d.service->drain(deadline);
   if (d.shm) d.shm->stop();
+  if (d.http) d.http->stop(Clock::now() + std::chrono::seconds(2));  // the drained streams' last events go out
   d.grpc->shutdown(Clock::now() + std::chrono::seconds(1));
   watchdog.stop();
   const ServiceStats stats = d.service->stats();

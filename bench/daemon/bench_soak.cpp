@@ -1,18 +1,22 @@
 // bench_soak: kestreld under a sustained mixed load, as many programs use it at once. It starts a kestreld child
 // (by default `--engine cpu` on the embedded tiny model), runs --clients client threads for --duration seconds, each
-// on its own connection — alternately gRPC (Unix socket) and the shm fast path — looping over Steps (a prompt, then
-// the sampled token fed back) and Generates (16 tokens) on sessions of their own, and samples the daemon's resident
-// memory, open file descriptors and threads every second. Then it sends SIGTERM and checks that kestreld exits 0.
+// on its own connection — in turn gRPC (Unix socket), the shm fast path and the OpenAI-compatible HTTP API (kestreld
+// --http on a free loopback port), as --transports lists them — looping over Steps (a prompt, then the sampled token
+// fed back; over HTTP a one-token completion) and Generates (16 tokens; over HTTP a streamed completion) on sessions
+// of their own, and samples the daemon's resident memory, open file descriptors and threads every second. Then it
+// sends SIGTERM and checks that kestreld exits 0.
 //
 // It prints, per operation and transport: requests, errors (with the first messages), p50 / p99 / max latency; the
 // daemon's RSS, fds and threads at the start (all clients connected), middle and end, and RSS's range over the second
 // half (a leak shows as growth there); and the command line. docs/benchmarks.md has the figures and the reason for
-// kestreld's allocator setting. Transports are behind SoakTransport (soak_transport.h), so a client for another
-// transport (HTTP) is one more implementation and one more --mix entry.
+// kestreld's allocator setting. Transports are behind SoakTransport (soak_transport.h).
 //
 //   bench_soak [--kestreld PATH] [--clients 64] [--duration 600] [--engine cpu] [--threads 2] [--model GGUF]
-//              [--env NAME=VALUE]... [--daemon-arg ARG]...
+//              [--transports grpc,shm,http] [--env NAME=VALUE]... [--daemon-arg ARG]...
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +30,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,8 +54,25 @@ struct Options {
   int duration_s = 600;
   std::vector<std::string> env;  // NAME=VALUE for kestreld
   std::vector<std::string> daemon_args;
-  std::string cache_dir;  // where the default model is kept between runs
+  std::string cache_dir;                                          // where the default model is kept between runs
+  std::vector<std::string> transports = {"grpc", "shm", "http"};  // clients are given these in turn
 };
+
+// A loopback TCP port that was free a moment ago (for kestreld --http).
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  int port = 0;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  if (fd >= 0) close(fd);
+  return port;
+}
 
 // One sample of the daemon process.
 struct ProcSample {
@@ -91,6 +113,12 @@ class Daemon {
     d->shm_uri_ = "shm://" + shm;
     std::vector<std::string> args = {o.kestreld, "--socket",    sock,        "--shm-socket",   shm, "--engine",
                                      o.engine,   "--cache-dir", o.cache_dir, "--stop-timeout", "10"};
+    if (std::find(o.transports.begin(), o.transports.end(), "http") != o.transports.end()) {
+      const int port = free_port();
+      if (port == 0) return make_error(ErrorCode::kIo, "no free loopback port for kestreld --http");
+      d->http_uri_ = "http://127.0.0.1:" + std::to_string(port);
+      args.insert(args.end(), {"--http", "127.0.0.1:" + std::to_string(port)});
+    }
     if (!o.model.empty()) args.insert(args.end(), {"--model", o.model});
     if (o.threads > 0) args.insert(args.end(), {"--threads", std::to_string(o.threads)});
     args.insert(args.end(), o.daemon_args.begin(), o.daemon_args.end());
@@ -146,11 +174,15 @@ class Daemon {
   pid_t pid() const { return pid_; }
   const std::string& grpc_uri() const { return grpc_uri_; }
   const std::string& shm_uri() const { return shm_uri_; }
+  // The URI of a transport named in Options::transports.
+  const std::string& uri(const std::string& transport) const {
+    return transport == "grpc" ? grpc_uri_ : transport == "shm" ? shm_uri_ : http_uri_;
+  }
 
  private:
   Daemon() = default;
   pid_t pid_ = -1;
-  std::string dir_, grpc_uri_, shm_uri_;
+  std::string dir_, grpc_uri_, shm_uri_, http_uri_;
 };
 
 // Latencies and errors of one (operation, transport) pair.
@@ -212,7 +244,7 @@ int run(const Options& o, const std::string& command_line) {
   std::vector<std::thread> clients;
   for (int i = 0; i < o.clients; ++i) {
     clients.emplace_back([&, i] {
-      const std::string uri = i % 2 == 0 ? d.grpc_uri() : d.shm_uri();
+      const std::string uri = d.uri(o.transports[static_cast<size_t>(i) % o.transports.size()]);
       auto t = make_soak_transport(uri, work);
       if (!t) {
         ++connect_failures;
@@ -251,8 +283,14 @@ int run(const Options& o, const std::string& command_line) {
   status_client = make_error(ErrorCode::kCancelled, "closed");
   const int exit_status = d.stop();
 
-  std::printf("bench_soak: %d clients (%d gRPC, %d shm; %d failed to connect), %d s, kestreld --engine %s\n", o.clients,
-              (o.clients + 1) / 2, o.clients / 2, connect_failures.load(), o.duration_s, o.engine.c_str());
+  std::ostringstream mix;
+  for (size_t k = 0; k < o.transports.size(); ++k) {
+    int n = 0;
+    for (int i = 0; i < o.clients; ++i) n += static_cast<size_t>(i) % o.transports.size() == k ? 1 : 0;
+    mix << (k ? ", " : "") << n << " " << o.transports[k];
+  }
+  std::printf("bench_soak: %d clients (%s; %d failed to connect), %d s, kestreld --engine %s\n", o.clients,
+              mix.str().c_str(), connect_failures.load(), o.duration_s, o.engine.c_str());
   std::printf(
       "\n| operation | transport | requests | errors | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|---|\n");
   auto stats = recorder.take();
@@ -300,15 +338,19 @@ int run(const Options& o, const std::string& command_line) {
 int main(int argc, char** argv) {
   kestrel::bench::Options o;
   o.cache_dir = (std::filesystem::temp_directory_path() / "kestrel-soak-cache").string();
-  CLI::App app{"bench_soak: kestreld under many gRPC and shm clients for a while; latency, errors, RSS and fds"};
+  CLI::App app{"bench_soak: kestreld under many gRPC, shm and HTTP clients for a while; latency, errors, RSS and fds"};
   app.add_option("--kestreld", o.kestreld, "the kestreld binary")->capture_default_str();
   app.add_option("--model", o.model, "GGUF model (default: kestreld's embedded tiny model)");
   app.add_option("--engine", o.engine, "kestreld --engine")->capture_default_str();
   app.add_option("--threads", o.threads, "kestreld --threads (CPU engine; 0: its default)")->capture_default_str();
-  app.add_option("-c,--clients", o.clients, "client connections, alternately gRPC and shm")
+  app.add_option("-c,--clients", o.clients, "client connections, given the transports in turn")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   app.add_option("-d,--duration", o.duration_s, "seconds of load")->capture_default_str()->check(CLI::Range(1, 86400));
+  app.add_option("--transports", o.transports, "transports the clients use in turn: grpc, shm, http")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"grpc", "shm", "http"}))
+      ->capture_default_str();
   app.add_option("--env", o.env, "NAME=VALUE in kestreld's environment (repeatable), e.g. MALLOC_ARENA_MAX=2");
   app.add_option("--daemon-arg", o.daemon_args, "one more kestreld argument (repeatable)");
   app.add_option("--cache-dir", o.cache_dir, "kestreld --cache-dir (the default model is made there once)")

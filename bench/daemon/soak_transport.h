@@ -1,7 +1,8 @@
 // The soak benchmark's view of a transport (bench_soak.cpp): one client connection that can run the soak's
 // operations, each timed by the caller. kestreld's own transports (gRPC on its Unix socket, the shm fast path) are
-// one implementation over libkestrel-client; another transport (HTTP, once kestreld serves it) implements the same
-// interface with the operations it has and is added to make_soak_transport().
+// one implementation over libkestrel-client; its OpenAI-compatible HTTP API is another, over one kept-alive HTTP/1.1
+// connection (Boost.Beast), where a "step" is a one-token completion and a "generate" a streamed completion (HTTP has
+// no sessions: each request runs in a temporary one).
 //
 // Threading: one SoakTransport per client thread. Ownership: each owns its connection.
 #pragma once
@@ -42,7 +43,8 @@ class SoakTransport {
   virtual Status run(SoakOp op, std::mt19937_64& rng) = 0;
 };
 
-// uri: "unix://..." (gRPC) or "shm://..." (libkestrel-client). kUnavailable when it cannot connect.
+// uri: "unix://..." (gRPC) or "shm://..." (libkestrel-client), or "http://HOST:PORT" (kestreld --http). kUnavailable
+// when it cannot connect.
 Expected<std::unique_ptr<SoakTransport>> make_soak_transport(const std::string& uri, const SoakWork& work);
 
 }  // namespace kestrel::bench

@@ -71,7 +71,7 @@ Status run(const Args& a) {
   CudaEngineOptions o;
   o.max_slots = max_b;
   o.n_ctx = a.prompt + 3 * a.steps + 64;
-  o.programmatic = a.programmatic;
+  o.tuning.programmatic = a.programmatic;
   const auto t0 = std::chrono::steady_clock::now();
   KESTREL_TRY_ASSIGN(std::unique_ptr<CudaEngine> e, make_cuda_engine(*model, o));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

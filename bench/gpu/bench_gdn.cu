@@ -12,8 +12,8 @@
 //   it
 //            waits for the one before, as a decode step chains its kernels), against the copy kernel chained the
 //            same way (its loads before the wait, its stores after);
-//   kernel = the kernel gdn_decode picks; us cluster / per-head / two-kernel = each kernel forced
-//            (gdn_decode_force_kernel), plain launches, so the choice can be checked against them.
+//   kernel = the kernel gdn_decode picks; per-head / two-kernel = each kernel forced (GdnDecodeTuning::kernel), plain
+//            launches, so the choice can be checked against them.
 // The states stay cold in the 60 MB L2: K sets of session states (K·bytes >= 256 MiB) are used in rotation, launch
 // i on set i % K. Each figure is the median of 5 replays of a CUDA graph of >= 200 steps, after warm-up.
 //
@@ -80,11 +80,11 @@ Status run() {
   KESTREL_TRY(upload(sn, normal(static_cast<size_t>(d.d_v), 0.3f, rng)));
   const GdnDecodeWeights w{conv1d.floats(), dt.floats(), sa.floats(), sn.floats()};
 
-  std::printf("\n%-8s %6s %12s %9s %10s %9s %9s %10s %15s %9s %8s %12s %9s %10s %10s %10s\n", "sessions", "sets",
-              "bytes", "us", "GB/s", "%read", "%copy", "kernel", "matched copy us", "%matched", "us PDL", "copy PDL us",
-              "%m PDL", "cluster", "per-head", "two-kernel");
+  std::printf("\n%-8s %6s %12s %9s %10s %9s %9s %10s %15s %9s %8s %12s %9s %10s %10s\n", "sessions", "sets", "bytes",
+              "us", "GB/s", "%read", "%copy", "kernel", "matched copy us", "%matched", "us PDL", "copy PDL us",
+              "%m PDL", "per-head", "two-kernel");
+  KESTREL_TRY_ASSIGN(const GdnKernel kernel, gdn_decode_kernel(d));
   for (const int n_seq : {1, 2, 4, 8, 16, 32}) {
-    KESTREL_TRY_ASSIGN(const GdnKernel kernel, gdn_decode_kernel(d, n_seq));
     const size_t N = static_cast<size_t>(n_seq);
     const uint64_t state_bytes = N * slot_elems * sizeof(float);
     const uint64_t k = std::max<uint64_t>(2, (kRotationBytes + state_bytes - 1) / state_bytes);
@@ -123,23 +123,23 @@ Status run() {
 
     const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
     const GdnSlot* slots_dev = reinterpret_cast<const GdnSlot*>(slots.bytes());
-    auto time_steps = [&](bool programmatic) {
+    auto time_steps = [&](bool programmatic, const GdnDecodeTuning& tuning) {
       return time_graph_us(stream, n_launch, [&](int i) {
         return gdn_decode(d, ref::GdnProjection::kQkvGateBetaAlpha, w, in, slots_dev + static_cast<uint64_t>(i) % k * N,
-                          n_seq, out.floats(), ws.bytes(), stream, programmatic);
+                          n_seq, out.floats(), ws.bytes(), stream, programmatic, tuning);
       });
     };
-    KESTREL_TRY_ASSIGN(const double us, time_steps(false));
-    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));
-    double us_forced[3] = {};  // cluster, per-head, two-kernel; 0 where the kernel cannot serve the shape
-    const GdnKernel forced[3] = {GdnKernel::kCluster, GdnKernel::kPerHead, GdnKernel::kTwoKernel};
-    for (int f = 0; f < 3; ++f) {
-      gdn_decode_force_kernel(forced[f]);
-      const Expected<GdnKernel> served = gdn_decode_kernel(d, n_seq);
-      const Expected<double> t = served && *served == forced[f] ? time_steps(false) : Expected<double>(0.0);
-      gdn_decode_force_kernel(GdnKernel::kAuto);
-      if (!served) return served.error();
-      KESTREL_TRY_ASSIGN(us_forced[f], t);
+    KESTREL_TRY_ASSIGN(const double us, time_steps(false, GdnDecodeTuning{}));
+    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true, GdnDecodeTuning{}));
+    double us_forced[2] = {};  // per-head, two-kernel; 0 where the kernel cannot serve the shape
+    const GdnKernel forced[2] = {GdnKernel::kPerHead, GdnKernel::kTwoKernel};
+    for (int f = 0; f < 2; ++f) {
+      GdnDecodeTuning tuning;
+      tuning.kernel = forced[f];
+      KESTREL_TRY_ASSIGN(const GdnKernel served, gdn_decode_kernel(d, tuning));
+      if (served == forced[f]) {
+        KESTREL_TRY_ASSIGN(us_forced[f], time_steps(false, tuning));
+      }
     }
     // Sanity: the outputs are finite (a broken launch cannot pass as fast).
     std::vector<float> o(N * Vd);
@@ -154,11 +154,10 @@ Status run() {
     const double gbs = static_cast<double>(bytes) / (us * 1e3);
     KESTREL_TRY_ASSIGN(const double copy_us, matched_copy_us(bytes, kRotationBytes, setup.sm_count, stream));
     KESTREL_TRY_ASSIGN(const double copy_pdl_us, matched_copy_us(bytes, kRotationBytes, setup.sm_count, stream, true));
-    std::printf(
-        "%-8d %6d %12llu %9.2f %10.0f %8.1f%% %8.1f%% %10s %15.2f %8.1f%% %8.2f %12.2f %8.1f%% %10.2f %10.2f %10.2f\n",
-        n_seq, static_cast<int>(k), static_cast<unsigned long long>(bytes), us, gbs, 100.0 * gbs / lim.peak_read_gbs,
-        100.0 * gbs / lim.copy_gbs, gdn_kernel_name(kernel), copy_us, 100.0 * copy_us / us, us_pdl, copy_pdl_us,
-        100.0 * copy_pdl_us / us_pdl, us_forced[0], us_forced[1], us_forced[2]);
+    std::printf("%-8d %6d %12llu %9.2f %10.0f %8.1f%% %8.1f%% %10s %15.2f %8.1f%% %8.2f %12.2f %8.1f%% %10.2f %10.2f\n",
+                n_seq, static_cast<int>(k), static_cast<unsigned long long>(bytes), us, gbs,
+                100.0 * gbs / lim.peak_read_gbs, 100.0 * gbs / lim.copy_gbs, gdn_kernel_name(kernel), copy_us,
+                100.0 * copy_us / us, us_pdl, copy_pdl_us, 100.0 * copy_pdl_us / us_pdl, us_forced[0], us_forced[1]);
   }
   std::printf(
       "\n%%read = (bytes / peak read) / time; %%copy = (bytes / D2D copy rate) / time; %%matched = time of a plain "

@@ -13,8 +13,10 @@
 // Weights are core's quantize_row of uniform random rows (64 distinct rows repeated), so every block is valid; a
 // few outputs of each case are checked against a host dequantize-and-dot, so a broken launch cannot pass as fast.
 //
-// Usage: build/gpu/bin/bench_gemv [FILTER]   (no filter: every case, ~2 min on an H200). docs/benchmarks.md records
-// results.
+// Usage: build/gpu/bin/bench_gemv [--split S] [FILTER]   (no filter: every case, ~2 min on an H200).
+//   FILTER keeps the cases whose "shape/kernel/type" contains it (e.g. "lm_head/imma/q4_0", for a profiler run);
+//   --split S runs GEMV v4 with S warps per row group (GemvImmaTuning::split) instead of the split by shape, for a
+//   sweep. docs/benchmarks.md records results.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -61,7 +63,7 @@ struct Shape {
 // gemv() on raw GGUF rows (v1/v2); gemv_imma() on the re-tiled copy (v4), with x prepared once outside the timed
 // launches (as a decode step does for the matrices that share an x, or as the op that produces x writes it), or with
 // one preparation per launch. (GEMV v3, bf16 tensor cores on the same tiles, was removed once v4 beat it at every
-// shape; its figures stay in docs/benchmarks.md.)
+// shape; dev/notes/gpu-kernels.md has its figures.)
 enum class Kernel { kRaw, kImma, kImmaPrep };
 constexpr int kKernels = 3;
 constexpr const char* kKernelNames[kKernels] = {"raw", "imma", "i+prep"};
@@ -160,9 +162,9 @@ Status check_outputs(const Case& c, int batch, const std::vector<unsigned char>&
   return {};
 }
 
-Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partials, const float* x_dev,
-                const std::vector<float>& x_host, float* y_dev, cudaStream_t stream, std::mt19937& rng,
-                std::vector<Row>& rows) {
+Status run_case(const Case& c, const GemvImmaTuning& tuning, const Limits& lim, int sm_count, unsigned* partials,
+                const float* x_dev, const std::vector<float>& x_host, float* y_dev, cudaStream_t stream,
+                std::mt19937& rng, std::vector<Row>& rows) {
   KESTREL_TRY_ASSIGN(const uint64_t row_bytes, ggml_row_bytes(c.type, static_cast<uint64_t>(c.shape.n_in)));
   const uint64_t bytes = row_bytes * static_cast<uint64_t>(c.shape.n_out);  // B
   const uint64_t stride = (bytes + 255) / 256 * 256;                        // copies 256-byte aligned
@@ -202,7 +204,8 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
           const void* data = weights.bytes() + static_cast<uint64_t>(i) % k * stride;
           if (c.kernel == Kernel::kImmaPrep) KESTREL_TRY(prepare(batch));
           if (c.kernel != Kernel::kRaw) {
-            return gemv_imma(TiledView{c.type, data, c.shape.n_in, c.shape.n_out}, xprep, batch, y_dev, stream);
+            return gemv_imma(TiledView{c.type, data, c.shape.n_in, c.shape.n_out}, xprep, batch, y_dev, stream, false,
+                             tuning);
           }
           return gemv(DeviceMatrixView{c.type, data, c.shape.n_in, c.shape.n_out}, x_dev, batch, y_dev, stream);
         }));
@@ -222,11 +225,11 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
       // The same launches as programmatic dependents of each other, as a decode step chains them (the weight loads
       // start during the launch before), against the read kernel chained the same way.
       KESTREL_CUDA_TRY(cudaMemset(y_dev, 0xFF, static_cast<size_t>(batch * c.shape.n_out) * sizeof(float)));
-      KESTREL_TRY_ASSIGN(
-          const double us_pdl, time_graph_us(stream, n_launch, [&](int i) -> Status {
-            const void* data = weights.bytes() + static_cast<uint64_t>(i) % k * stride;
-            return gemv_imma(TiledView{c.type, data, c.shape.n_in, c.shape.n_out}, xprep, batch, y_dev, stream, true);
-          }));
+      KESTREL_TRY_ASSIGN(const double us_pdl, time_graph_us(stream, n_launch, [&](int i) -> Status {
+                           const void* data = weights.bytes() + static_cast<uint64_t>(i) % k * stride;
+                           return gemv_imma(TiledView{c.type, data, c.shape.n_in, c.shape.n_out}, xprep, batch, y_dev,
+                                            stream, true, tuning);
+                         }));
       KESTREL_TRY(check_outputs(c, batch, host_rows, row_bytes, x_host, y_dev));
       row.us_pdl = us_pdl;
       row.pct_matched_pdl = 100.0 * read_pdl_us / us_pdl;
@@ -236,7 +239,7 @@ Status run_case(const Case& c, const Limits& lim, int sm_count, unsigned* partia
   return {};
 }
 
-Status run(const std::string& only) {
+Status run(const std::string& only, const GemvImmaTuning& tuning) {
   BenchSetup setup;
   KESTREL_TRY(setup.start());
   const int sm_count = setup.sm_count;
@@ -295,7 +298,7 @@ Status run(const std::string& only) {
     std::vector<float> x(static_cast<size_t>(kMaxBatch * c.shape.n_in));  // f32 [kMaxBatch, n_in]
     for (float& v : x) v = dist(rng);
     KESTREL_CUDA_TRY(cudaMemcpy(x_dev.floats(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
-    KESTREL_TRY(run_case(c, lim, sm_count, partials_u32, x_dev.floats(), x, y_dev.floats(), stream, rng, rows));
+    KESTREL_TRY(run_case(c, tuning, lim, sm_count, partials_u32, x_dev.floats(), x, y_dev.floats(), stream, rng, rows));
   }
 
   std::printf("\n%-18s %-6s %-5s %5s %12s %9s %8s %8s %9s %14s %8s %9s\n", "case", "kernel", "type", "batch", "bytes",
@@ -357,10 +360,20 @@ Status run(const std::string& only) {
 }  // namespace
 }  // namespace kestrel::gpu
 
-// bench_gemv [FILTER]: FILTER keeps the cases whose "shape/kernel/type" contains it (e.g. "lm_head/imma/q4_0",
-// for a profiler run); no argument runs every case.
-// KESTREL_IMMA_SPLIT=S forces GEMV v4's warps per row group (gemv_imma_force_split) for a sweep.
+// bench_gemv [--split S] [FILTER] (see the head of this file).
 int main(int argc, char** argv) {
-  if (const char* s = std::getenv("KESTREL_IMMA_SPLIT")) kestrel::gpu::gemv_imma_force_split(std::atoi(s));
-  return kestrel::gpu::bench::exit_status("bench_gemv", kestrel::gpu::run(argc > 1 ? argv[1] : ""));
+  kestrel::gpu::GemvImmaTuning tuning;
+  std::string filter;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--split" && i + 1 < argc && std::atoi(argv[i + 1]) > 0) {
+      tuning.split = std::atoi(argv[++i]);
+    } else if (a.empty() || a[0] == '-' || !filter.empty()) {
+      std::fprintf(stderr, "usage: bench_gemv [--split S] [FILTER]\n");
+      return 2;
+    } else {
+      filter = a;
+    }
+  }
+  return kestrel::gpu::bench::exit_status("bench_gemv", kestrel::gpu::run(filter, tuning));
 }

@@ -15,13 +15,15 @@
 // size-matched read (the plain read kernel over `weight bytes`, buffers rotated out of L2, timed the same way) and
 // the layer's time as a ratio to it, at 1, 2, 4, 8, 16 and 32 tokens, and the times with only the down GEMV and the
 // combine launched as programmatic dependents and with every kernel after the first so (gpu/kernels/pdl.cuh; the
-// default does the latter up to kMoeImmaProgrammaticMaxTokens tokens, the former above), and with at most 1, 4 and 8
-// vectors per grouped-GEMV segment (moe_imma_set_segment_vectors; the default 2), and the routing in one block at every
-// size (moe_imma_set_route_spread_min_tokens).
+// default does the latter up to MoeImmaTuning::programmatic_max_tokens tokens, the former above), and with at most 1,
+// 4 and 8 vectors per grouped-GEMV segment (MoeImmaTuning::segment_vectors; the default 2), and the routing in one
+// block at every size (MoeImmaTuning::route_spread_min_tokens).
 //
-// Usage: build/gpu/bin/bench_moe [--main] [FILTER]   (tens of seconds on an H200, most of it filling weights).
+// Usage: build/gpu/bin/bench_moe [--main] [--split S] [FILTER]   (tens of seconds on an H200, most of it filling
+// weights).
 //   FILTER: run only the rows whose "type/batch" (e.g. q4_0/32, q4_K+q6_K/8) contains it, in both tables;
-//   --main: only the GEMV v4 table, and in it only the layer's own time (the variant columns print "-").
+//   --main: only the GEMV v4 table, and in it only the layer's own time (the variant columns print "-");
+//   --split S: the grouped GEMVs with S warps per row group (GemvImmaTuning::split) instead of the split by shape.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -60,6 +62,7 @@ constexpr int kXSets = 16;
 struct Options {
   std::string filter;
   bool main_only = false;
+  MoeImmaTuning tuning;  // every GEMV v4 row's; the variant columns change one field of it
   bool wants(const std::string& type_name, int batch) const {
     return filter.empty() || (type_name + "/" + std::to_string(batch)).find(filter) != std::string::npos;
   }
@@ -197,17 +200,17 @@ Expected<std::string> imma_row(const std::string& type_name, int batch,
   KESTREL_TRY(prepare_batch(
       batch, moe_imma_workspace_bytes(imma[0]->weights(), batch), normal, rng, stream, " (GEMV v4 path)",
       [&](const float* x, MoeLaunchInfo* info) {
-        return moe_imma_forward(imma[0]->weights(), x, batch, r.out.floats(), r.ws.bytes(), stream, info);
+        return moe_imma_forward(imma[0]->weights(), x, batch, r.out.floats(), r.ws.bytes(), stream, opt.tuning, info);
       },
       r));
   const int n_launch = (kMinLaunches + kXSets - 1) / kXSets * kXSets;
-  auto time_layer = [&]() {
+  auto time_layer = [&](const MoeImmaTuning& tuning) {
     return time_graph_us(stream, n_launch, [&](int i) {
       return moe_imma_forward(imma[i % kCopies]->weights(), r.x(i % kXSets), batch, r.out.floats(), r.ws.bytes(),
-                              stream);
+                              stream, tuning);
     });
   };
-  KESTREL_TRY_ASSIGN(const double us, time_layer());
+  KESTREL_TRY_ASSIGN(const double us, time_layer(opt.tuning));
   const double bytes = r.mean_active * static_cast<double>(expert_bytes) + static_cast<double>(fixed_bytes);
   KESTREL_TRY_ASSIGN(const double read_us, matched_read_us(static_cast<uint64_t>(bytes), 512ull << 20, setup.sm_count,
                                                            setup.partials(), stream));
@@ -224,29 +227,24 @@ Expected<std::string> imma_row(const std::string& type_name, int batch,
   // The same with only the down GEMV and the combine programmatic, and with every launch programmatic.
   double us_as[2] = {0.0, 0.0};
   for (int m = 0; m < 2; ++m) {
-    moe_imma_set_programmatic_max_tokens(m == 0 ? 0 : kMoeMaxTokens);
-    auto t_m = time_layer();
-    moe_imma_set_programmatic_max_tokens(kMoeImmaProgrammaticMaxTokens);
-    if (!t_m) return t_m.error();
-    us_as[m] = *t_m;
+    MoeImmaTuning t = opt.tuning;
+    t.programmatic_max_tokens = m == 0 ? 0 : kMoeMaxTokens;
+    KESTREL_TRY_ASSIGN(us_as[m], time_layer(t));
   }
-  // The same with at most 1, 4 and 8 vectors per grouped-GEMV segment (the default: kMoeImmaSegmentVectors).
+  // The same with at most 1, 4 and 8 vectors per grouped-GEMV segment (the default: 2).
   constexpr int kSegAlt[3] = {1, 4, 8};
   double us_seg[3] = {0.0, 0.0, 0.0};
   for (int m = 0; m < 3; ++m) {
-    moe_imma_set_segment_vectors(kSegAlt[m]);
-    auto t_m = time_layer();
-    moe_imma_set_segment_vectors(kMoeImmaSegmentVectors);
-    if (!t_m) return t_m.error();
-    us_seg[m] = *t_m;
+    MoeImmaTuning t = opt.tuning;
+    t.segment_vectors = kSegAlt[m];
+    KESTREL_TRY_ASSIGN(us_seg[m], time_layer(t));
   }
-  // The same with the routing in one block at every size (the default spreads it from kMoeImmaRouteSpreadMinTokens).
-  moe_imma_set_route_spread_min_tokens(kMoeMaxTokens + 1);
-  auto t_route1 = time_layer();
-  moe_imma_set_route_spread_min_tokens(kMoeImmaRouteSpreadMinTokens);
-  if (!t_route1) return t_route1.error();
+  // The same with the routing in one block at every size (the default spreads it from 16 tokens).
+  MoeImmaTuning one_block = opt.tuning;
+  one_block.route_spread_min_tokens = kMoeMaxTokens + 1;
+  KESTREL_TRY_ASSIGN(const double us_route1, time_layer(one_block));
   std::snprintf(line, sizeof(line), " %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", us_as[0], us_as[1], us_seg[0], us_seg[1],
-                us_seg[2], *t_route1);
+                us_seg[2], us_route1);
   return row + line;
 }
 
@@ -311,27 +309,27 @@ Status run(const Options& opt) {
   std::printf(
       "\n%%matched = (size-matched plain read time) / layer time; launches = kernels per layer call (graph nodes); "
       "us tailPDL / us allPDL = the layer with only the down GEMV and the combine / every kernel after the first "
-      "launched as programmatic dependents (us: every one up to kMoeImmaProgrammaticMaxTokens tokens, then "
+      "launched as programmatic dependents (us: every one up to MoeImmaTuning::programmatic_max_tokens = 4 tokens, "
+      "then "
       "tailPDL's); us seg1 / seg4 / seg8 = at most 1 / 4 / 8 vectors per "
-      "grouped-GEMV segment (us: kMoeImmaSegmentVectors = 2); us route1 = the routing in one block at every size (us: "
-      "spread over a block per token from "
-      "kMoeImmaRouteSpreadMinTokens tokens)\n");
+      "grouped-GEMV segment (us: MoeImmaTuning::segment_vectors = 2); us route1 = the routing in one block at every "
+      "size (us: spread over a block per token from MoeImmaTuning::route_spread_min_tokens = 16 tokens)\n");
   return {};
 }
 
 }  // namespace
 }  // namespace kestrel::gpu::bench
 
-// KESTREL_IMMA_SPLIT=S forces GEMV v4's warps per row group (gemv_imma_force_split) for a sweep.
 int main(int argc, char** argv) {
-  if (const char* s = std::getenv("KESTREL_IMMA_SPLIT")) kestrel::gpu::gemv_imma_force_split(std::atoi(s));
   kestrel::gpu::bench::Options opt;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--main") {
       opt.main_only = true;
+    } else if (a == "--split" && i + 1 < argc && std::atoi(argv[i + 1]) > 0) {
+      opt.tuning.grouped_gemv.split = std::atoi(argv[++i]);
     } else if (a.empty() || a[0] == '-' || !opt.filter.empty()) {
-      std::fprintf(stderr, "usage: bench_moe [--main] [FILTER]\n");
+      std::fprintf(stderr, "usage: bench_moe [--main] [--split S] [FILTER]\n");
       return 2;
     } else {
       opt.filter = a;

@@ -67,7 +67,8 @@ Expected<std::unique_ptr<client::Client>> connect_client(const std::string& uri,
   const std::string normalized = normalize_uri(uri);
   auto client = client::Client::connect(normalized, options);
   if (!client) {
-    std::string msg = "cannot connect to " + normalized + ": " + client.error().message;
+    // The library's message names the address and what it found there; the one hint is added here.
+    std::string msg = client.error().message;
     if (client.error().code == ErrorCode::kUnavailable) {
       msg += " (is kestreld running? start it, or point --connect / KESTREL_CONNECT at its socket)";
     }

@@ -1,12 +1,15 @@
-// `kestrel chat`: an interactive streaming chat with a running kestreld, in the Qwen chat format.
+// `kestrel chat`: an interactive streaming chat with a running kestreld, rendered with the model's chat template.
 //
-// One daemon session holds the whole conversation: each turn sends only the new text,
-//   <|im_start|>user\n{line}<|im_end|>\n<|im_start|>assistant\n
-// (an optional --system message goes before the first turn), with parse_special so the markers become their special
-// tokens, and streams the answer until <|im_end|> or the model's end-of-generation token. The next turn first closes
-// the answer ("\n" after a sampled <|im_end|>, "<|im_end|>\n" after any other end such as max tokens or Ctrl-C), so
-// the session's history is exactly the chat template's rendering of the conversation.
+// The conversation is rendered with the Jinja template the daemon's model carries (ModelInfo.chat_template, or
+// --chat-template FILE) by core/chat, as transformers would render it, with add_generation_prompt and the thinking
+// switch (--no-think: enable_thinking = false). One daemon session holds the conversation: each turn sends the part
+// of the rendering the session does not hold yet, or resets the session and sends all of it when the template renders
+// the history differently from what the session holds (ChatConversation). The answer streams until <|im_end|> or the
+// model's end-of-generation token and becomes the assistant message. A model without a template, or a template the
+// interpreter cannot render, is an error before the chat starts; a conversation the template refuses (its
+// raise_exception) is reported and the message dropped.
 //
+// Input: on a terminal, libedit line editing with a history file (line_reader.h); otherwise plain lines from stdin.
 // Lines starting with '/' are commands: /reset (forget the conversation: ResetSession), /quit. EOF (Ctrl-D) exits.
 // Ctrl-C while an answer streams aborts that answer (Abort on the session; the stream ends with finish "aborted")
 // and the chat goes on; at the prompt it is ignored with a hint.
@@ -17,16 +20,21 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <iostream>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
+#include "client/cli/chat_conversation.h"
 #include "client/cli/cli11.h"
 #include "client/cli/cli_format.h"
 #include "client/cli/client_flags.h"
 #include "client/cli/commands.h"
+#include "client/cli/line_reader.h"
+#include "core/chat/chat_template.h"
 
 namespace kestrel::cli {
 namespace {
@@ -35,6 +43,10 @@ struct ChatOptions {
   ConnectFlags connect;
   SamplingFlags sampling;
   std::string system;
+  std::string chat_template;  // a Jinja file instead of the model's template
+  std::string history;        // history file; empty: the default place
+  bool no_history = false;
+  bool no_think = false;
   int32_t max_tokens = 512;
   int32_t n_ctx = 0;
 };
@@ -94,6 +106,58 @@ class AbortWatcher {
   std::thread thread_;
 };
 
+Expected<std::string> read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(ErrorCode::kNotFound, "--chat-template " + path + ": cannot open");
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The exact bytes of `tokens` (DetokenizeResponse.raw).
+Expected<std::string> token_bytes(client::Client& c, const std::vector<int32_t>& tokens) {
+  v1::DetokenizeRequest req;
+  req.mutable_tokens()->Add(tokens.begin(), tokens.end());
+  KESTREL_TRY_ASSIGN(v1::DetokenizeResponse resp, c.detokenize(req));
+  return resp.raw();
+}
+
+// The template to render with and the globals it sees besides messages (bos_token / eos_token as transformers passes
+// the tokenizer's special tokens, enable_thinking when --no-think).
+struct TemplateSetup {
+  chat::ChatTemplate tmpl;
+  nlohmann::ordered_json globals;
+};
+
+Expected<TemplateSetup> load_template(client::Client& c, const ChatOptions& o) {
+  KESTREL_TRY_ASSIGN(v1::ModelInfo info, c.model_info());
+  std::string source;
+  std::string origin;
+  if (!o.chat_template.empty()) {
+    KESTREL_TRY_ASSIGN(source, read_text_file(o.chat_template));
+    origin = o.chat_template;
+  } else {
+    source = info.chat_template();
+    origin = "the model's chat template";
+    if (source.empty()) {
+      return make_error(ErrorCode::kFailedPrecondition,
+                        "the model (" + info.model_path() +
+                            ") carries no chat template (tokenizer.chat_template); pass --chat-template FILE");
+    }
+  }
+  auto tmpl = chat::ChatTemplate::parse(source);
+  if (!tmpl) return make_error(tmpl.error().code, origin + ": " + tmpl.error().message);
+  nlohmann::ordered_json globals = nlohmann::ordered_json::object();
+  if (info.bos_token_id() >= 0) {
+    KESTREL_TRY_ASSIGN(std::string bos, token_bytes(c, {info.bos_token_id()}));
+    globals["bos_token"] = bos;
+  }
+  if (info.eos_token_ids_size() > 0) {
+    KESTREL_TRY_ASSIGN(std::string eos, token_bytes(c, {info.eos_token_ids(0)}));
+    globals["eos_token"] = eos;
+  }
+  if (o.no_think) globals["enable_thinking"] = false;
+  return TemplateSetup{std::move(*tmpl), std::move(globals)};
+}
+
 int run_chat(const ChatOptions& o) {
   auto client = connect_client(o.connect);
   if (!client) {
@@ -101,6 +165,13 @@ int run_chat(const ChatOptions& o) {
     return 1;
   }
   client::Client& c = **client;
+  auto setup = load_template(c, o);
+  if (!setup) {
+    print_error("chat", setup.error().message);
+    return 1;
+  }
+  ChatConversation conversation(std::move(setup->tmpl), std::move(setup->globals), o.system);
+
   v1::CreateSessionRequest create;
   create.set_n_ctx(o.n_ctx);
   *create.mutable_sampling() = to_proto(o.sampling);
@@ -124,49 +195,58 @@ int run_chat(const ChatOptions& o) {
   sigaction(SIGINT, &sa, nullptr);
 
   const bool tty = isatty(STDIN_FILENO) != 0;
-  if (tty)
+  const std::string history = o.no_history ? std::string() : (o.history.empty() ? default_history_path() : o.history);
+  std::unique_ptr<LineReader> reader = LineReader::create(tty, history);
+  if (tty) {
     std::fprintf(stderr, "kestrel chat: session %llu, /reset forgets, /quit or Ctrl-D leaves\n",
                  (unsigned long long)sid);
-  bool first_turn = true;
-  std::string pending_close;  // what the last answer still needs to be a closed turn
-  int rc = 0;
-  std::string line;
-  for (;;) {
-    if (tty) {
-      std::fputs("> ", stdout);
-      std::fflush(stdout);
+  }
+  auto reset_session = [&]() -> bool {
+    v1::ResetSessionRequest reset;
+    reset.set_session_id(sid);
+    if (auto r = c.reset_session(reset); !r) {
+      print_error("", r.error().message);
+      return false;
     }
-    if (!std::getline(std::cin, line)) break;
-    if (line == "/quit" || line == "/exit") break;
-    if (line == "/reset") {
-      v1::ResetSessionRequest reset;
-      reset.set_session_id(sid);
-      if (auto r = c.reset_session(reset); !r) {
-        print_error("", r.error().message);
+    return true;
+  };
+  int rc = 0;
+  for (;;) {
+    std::optional<std::string> line = reader->read("> ");
+    if (!line) break;
+    if (*line == "/quit" || *line == "/exit") break;
+    if (*line == "/reset") {
+      if (!reset_session()) {
         rc = 1;
         break;
       }
-      first_turn = true;
-      pending_close.clear();
+      conversation.reset();
       std::fputs("(conversation reset)\n", stderr);
       continue;
     }
-    if (line.empty()) continue;
-    if (line[0] == '/') {
-      std::fprintf(stderr, "unknown command %s (commands: /reset, /quit)\n", line.c_str());
+    if (line->empty()) continue;
+    if ((*line)[0] == '/') {
+      std::fprintf(stderr, "unknown command %s (commands: /reset, /quit)\n", line->c_str());
       continue;
     }
-    std::string turn = pending_close;
-    if (first_turn && !o.system.empty()) turn += "<|im_start|>system\n" + o.system + "<|im_end|>\n";
-    turn += "<|im_start|>user\n" + line + "<|im_end|>\n<|im_start|>assistant\n";
+    auto turn = conversation.user_turn(*line);
+    if (!turn) {
+      print_error("chat template", turn.error().message);
+      continue;
+    }
+    if (turn->reset && !reset_session()) {
+      rc = 1;
+      break;
+    }
 
     v1::GenerateRequest req;
     req.set_session_id(sid);
-    req.set_text(turn);
+    req.set_text(turn->text);
     req.set_parse_special(true);
     req.set_max_tokens(o.max_tokens);
     if (have_im_end) req.add_stop_tokens(im_end->tokens(0));
-    bool ended_with_im_end = false;
+    std::string answer;
+    std::vector<int32_t> generated;
     Expected<v1::GenerateChunk> last = make_error(ErrorCode::kInternal, "no answer");
     {
       AbortWatcher watcher(&c, sid);
@@ -174,10 +254,9 @@ int run_chat(const ChatOptions& o) {
         if (!chunk.text().empty()) {
           std::fwrite(chunk.text().data(), 1, chunk.text().size(), stdout);
           std::fflush(stdout);
+          answer += chunk.text();
         }
-        if (have_im_end && chunk.tokens_size() > 0) {
-          ended_with_im_end = chunk.tokens(chunk.tokens_size() - 1) == im_end->tokens(0);
-        }
+        generated.insert(generated.end(), chunk.tokens().begin(), chunk.tokens().end());
         return true;
       });
     }
@@ -188,10 +267,13 @@ int run_chat(const ChatOptions& o) {
       rc = 1;
       break;
     }
-    first_turn = false;
-    // The template closes every answer with "<|im_end|>\n": after an answer that sampled <|im_end|> (it is in the
-    // session's history) only the newline is missing; any other end (max tokens, another eos, Ctrl-C) needs both.
-    pending_close = ended_with_im_end ? "\n" : "<|im_end|>\n";
+    auto bytes = token_bytes(c, generated);
+    if (!bytes) {
+      print_error("", bytes.error().message);
+      rc = 1;
+      break;
+    }
+    conversation.answer(std::move(answer), *bytes);
     const v1::FinishReason why = last->finish_reason();
     if (why != v1::FINISH_REASON_STOP_TOKEN) std::fprintf(stderr, "(%s)\n", finish_reason_text(why).c_str());
   }
@@ -207,8 +289,17 @@ int run_chat(const ChatOptions& o) {
 
 void add_chat(CLI::App& app, int* exit_code) {
   auto opts = std::make_shared<ChatOptions>();
-  CLI::App* cmd = app.add_subcommand("chat", "interactive streaming chat with a running kestreld (Qwen chat format)");
-  cmd->add_option("--system", opts->system, "system message sent before the first turn");
+  CLI::App* cmd = app.add_subcommand(
+      "chat", "interactive streaming chat with a running kestreld, rendered with the model's chat template");
+  cmd->add_option("--system", opts->system, "system message at the start of the conversation");
+  cmd->add_option("--chat-template", opts->chat_template,
+                  "Jinja chat template file to render with instead of the model's tokenizer.chat_template")
+      ->option_text("FILE");
+  cmd->add_flag("--no-think", opts->no_think, "render with enable_thinking = false (the model's thinking switch)");
+  cmd->add_option("--history", opts->history,
+                  "history file for line editing (default: $XDG_STATE_HOME/kestrel/chat_history)")
+      ->option_text("FILE");
+  cmd->add_flag("--no-history", opts->no_history, "keep no history file");
   cmd->add_option("-n,--max-tokens", opts->max_tokens, "tokens per answer at most")->capture_default_str();
   cmd->add_option("-c,--ctx-size", opts->n_ctx, "session context in tokens (0: the daemon's default)")
       ->capture_default_str();

@@ -1,24 +1,30 @@
-// `kestrel inspect FILE.gguf [--tensors] [--metadata]`: describe a GGUF model file.
+// `kestrel inspect FILE.gguf [--tensors] [--metadata] [--plan ...]`: describe a GGUF model file.
 //
 // Opens the file (GgufFile), reads and validates the hyper-parameters (ModelHparams) and checks every weight
 // (WeightCatalog); only when all of that succeeds does it print: the file (path, size, GGUF version, alignment),
 // architecture and hparams, layer kinds, skipped MTP blocks, a tokenizer summary from the metadata, bytes per type
 // and per placement class, then a compact per-layer summary (default) or the full tensor table (--tensors), and all
-// metadata (--metadata). On any failure it prints one line "kestrel: error: <path>: <message>" on stderr, nothing on
-// stdout, and exits with 1.
+// metadata (--metadata), and with --plan the placement the planner makes for a GPU memory budget (--gpu-memory;
+// none: no GPU) with the predicted decode tokens/s of its cost model. On any failure it prints one line "kestrel:
+// error: <path>: <message>" on stderr, nothing on stdout, and exits with 1.
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "client/cli/cli11.h"
 #include "client/cli/cli_format.h"
 #include "client/cli/commands.h"
+#include "core/base/byte_size.h"
+#include "core/engine/placement_planner.h"
 #include "core/gguf/gguf_reader.h"
 #include "core/model/model_hparams.h"
 #include "core/model/weight_catalog.h"
+#include "cpu/read_bandwidth.h"
+#include "cpu/worker_pool.h"
 
 namespace kestrel::cli {
 
@@ -28,6 +34,12 @@ struct InspectOptions {
   std::string path;
   bool tensors = false;
   bool metadata = false;
+  bool plan = false;
+  std::string gpu_memory;  // empty: plan without a GPU
+  int32_t n_cpu_moe = 0;
+  std::vector<std::string> overrides;
+  double gpu_gbps = 4500;  // the lent H200's measured plain read (docs/benchmarks.md)
+  double host_gbps = 0;    // 0: measured here
 };
 
 std::string_view layer_kind_name(LayerKind k) {
@@ -235,6 +247,86 @@ void print_metadata(const GgufFile& file) {
   }
 }
 
+// The host's plain read bandwidth with one thread per physical core, in bytes/s.
+Expected<double> measure_host_read() {
+  const int cores = static_cast<int>(cpu::physical_core_cpus().size());
+  KESTREL_TRY_ASSIGN(std::unique_ptr<cpu::WorkerPool> pool, cpu::WorkerPool::create(std::max(cores - 1, 0), true));
+  return cpu::measure_read_bandwidth(*pool, uint64_t{1} << 30, 3);
+}
+
+// A plan made before anything is printed, so a refused budget is one error line.
+struct PlanView {
+  PlacementRequest request;
+  PlannerModel model;
+  PlacementDecision decision;
+  std::string host_source;
+};
+
+Expected<PlanView> make_plan(const WeightCatalog& cat, const InspectOptions& opt) {
+  PlanView v;
+  PlacementRequest& req = v.request;
+  req.has_gpu = !opt.gpu_memory.empty();
+  if (req.has_gpu) {
+    KESTREL_TRY_ASSIGN(req.gpu_budget, parse_byte_size(opt.gpu_memory));
+    req.gpu_read_bytes_per_s = opt.gpu_gbps * 1e9;
+  }
+  req.n_cpu_moe = opt.n_cpu_moe;
+  for (const std::string& text : opt.overrides) {
+    KESTREL_TRY_ASSIGN(TensorOverride o, parse_tensor_override(text));
+    req.overrides.push_back(std::move(o));
+  }
+  v.host_source = "given";
+  if (opt.host_gbps > 0) {
+    req.host_read_bytes_per_s = opt.host_gbps * 1e9;
+  } else {
+    KESTREL_TRY_ASSIGN(req.host_read_bytes_per_s, measure_host_read());
+    v.host_source = "measured here";
+  }
+  v.model = planner_model(cat);
+  KESTREL_TRY_ASSIGN(v.decision, plan_placement(v.model, req));
+  return v;
+}
+
+void print_plan(const WeightCatalog& cat, const InspectOptions& opt, const PlanView& v) {
+  const PlacementRequest& req = v.request;
+  const PlacementDecision& d = v.decision;
+  const std::string& host_source = v.host_source;
+  const PlannerModel& model = v.model;
+  const PlacementPlan plan = summarize_placement(model, d, "gpu");
+  if (req.has_gpu) {
+    std::printf("placement plan (GPU budget %s; GPU read %.0f GB/s, %s; host read %.1f GB/s, %s):\n",
+                format_bytes(req.gpu_budget).c_str(), opt.gpu_gbps,
+                opt.gpu_gbps == InspectOptions{}.gpu_gbps ? "an H200's, assumed (--gpu-bandwidth)" : "given",
+                req.host_read_bytes_per_s / 1e9, host_source.c_str());
+  } else {
+    std::printf("placement plan (no GPU; host read %.1f GB/s, %s):\n", req.host_read_bytes_per_s / 1e9,
+                host_source.c_str());
+  }
+  for (const PlacementEntry& e : plan.entries) {
+    std::printf("  %-18s %-5s %11s\n", e.component.c_str(), e.device.c_str(), format_bytes(e.bytes).c_str());
+  }
+  std::printf("  total: %s on the GPU, %s on the host\n", format_bytes(d.gpu_bytes).c_str(),
+              format_bytes(d.host_bytes).c_str());
+  if (cat.hparams().is_moe() && req.has_gpu) {
+    const ModelHparams& hp = cat.hparams();
+    std::vector<uint32_t> mixed;
+    uint32_t moe_layers = 0, all_gpu = 0;
+    for (uint32_t l = 0; l < hp.n_layer; ++l) {
+      const std::vector<uint8_t>& on = d.expert_on_gpu[l];
+      if (on.empty()) continue;
+      ++moe_layers;
+      const auto n = static_cast<uint32_t>(std::count(on.begin(), on.end(), static_cast<uint8_t>(1)));
+      if (n == hp.n_expert) ++all_gpu;
+      if (n > 0 && n < hp.n_expert) mixed.push_back(l);
+    }
+    std::printf("  routed experts: %u of %u MoE layers wholly on the GPU, %zu split (%s), %u wholly on the host\n",
+                all_gpu, moe_layers, mixed.size(), mixed.empty() ? "none" : join_indices(mixed, 16).c_str(),
+                moe_layers - all_gpu - static_cast<uint32_t>(mixed.size()));
+  }
+  std::printf("  predicted decode (roofline of the cost model): %.0f tokens/s at 1 session, %.0f aggregate at 32\n",
+              d.predicted_tokens_per_s(1), d.predicted_tokens_per_s(32));
+}
+
 int run_inspect(const InspectOptions& opt) {
   auto file = GgufFile::open(opt.path);
   if (!file) {
@@ -250,6 +342,16 @@ int run_inspect(const InspectOptions& opt) {
   if (!cat) {
     print_error(opt.path, cat.error().message);
     return 1;
+  }
+
+  std::optional<PlanView> plan;
+  if (opt.plan) {
+    auto made = make_plan(*cat, opt);
+    if (!made) {
+      print_error(opt.path, made.error().message);
+      return 1;
+    }
+    plan = std::move(*made);
   }
 
   std::printf("file:         %s\n", opt.path.c_str());
@@ -270,6 +372,7 @@ int run_inspect(const InspectOptions& opt) {
     print_layer_summary(*cat);
   }
   if (opt.metadata) print_metadata(*file);
+  if (plan) print_plan(*cat, opt, *plan);
   return std::fflush(stdout) == 0 ? 0 : 1;
 }
 
@@ -281,6 +384,20 @@ void add_inspect(CLI::App& app, int* exit_code) {
   sub->add_option("file", opt->path, "GGUF model file")->required();
   sub->add_flag("--tensors", opt->tensors, "Print the full tensor table (default: a per-layer summary)");
   sub->add_flag("--metadata", opt->metadata, "Print every metadata key and value");
+  sub->add_flag("--plan", opt->plan, "Print where each weight would live and the predicted decode tokens/s");
+  sub->add_option("--gpu-memory", opt->gpu_memory,
+                  "With --plan: GPU memory for weights (12G, 512MiB, bytes); none: no GPU");
+  sub->add_option("--n-cpu-moe", opt->n_cpu_moe,
+                  "With --plan: keep the routed experts of the first N MoE layers on the host")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option(
+      "--override-tensor,-o", opt->overrides,
+      "With --plan: REGEX=cpu|gpu puts the routed experts of layers whose expert tensors match (repeatable)");
+  sub->add_option("--gpu-bandwidth", opt->gpu_gbps,
+                  "With --plan: the GPU's read bandwidth in GB/s (default: an H200's)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--host-bandwidth", opt->host_gbps, "With --plan: host read bandwidth in GB/s (default: measured)")
+      ->check(CLI::PositiveNumber);
   sub->callback([opt, exit_code] { *exit_code = run_inspect(*opt); });
 }
 

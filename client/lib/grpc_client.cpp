@@ -108,9 +108,8 @@ class GrpcClient final : public Client {
   // Waits up to `timeout` for the channel to connect.
   Status wait_connected(std::chrono::milliseconds timeout, const std::string& target) {
     if (channel_->WaitForConnected(std::chrono::system_clock::now() + timeout)) return ok_status();
-    return make_error(ErrorCode::kUnavailable, "could not connect to " + target + " within " +
-                                                   std::to_string(timeout.count()) +
-                                                   " ms (is kestreld running and listening there?)");
+    return make_error(ErrorCode::kUnavailable,
+                      "could not connect to " + target + " within " + std::to_string(timeout.count()) + " ms");
   }
 
  private:

@@ -3,11 +3,13 @@
 // (gpu/engine/cuda_engine.h) on gpu/. The daemon's Service, the CLI and the tools drive any of them through it, so
 // gpu/ and cpu/ never include daemon/.
 //
-// A slot is one sequence's model state (GDN state + conv history per GDN layer, KV cache per attention layer,
-// token history), living on the engine's device. Slots are numbered 0..max_slots()-1 and recycled.
+// A slot is one sequence's model state (GDN state + conv history per GDN layer, KV cache per attention layer, the
+// position n_past), living on the engine's device. Slots are numbered 0..max_slots()-1 and recycled. The tokens a
+// slot has consumed are the caller's to keep (the daemon's Session holds them for the sampler's penalties): no
+// engine keeps a copy.
 //
 // Threading: no method is thread-safe, and calls must never overlap. The Service serialises them with one mutex
-// (ServiceImpl::engine_mu_) held around every Engine call: step() (and the sampling that reads slot_tokens) runs on
+// (ServiceImpl::engine_mu_) held around every Engine call: step() runs on
 // the engine loop thread; the slot_* calls may run on a caller's thread (create, clone, reset, close session) or
 // the loop thread, always between two step() calls, never on a slot that a queued request is using. An engine that
 // needs thread affinity (CUDA contexts) sets its device itself in each call.
@@ -89,8 +91,6 @@ class Engine {
   virtual Status slot_restore(SlotId slot, std::span<const uint8_t> bytes) = 0;
   virtual int64_t slot_n_past(SlotId slot) const = 0;
   virtual int32_t slot_n_ctx(SlotId slot) const = 0;
-  // The tokens the slot has consumed, oldest first (the sampler's penalty window reads it).
-  virtual std::span<const int32_t> slot_tokens(SlotId slot) const = 0;
 
   // Checks one item against its slot without running it: kInvalidArgument for a bad token id or empty tokens,
   // kOutOfRange when the slot's context would overflow.

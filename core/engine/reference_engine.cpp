@@ -67,35 +67,7 @@ class ReferenceEngine final : public Engine {
                         "slot_clone: slot " + std::to_string(valid(src) ? dst : src) + " is not allocated");
     }
     if (src == dst) return ok_status();
-    const ref::SessionState& s = *slots_[static_cast<size_t>(src)];
-    const int dst_ctx = slots_[static_cast<size_t>(dst)]->n_ctx();
-    if (s.n_past() > dst_ctx) {
-      return make_error(ErrorCode::kOutOfRange, "slot_clone: source holds " + std::to_string(s.n_past()) +
-                                                    " tokens, the destination only " + std::to_string(dst_ctx));
-    }
-    if (s.n_ctx() == dst_ctx) {
-      slots_[static_cast<size_t>(dst)] = s;  // SessionState is a plain value: a copy is a fork
-      return ok_status();
-    }
-    // Different capacities: the KV caches are sized by n_ctx, so copy their filled rows into a fresh state.
-    KESTREL_TRY_ASSIGN(ref::SessionState fresh, ref::SessionState::create(model_.hparams(), dst_ctx));
-    const std::vector<LayerKind>& kinds = model_.hparams().layer_kinds;
-    for (uint32_t l = 0; l < kinds.size(); ++l) {
-      if (kinds[l] == LayerKind::kGatedDeltaNet) {
-        fresh.gdn(l) = s.gdn(l);
-        continue;
-      }
-      const ref::KvCache& from = s.kv(l);
-      ref::KvCache& to = fresh.kv(l);
-      const size_t n = static_cast<size_t>(from.n_used) * static_cast<size_t>(from.n_head_kv) *
-                       static_cast<size_t>(from.head_dim);  // f32 [n_used, n_head_kv, head_dim]
-      std::copy_n(from.k.begin(), n, to.k.begin());
-      std::copy_n(from.v.begin(), n, to.v.begin());
-      to.n_used = from.n_used;
-    }
-    fresh.append_tokens(s.tokens());
-    slots_[static_cast<size_t>(dst)].emplace(std::move(fresh));
-    return ok_status();
+    return slots_[static_cast<size_t>(dst)]->copy_from(*slots_[static_cast<size_t>(src)]);
   }
 
   Expected<std::vector<uint8_t>> slot_snapshot(SlotId slot) const override {
@@ -112,10 +84,6 @@ class ReferenceEngine final : public Engine {
 
   int64_t slot_n_past(SlotId slot) const override { return valid(slot) ? state(slot).n_past() : 0; }
   int32_t slot_n_ctx(SlotId slot) const override { return valid(slot) ? state(slot).n_ctx() : 0; }
-  std::span<const int32_t> slot_tokens(SlotId slot) const override {
-    if (!valid(slot)) return {};
-    return state(slot).tokens();
-  }
 
   Status check(const EngineStepItem& item) const override {
     if (!valid(item.slot)) {

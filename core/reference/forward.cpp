@@ -94,7 +94,7 @@ Status forward(const RefModelWeights& w, SessionState& session, std::span<const 
   norm_rows(h.data() + static_cast<size_t>(first) * n_embd, w.output_norm, n_out, n_embd, eps, y_last.data());
   out->logits.assign(static_cast<size_t>(n_out) * w.hp.n_vocab, 0.0f);
   KESTREL_TRY(matvec_batch(w.output, y_last.data(), n_out, out->logits.data()));
-  session.append_tokens(tokens);
+  session.advance(static_cast<int64_t>(tokens.size()));
   return ok_status();
 }
 

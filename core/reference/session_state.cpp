@@ -89,7 +89,35 @@ void SessionState::reset() {
     std::fill(g.conv.begin(), g.conv.end(), 0.0f);
   }
   for (KvCache& c : kv_) c.clear();
-  tokens_.clear();
+  n_past_ = 0;
+}
+
+Status SessionState::copy_from(const SessionState& src) {
+  if (this == &src) return ok_status();
+  if (src.kinds_ != kinds_) return make_error(ErrorCode::kInvalidArgument, "slot clone: the source is a state of another model");
+  if (src.n_past_ > n_ctx_) {
+    return make_error(ErrorCode::kOutOfRange, "slot clone: the source holds " + std::to_string(src.n_past_) +
+                                                  " tokens, the destination only " + std::to_string(n_ctx_));
+  }
+  if (src.n_ctx_ == n_ctx_) {
+    *this = src;
+    return ok_status();
+  }
+  for (size_t l = 0; l < kinds_.size(); ++l) {
+    if (kinds_[l] == LayerKind::kGatedDeltaNet) {
+      gdn_[l] = src.gdn_[l];
+      continue;
+    }
+    const KvCache& from = src.kv_[l];
+    KvCache& to = kv_[l];
+    const size_t n = static_cast<size_t>(from.n_used) * static_cast<size_t>(from.n_head_kv) *
+                     static_cast<size_t>(from.head_dim);  // f32 [n_used, n_head_kv, head_dim]
+    std::copy_n(from.k.begin(), n, to.k.begin());
+    std::copy_n(from.v.begin(), n, to.v.begin());
+    to.n_used = from.n_used;
+  }
+  n_past_ = src.n_past_;
+  return ok_status();
 }
 
 uint64_t SessionState::geometry_hash() const {
@@ -105,15 +133,14 @@ uint64_t SessionState::geometry_hash() const {
   return h;
 }
 
-// Layout: magic u32, version u32, geometry hash u64, n_tokens u64, tokens i32[n], then per layer in order:
-// GDN: s f32[...], conv f32[...]; attention: K and V of the first n_tokens slots.
+// Layout: magic u32, version u32, geometry hash u64, n_past u64, then per layer in order:
+// GDN: s f32[...], conv f32[...]; attention: K and V of the first n_past positions.
 std::vector<uint8_t> SessionState::snapshot() const {
   std::vector<uint8_t> out;
   put(out, kSnapshotMagic);
   put(out, kSnapshotVersion);
   put(out, geometry_hash());
-  put(out, static_cast<uint64_t>(tokens_.size()));
-  for (int32_t t : tokens_) put(out, t);
+  put(out, static_cast<uint64_t>(n_past_));
   for (size_t l = 0; l < kinds_.size(); ++l) {
     if (kinds_[l] == LayerKind::kGatedDeltaNet) {
       put_floats(out, gdn_[l].s.data(), gdn_[l].s.size());
@@ -131,7 +158,7 @@ std::vector<uint8_t> SessionState::snapshot() const {
 Status SessionState::restore(std::span<const uint8_t> bytes) {
   Reader r(bytes);
   uint32_t magic = 0, version = 0;
-  uint64_t hash = 0, n_tokens = 0;
+  uint64_t hash = 0, n_past = 0;
   if (!r.get(magic) || magic != kSnapshotMagic) return corrupt("bad magic (not a Kestrel session snapshot)");
   if (!r.get(version) || version != kSnapshotVersion) {
     return make_error(ErrorCode::kUnsupported, "session snapshot version " + std::to_string(version) +
@@ -142,19 +169,16 @@ Status SessionState::restore(std::span<const uint8_t> bytes) {
   if (hash != geometry_hash()) {
     return make_error(ErrorCode::kInvalidArgument, "session snapshot was taken for a different model or context size");
   }
-  if (!r.get(n_tokens)) return corrupt("truncated header");
-  if (n_tokens > static_cast<uint64_t>(n_ctx_)) return corrupt("token count exceeds the context size");
+  if (!r.get(n_past)) return corrupt("truncated header");
+  if (n_past > static_cast<uint64_t>(n_ctx_)) return corrupt("position exceeds the context size");
   SessionState next = *this;  // restore into a copy: *this stays unchanged on error
-  next.tokens_.assign(n_tokens, 0);
-  for (int32_t& t : next.tokens_) {
-    if (!r.get(t)) return corrupt("truncated token history");
-  }
+  next.n_past_ = static_cast<int64_t>(n_past);
   for (size_t l = 0; l < kinds_.size(); ++l) {
     if (kinds_[l] == LayerKind::kGatedDeltaNet) {
       if (!r.get_floats(next.gdn_[l].s) || !r.get_floats(next.gdn_[l].conv)) return corrupt("truncated GDN state");
     } else {
       KvCache& c = next.kv_[l];
-      c.n_used = static_cast<int>(n_tokens);
+      c.n_used = static_cast<int>(n_past);
       const size_t n = static_cast<size_t>(c.n_used) * c.n_head_kv * c.head_dim;
       std::vector<float> k(n), v(n);
       if (!r.get_floats(k) || !r.get_floats(v)) return corrupt("truncated KV cache");
@@ -168,7 +192,7 @@ Status SessionState::restore(std::span<const uint8_t> bytes) {
 }
 
 bool SessionState::operator==(const SessionState& o) const {
-  if (n_ctx_ != o.n_ctx_ || kinds_ != o.kinds_ || tokens_ != o.tokens_) return false;
+  if (n_ctx_ != o.n_ctx_ || kinds_ != o.kinds_ || n_past_ != o.n_past_) return false;
   for (size_t l = 0; l < kinds_.size(); ++l) {
     if (!same_bits(gdn_[l].s, o.gdn_[l].s) || !same_bits(gdn_[l].conv, o.gdn_[l].conv)) return false;
     const KvCache& a = kv_[l];

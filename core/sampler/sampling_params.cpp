@@ -21,6 +21,16 @@ Error bad_field(const char* field, const char* allowed, const std::string& got) 
 
 }  // namespace
 
+SamplingParams kestrel_default_sampling() {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 40;
+  p.top_p = 0.95f;
+  p.min_p = 0.05f;
+  p.seed = 0;
+  return p;
+}
+
 Status SamplingParams::validate() const {
   // Written as !(ok) so that NaN, for which every comparison is false, fails each check.
   if (!(std::isfinite(temperature) && temperature >= 0.0f)) {

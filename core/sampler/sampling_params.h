@@ -1,9 +1,9 @@
 // SamplingParams: the per-request knobs of the sampler (docs/sampling.md), and their validation.
 //
 // A plain value type. Every knob has an "off" value, and the defaults are all "off" except temperature 1: plain
-// sampling from softmax(logits). Choosing server-wide defaults (llama.cpp's 0.8 / 40 / 0.95 / 0.05, a random seed
-// per request) is the daemon's job, not this struct's. validate() is the only check; Sampler refuses params that
-// fail it.
+// sampling from softmax(logits). Kestrel's own defaults (llama.cpp's 0.8 / 40 / 0.95 / 0.05), where kestreld's
+// [sampling] and `kestrel run` start, are kestrel_default_sampling(). validate() is the only check; Sampler refuses
+// params that fail it.
 #pragma once
 
 #include <cstdint>
@@ -34,5 +34,9 @@ struct SamplingParams {
   // True when the penalty stage changes anything (a window and at least one penalty that is not "off").
   bool penalties_active() const;
 };
+
+// Kestrel's default sampling: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05 (llama.cpp's), penalties off with a
+// 64-token window, seed 0 — which kestreld and `kestrel run` replace by a random seed unless one is given.
+SamplingParams kestrel_default_sampling();
 
 }  // namespace kestrel

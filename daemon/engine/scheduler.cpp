@@ -139,7 +139,7 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
           GenerateChunk c;
           c.text = std::move(rest);
           c.session = r.session->temporary ? 0 : r.session->id;
-          c.n_past = r.session->n_fed + (r.decoding && r.next_token >= 0 ? 1 : 0);
+          c.n_past = r.session->n_fed() + (r.decoding && r.next_token >= 0 ? 1 : 0);
           o.chunks.push_back(std::move(c));
         }
         GenerateSummary sum;
@@ -152,7 +152,7 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
         sum.prompt_tokens = r.prompt_tokens;
         sum.completion_tokens = r.generated;
         sum.session = r.session->temporary ? 0 : r.session->id;
-        sum.n_past = r.session->n_fed + (r.decoding && r.next_token >= 0 ? 1 : 0);
+        sum.n_past = r.session->n_fed() + (r.decoding && r.next_token >= 0 ? 1 : 0);
         o.generate_result = sum;
       }
       o.finished = true;
@@ -226,8 +226,13 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
         if (r.reseed) r.session->sampler.reseed(r.params.seed);
         r.started = true;
       }
+      if (!r.scheduled) {
+        r.scheduled = true;
+        metrics_.scheduled(r.transport, std::chrono::duration<double>(now - r.admitted).count());
+      }
     }
     engine_.step(items, outs);
+    const Clock::time_point sampled_at = Clock::now();
     for (size_t k = 0; k < items.size(); ++k) {
       Request& r = *active_[which[k]];
       Outcome o;
@@ -244,7 +249,7 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
         continue;
       }
       const size_t n = items[k].tokens.size();
-      r.session->n_fed += static_cast<int64_t>(n);
+      r.session->fed.insert(r.session->fed.end(), items[k].tokens.begin(), items[k].tokens.end());
       tokens_processed_ += n;
       if (r.decoding) {
         r.next_token = -1;  // fed
@@ -252,7 +257,7 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
         r.consumed += n;
         if (r.consumed < r.todo.size()) continue;  // more prefill next tick
       }
-      sample_and_advance(r, outs[k].logits, items[k].argmax_only ? outs[k].argmax : -1, &o);
+      sample_and_advance(r, outs[k].logits, items[k].argmax_only ? outs[k].argmax : -1, sampled_at, &o);
       if (o.finished) end_request(r);
       if (o.finished || !o.chunks.empty()) outcomes->push_back(std::move(o));
     }
@@ -271,15 +276,27 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
   active_ = std::move(still);
 }
 
-void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, int32_t greedy, Outcome* o) {
+void ServiceImpl::record_token(Request& r, Clock::time_point now) {
+  if (r.last_token == Clock::time_point{}) {
+    // The first token: the prompt (the request's own tokens, not the session's pending one) is processed.
+    const auto prompt = static_cast<uint64_t>(r.todo.size() - r.n_from_pending);
+    metrics_.first_token(r.transport, std::chrono::duration<double>(now - r.admitted).count(), prompt);
+  } else {
+    metrics_.next_token(r.transport, std::chrono::duration<double>(now - r.last_token).count());
+  }
+  r.last_token = now;
+}
+
+void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, int32_t greedy, Clock::time_point now,
+                                     Outcome* o) {
   Session& s = *r.session;
   SampleResult sr;
   if (r.kind == Request::Kind::kStep) {
-    auto tok =
-        greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, engine_.slot_tokens(s.slot), &sr);
+    auto tok = greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, s.fed, &sr);
     if (!tok) {
       o->step_result = std::move(tok).error();
     } else {
+      record_token(r, now);
       StepResult res;
       res.token = *tok;
       res.logprob = sr.logprob;
@@ -296,12 +313,11 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
   std::optional<FinishReason> reason;
   GenerateChunk c;
   c.session = visible_id;
-  if (s.n_fed >= s.n_ctx) {
+  if (s.n_fed() >= s.n_ctx) {
     reason = FinishReason::kContextFull;  // no room to feed another token
     c.text = r.text->finish();
   } else {
-    auto tok =
-        greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, engine_.slot_tokens(s.slot), &sr);
+    auto tok = greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, s.fed, &sr);
     if (!tok) {
       o->generate_result = std::move(tok).error();
       o->finished = true;
@@ -311,6 +327,7 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
     r.next_token = t;
     ++r.generated;
     ++tokens_generated_;
+    record_token(r, now);
     c.tokens.push_back(t);
     if (contains(r.stop_tokens, t)) {
       reason = FinishReason::kStopToken;
@@ -330,11 +347,11 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
       lp.token = t;
       lp.logprob = sr.logprob;
       lp.top = std::move(sr.top);
-      lp.n_past = s.n_fed + 1;
+      lp.n_past = s.n_fed() + 1;
       c.logprobs.push_back(std::move(lp));
     }
   }
-  c.n_past = s.n_fed + (r.next_token >= 0 ? 1 : 0);
+  c.n_past = s.n_fed() + (r.next_token >= 0 ? 1 : 0);
   if (!c.tokens.empty() || !c.text.empty()) o->chunks.push_back(std::move(c));
   if (reason) {
     GenerateSummary sum;
@@ -342,10 +359,37 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
     sum.prompt_tokens = r.prompt_tokens;
     sum.completion_tokens = r.generated;
     sum.session = visible_id;
-    sum.n_past = s.n_fed + (r.next_token >= 0 ? 1 : 0);
+    sum.n_past = s.n_fed() + (r.next_token >= 0 ? 1 : 0);
     o->generate_result = sum;
     o->finished = true;
   }
+}
+
+void ServiceImpl::record_end(const Request& r, const Outcome& o) {
+  const double e2e = std::chrono::duration<double>(Clock::now() - r.admitted).count();
+  if (o.step_result) {
+    if (*o.step_result) {
+      metrics_.succeeded(r.transport, r.scheduled, FinishClass::kStep, e2e);
+    } else {
+      metrics_.failed(r.transport, /*was_admitted=*/true, r.scheduled, o.step_result->error().code);
+    }
+    return;
+  }
+  if (!o.generate_result) return;
+  if (!*o.generate_result) {
+    metrics_.failed(r.transport, /*was_admitted=*/true, r.scheduled, o.generate_result->error().code);
+    return;
+  }
+  FinishClass finish = FinishClass::kStop;
+  switch ((*o.generate_result)->reason) {
+    case FinishReason::kStopToken:
+    case FinishReason::kStopString: finish = FinishClass::kStop; break;
+    case FinishReason::kMaxTokens:
+    case FinishReason::kContextFull: finish = FinishClass::kLength; break;
+    case FinishReason::kAborted:
+    case FinishReason::kShutdown: finish = FinishClass::kAbort; break;  // vLLM's "abort": ended by the server too
+  }
+  metrics_.succeeded(r.transport, r.scheduled, finish, e2e);
 }
 
 void ServiceImpl::finish(std::vector<Outcome>* outcomes) {
@@ -367,6 +411,7 @@ void ServiceImpl::finish(std::vector<Outcome>* outcomes) {
   free_slots(to_free);
   for (Outcome& o : *outcomes) {
     Request& r = *o.request;
+    if (o.finished) record_end(r, o);
     for (GenerateChunk& c : o.chunks) r.sink->on_chunk(std::move(c));
     if (o.step_result) {
       auto done = std::move(r.done);

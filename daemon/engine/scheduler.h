@@ -41,6 +41,13 @@ struct Request {
   Deadline deadline;
   std::atomic<int> abort{0};  // AbortCause
 
+  // Metrics (service_metrics.h): the transport label, when it was admitted, whether the loop has given it tokens yet,
+  // when its last token was sampled.
+  Transport transport = Transport::kGrpc;
+  Clock::time_point admitted;
+  bool scheduled = false;
+  Clock::time_point last_token;
+
   // kStep
   std::function<void(Expected<StepResult>)> done;
 

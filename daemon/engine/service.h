@@ -31,6 +31,7 @@
 #include "core/engine/engine.h"
 #include "core/sampler/logprobs.h"
 #include "core/sampler/sampling_params.h"
+#include "daemon/engine/service_metrics.h"
 
 namespace kestrel {
 class Model;
@@ -59,6 +60,7 @@ struct ModelInfo {
   std::string device;                     // the engine's PlacementPlan::device
   std::vector<PlacementEntry> placement;  // core/engine/engine.h
   uint64_t file_bytes = 0;
+  std::string chat_template;  // tokenizer.chat_template; empty: none
 };
 
 struct ServiceLimits {
@@ -78,6 +80,9 @@ struct ServiceLimits {
 struct ServiceStats {
   bool serving = false;
   uint32_t sessions = 0, queued_steps = 0;
+  // Engine state slots held: one per open session, plus closed sessions whose request is still ending. At most
+  // limits.max_sessions.
+  uint32_t slots_held = 0;
   uint64_t ticks = 0, tokens_processed = 0, tokens_generated = 0;
 };
 
@@ -101,6 +106,7 @@ struct StepRequest {
   SamplingOverrides sampling;
   int32_t top_logprobs = 0;  // 0..20
   Deadline deadline;
+  Transport transport = Transport::kGrpc;  // the transport that carries it (its metrics label)
 };
 
 struct StepResult {
@@ -126,7 +132,8 @@ struct GenerateRequest {
   int32_t top_logprobs = 0;
   int32_t n_ctx = 0;  // temporary session only
   Deadline deadline;
-  uint64_t owner = 0;  // owner tag of a temporary session
+  uint64_t owner = 0;                      // owner tag of a temporary session
+  Transport transport = Transport::kGrpc;  // the transport that carries it (its metrics label)
 };
 
 struct GenerateChunk {
@@ -165,6 +172,8 @@ class Service {
   virtual ModelInfo model_info() const = 0;
   virtual ServiceStats stats() const = 0;
   virtual ServiceLimits limits() const = 0;
+  // The request counters, histograms and gauges (service_metrics.h); valid for the Service's lifetime.
+  virtual const ServiceMetrics& metrics() const = 0;
 
   virtual Expected<std::vector<int32_t>> tokenize(const std::string& text, bool parse_special) const = 0;
   // Exact bytes; kInvalidArgument naming the first id outside the vocabulary; kResourceExhausted, before any text

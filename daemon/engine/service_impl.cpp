@@ -63,6 +63,7 @@ ServiceImpl::ServiceImpl(const Model& model, Engine& engine, const ServiceLimits
   info_.device = engine_.placement().device;
   info_.placement = engine_.placement().entries;
   info_.file_bytes = model_.file().file_size();
+  info_.chat_template = model_.tokenizer().vocab().chat_template;
 }
 
 ServiceImpl::~ServiceImpl() {
@@ -91,6 +92,7 @@ ServiceStats ServiceImpl::stats() const {
     st.serving = serving_.load() && !draining_;
     st.sessions = static_cast<uint32_t>(table_.size());
     st.queued_steps = queued_;
+    st.slots_held = slots_held_;
   }
   st.ticks = ticks_.load();
   st.tokens_processed = tokens_processed_.load();
@@ -229,7 +231,7 @@ Expected<SessionInfo> ServiceImpl::clone_session(SessionId id, uint64_t owner) {
   }
   ++slots_held_;
   dst->n_ctx = src->n_ctx;
-  dst->n_fed = src->n_fed;
+  dst->fed = src->fed;
   dst->pending = src->pending;
   dst->params = src->params;
   dst->idle_ttl = src->idle_ttl;
@@ -253,7 +255,7 @@ Expected<SessionInfo> ServiceImpl::reset_session(SessionId id) {
     std::lock_guard<std::mutex> elk(engine_mu_);
     engine_.slot_reset(s->slot);
   }
-  s->n_fed = 0;
+  s->fed.clear();
   s->pending.clear();
   s->last_used = Clock::now();
   return s->info();
@@ -339,49 +341,61 @@ Status ServiceImpl::admit(const std::shared_ptr<Request>& request, SessionId id,
   request->todo.insert(request->todo.begin(), s->pending.begin(), s->pending.end());
   s->pending.clear();
   request->session = s;
+  request->admitted = Clock::now();
   s->active = request;
   ++queued_;
+  metrics_.admitted(request->transport);
   incoming_.push_back(request);
   wake_.notify_one();
   return ok_status();
 }
 
 void ServiceImpl::step(StepRequest request, std::function<void(Expected<StepResult>)> done) {
-  if (Status st = check_tokens(request.tokens, "step tokens"); !st) return done(std::move(st).error());
-  if (Status st = check_top_logprobs(request.top_logprobs); !st) return done(std::move(st).error());
+  const Transport transport = request.transport;
+  auto refuse = [&](Error e) {
+    metrics_.failed(transport, /*was_admitted=*/false, /*was_scheduled=*/false, e.code);
+    done(std::move(e));
+  };
+  if (Status st = check_tokens(request.tokens, "step tokens"); !st) return refuse(std::move(st).error());
+  if (Status st = check_top_logprobs(request.top_logprobs); !st) return refuse(std::move(st).error());
   auto r = std::make_shared<Request>();
   r->kind = Request::Kind::kStep;
   r->todo = std::move(request.tokens);
   r->deadline = request.deadline;
+  r->transport = transport;
   r->done = std::move(done);
   if (Status st = admit(r, request.session, request.sampling, request.top_logprobs); !st) {
-    auto cb = std::move(r->done);
-    cb(std::move(st).error());
+    done = std::move(r->done);  // admit() refused it: the callback goes back to `refuse`
+    refuse(std::move(st).error());
   }
 }
 
 void ServiceImpl::generate(GenerateRequest request, std::shared_ptr<GenerateSink> sink) {
-  if (Status st = check_tokens(request.prompt, "generate prompt"); !st) return sink->on_done(std::move(st).error());
-  if (Status st = check_top_logprobs(request.top_logprobs); !st) return sink->on_done(std::move(st).error());
+  const Transport transport = request.transport;
+  auto refuse = [&](Error e) {
+    metrics_.failed(transport, /*was_admitted=*/false, /*was_scheduled=*/false, e.code);
+    sink->on_done(std::move(e));
+  };
+  if (Status st = check_tokens(request.prompt, "generate prompt"); !st) return refuse(std::move(st).error());
+  if (Status st = check_top_logprobs(request.top_logprobs); !st) return refuse(std::move(st).error());
   if (request.max_tokens <= 0) {
-    return sink->on_done(
+    return refuse(
         make_error(ErrorCode::kInvalidArgument, "max_tokens must be > 0 (got " + str(request.max_tokens) + ")"));
   }
   if (Status st = request.sampling.apply_to(limits_.default_sampling).validate(); !st) {
-    return sink->on_done(std::move(st).error());
+    return refuse(std::move(st).error());
   }
   SessionId id = request.session;
   if (id == 0) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (!draining_ && queued_ >= limits_.max_queued_steps) {
-        return sink->on_done(make_error(
-            ErrorCode::kResourceExhausted,
-            "the request queue is full (max_queued_steps = " + str(limits_.max_queued_steps) + "); retry later"));
+        return refuse(make_error(ErrorCode::kResourceExhausted, "the request queue is full (max_queued_steps = " +
+                                                                    str(limits_.max_queued_steps) + "); retry later"));
       }
     }
     auto s = new_session(request.n_ctx, SamplingOverrides{}, std::chrono::seconds(0), request.owner, true);
-    if (!s) return sink->on_done(std::move(s).error());
+    if (!s) return refuse(std::move(s).error());
     id = (*s)->id;
   }
   auto r = std::make_shared<Request>();
@@ -389,6 +403,7 @@ void ServiceImpl::generate(GenerateRequest request, std::shared_ptr<GenerateSink
   r->todo = std::move(request.prompt);
   r->prompt_tokens = static_cast<uint32_t>(r->todo.size());
   r->deadline = request.deadline;
+  r->transport = transport;
   r->sink = sink;
   r->max_tokens = request.max_tokens;
   r->stop_tokens = std::move(request.stop_tokens);
@@ -396,7 +411,7 @@ void ServiceImpl::generate(GenerateRequest request, std::shared_ptr<GenerateSink
   r->text = std::make_unique<TextStream>(model_.tokenizer(), std::move(request.stop_strings));
   if (Status st = admit(r, id, request.sampling, request.top_logprobs); !st) {
     if (request.session == 0) (void)close_session(id);
-    sink->on_done(std::move(st).error());
+    refuse(std::move(st).error());
   }
 }
 

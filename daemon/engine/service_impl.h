@@ -35,6 +35,7 @@ class ServiceImpl final : public Service {
   ModelInfo model_info() const override { return info_; }
   ServiceStats stats() const override;
   ServiceLimits limits() const override { return limits_; }
+  const ServiceMetrics& metrics() const override { return metrics_; }
 
   Expected<std::vector<int32_t>> tokenize(const std::string& text, bool parse_special) const override;
   Expected<std::string> detokenize(const std::vector<int32_t>& tokens, size_t max_bytes) const override;
@@ -77,10 +78,16 @@ class ServiceImpl final : public Service {
   void engine_loop();
   void tick(std::vector<Outcome>* outcomes);
   // Samples the request's next token from the logits, or takes `greedy` (>= 0: the engine's argmax for a greedy
-  // request without penalties or log-probabilities, where sampling would give exactly that token).
-  void sample_and_advance(Request& r, std::span<const float> logits, int32_t greedy, Outcome* out);
+  // request without penalties or log-probabilities, where sampling would give exactly that token). `now`: when the
+  // tick's forward pass ended (the token's time in the metrics).
+  void sample_and_advance(Request& r, std::span<const float> logits, int32_t greedy, Clock::time_point now,
+                          Outcome* out);
+  // Records a sampled token in the metrics: the request's first (with its prompt) or the next one.
+  void record_token(Request& r, Clock::time_point now);
   void end_request(Request& r);
   void finish(std::vector<Outcome>* outcomes);
+  // Records how a request ended (its last callback is about to run).
+  void record_end(const Request& r, const Outcome& o);
 
   const Model& model_;
   Engine& engine_;
@@ -117,6 +124,7 @@ class ServiceImpl final : public Service {
 
   std::atomic<bool> serving_{false};
   std::atomic<uint64_t> ticks_{0}, tokens_processed_{0}, tokens_generated_{0};
+  ServiceMetrics metrics_;
 };
 
 }  // namespace kestrel::daemon

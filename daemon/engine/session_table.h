@@ -6,7 +6,7 @@
 // request was in flight).
 //
 // Ownership of a Session's fields ("busy protocol"): `active` is read and written under the Service's mutex. While
-// `active` is set, the engine loop thread alone reads and writes n_fed, pending and sampler; while it is null,
+// `active` is set, the engine loop thread alone reads and writes fed, pending and sampler; while it is null,
 // they belong to whoever holds the Service's mutex. Everything else is written under that mutex.
 // SessionTable itself is not thread-safe: the Service calls it with its mutex held.
 #pragma once
@@ -31,7 +31,9 @@ struct Session {
   SessionId id = 0;
   SlotId slot = -1;
   int32_t n_ctx = 0;
-  int64_t n_fed = 0;             // tokens in the engine slot
+  // The tokens in the engine slot, oldest first: the session's history (the sampler's penalty window reads it;
+  // engines keep only a position).
+  std::vector<int32_t> fed;
   std::vector<int32_t> pending;  // emitted by a generation, not yet fed; prepended to the next request
   SamplingParams params;         // the session's own parameters (per-request overrides are applied on top)
   Sampler sampler;               // the session's RNG stream continues across requests
@@ -43,7 +45,8 @@ struct Session {
   bool closed = false;              // left the table while busy: the engine loop frees the slot
 
   explicit Session(Sampler s) : sampler(std::move(s)) {}
-  int64_t n_past() const { return n_fed + static_cast<int64_t>(pending.size()); }
+  int64_t n_fed() const { return static_cast<int64_t>(fed.size()); }
+  int64_t n_past() const { return n_fed() + static_cast<int64_t>(pending.size()); }
   SessionInfo info() const { return SessionInfo{id, n_ctx, n_past()}; }
 };
 

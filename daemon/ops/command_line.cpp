@@ -29,7 +29,7 @@ struct Parsed {
 std::unique_ptr<CLI::App> make_app(Parsed& p) {
   auto app = std::make_unique<CLI::App>(
       "kestreld: the Kestrel inference daemon. Serves one GGUF model to local programs over gRPC (a Unix socket, TCP "
-      "when configured) and a shared-memory fast path.",
+      "when configured), a shared-memory fast path and, when configured (--http), an OpenAI-compatible HTTP API.",
       "kestreld");
   app->set_version_flag("--version", std::string("kestreld ") + KESTREL_VERSION);
   app->footer(

@@ -106,6 +106,16 @@ Status check_tcp_address(const std::string& s) {
   return ok_status();
 }
 
+// A token such as an API key or a model name: printable ASCII without spaces (it travels in a header or JSON).
+Expected<std::string> as_token(const ConfigValue& v) {
+  const auto* s = std::get_if<std::string>(&v);
+  if (s == nullptr) return bad("must be a string, got " + describe(v));
+  for (const char ch : *s) {
+    if (ch <= ' ' || ch > '~') return bad("must be printable ASCII without spaces, got \"" + *s + "\"");
+  }
+  return *s;
+}
+
 Expected<uint32_t> as_mode(const ConfigValue& v) {
   int64_t mode = -1;
   if (const auto* i = std::get_if<int64_t>(&v)) {
@@ -221,6 +231,56 @@ const std::vector<ConfigKey> kKeys = {
        return ok_status();
      },
      [](const DaemonConfig& c) -> ConfigValue { return c.listen.tcp; }},
+    {"listen", "http", "--http", "HOST:PORT",
+     "serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics) "
+     "at this address (no TLS: bind to 127.0.0.1 or put a proxy in front); empty: off",
+     ConfigValueKind::kString,
+     [](DaemonConfig& c, const ConfigValue& v) -> Status {
+       KESTREL_TRY_ASSIGN(std::string s, as_string(v));
+       KESTREL_TRY(check_tcp_address(s));
+       c.listen.http = s;
+       return ok_status();
+     },
+     [](const DaemonConfig& c) -> ConfigValue { return c.listen.http; }},
+    // [http]
+    {"http", "api_key", "--http-api-key", "KEY",
+     "HTTP: require \"Authorization: Bearer KEY\" on /v1/ routes (visible in ps: prefer api_key_file); empty: none",
+     ConfigValueKind::kString,
+     [](DaemonConfig& c, const ConfigValue& v) -> Status {
+       KESTREL_TRY_ASSIGN(c.http.api_key, as_token(v));
+       return ok_status();
+     },
+     [](const DaemonConfig& c) -> ConfigValue { return c.http.api_key; }},
+    {"http", "api_key_file", "--http-api-key-file", "PATH",
+     "HTTP: read the API key from the first line of this file at start; empty: none", ConfigValueKind::kString,
+     [](DaemonConfig& c, const ConfigValue& v) -> Status {
+       KESTREL_TRY_ASSIGN(std::string s, as_string(v));
+       if (!s.empty() && s[0] != '/') return bad("must be an absolute path, got \"" + s + "\"");
+       c.http.api_key_file = s;
+       return ok_status();
+     },
+     [](const DaemonConfig& c) -> ConfigValue { return c.http.api_key_file; }},
+    {"http", "served_model_name", "--served-model-name", "NAME",
+     "HTTP: the model id of /v1/models and of every response; empty: the model file's name without .gguf",
+     ConfigValueKind::kString,
+     [](DaemonConfig& c, const ConfigValue& v) -> Status {
+       KESTREL_TRY_ASSIGN(c.http.served_model_name, as_token(v));
+       return ok_status();
+     },
+     [](const DaemonConfig& c) -> ConfigValue { return c.http.served_model_name; }},
+    {"http", "max_body_bytes", "--http-max-body-bytes", "BYTES",
+     "HTTP: largest request body; larger ones are answered 413 (1024-1073741824; default 4194304)",
+     ConfigValueKind::kInteger,
+     [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.http.max_body_bytes, v, 1024, 1 << 30); },
+     [](const DaemonConfig& c) -> ConfigValue { return static_cast<int64_t>(c.http.max_body_bytes); }},
+    {"http", "max_concurrent_requests", "--http-max-concurrent", "N",
+     "HTTP: completions running at once; more are answered 429 (1-100000; default 64)", ConfigValueKind::kInteger,
+     [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.http.max_concurrent_requests, v, 1, 100000); },
+     [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.http.max_concurrent_requests}; }},
+    {"http", "max_connections", "--http-max-connections", "N",
+     "HTTP: open connections; more are answered 503 and closed (1-1000000; default 512)", ConfigValueKind::kInteger,
+     [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.http.max_connections, v, 1, 1000000); },
+     [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.http.max_connections}; }},
     // [cuda]
     {"cuda", "slots", "--cuda-slots", "N",
      "CUDA engine: sessions resident on the device at once, each with max_session_ctx tokens of KV cache (1-4096; "
@@ -437,11 +497,7 @@ void append_value(std::string& out, const ConfigValue& v) {
 
 ServiceLimits DaemonConfig::default_limits() {
   ServiceLimits limits;
-  limits.default_sampling.temperature = 0.8f;
-  limits.default_sampling.top_k = 40;
-  limits.default_sampling.top_p = 0.95f;
-  limits.default_sampling.min_p = 0.05f;
-  limits.default_sampling.seed = 0;
+  limits.default_sampling = kestrel_default_sampling();
   limits.random_seed_by_default = true;
   return limits;
 }
@@ -549,6 +605,10 @@ Status validate(const DaemonConfig& config) {
   if (!config.listen.shm_socket.empty() && config.listen.shm_socket == config.listen.socket) {
     return bad(origin("listen.shm_socket") + ": [listen] shm_socket is the same path as socket (" +
                config.listen.socket + ")");
+  }
+  if (!config.http.api_key.empty() && !config.http.api_key_file.empty()) {
+    return bad(origin("http.api_key_file") + ": [http] api_key_file and api_key (" + origin("http.api_key") +
+               ") are both set; give the key one way");
   }
   if (Status st = l.default_sampling.validate(); !st) {
     return bad("[sampling] " + st.error().message);

@@ -1,11 +1,12 @@
 // DaemonConfig: everything kestreld can be told, read from a TOML file and then from command-line flags
 // (flags > file > defaults). systemd/kestreld.toml.example documents every key; docs/operations.md is the reference.
 //
-//   model = ""                       # GGUF path; empty = the embedded default tiny model (default_model.h)
+//   model = ""                       # GGUF path; empty = the default model (tools/mkmodel/default_model.h)
 //   engine = "auto"                  # auto, cuda, cpu, reference
 //   stop_timeout_s = 30              # drain time on SIGTERM
 //   cache_dir = ""                   # empty = default_cache_dir() (default_paths.h)
-//   [listen]  socket, socket_mode, shm_socket, tcp
+//   [listen]  socket, socket_mode, shm_socket, tcp, http
+//   [http]    api_key, api_key_file, served_model_name, max_body_bytes, max_concurrent_requests, max_connections
 //   [cuda]    slots, device
 //   [cpu]     threads
 //   [limits]  max_sessions, max_queued_steps, default_n_ctx, max_session_ctx, max_batch_tokens, idle_ttl_s,
@@ -39,6 +40,17 @@ struct ListenConfig {
   std::string shm_socket;       // shm fast path control socket; empty = disabled
   bool shm_socket_set = false;  // a file or flag named shm_socket; otherwise resolve_defaults() puts it by `socket`
   std::string tcp;              // "host:port" for gRPC over TCP; empty = no TCP listener
+  std::string http;             // "host:port" for the OpenAI-compatible HTTP API; empty = off
+};
+
+// [http]: the OpenAI-compatible HTTP server (daemon/http/http_server.h), when [listen] http is set.
+struct HttpConfig {
+  std::string api_key;            // "" = none; else /v1/ routes need "Authorization: Bearer <key>"
+  std::string api_key_file;       // or the key read from this file at start (first line); not both
+  std::string served_model_name;  // the model id of /v1/models; "" = the model file's name without .gguf
+  uint64_t max_body_bytes = 4 << 20;
+  uint32_t max_concurrent_requests = 64;
+  uint32_t max_connections = 512;
 };
 
 // [cuda]: the CUDA engine's sizes (engine = cuda, or auto on a machine with a device).
@@ -65,6 +77,7 @@ struct DaemonConfig {
   CudaConfig cuda;
   CpuConfig cpu;
   ListenConfig listen;
+  HttpConfig http;
   ServiceLimits limits = default_limits();  // [limits] and [sampling]
   LogConfig log;
   uint32_t stop_timeout_s = 30;
@@ -73,8 +86,8 @@ struct DaemonConfig {
   // "section.name" ("limits.max_sessions") or "name" at the top level.
   std::map<std::string, std::string> origins;
 
-  // ServiceLimits with kestreld's sampling defaults (llama.cpp's: temperature 0.8, top_k 40, top_p 0.95, min_p
-  // 0.05, a random seed per session); the rest as in service.h.
+  // ServiceLimits with Kestrel's sampling defaults (kestrel_default_sampling(): temperature 0.8, top_k 40, top_p
+  // 0.95, min_p 0.05) and a random seed per session; the rest as in service.h.
   static ServiceLimits default_limits();
 };
 
@@ -97,7 +110,7 @@ struct ConfigKey {
   std::string full_name() const;  // "limits.max_sessions"
 };
 
-// Every key, in file order (top-level keys first, then [listen], [limits], [sampling], [log]).
+// Every key, in file order (top-level keys first, then [listen], [http], [cuda], [cpu], [limits], [sampling], [log]).
 const std::vector<ConfigKey>& config_keys();
 
 // Applies the keys of a TOML document on top of `config`; `source_name` (a path) prefixes every message with its

@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "core/base/private_dir.h"
+#include "tools/mkmodel/default_model.h"
+
 namespace kestrel::daemon::ops {
 
 namespace {
@@ -19,8 +22,6 @@ std::string env_or_empty(const char* name) {
 std::string first_of_list(const std::string& value) { return value.substr(0, value.find(':')); }
 
 }  // namespace
-
-std::string fallback_runtime_dir(uint32_t uid) { return "/tmp/kestrel-" + std::to_string(uid); }
 
 Environment Environment::from_process() {
   Environment env;
@@ -49,11 +50,7 @@ std::string default_shm_socket_path(const std::string& socket_path) {
 }
 
 std::string default_cache_dir(const Environment& env) {
-  namespace fs = std::filesystem;
-  if (!env.cache_directory.empty()) return first_of_list(env.cache_directory);
-  if (!env.xdg_cache_home.empty()) return (fs::path(env.xdg_cache_home) / "kestrel").string();
-  if (!env.home.empty()) return (fs::path(env.home) / ".cache" / "kestrel").string();
-  return (fs::path(fallback_runtime_dir(env.uid)) / "cache").string();
+  return mkmodel::default_model_cache_dir(env.cache_directory, env.xdg_cache_home, env.home, env.uid);
 }
 
 }  // namespace kestrel::daemon::ops

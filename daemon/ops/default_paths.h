@@ -34,10 +34,6 @@ struct Environment {
 inline constexpr const char* kSocketFileName = "kestreld.sock";
 inline constexpr const char* kShmSocketFileName = "kestreld-shm.sock";
 
-// /tmp/kestrel-$UID: the folder of last resort (no XDG_RUNTIME_DIR for sockets, no HOME for the cache). kestreld
-// uses it only when it passes check_private_dir (private_dir.h).
-std::string fallback_runtime_dir(uint32_t uid);
-
 std::string default_socket_path(const Environment& env);
 // kestreld-shm.sock next to `socket_path` (in its folder).
 std::string default_shm_socket_path(const std::string& socket_path);

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <system_error>
 
-#include "daemon/ops/private_dir.h"
+#include "core/base/private_dir.h"
 
 namespace kestrel::daemon::ops {
 

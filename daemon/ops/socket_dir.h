@@ -13,7 +13,8 @@
 namespace kestrel::daemon::ops {
 
 // kIo naming the folder and the reason; the message suggests [listen] socket / --socket. A folder in the private
-// fallback folder /tmp/kestrel-$UID must also pass check_fallback_dir (private_dir.h): kFailedPrecondition otherwise.
+// fallback folder /tmp/kestrel-$UID must also pass prepare_fallback_dir (core/base/private_dir.h): kFailedPrecondition
+// otherwise.
 Status prepare_socket_dir(const std::string& socket_path);
 
 }  // namespace kestrel::daemon::ops

@@ -3,6 +3,7 @@
 // write queue.
 #include "daemon/server/grpc_server.h"
 
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
@@ -359,11 +360,14 @@ class GrpcService final : public RawKestrelService {
     if (!parse_request(*req, &request)) return finish_now(ctx, "Step", unparsable(request));
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     // resp stays valid until Finish; the callback runs once, on the engine thread (or here when refused).
-    handlers_.step(request, deadline_of(*ctx), [reactor, resp](RpcStatus status, const v1::StepResponse& response) {
-      if (status.ok()) status = serialize_response(response, resp);
-      log_status("Step", status);
-      reactor->Finish(to_grpc(status));
-    });
+    handlers_.step(
+        request, deadline_of(*ctx),
+        [reactor, resp](RpcStatus status, const v1::StepResponse& response) {
+          if (status.ok()) status = serialize_response(response, resp);
+          log_status("Step", status);
+          reactor->Finish(to_grpc(status));
+        },
+        Transport::kGrpc);
     return reactor;
   }
 
@@ -374,7 +378,8 @@ class GrpcService final : public RawKestrelService {
       GenerateCall::Stream(call).on_done(unparsable(request), v1::GenerateChunk{});
       return call;
     }
-    handlers_.generate(request, deadline_of(*ctx), /*owner=*/0, std::make_shared<GenerateCall::Stream>(call));
+    handlers_.generate(request, deadline_of(*ctx), /*owner=*/0, std::make_shared<GenerateCall::Stream>(call),
+                       Transport::kGrpc);
     return call;
   }
 
@@ -399,6 +404,8 @@ Expected<std::unique_ptr<GrpcServer>> GrpcServer::create(RpcHandlers& handlers, 
 
   std::unique_ptr<GrpcServer> server(new GrpcServer(handlers, options));
   grpc::EnableDefaultHealthCheckService(true);
+  // Server reflection (grpc.reflection.v1alpha): grpcurl and other tools list and call the API without the .proto.
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   int unix_ok = 0;

@@ -7,6 +7,7 @@
 // Messages received are limited to 4 MiB (set explicitly; a larger request fails with RESOURCE_EXHAUSTED).
 // Health: grpc.health.v1 answers NOT_SERVING for "" and "kestrel.v1.Kestrel" from start until set_serving(true), and
 // again after set_serving(false) (drain) or shutdown().
+// Reflection: grpc.reflection.v1alpha.ServerReflection describes every service (grpcurl list / describe).
 // Generate: the engine thread pushes chunks into a per-call queue and never waits; one write is outstanding at a
 // time and OnWriteDone starts the next; a client that goes away marks the stream cancelled, so the engine stops
 // generating for it at its next tick.

@@ -243,6 +243,7 @@ RpcStatus RpcHandlers::get_model_info(const v1::GetModelInfoRequest& /*request*/
   }
   out->set_file_bytes(m.file_bytes);
   out->set_model_path(utf8_sanitize(m.model_path));
+  out->set_chat_template(utf8_sanitize(m.chat_template));
   return {};
 }
 
@@ -382,7 +383,7 @@ RpcStatus RpcHandlers::abort(const v1::AbortRequest& request, v1::AbortResponse*
   return {};
 }
 
-void RpcHandlers::step(const v1::StepRequest& request, Deadline deadline, StepDone done) {
+void RpcHandlers::step(const v1::StepRequest& request, Deadline deadline, StepDone done, Transport transport) {
   auto refuse = [&](const Error& e) { done(to_rpc_status(e), v1::StepResponse{}); };
   const Attached* a = ready();
   if (a == nullptr) return done(loading_status(), v1::StepResponse{});
@@ -401,6 +402,7 @@ void RpcHandlers::step(const v1::StepRequest& request, Deadline deadline, StepDo
   if (Status s = check_overrides(req.sampling, a->limits.default_sampling); !s) return refuse(s.error());
   req.top_logprobs = request.top_logprobs();
   req.deadline = deadline;
+  req.transport = transport;
   a->service->step(std::move(req), [done = std::move(done)](Expected<StepResult> result) {
     if (!result) {
       done(to_rpc_status(result.error()), v1::StepResponse{});
@@ -416,7 +418,7 @@ void RpcHandlers::step(const v1::StepRequest& request, Deadline deadline, StepDo
 }
 
 void RpcHandlers::generate(const v1::GenerateRequest& request, Deadline deadline, uint64_t owner,
-                           std::shared_ptr<GenerateStream> stream) {
+                           std::shared_ptr<GenerateStream> stream, Transport transport) {
   auto refuse = [&](const Error& e) { stream->on_done(to_rpc_status(e), v1::GenerateChunk{}); };
   auto bad = [&](std::string message) { refuse(make_error(ErrorCode::kInvalidArgument, std::move(message))); };
   const Attached* a = ready();
@@ -478,6 +480,7 @@ void RpcHandlers::generate(const v1::GenerateRequest& request, Deadline deadline
   req.ignore_eos = request.ignore_eos();
   req.deadline = deadline;
   req.owner = owner;
+  req.transport = transport;
   a->service->generate(std::move(req), std::make_shared<StreamSink>(std::move(stream)));
 }
 

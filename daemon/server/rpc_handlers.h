@@ -109,8 +109,9 @@ class RpcHandlers {
 
   // Validates and queues one step. `done` is called exactly once: on the engine thread with the result, or on the
   // calling thread when the request is refused before it is queued. The response is meaningful only when ok().
+  // `transport` labels the request in the Service's metrics.
   using StepDone = std::function<void(RpcStatus status, v1::StepResponse response)>;
-  void step(const v1::StepRequest& request, Deadline deadline, StepDone done);
+  void step(const v1::StepRequest& request, Deadline deadline, StepDone done, Transport transport = Transport::kGrpc);
 
   // The transport's side of one Generate stream. on_chunk any number of times, then on_done exactly once; both on
   // the engine thread (or on_done alone on the calling thread when the request is refused before it is queued).
@@ -127,9 +128,10 @@ class RpcHandlers {
     virtual bool cancelled() const = 0;
   };
 
-  // Validates, tokenizes a text prompt, and queues one generation. owner tags a temporary session (session_id 0).
+  // Validates, tokenizes a text prompt, and queues one generation. owner tags a temporary session (session_id 0);
+  // `transport` labels the request in the Service's metrics.
   void generate(const v1::GenerateRequest& request, Deadline deadline, uint64_t owner,
-                std::shared_ptr<GenerateStream> stream);
+                std::shared_ptr<GenerateStream> stream, Transport transport = Transport::kGrpc);
 
  private:
   // The Service and what is read from it once; published by attach() with release, read with acquire.

@@ -283,13 +283,16 @@ void ShmConnection::handle(const shm::Record& record) {
                         "field that is not UTF-8)");
         return;
       }
-      handlers_.step(request, deadline, [outbox = outbox_, id](RpcStatus status, const v1::StepResponse& response) {
-        if (status.ok()) {
-          outbox->push(shm_response_record(id, Op::kStep, response, true), false);
-        } else {
-          outbox->push(shm_error_record(id, status.code, std::move(status.message)), false);
-        }
-      });
+      handlers_.step(
+          request, deadline,
+          [outbox = outbox_, id](RpcStatus status, const v1::StepResponse& response) {
+            if (status.ok()) {
+              outbox->push(shm_response_record(id, Op::kStep, response, true), false);
+            } else {
+              outbox->push(shm_error_record(id, status.code, std::move(status.message)), false);
+            }
+          },
+          Transport::kShm);
       return;
     }
     case Op::kGenerate: {
@@ -308,7 +311,7 @@ void ShmConnection::handle(const shm::Record& record) {
       }
       auto sink = std::make_shared<ShmGenerateSink>(outbox_, id, name_);
       generations_.emplace(id, sink);
-      handlers_.generate(request, deadline, owner_, sink);
+      handlers_.generate(request, deadline, owner_, sink, Transport::kShm);
       return;
     }
   }

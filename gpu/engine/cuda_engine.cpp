@@ -22,7 +22,7 @@ namespace {
 struct SlotInfo {
   bool used = false;
   int32_t n_ctx = 0;
-  std::vector<int32_t> tokens;  // consumed tokens, oldest first (n_past = size)
+  int64_t n_past = 0;  // tokens consumed
 };
 
 std::string device_label(int device) {
@@ -63,9 +63,7 @@ class CudaEngineImpl final : public CudaEngine {
     slots_.emplace(std::move(s));
     KESTREL_TRY_ASSIGN(
         dm_, DeviceModel::create(model_, ForwardPass::scratch_bytes(hp, o.n_ctx), state_bytes(), o.progress, stream_));
-    PassTuning tuning;
-    tuning.programmatic = o.programmatic;
-    KESTREL_TRY_ASSIGN(pass_, ForwardPass::create(*dm_, *slots_, tuning, stream_));
+    KESTREL_TRY_ASSIGN(pass_, ForwardPass::create(*dm_, *slots_, o.tuning, stream_));
     slot_info_.resize(static_cast<size_t>(o.max_slots));
     placement_ = placement_all_on(model_.catalog(), "cuda:" + std::to_string(device_));
     placement_.device = device_label(device_);
@@ -98,7 +96,7 @@ class CudaEngineImpl final : public CudaEngine {
       KESTREL_CUDA_TRY(cudaSetDevice(device_));
       KESTREL_TRY(slots_->reset(static_cast<int>(i), stream_));
       KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
-      slot_info_[i] = SlotInfo{true, n_ctx, {}};
+      slot_info_[i] = SlotInfo{true, n_ctx, 0};
       return static_cast<SlotId>(i);
     }
     return make_error(ErrorCode::kResourceExhausted,
@@ -113,7 +111,7 @@ class CudaEngineImpl final : public CudaEngine {
     if (!valid(slot)) return;
     cudaSetDevice(device_);
     if (slots_->reset(slot, stream_) && cudaStreamSynchronize(stream_) == cudaSuccess) {
-      slot_info_[static_cast<size_t>(slot)].tokens.clear();
+      slot_info_[static_cast<size_t>(slot)].n_past = 0;
     }
   }
 
@@ -125,7 +123,7 @@ class CudaEngineImpl final : public CudaEngine {
     if (src == dst) return ok_status();
     const SlotInfo& s = slot_info_[static_cast<size_t>(src)];
     SlotInfo& d = slot_info_[static_cast<size_t>(dst)];
-    const int n_used = static_cast<int>(s.tokens.size());
+    const int n_used = static_cast<int>(s.n_past);
     if (n_used > d.n_ctx) {
       return make_error(ErrorCode::kOutOfRange, "slot_clone: source holds " + std::to_string(n_used) +
                                                     " tokens, the destination only " + std::to_string(d.n_ctx));
@@ -133,7 +131,7 @@ class CudaEngineImpl final : public CudaEngine {
     KESTREL_CUDA_TRY(cudaSetDevice(device_));
     KESTREL_TRY(slots_->clone(src, dst, n_used, stream_));
     KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
-    d.tokens = s.tokens;
+    d.n_past = s.n_past;
     return ok_status();
   }
 
@@ -142,8 +140,8 @@ class CudaEngineImpl final : public CudaEngine {
     const SlotInfo& info = slot_info_[static_cast<size_t>(slot)];
     KESTREL_CUDA_TRY(cudaSetDevice(device_));
     KESTREL_TRY_ASSIGN(ref::SessionState state, ref::SessionState::create(model_.hparams(), info.n_ctx));
-    KESTREL_TRY(slots_->download(slot, static_cast<int>(info.tokens.size()), state, stream_));
-    state.append_tokens(info.tokens);
+    KESTREL_TRY(slots_->download(slot, static_cast<int>(info.n_past), state, stream_));
+    state.advance(info.n_past);
     return state.snapshot();
   }
 
@@ -154,19 +152,15 @@ class CudaEngineImpl final : public CudaEngine {
     KESTREL_TRY(state.restore(bytes));  // checks the geometry (n_ctx included) before anything changes
     KESTREL_CUDA_TRY(cudaSetDevice(device_));
     KESTREL_TRY(slots_->upload(state, slot, stream_));
-    info.tokens = state.tokens();
+    info.n_past = state.n_past();
     return ok_status();
   }
 
   int64_t slot_n_past(SlotId slot) const override {
-    return valid(slot) ? static_cast<int64_t>(slot_info_[static_cast<size_t>(slot)].tokens.size()) : 0;
+    return valid(slot) ? slot_info_[static_cast<size_t>(slot)].n_past : 0;
   }
   int32_t slot_n_ctx(SlotId slot) const override {
     return valid(slot) ? slot_info_[static_cast<size_t>(slot)].n_ctx : 0;
-  }
-  std::span<const int32_t> slot_tokens(SlotId slot) const override {
-    if (!valid(slot)) return {};
-    return slot_info_[static_cast<size_t>(slot)].tokens;
   }
 
   Status check(const EngineStepItem& item) const override {
@@ -182,8 +176,8 @@ class CudaEngineImpl final : public CudaEngine {
       }
     }
     const SlotInfo& s = slot_info_[static_cast<size_t>(item.slot)];
-    if (s.tokens.size() + item.tokens.size() > static_cast<size_t>(s.n_ctx)) {
-      return make_error(ErrorCode::kOutOfRange, "context limit: " + std::to_string(s.tokens.size()) + " tokens + " +
+    if (static_cast<size_t>(s.n_past) + item.tokens.size() > static_cast<size_t>(s.n_ctx)) {
+      return make_error(ErrorCode::kOutOfRange, "context limit: " + std::to_string(s.n_past) + " tokens + " +
                                                     std::to_string(item.tokens.size()) + " new exceed the session's " +
                                                     std::to_string(s.n_ctx));
     }
@@ -277,7 +271,7 @@ class CudaEngineImpl final : public CudaEngine {
             PassRow r;
             r.slot = it.slot;
             r.token = it.tokens[t];
-            r.position = static_cast<int32_t>(s.tokens.size() + t);
+            r.position = static_cast<int32_t>(s.n_past + static_cast<int64_t>(t));
             r.logits = want == 1 && !it.argmax_only ? out[i].logits.data() : nullptr;
             r.argmax = want == 1 ? &out[i].argmax : nullptr;
             rows.push_back(r);
@@ -307,8 +301,7 @@ class CudaEngineImpl final : public CudaEngine {
                                          st.error().message);
           continue;
         }
-        SlotInfo& s = slot_info_[static_cast<size_t>(items[i].slot)];
-        s.tokens.insert(s.tokens.end(), items[i].tokens.begin(), items[i].tokens.end());
+        slot_info_[static_cast<size_t>(items[i].slot)].n_past += static_cast<int64_t>(items[i].tokens.size());
       }
     }
   }

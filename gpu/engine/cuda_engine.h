@@ -28,14 +28,16 @@
 #include "core/base/expected.h"
 #include "core/engine/engine.h"
 #include "core/model/model.h"
+#include "gpu/kernels/tuning.h"
 
 namespace kestrel::gpu {
 
 struct CudaEngineOptions {
-  int32_t max_slots = 16;    // sessions resident at once
-  int32_t n_ctx = 4096;      // tokens every slot's KV cache holds (slot_alloc accepts n_ctx up to this)
-  int device = 0;            // CUDA device ordinal
-  bool programmatic = true;  // chained launches (PassTuning::programmatic); false for A/B measurements
+  int32_t max_slots = 16;  // sessions resident at once
+  int32_t n_ctx = 4096;    // tokens every slot's KV cache holds (slot_alloc accepts n_ctx up to this)
+  int device = 0;          // CUDA device ordinal
+  GpuTuning tuning;        // kernel choices, fixed for the engine's life (gpu/kernels/tuning.h; the defaults are the
+                           // measured path, tests and benchmarks force others)
   // Called while the weights load: bytes copied so far and the total.
   std::function<void(uint64_t done, uint64_t total)> progress;
 };

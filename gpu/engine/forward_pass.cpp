@@ -112,7 +112,7 @@ uint64_t ForwardPass::scratch_bytes(const ModelHparams& hp, int n_ctx) {
 }
 
 Expected<std::unique_ptr<ForwardPass>> ForwardPass::create(const DeviceModel& model, const StateSlots& slots,
-                                                           const PassTuning& tuning, cudaStream_t stream) {
+                                                           const GpuTuning& tuning, cudaStream_t stream) {
   std::unique_ptr<ForwardPass> p(new ForwardPass(model, slots, tuning, stream));
   KESTREL_TRY(p->allocate());
   return p;
@@ -228,7 +228,7 @@ Status ForwardPass::prepare(const float* x, int64_t n_cols, int n) {
 Status ForwardPass::matmul(const DeviceMatrix& m, const float* x, bool x_prepared, int n, float* y) {
   if (m.tiled) {
     if (!x_prepared) KESTREL_TRY(prepare(x, m.n_in, n));
-    return gemv_imma(m.tiled_view, xprep_, n, y, stream_, tuning_.programmatic);
+    return gemv_imma(m.tiled_view, xprep_, n, y, stream_, tuning_.programmatic, tuning_.gemv_imma);
   }
   return gemv(m.raw_view, x, n, y, stream_);
 }
@@ -251,7 +251,7 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
       case ref::GdnProjection::kSsmInBa: in.ba = proj_a_ + C + Vd; break;
     }
     KESTREL_TRY(gdn_decode(model_.gdn_dims(), g.projection, g.small, in, gdn_slots_ + size_t(gdn_index) * P, n, mixed_,
-                           gdn_ws_, stream_, tuning_.programmatic));
+                           gdn_ws_, stream_, tuning_.programmatic, tuning_.gdn_decode));
     return matmul(g.out, mixed_, false, n, y_);
   }
   const bool tiled = g.qkv.tiled || g.gate.tiled || g.ssm_in.tiled || g.ba.tiled || g.beta.tiled || g.alpha.tiled;
@@ -278,7 +278,7 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
       break;
   }
   KESTREL_TRY(gdn_decode(model_.gdn_dims(), g.projection, g.small, in, gdn_slots_ + size_t(gdn_index) * P, n, mixed_,
-                         gdn_ws_, stream_, tuning_.programmatic));
+                         gdn_ws_, stream_, tuning_.programmatic, tuning_.gdn_decode));
   return matmul(g.out, mixed_, false, n, y_);
 }
 
@@ -311,7 +311,7 @@ Status ForwardPass::attn_layer(size_t l, int n) {
 Status ForwardPass::ffn_layer(size_t l, int n) {
   const DeviceFfnLayer& f = model_.layers()[l].ffn;
   if (f.moe) {
-    if (f.moe_tiled) return moe_imma_forward(f.moe_imma, x_, n, y_, moe_ws_, stream_);
+    if (f.moe_tiled) return moe_imma_forward(f.moe_imma, x_, n, y_, moe_ws_, stream_, tuning_.moe_imma);
     return moe_forward(f.moe_raw, x_, n, y_, moe_ws_, stream_);
   }
   const bool tiled = f.gate.tiled || f.up.tiled;
@@ -320,7 +320,7 @@ Status ForwardPass::ffn_layer(size_t l, int n) {
   KESTREL_TRY(matmul(f.up, x_, tiled, n, proj_b_));
   if (f.down.tiled) {
     KESTREL_TRY(gemv_imma_prepare_swiglu(proj_a_, proj_b_, f.gate.n_out, n, xprep_, stream_, tuning_.programmatic));
-    return gemv_imma(f.down.tiled_view, xprep_, n, y_, stream_, tuning_.programmatic);
+    return gemv_imma(f.down.tiled_view, xprep_, n, y_, stream_, tuning_.programmatic, tuning_.gemv_imma);
   }
   KESTREL_TRY(swiglu(proj_a_, proj_b_, f.gate.n_out * n, mixed_, stream_));
   return gemv(f.down.raw_view, mixed_, n, y_, stream_);

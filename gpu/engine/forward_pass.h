@@ -19,6 +19,9 @@
 // input and shared by every matrix that reads it) where the matrix is tiled, else on gpu::gemv. Each kernel is
 // batch-invariant (a row's bits do not depend on the other rows), so a session's logits do not depend on the batch.
 //
+// The kernel choices that do not follow from the shapes (GpuTuning, gpu/kernels/tuning.h) are fixed at create() and
+// passed to every launch.
+//
 // Ownership: borrows the DeviceModel and the StateSlots for its lifetime; owns its scratch (device and pinned host
 // memory, sized once for kPassMaxTokens rows). One pass at a time; not thread-safe.
 #pragma once
@@ -35,20 +38,13 @@
 
 #include "core/base/expected.h"
 #include "gpu/engine/device_model.h"
+#include "gpu/kernels/tuning.h"
 #include "gpu/memory/state_slots.h"
 
 namespace kestrel::gpu {
 
 // Rows of one pass: the MoE and GEMV kernels take up to 32 vectors.
 inline constexpr int kPassMaxTokens = 32;
-
-// The pass's tuning choices, fixed when the engine is built.
-struct PassTuning {
-  // Projections (gemv_imma, gemv_imma_prepare_swiglu) and the GDN step launch as programmatic dependents of the
-  // kernel before them (gpu/kernels/pdl.cuh): their weight loads and launch overlap that kernel's end; the bits are the
-  // same.
-  bool programmatic = true;
-};
 
 struct PassRow {
   int32_t slot = 0;           // state slot
@@ -70,7 +66,7 @@ struct PassProfile {
 class ForwardPass {
  public:
   static Expected<std::unique_ptr<ForwardPass>> create(const DeviceModel& model, const StateSlots& slots,
-                                                       const PassTuning& tuning, cudaStream_t stream);
+                                                       const GpuTuning& tuning, cudaStream_t stream);
   ~ForwardPass();
   ForwardPass(const ForwardPass&) = delete;
   ForwardPass& operator=(const ForwardPass&) = delete;
@@ -92,7 +88,7 @@ class ForwardPass {
   void clear_profile() { profile_ = PassProfile{}; }
 
  private:
-  ForwardPass(const DeviceModel& model, const StateSlots& slots, const PassTuning& tuning, cudaStream_t stream)
+  ForwardPass(const DeviceModel& model, const StateSlots& slots, const GpuTuning& tuning, cudaStream_t stream)
       : model_(model), slots_(slots), tuning_(tuning), stream_(stream) {}
   Status allocate();
   Status mark(PassSection section);
@@ -109,7 +105,7 @@ class ForwardPass {
 
   const DeviceModel& model_;
   const StateSlots& slots_;
-  const PassTuning tuning_;
+  const GpuTuning tuning_;
   cudaStream_t stream_;
 
   // Device scratch, one allocation; every buffer holds kPassMaxTokens rows.

@@ -1,38 +1,19 @@
-// gdn_decode (see gdn_decode.h): one cluster kernel or one per-V-head kernel per step, or two kernels for shapes
-// neither holds. The per-V-head kernel is described above its code (gdn_head_kernel).
-//
-//   fused  grid (r·⌈dv/32⌉, Kh, n_seq), clusters of r·⌈dv/32⌉ blocks = all V-heads of one K-head of one session;
-//          256 threads = 8 warps. Block rank hr·⌈dv/32⌉ + cb owns V-head hr of the K-head (tiled h = hr·Kh + kh,
-//          grouped h = kh·r + hr) and columns j = 32·cb + lane; warp w holds rows [w·R, w·R + R) of S_h in
-//          registers (R = ⌈dk/8⌉ rounded up to 4/8/16/32, a template), so S is read once (a warp reads 128
-//          contiguous bytes of a row) and written once. The S loads are issued first; while they are in flight the
-//          block computes conv + SiLU of the K-head's q and k channels, one channel per thread (history only read:
-//          every block of the cluster computes the same values bit for bit), with per-warp sums of squares for the
-//          L2 norms; conv + SiLU of its 32 v channels (whose history it alone touches, so it shifts it); the gates
-//          of h; and warp 0 loads z and ssm_norm of its column. Three __syncthreads: after the prologue (norms = the
-//          warp partials in warp order), after m = Sᵀk̂ (column sums in row order per warp, then warp order), after
-//          S += k̂δᵀ, o = Sᵀq̂. Warp 0 then squares its 32 outputs, reduces them and stores the partial into slot cb
-//          of every block of its V-head (distributed shared memory); one cluster barrier, and each block adds the
-//          ⌈dv/32⌉ partials in slot order and writes ((o·s)·ssm_norm)·silu(z). After that barrier every reader of
-//          the q/k history is done, so block 0 shifts it. An arrive at the start and a wait before the remote
-//          stores make sure every block of the cluster has started before its shared memory is written.
-//          Cluster sizes above 8 need cudaFuncAttributeNonPortableClusterSizeAllowed and a positive
-//          cudaOccupancyMaxActiveClusters; above 16 (or where that query says no) the two-kernel path runs.
-//          gdn_decode(..., programmatic) launches the kernel's kPdl instantiation as a programmatic dependent: slot
-//          pointer and S slice loaded before griddepcontrol.wait, everything else after it.
-//   step   (fallback) grid (⌈dv/32⌉, Vh, n_seq), the same block work up to o, written to out (q/k norms by warps 0
-//          and 1 after the prologue).
-//   norm   (fallback) grid (Vh, n_seq), one warp: the gated RMSNorm of o_h, in place in out; the block of the first
-//          V-head of each K-head shifts the q/k history (stream order: every reader is done).
+// gdn_decode (see gdn_decode.h): the per-V-head kernel (gdn_head_kernel, described above its code) wherever dk, dv
+// <= 128 — every preset — and the two-kernel path for larger heads:
+//   step   grid (⌈dv/32⌉, Vh, n_seq), 256 threads = 8 warps: block (cb, h, n) owns columns j = 32·cb + lane of V-head h
+//          of session n; warp w holds rows [w·R, w·R + R) of S_h in registers (R = ⌈dk/8⌉ rounded up to 4/8/16/32, a
+//          template), so S is read once (a warp reads 128 contiguous bytes of a row, loads issued first) and written
+//          once. Prologue: conv + SiLU of the K-head's q and k channels (history only read), of the block's 32 v
+//          channels (history shifted: only this block reads them) and the gates of h; q/k L2 norms by warps 0 and 1;
+//          then decay, m = Sᵀk̂, δ = (v − m)·beta, S += k̂δᵀ, o = Sᵀq̂, o written to out.
+//   norm   grid (Vh, n_seq), one warp: the gated RMSNorm of o_h, in place in out; the block of the first V-head of each
+//          K-head shifts the q/k history (stream order: every reader is done).
 // Element-wise arithmetic that the reference does without FMA (conv taps, delta-rule products, norms) uses
 // __fmul_rn/__fadd_rn so nvcc cannot contract it; differences from the reference are summation order and the
 // device's expf/log1pf (≤ 2 ulp), which is what the test tolerance covers. The exception is the per-V-head kernel's
 // delta rule (the presets' kernel), which fuses its products into __fmaf_rn and applies the decay to m once per
 // column: one rounding less per element, fewer instructions (see gdn_head_kernel).
-#include <cooperative_groups.h>
-
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -44,14 +25,9 @@
 namespace kestrel::gpu {
 namespace {
 
-namespace cg = cooperative_groups;
-
 constexpr int kDeltaWarps = 8;
 constexpr int kDeltaThreads = 32 * kDeltaWarps;
 constexpr unsigned kFullMask = 0xFFFFFFFFu;
-constexpr int kGdnPortableCluster = 8;  // cluster size every sm_90 device schedules
-constexpr int kGdnMaxCluster = 16;      // largest with cudaFuncAttributeNonPortableClusterSizeAllowed
-constexpr int kCachedDevices = 16;      // devices whose non-portable cluster answer is cached
 
 // Geometry shared by the kernels (plain ints, passed by value).
 struct Geo {
@@ -179,7 +155,7 @@ __device__ __forceinline__ void head_gates(const Geo& g, const GdnDecodeWeights&
 
 // The block's own v channels (column j of V-head h: conv + SiLU into vs, history shifted; only this block reads
 // them) by the last warp, and the head's gates beta = sigmoid(b), decay = exp(ssm_a·softplus(a + dt_bias)) by one
-// thread of the warp before it. Shared by the cluster kernel and the two-kernel fallback.
+// thread of the warp before it (the step kernel's prologue).
 __device__ __forceinline__ void v_channels_and_gates(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in,
                                                      const GdnSlot& slot, const float* row, int n, int h, int j,
                                                      bool col_ok, int tid, float* vs, float* gates) {
@@ -329,206 +305,35 @@ void launch_step(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs&
   gdn_step_kernel<R><<<grid, kDeltaThreads, 0, stream>>>(g, w, in, slots, o);
 }
 
-// The fused step: one cluster of r·⌈dv/32⌉ blocks per (session, K-head); block rank = hr·⌈dv/32⌉ + cb works on
-// V-head hr of the K-head (h = hr·Kh + kh tiled, kh·r + hr grouped) and its columns [32·cb, 32·cb + 32).
-// out: f32 [n_seq][Vd]. kPdl: the form for a programmatic launch (gpu/kernels/pdl.cuh) — the next kernel may launch at
-// once, and the slot pointer and S slice are loaded before the wait for the kernel before (the states are written
-// only by this layer's step, a decode step apart). A template, not a flag: the wait orders the code after it for the
-// compiler too, and in plain launches that order cost 4% (6.44 → 6.70 µs at one session, bench_gdn).
-template <int R, bool kPdl>
-__global__ void __launch_bounds__(kDeltaThreads, R >= 32 ? 2 : 3)
-    gdn_fused_kernel(Geo g, GdnDecodeWeights w, GdnDecodeInputs in, const GdnSlot* __restrict__ slots,
-                     float* __restrict__ out) {
-  __shared__ float qs[kDeltaWarps * R];  // conv output of q_kh (zeros past dk)
-  __shared__ float ks[kDeltaWarps * R];  // conv output of k_kh
-  __shared__ float red_m[kDeltaWarps][32];
-  __shared__ float red_o[kDeltaWarps][32];
-  __shared__ float sq_part[2][kDeltaWarps];  // per-warp Σu² of q and k
-  __shared__ float vs[32];
-  __shared__ float gates[2];                // beta, decay
-  __shared__ float col_sq[kGdnMaxCluster];  // Σo² of each column block of this block's V-head (written remotely)
-  cg::cluster_group cluster = cg::this_cluster();
-  // Arrive now, wait before the first distributed-shared-memory store: every block of the cluster has started.
-  cluster.barrier_arrive();
-  if constexpr (kPdl) pdl_trigger();
-  const int n_cb = (g.d_v + 31) / 32;
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int cb = rank % n_cb;
-  const int hr = rank / n_cb;
-  const int kh = static_cast<int>(blockIdx.y);
-  const int n = static_cast<int>(blockIdx.z);
-  const int h = g.tiled ? hr * g.n_k_heads + kh : kh * g.r + hr;
-  const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const GdnSlot slot = slots[n];
-  const int j = cb * 32 + lane;
-  const bool col_ok = j < g.d_v;
-  float* sh = slot.s + static_cast<size_t>(h) * g.d_k * g.d_v;
-  const int i0 = warp * R;
-
-  // S slice first, so its loads are in flight during the prologue.
-  const size_t dv = static_cast<size_t>(g.d_v);
-  const int rows = slice_rows(g, i0, R, col_ok);
-  float* s_slice = sh + static_cast<size_t>(i0) * dv + j;
-  float s[R];
-  load_s_slice(s_slice, dv, rows, s);
-  if constexpr (kPdl) pdl_wait();
-
-  // Prologue. q/k conv of kh, one channel per thread (t < 8R: q channel t, else k channel t − 8R; the history is
-  // only read here), with per-warp sums of squares for the L2 norms; the v conv of this block's columns (history
-  // read and shifted by the same thread); the gates of h; the gate inputs z and ssm_norm of warp 0's column.
-  const float* row = in.qkv + static_cast<size_t>(n) * g.qkv_stride;
-  float sq_q = 0.0f;
-  float sq_k = 0.0f;
-  for (int t = tid; t < 2 * kDeltaWarps * R; t += kDeltaThreads) {
-    const bool is_k = t >= kDeltaWarps * R;
-    const int i = is_k ? t - kDeltaWarps * R : t;
-    float u = 0.0f;
-    if (i < g.d_k) {
-      const int c = (is_k ? g.key_dim : 0) + kh * g.d_k + i;
-      u = conv_channel(g, w.conv1d, slot.conv, row[qkv_index(g, c)], c);
-    }
-    if (is_k) {
-      ks[i] = u;
-      sq_k = __fadd_rn(sq_k, __fmul_rn(u, u));
-    } else {
-      qs[i] = u;
-      sq_q = __fadd_rn(sq_q, __fmul_rn(u, u));
-    }
-  }
-  v_channels_and_gates(g, w, in, slot, row, n, h, j, col_ok, tid, vs, gates);
-  float zj = 0.0f;
-  float nj = 0.0f;
-  if (warp == 0 && col_ok) {
-    nj = w.ssm_norm[j];
-    zj = g.proj == 2 ? in.qkv[static_cast<size_t>(n) * g.qkv_stride + z_index(g, h, j)]
-                     : in.z[static_cast<size_t>(n) * g.z_stride + static_cast<size_t>(h) * g.d_v + j];
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) {
-    sq_q = __fadd_rn(sq_q, __shfl_xor_sync(kFullMask, sq_q, off));
-    sq_k = __fadd_rn(sq_k, __shfl_xor_sync(kFullMask, sq_k, off));
-  }
-  if (lane == 0) {
-    sq_part[0][warp] = sq_q;
-    sq_part[1][warp] = sq_k;
-  }
-  __syncthreads();
-
-  // Norms (every thread sums the warp partials in warp order, so all blocks of kh agree bit for bit), decay, m.
-  float inv_q;
-  float inv_k;
-  inv_l2<kDeltaWarps>(sq_part[0], sq_part[1], inv_q, inv_k);
-  const float beta = gates[0];
-  const float decay = gates[1];
-  float m = 0.0f;
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    s[r] = __fmul_rn(s[r], decay);
-    m = __fadd_rn(m, __fmul_rn(s[r], __fmul_rn(ks[i0 + r], inv_k)));
-  }
-  red_m[warp][lane] = m;
-  __syncthreads();
-  m = 0.0f;
-#pragma unroll
-  for (int w8 = 0; w8 < kDeltaWarps; ++w8) m = __fadd_rn(m, red_m[w8][lane]);
-  const float delta = __fmul_rn(__fsub_rn(vs[lane], m), beta);
-
-  float o = 0.0f;
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const float qr = __fmul_rn(__fmul_rn(qs[i0 + r], inv_q), g.q_scale);
-    s[r] = __fadd_rn(s[r], __fmul_rn(__fmul_rn(ks[i0 + r], inv_k), delta));
-    o = __fadd_rn(o, __fmul_rn(s[r], qr));
-  }
-  store_s_slice(s_slice, dv, rows, s);
-  red_o[warp][lane] = o;
-  __syncthreads();
-
-  // Gated RMSNorm across the head's column blocks: warp 0 sums its column, squares, reduces over the 32 columns and
-  // stores the partial into slot cb of every block of the same V-head; after the cluster barrier each block adds
-  // the n_cb partials in column-block order (the same order in every block).
-  cluster.barrier_wait();
-  if (warp == 0) {
-    o = 0.0f;
-#pragma unroll
-    for (int w8 = 0; w8 < kDeltaWarps; ++w8) o = __fadd_rn(o, red_o[w8][lane]);
-    float sq = col_ok ? __fmul_rn(o, o) : 0.0f;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) sq = __fadd_rn(sq, __shfl_xor_sync(kFullMask, sq, off));
-    if (lane < n_cb) cluster.map_shared_rank(col_sq, hr * n_cb + lane)[cb] = sq;
-  }
-  cluster.sync();  // also: every block of the cluster has finished reading the q/k history of kh
-  if (warp == 0 && col_ok) {
-    float ss = 0.0f;
-    for (int c = 0; c < n_cb; ++c) ss = __fadd_rn(ss, col_sq[c]);
-    const float mean = __fdiv_rn(ss, static_cast<float>(g.d_v));
-    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, g.eps)));
-    out[static_cast<size_t>(n) * g.value_dim + static_cast<size_t>(h) * g.d_v + j] =
-        __fmul_rn(__fmul_rn(__fmul_rn(o, scale), nj), silu_rn(zj));
-  }
-  // The q/k history of kh is read by this cluster only, so block 0 shifts it now.
-  if (rank == 0) {
-    for (int t = tid; t < 2 * g.d_k; t += kDeltaThreads) {
-      const int c = t < g.d_k ? kh * g.d_k + t : g.key_dim + kh * g.d_k + (t - g.d_k);
-      shift_history(g, slot.conv, row[qkv_index(g, c)], c);
-    }
-  }
-}
-
 // The per-V-head step: grid (Vh, n_seq), 512 threads = 16 warps, one block per (session, V-head) holding all of S_h
 // in registers — warp w rows [8w, 8w + 8), lane columns lane + 32c (c < 4), so dk, dv <= 128 — and the gated norm
-// inside the block: no cluster, no second kernel. The prologue runs one channel per thread at once: threads 0–127
-// q of kh, 128–255 k of kh (history read only; every V-head block of kh computes the same values bit for bit),
-// 256–383 the v channels of h (history shifted by the same thread), 384–511 z and ssm_norm of a column, thread 384
-// also the gates. The q/k history of kh is read by the r blocks of its V-heads, so the last of them to finish
-// reading (a counter per (session, K-head) in the workspace, zero between calls) shifts it. Five __syncthreads.
-// Programmatic forms (kPdl): the slot pointer and S (and up to kGdnTapsAheadMaxSessions sessions the conv taps and
-// history: kTapsAhead) are loaded before the wait; the reader count's result is read only before barrier 5.
-// Summation orders: L2 sums per warp then in warp order (as the cluster kernel), column sums per warp (8 rows) then
-// the 16 warp partials in order, Σo² per warp of 32 columns then in warp order.
+// inside the block: no second kernel. The prologue runs one channel per thread at once: threads 0–127 q of kh,
+// 128–255 k of kh (history read only; every V-head block of kh computes the same values bit for bit), 256–383 the v
+// channels of h (history shifted by the same thread), 384–511 z and ssm_norm of a column, thread 384 also the gates.
+// The q/k history of kh is read by the r blocks of its V-heads, so the last of them to finish reading (a counter per
+// (session, K-head) in the workspace, zero between calls) shifts it. Five __syncthreads.
+// Programmatic forms (kPdl): the slot pointer and S (and, up to kGdnTapsAheadMaxSessions sessions, the conv taps and
+// history: kTapsAhead) are loaded before the wait; the reader count's result is read only before barrier 5, so thread
+// 0's warp does not stall on the atomic in front of its rows of m. Plain launches read it at once: there the late read
+// costs registers and measured slower.
+// Summation orders: L2 sums per warp then in warp order, column sums per warp (8 rows) then the 16 warp partials in
+// order, Σo² per warp of 32 columns then in warp order.
 // The delta rule in FMAs: m_j = decay · Σ_i S_ij·k̂_i (__fmaf_rn down the warp's rows from the S of the last step, the
 // warp partials added in order, then one multiply), S_ij ← fma(k̂_i, δ_j, S_ij·decay), o_j = Σ_i fma(S_ij, q̂_i): 4
-// instructions an element where the reference's separate products and sums took 7 — the m and o phases issue ~800
-// cycles a phase at one block an SM (4 warps a scheduler), which is most of what they take. Measured (bench_gdn,
-// H200, 2026-12-01, against the separate __fmul_rn / __fadd_rn form in one run): plain the same at 1–4 sessions,
-// 0.1–0.35 µs faster at 8–32 (44.37 → 44.01 at 32); chained 5.00 → 4.97 / 6.04 → 5.71 / 8.25 → 8.04 / 11.77 → 11.36 /
-// 22.35 → 21.66 / 42.82 → 41.43 µs at 1 / 2 / 4 / 8 / 16 / 32 sessions (the old form's figures the mean of three
-// trees). The errors against the reference stay inside test_gdn_decode's tolerance.
-// kFull: dk = dv = 128 compiled in (every preset): no per-row or per-column predicates, immediate offsets. Under the
-// 64-register cap of two blocks per SM the generic form spills 60 bytes and the full one 24, and it shows where
-// nothing hides latency: one session 9.7 vs 6.9 µs (bench_gdn, 35B-A3B shape, H200). Measured and not kept (same
-// run): one block per SM (no spills; 1–4 sessions 0.3 µs faster, 8–32 sessions 16–17% slower: 15.95 vs 13.73 µs
-// at 8, 54.4 vs 46.6 at 32), and 1024 threads of 4 rows a warp (no spills; 16.4 µs at 8, 56.7 at 32). Also measured
-// and not kept (2026-12-01, branch exp/gdn-head-cols): S held by columns (a warp 8 columns of all 128 rows, m and o as
-// warp all-reductions, 2 __syncthreads instead of 5; 16–24 bytes of spills) — 1.6–2x slower everywhere: plain 11.44 /
-// 28.05 / 88.43 µs at 1 / 8 / 32 sessions against 6.61 / 13.16 / 44.64, chained 8.48 / 23.92 / 84.76 against 4.96 /
-// 11.82 / 43.09 (its test run also failed and was not looked into).
-// Later (2026-12-01, bench_gdn, H200, the forms below built side by side and run in turns in one session; µs at 1 /
-// 2 / 8 / 32 sessions; before: plain 6.89–6.91 / 7.70–7.71 / 13.70–13.78 / 46.58–46.60, as a programmatic chain
-// 5.26–5.36 / 6.77–6.83 / 12.14 / 44.07–44.16):
-// - The conv channel found once, up front (ch), instead of in each branch: the plain kFull kernel's 24 bytes of
-//   spills went to 0 — plain 6.55–6.57 / 7.30–7.31 / 13.05–13.07 / 44.33–44.35.
-// - Programmatic launches load the channel's conv taps and history before the wait (ConvTaps; the history is the
-//   layer's own state, as S): 1 and 2 sessions 5.12–5.19 / 6.27–6.43; but at 8–32 sessions the registers they hold
-//   across the wait (36–40 bytes of spills) cost more than the round trip: 12.26 / 44.1–44.25 — hence
-//   kGdnTapsAheadMaxSessions.
-// - Programmatic launches count the K-head's readers at barrier 1 and read the count only before barrier 5 (thread
-//   0's warp stalled on the atomic's result in front of its rows of m): with the taps ahead 4.97 / 5.93–5.99 at 1 / 2
-//   sessions, without them 11.71 / 42.86–42.88 at 8 / 32. In plain launches the late read measured slower (6.67–6.71
-//   at one session: its register cost), so they keep the early one.
-// The form kept, against main in a second run: plain 6.56–6.57 / 7.30 / 13.05–13.07 / 44.36, programmatic 4.95–4.99
-// / 6.01–6.03 / 11.73–11.77 / 42.87–42.88 µs (main: 6.89–6.91 / 7.70 / 13.67–13.73 / 46.56–46.58 and 5.27–5.36 /
-// 6.73–6.78 / 12.11–12.12 / 44.11).
+// instructions an element where the reference's separate products and sums take 7. At one block an SM (4 warps a
+// scheduler) the m and o phases are issue-bound, so this is what makes them faster (chained steps 0.2–1.4 µs faster
+// from 2 sessions, bench_gdn, H200); the errors stay inside test_gdn_decode's tolerance.
+// kFull: dk = dv = 128 compiled in (every full-size preset): no per-row or per-column predicates, immediate offsets.
+// `__launch_bounds__(512, 2)` caps it at 64 registers (two blocks an SM: 16% faster than one from 8 sessions on,
+// 0.3 µs slower at 1-4); there the generic form spills 56-60 bytes and the full one none (its conv channel is found
+// once, up front: ch). At one session, where nothing hides latency, that was 9.7 against 6.9 µs (6.6 without the
+// full form's last spills).
 constexpr int kHeadWarps = 16;
 constexpr int kHeadThreads = 32 * kHeadWarps;
 
-// Programmatic launches of up to this many sessions load the conv taps and history before the wait (above it the
-// registers they hold across it cost more than the round trip they save: see gdn_head_kernel). Staging them in shared
-// memory across the wait instead (branch exp/gdn-taps-smem: the taps-ahead kernel's spills 28 -> 4 bytes) measured
-// within noise at 1-4 sessions (chained 5.00 -> 4.86-4.93, 5.68-5.75 -> 5.89-6.07, 8.06 -> 7.97-8.00 us) and, taken
-// at every size, slower at 8-32 (41.8 -> 42.5 us at 32): not kept (bench_gdn, H200, 2026-12-01).
+// Programmatic launches of up to this many sessions load the conv taps and history before the wait: at 1-2 sessions
+// that takes a memory round trip off the step, but above 4 the registers held across the wait (36-40 bytes of
+// spills) cost more than it saves.
 constexpr int kGdnTapsAheadMaxSessions = 4;
 
 // One channel's conv taps and history in registers (conv kernels of up to kConvTapsAhead taps), loaded ahead of the
@@ -658,7 +463,7 @@ __global__ void __launch_bounds__(kHeadThreads, 2)
   } else if (tid == 0) {
     __threadfence();
     // (`counter` again, computed here: through the shared variable ptxas schedules the plain kernel differently, 39
-    // instructions, from the form measured above.)
+    // more instructions.)
     unsigned* own = readers + static_cast<size_t>(n) * g.n_k_heads + kh;
     last_reader = atomicAdd(own, 1u) == static_cast<unsigned>(g.r - 1);
     if (last_reader) *own = 0u;  // every reader has counted: ready for the next call
@@ -749,125 +554,33 @@ HeadKernel head_kernel(bool programmatic, bool full, int n_seq) {
   return full ? gdn_head_kernel<false, true, false> : gdn_head_kernel<false, false, false>;
 }
 
-template <int R>
-Status fused_config(const Geo& g, int n_seq, cudaStream_t stream, cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr,
-                    bool& usable) {
-  const int cluster = g.r * ((g.d_v + 31) / 32);
-  usable = false;
-  if (cluster > kGdnMaxCluster) return ok_status();
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg = cudaLaunchConfig_t{};
-  cfg.gridDim = dim3(static_cast<unsigned>(cluster), static_cast<unsigned>(g.n_k_heads), static_cast<unsigned>(n_seq));
-  cfg.blockDim = dim3(kDeltaThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  if (cluster > kGdnPortableCluster) {
-    // 9..16 blocks: sm_90 allows them once the kernel opts in, where the device can co-schedule them. The answer
-    // is cached per (device, size) so that later calls (and graph captures) make no CUDA calls here.
-    static std::atomic<signed char> known[kCachedDevices][kGdnMaxCluster - kGdnPortableCluster];  // 0 ?, 1 no, 2 yes
-    int device = 0;
-    KESTREL_CUDA_TRY(cudaGetDevice(&device));
-    std::atomic<signed char>* entry =
-        device < kCachedDevices ? &known[device][cluster - kGdnPortableCluster - 1] : nullptr;
-    const signed char cached = entry != nullptr ? entry->load(std::memory_order_acquire) : 0;
-    if (cached == 1) return ok_status();
-    if (cached == 0) {
-      int active = 0;
-      for (auto* kernel : {gdn_fused_kernel<R, false>, gdn_fused_kernel<R, true>}) {
-        KESTREL_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-        int a = 0;
-        if (cudaOccupancyMaxActiveClusters(&a, kernel, &cfg) != cudaSuccess) {
-          (void)cudaGetLastError();  // not schedulable here: the two-kernel path serves
-          a = 0;
-        }
-        active = kernel == gdn_fused_kernel<R, false> ? a : std::min(active, a);
-      }
-      if (entry != nullptr) entry->store(active >= 1 ? 2 : 1, std::memory_order_release);
-      if (active < 1) return ok_status();
-    }
-  }
-  usable = true;
-  return ok_status();
-}
-
-// gdn_decode_force_kernel's setting (GdnKernel::kAuto: the measured choice below).
-std::atomic<GdnKernel> g_forced{GdnKernel::kAuto};
-
 bool head_kernel_serves(const Geo& g) { return g.d_k <= kHeadMaxD && g.d_v <= kHeadMaxD; }
 
-// Whether choose_kernel looks at cluster_ok for g under `forced`: only where the per-V-head kernel is not taken
-// first. Elsewhere (every preset, unforced) the cluster launch is neither configured nor queried.
-bool cluster_considered(const Geo& g, GdnKernel forced) {
-  return forced == GdnKernel::kCluster || (forced != GdnKernel::kTwoKernel && !head_kernel_serves(g));
+// The kernel a call takes: the per-V-head kernel wherever it serves (every preset), at every batch size, so that a
+// session's bits do not depend on its batch; the two-kernel path for larger heads, or where `forced` names it.
+GdnKernel choose_kernel(const Geo& g, GdnKernel forced) {
+  if (forced == GdnKernel::kTwoKernel || !head_kernel_serves(g)) return GdnKernel::kTwoKernel;
+  return GdnKernel::kPerHead;
 }
 
-// Which kernel a call takes under `forced` (cluster_ok matters only where cluster_considered). The measured choice
-// on the H200 at the 35B-A3B shape: see the body.
-GdnKernel choose_kernel(const Geo& g, int n_seq, GdnKernel forced, bool cluster_ok) {
-  const bool head_ok = head_kernel_serves(g);
-  switch (forced) {
-    case GdnKernel::kCluster:
-      if (cluster_ok) return GdnKernel::kCluster;
-      break;
-    case GdnKernel::kPerHead:
-      if (head_ok) return GdnKernel::kPerHead;
-      break;
-    case GdnKernel::kTwoKernel: return GdnKernel::kTwoKernel;
-    case GdnKernel::kAuto: break;
+// The two-kernel path: the step with R rows of S per thread (R from dk), then the gated norm in place.
+Status launch_two_kernel(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
+                         int n_seq, float* out, cudaStream_t stream) {
+  const int rows = (g.d_k + kDeltaWarps - 1) / kDeltaWarps;
+  if (rows <= 4) {
+    launch_step<4>(g, w, in, slots, out, n_seq, stream);
+  } else if (rows <= 8) {
+    launch_step<8>(g, w, in, slots, out, n_seq, stream);
+  } else if (rows <= 16) {
+    launch_step<16>(g, w, in, slots, out, n_seq, stream);
+  } else {
+    launch_step<32>(g, w, in, slots, out, n_seq, stream);
   }
-  // 35B-A3B shape on the H200 (bench_gdn, 2026-11-30), cluster / per-head / two-kernel µs: 1 session 6.44 / 6.91 /
-  // 9.60, 2: 7.84 / 7.72 / 10.78, 4: 13.63 / 9.49 / 12.77, 8: 21.51 / 13.84 / 19.42, 32: 77.0 / 46.6 / 55.5. The
-  // per-V-head kernel serves every batch size where it can: at one session the cluster kernel is 0.5 µs faster, but
-  // with one kernel for every batch a session's bits do not depend on the batch it runs in (the cluster kernel's
-  // column sums in the per-V-head kernel's order cost it those 0.5 µs: 6.83 µs). Where the per-V-head kernel cannot
-  // serve (dk or dv > 128) the cluster kernel runs below kGdnClusterMaxSessions and the two-kernel path's higher
-  // occupancy from there on (8 sessions 21.3 vs 19.3 µs, 32: 76.8 vs 55.5).
-  if (head_ok) return GdnKernel::kPerHead;
-  if (cluster_ok && n_seq < kGdnClusterMaxSessions) return GdnKernel::kCluster;
-  return GdnKernel::kTwoKernel;
-}
-
-template <int R>
-Expected<GdnKernel> launch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
-                           int n_seq, float* out, unsigned* readers, bool programmatic, cudaStream_t stream,
-                           bool enqueue) {
-  cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attrs[2] = {};
-  bool cluster_ok = false;
-  const GdnKernel forced = g_forced.load(std::memory_order_relaxed);
-  if (cluster_considered(g, forced)) {
-    KESTREL_TRY(fused_config<R>(g, std::max(n_seq, 1), stream, cfg, attrs[0], cluster_ok));
-  }
-  const GdnKernel kernel = choose_kernel(g, n_seq, forced, cluster_ok);
-  if (!enqueue) return kernel;
-  switch (kernel) {
-    case GdnKernel::kCluster:
-      attrs[1] = programmatic_attribute();
-      cfg.attrs = attrs;
-      cfg.numAttrs = programmatic ? 2 : 1;
-      KESTREL_CUDA_TRY(cudaLaunchKernelEx(&cfg, programmatic ? gdn_fused_kernel<R, true> : gdn_fused_kernel<R, false>,
-                                          g, w, in, slots, out));
-      break;
-    case GdnKernel::kPerHead:
-      KESTREL_TRY(launch_programmatic(programmatic,
-                                      head_kernel(programmatic, g.d_k == kHeadMaxD && g.d_v == kHeadMaxD, n_seq),
-                                      dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>(n_seq)),
-                                      dim3(kHeadThreads), 0, stream, g, w, in, slots, readers, out));
-      break;
-    default:
-      launch_step<R>(g, w, in, slots, out, n_seq, stream);
-      KESTREL_CUDA_TRY(cudaGetLastError());
-      gdn_norm_kernel<<<dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>(n_seq)), 32, 0, stream>>>(
-          g, w.ssm_norm, in, slots, out);
-      KESTREL_CUDA_TRY(cudaGetLastError());
-      break;
-  }
-  return kernel;
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  gdn_norm_kernel<<<dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>(n_seq)), 32, 0, stream>>>(
+      g, w.ssm_norm, in, slots, out);
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  return ok_status();
 }
 
 size_t round4(size_t n) { return (n + 3) / 4 * 4; }
@@ -908,18 +621,6 @@ Geo make_geo(const ref::GdnDims& dims, ref::GdnProjection projection, int row_st
   return g;
 }
 
-// Picks R (rows of S per thread in the cluster and step kernels) from dk and launches (enqueue) or only reports the
-// kernel (!enqueue). readers: the workspace, u32 [n_seq][Kh] (per-V-head kernel only).
-Expected<GdnKernel> dispatch(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, const GdnSlot* slots,
-                             int n_seq, float* out, unsigned* readers, bool programmatic, cudaStream_t stream,
-                             bool enqueue) {
-  const int rows = (g.d_k + kDeltaWarps - 1) / kDeltaWarps;
-  if (rows <= 4) return launch<4>(g, w, in, slots, n_seq, out, readers, programmatic, stream, enqueue);
-  if (rows <= 8) return launch<8>(g, w, in, slots, n_seq, out, readers, programmatic, stream, enqueue);
-  if (rows <= 16) return launch<16>(g, w, in, slots, n_seq, out, readers, programmatic, stream, enqueue);
-  return launch<32>(g, w, in, slots, n_seq, out, readers, programmatic, stream, enqueue);
-}
-
 }  // namespace
 
 size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq) {
@@ -929,7 +630,7 @@ size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq) {
 
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
                   const GdnDecodeInputs& in, const GdnSlot* slots, int n_seq, float* out, void* workspace,
-                  cudaStream_t stream, bool programmatic) {
+                  cudaStream_t stream, bool programmatic, const GdnDecodeTuning& tuning) {
   KESTREL_TRY(check_dims(dims));
   if (n_seq < 0 || n_seq > 65535) return invalid("n_seq " + std::to_string(n_seq) + " outside [0, 65535]");
   if (n_seq == 0) return ok_status();
@@ -951,28 +652,28 @@ Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const
   if (slots == nullptr || out == nullptr || workspace == nullptr) return invalid("slots, out or workspace is null");
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) return invalid("workspace is not 16-byte aligned");
   const Geo g = make_geo(dims, projection, in.row_stride);
-  KESTREL_TRY(dispatch(g, w, in, slots, n_seq, out, static_cast<unsigned*>(workspace), programmatic, stream, true));
-  return ok_status();
+  if (choose_kernel(g, tuning.kernel) == GdnKernel::kTwoKernel) {
+    return launch_two_kernel(g, w, in, slots, n_seq, out, stream);
+  }
+  return launch_programmatic(programmatic, head_kernel(programmatic, g.d_k == kHeadMaxD && g.d_v == kHeadMaxD, n_seq),
+                             dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>(n_seq)), dim3(kHeadThreads),
+                             0, stream, g, w, in, slots, static_cast<unsigned*>(workspace), out);
 }
 
-Expected<GdnKernel> gdn_decode_kernel(const ref::GdnDims& dims, int n_seq) {
+Expected<GdnKernel> gdn_decode_kernel(const ref::GdnDims& dims, const GdnDecodeTuning& tuning) {
   KESTREL_TRY(check_dims(dims));
-  return dispatch(make_geo(dims, ref::GdnProjection::kQkvGateBetaAlpha, 0), GdnDecodeWeights{}, GdnDecodeInputs{},
-                  nullptr, std::max(n_seq, 1), nullptr, nullptr, false, nullptr, false);
+  return choose_kernel(make_geo(dims, ref::GdnProjection::kQkvGateBetaAlpha, 0), tuning.kernel);
 }
 
 int gdn_kernel_launches(GdnKernel kernel) { return kernel == GdnKernel::kTwoKernel ? 2 : 1; }
 
 const char* gdn_kernel_name(GdnKernel kernel) {
   switch (kernel) {
-    case GdnKernel::kCluster: return "cluster";
     case GdnKernel::kPerHead: return "per-head";
     case GdnKernel::kTwoKernel: return "two-kernel";
     case GdnKernel::kAuto: break;
   }
   return "auto";
 }
-
-void gdn_decode_force_kernel(GdnKernel kernel) { g_forced.store(kernel, std::memory_order_relaxed); }
 
 }  // namespace kestrel::gpu

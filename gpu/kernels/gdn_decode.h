@@ -14,20 +14,14 @@
 // State per session (the layout of ref::GdnState, so a slot filled from the reference plugs in unchanged):
 //   s    f32 [Vh][dk][dv]  S_h[i][j] at (h·dk + i)·dv + j
 //   conv f32 [C][K−1]      raw mixed_qkv history per channel, oldest first
-// Three kernels serve it (GdnKernel; gdn_decode picks by shape, and for heads above 128 by batch size, from
-// measurements; kGdnClusterMaxSessions below):
-//   kCluster   a thread-block cluster per (session, K-head) whose blocks each own (V-head, 32 columns of dv),
-//              recompute the q/k conv and norms of the K-head (the history is only read), convolve and shift their
-//              v channels, hold their slice of S in registers (S read and written exactly once), exchange the
-//              gated-RMSNorm partial sums through distributed shared memory and write the output; block 0 shifts
-//              the K-head's q/k history after the cluster barrier. Where r·⌈dv/32⌉ <= 16.
+// Two kernels serve it (GdnKernel; gdn_decode picks by shape alone, so a session's bits never depend on its batch):
 //   kPerHead   a block of 512 threads per (session, V-head) holding all of S_h in registers, the gated norm inside
 //              the block; the last of a K-head's r blocks to read its q/k history (a counter in the workspace)
-//              shifts it. Where dk, dv <= 128 (every preset).
-//   kTwoKernel the step writing o into `out`, then the gated norm per (session, V-head) in place, which also shifts
-//              the q/k history. Every shape.
+//              shifts it. Where dk, dv <= 128: every preset, and the path the engine takes.
+//   kTwoKernel the step writing o into `out` (a block per 32 columns of a V-head), then the gated norm per (session,
+//              V-head) in place, which also shifts the q/k history. Every shape up to kGdnMaxDk.
 // Fixed summation orders and no floating-point atomics, so repeated runs are bit-identical; the kernels differ from
-// each other in summation order only. docs/gpu.md ("GDN decode") has details.
+// each other in summation order only. docs/gpu.md ("GDN decode step") has details.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,6 +31,7 @@
 #include "core/base/expected.h"
 #include "core/reference/gdn_layer.h"  // ref::GdnProjection
 #include "core/reference/gdn_state.h"  // ref::GdnDims
+#include "gpu/kernels/tuning.h"        // GdnKernel, GdnDecodeTuning
 
 namespace kestrel::gpu {
 
@@ -75,14 +70,6 @@ struct GdnDecodeInputs {
   int row_stride = 0;
 };
 
-// The kernels of gdn_decode (see the top of this file).
-enum class GdnKernel {
-  kAuto,  // gdn_decode's own choice (a setting of gdn_decode_force_kernel, never a kernel)
-  kCluster,
-  kPerHead,
-  kTwoKernel,
-};
-
 // Bytes of device scratch gdn_decode needs for n_seq sessions: u32 [n_seq][Kh] counters (the per-V-head kernel's
 // readers of each K-head's q/k history). It must be zero before its first call (cudaMemset once); every call
 // leaves it zero, so it serves later calls with up to that many sessions, of any layer with the same Kh, one call
@@ -93,37 +80,28 @@ size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq);
 // (distinct, non-overlapping states). out: device f32 [n_seq, Vd] (the gated-norm output, input of ssm_out); it
 // must not overlap the inputs. workspace: device, >= gdn_decode_workspace_bytes(dims, n_seq), 16-byte aligned,
 // zero before the first call (above). n_seq >= 0 (0 launches nothing). Argument errors (kInvalidArgument naming the
-// field) are found before anything is enqueued; otherwise gdn_kernel_launches(gdn_decode_kernel(dims, n_seq))
+// field) are found before anything is enqueued; otherwise gdn_kernel_launches(gdn_decode_kernel(dims, tuning))
 // kernels are enqueued on `stream` and the call returns without waiting.
 // Thread-safe where concurrent calls have their own workspaces (a workspace serves one call at a time, in stream
 // order); the caller keeps every buffer alive until the stream has run, and no other work may touch the slots
 // meanwhile.
-// programmatic: where the step is one kernel (kCluster, kPerHead), it is launched as a programmatic dependent of the
+// programmatic: where the step is one kernel (kPerHead), it is launched as a programmatic dependent of the
 // kernel before it on `stream` (gpu/kernels/pdl.cuh) and loads its slot pointers and S slices before it waits for that
 // kernel: the slot array and the states must not be written by any kernel that may still be running (in a decode
 // step a layer's states are written only by its own step, a decode step apart). The inputs, the output, the history
 // and the workspace are touched after the wait, and the results are the same bits. The two-kernel path launches
-// plainly either way (chained, it gained nothing at 8 sessions and lost 4% at 32: docs/benchmarks.md).
+// plainly either way (chained, it gained nothing at 8 sessions and lost 4% at 32).
+// tuning: the kernel by shape unless it names one (gpu/kernels/tuning.h).
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
                   const GdnDecodeInputs& in, const GdnSlot* slots, int n_seq, float* out, void* workspace,
-                  cudaStream_t stream, bool programmatic = false);
+                  cudaStream_t stream, bool programmatic = false, const GdnDecodeTuning& tuning = {});
 
-// The kernel gdn_decode takes for dims and n_seq sessions on the current device (never kAuto). Errors: dims
-// gdn_decode would refuse (kInvalidArgument), or a CUDA error from the cluster query. Thread-safe.
-Expected<GdnKernel> gdn_decode_kernel(const ref::GdnDims& dims, int n_seq = 1);
+// The kernel gdn_decode takes for dims under `tuning`, at every batch size (never kAuto). Errors: dims gdn_decode
+// would refuse (kInvalidArgument). Thread-safe.
+Expected<GdnKernel> gdn_decode_kernel(const ref::GdnDims& dims, const GdnDecodeTuning& tuning = {});
 
 // Kernels one call on `kernel` enqueues (2 for kTwoKernel, else 1), and its name for reports.
 int gdn_kernel_launches(GdnKernel kernel);
 const char* gdn_kernel_name(GdnKernel kernel);
-
-// Makes later calls take `kernel` wherever it can serve the shape (the automatic choice elsewhere; kAuto restores
-// it), process-wide; for benchmarks and tests. Thread-safe.
-void gdn_decode_force_kernel(GdnKernel kernel);
-
-// gdn_decode takes the per-V-head kernel at every batch size where it serves (dk, dv <= 128: every preset), so a
-// session's results do not depend on the batch it runs in. For larger heads it takes the cluster kernel below
-// kGdnClusterMaxSessions sessions where it fits and the two-kernel path from there (measured faster from 8 on);
-// those results do depend on the batch size. gdn_decode.cu's choose_kernel has the figures.
-inline constexpr int kGdnClusterMaxSessions = 8;
 
 }  // namespace kestrel::gpu

@@ -5,7 +5,7 @@
 // dequantize_row (gpu/kernels/dequant.cuh) and multiplied into an f32 accumulator; only the summation order differs
 // from ref::matvec_batch (per-lane strided partial sums, then a fixed butterfly reduction), so results agree with it to
 // ~1e-5 of Σ|w·x| and are bit-identical from run to run, and each y[v] does not depend on n_vec.
-// docs/gpu.md ("GEMV kernels") describes the layout and the launch shape.
+// docs/gpu.md ("GEMV over raw blocks") describes the layout and the launch shape.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -19,129 +19,18 @@
 // Per round (one row group × 256 columns): partial = s_G · acc · 128^−(2h+1), added over lane pairs t, t^1 (all four
 // digits), then over the row group's warps in warp order.
 //
-// Memory: weights and scales for the next round are loaded into registers (ld.global.nc, no L1 allocation) before
-// the current round is multiplied; a block is S·R warps (R row groups at once when S < 8) and blocks are persistent
-// (as many as fit on the device), walking row groups gridDim.x·R apart (a counted table's: one run of consecutive row
-// groups per block, v4.11). Prepared activations are loaded a unit at a
-// time in each round (L1 hits after the first). Vectors beyond 8 are further segments of 8 (each reads the weights
-// again, mostly from L2).
+// Memory: weights and scales for the next group are loaded into registers (ld.global.nc, no L1 allocation) before the
+// current one is multiplied; a block is S·R warps (R row groups at once when S < 8) and blocks are persistent (as many
+// as fit on the device), walking row groups gridDim.x·R apart (a counted table's: one run of consecutive row groups per
+// block, so a segment's activations stay in the SM's L1). Prepared activations are loaded a unit at a time in each
+// round (L1 hits after the first). Vectors beyond 8 are further segments of 8 (each reads the weights again, mostly
+// from L2). Dense calls at one group per warp run the flat kernel instead (gemv_imma_flat_kernel: no rounds).
 //
-// Measured (bench_gemv, H200, batch 1, % of a size-matched read; docs/benchmarks.md): v4.0 (one group per warp per
-// row group, a block barrier per round) 74.5% geomean, lm_head Q4_0 82%; v4.1 (segments, split by shape) first read
-// each segment through a reference into kernel parameters or the table — dynamic indexing on every load cost a third
-// (59%); dense calls now compute their segments (73–77% on the large shapes). Tried and dropped: cp.async
-// shared-memory stages instead of register double buffers (4 stages, 3 groups in flight, 3 blocks per SM at 80
-// registers: 61% on lm_head — the spills and the extra shared-memory pass cost more than the deeper queue gained),
-// and S = 8 for every row length (lm_head 57% against 70% with one warp per row group). ncu (v4.0, lm_head Q4_0):
-// 89 warp instructions per 512-byte tile, 59% issue-slot use, 15 warps per SM (128 registers), DRAM 73%: the
-// next step is fewer instructions per tile (the Q4_0 magic-number conversion and the per-block scale loads) and
-// fewer registers, not a deeper queue. Grouped calls (MoE): prefetching each segment's activations into L1 a step
-// ahead (prefetch.global.L1) with an NP = 1 kernel when every segment has one vector made moe_imma slower (batch 1
-// 36.5 → 55.6 µs, batch 32 286 → 346 µs): dropped.
-// v4.2 (each block's digit pair joined in int32 before its one scaling, the MMA's C read from registers instead of
-// copied into the accumulators, partial sums in dynamic shared memory sized by the block): lm_head Q4_0 79.5 → 85.2%,
-// geomean 71.0 → 71.1%. Tried in v4.2 and dropped (same session, same bench): (1) a ring of cp.async.bulk stages per
-// warp (one group = 2048 + 256 contiguous bytes per stage, an mbarrier each, lane 0 refilling a stage after
-// __syncwarp): depth 2/3/4/6 gave 63/62/62/56% geomean, lm_head Q4_0 63–68% — ncu: 98 registers, 16 warps per SM,
-// issue slots 64% busy, DRAM 59%: more bytes in flight did not help, the consumer's instructions are the limit;
-// reading the stage straight from shared memory at 64 registers (32 warps per SM) took 123 warp instructions per
-// tile (60%); (2) register caps for 3 or 4 blocks per SM (80 / 64 registers): 120–320 bytes of spills, 62.8% / 53.0%.
-// So the kernel is issue-bound (0.67 instructions per scheduler per cycle with ~4 warps per scheduler): the lever is
-// instructions per tile, not occupancy or queue depth.
-// v4.3 (per-round state: a warp finds its row group's weight and activation pointers once per round and steps them
-// per group; whole groups load without predicates; a missing second vector of a pair reads the first's): 123 → 62
-// warp instructions per tile (ncu, lm_head Q4_0), geomean 71.1 → 76–77%, lm_head Q4_0 88%, Q4_K 84–86%. ncu now:
-// issue slots 48% busy, 0.76 eligible warps per scheduler, DRAM 79% — latency-bound at 16 warps per SM (126
-// registers). Tried in v4.3 and dropped: lane 0 asking L2 ahead of the register loads with cp.async.bulk.prefetch.L2
-// — the whole next round's slice (geomean 71.8%, lm_head Q4_0 68%) or one group 1/2/3 ahead (75.1/75.1/74.9%,
-// lm_head 80%; MoE at 32 tokens 250 → 293 µs): the prefetched bytes cost more than the latency they hide.
-// v4.4: per-warp clock stamps (tools/device/gemv_phase_clocks.py) showed a warp's first weight load issued ~700
-// (0.07 MB) to ~1000 (4.7 MB) cycles after its entry — the split's runtime division by S and the address chain —
-// and the first group multiplied ~1700 cycles after that; a one-wave launch ends ~1 µs before the next one starts
-// in either kernel (the graph's launch gap). The split is now shifts (S and R powers of two), and a dense call
-// issues its first group's loads before its programmatic wait (gpu/kernels/pdl.cuh), so in a chain of programmatic
-// launches the address arithmetic, the launch gap and the weights' DRAM latency overlap the kernel before: 4.7 MB 4.1
-// → 3.0 µs, 0.07 MB 2.6 → 1.9 µs per launch (docs/benchmarks.md, "GEMV v4.4"). Tried after v4.4 and dropped: dense
-// calls of more than 2 vectors as segments of 2 on the one-pair kernel, interleaved by row group (a row group's
-// segments on neighbouring blocks, so its weights come from DRAM once), as moe_imma's grouped calls now run. Batch 8:
-// 0.07–0.6 MB matrices 6.4 → 3.1 µs, but 4.7–9.4 MB 8.0 → 9.4 µs and lm_head 195 → 232 µs; and the item-split branch it
-// put in front of the first loads cost batch 1 ~0.15 µs (attn_k 2.73 → 2.91 µs). A per-shape choice would need the
-// split compiled out of the dense batch-1 kernel. v4.5: the cross-warp sum loads all S partials before its first add
-// (it loaded and added one at a time, S dependent shared-memory round trips; S = 16 on every matrix of <= 128 row
-// groups): 0.1–0.2 µs off each small call, geomean 77.7 → 80.4% (4.7 MB 4.12 → 3.96 µs, 0.6 MB 2.75 → 2.59; bench_gemv,
-// H200, same run). Tried with it and dropped: grouped calls walking their items in runs of 2 / 4 / 8 rounds per block
-// (neighbouring row groups of one segment, so its activations stay in L1): moe_imma at 32 tokens 133.4 → 130.6 / 133.6
-// / 144.3 µs — the activations' L2 reads are not what holds the grouped GEMVs back (ncu: 30–40% of their stalls wait on
-// L1TEX, 7–8 cycles per instruction). Also dropped: Q4_0's scales as one 8-byte load a lane and group (the group's 256
-// B in one request instead of four), each unit's taken from lane 8i + g by shuffles: the loads alone read 9.4 MB 4–17%
-// faster (tools/device/ read_pattern.cu), but the shuffles on the multiply's path cost more — lm_head Q4_0 76.1 → 81.1
-// µs, geomean 79.7 → 78.9%; and a layout with each group's scales right after its quants (same loads, contiguous):
-// geomean 80.1 → 77.7%, Q4_K slower on every shape. v4.6: the groups per slice compiled in (kGps = 2, 4, 8 for the
-// one-pair kernel; 2 for the others, which spill unrolled deeper), a round's groups unrolled: ncu (lm_head Q4_0,
-// moe_imma's gate+up at 32 tokens) had 32-36 warp instructions per MMA, ~11 of them the run-time cursor (gps reloaded
-// from the constant bank, the round's branches) and the prepared x's addresses rebuilt every group (register pressure);
-// unrolled they are immediate offsets. bench_moe Q4_0 / Q4_K 32 tokens 121.2 / 128.2 -> 118.3 / 118.6 us, 8 tokens 55.0
-// / 57.7 -> 53.4 / 55.3, one token 22.5 / 24.3 -> 21.8 / 23.5; bench_gemv lm_head Q4_0 73.3 -> 71.6 us, 9.4 MB 5.67
-// -> 5.39 us (H200, same run). ncu after it: lm_head Q4_0 26.7 instructions per MMA (31.8 before). Unrolled for one
-// group per slice too (two rounds an iteration) the 0.07-0.6 MB matrices took 0.1-0.2 us longer: gps = 1 keeps the
-// run-time loop. Forcing S = 1 for the grouped gate+up (KESTREL_IMMA_SPLIT=1: 8 groups a slice, no cross-warp sum)
-// measured moe_imma 32 tokens Q4_0 117.5 -> 120.2 us, Q4_K 118.7 -> 117.3, one token 21.9 -> 24.7: the shape rule
-// stays. v4.7: a slice's groups are summed raw per lane and valued once at its end (imma_tile::multiply_add, pair_sum).
-// v4.8: ncu's source-level samples of the 0.6-9.4 MB projections had 4-12% of a launch's stalls on constant-cache
-// misses in the prologue, one after another for the three lines its parameters were read from (c[0x0][0x224],
-// c[0x0][0x248], the grid size); the fields read before the first weight load now sit in the parameters' first 48
-// bytes (one line): bench_gemv geomean 81.8 -> 82.7%, lm_head Q4_K 73.2 -> 71.5 us (H200, same run).
-// v4.9: the flat kernel (gemv_imma_flat_kernel) for dense calls at one group per warp, and the split taking one group
-// per warp up to 4096 warps (the 9.4 MB projections S = 4 -> 8): no rounds, nothing ahead, 64 registers for one pair
-// (one wave of 32 warps an SM), its parameters in one line (FlatArgs), and in plain launches on rows of <= 8 groups
-// x loaded into registers before the weights (ncu: 16-20% of the 9.4 MB projection's stall samples waited on the x
-// digit sums, issued after the weights and queued behind them). bench_gemv /imma/ batch 1 geomean 82.6 -> 89.5%:
-// 9.4 MB Q4_0 5.29 -> 4.39 us, 4.7 MB 3.65 -> 3.28, 0.6 MB 2.53 -> 2.41; batch 8 9.4 MB 10.0 -> 9.5 us (H200;
-// docs/benchmarks.md "GEMV v4.9"). Measured with it and not kept: x first on the 4096-column rows (S = 16, one block
-// of 16 warps an SM): 0.05-0.1 us slower per call (ssm_out Q4_0 3.37 -> 3.49 us).
-// Measured after v4.9 on the grouped calls and not kept (bench_moe --main, H200, each against the tree before in one
-// run; µs Q4_0 at 1 / 2 / 4 / 8 / 16 / 32 tokens, base 21.7 / 29.9-30.6 / 38.7 / 53.6-54.0 / 79.1 / 120.5-121.2):
-// (1) the flat kernel's form for tables (one group per warp, S = 8 for rows of 2048, a block per (row groups,
-// segment) reading its entry after the wait, 8-warp blocks, no rounds): 22.1 / 27.4 / 38.0 / 56.1 / 84.7 / 143.0 —
-// 2-4 tokens gain, 8-32 lose (each block pays the entry's round trip before its weights, and the worst-case table's
-// empty segments are blocks too); a batch-dependent choice would change S and so a token's bits with its batch. (2)
-// ncu on the 32-token gate+up GEMV (grid 528 x 4 warps, 128 registers, 16 warps an SM): DRAM 55%, 0.85 eligible
-// warps a scheduler, long-scoreboard stalls 43%, on the weights' nibbles and on the activations' digit sums — so the
-// weights were staged in shared memory by cp.async (depth 2 or 4 groups a warp, 86-108 registers, the same bits):
-// 4 deep with the largest shared-memory carveout 25.3 / 33.2 / 45.0 / 67.3 / 100.1 / 156.1 (ncu: the stalls moved
-// to the activations, now L2 misses: L1 had shrunk to ~25 KB); scales copied 16 bytes a lane through L2 only (8-byte
-// copies allocate in L1), default carveout, 4 deep 24.9 / 32.7 / 43.6 / 63.9 / 92.6 / 140.0, 2 deep 23.4 / 30.1 /
-// 38.3 / 59.0 / 86.7 / 133.3. Deeper queues of weights do not pay while each group still waits on its activations.
-// Settled tables (kSettledCall, kSettledCountedCall; gemv_imma_segments' table_settled): a table final before the
-// launch is read before the programmatic wait, with the first group's weights — moe_imma's down GEMV, 1 / 2 / 4 tokens
-// 19.7 / 30.3 / 37.6 -> 19.2 / 28.2 / 36.1 us. Everything a kernel before wrote (tables, counts, prepared x) is read
-// after the wait with ordinary loads (pdl.cuh ld_dep): ptxas had hoisted a table count's ld.global.nc over the wait.
-// Measured after it and not kept (bench_moe, H200, 2026-12-01): the settled kernel loading both of round 0's groups
-// before its wait (branch exp/settled-both-groups): 18.82 -> 18.63-18.65 us at one token, 51.93-52.02 -> 52.26-52.27
-// at 8 — within what two builds of one tree differ by; and gemv_imma_segments_swiglu (branch exp/swiglu-in-down: x
-// = silu(gate) · up prepared by each block in shared memory, the separate preparation's launch gone), slower at every
-// size (moe_imma.cu, at the preparation's launch).
-// Measured after it and not kept (2026-12-01, branch exp/grouped-regs): the table calls' kernels bounded for more
-// blocks an SM — 80 registers (124-280 bytes of spills, Q4_0 / Q4_K one pair) and 96 (36-84 bytes): bench_moe Q4_0 1 /
-// 8 / 32 tokens 18.9 / 52.0 / 119.9 us -> 22.0 / 67.0 / 162.7 and 20.0 / 55.6 / 125.1 (96 registers: 2 tokens 27.8 ->
-// 26.5, the only gain). More warps streaming do not make up for the spills' local-memory traffic.
-// Measured after it and not kept (2026-12-01, same bits each; docs/benchmarks.md "MoE layer: the grouped GEMVs' weights
-// through bulk-copied shared-memory stages, ..."): the weights by cp.async.bulk into a ring of 2-5 shared-memory stages
-// per warp (branch exp/grouped-ring: 32 tokens 119.7 -> 148-157 us, ncu DRAM 55 -> 45%), each round's activations
-// asked into L1 by prefetch.global.L1 (exp/x-prefetch-l1: 120.0 -> 123.9 us, one token 18.8 -> 21.3), and a warp's
-// whole slice loaded before its first multiply where every warp has one round (exp/deep-slices: one token 18.8 ->
-// 19.4 us).
-// v4.10 (2026-12-01): dense Q4_0 calls take one group per warp at any height (pick_split), the flat kernel running in
-// as many waves as it takes: lm_head Q4_0 in a chain 73.0 -> 69.6-71.3 us, batch 8 198-212 -> 193-194 (H200).
-// v4.11 (2026-12-01): a counted table's items in one run per block (gemv_imma_kernel, at n_used): bench_moe Q4_0 16 /
-// 32 tokens 76.6 / 119.7 -> 73.9 / 115.7 us (H200). Measured before it, as bounds (wrong bits, by
-// tools/device/moe_gemv_bounds.py; bench_moe --main q4_0/, 32 tokens, each against main in one run): every segment
-// reading vector 0's activations (all L1 hits) 119.9 -> 105.5 us; no activation loads at all (constants in registers)
-// 104.0; no multiply either (the weights' loads xor-ed) 98.7. The activations' loads cost the 32-token layer ~15 us,
-// the multiplies ~5. With v4.11, every activation an L1 hit measured 115.1 -> 112.0 us: staging a segment's activations
-// in shared memory has ~3 us to win, not built.
+// The kernel is issue-bound more than bandwidth-bound: what moved it was fewer instructions per tile (immediate
+// offsets, one scaling per block, a round's state found once), not deeper load queues or more warps — shared-memory
+// stages, bulk-copy rings, L2 prefetches and register caps for more blocks each measured slower.
+// dev/notes/gpu-kernels.md has the versions and their figures.
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <cstring>
@@ -359,8 +248,7 @@ __device__ __forceinline__ void w_load(const Args& a, const WRound& r, int gi, i
 __host__ __device__ constexpr int part_bytes(int warps) { return 2 * warps * kImmaSegmentVectors * kTileRows * 4; }
 
 // One output's S slice partials (pr: the first, the next a warp's partials apart) added in warp order. All S are
-// loaded before the first add (a loop over the runtime S loaded and added one at a time: S dependent shared-memory
-// round trips on every small call's path).
+// loaded before the first add, so the small calls' path has one shared-memory round trip here, not S.
 __device__ __forceinline__ float sum_slices(const float* pr, int S) {
   float v[kMaxWarps];
 #pragma unroll
@@ -421,9 +309,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
   const int rl = warp >> a.s_log;
   // kCount: the table's segments in use (n_used) give the items, and each block takes one run of them, consecutive
   // row groups (mostly of one segment), so that a segment's activations stay in its SM's L1 from round to round;
-  // n_items becomes the end of the block's run, and the first table entries wait for the count (GEMV v4.11 in the
-  // head has the figures). Uncounted tables (and dense calls) are walked round by round, gridDim.x · R items apart:
-  // their tail of empty segments would leave a run's blocks idle.
+  // n_items becomes the end of the block's run, and the first table entries wait for the count. Uncounted tables (and
+  // dense calls) are walked round by round, gridDim.x · R items apart: their tail of empty segments would leave a
+  // run's blocks idle.
   int n_items = a.n_seg * a.n_rg;
   int run0 = 0;  // kCount: the block's first item
   if constexpr (kCount) {
@@ -585,7 +473,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_imma_kernel(KernelArgs a)
 }
 
 // The flat kernel's parameters: everything read before the first loads in the first 48 bytes (one constant-cache
-// line; GEMV v4.8).
+// line, as KernelArgs).
 struct FlatArgs {
   const void* w;  // the tiled matrix
   const uint8_t* xprep;
@@ -604,11 +492,11 @@ struct FlatArgs {
 // nothing loaded ahead: a warp's first load is addressed from its block and place. NP = 1 (1-2 vectors) at two blocks
 // of 16 warps an SM (64 registers; the persistent kernel's 120+ allow one), so the split's rule (pick_split: one group
 // per warp up to kWaveWarps warps) puts the <= 9.4 MB projections in one wave (Q4_0's lm_head: one group per warp in
-// ~30 waves, GEMV v4.10); NP = 2, 4 at one block an SM, in as many waves as the grid needs. The same operations in the
+// ~30 waves); NP = 2, 4 at one block an SM, in as many waves as the grid needs. The same operations in the
 // same order as gemv_imma_kernel at the same S, so the same bits (test_gemv_imma compares them). kXFirst (plain
 // launches of one pair): the activations are loaded into registers before the weights — they come from L2 and, issued
-// after the weights, queued behind them (ncu: 16-20% of the 9.4 MB projection's stall samples waited on the digit sums
-// after the weights had come); a programmatic launch must load its weights first, before its wait, and x after it.
+// after the weights, queue behind them (ncu: 16-20% of the 9.4 MB projection's stall samples waited on them); a
+// programmatic launch must load its weights first, before its wait, and x after it.
 template <GgmlType T, int NP, bool kXFirst>
 __global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_flat_kernel(FlatArgs a) {
   static_assert(!kXFirst || NP == 1, "x ahead of the weights only for one pair");
@@ -624,8 +512,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_fla
   const bool ok = item < a.n_rg && sl < a.n_groups;
   const XLayout lay{a.n_groups};
   // Segment blockIdx.y: vectors v0 .. v0 + n_vec - 1 (a dense call's segments of 8, as the persistent kernel's). One
-  // pair is one segment (1-2 vectors): compiled out there, where two more registers spilled under the 64-register
-  // bound (Q4_0 and Q5_K with x first: 0.18 us a call, bench_gemv, H200).
+  // pair is one segment (1-2 vectors): compiled out there, where two more registers would spill under the 64-register
+  // bound.
   const int v0 = NP == 1 ? 0 : static_cast<int>(blockIdx.y) * kImmaSegmentVectors;
   const int n_vec = NP == 1 ? a.n_vec : min(kImmaSegmentVectors, a.n_vec - v0);
   // Pair p's activations for this warp's group (the group clamped into the row: its loads stay inside x).
@@ -705,14 +593,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, NP == 1 ? 2 : 1) gemv_imma_fla
 
 bool aligned(const void* p, uintptr_t al) { return (reinterpret_cast<uintptr_t>(p) % al) == 0; }
 
-// The split of a row: S warps per row group, each streaming gps groups of 256 columns. Matrices with enough row
-// groups to fill the device take S = 1 (no cross-warp sum, no block barrier); smaller ones split their rows further
-// so that ~2048 warps stream at once. Depends only on the matrix shape (so y[v] does not depend on n_vec).
-std::atomic<int> g_forced_split{0};
-
-// gemv_imma_set_compiled_groups: false keeps every call on the run-time groups-per-slice kernels (tests).
-std::atomic<bool> g_compiled_groups{true};
-
 // Grouped calls (a table) keep their row groups whole for up to 4 groups per warp: each segment entry is read from
 // the table once per row group and its matrix streamed, instead of a table read in front of every group.
 int grouped_split(int n_groups) {
@@ -721,11 +601,13 @@ int grouped_split(int n_groups) {
   return S;
 }
 
-// gemv_imma_set_flat: false runs every call on the persistent kernel (tests: the bits must not change).
-std::atomic<bool> g_flat{true};
 constexpr int kWaveWarps = 4096;  // the flat kernel's one-vector-pair form: 32 warps an SM, 4224 on the H200's 132 SMs
 
-void pick_split(KernelArgs& a, GgmlType type, bool table) {
+// The split of a row: S warps per row group, each streaming gps groups of 256 columns. Matrices with enough row
+// groups to fill the device take S = 1 (no cross-warp sum, no block barrier); smaller ones split their rows further
+// so that ~2048 warps stream at once. Depends only on the matrix shape (so y[v] does not depend on n_vec), unless
+// GemvImmaTuning::split forces S.
+void pick_split(KernelArgs& a, GgmlType type, bool table, const GemvImmaTuning& tuning) {
   constexpr int kWantWarps = 2048;
   int S = 1;
   if (table) {
@@ -733,18 +615,14 @@ void pick_split(KernelArgs& a, GgmlType type, bool table) {
   } else {
     while (S < a.n_groups && S < kMaxWarps && static_cast<int64_t>(a.n_rg) * S < kWantWarps) S *= 2;
     // One group per warp when that is at most kWaveWarps warps (gemv_imma_flat_kernel: one wave at 1-2 vectors), and
-    // for Q4_0 at any height, in as many waves as it takes (GEMV v4.10). bench_gemv, H200, this rule and the old split
-    // (S = 1 for lm_head) in turns, twice, µs: lm_head Q4_0 batch 1 70.2 / 74.1 against 72.4 / 72.5 plain (noisy),
-    // 69.6 / 71.3 against 73.0 / 72.9 in a chain of programmatic launches, batch 8 194.0 / 192.9 against 198.1 / 211.6,
-    // batch 32 755.5 / 755.8 against 774.0 / 773.5; next.lm_head chained 43.6 / 43.2 against 45.8 / 45.9, batch 8
-    // 121.2 / 119.5 against 137.1. Q4_K was slower so in an earlier run (lm_head 74.7 against 70.5-71.4 µs) and keeps
-    // the persistent kernel there.
+    // for Q4_0 at any height, in as many waves as it takes (lm_head Q4_0: 2-5% faster chained and at batch 8-32 than
+    // S = 1, the same alone); Q4_K measured slower so and keeps the persistent kernel on tall matrices.
     int s1 = S;
     while (s1 < a.n_groups) s1 *= 2;
     const bool one_wave = static_cast<int64_t>(a.n_rg) * s1 <= kWaveWarps;
     if (s1 <= kMaxWarps && (one_wave || type == GgmlType::kQ4_0)) S = s1;
   }
-  if (const int f = g_forced_split.load(std::memory_order_relaxed); f > 0) {
+  if (const int f = tuning.split; f > 0) {
     S = 1;
     while (2 * S <= std::min(f, kMaxWarps)) S *= 2;
   }
@@ -752,13 +630,8 @@ void pick_split(KernelArgs& a, GgmlType type, bool table) {
   a.s_log = std::countr_zero(static_cast<unsigned>(S));
   a.gps = (a.n_groups + S - 1) / S;
   // Grouped calls in blocks of 4 warps (R = 4 / S): the same warps per SM in smaller blocks, 1 µs faster at 8 and 32
-  // tokens of moe_imma (53.95 vs 54.91, 132.4 vs 133.7 µs, bench_moe, H200), the same elsewhere. One warp per row
-  // group for grouped calls (S = 1) measured 126.8 vs 132.4 µs at 32 tokens but 24.0 vs 22.7 at one (half the warps
-  // stream a small call): kept at the shape rule, which must not depend on the batch (S orders the sums). Measured
-  // again after v4.5 with the sums in a fixed chunk order (a warp streaming a whole row group added its C chunks in
-  // registers in the order of the cross-warp sum, so S = 1 and S = C gave the same bits — test_gemv_imma's
-  // GroupedCallBitsDoNotDependOnItsItemCount passed with it) and S = 1 from 4096 items: moe_imma 32 tokens 132.6 vs
-  // 131.4–133.4 µs, 8 tokens 54.4 vs 53.9–54.3 — no gain, so not kept.
+  // tokens of moe_imma. Their S follows the shape only, never the batch (S orders the sums, so a token's bits would
+  // follow its batch).
   a.R = table ? std::max(1, 4 / S) : std::max(1, 8 / S);
 }
 
@@ -784,12 +657,12 @@ Status launch(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
                              dim3(static_cast<unsigned>(std::min(want, fit))), dim3(warps * 32), smem, stream, args);
 }
 
-// A dense call at one group per warp: the flat kernel (false otherwise: the caller launches the persistent one).
-// Segments of more than 8 vectors (n_seg > 1) ran the persistent kernel until the 9.4 MB projections took one group
-// per warp, where it stepped a run-time loop a group at a time (batch 8: 11.3 us against the flat kernel's 9.7).
+// A dense call at one group per warp: the flat kernel (false otherwise: the caller launches the persistent one), for
+// any number of segments of 8 vectors (the persistent kernel would step them a group at a time).
 template <GgmlType T>
-Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (args.table || args.gps != 1 || !g_flat.load(std::memory_order_relaxed)) return false;
+Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmatic, const GemvImmaTuning& tuning,
+                           cudaStream_t stream) {
+  if (args.table || args.gps != 1 || !tuning.flat_kernel) return false;
   FlatArgs f{};
   f.w = args.base;
   f.xprep = args.xprep;
@@ -806,10 +679,9 @@ Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmati
   const size_t smem = part_bytes(warps) / 2;
   const dim3 grid(static_cast<unsigned>((args.n_rg + args.R - 1) / args.R), static_cast<unsigned>(args.n_seg));
   const dim3 block(warps * 32);
-  // x ahead of the weights for plain launches of rows of up to 8 groups (S <= 8): the 9.4 MB projections 4.73 ->
-  // 4.44 us Q4_0, 5.12 -> 4.67 Q4_K, the 0.07-0.6 MB ones 0.02-0.04 us faster; but the 4096-column ones (S = 16, one
-  // block of 16 warps an SM) 0.05-0.1 us slower (ssm_out Q4_0 3.37 -> 3.49 us; bench_gemv, H200, same run). Not Q8_0:
-  // its twice as many weight registers would spill under the 64-register bound.
+  // x ahead of the weights for plain launches of rows of up to 8 groups (S <= 8): the 9.4 MB projections 6-9% faster,
+  // but the 4096-column ones (S = 16, one block of 16 warps an SM) slower. Not Q8_0: its twice as many weight registers
+  // would spill under the 64-register bound.
   constexpr bool kXFirstType = T != GgmlType::kQ8_0;
   void (*kernel)(FlatArgs) = gemv_imma_flat_kernel<T, 4, false>;
   if (max_vec <= 2) {
@@ -822,13 +694,13 @@ Expected<bool> launch_flat(const KernelArgs& args, int max_vec, bool programmati
   return true;
 }
 
-// The groups per slice compiled in for 2, 4 and 8 (the presets' shapes), else read at run time. One group per slice
-// stays on the run-time loop: unrolled (two rounds an iteration) its 0.6 MB matrices took 0.1-0.2 us longer per call.
-// The two- and four-pair kernels (3-8 vectors) only for 2 groups per slice: unrolled deeper they spill (56-268 bytes);
-// at 2 (the 9.4 MB projections) batch 8 took 10.92 -> 9.90 us Q4_0, 11.26 -> 10.72 Q4_K (bench_gemv, H200, same run).
+// The groups per slice compiled in for 2, 4 and 8 (the presets' shapes), else read at run time (GemvImmaTuning::
+// compiled_groups false: always). One group per slice stays on the run-time loop: unrolled (two rounds an iteration)
+// its 0.6 MB matrices were slower. The two- and four-pair kernels (3-8 vectors) only for 2 groups per slice: unrolled
+// deeper they spill (56-268 bytes).
 template <GgmlType T, int NP, int kMode>
-Status launch_gps(const KernelArgs& args, bool programmatic, cudaStream_t stream) {
-  const int gps = g_compiled_groups.load(std::memory_order_relaxed) ? args.gps : 0;
+Status launch_gps(const KernelArgs& args, bool programmatic, const GemvImmaTuning& tuning, cudaStream_t stream) {
+  const int gps = tuning.compiled_groups ? args.gps : 0;
   if (gps == 2) return launch<T, NP, kMode, 2>(args, programmatic, stream);
   if constexpr (NP == 1) {
     if (gps == 4) return launch<T, NP, kMode, 4>(args, programmatic, stream);
@@ -838,35 +710,38 @@ Status launch_gps(const KernelArgs& args, bool programmatic, cudaStream_t stream
 }
 
 template <GgmlType T, int kMode>
-Status launch_pairs(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (max_vec <= 2) return launch_gps<T, 1, kMode>(args, programmatic, stream);
-  if (max_vec <= 4) return launch_gps<T, 2, kMode>(args, programmatic, stream);
-  return launch_gps<T, 4, kMode>(args, programmatic, stream);
+Status launch_pairs(const KernelArgs& args, int max_vec, bool programmatic, const GemvImmaTuning& tuning,
+                    cudaStream_t stream) {
+  if (max_vec <= 2) return launch_gps<T, 1, kMode>(args, programmatic, tuning, stream);
+  if (max_vec <= 4) return launch_gps<T, 2, kMode>(args, programmatic, tuning, stream);
+  return launch_gps<T, 4, kMode>(args, programmatic, tuning, stream);
 }
 
 template <GgmlType T>
-Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
+Status launch_mode(const KernelArgs& args, int max_vec, bool programmatic, const GemvImmaTuning& tuning,
+                   cudaStream_t stream) {
   if (!args.table) {
-    KESTREL_TRY_ASSIGN(const bool flat, launch_flat<T>(args, max_vec, programmatic, stream));
+    KESTREL_TRY_ASSIGN(const bool flat, launch_flat<T>(args, max_vec, programmatic, tuning, stream));
     if (flat) return ok_status();
-    return launch_pairs<T, kDenseCall>(args, max_vec, programmatic, stream);
+    return launch_pairs<T, kDenseCall>(args, max_vec, programmatic, tuning, stream);
   }
   // A settled table under a programmatic launch: only for one vector pair (moe_imma's programmatic calls; the other
   // forms would double their kernels for calls that never come).
   if (args.settled && programmatic && max_vec <= 2) {
-    if (args.n_used != nullptr) return launch_gps<T, 1, kSettledCountedCall>(args, programmatic, stream);
-    return launch_gps<T, 1, kSettledCall>(args, programmatic, stream);
+    if (args.n_used != nullptr) return launch_gps<T, 1, kSettledCountedCall>(args, programmatic, tuning, stream);
+    return launch_gps<T, 1, kSettledCall>(args, programmatic, tuning, stream);
   }
-  if (args.n_used == nullptr) return launch_pairs<T, kTableCall>(args, max_vec, programmatic, stream);
-  return launch_pairs<T, kCountedCall>(args, max_vec, programmatic, stream);
+  if (args.n_used == nullptr) return launch_pairs<T, kTableCall>(args, max_vec, programmatic, tuning, stream);
+  return launch_pairs<T, kCountedCall>(args, max_vec, programmatic, tuning, stream);
 }
 
-Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool programmatic, cudaStream_t stream) {
-  if (type == GgmlType::kQ4_0) return launch_mode<GgmlType::kQ4_0>(args, max_vec, programmatic, stream);
-  if (type == GgmlType::kQ5_K) return launch_mode<GgmlType::kQ5_K>(args, max_vec, programmatic, stream);
-  if (type == GgmlType::kQ6_K) return launch_mode<GgmlType::kQ6_K>(args, max_vec, programmatic, stream);
-  if (type == GgmlType::kQ8_0) return launch_mode<GgmlType::kQ8_0>(args, max_vec, programmatic, stream);
-  return launch_mode<GgmlType::kQ4_K>(args, max_vec, programmatic, stream);
+Status launch_any(GgmlType type, const KernelArgs& args, int max_vec, bool programmatic, const GemvImmaTuning& tuning,
+                  cudaStream_t stream) {
+  if (type == GgmlType::kQ4_0) return launch_mode<GgmlType::kQ4_0>(args, max_vec, programmatic, tuning, stream);
+  if (type == GgmlType::kQ5_K) return launch_mode<GgmlType::kQ5_K>(args, max_vec, programmatic, tuning, stream);
+  if (type == GgmlType::kQ6_K) return launch_mode<GgmlType::kQ6_K>(args, max_vec, programmatic, tuning, stream);
+  if (type == GgmlType::kQ8_0) return launch_mode<GgmlType::kQ8_0>(args, max_vec, programmatic, tuning, stream);
+  return launch_mode<GgmlType::kQ4_K>(args, max_vec, programmatic, tuning, stream);
 }
 
 KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xprep, float* y, int64_t y_stride) {
@@ -886,14 +761,6 @@ KernelArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* 
 }
 
 }  // namespace
-
-void gemv_imma_set_flat(bool on) { g_flat.store(on, std::memory_order_relaxed); }
-
-void gemv_imma_set_compiled_groups(bool on) { g_compiled_groups.store(on, std::memory_order_relaxed); }
-
-void gemv_imma_force_split(int warps_per_row_group) {
-  g_forced_split.store(warps_per_row_group > 0 ? warps_per_row_group : 0, std::memory_order_relaxed);
-}
 
 bool gemv_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
   return tiled_supports(type, n_cols, n_rows) && n_cols <= kImmaMaxCols &&
@@ -941,7 +808,8 @@ Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_co
                  hold_dependents, stream);
 }
 
-Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream, bool programmatic) {
+Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream, bool programmatic,
+                 const GemvImmaTuning& tuning) {
   if (!gemv_imma_supports(w.type, w.n_cols, w.n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma: " + std::string(ggml_type_name(w.type)) + " {" +
                                                        std::to_string(w.n_cols) + ", " + std::to_string(w.n_rows) +
@@ -966,13 +834,13 @@ Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cud
   args.base = w.data;
   args.n_vec = n_vec;
   args.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
-  pick_split(args, w.type, false);
-  return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), programmatic, stream);
+  pick_split(args, w.type, false, tuning);
+  return launch_any(w.type, args, std::min(n_vec, kImmaSegmentVectors), programmatic, tuning, stream);
 }
 
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, int max_segment_vectors,
-                          bool programmatic, const int32_t* n_used, bool table_settled) {
+                          bool programmatic, const int32_t* n_used, bool table_settled, const GemvImmaTuning& tuning) {
   if (!gemv_imma_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma_segments: " + std::string(ggml_type_name(type)) + " {" +
                                                        std::to_string(n_cols) + ", " + std::to_string(n_rows) +
@@ -993,8 +861,8 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
   args.n_used = n_used;
   args.settled = table_settled;
   args.n_seg = n_segments;
-  pick_split(args, type, true);
-  return launch_any(type, args, max_segment_vectors, programmatic, stream);
+  pick_split(args, type, true, tuning);
+  return launch_any(type, args, max_segment_vectors, programmatic, tuning, stream);
 }
 
 }  // namespace kestrel::gpu

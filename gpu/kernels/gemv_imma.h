@@ -19,7 +19,7 @@
 // per round; the S warps of a row group (S from the shape alone) sit in one block and their partial sums are added
 // in warp order through shared memory. No atomics: runs are bit-identical, y[v] does not depend on n_vec, and a
 // grouped call's segment does not depend on the other segments or the table's length.
-// docs/gpu.md ("GEMV v4") has the derivation and docs/benchmarks.md the measurements.
+// docs/gpu.md ("GEMV v4") has the derivation, dev/notes/gpu-kernels.md the measurements behind its choices.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,6 +28,7 @@
 
 #include "core/base/expected.h"
 #include "core/gguf/ggml_type.h"
+#include "gpu/kernels/tuning.h"       // GemvImmaTuning
 #include "gpu/memory/tiled_matrix.h"  // TiledView, tile_matrix
 
 namespace kestrel::gpu {
@@ -84,31 +85,22 @@ static_assert(sizeof(ImmaSegment) == 80, "ImmaSegment is a POD a device kernel w
 // table_settled (with programmatic): the table is final before this kernel can launch — written by a kernel that
 // completed before the kernel just before this one returned from its programmatic wait, and that kernel triggers its
 // dependents only after that wait (e.g. gemv_imma_prepare_swiglu's hold_dependents) — so the kernel reads its first
-// entries and weights before its own wait, overlapping the kernel before. The bits do not change.
+// entries and weights before its own wait, overlapping the kernel before. The bits do not change. tuning: the split
+// by shape and the compiled kernels unless it forces others (gpu/kernels/tuning.h).
 Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream,
                           int max_segment_vectors = kImmaSegmentVectors, bool programmatic = false,
-                          const int32_t* n_used = nullptr, bool table_settled = false);
+                          const int32_t* n_used = nullptr, bool table_settled = false,
+                          const GemvImmaTuning& tuning = {});
 
 // y[v] = W x[v] with x prepared by gemv_imma_prepare_x (same n_cols, at least n_vec vectors, earlier on `stream`).
 // y: device f32 [n_vec, n_rows], 4-byte aligned, not overlapping xprep; n_vec in [1, 32]. Errors are found before
 // the launch and leave y untouched; otherwise one kernel is enqueued and the call returns without waiting.
 // Thread-safe. programmatic: launched as a programmatic dependent of the kernel before it (gpu/kernels/pdl.cuh); its
 // first weight loads then overlap that kernel's end (w must not be written by any kernel while resident), and the
-// results do not change.
+// results do not change. tuning: the split by shape and the flat and compiled kernels unless it forces others
+// (gpu/kernels/tuning.h).
 Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream,
-                 bool programmatic = false);
-
-// For benchmarks: force S warps per row group (rounded down to a power of two, 1..16; 0 restores the choice by shape).
-// Affects calls made after it, process-wide; results stay within the same bound but their bits depend on S.
-void gemv_imma_force_split(int warps_per_row_group);
-
-// For tests: false runs every dense call on the persistent kernel instead of the flat one (calls at one group per
-// warp: no rounds); the bits must not change. Affects calls made after it, process-wide.
-void gemv_imma_set_flat(bool on);
-
-// For tests: false runs every call on the kernels that read the groups per slice at run time instead of those that
-// compile it in (2, 4, 8) and unroll a round; the bits must not change. Affects calls made after it, process-wide.
-void gemv_imma_set_compiled_groups(bool on);
+                 bool programmatic = false, const GemvImmaTuning& tuning = {});
 
 }  // namespace kestrel::gpu

@@ -2,7 +2,7 @@
 // units (n_cols a multiple of 256) on 16-byte aligned weight and activation pointers; gemv() sends these here and
 // keeps every other case on the v1 kernel. Same contract as gemv() (gemv.h): each weight element dequantized
 // exactly as core's dequantize_row, f32 accumulation in an order fixed by the shape, no atomics, y[v] independent
-// of n_vec. docs/gpu.md ("GEMV v2") describes the layout.
+// of n_vec. docs/gpu.md ("GEMV over raw blocks") describes the layout.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -282,10 +282,8 @@ __device__ __forceinline__ void multiply_add_q8_0(const WeightBuf& src, const XS
 // One group of one pair, added to the lane's running sums for rows g and g + 8 of its vector (t >> 1):
 // sum[r] += s_G · (the lane's two digits' group sum), in units of digit 2h + 1 (h = t & 1) — pair_sum() later scales
 // them and adds the lane pair. A lane's two C columns are digits 2h and 2h + 1 of one vector; per MMA they are joined
-// exactly in int32 (128·c0 + c1, |.| < 2^22), so each block costs one scaling per row.
-// (Until v4.6 each group was scaled and its lane pair added here, ~9 instructions a group; once per slice: bench_gemv
-// lm_head Q4_K 75.1 -> 73.0 us, next.lm_head Q4_K 48.7 -> 47.2, bench_moe Q4_K 32 tokens 118.3 -> 117.3, Q4_0 the
-// same within noise; H200, same run. The fused form, sum = fma(s_G, acc, sum), measured alike.)
+// exactly in int32 (128·c0 + c1, |.| < 2^22), so each block costs one scaling per row, and the pair is scaled and added
+// once per slice (pair_sum), not once per group.
 template <GgmlType T, class XS>
 __device__ __forceinline__ void multiply_add(const WeightBuf& src, const XS& x, float (&sum)[2]) {
   if constexpr (T == GgmlType::kQ6_K) {

@@ -5,7 +5,9 @@
 // f32 [2 · n_all, I] (gate row r at r, up row r at n_all + r), the SwiGLU activations only in their prepared form
 // (gemv_imma_prepare_swiglu, one vector per row), the down results to ye f32 [n_all, H].
 //
-// Segment tables (written by route_table_kernel, one block, right after it routes; read by gemv_imma_segments):
+// Segment tables (written by the routing kernel right after it routes — route_table_one_kernel,
+// route_table_warp_kernel, route_table_kernel or route_spread_table_kernel by the call's size, the same bytes from
+// each; read by gemv_imma_segments):
 //   gate+up: [shared chunk c: gate, up]·sh_chunks, then per routed chunk q (active experts ascending, each expert's
 //            entries in chunks of C = the call's vectors per segment): gate, up;
 //   down:    [shared chunk c]·sh_chunks, then routed chunk q;
@@ -14,7 +16,6 @@
 // The routed chunk positions come from an exclusive scan of ⌈count/C⌉ over the experts (write_tables). Capacity:
 // Σ ⌈c_e/C⌉ <= Σ (1 + ⌊c_e/C⌋) <= n_active + ⌊n_entries/C⌋, and <= n_entries (the workspace holds C = 1's).
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstddef>
 #include <cstring>
@@ -48,45 +49,12 @@ using moe_router_logits::router_blocks_of;
 using moe_router_logits::router_logits_block;
 using moe_router_logits::router_stage_bytes;
 
-// Programmatic dependent launch (gpu/kernels/pdl.cuh) of every kernel of the layer after the first, for calls of up to
-// g_pdl_max_tokens tokens: each kernel triggers its dependents and waits for the kernel before it at its start, so
-// only the launches overlap. Measured on the H200 (35B-A3B shape, Q4_0, bench_moe plain vs all-programmatic): 1 token
-// 25.4 → 23.8 µs, but 2 tokens 32.4 → 32.8, 4 tokens 46.3 → 49.3, 8 tokens 82.8 → 90.4 and 32 tokens 230 → 235 µs,
-// hence 1 at first. On today's kernels (2026-11-30, bench_moe's "us allPDL" against "us", 16 runs over 8 sessions of
-// the lent H200, two builds): 2 tokens 0.7–2.3 µs faster (Q4_0; Q4_K 1.3–2.2), 4 tokens 0.3–1.5 faster (Q4_K 0.2–1.5),
-// 8 tokens 0.3–1.7 slower in all but one, 16–32 tokens ~1.3 slower: hence kMoeImmaProgrammaticMaxTokens = 4.
-// Above it the down GEMV (reading its settled table before its wait) and the combine (its entries before its wait)
-// are still programmatic: bench_moe --main q4_0/, H200, launches chosen per link (the experiment's switch on branch
-// exp/pdl-links), both runs of one session, µs at 8 / 16 / 32 tokens: none 53.85–53.88 / 78.78–78.89 / 121.27–121.91;
-// down + combine 51.76–51.88 / 76.18–76.30 / 118.87–119.54; down only 52.66–52.72 / 77.01–77.13 / 119.46–120.09;
-// every link 51.23–51.63 / 76.23–76.47 / 120.17–120.56; all but the routing 51.20–51.42 / 76.73–76.86 /
-// 120.20–120.99.
-std::atomic<int> g_pdl_max_tokens{kMoeImmaProgrammaticMaxTokens};
-
-// Vectors per segment (chunk) of the grouped GEMVs' tables: the GEMV kernel is picked for the largest (1–2: one
-// vector pair, 3–4: two, 5–8: four). Measured on the H200 (bench_moe, 35B-A3B shape, Q4_0, chunks of 2 / 4 / 8): 8
-// tokens 56.3 / 62.0 / 77.8 µs, 32 tokens 149.5 / 172.1 / 201.3 µs (1–2 tokens the same): an expert with more tokens
-// is read once per chunk (the second time mostly from L2), but the one-pair kernel keeps every warp busy where the
-// four-pair one (spilling at 128 registers) waited on segments of one or two vectors. moe_imma_set_segment_vectors
-// moves it for benchmarks.
-std::atomic<int> g_chunk{kMoeImmaSegmentVectors};
-
-// The routing spread over a block per token (route_spread_table_kernel) from this many tokens; below it one block
-// routes them all (route_table_kernel).
-std::atomic<int> g_route_spread_min_tokens{kMoeImmaRouteSpreadMinTokens};
-
-// Calls of at most 32 entries grouped by one warp (route_table_one_kernel at one token, route_table_warp_kernel);
-// false: the one-block kernel.
-std::atomic<bool> g_route_by_warp{true};
-
 // From this many tokens the segment tables are counted: the table writer leaves how many segments each holds and the
 // grouped GEMVs read only those (n_used); below, it fills the tables' unused tail with empty segments, which the GEMVs
-// walk. Counted tables skip the ~20% of a 32-token table that is empty (worst-case capacity) but cost the GEMV's
-// counted kernel ~0.5-1 us at 2-8 tokens (bench_moe, H200; docs/benchmarks.md, "MoE layer: counted tables"). Since
-// the counted GEMVs take their items in one run per block (GEMV v4.11), they pay from 2 tokens (bench_moe --main
-// q4_0/, H200, each bound against the one before in one run, twice): from 8 rather than 16, 8 tokens 51.9 ->
-// 49.4-49.5 us; from 2 rather than 8, 2 tokens 27.0 -> 25.7-25.8 and 4 tokens 34.1 -> 32.6-32.7 (the others
-// unchanged). One token's table has no tail (its k experts and the shared expert fill it): it stays uncounted.
+// walk. Counted tables skip the empty tail of a worst-case-sized table (~20% of it at 32 tokens), and the counted
+// GEMVs take their items in one run per block, which keeps a segment's activations in L1: faster from 2 tokens
+// (2 tokens 27.0 -> 25.7 µs). One token's table has no tail (its k experts and the shared expert fill it): it stays
+// uncounted.
 constexpr int kCountedTablesMinTokens = 2;
 
 // The workspace's first bytes: route_spread_table_kernel's arrival counter, padded to 256 bytes so that what follows
@@ -279,17 +247,8 @@ __device__ __forceinline__ uint4 table_piece(const TableArgs& a, const ChunkSmem
 //      token); the shared expert's chunk c takes tokens Cc .. Cc + C − 1, rows n_entries + token;
 //   3. a thread per 16-byte piece of the tables stores it (table_piece), consecutive threads on consecutive pieces,
 //      so a warp's store instruction covers 512 contiguous bytes.
-// Before: a thread per chunk wrote its three segments itself (passes 2 and 3 in one), 8-byte stores 80 bytes apart
-// across the warp, 32 lines touched by each store instruction — one block's store path, not its arithmetic, was the
-// cost: 6.3 µs from the writer's start to thread 0's end at 32 tokens, about half of the spread routing kernel, of
-// which 5 µs from the scan's end to thread 0's last store (tools/device/route_phases.py, H200). Now 3.7 µs (scan
-// 0.7, the rest 2.9). bench_moe --main q4_0/ (H200, against the thread-per-chunk writer in one run, twice), µs at 8 /
-// 16 / 32 tokens: 47.5-47.6 / 71.6-71.9 / 113.7 -> 46.8 / 70.2 / 110.6 (with put_segment's 16-byte stores in the
-// one-warp writers: 4 tokens 32.6 -> 32.3; 1-2 tokens unchanged). Tried and not kept, each against the
-// thread-per-chunk writer in one run, twice (32 tokens): a warp per chunk, lane w storing word w (its tokens by
-// __fns), 114.5 -> 118.1 µs (10.2 µs in the writer); a thread per 32-bit word (branches on the word's field,
-// divergent across the warp), 114.5 -> 114.9 (7.0 µs) — each traded the stores for more instructions than they
-// saved; the thread-per-chunk writer with 16-byte stores alone, 114.6 -> 111.9 (this writer: 111.3).
+// The store path, not the arithmetic, is what a single block pays here: a thread storing its own chunk's segments
+// touches 32 lines with each store instruction (that writer took 6.3 µs at 32 tokens, this one 3.7).
 template <int kBlock>
 __device__ __forceinline__ void write_tables(const TableArgs& a, const moe_route_dev::BlockRoute& rt, int n_expert) {
   static_assert(kBlock >= kMoeMaxExperts, "a thread per expert");
@@ -373,11 +332,8 @@ __global__ void __launch_bounds__(moe_route_dev::kThreads)
 // selection j's entry, active rank and chunk are the number of its ids below j's — and each expert is one chunk of
 // one vector. The routing arrays and the tables are route_table_kernel's, byte for byte, without its block scans and
 // barriers over 1024 threads (test_moe_imma compares the two). Its routing is moe_route_dev's one-token helpers (
-// route_single, put_single_entry). Tried and not kept: this work in the router kernel's last block (an arrival count
-// per router block; branch exp/route-in-router), one launch fewer but 0.7 µs slower at one token (19.50 vs 18.82 µs,
-// bench_moe, H200; docs/benchmarks.md "MoE layer: the SwiGLU preparation inside the down GEMV, ..."). Nor asking L2
-// here for the selected experts' matrices (cp.async.bulk.prefetch.L2, 16 MB from this one warp; branch
-// exp/l2-prefetch): 18.5 -> 76.2 us — one SM's bulk requests pace the prefetch at ~0.25 TB/s, and the chain waits.
+// route_single, put_single_entry). It stays a launch of its own: folded into the router kernel's last block it
+// measured slower.
 template <int kPer>
 __global__ void __launch_bounds__(32)
     route_table_one_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a) {
@@ -418,9 +374,8 @@ __global__ void __launch_bounds__(32)
 // token t, then warp 0 groups with one entry a lane, no block scans — lane i = entry (t, j) with expert x finds by
 // 32 shuffles its place in the (expert, token) order (pos), its expert's count and first entry, and whether it is the
 // expert's first entry (rep); the reps' counts give each expert's active rank and first chunk. The routing arrays
-// and the tables are route_table_kernel's, byte for byte (test_moe_imma compares the two). bench_moe (H200, Q4_0,
-// against the one-block kernel in one run): 2 tokens 30.71 -> 30.00 µs, 4 tokens 38.74 -> 37.44; one token 19.57 ->
-// 21.28 against route_table_one_kernel, which keeps it.
+// and the tables are route_table_kernel's, byte for byte (test_moe_imma compares the two). 0.7-1.3 µs faster than the
+// one-block kernel at 2-4 tokens; one token keeps route_table_one_kernel, faster still.
 template <int kPer>
 __global__ void __launch_bounds__(32 * kMoeMaxUsed)
     route_table_warp_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a) {
@@ -506,10 +461,8 @@ __global__ void __launch_bounds__(32 * kMoeMaxUsed)
     put_segment(a.seg_gu + 2 * at + 1, a.up + static_cast<uint64_t>(x) * a.gu_bytes, n, tok, a.n_all, row);
     put_segment(a.seg_dn + at, a.down + static_cast<uint64_t>(x) * a.dn_bytes, n, row, 0, row);
   }
-  // The shared expert's chunks and the tables' end: put_shared_chunks' and finish_tables' stores, written out. Through
-  // the helpers, with the two shuffle loops above unrolled (branch exp/warp-route-unroll), the kernel measured 0.1 us
-  // slower at 2 and 4 tokens (bench_moe --main q4_0/, H200, twice each in one run: 30.15 / 30.14 -> 30.29 / 30.27,
-  // 37.51 / 37.50 -> 37.61 / 37.64 us), so neither is taken.
+  // The shared expert's chunks and the tables' end: finish_tables' stores, written out for the warp (through the
+  // helper the kernel measured slower).
   for (int c = lane; c < a.sh_chunks; c += 32) {
     const int t0 = c * C;
     const int n = min(C, a.n_tok - t0);
@@ -536,9 +489,9 @@ __global__ void __launch_bounds__(32 * kMoeMaxUsed)
   for (int i = used + lane; i < a.n_seg_dn; i += 32) put_empty(a.seg_dn + i);
 }
 
-// The same from kMoeImmaRouteSpreadMinTokens tokens, over n_tok blocks: a block per token routes it, the last block to
-// finish groups the entries and writes the tables (moe_route_dev::route_spread; a.arrivals zero before the launch and
-// after it).
+// The same from MoeImmaTuning::route_spread_min_tokens tokens, over n_tok blocks: a block per token routes it, the last
+// block to finish groups the entries and writes the tables (moe_route_dev::route_spread; a.arrivals zero before the
+// launch and after it).
 template <int kPer>
 __global__ void __launch_bounds__(moe_route_dev::kThreads)
     route_spread_table_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a) {
@@ -765,16 +718,6 @@ MoeImmaLayer::~MoeImmaLayer() {
   if (base_ != nullptr) (void)cudaFree(base_);
 }
 
-void moe_imma_set_programmatic_max_tokens(int n_tok) { g_pdl_max_tokens.store(n_tok, std::memory_order_relaxed); }
-
-void moe_imma_set_segment_vectors(int n) {
-  g_chunk.store(std::clamp(n, 1, kImmaSegmentVectors), std::memory_order_relaxed);
-}
-
-void moe_imma_set_route_spread_min_tokens(int n_tok) {
-  g_route_spread_min_tokens.store(n_tok, std::memory_order_relaxed);
-}
-
 // The workspace: the routing counter, then the scratch.
 size_t moe_imma_counter_bytes(const MoeImmaWeights&) { return kChainCounterBytes; }
 
@@ -789,13 +732,15 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
   return ok_status();
 }
 
-void moe_imma_set_route_by_warp(bool on) { g_route_by_warp.store(on, std::memory_order_relaxed); }
-
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
-                        cudaStream_t stream, MoeLaunchInfo* info) {
+                        cudaStream_t stream, const MoeImmaTuning& tuning, MoeLaunchInfo* info) {
   KESTREL_TRY(moe_imma_check_weights(w));
   if (n_tok < 1 || n_tok > kMoeMaxTokens) {
     return bad("n_tok " + std::to_string(n_tok) + " outside [1, " + std::to_string(kMoeMaxTokens) + "]");
+  }
+  if (tuning.segment_vectors < 1 || tuning.segment_vectors > kImmaSegmentVectors) {
+    return bad("tuning.segment_vectors " + std::to_string(tuning.segment_vectors) + " outside [1, " +
+               std::to_string(kImmaSegmentVectors) + "]");
   }
   if (x == nullptr || out == nullptr || workspace == nullptr || !aligned16(x) || !aligned16(workspace)) {
     return bad("x, out or workspace is null, or x / workspace is not 16-byte aligned");
@@ -806,7 +751,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   const int H = static_cast<int>(w.n_embd);
   const int I = static_cast<int>(w.n_ff);
   const int k = w.n_expert_used;
-  const Counts c = counts_of(w, n_tok, g_chunk.load(std::memory_order_relaxed));
+  const Counts c = counts_of(w, n_tok, tuning.segment_vectors);
   const Layout l = layout_of(w, counts_of(w, n_tok, 1), scratch);
   const MoeRouting r = moe_routing_carve(l.routing, n_tok, E, k);
   // The prepared form of n vectors is n back-to-back vectors (the segments' vec indices rely on it).
@@ -815,13 +760,12 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
     return make_error(ErrorCode::kInternal, "moe_imma: imma_x_bytes is not linear in n_vec");
   }
   int launches = 0;
-  // Every launch after the first programmatic up to g_pdl_max_tokens tokens; above it only the spread routing's, the
-  // down GEMV's and the combine's (see g_pdl_max_tokens).
-  const bool pdl = n_tok <= g_pdl_max_tokens.load(std::memory_order_relaxed);
+  // Every launch after the first programmatic up to tuning.programmatic_max_tokens tokens; above it only the spread
+  // routing's, the down GEMV's and the combine's.
+  const bool pdl = n_tok <= tuning.programmatic_max_tokens;
 
-  // The layer's first kernel launches plainly. Tried and not kept: as a programmatic dependent of the kernel before
-  // the layer, its first router weights loaded before the wait (branch exp/router-chained): layers chained so no
-  // faster, 1–2 µs slower at 4–16 tokens (bench_moe, H200; docs/benchmarks.md).
+  // The layer's first kernel launches plainly: chained to the kernel before the layer it measured no faster, and
+  // slower at 4-16 tokens.
   const bool f32_router = w.router.type == GgmlType::kF32 && H % 4 == 0 && aligned16(w.router.data);
   if (f32_router) {  // logits and x's preparation in one launch
     const int router_blocks = router_blocks_of(E, n_tok);
@@ -866,8 +810,8 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   const int32_t* const used_gu = ta.n_used;
   const int32_t* const used_dn = counted ? l.n_used + 1 : nullptr;
   ta.arrivals = route_arrivals;
-  const bool spread = n_tok >= g_route_spread_min_tokens.load(std::memory_order_relaxed);
-  const bool by_warp = c.n_entries <= 32 && !spread && g_route_by_warp.load(std::memory_order_relaxed);
+  const bool spread = n_tok >= tuning.route_spread_min_tokens;
+  const bool by_warp = c.n_entries <= 32 && !spread && tuning.route_by_warp;
   KESTREL_TRY(moe_route_dev::with_route_per_lane(E, [&](auto per) {
     constexpr int kPer = decltype(per)::value;
     if (by_warp && n_tok == 1) {
@@ -877,8 +821,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
       return launch_programmatic(pdl, route_table_warp_kernel<kPer>, dim3(1), dim3(32 * static_cast<unsigned>(n_tok)),
                                  0, stream, l.logits, E, k, ta);
     }
-    // The spread routing launches programmatically at every size (its 32 blocks wait at their start): 16 / 32 tokens
-    // 72.0-72.2 / 113.9-114.0 -> 71.8 / 113.4-113.7 us (bench_moe --main q4_0/, H200, one run, twice).
+    // The spread routing launches programmatically at every size (its blocks wait at their start; 0.3-0.5 µs faster).
     return spread ? launch_programmatic(true, route_spread_table_kernel<kPer>, dim3(static_cast<unsigned>(n_tok)),
                                         dim3(moe_route_dev::kThreads), 0, stream, l.logits, E, k, ta)
                   : launch_programmatic(pdl, route_table_kernel<kPer>, dim3(1), dim3(moe_route_dev::kThreads), 0,
@@ -893,13 +836,11 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   // An expert (or a chunk of the shared expert) sees each token at most once: no segment holds more than n_tok.
   const int seg_bound = std::min(n_tok, c.chunk);
   KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound, pdl,
-                                 used_gu));
+                                 used_gu, false, tuning.grouped_gemv));
   ++launches;
 
-  // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I. Tried and not
-  // kept: the preparation inside the down GEMV, each block preparing its segment's pair (branch exp/swiglu-in-down,
-  // gemv_imma_segments_swiglu): one launch fewer, but 0.15 / 0.6 / 1.1 µs slower at 1 / 2 / 4 tokens and 4–14 µs at
-  // 8–32 (bench_moe, H200) — done once here, repeated in every down block there.
+  // SwiGLU inside the activations' preparation: gate row r at gu + r·I, up row r at gu + (n_all + r)·I. Its own launch:
+  // inside the down GEMV it would be repeated in every down block (one launch fewer, but slower at every size).
   // The preparation lets the down GEMV launch only after its own wait (when programmatic; a plain launch starts after
   // the gate+up GEMV anyway): the gate+up GEMV, and the tables' writer before it, have completed, so the down GEMV —
   // programmatic at every size — reads its table and first weights before its own wait (table_settled), and the
@@ -909,7 +850,7 @@ Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, floa
   ++launches;
 
   KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, true,
-                                 used_dn, true));
+                                 used_dn, true, tuning.grouped_gemv));
   ++launches;
 
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));

@@ -9,17 +9,19 @@
 // Q6_K); the shared expert's ff equals the routed experts' (true of the qwen35moe / qwen3next presets). The router and
 // the shared-expert gate stay raw (gpu::gemv's types, gpu/kernels/dequant.cuh's types).
 //
-// One call, all on one stream, no host synchronisation (launch counts in docs/gpu.md, "MoE on GEMV v4"):
+// One call, all on one stream, no host synchronisation (launch counts in docs/gpu.md, "MoE layer on GEMV v4"):
 //   router logits (an f32 router: with x's preparation, gemv_imma_prepare_x's code, in the same launch; other types:
-//   gpu::gemv, then gemv_imma_prepare_x(x)) → one block that routes (moe_route's code, gpu/kernels/moe_route.cuh) and
-//   then writes the ImmaSegment tables of gate+up and of down from the routing (per active expert and per chunk of <= 8
-//   of its tokens one gate, one up and one down segment, plus the shared expert's chunks) → gemv_imma_segments(gate+up)
-//   → gemv_imma_prepare_swiglu (SwiGLU per entry, written only in prepared form) → gemv_imma_segments(down) → combine
-//   (Σ over each token's entries by ascending expert id of w·y, then + sigmoid(shared gate · x) · shared y, as the
-//   reference): 6 launches (7 with a router that is not f32).
-// Each active expert's matrices are read once per call for up to 8 of its tokens (an expert chosen by more than 8
-// tokens is read once per 8; at 32 tokens of a 256-expert top-8 layer that is rare). Fixed summation orders and no
-// atomics in these kernels: repeated runs are bit-identical (given gemv_imma_segments is, as its header says).
+//   gpu::gemv, then gemv_imma_prepare_x(x)) → the routing (moe_route's code, gpu/kernels/moe_route.cuh: one warp for
+//   one token, a warp per token for up to 32 routed entries, one block below 16 tokens, a block per token from 16),
+//   which then writes the ImmaSegment tables of gate+up and of down from the routing (per active expert and per chunk
+//   of up to C of its tokens one gate, one up and one down segment, plus the shared expert's chunks) →
+//   gemv_imma_segments(gate+up) → gemv_imma_prepare_swiglu (SwiGLU per entry, written only in prepared form) →
+//   gemv_imma_segments(down) → combine (Σ over each token's entries by ascending expert id of w·y, then +
+//   sigmoid(shared gate · x) · shared y, as the reference): 6 launches (7 with a router that is not f32).
+// Each active expert's matrices are read once per chunk of C of its tokens (C = MoeImmaTuning::segment_vectors, 2: the
+// one-pair GEMV kernel; the later reads mostly from L2). Fixed summation orders and no floating-point atomics:
+// repeated runs are bit-identical (given gemv_imma_segments is, as its header says), and a token's outputs do not
+// depend on C or on the other tokens of the call.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,6 +36,7 @@
 #include "gpu/kernels/get_rows.h"     // DeviceMatrixView
 #include "gpu/kernels/moe_experts.h"  // MoeDeviceWeights, MoeLaunchInfo
 #include "gpu/kernels/moe_router.h"
+#include "gpu/kernels/tuning.h"  // MoeImmaTuning
 
 namespace kestrel::gpu {
 
@@ -92,41 +95,6 @@ class MoeImmaLayer {
   MoeImmaWeights w_;
 };
 
-// Calls of up to this many tokens launch every kernel after the first as a programmatic dependent of the kernel
-// before it (PDL, gpu/kernels/pdl.cuh: each triggers its dependents and waits for its predecessor, so results do not
-// change and only the launches overlap); larger calls only the spread routing (from kMoeImmaRouteSpreadMinTokens
-// tokens), the down GEMV and the combine, the last two reading what the routing wrote before their waits. Measured
-// faster at 1–4 tokens and, for the rest of the chain, slower at 8–32 (moe_imma.cu says by how much), hence the
-// default.
-inline constexpr int kMoeImmaProgrammaticMaxTokens = 4;
-
-// Sets that bound (0: only the spread routing, the down GEMV and the combine programmatic; kMoeMaxTokens: every launch
-// of every call), process-wide, for calls made after it; for benchmarks and tests. Thread-safe.
-void moe_imma_set_programmatic_max_tokens(int n_tok);
-
-// Vectors per segment of the grouped GEMVs: an expert with more tokens than that is read once per chunk of them, and
-// the GEMV kernel is picked for the largest chunk (moe_imma.cu has the measurements behind the default).
-inline constexpr int kMoeImmaSegmentVectors = 2;
-
-// Sets it (clamped to 1..kImmaSegmentVectors), process-wide, for calls made after it; for benchmarks and tests.
-// Thread-safe.
-void moe_imma_set_segment_vectors(int n);
-
-// From this many tokens the routing runs in a block per token and the last block to finish groups the entries and
-// writes the segment tables; below it one block does all (moe_imma.cu has the measurements behind the default). The
-// routing and the output are the same either way.
-inline constexpr int kMoeImmaRouteSpreadMinTokens = 16;
-
-// Sets that bound (kMoeMaxTokens + 1: never), process-wide, for calls made after it; for benchmarks and tests.
-// Thread-safe.
-void moe_imma_set_route_spread_min_tokens(int n_tok);
-
-// Calls of at most 32 routed entries (n_tok · k): the routing by a warp per token and the grouping and segment tables
-// by one warp (on, the default: no block scans or barriers over 1024 threads), or all by the one-block kernel the
-// other sizes below kMoeImmaRouteSpreadMinTokens use (off). The same routing and tables either way. Process-wide, for
-// calls made after it; for tests and benchmarks; thread-safe.
-void moe_imma_set_route_by_warp(bool on);
-
 // Bytes of device scratch moe_imma_forward needs for calls of up to n_tok tokens; 0 when n_tok is out of [1,
 // kMoeMaxTokens]. The first bytes hold a counter (the spread routing's): zero it once
 // (moe_imma_workspace_init) before the workspace's first call; every call leaves them zero, and no call reads the
@@ -142,9 +110,11 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
 // x: device f32 [n_tok, H], 16-byte aligned; out: device f32 [n_tok, H], not overlapping x. 1 <= n_tok <=
 // kMoeMaxTokens. workspace: device, >= moe_imma_workspace_bytes(w, n_tok), 16-byte aligned. Errors before
 // anything is enqueued; otherwise the kernels are enqueued on `stream` and the call returns without waiting.
-// info (host, optional) receives the launch count and the routing views (into the workspace). Thread-safe (no
-// shared state); the caller keeps every buffer alive until the stream has run.
+// tuning: the launch forms, segment width and routing kernels (gpu/kernels/tuning.h; they change no bit of the output,
+// a forced split of the grouped GEMVs may); its segment_vectors must be in [1, kImmaSegmentVectors]. info (host,
+// optional) receives the launch count and the routing views (into the workspace). Thread-safe (no shared state); the
+// caller keeps every buffer alive until the stream has run.
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
-                        cudaStream_t stream, MoeLaunchInfo* info = nullptr);
+                        cudaStream_t stream, const MoeImmaTuning& tuning = {}, MoeLaunchInfo* info = nullptr);
 
 }  // namespace kestrel::gpu

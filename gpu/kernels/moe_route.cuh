@@ -7,19 +7,16 @@
 // not-yet-taken experts: each lane's best (the lowest index among its equals), the warp's largest p by one
 // max-reduction of its bits and the lowest index holding it by one min-reduction (the reference's total order: larger
 // p, then lower index), the winner's register set to −1. Every lane sums the k selected p in selection order and lane j
-// divides its selection's p by the clamped sum. (Before: p in shared memory and a 10-shuffle butterfly per round — 11
-// µs at one token under ncu, more than the layer's expert GEMVs. Tried and dropped: each lane's 8 candidates sorted
-// once by a bitonic network, a round reading the head and only the winner shifting — the same selection, but bench_moe
-// measured one token 22.7 → 23.2 µs (Q4_K 24.2 → 24.7) and 32 tokens 132.4 → 131.5, and from 16 a lane the index
-// array spilled.) Phase 2 (after a barrier), the grouping, a thread per entry and a thread per expert: entry (t, j)
-// sets bit t of its expert's token mask (shared-memory atomicOr; the result does not depend on the order); expert e's
-// count is the mask's population, its entries start at the exclusive scan (cub::BlockScan) of the counts and its rank
-// among the active experts at the scan of the flags (one scan of both, packed count | flag << 16: each total is at most
-// 1024); entry (t, j) lands at its expert's start + the tokens below t in the mask, and its slot in the token's list at
-// the number of the token's experts with a lower id.
-// (Before: thread e scanned all n_tok·k ids to count, and again to place its entries — 49 µs at 32 tokens under ncu,
-// one warp of the 1024-thread block busy at a time.) route_spread runs phase 1 in a block per token and phase 2 in the
-// last block to finish (moe_imma uses it from kMoeImmaRouteSpreadMinTokens tokens).
+// divides its selection's p by the clamped sum. The logits stay in registers: in shared memory, with a butterfly per
+// round, the routing of one token cost more than the layer's expert GEMVs. Phase 2 (after a barrier), the grouping, a
+// thread per entry and a thread per expert: entry (t, j) sets bit t of its expert's token mask (shared-memory atomicOr;
+// the result does not depend on the order); expert e's count is the mask's population, its entries start at the
+// exclusive scan (cub::BlockScan) of the counts and its rank among the active experts at the scan of the flags (one
+// scan of both, packed count | flag << 16: each total is at most 1024); entry (t, j) lands at its expert's start + the
+// tokens below t in the mask, and its slot in the token's list at the number of the token's experts with a lower id. (A
+// scan of all n_tok·k ids per expert keeps one warp of the block busy at a time: 49 µs at 32 tokens.) route_spread runs
+// phase 1 in a block per token and phase 2 in the last block to finish (moe_imma uses it from
+// MoeImmaTuning::route_spread_min_tokens tokens).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -14,16 +14,13 @@ constexpr unsigned kFullMask = 0xFFFFFFFFu;
 // Router logits for an f32 router (ffn_gate_inp, the usual GGUF type): a block takes kRouterWarps experts (a warp
 // each) for a group of up to kRouterTokens tokens; the warp holds its slice of the expert's row in registers (1024
 // columns at a time) and multiplies it into each token's x in turn; lane partials in column order, then a butterfly:
-// fixed order, bit-identical runs, the same bits whatever the grouping. gemv()'s generic kernel re-stages x per row
-// and vector and took 144 µs for 32 tokens at E = 256, H = 2048 (ncu); this takes a few.
+// fixed order, bit-identical runs, the same bits whatever the grouping. (gemv()'s generic kernel re-stages x per row
+// and vector: 144 µs for 32 tokens at E = 256, H = 2048; this takes a few.)
 // kStaged (from kRouterStageMinTokens tokens): the group's x, 2048 columns (two passes) at a time, is first copied to
-// shared memory by the whole block, so the block's 8 warps (experts) read it from there (staged per half pass, each
-// stage an L2 round trip and two barriers in the block's path, the layer measured 0.6-1.7 µs slower at 2-32 tokens:
-// bench_moe --main q4_0/, H200, both in one run, twice; 4 tokens 35.7 -> 34.1, 8 tokens 51.9 -> 50.1-50.3); unstaged,
-// every warp read all tokens' x through L1 from L2 (32 tokens: 256 KB per warp, 64 MB per layer; 60 µs under ncu).
-// Token groups: with all 32 tokens in one block (32 blocks on 32 SMs, each warp 2048 FMAs and 512 shared-memory float4
-// reads a lane) the router took 23 µs at 32 tokens and 8.9 at 8 (ncu); groups of 4 spread it over 8× the blocks, each
-// re-reading its experts' rows (from L2 after the first).
+// shared memory by the whole block, so the block's 8 warps (experts) read it from there; fewer, larger stages keep the
+// L2 round trips and barriers in the block's path few, and unstaged every warp would read all tokens' x through L1.
+// Token groups of kRouterTokens spread the router over 8× the blocks of one group of 32 (each re-reading its experts'
+// rows, from L2 after the first): 32 blocks on 32 SMs took 23 µs at 32 tokens.
 constexpr int kRouterWarps = 8;
 constexpr int kRouterChunk = 1024;                  // columns per pass: 32 lanes × 8 float4
 constexpr int kRouterStageCols = 2 * kRouterChunk;  // columns of x staged at once: two passes

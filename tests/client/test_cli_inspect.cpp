@@ -169,6 +169,32 @@ TEST(CliInspect, BadWeightsListEveryProblem) {
                         "2 problems: blk.0.ssm_norm.weight has type f16, expected f32; missing blk.2.ssm_a");
 }
 
+TEST(CliInspect, PlanShowsWhereWeightsLiveAndRefusesASmallBudget) {
+  const std::string path = write_moe_model();
+  ASSERT_FALSE(path.empty());
+  RunResult cpu_only = run_kestrel({"inspect", path, "--plan", "--host-bandwidth", "20"});
+  EXPECT_EQ(cpu_only.exit_code, 0) << cpu_only.err;
+  EXPECT_TRUE(contains(cpu_only.out, "placement plan (no GPU; host read 20.0 GB/s, given)")) << cpu_only.out;
+  EXPECT_TRUE(contains(cpu_only.out, "routed experts     cpu")) << cpu_only.out;
+  EXPECT_TRUE(contains(cpu_only.out, "predicted decode")) << cpu_only.out;
+
+  RunResult hybrid = run_kestrel({"inspect", path, "--plan", "--gpu-memory", "1G", "--gpu-bandwidth", "3000",
+                                  "--host-bandwidth", "20", "-o", "blk\\.0\\.=cpu"});
+  EXPECT_EQ(hybrid.exit_code, 0) << hybrid.err;
+  EXPECT_TRUE(contains(hybrid.out, "GPU read 3000 GB/s, given")) << hybrid.out;
+  EXPECT_TRUE(contains(hybrid.out, "routed experts     gpu")) << hybrid.out;
+  EXPECT_TRUE(contains(hybrid.out, "routed experts     cpu")) << hybrid.out;
+  EXPECT_TRUE(contains(hybrid.out, "routed experts: 3 of 4 MoE layers wholly on the GPU, 0 split (none), 1 wholly"))
+      << hybrid.out;
+
+  expect_one_error_line(run_kestrel({"inspect", path, "--plan", "--gpu-memory", "1K", "--host-bandwidth", "20"}), path,
+                        "cannot hold the weights that must live on the GPU");
+  expect_one_error_line(run_kestrel({"inspect", path, "--plan", "--gpu-memory", "lots", "--host-bandwidth", "20"}),
+                        path, "is not a byte size");
+  expect_one_error_line(run_kestrel({"inspect", path, "--plan", "--n-cpu-moe", "2", "--host-bandwidth", "20"}), path,
+                        "needs a GPU");
+}
+
 TEST(CliInspect, HelpListsInspect) {
   const RunResult r = run_kestrel({"--help"});
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/quant/quant.h"
 #include "cpu/gemv.h"
 #include "cpu/matmul.h"
 #include "cpu/tick.h"
@@ -30,6 +31,30 @@ TEST(WorkerPool, EveryItemOncePerJob) {
     }
     if (job % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // workers go to sleep
   }
+}
+
+// Many more workers than cores and many tiny jobs, so workers wake late for a job that has already finished while
+// the next one is being submitted: no item may run twice or under the wrong job, and no job may end early.
+TEST(WorkerPool, LateWorkersNeverRunItemsOfTheNextJob) {
+  auto pool = WorkerPool::create(15, /*pin=*/false);
+  ASSERT_TRUE(pool.has_value());
+  constexpr int kMaxItems = 24;
+  std::vector<std::atomic<int>> hits(kMaxItems);
+  std::atomic<int> job_id{0};
+  std::atomic<int> wrong_job{0};
+  for (int job = 0; job < 20000; ++job) {
+    const int64_t n = 1 + (job * 7) % kMaxItems;
+    job_id.store(job, std::memory_order_relaxed);
+    auto body = [&, job](int64_t i) {
+      if (job_id.load(std::memory_order_relaxed) != job) wrong_job.fetch_add(1);
+      hits[static_cast<size_t>(i)].fetch_add(1, std::memory_order_relaxed);
+    };
+    (*pool)->for_each(n, body);
+    for (int64_t i = 0; i < kMaxItems; ++i) {
+      ASSERT_EQ(hits[static_cast<size_t>(i)].exchange(0), i < n ? 1 : 0) << "job " << job << " item " << i;
+    }
+  }
+  EXPECT_EQ(wrong_job.load(), 0);
 }
 
 TEST(WorkerPool, SubmitAndWaitFromAnotherThread) {
@@ -67,19 +92,24 @@ TEST(WorkerPool, NoWorkersRunsOnTheCaller) {
 TEST(WorkerPool, MatmulBitsDoNotDependOnThreadCount) {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  const int64_t n_in = 300, n_out = 1031, n_vec = 5;
+  const int64_t n_in = 320, n_out = 1031, n_vec = 5;
   std::vector<float> w(static_cast<size_t>(n_in * n_out)), x(static_cast<size_t>(n_in * n_vec));
   for (float& v : w) v = dist(rng);
   for (float& v : x) v = dist(rng);
+  // An F32 matrix and a Q4_0 one (int8 activations where the level has them, quantized over the pool: n_vec > 4).
   const ref::QuantMatrix m = ref::f32_matrix(w.data(), static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out));
+  std::vector<uint8_t> q4(*ggml_row_bytes(GgmlType::kQ4_0, n_in) * n_out);
+  ASSERT_TRUE(quantize_row(GgmlType::kQ4_0, w.data(), q4.data(), n_in * n_out));
+  const ref::QuantMatrix m4{GgmlType::kQ4_0, q4.data(), static_cast<uint64_t>(n_in), static_cast<uint64_t>(n_out)};
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<float> first;
   for (int threads : {1, 2, hw}) {
     auto pool = WorkerPool::create(threads - 1, /*pin=*/true);
     ASSERT_TRUE(pool.has_value());
-    MatmulRunner mm(**pool, isa_selected());
-    std::vector<float> y(static_cast<size_t>(n_out * n_vec));
-    const GemvTask t[1] = {task_of(m, x.data(), n_vec, y.data())};
+    MatmulRunner mm(**pool, isa_selected(), GemvInput::kQ8);
+    std::vector<float> y(static_cast<size_t>(2 * n_out * n_vec));
+    const GemvTask t[2] = {task_of(m, x.data(), n_vec, y.data()),
+                           task_of(m4, x.data(), n_vec, y.data() + n_out * n_vec)};
     mm.run(t);
     if (first.empty()) first = y;
     EXPECT_EQ(y, first) << threads << " threads";

@@ -65,6 +65,7 @@ class StrictService final : public Service {
   }
   ServiceStats stats() const override { return ServiceStats{true, static_cast<uint32_t>(sessions_.size())}; }
   ServiceLimits limits() const override { return ServiceLimits{}; }
+  const ServiceMetrics& metrics() const override { return metrics_; }
 
   Expected<std::vector<int32_t>> tokenize(const std::string& text, bool /*parse_special*/) const override {
     std::vector<int32_t> ids;
@@ -152,6 +153,7 @@ class StrictService final : public Service {
   }
   std::map<SessionId, int> sessions_;
   SessionId next_id_ = 1;
+  ServiceMetrics metrics_;
 };
 
 void check_status(const RpcStatus& s) {

@@ -169,12 +169,70 @@ def config_corpus(d, example):
                            b'frequency_penalty = inf\n')
 
 
+# ---- http: an HTTP/1.1 byte stream of pipelined requests --------------------------------------------------------
+def http_request(method, target, body=None, headers=(), chunked=False):
+    head = f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    for h in headers:
+        head += h + "\r\n"
+    if body is None:
+        return (head + "\r\n").encode()
+    data = body.encode() if isinstance(body, str) else body
+    if chunked:
+        half = len(data) // 2
+        chunks = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in (data[:half], data[half:]) if c)
+        return (head + "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n").encode() + \
+            chunks + b"0\r\n\r\n"
+    return (head + f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
+
+
+def http_corpus(d):
+    write(d, "health-models", http_request("GET", "/health") + http_request("GET", "/v1/models") +
+          http_request("GET", "/v1/models/fuzz-model?x=1") + http_request("GET", "/metrics"))
+    write(d, "routes", http_request("POST", "/health", "{}") + http_request("GET", "/v1/completions") +
+          http_request("GET", "/v1/nothing") + http_request("GET", "/v1/models/gpt-4",
+                                                            headers=["Authorization: Bearer sk-x"]))
+    write(d, "completion", http_request("POST", "/v1/completions",
+                                        '{"model": "fuzz-model", "prompt": "Hello", "max_tokens": 5, '
+                                        '"temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 3, "stop": ["\\n"]}'))
+    write(d, "completion-tokens-echo", http_request("POST", "/v1/completions",
+                                                    '{"prompt": [72, 105, 260, 299], "echo": true, "max_tokens": 4}'))
+    write(d, "completion-stream", http_request("POST", "/v1/completions",
+                                               '{"prompt": "abc", "max_tokens": 8, "stream": true, '
+                                               '"stream_options": {"include_usage": true}, "logprobs": 3}'))
+    write(d, "completion-long", http_request("POST", "/v1/completions",
+                                             '{"prompt": "x", "max_tokens": 200, "logprobs": 5}') +
+          http_request("POST", "/v1/completions", '{"prompt": "\\u0001\\u00ff\\"", "echo": true}'))
+    write(d, "chat", http_request("POST", "/v1/chat/completions",
+                                  '{"model": "fuzz-model", "messages": [{"role": "system", "content": "Be brief."}, '
+                                  '{"role": "user", "content": [{"type": "text", "text": "Hi"}]}], '
+                                  '"max_completion_tokens": 6, "frequency_penalty": 0.5, "presence_penalty": 0.1}'))
+    write(d, "chat-stream-logprobs", http_request("POST", "/v1/chat/completions",
+                                                  '{"messages": [{"role": "user", "content": "\u65e5\u672c"}], '
+                                                  '"stream": true, "logprobs": true, "top_logprobs": 20, '
+                                                  '"max_tokens": 30}'))
+    write(d, "chat-assistant-tools", http_request("POST", "/v1/chat/completions",
+                                                  '{"messages": [{"role": "user", "content": "q"}, '
+                                                  '{"role": "assistant", "content": null, "reasoning_content": "r", '
+                                                  '"tool_calls": [{"id": "c1", "type": "function", "function": '
+                                                  '{"name": "f", "arguments": "{}"}}]}, {"role": "tool", '
+                                                  '"tool_call_id": "c1", "content": "42"}], "tools": [], "n": 2}'))
+    write(d, "bad-json", http_request("POST", "/v1/completions", '{"prompt": "x", "max_tokens": 0, "wat": [1,') +
+          http_request("POST", "/v1/chat/completions", '[]') +
+          http_request("POST", "/v1/completions", '{"prompt": [], "stop": ["", "a"], "top_logprobs": 2}'))
+    write(d, "chunked-continue", http_request("POST", "/v1/completions", '{"prompt": "chunked", "max_tokens": 2}',
+                                              headers=["Expect: 100-continue"], chunked=True))
+    write(d, "close", http_request("GET", "/health", headers=["Connection: close"]) + http_request("GET", "/health"))
+    write(d, "malformed", b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nabcde" +
+          b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99999999999\r\n\r\n{")
+    write(d, "http10", b"GET /v1/models HTTP/1.0\r\n\r\n")
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")
     here = os.path.dirname(os.path.abspath(__file__))
     example = os.path.join(here, "..", "..", "systemd", "kestreld.toml.example")
     makers = {"rpc_handlers": rpc_corpus, "shm_ring": ring_corpus, "shm_control": control_corpus,
-              "tokenizer": tokenizer_corpus, "config": lambda d: config_corpus(d, example)}
+              "tokenizer": tokenizer_corpus, "config": lambda d: config_corpus(d, example), "http": http_corpus}
     for name, make in makers.items():
         d = os.path.join(root, name)
         shutil.rmtree(d, ignore_errors=True)

@@ -3,9 +3,10 @@
 // gdn_gates, delta_rule_step on the V-head's K-head, rms_norm_gated) for several sessions, three consecutive
 // decode steps from random non-zero states, on the tiny presets' head shapes (qwen35 tiled, qwen3next grouped with
 // ba and with the legacy ssm_in qkvz), the 35B-A3B shape (Kh 16, Vh 32, dk = dv = 128, tiled) and odd shapes (r = 3,
-// dk 48 / dv 40, conv kernel 3; dk 200 / dv 72), each layout at 1 and 3 sessions, and clusters of 12 and 16 blocks
-// and shapes no cluster holds (20 blocks per K-head). Every case runs on each of the three kernels that can serve
-// its shape (gdn_decode_force_kernel). Sessions use slots in a shuffled order; the workspace must come back zero.
+// dk 48 / dv 40, conv kernel 3; dk 200 / dv 72), each layout at 1 and 3 sessions, V-heads per K-head of 3 to 5 at
+// dv 128, and heads larger than the per-V-head kernel holds. Every case runs on each kernel that can serve its shape
+// (GdnDecodeTuning::kernel: the two-kernel path serves all). Sessions use slots in a shuffled order; the workspace
+// must come back zero.
 //
 // Tolerance: per (session, V-head), |gpu − ref| <= 2e-5 · max|ref| over that head, for the output and for S and the
 // conv history after the last step. The kernels differ from the reference only in summation order (column sums of
@@ -187,8 +188,9 @@ Result run_reference(const Problem& p) {
 // is never written by the launch just before its own; the plain launch of set 0 waits for everything before it, so a
 // set's previous step has completed by then. Returns each set's results.
 // stacked: the inputs of each step as one [n_seq, W] buffer (qkv | z | b | a, or qkv | z | ba, or qkv | ba: the
-// output of one GEMV over the stacked projections) with GdnDecodeInputs::row_stride = W.
-std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bool stacked = false) {
+// output of one GEMV over the stacked projections) with GdnDecodeInputs::row_stride = W. tuning: gdn_decode's.
+std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bool stacked = false,
+                                    const GdnDecodeTuning& tuning = {}) {
   const ref::GdnDims& d = p.d;
   const size_t C = static_cast<size_t>(d.conv_dim()), Vd = static_cast<size_t>(d.value_dim());
   const size_t Vh = static_cast<size_t>(d.n_v_heads), N = static_cast<size_t>(p.n_seq);
@@ -285,7 +287,7 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bo
     }
     for (size_t j = 0; j < sets; ++j) {
       const Status s = gdn_decode(d, p.proj, w, in, static_cast<const GdnSlot*>(slots.as()) + j * N, p.n_seq,
-                                  out_of(t, j), ws.as(), stream, /*programmatic=*/chain && j > 0);
+                                  out_of(t, j), ws.as(), stream, /*programmatic=*/chain && j > 0, tuning);
       EXPECT_TRUE(s) << s.error().to_string();
     }
     if (!chain) {
@@ -309,7 +311,9 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bo
 }
 
 // The kSteps steps of one set of states, plain launches, a host sync after each.
-Result run_device(const Problem& p) { return run_device_sets(p, 1, false).front(); }
+Result run_device(const Problem& p, const GdnDecodeTuning& tuning = {}) {
+  return run_device_sets(p, 1, false, false, tuning).front();
+}
 
 // Compares per block of `block` elements (a head); reports the worst ratio err / (kTol · max|want| of the block)
 // and the first element over the bound. Returns the number of elements over it.
@@ -364,21 +368,18 @@ bool bit_identical(const Result& x, const Result& y) {
   return true;
 }
 
-// Forces gdn_decode onto one kernel for its lifetime (gdn_decode_force_kernel), then restores the automatic choice.
-class ForcedKernel {
- public:
-  explicit ForcedKernel(GdnKernel k) { gdn_decode_force_kernel(k); }
-  ~ForcedKernel() { gdn_decode_force_kernel(GdnKernel::kAuto); }
-  ForcedKernel(const ForcedKernel&) = delete;
-  ForcedKernel& operator=(const ForcedKernel&) = delete;
-};
+// A tuning that forces gdn_decode onto `kernel` wherever it serves the shape.
+GdnDecodeTuning forced(GdnKernel kernel) {
+  GdnDecodeTuning t;
+  t.kernel = kernel;
+  return t;
+}
 
-constexpr GdnKernel kKernels[] = {GdnKernel::kCluster, GdnKernel::kPerHead, GdnKernel::kTwoKernel};
+constexpr GdnKernel kKernels[] = {GdnKernel::kPerHead, GdnKernel::kTwoKernel};
 
 // Whether gdn_decode, forced onto `kernel`, can run the problem's shape on it.
-bool serves(GdnKernel kernel, const ref::GdnDims& d, int n_seq) {
-  const ForcedKernel force(kernel);
-  const Expected<GdnKernel> k = gdn_decode_kernel(d, n_seq);
+bool serves(GdnKernel kernel, const ref::GdnDims& d) {
+  const Expected<GdnKernel> k = gdn_decode_kernel(d, forced(kernel));
   EXPECT_TRUE(k) << k.error().to_string();
   return k && *k == kernel;
 }
@@ -386,8 +387,7 @@ bool serves(GdnKernel kernel, const ref::GdnDims& d, int n_seq) {
 void check_kernel(const Case& c, const Problem& p, const Result& want, GdnKernel kernel) {
   const std::string where = case_name(c) + " on " + gdn_kernel_name(kernel);
   SCOPED_TRACE(where);
-  const ForcedKernel force(kernel);
-  const Result got = run_device(p);
+  const Result got = run_device(p, forced(kernel));
   if (got.s.size() != want.s.size()) return;
   const size_t dv = static_cast<size_t>(c.dv);
   int bad = 0;
@@ -404,7 +404,7 @@ void check_kernel(const Case& c, const Problem& p, const Result& want, GdnKernel
   }
   std::printf("  %s: worst error %.3g x tolerance, %d over\n", where.c_str(), worst, bad);
   EXPECT_EQ(bad, 0);
-  const Result again = run_device(p);
+  const Result again = run_device(p, forced(kernel));
   EXPECT_TRUE(bit_identical(got, again)) << "repeated run differs";
 }
 
@@ -414,7 +414,7 @@ void check_case(const Case& c) {
   const Problem p = make_problem(c, 1234u + static_cast<unsigned>(c.dk * 7 + c.vh + c.n_seq));
   const Result want = run_reference(p);
   for (const GdnKernel kernel : kKernels) {
-    if (serves(kernel, p.d, p.n_seq)) check_kernel(c, p, want, kernel);
+    if (serves(kernel, p.d)) check_kernel(c, p, want, kernel);
   }
 }
 
@@ -471,20 +471,21 @@ TEST(GdnDecode, OneAndThreeSessionsEachLayout) {
   }
 }
 
-// r·⌈dv/32⌉ blocks per K-head: 12 (a non-portable cluster, the Qwen3.5-27B ratio r = 3 at dv 128), 16 (r = 4, the
-// 397B ratio) and 20 (more than a cluster holds: the per-V-head kernel and the two-kernel path, which must agree
-// just as well).
-TEST(GdnDecode, LargeClustersAndFallback) {
-  KESTREL_REQUIRE_DEVICE();
-  const auto chosen = [](int kh, int vh, int dk, int dv) {
+// The choice by shape, and V-heads per K-head of 3 (the Qwen3.5-27B ratio at dv 128), 4 (the 397B ratio) and 5 on
+// both kernels, which must agree just as well.
+TEST(GdnDecode, KernelChoiceAndLargeHeadRatios) {
+  const auto chosen = [](int kh, int vh, int dk, int dv, GdnKernel force) {
     ref::GdnDims d = dims_of({"", kh, vh, dk, dv, 4, kTiled, kBetaAlpha, 1});
-    const Expected<GdnKernel> k = gdn_decode_kernel(d);
+    const Expected<GdnKernel> k = gdn_decode_kernel(d, forced(force));
     EXPECT_TRUE(k) << k.error().to_string();
     return k ? *k : GdnKernel::kAuto;
   };
-  EXPECT_EQ(chosen(4, 8, 32, 128), GdnKernel::kPerHead) << "dk, dv <= 128: the per-V-head kernel";
-  EXPECT_EQ(chosen(4, 8, 160, 128), GdnKernel::kCluster) << "dk 160, 8 blocks per K-head, one session: a cluster";
-  EXPECT_EQ(chosen(1, 5, 32, 160), GdnKernel::kTwoKernel) << "dv 160 and 25 blocks per K-head: neither one kernel";
+  EXPECT_EQ(chosen(4, 8, 32, 128, GdnKernel::kAuto), GdnKernel::kPerHead) << "dk, dv <= 128: the per-V-head kernel";
+  EXPECT_EQ(chosen(4, 8, 128, 128, GdnKernel::kTwoKernel), GdnKernel::kTwoKernel) << "forced onto the two kernels";
+  EXPECT_EQ(chosen(4, 8, 160, 128, GdnKernel::kAuto), GdnKernel::kTwoKernel) << "dk 160: the two-kernel path";
+  EXPECT_EQ(chosen(1, 5, 32, 160, GdnKernel::kPerHead), GdnKernel::kTwoKernel)
+      << "dv 160: the per-V-head kernel cannot serve it, forced or not";
+  KESTREL_REQUIRE_DEVICE();
   for (const int n_seq : {1, 3}) {
     check_case({"r=3 dv 128", 2, 6, 128, 128, 4, kTiled, kBetaAlpha, n_seq});
     check_case({"r=4 dv 128", 1, 4, 64, 128, 4, kGrouped, kBa, n_seq});
@@ -510,14 +511,15 @@ Problem first_session(const Problem& p) {
   return one;
 }
 
-// A session's steps give the same bits whichever batch it runs in (gdn_decode takes the per-V-head kernel at every
-// batch size where dk, dv <= 128): session 0 of 3 and 8 sessions against the same session alone, in each projection
-// layout; outputs, S and history.
+// A session's steps give the same bits whichever batch it runs in (gdn_decode picks its kernel by shape alone):
+// session 0 of 3 and 8 sessions against the same session alone, in each projection layout and on a head the
+// per-V-head kernel does not hold (the two-kernel path); outputs, S and history.
 TEST(GdnDecode, SessionBitsDoNotDependOnTheBatch) {
   KESTREL_REQUIRE_DEVICE();
   for (const Case& c : std::vector<Case>{{"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 8},
                                          {"80B-A3B-like", 16, 32, 128, 128, 4, kGrouped, kBa, 3},
-                                         {"legacy ssm_in dk 64", 4, 8, 64, 64, 4, kGrouped, kSsmIn, 3}}) {
+                                         {"legacy ssm_in dk 64", 4, 8, 64, 64, 4, kGrouped, kSsmIn, 3},
+                                         {"dk 160", 2, 4, 160, 128, 4, kTiled, kBetaAlpha, 3}}) {
     SCOPED_TRACE(case_name(c));
     const Problem batch = make_problem(c, 555u + static_cast<unsigned>(c.n_seq));
     const Problem alone = first_session(batch);
@@ -567,11 +569,10 @@ TEST(GdnDecode, ProgrammaticChainGivesPlainBits) {
                                          {"conv kernel 5", 4, 8, 32, 32, 5, kTiled, kBetaAlpha, 2}}) {
     const Problem p = make_problem(c, 4321u + static_cast<unsigned>(c.n_seq));
     for (const GdnKernel kernel : kKernels) {
-      if (!serves(kernel, p.d, p.n_seq)) continue;
+      if (!serves(kernel, p.d)) continue;
       SCOPED_TRACE(case_name(c) + " on " + gdn_kernel_name(kernel));
-      const ForcedKernel force(kernel);
-      const Result plain = run_device(p);
-      const std::vector<Result> chained = run_device_sets(p, 3, true);
+      const Result plain = run_device(p, forced(kernel));
+      const std::vector<Result> chained = run_device_sets(p, 3, true, false, forced(kernel));
       for (size_t j = 0; j < chained.size(); ++j) {
         EXPECT_TRUE(bit_identical(plain, chained[j]))
             << "set " << j << (j == 0 ? " (plain launches)" : " (programmatic)")

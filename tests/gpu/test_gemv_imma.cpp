@@ -78,9 +78,9 @@ struct DeviceTiled {
   TiledView view;
 };
 
-// gemv_imma on the n_vec vectors that prepare(xprep) writes on the device.
+// gemv_imma (under `tuning`) on the n_vec vectors that prepare(xprep) writes on the device.
 template <class Prepare>
-std::vector<float> run_prepared(const DeviceTiled& w, int n_vec, Prepare&& prepare) {
+std::vector<float> run_prepared(const DeviceTiled& w, int n_vec, Prepare&& prepare, const GemvImmaTuning& tuning = {}) {
   const size_t y_elems = static_cast<size_t>(n_vec * w.view.n_rows);
   DeviceBuffer d_xp(imma_x_bytes(w.view.n_cols, n_vec));
   DeviceBuffer d_y(y_elems * sizeof(float));
@@ -88,7 +88,7 @@ std::vector<float> run_prepared(const DeviceTiled& w, int n_vec, Prepare&& prepa
   EXPECT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
   const Status p = prepare(d_xp.as<unsigned char>());
   EXPECT_TRUE(p) << p.error().to_string();
-  const Status s = gemv_imma(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr);
+  const Status s = gemv_imma(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr, false, tuning);
   EXPECT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(cudaMemcpy(y.data(), d_y.as<unsigned char>(), y_elems * sizeof(float), cudaMemcpyDeviceToHost),
@@ -96,11 +96,13 @@ std::vector<float> run_prepared(const DeviceTiled& w, int n_vec, Prepare&& prepa
   return y;
 }
 
-std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_vec) {
+std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_vec,
+                       const GemvImmaTuning& tuning = {}) {
   DeviceBuffer d_x(x.size() * sizeof(float));
   EXPECT_TRUE(test::upload(d_x, x));
   return run_prepared(
-      w, n_vec, [&](void* xp) { return gemv_imma_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, xp, nullptr); });
+      w, n_vec, [&](void* xp) { return gemv_imma_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, xp, nullptr); },
+      tuning);
 }
 
 // The error bound per output, f64 [n_vec, n_out]: kRelTol · Σ|w_i x_i| from core's dequantize_row, plus the
@@ -328,31 +330,26 @@ TEST(GemvImma, ProgrammaticChainGivesPlainBits) {
 }
 
 // The kernels that compile the groups per slice in (2, 4, 8) and unroll a round give the bits of the run-time loop
-// (gemv_imma_set_compiled_groups(false)): the same operations in the same order. Shapes for 2 (12288 rows of 2048,
+// (GemvImmaTuning::compiled_groups false): the same operations in the same order. Shapes for 2 (12288 rows of 2048,
 // S = 4), 4 (16384 rows, S = 2) and 8 (32768 rows, S = 1) groups per slice — the splits the shape rule gives these
-// shapes but for Q4_0 (one group per warp), forced (gemv_imma_force_split) so every type runs them — with one and two
+// shapes but for Q4_0 (one group per warp), forced (GemvImmaTuning::split) so every type runs them — with one and two
 // vectors (the one-pair kernel), three and eight (two and four pairs: compiled in for 2 only).
 TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(77);
-  struct RunTimeLoop {
-    ~RunTimeLoop() {
-      gemv_imma_set_compiled_groups(true);
-      gemv_imma_force_split(0);
-    }
-  } restore;
   for (const GgmlType t : kImmaTypes) {
     for (const auto& [sh, split] :
          {std::pair{Shape{2048, 12288}, 4}, std::pair{Shape{2048, 16384}, 2}, std::pair{Shape{2048, 32768}, 1}}) {
-      gemv_imma_force_split(split);
+      GemvImmaTuning compiled;
+      compiled.split = split;
+      GemvImmaTuning run_time = compiled;
+      run_time.compiled_groups = false;
       const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
       const DeviceTiled w(t, m, sh.n_in, sh.n_out);
       for (const int n_vec : {1, 2, 3, 8}) {
         const std::vector<float> x = random_vectors(n_vec, sh.n_in, rng);
-        gemv_imma_set_compiled_groups(true);
-        const std::vector<float> unrolled = run(w, x, n_vec);
-        gemv_imma_set_compiled_groups(false);
-        const std::vector<float> loop = run(w, x, n_vec);
+        const std::vector<float> unrolled = run(w, x, n_vec, compiled);
+        const std::vector<float> loop = run(w, x, n_vec, run_time);
         ASSERT_EQ(unrolled.size(), loop.size());
         EXPECT_EQ(std::memcmp(unrolled.data(), loop.data(), loop.size() * sizeof(float)), 0)
             << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " n_vec " << n_vec
@@ -363,16 +360,16 @@ TEST(GemvImma, UnrolledRoundsGiveTheRunTimeLoopsBits) {
 }
 
 // The flat kernel (dense calls at one group per warp, no rounds; one wave at 1-2 vectors) gives the persistent
-// kernel's bits (gemv_imma_set_flat(false)) at the same split, for one to four vector pairs and one to four segments.
+// kernel's bits (GemvImmaTuning::flat_kernel false) at the same split, for one to four vector pairs and one to four
+// segments.
 // Shapes: 8192 rows of 2048 (S = 8, 4096 warps: the 9.4 MB projections), 2048 of 4096 (S = 16), 80 rows of 512 (S = 2,
 // four row groups a block, the last block part-empty), 48 of 192 (a partial group), 16 of 64, and for Q4_0 12288 rows
 // of 2048 (S = 8 in 6144 warps: the flat kernel in more than one wave, as lm_head Q4_0 runs).
 TEST(GemvImma, FlatKernelGivesThePersistentKernelsBits) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(4096);
-  struct Restore {
-    ~Restore() { gemv_imma_set_flat(true); }
-  } restore;
+  GemvImmaTuning persistent_kernel;
+  persistent_kernel.flat_kernel = false;
   for (const GgmlType t : kImmaTypes) {
     const bool blocks32 = t == GgmlType::kQ4_0 || t == GgmlType::kQ8_0;
     std::vector<Shape> shapes = {{2048, 8192}, {4096, 2048}, {512, 80}};
@@ -383,10 +380,8 @@ TEST(GemvImma, FlatKernelGivesThePersistentKernelsBits) {
       const DeviceTiled w(t, m, sh.n_in, sh.n_out);
       for (const int n_vec : {1, 2, 3, 8, 13, 32}) {
         const std::vector<float> x = random_vectors(n_vec, sh.n_in, rng);
-        gemv_imma_set_flat(true);
         const std::vector<float> flat = run(w, x, n_vec);
-        gemv_imma_set_flat(false);
-        const std::vector<float> persistent = run(w, x, n_vec);
+        const std::vector<float> persistent = run(w, x, n_vec, persistent_kernel);
         ASSERT_EQ(flat.size(), persistent.size());
         EXPECT_EQ(std::memcmp(flat.data(), persistent.data(), flat.size() * sizeof(float)), 0)
             << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " n_vec " << n_vec
@@ -409,7 +404,7 @@ TEST(GemvImma, FlatKernelGivesThePersistentKernelsBits) {
 // followed by empty segments (n_vec = 0) to 8192 items, and followed by garbage with a device count of 3 segments in
 // use (n_used), and repeated to 8192 items all counted in use: the same bits, each within its bound of
 // ref::matvec_batch, and those of the run-time groups-per-slice
-// loop (gemv_imma_set_compiled_groups(false)) — for tables of the one-pair and the four-pair kernel. Rows of 2048 (S =
+// loop (GemvImmaTuning::compiled_groups false) — for tables of the one-pair and the four-pair kernel. Rows of 2048 (S =
 // 2, 4 groups a slice), 2368 (ten groups, the last slice partial: S = 4), 4096 (S = 4, 4 a slice) and 512 columns (S =
 // 1, 2 a slice: the MoE down matrices).
 TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
@@ -482,15 +477,13 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
           got[big] = test::download<float>(d_y.as<float>(), y_elems);
         }
         {  // the run-time groups-per-slice loop on the same table: the compiled (unrolled) kernels' bits
-          struct RunTimeLoop {
-            ~RunTimeLoop() { gemv_imma_set_compiled_groups(true); }
-          } restore;
-          gemv_imma_set_compiled_groups(false);
+          GemvImmaTuning run_time;
+          run_time.compiled_groups = false;
           DeviceBuffer d_y(y_elems * sizeof(float));
           ASSERT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
           const Status s = gemv_imma_segments(t, sh.n_in, sh.n_out, d_table.as<ImmaSegment>(),
                                               static_cast<int>(uses.size()), d_xp.as<unsigned char>(), d_y.as<float>(),
-                                              sh.n_out, nullptr, bound_vec, false, nullptr);
+                                              sh.n_out, nullptr, bound_vec, false, nullptr, false, run_time);
           ASSERT_TRUE(s) << s.error().to_string();
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
           const std::vector<float> loop = test::download<float>(d_y.as<float>(), y_elems);

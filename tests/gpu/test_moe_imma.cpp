@@ -30,6 +30,7 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "core/reference/moe.h"
+#include "gpu/kernels/gemv_imma.h"  // kImmaSegmentVectors
 #include "gpu/kernels/moe_imma.h"
 #include "gpu/memory/tiled_matrix.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -127,7 +128,8 @@ struct DeviceRun {
   int launches = 0;
 };
 
-DeviceRun run_device(const MoeImmaWeights& w, const std::vector<float>& x, int n_tok) {
+DeviceRun run_device(const MoeImmaWeights& w, const std::vector<float>& x, int n_tok,
+                     const MoeImmaTuning& tuning = {}) {
   DeviceRun r;
   DeviceBuffer dx(x.size() * 4), dout(x.size() * 4), ws(moe_imma_workspace_bytes(w, n_tok));
   if (dx.as() == nullptr || dout.as() == nullptr || ws.as() == nullptr) {
@@ -139,7 +141,7 @@ DeviceRun run_device(const MoeImmaWeights& w, const std::vector<float>& x, int n
   EXPECT_EQ(cudaMemset(ws.as(), 0xA5, ws.bytes()), cudaSuccess);      // garbage: nothing may rely on zeroed scratch
   EXPECT_TRUE(moe_imma_workspace_init(w, ws.as(), nullptr));          // but the counters, zeroed once
   MoeLaunchInfo info;
-  const Status s = moe_imma_forward(w, dx.as<float>(), n_tok, dout.as<float>(), ws.as(), nullptr, &info);
+  const Status s = moe_imma_forward(w, dx.as<float>(), n_tok, dout.as<float>(), ws.as(), nullptr, tuning, &info);
   EXPECT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   r.launches = info.launches;
@@ -177,13 +179,11 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
   const DeviceRun again = run_device(w, x, n_tok);
   ASSERT_EQ(again.out.size(), got.out.size());
   EXPECT_EQ(std::memcmp(again.out.data(), got.out.data(), got.out.size() * 4), 0) << "repeated run differs";
-  // Settings that must not change a bit, each applied around one more run: plain and programmatic launches at every
-  // size; segments of at most 1, 3 and 8 vectors (the default: kMoeImmaSegmentVectors; experts with more tokens are
-  // read in several chunks, the GEMV kernel picked for the largest — each vector's sums do not depend on its segment).
-  const auto expect_same_bits = [&](const std::string& setting, auto&& apply, auto&& restore) {
-    apply();
-    const DeviceRun other = run_device(w, x, n_tok);
-    restore();
+  // Tunings that must not change a bit, each in one more run: plain and programmatic launches at every size; segments
+  // of at most 1, 3 and 8 vectors (the default: 2; experts with more tokens are read in several chunks, the GEMV kernel
+  // picked for the largest — each vector's sums do not depend on its segment); the routing kernels.
+  const auto expect_same_bits = [&](const std::string& setting, const MoeImmaTuning& tuning) {
+    const DeviceRun other = run_device(w, x, n_tok, tuning);
     ASSERT_EQ(other.out.size(), got.out.size());
     size_t n_diff = 0, first = 0;
     double worst = 0.0;
@@ -198,34 +198,32 @@ void check_case(const Shape& s, const HostMoe& m, const DeviceMoe& d, int n_tok)
                           << first % static_cast<size_t>(s.h) << ", " << other.out[first] << " vs " << got.out[first]
                           << "; largest |difference| " << worst << ")";
   };
+  const MoeImmaTuning defaults;
   for (const int pdl_max : {0, kMoeMaxTokens}) {
-    expect_same_bits(
-        "programmatic launches up to " + std::to_string(pdl_max) + " tokens",
-        [&] { moe_imma_set_programmatic_max_tokens(pdl_max); },
-        [] { moe_imma_set_programmatic_max_tokens(kMoeImmaProgrammaticMaxTokens); });
+    MoeImmaTuning t;
+    t.programmatic_max_tokens = pdl_max;
+    expect_same_bits("programmatic launches up to " + std::to_string(pdl_max) + " tokens", t);
   }
-  expect_same_bits(  // up to 32 entries: the grouping by one warp (the default) against the one-block kernel
-      "the chain with the routing of a small call in one block", [] { moe_imma_set_route_by_warp(false); },
-      [] { moe_imma_set_route_by_warp(true); });
+  {  // up to 32 entries: the grouping by one warp (the default) against the one-block kernel
+    MoeImmaTuning t;
+    t.route_by_warp = false;
+    expect_same_bits("the chain with the routing of a small call in one block", t);
+  }
   for (const int spread_min : {1, kMoeMaxTokens + 1}) {
+    MoeImmaTuning t;
+    t.route_spread_min_tokens = spread_min;
     expect_same_bits(
         spread_min == 1 ? "the routing in a block per token at every size" : "the routing in one block at every size",
-        [&] { moe_imma_set_route_spread_min_tokens(spread_min); },
-        [] { moe_imma_set_route_spread_min_tokens(kMoeImmaRouteSpreadMinTokens); });
+        t);
   }
   for (const int chunk : {1, 3, 8}) {
-    for (const int pdl_max : {kMoeImmaProgrammaticMaxTokens, kMoeMaxTokens}) {
-      expect_same_bits(
-          "segments of at most " + std::to_string(chunk) + " vectors, programmatic launches up to " +
-              std::to_string(pdl_max) + " tokens",
-          [&] {
-            moe_imma_set_segment_vectors(chunk);
-            moe_imma_set_programmatic_max_tokens(pdl_max);
-          },
-          [] {
-            moe_imma_set_segment_vectors(kMoeImmaSegmentVectors);
-            moe_imma_set_programmatic_max_tokens(kMoeImmaProgrammaticMaxTokens);
-          });
+    for (const int pdl_max : {defaults.programmatic_max_tokens, kMoeMaxTokens}) {
+      MoeImmaTuning t;
+      t.segment_vectors = chunk;
+      t.programmatic_max_tokens = pdl_max;
+      expect_same_bits("segments of at most " + std::to_string(chunk) + " vectors, programmatic launches up to " +
+                           std::to_string(pdl_max) + " tokens",
+                       t);
     }
   }
 }
@@ -317,7 +315,7 @@ TEST(MoeImma, CountersSurviveCallsOfBothRoutingsAndReset) {
   ASSERT_EQ(cudaMemcpy(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemset(ws.as(), 0x5A, ws.bytes()), cudaSuccess);
   ASSERT_TRUE(moe_imma_workspace_init(w, ws.as(), nullptr));
-  ASSERT_GE(kMoeMaxTokens, kMoeImmaRouteSpreadMinTokens);  // 32-token calls spread their routing
+  ASSERT_GE(kMoeMaxTokens, MoeImmaTuning{}.route_spread_min_tokens);  // 32-token calls spread their routing
   const size_t n_ctr = moe_imma_counter_bytes(w);
   for (int round = 0; round < 3; ++round) {
     for (const int n : {32, 1, 1}) {
@@ -406,6 +404,14 @@ TEST(MoeImma, RefusesBadWeightsAndArguments) {
   s = moe_imma_forward(w, fake, kMoeMaxTokens + 1, fake, fake, nullptr);
   ASSERT_FALSE(s);
   EXPECT_EQ(s.error().code, ErrorCode::kInvalidArgument);
+  for (const int bad_width : {0, kImmaSegmentVectors + 1}) {  // vectors per segment of the grouped GEMVs: 1..8
+    MoeImmaTuning t;
+    t.segment_vectors = bad_width;
+    s = moe_imma_forward(w, fake, 1, fake, fake, nullptr, t);
+    ASSERT_FALSE(s);
+    EXPECT_EQ(s.error().code, ErrorCode::kInvalidArgument);
+    EXPECT_NE(s.error().message.find("segment_vectors"), std::string::npos) << s.error().message;
+  }
   EXPECT_EQ(moe_imma_workspace_bytes(w, 0), 0u);
   w.n_ff = 72;  // not a multiple of 64
   s = moe_imma_check_weights(w);

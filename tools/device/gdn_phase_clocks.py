@@ -1,22 +1,20 @@
 #!/usr/bin/env python3
-"""Instruments a COPY of the source tree for the GDN phase-clock measurements of docs/benchmarks.md
+"""Instruments a COPY of the source tree for the GDN phase-clock measurements of 6eb9850^:docs/benchmarks.md
 ("GDN decode step: where the 1-session time goes"); never run it on your working tree.
 
 It edits gpu/kernels/gdn_decode.cu and bench/gpu/bench_gdn.cu of the copy in place:
-  - --kernel cluster (the default): the cluster kernel (gdn_fused_kernel) stamps clock64() at block entry, after each
-    of its three __syncthreads, after the cluster barrier wait, after the cluster sync and at its end (thread 0 of each
-    block, plus the global timer at entry and end), into a device array; bench_gdn prints, after timing the cluster
-    kernel (its forced column) at each session count, the median and maximum of each stamp over the blocks of its last
-    launch, the spread of block start times and the blocks' durations;
-  - --kernel per-head: the per-V-head kernel (gdn_head_kernel, the presets' kernel) stamps at block entry, after its
+  - the per-V-head kernel (gdn_head_kernel, the presets' kernel) stamps clock64() at block entry, after its
     programmatic wait (plain launches: the same place), after each of its five __syncthreads and at its end (thread 0,
-    through shared memory, so the kernel's 64 registers are not touched); bench_gdn prints them after the chained
-    (programmatic) timing and after the plain forced per-head timing;
+    through shared memory, so the kernel's 64 registers are not touched), plus the global timer at entry and end, into
+    a device array; bench_gdn prints, after the chained (programmatic) timing and after the plain forced per-head
+    timing at each session count, the median and maximum of each stamp over the blocks of the last launch, the spread
+    of block start times and the blocks' durations (the cluster kernel this script also stamped left the product; git
+    history has both);
   - --no-s-loads / --no-s-stores knock out the S-slice loads (registers get constants) or stores (kept behind a
     condition that never holds, so the arithmetic stays), to see what the step costs without that traffic.
 
 Usage, on the lent GPU machine (tools/device/gpu_targets.sh builds and runs):
-  cp -r . /tmp/clk && python3 tools/device/gdn_phase_clocks.py /tmp/clk [--kernel per-head] [--no-s-loads] [--no-s-stores]
+  cp -r . /tmp/clk && python3 tools/device/gdn_phase_clocks.py /tmp/clk [--no-s-loads] [--no-s-stores]
   (cd /tmp/clk && OUT=$OUT bash tools/device/gpu_targets.sh bench_gdn build/gpu/bin/bench_gdn)
 """
 import argparse
@@ -80,14 +78,13 @@ def main():
     ap.add_argument("root", help="the copy of the source tree to instrument")
     ap.add_argument("--no-s-loads", action="store_true", help="knock out the S-slice loads")
     ap.add_argument("--no-s-stores", action="store_true", help="knock out the S-slice stores")
-    ap.add_argument("--kernel", choices=["cluster", "per-head"], default="cluster", help="the kernel to stamp")
+    ap.add_argument("--kernel", choices=["per-head"], default="per-head", help="the kernel to stamp (the only one)")
     a = ap.parse_args()
     path = a.root + "/gpu/kernels/gdn_decode.cu"
     src = open(path).read()
-    stamp = stamp_per_head if a.kernel == "per-head" else stamp_cluster
-    src, names, knockouts, bench_edits = stamp(src)
-    src = replace_once(src, "namespace {\n\nnamespace cg", DUMP.replace("PHASE_NAMES", names) + "\nnamespace cg",
-                       "anonymous namespace head")
+    src, names, knockouts, bench_edits = stamp_per_head(src)
+    src = replace_once(src, "namespace {\n\nconstexpr int kDeltaWarps",
+                       DUMP.replace("PHASE_NAMES", names) + "\nconstexpr int kDeltaWarps", "anonymous namespace head")
     src = replace_once(src, "#include <string>\n", "#include <string>\n#include <cstdio>\n#include <utility>\n"
                        "#include <vector>\n", "#include <string>")
     if a.no_s_loads:
@@ -104,54 +101,9 @@ def main():
     open(bench, "w").write(b)
 
 
-def stamp_cluster(src):
-    """The cluster kernel's stamps (a clk array a thread); returns the edited source, the stamps' names, the S
-    knock-out edits and the bench's print calls."""
-    body_start, body_end = function_body(src, "gdn_fused_kernel(Geo g")
-    body = src[body_start:body_end]
-    body = replace_once(body, "  cg::cluster_group cluster = cg::this_cluster();",
-                        "  long long clk[8] = {};\n  clk[0] = clock64();\n  unsigned long long t_entry = 0, t_end = 0;\n"
-                        "  asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t_entry));\n"
-                        "  cg::cluster_group cluster = cg::this_cluster();", "cluster_group line")
-    if body.count("  __syncthreads();\n") != 3:
-        sys.exit("gdn_phase_clocks: the cluster kernel no longer has three __syncthreads; update this script")
-    at = 0
-    for k in (1, 2, 3):
-        i = body.index("  __syncthreads();\n", at) + len("  __syncthreads();\n")
-        stamp = f"  clk[{k}] = clock64();\n"
-        body = body[:i] + stamp + body[i:]
-        at = i + len(stamp)
-    body = replace_once(body, "  cluster.barrier_wait();\n", "  cluster.barrier_wait();\n  clk[4] = clock64();\n",
-                        "cluster.barrier_wait")
-    body = replace_once(body, "  cluster.sync();", "  cluster.sync();\n  clk[5] = clock64();", "cluster.sync")
-    body = body + """  clk[6] = clock64();
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_end));
-  if (threadIdx.x == 0) {
-    const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    if (b < 4096) {
-      for (int k = 0; k < 8; ++k) g_phase_clock[b][k] = clk[k] - clk[0];
-      g_phase_timer[b][0] = t_entry;
-      g_phase_timer[b][1] = t_end;
-    }
-  }
-"""
-    names = '"entry", "prologue sync", "m sync", "o sync", "cluster wait", "cluster sync", "end"'
-    knockouts = {
-        "loads": ("s[r] = r < rows ? __ldcs(p + r * dv) : 0.0f;",
-                  "s[r] = r < rows ? 0.001f * static_cast<float>(r) : 0.0f;", "S-slice load"),
-        "stores": ("if (r < rows) __stcs(p + r * dv, s[r]);",
-                   "if (r < rows && s[r] == 12345.0f) __stcs(p + r * dv, s[r]);", "S-slice store"),
-    }
-    bench_edits = [
-        ("    // Sanity: the outputs are finite",
-         "    if (us_forced[0] > 0.0) gdn_print_phase_clocks(d.v_per_k() * ((d.d_v + 31) / 32) * d.n_k_heads * n_seq, \"cluster, plain\");\n"
-         "    // Sanity: the outputs are finite", "bench sanity comment")]
-    return src[:body_start] + body + src[body_end:], names, knockouts, bench_edits
-
-
 def stamp_per_head(src):
-    """--kernel per-head: stamps in gdn_head_kernel (thread 0 into shared memory, then to the device array); returns
-    what stamp_cluster does."""
+    """Stamps in gdn_head_kernel (thread 0 into shared memory, then to the device array); returns the edited source, the
+    stamps' names, the S knock-out edits and the bench's print calls."""
     body_start, body_end = function_body(src, "gdn_head_kernel(Geo g")
     body = src[body_start:body_end]
     stamp = "  if (threadIdx.x == 0) ph_clk[{k}] = clock64();\n"
@@ -188,11 +140,11 @@ def stamp_per_head(src):
                    "if (s[r][c] == 12345.0f) __stcs(s_slice + r * dv + 32 * c, s[r][c]);", "per-head S store"),
     }
     bench_edits = [
-        ("    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));\n",
-         "    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true));\n"
+        ("    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true, GdnDecodeTuning{}));\n",
+         "    KESTREL_TRY_ASSIGN(const double us_pdl, time_steps(true, GdnDecodeTuning{}));\n"
          "    gdn_print_phase_clocks(d.n_v_heads * n_seq, \"per-head, chained\");\n", "the chained timing"),
         ("    // Sanity: the outputs are finite",
-         "    if (us_forced[1] > 0.0) gdn_print_phase_clocks(d.n_v_heads * n_seq, \"per-head, plain\");\n"
+         "    if (us_forced[0] > 0.0) gdn_print_phase_clocks(d.n_v_heads * n_seq, \"per-head, plain\");\n"
          "    // Sanity: the outputs are finite", "bench sanity comment")]
     return src[:body_start] + body + src[body_end:], names, knockouts, bench_edits
 

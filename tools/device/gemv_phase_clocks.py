@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Instruments a COPY of the source tree to see where a small GEMV v4 launch spends its time (docs/benchmarks.md,
-"GEMV v4.4"); never run it on your working tree.
+"""Instruments a COPY of the source tree to see where a small GEMV v4 launch spends its time
+(6eb9850^:docs/benchmarks.md, "GEMV v4.4"); never run it on your working tree.
 
 It edits the copy in place:
   - gpu/kernels/gemv_imma.cu: lane 0 of every warp of gemv_imma_flat_kernel (the dense calls' kernel at one group per warp:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Edits a COPY of the source tree so that the grouped GEMVs (gemv_imma_kernel's table calls, the MoE layer's) skip
-part of their work, to bound what that part costs inside bench_moe (docs/benchmarks.md, "MoE layer at 2-32 tokens:
-what bounds the grouped GEMVs, ..."); never run it on your working tree. The results are WRONG on purpose: time only.
+part of their work, to bound what that part costs inside bench_moe (6eb9850^:docs/benchmarks.md, "MoE layer at 2-32
+tokens: what bounds the grouped GEMVs, ..."); never run it on your working tree. The results are WRONG on purpose: time only.
 
 Modes:
   xsame  every segment reads vector 0's prepared activations (the same few KB: L1 hits after the first);

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Instruments a COPY of the source tree to measure what each launch of moe_imma_forward costs inside the layer's chain
-(docs/benchmarks.md, "MoE layer: what each launch costs in the chain"); never run it on your working tree.
+(6eb9850^:docs/benchmarks.md, "MoE layer: what each launch costs in the chain"); never run it on your working tree.
 
 It edits the copy's gpu/kernels/moe_imma.cu so that the launch named by the environment variable KESTREL_MOE_DUP (0 router
 logits + x preparation, 1 route + tables, 2 gate+up GEMV, 3 SwiGLU preparation, 4 down GEMV, 5 combine) is issued
@@ -23,9 +23,9 @@ LAUNCHES = [
     ("  if (f32_router) {  // logits", "    KESTREL_TRY(gemv(w.router, x, n_tok, l.logits, stream));\n  }",
      "router logits + x preparation"),
     ("  KESTREL_TRY(moe_route_dev::with_route_per_lane(E,", "  }));", "route + tables"),
-    ("  KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I,", "used_gu));", "gate+up GEMV"),
+    ("  KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I,", "tuning.grouped_gemv));", "gate+up GEMV"),
     ("  KESTREL_TRY(\n      gemv_imma_prepare_swiglu(", "l.aprep, stream, pdl, true));", "SwiGLU preparation"),
-    ("  KESTREL_TRY(gemv_imma_segments(w.down_type, I, H,", "used_dn, true));", "down GEMV"),
+    ("  KESTREL_TRY(gemv_imma_segments(w.down_type, I, H,", "used_dn, true, tuning.grouped_gemv));", "down GEMV"),
     ("  if (w.has_shared_expert()) {\n    const auto* gate_inp",
      "ye, token_entry, entry_weight, k, c.n_entries, no_gate, x, H, out));\n  }", "combine"),
 ]

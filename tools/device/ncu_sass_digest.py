@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Digests ncu's source page (SASS, per instruction) into where a kernel's instructions and stalls go
-(docs/benchmarks.md, "GEMV v4.6-v4.7": how the GEMV's overhead per MMA was found).
+(6eb9850^:docs/benchmarks.md, "GEMV v4.6-v4.7": how the GEMV's overhead per MMA was found).
 
 Make the CSV on the lent GPU machine, e.g. the 32-token grouped GEMVs of moe_imma and lm_head:
   ncu --set full --import-source no --kernel-name-base demangled -k 'regex:gemv_imma_kernel.*\\(int\\)2, ' \\

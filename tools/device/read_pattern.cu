@@ -1,5 +1,5 @@
-// read_pattern: how fast GEMV v4's loads alone read on the H200 (docs/benchmarks.md, "GEMV v4.5"). Bytes of one
-// projection per launch, 24 buffers rotated out of the 60 MB L2, CUDA graphs of 240 launches (median of 5 replays):
+// read_pattern: how fast GEMV v4's loads alone read on the H200 (6eb9850^:docs/benchmarks.md, "GEMV v4.5"). Bytes of
+// one projection per launch, 24 buffers rotated out of the 60 MB L2, CUDA graphs of 240 launches (median of 5 replays):
 //   1. the stream of bench/gpu/device_timing.cuh against warps that each load their own contiguous 2 / 4 / 8 KB slice
 //      at once (the GEMV's pattern) or the same loads interleaved (at load i the grid reads one contiguous window);
 //   2. the GEMV's request mix in blocks of 16 warps: weights, + the prepared x every SM reads (from L2 per warp, or

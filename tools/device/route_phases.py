@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Instruments a COPY of the source tree to show where the spread routing (route_spread_table_kernel in
 gpu/kernels/moe_imma.cu, moe_route_dev::route_spread in gpu/kernels/moe_route.cuh; the MoE layer's route + tables from
-kMoeImmaRouteSpreadMinTokens tokens) spends its time; never run it on your working tree.
+MoeImmaTuning::route_spread_min_tokens tokens) spends its time; never run it on your working tree.
 
 Thread 0 of every block stamps %globaltimer (ns, one clock for all SMs) at the kernel's entry, after its programmatic
 wait, after its warp routed its token (route_one) and after the warp's arrival (warp_arrive); the last block to arrive

@@ -108,10 +108,11 @@ int main(int argc, char** argv) {
   auto t0 = std::chrono::steady_clock::now();
   if (Status st = feed(tokens); !st) return fail(st.error().to_string());
   const double t_prefill = seconds_since(t0);
+  std::vector<int32_t> history = tokens;  // the slot's tokens, for the sampler's penalties
   int n = 0;
   t0 = std::chrono::steady_clock::now();
   for (; n < n_predict && e.slot_n_past(*slot) < ctx; ++n) {
-    auto next = sampler->sample_checked(logits, e.slot_tokens(*slot), nullptr);
+    auto next = sampler->sample_checked(logits, history, nullptr);
     if (!next) return fail(next.error().to_string());
     if (*next == eos) break;
     if (auto bytes = m.tokenizer().token_bytes(*next); bytes) {
@@ -120,6 +121,7 @@ int main(int argc, char** argv) {
     }
     const int32_t t[1] = {*next};
     if (Status st = feed(t); !st) return fail(st.error().to_string());
+    history.push_back(*next);
   }
   const double t_decode = seconds_since(t0);
   std::printf("\n");

@@ -39,6 +39,7 @@ struct Args {
   std::string types;
   std::string arch;
   std::string vocab;
+  std::string chat_template;
   std::string gdn_layout = "split";
   unsigned threads = 0;
   bool dry_run = false;
@@ -102,6 +103,11 @@ int run(const Args& a) {
   if (!vocab_path) return fail(vocab_path.error());
   auto vocab = load_vocab(*vocab_path, preset->hparams.n_vocab);
   if (!vocab) return fail(make_error(vocab.error().code, *vocab_path + ": " + vocab.error().message));
+  if (!a.chat_template.empty()) {
+    auto text = read_chat_template_file(a.chat_template);
+    if (!text) return fail(text.error());
+    vocab->chat_template = std::move(*text);
+  }
 
   WriteOptions wo;
   wo.threads = a.threads;
@@ -137,6 +143,8 @@ int parse_and_run(int argc, char** argv) {
                  "q5_K, q6_K) instead of the Q4_K_M mix");
   app.add_option("--arch", a.arch, "qwen35moe, qwen35 or qwen3next: picks the tiny preset of that architecture");
   app.add_option("--vocab", a.vocab, "Qwen3 tokenizer.json to embed (default: installed or source-tree copy)");
+  app.add_option("--chat-template", a.chat_template,
+                 "Jinja file stored as tokenizer.chat_template (default: the vocabulary's tokenizer_config.json)");
   app.add_option("--gdn-layout", a.gdn_layout,
                  "qwen3next GDN input tensors: split (attn_qkv + attn_gate) or legacy "
                  "(ssm_in)")

@@ -2,6 +2,8 @@
 #include "tools/mkmodel/vocab_source.h"
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <system_error>
 
 #include "core/tokenizer/hf_tokenizer_json.h"
@@ -100,6 +102,18 @@ Expected<TokenizerVocab> truncate_vocab(const TokenizerVocab& full, uint32_t n_v
   v.pad_id = static_cast<int32_t>(n_keep);      // <|endoftext|>
   v.eos_id = static_cast<int32_t>(n_keep + 2);  // <|im_end|>
   return v;
+}
+
+Expected<std::string> read_chat_template_file(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    return make_error(ErrorCode::kNotFound, "--chat-template " + path + ": no such file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error(ErrorCode::kIo, "--chat-template " + path + ": cannot open");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return make_error(ErrorCode::kIo, "--chat-template " + path + ": read failed");
+  if (text.empty()) return make_error(ErrorCode::kInvalidArgument, "--chat-template " + path + ": the file is empty");
+  return text;
 }
 
 Status add_vocab_metadata(GgufWriter& writer, const TokenizerVocab& vocab) {

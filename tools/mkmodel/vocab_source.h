@@ -5,7 +5,8 @@
 // with "[PAD<id>]" unused tokens to the preset's rows (151936, or 248320 for Qwen3.5 shapes, whose own vocabulary
 // is not available here). Lookup order for tokenizer.json: --vocab PATH; <binary dir>/<bin-to-data>/kestrel/
 // tokenizer/qwen3/tokenizer.json (the install tree); the source tree's tests/data/tokenizer/qwen3/tokenizer.json.
-// tokenizer_config.json next to it supplies eos/pad and the chat template.
+// tokenizer_config.json next to it supplies eos/pad and the chat template; --chat-template FILE replaces the template
+// (or gives one to the golden presets' truncated vocabulary, which has none).
 //
 // Pure functions apart from file reads; thread-safe.
 #pragma once
@@ -38,6 +39,10 @@ Expected<TokenizerVocab> load_vocab(const std::string& tokenizer_json, uint32_t 
 // them, and <|endoftext|> (pad), <|im_start|>, <|im_end|> (eos) as control tokens at the end. A complete byte-level
 // BPE vocabulary: every byte string still encodes. kInvalidArgument for n_vocab < 259 or above the full size.
 Expected<TokenizerVocab> truncate_vocab(const TokenizerVocab& full, uint32_t n_vocab);
+
+// The whole text of a chat template file (Jinja source, stored as tokenizer.chat_template): kNotFound / kIo when it
+// cannot be read, kInvalidArgument when it is empty.
+Expected<std::string> read_chat_template_file(const std::string& path);
 
 Status add_vocab_metadata(GgufWriter& writer, const TokenizerVocab& vocab);
 

@@ -172,8 +172,7 @@ Expected<int> connect_control_socket(const std::string& path) {
     const int err = errno;
     close(fd);
     return make_error(ErrorCode::kUnavailable,
-                      "cannot connect to the kestreld shm control socket '" + path + "': " + errno_text(err) +
-                          (err == ENOENT || err == ECONNREFUSED ? " (is kestreld running with shm enabled?)" : ""));
+                      "cannot connect to the kestreld shm control socket '" + path + "': " + errno_text(err));
   }
   return fd;
 }

@@ -110,6 +110,29 @@ TEST_P(ForwardByArch, CloneThenContinueEqualsContinue) {
   EXPECT_TRUE(s == fork);
 }
 
+// copy_from forks a sequence into a state of another capacity: the continuation is bit-identical, and a
+// destination too small for the source is refused without being touched.
+TEST_P(ForwardByArch, CopyFromAnotherCapacityContinuesIdentically) {
+  Fixture f = load(GetParam());
+  const auto toks = random_tokens(40, 13, 150000);
+  SessionState s = new_session(f.w);
+  ForwardOutput o;
+  ASSERT_TRUE(forward(f.w, s, std::span(toks).first(30), {}, &o));
+  SessionState bigger = new_session(f.w, 1024);
+  ASSERT_TRUE(bigger.copy_from(s));
+  EXPECT_EQ(bigger.n_past(), 30);
+  EXPECT_EQ(bigger.n_ctx(), 1024);
+  ForwardOutput a, b;
+  ASSERT_TRUE(forward(f.w, s, std::span(toks).subspan(30), {}, &a));
+  ASSERT_TRUE(forward(f.w, bigger, std::span(toks).subspan(30), {}, &b));
+  EXPECT_EQ(a.logits, b.logits);
+
+  SessionState small = new_session(f.w, 16);
+  const SessionState before = small;
+  EXPECT_EQ(small.copy_from(s).error().code, ErrorCode::kOutOfRange);
+  EXPECT_TRUE(small == before);
+}
+
 TEST_P(ForwardByArch, SnapshotRestoreRoundTrip) {
   Fixture f = load(GetParam());
   const auto toks = random_tokens(20, 5, 150000);

@@ -34,13 +34,15 @@ std::vector<int32_t> direct_generate(const Model& m, const SamplingParams& p, co
   o.gdn_mode = ref::GdnMode::kRecurrent;
   ref::ForwardOutput out;
   EXPECT_TRUE(ref::forward(*w, *st, prompt, o, &out));
+  std::vector<int32_t> history = prompt;  // the tokens fed, the sampler's penalty window
   std::vector<int32_t> gen;
   for (int i = 0; i < n; ++i) {
-    const int32_t t = *sampler->sample_checked(out.logits, st->tokens(), nullptr);
+    const int32_t t = *sampler->sample_checked(out.logits, history, nullptr);
     gen.push_back(t);
     if (i + 1 < n) {
       const int32_t one[1] = {t};
       EXPECT_TRUE(ref::forward(*w, *st, one, o, &out));
+      history.push_back(t);
     }
   }
   return gen;
@@ -337,6 +339,11 @@ TEST(ServiceGenerate, DrainDeadlineEndsWhatIsLeftWithShutdown) {
   EXPECT_EQ(r.error().message,
             "kestreld is shutting down: its drain time of 0.1 s ran out before this step finished; retry on another "
             "kestreld");
+  // The metrics count the cut generation as vLLM's "abort" (ended by the server), the cut step as UNAVAILABLE.
+  const ServiceMetrics::Snapshot m = f.service->metrics().snapshot();
+  const auto& grpc = m.transports[static_cast<size_t>(Transport::kGrpc)];
+  EXPECT_EQ(grpc.success[static_cast<size_t>(FinishClass::kAbort)], 1u);
+  EXPECT_EQ(grpc.failure[static_cast<size_t>(ErrorCode::kUnavailable)], 1u);
 }
 
 TEST(ServiceGenerate, DestructorDrainsImmediately) {

@@ -29,11 +29,13 @@ std::vector<StepResult> direct_steps(const Model& m, const SamplingParams& param
   ref::ForwardOptions o;
   o.gdn_mode = ref::GdnMode::kRecurrent;
   std::vector<StepResult> out;
+  std::vector<int32_t> history;  // the tokens fed, the sampler's penalty window
   for (const auto& toks : steps) {
     ref::ForwardOutput fwd;
     EXPECT_TRUE(ref::forward(*w, *st, toks, o, &fwd));
+    history.insert(history.end(), toks.begin(), toks.end());
     SampleResult sr;
-    auto t = sampler->sample_checked(fwd.logits, st->tokens(), &sr);
+    auto t = sampler->sample_checked(fwd.logits, history, &sr);
     EXPECT_TRUE(t.has_value());
     out.push_back(StepResult{*t, sr.logprob, sr.top, st->n_past()});
   }
@@ -112,18 +114,21 @@ TEST_P(ServiceStepTest, OverridesApplyToOneRequestAndLogprobsMatch) {
   o.gdn_mode = ref::GdnMode::kRecurrent;
   const auto n_vocab = static_cast<int32_t>(f.model->hparams().n_vocab);
   ref::ForwardOutput out;
+  std::vector<int32_t> history(steps[0].begin(), steps[0].end());  // the tokens fed
   ASSERT_TRUE(ref::forward(*w, *st, steps[0], o, &out));
   auto greedy = Sampler::create(test_limits().default_sampling, n_vocab);
-  EXPECT_EQ(r1->token, *greedy->sample_checked(out.logits, st->tokens(), nullptr));
+  EXPECT_EQ(r1->token, *greedy->sample_checked(out.logits, history, nullptr));
   ASSERT_TRUE(ref::forward(*w, *st, steps[1], o, &out));
+  history.insert(history.end(), steps[1].begin(), steps[1].end());
   auto hot = Sampler::create(seeded, n_vocab);
-  EXPECT_EQ(r2->token, *hot->sample_checked(out.logits, st->tokens(), nullptr));
+  EXPECT_EQ(r2->token, *hot->sample_checked(out.logits, history, nullptr));
   ASSERT_TRUE(ref::forward(*w, *st, steps[2], o, &out));
+  history.insert(history.end(), steps[2].begin(), steps[2].end());
   SamplingParams lp = test_limits().default_sampling;
   lp.n_logprobs = 5;
   auto with_lp = Sampler::create(lp, n_vocab);
   SampleResult sr;
-  EXPECT_EQ(r3->token, *with_lp->sample_checked(out.logits, st->tokens(), &sr));
+  EXPECT_EQ(r3->token, *with_lp->sample_checked(out.logits, history, &sr));
   ASSERT_EQ(r3->top.size(), 5u);
   EXPECT_EQ(r3->logprob, sr.logprob);
   for (size_t i = 0; i < 5; ++i) {
@@ -173,6 +178,7 @@ TEST_P(ServiceStepTest, ModelInfoAndTokenizer) {
   EXPECT_EQ(info.model_path, test::fixture_model_path(GetParam()));
   EXPECT_EQ(info.file_bytes, f.model->file().file_size());
   EXPECT_EQ(info.placement.size(), 6u);
+  EXPECT_EQ(info.chat_template, f.model->tokenizer().vocab().chat_template);  // empty for the golden fixtures
   // The GGUF eos id (<|im_end|> in these vocabularies) and <|endoftext|>.
   const Tokenizer& tok = f.model->tokenizer();
   EXPECT_EQ(info.eos_token_ids, (std::vector<int32_t>{tok.vocab().eos_id, tok.find_token("<|endoftext|>")}));
@@ -214,7 +220,6 @@ class CappedEngine final : public Engine {
   Status slot_restore(SlotId s, std::span<const uint8_t> b) override { return inner_.slot_restore(s, b); }
   int64_t slot_n_past(SlotId s) const override { return inner_.slot_n_past(s); }
   int32_t slot_n_ctx(SlotId s) const override { return inner_.slot_n_ctx(s); }
-  std::span<const int32_t> slot_tokens(SlotId s) const override { return inner_.slot_tokens(s); }
   Status check(const EngineStepItem& item) const override { return inner_.check(item); }
   void step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) override {
     size_t largest = 0;

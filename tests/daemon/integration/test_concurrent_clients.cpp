@@ -122,6 +122,13 @@ TEST(DefaultModel, CliStatusGenerateBench) {
     EXPECT_EQ(j["finish_reason"], "max_tokens");
     EXPECT_EQ(j["completion_tokens"], 8);
   }
+  // The embedded model carries Qwen3's chat template: `kestrel chat` renders with it (no --chat-template needed).
+  EXPECT_NE(status["model"]["chat_template"].get<std::string>().find("<|im_start|>"), std::string::npos);
+  auto [crc, cout] = run_command(
+      {"/bin/sh", "-c",
+       "printf 'Hi\\n' | '" + cli + "' chat --temp 0 -n 4 --no-think --no-history --connect " + d.grpc_uri()});
+  EXPECT_EQ(crc, 0) << cout;
+  EXPECT_FALSE(cout.empty());
   // Bad input through the CLI: one error line with the status, exit 1.
   auto [brc, bout] = run_command({cli, "generate", "--connect", d.grpc_uri(), "--tokens", "-5"}, true);
   EXPECT_EQ(brc, 1);
@@ -149,7 +156,14 @@ TEST(Cli, ChatResetStartsOver) {
   auto daemon = DaemonProcess::start(model_options(kGoldenModel));
   ASSERT_TRUE(daemon) << daemon.error().message;
   DaemonProcess& d = **daemon;
-  const std::string chat = std::string("'") + KESTREL_CLI_PATH + "' chat --temp 0 -n 6 --connect " + d.grpc_uri();
+  // The golden fixture models carry no chat template: without one the chat refuses to start, naming the fix.
+  auto [no_rc, no_out] = run_command({KESTREL_CLI_PATH, "chat", "--connect", d.grpc_uri()}, true);
+  EXPECT_EQ(no_rc, 1) << no_out;
+  EXPECT_NE(no_out.find("carries no chat template"), std::string::npos) << no_out;
+  EXPECT_NE(no_out.find("--chat-template"), std::string::npos) << no_out;
+  const std::string chat = std::string("'") + KESTREL_CLI_PATH + "' chat --temp 0 -n 6 --no-history --connect " +
+                           d.grpc_uri() + " --chat-template '" + KESTREL_SOURCE_DIR +
+                           "/tests/data/chat_templates/qwen3.jinja'";
   // The same turn after /reset gets the same greedy answer: stdout is that answer twice, one line each.
   auto [rc, out] = run_command({"/bin/sh", "-c", "printf 'Hi there\\n/reset\\nHi there\\n' | " + chat});
   ASSERT_EQ(rc, 0) << out;

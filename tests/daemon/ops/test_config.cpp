@@ -141,6 +141,13 @@ TEST(DaemonConfig, EveryBadValueNamesKeyAndLine) {
       {"listen", "socket_mode = \"0999\""},
       {"listen", "shm_socket = \"/" + std::string(120, 'a') + "\""},
       {"listen", "tcp = \"localhost\""},
+      {"listen", "http = \"127.0.0.1\""},
+      {"http", "api_key = \"two words\""},
+      {"http", "api_key_file = \"key.txt\""},
+      {"http", "served_model_name = 7"},
+      {"http", "max_body_bytes = 10"},
+      {"http", "max_concurrent_requests = 0"},
+      {"http", "max_connections = \"all\""},
       {"cuda", "slots = 0"},
       {"cuda", "device = -1"},
       {"cpu", "threads = -1"},
@@ -238,11 +245,18 @@ TEST(DaemonConfig, CrossKeyChecksNameWhereValuesCameFrom) {
   CliRun same = run_cli({"--socket", "/a/b.sock", "--shm-socket", "/a/b.sock"});
   ASSERT_FALSE(same.result);
   EXPECT_NE(same.result.error().message.find("--shm-socket"), std::string::npos);
+
+  CliRun keys = run_cli({"--http-api-key", "k1", "--http-api-key-file", "/etc/kestrel/key"});
+  ASSERT_FALSE(keys.result);
+  EXPECT_NE(keys.result.error().message.find("--http-api-key-file: [http] api_key_file and api_key (--http-api-key)"),
+            std::string::npos)
+      << keys.result.error().message;
 }
 
 TEST(DaemonConfig, PrintConfigReadsBackToTheSameValues) {
   CliRun r = run_cli({"--model", "/m/x \"q\".gguf", "--temperature", "0.7", "--seed", "99", "--tcp", "[::1]:7777",
-                      "--socket-mode", "0600", "--log-level", "debug", "--print-config"});
+                      "--socket-mode", "0600", "--log-level", "debug", "--http", "127.0.0.1:8080", "--http-api-key",
+                      "s3cret", "--http-max-concurrent", "3", "--print-config"});
   ASSERT_TRUE(r.result) << r.result.error().to_string();
   EXPECT_EQ(r.result->action, CliAction::kPrintConfig);
   const DaemonConfig& a = r.result->config;

@@ -197,7 +197,7 @@ TEST(Kestreld, SquattedFallbackSocketFolderIsRefused) {
   fs::remove_all(squatted);
   EXPECT_EQ(status, 1) << text;
   EXPECT_NE(text.find("cannot start: socket folder " + squatted.string() + ": private folder " + squatted.string() +
-                      " is not safe to use: it belongs to uid 0, not to kestreld's uid " + std::to_string(uid)),
+                      " is not safe to use: it belongs to uid 0, not to this program's uid " + std::to_string(uid)),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("set XDG_RUNTIME_DIR"), std::string::npos) << text;

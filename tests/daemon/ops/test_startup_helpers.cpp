@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "core/base/private_dir.h"
 #include "daemon/ops/model_loader.h"
-#include "daemon/ops/private_dir.h"
 #include "daemon/ops/socket_dir.h"
 #include "tests/daemon/scratch_dir.h"
 
@@ -71,7 +71,7 @@ TEST_F(StartupHelpers, PrivateDirMustBeOwnedWithMode0700Or0750) {
   // Another owner: what kestreld sees when another user created the folder first.
   const Status other = check_private_dir(d.string(), me + 1);
   ASSERT_FALSE(other);
-  EXPECT_NE(other.error().message.find("it belongs to uid " + std::to_string(me) + ", not to kestreld's uid " +
+  EXPECT_NE(other.error().message.find("it belongs to uid " + std::to_string(me) + ", not to this program's uid " +
                                        std::to_string(me + 1)),
             std::string::npos)
       << other.error().message;

@@ -40,6 +40,9 @@ class FakeService final : public Service {
   // Delay between generated tokens (to leave time for a cancellation).
   std::chrono::milliseconds token_delay{0};
   std::atomic<bool> serving{true};
+  // How generate() ends a generation that ran to max_tokens (set before the call).
+  FinishReason finish_reason = FinishReason::kMaxTokens;
+  std::string finish_message;
 
   // What the last step()/generate()/create_session() received.
   std::optional<StepRequest> last_step;
@@ -64,6 +67,7 @@ class FakeService final : public Service {
     m.n_expert_used = 2;
     m.placement = {{"embeddings", "cpu", 1234}};
     m.file_bytes = 4321;
+    m.chat_template = "{{ messages[0].content }}";
     return m;
   }
   ServiceStats stats() const override {
@@ -75,6 +79,7 @@ class FakeService final : public Service {
     return s;
   }
   ServiceLimits limits() const override { return ServiceLimits{}; }
+  const ServiceMetrics& metrics() const override { return metrics_; }
 
   Expected<std::vector<int32_t>> tokenize(const std::string& text, bool /*parse_special*/) const override {
     if (auto e = take_error()) return *e;
@@ -195,7 +200,8 @@ class FakeService final : public Service {
         ++generate_tokens_emitted;
       }
       GenerateSummary sum;
-      sum.reason = FinishReason::kMaxTokens;
+      sum.reason = finish_reason;
+      sum.message = finish_message;
       sum.prompt_tokens = static_cast<uint32_t>(request.prompt.size());
       sum.completion_tokens = static_cast<uint32_t>(request.max_tokens);
       sum.session = sid;
@@ -262,6 +268,7 @@ class FakeService final : public Service {
   std::map<SessionId, SessionInfo> sessions_;
   SessionId next_id_ = 1;
   std::thread engine_;  // last: started after every other member exists
+  ServiceMetrics metrics_;
 };
 
 }  // namespace kestrel::daemon::testing

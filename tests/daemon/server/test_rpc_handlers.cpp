@@ -127,6 +127,7 @@ TEST_F(RpcHandlersTest, ModelInfoAndServerStatus) {
   ASSERT_EQ(m.placement_size(), 1);
   EXPECT_EQ(m.placement(0).bytes(), 1234u);
   EXPECT_EQ(m.file_bytes(), 4321u);
+  EXPECT_EQ(m.chat_template(), "{{ messages[0].content }}");
 
   new_session();
   handlers_.set_shm_clients(3);

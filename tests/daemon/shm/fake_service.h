@@ -56,6 +56,7 @@ class FakeService final : public Service {
     return s;
   }
   ServiceLimits limits() const override { return ServiceLimits{}; }
+  const ServiceMetrics& metrics() const override { return metrics_; }
 
   Expected<std::vector<int32_t>> tokenize(const std::string& text, bool) const override {
     return std::vector<int32_t>(text.begin(), text.end());
@@ -225,6 +226,7 @@ class FakeService final : public Service {
   bool stop_ = false;
   std::atomic<uint32_t> close_owned_calls_{0};
   std::thread engine_;
+  ServiceMetrics metrics_;
 };
 
 }  // namespace kestrel::daemon::testing

@@ -119,6 +119,24 @@ TEST(MkModelPlan, Qwen35Moe35bMatchesTheSpec) {
   EXPECT_GT(exps->n_bytes, uint64_t{64} << 20);
 }
 
+// The 64-expert variant reads the same bytes per token: every tensor of the 35B-A3B plan, same type and shape, but
+// the routed-expert stacks and the router with 64 experts instead of 256.
+TEST(MkModelPlan, Qwen35Moe35bE64DiffersOnlyInTheExpertCount) {
+  const ModelPlan full = plan_of("qwen35moe-35b-a3b");
+  const ModelPlan e64 = plan_of("qwen35moe-35b-a3b-e64");
+  EXPECT_EQ(e64.preset.hparams.n_expert, 64u);
+  ASSERT_EQ(e64.tensors.size(), full.tensors.size());
+  for (size_t i = 0; i < full.tensors.size(); ++i) {
+    const PlannedTensor& a = full.tensors[i];
+    const PlannedTensor& b = e64.tensors[i];
+    ASSERT_EQ(a.spec.name, b.spec.name);
+    EXPECT_EQ(a.type, b.type) << a.spec.name;
+    std::vector<uint64_t> ne = a.spec.ne;
+    if (a.spec.name.find("_exps.") != std::string::npos) ne[2] = 64;
+    if (a.spec.name.find("ffn_gate_inp.") != std::string::npos) ne[1] = 64;
+    EXPECT_EQ(b.spec.ne, ne) << a.spec.name;
+  }
+}
 TEST(MkModelPlan, Qwen3Next80bMatchesTheSpec) {
   const ModelPlan plan = plan_of("qwen3next-80b-a3b");
   EXPECT_EQ(plan.preset.hparams.n_layer, 48u);

@@ -1,5 +1,5 @@
 // check_private_dir() and the fallback folder's checks (private_dir.h).
-#include "daemon/ops/private_dir.h"
+#include "core/base/private_dir.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,9 +9,7 @@
 #include <filesystem>
 #include <system_error>
 
-#include "daemon/ops/default_paths.h"
-
-namespace kestrel::daemon::ops {
+namespace kestrel {
 namespace {
 
 namespace fs = std::filesystem;
@@ -50,6 +48,8 @@ bool is_inside(const fs::path& path, const fs::path& root) {
 
 }  // namespace
 
+std::string fallback_runtime_dir(uint32_t uid) { return "/tmp/kestrel-" + std::to_string(uid); }
+
 Status check_private_dir(const std::string& dir, uint32_t uid) {
   const fs::path path = fs::path(dir).lexically_normal();
   if (!path.is_absolute()) {
@@ -65,9 +65,10 @@ Status check_private_dir(const std::string& dir, uint32_t uid) {
   if (!S_ISDIR(st.st_mode)) return unsafe(dir, "it is not a directory", "remove it");
   if (st.st_uid != uid) {
     return unsafe(dir,
-                  "it belongs to uid " + std::to_string(st.st_uid) + ", not to kestreld's uid " + std::to_string(uid) +
-                      ", who could then replace kestreld's socket",
-                  "remove it (as uid " + std::to_string(st.st_uid) + " or root) and let kestreld create it");
+                  "it belongs to uid " + std::to_string(st.st_uid) + ", not to this program's uid " +
+                      std::to_string(uid) + ", so uid " + std::to_string(st.st_uid) +
+                      " could replace what is in it (kestreld's socket, the cached model)",
+                  "remove it (as uid " + std::to_string(st.st_uid) + " or root) and let kestrel create it");
   }
   const uint32_t mode = st.st_mode & 07777;
   if (mode != 0700 && mode != 0750) {
@@ -110,4 +111,4 @@ Status prepare_fallback_dir(const std::string& path, const char* what, const cha
   return st;
 }
 
-}  // namespace kestrel::daemon::ops
+}  // namespace kestrel

@@ -1,5 +1,5 @@
 // The embedded default model: the mkmodel `tiny` preset written once into the cache folder (default_model.h).
-#include "daemon/ops/default_model.h"
+#include "tools/mkmodel/default_model.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -8,10 +8,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
-#include "daemon/ops/private_dir.h"
+#include "core/base/private_dir.h"
 #include "tools/mkmodel/model_plan.h"
 #include "tools/mkmodel/model_writer.h"
 #include "tools/mkmodel/presets.h"
@@ -21,7 +22,7 @@
 #define KESTREL_VERSION "unknown"
 #endif
 
-namespace kestrel::daemon::ops {
+namespace kestrel::mkmodel {
 
 namespace {
 
@@ -30,9 +31,9 @@ namespace fs = std::filesystem;
 constexpr const char* kPresetName = "tiny";
 constexpr const char* kTmpMarker = ".tmp-";
 
-Expected<mkmodel::ModelPlan> tiny_plan() {
-  KESTREL_TRY_ASSIGN(mkmodel::Preset preset, mkmodel::find_preset(kPresetName));
-  return mkmodel::make_model_plan(preset, mkmodel::PlanOptions{});
+Expected<ModelPlan> tiny_plan() {
+  KESTREL_TRY_ASSIGN(Preset preset, find_preset(kPresetName));
+  return make_model_plan(preset, PlanOptions{});
 }
 
 uint32_t fnv1a32(std::string_view text) {
@@ -72,10 +73,27 @@ void remove_stale_temporaries(const fs::path& dir, const std::string& tmp_prefix
 
 }  // namespace
 
+std::string default_model_cache_dir(const std::string& cache_directory, const std::string& xdg_cache_home,
+                                    const std::string& home, uint32_t uid) {
+  if (!cache_directory.empty()) return cache_directory.substr(0, cache_directory.find(':'));
+  if (!xdg_cache_home.empty()) return (fs::path(xdg_cache_home) / "kestrel").string();
+  if (!home.empty()) return (fs::path(home) / ".cache" / "kestrel").string();
+  return (fs::path(fallback_runtime_dir(uid)) / "cache").string();
+}
+
+std::string default_model_cache_dir_from_process() {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);  // NOLINT(concurrency-mt-unsafe): read before threads start
+    return v != nullptr ? std::string(v) : std::string();
+  };
+  return default_model_cache_dir(env("CACHE_DIRECTORY"), env("XDG_CACHE_HOME"), env("HOME"),
+                                 static_cast<uint32_t>(::getuid()));
+}
+
 Expected<std::string> default_model_file_name() {
-  KESTREL_TRY_ASSIGN(mkmodel::ModelPlan plan, tiny_plan());
+  KESTREL_TRY_ASSIGN(ModelPlan plan, tiny_plan());
   char hash[16];
-  std::snprintf(hash, sizeof hash, "%08x", fnv1a32(mkmodel::format_plan(plan)));
+  std::snprintf(hash, sizeof hash, "%08x", fnv1a32(format_plan(plan)));
   return std::string("kestrel-") + kPresetName + "-" + KESTREL_VERSION + "-" + hash + ".gguf";
 }
 
@@ -84,8 +102,8 @@ Expected<DefaultModel> ensure_default_model(const std::string& cache_dir, const 
   const fs::path dir(cache_dir);
   const fs::path final_path = dir / name;
   // Before anything in it is trusted: the fallback /tmp/kestrel-$UID must be ours alone (private_dir.h).
-  KESTREL_TRY(
-      prepare_fallback_dir(dir.string(), "cache folder", "set HOME or cache_dir, or give a model with --model"));
+  KESTREL_TRY(prepare_fallback_dir(dir.string(), "cache folder",
+                                   "set HOME, or choose another cache folder, or give a model with --model"));
   std::error_code ec;
   if (fs::is_regular_file(final_path, ec)) {
     if (log) log("default model: using " + final_path.string());
@@ -93,15 +111,16 @@ Expected<DefaultModel> ensure_default_model(const std::string& cache_dir, const 
   }
   fs::create_directories(dir, ec);
   if (ec) {
-    return make_error(ErrorCode::kIo, "cannot create the cache folder " + dir.string() + " for the default model: " +
-                                          ec.message() + " (set cache_dir, or give a model with --model)");
+    return make_error(ErrorCode::kIo, "cannot create the cache folder " + dir.string() +
+                                          " for the default model: " + ec.message() +
+                                          " (choose another cache folder, or give a model with --model)");
   }
   const std::string tmp_prefix = "." + name + kTmpMarker;
   remove_stale_temporaries(dir, tmp_prefix, log);
 
-  KESTREL_TRY_ASSIGN(mkmodel::ModelPlan plan, tiny_plan());
-  KESTREL_TRY_ASSIGN(const std::string vocab_path, mkmodel::find_vocab_file(""));
-  auto vocab = mkmodel::load_vocab(vocab_path, plan.preset.hparams.n_vocab);
+  KESTREL_TRY_ASSIGN(ModelPlan plan, tiny_plan());
+  KESTREL_TRY_ASSIGN(const std::string vocab_path, find_vocab_file(""));
+  auto vocab = load_vocab(vocab_path, plan.preset.hparams.n_vocab);
   if (!vocab) return make_error(vocab.error().code, vocab_path + ": " + vocab.error().message);
 
   const fs::path tmp = dir / (tmp_prefix + std::to_string(::getpid()));
@@ -110,13 +129,13 @@ Expected<DefaultModel> ensure_default_model(const std::string& cache_dir, const 
         std::to_string(plan.tensors.size()) + " tensors, vocabulary " + vocab_path + ")");
   }
   const auto start = std::chrono::steady_clock::now();
-  auto stats = mkmodel::write_model(
-      plan, tmp.string(), [&](GgufWriter& w) { return mkmodel::add_vocab_metadata(w, *vocab); },
-      mkmodel::WriteOptions{});
+  auto stats = write_model(
+      plan, tmp.string(), [&](GgufWriter& w) { return add_vocab_metadata(w, *vocab); }, WriteOptions{});
   if (!stats) {
     fs::remove(tmp, ec);
     return make_error(stats.error().code, "writing the default model into " + dir.string() + ": " +
-                                              stats.error().message + " (set cache_dir, or give a model with --model)");
+                                              stats.error().message +
+                                              " (choose another cache folder, or give a model with --model)");
   }
   Status synced = sync_path(tmp.string(), false);
   if (synced) {
@@ -140,4 +159,4 @@ Expected<DefaultModel> ensure_default_model(const std::string& cache_dir, const 
   return DefaultModel{final_path.string(), true};
 }
 
-}  // namespace kestrel::daemon::ops
+}  // namespace kestrel::mkmodel

@@ -1,11 +1,12 @@
-// The private fallback folder /tmp/kestrel-$UID (default_paths.h: sockets when there is no XDG_RUNTIME_DIR, the
-// cache when there is no HOME) lives in a directory every user may write. Another user can create that name first
+// The private fallback folder /tmp/kestrel-$UID (kestreld's sockets when there is no XDG_RUNTIME_DIR,
+// daemon/ops/default_paths.h; the default model's cache, for kestreld and `kestrel run`, when there is no HOME,
+// tools/mkmodel/default_model.h) lives in a directory every user may write. Another user can create that name first
 // (a directory of theirs, mode 0777, or a symbolic link) and then move kestreld's socket away and listen in its place,
-// or plant a model in its cache. So before kestreld uses anything under it, the folder must be a real directory (no
-// symbolic link anywhere on its path), owned by kestreld's uid, with mode 0700 or 0750; anything else is a start-up
-// error that says what to fix.
+// or plant a model in the cache. So before a kestrel program uses anything under it, the folder must be a real
+// directory (no symbolic link anywhere on its path), owned by the program's uid, with mode 0700 or 0750; anything else
+// is an error that says what to fix.
 //
-// Blocking file-system calls; call from main() during start-up. Pure otherwise; thread-safe.
+// Blocking file-system calls; call during start-up. Pure otherwise; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +14,11 @@
 
 #include "core/base/expected.h"
 
-namespace kestrel::daemon::ops {
+namespace kestrel {
+
+// /tmp/kestrel-$UID: the folder of last resort (no XDG_RUNTIME_DIR for sockets, no HOME for the cache). Used only
+// through prepare_fallback_dir.
+std::string fallback_runtime_dir(uint32_t uid);
 
 // kFailedPrecondition naming `dir` and the fix when: a component of its path is a symbolic link, it is not a
 // directory, it is not owned by `uid`, or its mode is not 0700 / 0750. kIo when it cannot be inspected. `dir` must be
@@ -29,4 +34,4 @@ Status check_inside_private_dir(const std::string& path, const std::string& root
 // ends an error's message: how not to use the fallback ("set XDG_RUNTIME_DIR, or ...").
 Status prepare_fallback_dir(const std::string& path, const char* what, const char* alternative);
 
-}  // namespace kestrel::daemon::ops
+}  // namespace kestrel

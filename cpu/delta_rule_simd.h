@@ -1,0 +1,255 @@
+// The SIMD delta rule kernels shared by delta_rule_avx2.cpp and delta_rule_avx512.cpp (delta_rule.h). Each includer
+// defines KESTREL_DR_NS (a namespace of its own, so copies compiled with different flags never merge at link time)
+// and a traits struct S:
+//   Vec, kLanes, kBlockVecs (vectors of a row kept per accumulator row: 4 with 32 registers, 2 with 16),
+//   zero(), set1(float), loadu(const float*), storeu(float*, Vec), add, sub, mul, fma(a, b, c) = a·b + c,
+//   fnma(a, b, c) = c − a·b, hsum(Vec) (fixed order)
+// d_k and d_v are multiples of kLanes (delta_rule_kernels() checks). Row-blocked products work on 4 rows of the
+// output at a time (a chunk of 64 tokens is 16 blocks) and kBlockVecs vectors of the row's width per pass.
+#pragma once
+
+#ifndef KESTREL_DR_NS
+#error "define KESTREL_DR_NS before including cpu/delta_rule_simd.h"
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "cpu/delta_rule.h"
+
+namespace kestrel::cpu::KESTREL_DR_NS {
+
+inline constexpr int C = kDeltaRuleChunk;
+inline constexpr int kRows = 4;  // output rows per register block
+
+// One token: m = Σ_i (e^g·S[i])·k_i; δ = (v − m)·β; S[i] ← e^g·S[i] + k_i·δ; o = Σ_i S[i]·q_i — two passes over
+// the state, kBlockVecs vectors of each row at a time.
+template <class S>
+void step(const float* q, const float* k, const float* v, float g, float beta, int d_k, int d_v, float* s, float* o) {
+  using Vec = typename S::Vec;
+  constexpr int L = S::kLanes, B = 2 * S::kBlockVecs;
+  const Vec decay = S::set1(std::exp(g));
+  const Vec vbeta = S::set1(beta);
+  for (int j0 = 0; j0 < d_v; j0 += B * L) {
+    const int nb = std::min(B, (d_v - j0) / L);
+    Vec m[B], acc[B];
+    for (int b = 0; b < B; ++b) m[b] = acc[b] = S::zero();
+    for (int i = 0; i < d_k; ++i) {
+      const Vec ki = S::set1(k[i]);
+      const float* row = s + static_cast<int64_t>(i) * d_v + j0;
+      for (int b = 0; b < nb; ++b) m[b] = S::fma(S::mul(decay, S::loadu(row + b * L)), ki, m[b]);
+    }
+    Vec delta[B];
+    for (int b = 0; b < nb; ++b) delta[b] = S::mul(S::sub(S::loadu(v + j0 + b * L), m[b]), vbeta);
+    for (int i = 0; i < d_k; ++i) {
+      const Vec ki = S::set1(k[i]), qi = S::set1(q[i]);
+      float* row = s + static_cast<int64_t>(i) * d_v + j0;
+      for (int b = 0; b < nb; ++b) {
+        const Vec sn = S::fma(ki, delta[b], S::mul(decay, S::loadu(row + b * L)));
+        S::storeu(row + b * L, sn);
+        acc[b] = S::fma(sn, qi, acc[b]);
+      }
+    }
+    for (int b = 0; b < nb; ++b) S::storeu(o + j0 + b * L, acc[b]);
+  }
+}
+
+template <class S>
+float dot(const float* a, const float* b, int n) {
+  using Vec = typename S::Vec;
+  constexpr int L = S::kLanes;
+  Vec a0 = S::zero(), a1 = S::zero();
+  int i = 0;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    a0 = S::fma(S::loadu(a + i), S::loadu(b + i), a0);
+    a1 = S::fma(S::loadu(a + i + L), S::loadu(b + i + L), a1);
+  }
+  if (i < n) a0 = S::fma(S::loadu(a + i), S::loadu(b + i), a0);  // n is a multiple of L
+  return S::hsum(S::add(a0, a1));
+}
+
+// X[t] ← Σ_{u<=t} T[t][u]·X[u] for the C rows of X (width w, row stride w), T lower triangular (zero above the
+// diagonal): descending 4-row blocks, so each block reads only rows not yet overwritten.
+template <class S>
+void lower_matmul_inplace(const float* T, float* X, int w) {
+  using Vec = typename S::Vec;
+  constexpr int L = S::kLanes, B = S::kBlockVecs;
+  for (int t0 = C - kRows; t0 >= 0; t0 -= kRows) {
+    for (int j0 = 0; j0 < w; j0 += B * L) {
+      const int nb = std::min(B, (w - j0) / L);
+      Vec acc[kRows][B];
+      for (auto& r : acc) {
+        for (Vec& a : r) a = S::zero();
+      }
+      for (int u = 0; u < t0 + kRows; ++u) {
+        Vec x[B];
+        for (int b = 0; b < nb; ++b) x[b] = S::loadu(X + static_cast<int64_t>(u) * w + j0 + b * L);
+        for (int r = 0; r < kRows; ++r) {
+          const Vec c = S::set1(T[(t0 + r) * C + u]);
+          for (int b = 0; b < nb; ++b) acc[r][b] = S::fma(c, x[b], acc[r][b]);
+        }
+      }
+      for (int r = 0; r < kRows; ++r) {
+        for (int b = 0; b < nb; ++b) S::storeu(X + static_cast<int64_t>(t0 + r) * w + j0 + b * L, acc[r][b]);
+      }
+    }
+  }
+}
+
+// Per-thread scratch of one chunk, grown once (floats).
+inline float* scratch(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+// One chunk of C tokens (ref::delta_rule_chunked's steps, delta_rule.h).
+template <class S>
+void chunk(const DeltaRuleChunk& c, int d_k, int d_v, float* s) {
+  using Vec = typename S::Vec;
+  constexpr int L = S::kLanes, B = S::kBlockVecs;
+  const int64_t dk = d_k, dv = d_v;
+  float* G = scratch(static_cast<size_t>(2 * C + 2 * C * C + C * (dk + dv)));
+  float* T = G + C;        // f32 [C][C]: −strict_lower((β⊙K)Kᵀ ⊙ Γ), then T
+  float* QK = T + C * C;   // f32 [C][C]: lower_incl_diag(Q̂ K̂ᵀ ⊙ Γ)
+  float* U = QK + C * C;   // f32 [C][dv]: β⊙V, then U = T (β⊙V), then V' = U − W S
+  float* W = U + C * dv;   // f32 [C][dk]: β⊙K⊙e^G, then W = T (β⊙K⊙e^G), then K̂ ⊙ e^{G_last − G}
+  float* eG = W + C * dk;  // f32 [C]: e^{G_t}
+  auto q = [&](int t) { return c.q + t * c.qk_stride; };
+  auto k = [&](int t) { return c.k + t * c.qk_stride; };
+
+  float acc = 0.0f;
+  for (int t = 0; t < C; ++t) {
+    acc += c.g[t * c.gate_stride];
+    G[t] = acc;
+    eG[t] = std::exp(acc);
+  }
+  // Γ_ts = e^{G_t − G_s} on the lower triangle only; A and the intra-chunk attention scores.
+  for (int t = 0; t < C; ++t) {
+    const float bt = c.beta[t * c.gate_stride];
+    for (int u = 0; u < C; ++u) {
+      const float gamma = u <= t ? std::exp(G[t] - G[u]) : 0.0f;
+      T[t * C + u] = u < t ? -(bt * dot<S>(k(t), k(u), d_k) * gamma) : 0.0f;
+      QK[t * C + u] = u <= t ? dot<S>(q(t), k(u), d_k) * gamma : 0.0f;
+    }
+  }
+  // Forward substitution (HF's loop): row i ← row + Σ_{m<i} row[m]·A[m][:], rows above already final; the row's
+  // entries at and right of the diagonal stay 0. Then T = A + I.
+  for (int i = 1; i < C; ++i) {
+    Vec r[C / L];
+    for (int b = 0; b < C / L; ++b) r[b] = S::loadu(T + i * C + b * L);
+    for (int m = 0; m < i; ++m) {
+      const Vec a = S::set1(T[i * C + m]);
+      for (int b = 0; b < C / L; ++b) r[b] = S::fma(a, S::loadu(T + m * C + b * L), r[b]);
+    }
+    for (int b = 0; b < C / L; ++b) S::storeu(T + i * C + b * L, r[b]);
+  }
+  for (int t = 0; t < C; ++t) T[t * C + t] += 1.0f;
+
+  // U = T (β⊙V); W = T (β⊙K⊙e^G).
+  for (int t = 0; t < C; ++t) {
+    const float bt = c.beta[t * c.gate_stride];
+    const float* vt = c.v + t * c.v_stride;
+    for (int64_t j = 0; j < dv; ++j) U[t * dv + j] = vt[j] * bt;
+    const float* kt = k(t);
+    const float be = bt * eG[t];
+    for (int64_t i = 0; i < dk; ++i) W[t * dk + i] = kt[i] * be;
+  }
+  lower_matmul_inplace<S>(T, U, d_v);
+  lower_matmul_inplace<S>(T, W, d_k);
+
+  // V' = U − W S.
+  for (int t0 = 0; t0 < C; t0 += kRows) {
+    for (int64_t j0 = 0; j0 < dv; j0 += B * L) {
+      const int nb = static_cast<int>(std::min<int64_t>(B, (dv - j0) / L));
+      Vec a[kRows][B];
+      for (int r = 0; r < kRows; ++r) {
+        for (int b = 0; b < nb; ++b) a[r][b] = S::loadu(U + (t0 + r) * dv + j0 + b * L);
+      }
+      for (int64_t i = 0; i < dk; ++i) {
+        Vec sv[B];
+        for (int b = 0; b < nb; ++b) sv[b] = S::loadu(s + i * dv + j0 + b * L);
+        for (int r = 0; r < kRows; ++r) {
+          const Vec w = S::set1(W[(t0 + r) * dk + i]);
+          for (int b = 0; b < nb; ++b) a[r][b] = S::fnma(w, sv[b], a[r][b]);
+        }
+      }
+      for (int r = 0; r < kRows; ++r) {
+        for (int b = 0; b < nb; ++b) S::storeu(U + (t0 + r) * dv + j0 + b * L, a[r][b]);
+      }
+    }
+  }
+
+  // O = e^G ⊙ (Q̂ S) + lower_incl_diag(Q̂ K̂ᵀ ⊙ Γ) V', from the incoming state.
+  for (int t0 = 0; t0 < C; t0 += kRows) {
+    for (int64_t j0 = 0; j0 < dv; j0 += B * L) {
+      const int nb = static_cast<int>(std::min<int64_t>(B, (dv - j0) / L));
+      Vec a[kRows][B];
+      for (auto& r : a) {
+        for (Vec& x : r) x = S::zero();
+      }
+      for (int64_t i = 0; i < dk; ++i) {
+        Vec sv[B];
+        for (int b = 0; b < nb; ++b) sv[b] = S::loadu(s + i * dv + j0 + b * L);
+        for (int r = 0; r < kRows; ++r) {
+          const Vec qi = S::set1(q(t0 + r)[i]);
+          for (int b = 0; b < nb; ++b) a[r][b] = S::fma(qi, sv[b], a[r][b]);
+        }
+      }
+      for (int r = 0; r < kRows; ++r) {
+        const Vec e = S::set1(eG[t0 + r]);
+        for (int b = 0; b < nb; ++b) a[r][b] = S::mul(a[r][b], e);
+      }
+      for (int u = 0; u < t0 + kRows; ++u) {
+        Vec x[B];
+        for (int b = 0; b < nb; ++b) x[b] = S::loadu(U + u * dv + j0 + b * L);
+        for (int r = 0; r < kRows; ++r) {
+          const Vec w = S::set1(QK[(t0 + r) * C + u]);
+          for (int b = 0; b < nb; ++b) a[r][b] = S::fma(w, x[b], a[r][b]);
+        }
+      }
+      for (int r = 0; r < kRows; ++r) {
+        float* o = c.o + (t0 + r) * c.o_stride;
+        for (int b = 0; b < nb; ++b) S::storeu(o + j0 + b * L, a[r][b]);
+      }
+    }
+  }
+
+  // S ← e^{G_last} S + (K̂ ⊙ e^{G_last − G})ᵀ V'.
+  const float g_last = G[C - 1];
+  for (int t = 0; t < C; ++t) {
+    const float e = std::exp(g_last - G[t]);
+    const float* kt = k(t);
+    for (int64_t i = 0; i < dk; ++i) W[t * dk + i] = kt[i] * e;
+  }
+  const Vec e_last = S::set1(std::exp(g_last));
+  for (int64_t i0 = 0; i0 < dk; i0 += kRows) {
+    for (int64_t j0 = 0; j0 < dv; j0 += B * L) {
+      const int nb = static_cast<int>(std::min<int64_t>(B, (dv - j0) / L));
+      Vec a[kRows][B];
+      for (int r = 0; r < kRows; ++r) {
+        for (int b = 0; b < nb; ++b) a[r][b] = S::mul(S::loadu(s + (i0 + r) * dv + j0 + b * L), e_last);
+      }
+      for (int t = 0; t < C; ++t) {
+        Vec x[B];
+        for (int b = 0; b < nb; ++b) x[b] = S::loadu(U + t * dv + j0 + b * L);
+        for (int r = 0; r < kRows; ++r) {
+          const Vec w = S::set1(W[t * dk + i0 + r]);
+          for (int b = 0; b < nb; ++b) a[r][b] = S::fma(w, x[b], a[r][b]);
+        }
+      }
+      for (int r = 0; r < kRows; ++r) {
+        for (int b = 0; b < nb; ++b) S::storeu(s + (i0 + r) * dv + j0 + b * L, a[r][b]);
+      }
+    }
+  }
+}
+
+template <class S>
+constexpr DeltaRuleKernels make_kernels() {
+  return DeltaRuleKernels{step<S>, chunk<S>};
+}
+
+}  // namespace kestrel::cpu::KESTREL_DR_NS

@@ -1,0 +1,407 @@
+// AVX-512 VNNI GEMV kernels for the block-quantized weight types on int8 activations (act_q8.h): Q4_0, Q8_0,
+// Q4_K, Q5_K, Q6_K. Included only by gemv_avx512.cpp, after gemv_simd.h (whose half_at it uses), so it is compiled
+// with that file's flags (AVX-512 F/BW/VL/VNNI, -ffp-contract=off).
+//
+// Why int8 and not f32 FMA — measured on the 2-core AVX-512 development VM (AMD Zen 5), one thread, thread CPU
+// time, rows in L2: decoding a Q4_0 weight to f32 costs a widening, a conversion and a scale multiply per 16
+// weights before the FMA, 12.5 GB/s of weights from L2, well under the 17 GB/s one core reads from DRAM; here 64
+// weights become one register of unsigned bytes with three integer ops and one vpdpbusd multiplies them by 64 int8
+// activations, 23.5 GB/s in the same loop. In the engine's row tiles these kernels read 0.9–1.0 of the plain read
+// for Q4_K/Q5_K/Q6_K/Q8_0 and ~0.8 for Q4_0 (docs/benchmarks.md); llvm-mca's Sapphire Rapids model (the lent
+// host's CPU: 512-bit work on two ports) puts the Q4_0 4-row tile at 7.9 weight bytes a cycle, so a 16-core
+// host's ~90 GB/s is reached with headroom. The cost is numerical: activations rounded to 1/254 of their block's
+// largest value (CpuActivations::kF32 keeps the f32 kernels; tests/cpu/test_cpu_blocks states the tolerance).
+//
+// Per 64 weights and (row, vector) pair: p = vpdpbusd(c·ns4, u, q) — u the weights as unsigned bytes (value + c),
+// q the activations, p one exact int32 per 4 elements — then acc += float(p) · (weight scale · activation scale),
+// one scale per 8-lane block (Q4_0/Q8_0) or sub-block (Q4_K/Q5_K), or 4-lane group (Q6_K). Q4_K/Q5_K's mins enter
+// once per super-block: acc −= dmin·m_j · ds_j over the 8 sub-blocks. The integer part is exact, so a result
+// differs from ref::matvec_batch(W, x̃) (x̃ the dequantized activations) by f32 rounding only. Q4_0/Q8_0 read the
+// f16 scales of 8 (4) blocks with one word permute (block_scales) rather than one broadcast per block.
+//
+// Tiles: R rows (4, or 1 for the rest) × V vectors (1..4); each (row, vector) accumulator sees the same operations
+// in the same order whatever R and V are, and the 16 lanes are reduced in a fixed order (hsum16) at the end of the
+// row, so a row's result does not depend on the batch or on how rows are split. Each tile prefetches the next
+// tile's rows at the same offset (rows are short: the hardware prefetcher alone left Q4_0 at 0.4 of the read).
+#pragma once
+
+#ifndef KESTREL_GEMV_NS
+#error "include cpu/gemv_simd.h (with KESTREL_GEMV_NS) before cpu/gemv_q8_avx512.h"
+#endif
+#if !defined(__AVX512F__) || !defined(__AVX512BW__) || !defined(__AVX512VNNI__)
+#error "cpu/gemv_q8_avx512.h needs -mavx512f -mavx512bw -mavx512vnni"
+#endif
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "core/quant/blocks.h"
+#include "cpu/act_q8.h"
+#include "cpu/gemv.h"
+
+// The small loops over a tile's rows, vectors and chunks must unroll fully, so that the accumulator and weight arrays
+// live in registers (GCC's -O2 keeps them on the stack otherwise, and every FMA waits on a store and a load).
+#define KESTREL_UNROLL _Pragma("GCC unroll 16")
+
+namespace kestrel::cpu::KESTREL_GEMV_NS {
+
+// One vector's quantized activations.
+struct Q8Vec {
+  const int8_t* q;
+  const float* dl;
+  const int32_t* ns4;
+  const float* ds;
+};
+
+inline uint16_t u16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return h;
+}
+
+// [half a ×8 | half b ×8] as f32: two word broadcasts and one conversion.
+inline __m512 halves_ps(const uint8_t* a, const uint8_t* b) {
+  const __m256i h = _mm256_mask_set1_epi16(_mm256_set1_epi16(static_cast<int16_t>(u16_at(a))), 0xFF00,
+                                           static_cast<int16_t>(u16_at(b)));
+  return _mm512_cvtph_ps(h);
+}
+
+// Lane i ← table[first + i / kGroup] for a 16-entry table (the scale of each lane's sub-block or group).
+template <int kGroup>
+inline __m512 lane_scales(__m512 table, int first) {
+  static_assert(kGroup == 4 || kGroup == 8);
+  const __m512i step = kGroup == 8 ? _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+                                   : _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(_mm512_add_epi32(step, _mm512_set1_epi32(first)), table);
+}
+
+// The sum of the 16 lanes in a fixed order: (lanes 0..7 + lanes 8..15), then the AVX2 order within the 8.
+inline float hsum16(__m512 v) {
+  const __m512 swapped = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_castps512_ps256(swapped));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// acc += float(vpdpbusd(corr, u, q)) · (ws · dl): one (row, vector) pair over 64 elements.
+inline __m512 dot64(__m512 acc, __m512i u, __m512i q, __m512i corr, __m512 ws, __m512 dl) {
+  const __m512i p = _mm512_dpbusd_epi32(corr, u, q);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(ws, dl), acc);
+}
+
+inline constexpr uint8_t kZeroHalf[2] = {0, 0};
+
+// The f16 scales of n consecutive blocks of kStride bytes at p (the scale first in each block; all within
+// p[0..128)), as f32 in lanes 0..n−1: two loads, one word permute, one conversion for n blocks.
+template <int kStride, int kN>
+inline __m512 block_scales(const uint8_t* p) {
+  static_assert(kStride % 2 == 0 && (kN - 1) * kStride < 128 && kN <= 16);
+  alignas(64) static constexpr int16_t kIdx[32] = {
+      0 * kStride / 2,        1 * kStride / 2,        2 * kStride / 2,        3 * kStride / 2,
+      (4 % kN) * kStride / 2, (5 % kN) * kStride / 2, (6 % kN) * kStride / 2, (7 % kN) * kStride / 2};
+  const __m512i lo = _mm512_loadu_si512(p);
+  const __m512i hi = _mm512_loadu_si512(p + 64);
+  const __m512i words = _mm512_permutex2var_epi16(lo, _mm512_load_si512(kIdx), hi);
+  return _mm512_cvtph_ps(_mm512_castsi512_si256(words));
+}
+
+// Q4_0 and Q8_0 (32-element blocks of one f16 scale): a unit is kGroup blocks — 8 for Q4_0, 4 for Q8_0, whose scales
+// one block_scales call reads — taken two at a time (64 elements, one register of weights); a row's last blocks that
+// do not fill a unit go by pairs and a single (tail).
+template <bool kQ8>
+struct FmtBlock32 {
+  static constexpr int64_t kBlockElems = 32;
+  static constexpr uint64_t kBlockBytes = kQ8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
+  static constexpr int kGroup = kQ8 ? 4 : 8;
+  static constexpr int64_t kUnit = kGroup * 32;
+  static constexpr int kOffsetShift = kQ8 ? 7 : 3;  // weights enter as unsigned w + 128 (Q8_0) or nibble = w + 8
+
+  // Blocks A and B (B absent: zero lanes) as 64 unsigned weight bytes: elements 0..31 of A, then of B.
+  template <bool kPair>
+  static __m512i weights(const uint8_t* A) {
+    const uint8_t* B = A + kBlockBytes;
+    if constexpr (kQ8) {
+      const __m256i qa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(A + 2));
+      const __m512i z = kPair ? _mm512_inserti64x4(_mm512_castsi256_si512(qa),
+                                                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(B + 2)), 1)
+                              : _mm512_zextsi256_si512(qa);
+      return _mm512_xor_si512(z, _mm512_set1_epi8(static_cast<char>(0x80)));
+    } else {
+      // [qs A | qs A | qs B | qs B] by two broadcast loads (no shuffle), then per 128-bit lane the 16-bit shift that
+      // brings its nibbles down: [A lo, A hi, B lo, B hi].
+      const __m512i shifts =
+          _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0);
+      const __m512i qa = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 2)));
+      const __m512i w =
+          kPair ? _mm512_mask_broadcast_i32x4(qa, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(B + 2)))
+                : _mm512_maskz_mov_epi32(0x00FF, qa);
+      return _mm512_and_si512(_mm512_srlv_epi16(w, shifts), _mm512_set1_epi8(0x0F));
+    }
+  }
+
+  // One pair (or a single block) at element `base` for every (row, vector), given each row's weights and scales.
+  template <int R, int V, bool kPair>
+  static void pair(const __m512i (&u)[R], const __m512 (&ws)[R], int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
+    const __mmask64 kq = kPair ? ~0ull : 0xFFFFFFFFull;
+    const __mmask16 kl = kPair ? 0xFFFF : 0x00FF;
+    KESTREL_UNROLL
+    for (int v = 0; v < V; ++v) {
+      const __m512i q = _mm512_maskz_loadu_epi8(kq, x[v].q + base);
+      const __m512i corr = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(kl, x[v].ns4 + base / 4), kOffsetShift);
+      const __m512 dl = _mm512_maskz_loadu_ps(kl, x[v].dl + base / 4);
+      KESTREL_UNROLL
+      for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], u[r], q, corr, ws[r], dl);
+    }
+  }
+
+  template <int R, int V>
+  static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
+    const uint64_t off = static_cast<uint64_t>(base / 32) * kBlockBytes;
+    __m512 scales[R];
+    KESTREL_UNROLL
+    for (int r = 0; r < R; ++r) scales[r] = block_scales<kBlockBytes, kGroup>(row[r] + off);
+    KESTREL_UNROLL
+    for (int k = 0; k < kGroup / 2; ++k) {
+      __m512i u[R];
+      __m512 ws[R];
+      KESTREL_UNROLL
+      for (int r = 0; r < R; ++r) {
+        u[r] = weights<true>(row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes);
+        ws[r] = lane_scales<8>(scales[r], 2 * k);
+      }
+      pair<R, V, true>(u, ws, base + 64 * k, x, acc);
+    }
+  }
+
+  // The last n_in − base (< kUnit) elements: pairs, then a single block.
+  template <int R, int V>
+  static void tail(const uint8_t* const* row, int64_t base, int64_t n_in, const Q8Vec* x, __m512 (&acc)[R][V]) {
+    __m512i u[R];
+    __m512 ws[R];
+    for (; base + 64 <= n_in; base += 64) {
+      const uint64_t off = static_cast<uint64_t>(base / 32) * kBlockBytes;
+      KESTREL_UNROLL
+      for (int r = 0; r < R; ++r) {
+        u[r] = weights<true>(row[r] + off);
+        ws[r] = halves_ps(row[r] + off, row[r] + off + kBlockBytes);
+      }
+      pair<R, V, true>(u, ws, base, x, acc);
+    }
+    if (base < n_in) {
+      const uint64_t off = static_cast<uint64_t>(base / 32) * kBlockBytes;
+      KESTREL_UNROLL
+      for (int r = 0; r < R; ++r) {
+        u[r] = weights<false>(row[r] + off);
+        ws[r] = halves_ps(row[r] + off, kZeroHalf);
+      }
+      pair<R, V, false>(u, ws, base, x, acc);
+    }
+  }
+};
+
+using FmtQ4_0 = FmtBlock32<false>;
+using FmtQ8_0 = FmtBlock32<true>;
+
+// The 8 six-bit scales and 8 mins of a Q4_K/Q5_K super-block as f32 (ggml's get_scale_min_k4 for j = 0..7).
+inline void k4_scales_mins(const uint8_t* packed, __m256* sc, __m256* mn) {
+  uint32_t w[4];
+  std::memcpy(w, packed, 12);
+  constexpr uint32_t kLow6 = 0x3F3F3F3F, kLow4 = 0x0F0F0F0F, kTop2 = 0x03030303;
+  w[3] = ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kTop2) << 4);  // mins 4..7
+  const uint32_t mins_lo = w[1] & kLow6;                        // mins 0..3
+  w[1] = (w[2] & kLow4) | (((w[0] >> 6) & kTop2) << 4);         // scales 4..7
+  w[2] = mins_lo;
+  w[0] &= kLow6;  // scales 0..3
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+  *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+  *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+}
+
+// Q4_K and Q5_K: a unit is a super-block of 256 (four chunks of 64 = sub-blocks 2c and 2c + 1).
+template <bool kFive>
+struct FmtK45 {
+  static constexpr int64_t kUnit = 256;
+  static constexpr int64_t kBlockElems = 256;
+  static constexpr uint64_t kBlockBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+
+  template <int R, int V>
+  static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
+    const uint64_t sb = static_cast<uint64_t>(base / 256);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i sixteen = _mm512_set1_epi8(16);
+    const __m512i hi_half_by_4 =
+        _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004, 0x0004000400040004, 0, 0, 0, 0);
+    const uint8_t* blk[R];
+    __m512 dsc[R], dmn[R];  // d·sc_j and dmin·m_j in lanes 0..7 (zero above)
+    __m512i qh[R];          // Q5_K: the 32 high-bit bytes in both halves
+    KESTREL_UNROLL
+    for (int r = 0; r < R; ++r) {
+      blk[r] = row[r] + sb * kBlockBytes;
+      __m256 sc, mn;
+      k4_scales_mins(blk[r] + 4, &sc, &mn);
+      dsc[r] = _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_set1_ps(half_at(blk[r])), sc));
+      dmn[r] = _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_set1_ps(half_at(blk[r] + 2)), mn));
+      if constexpr (kFive) {
+        qh[r] = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 16)));
+      }
+    }
+    const uint64_t qs_off = kFive ? 48 : 16;
+    KESTREL_UNROLL
+    for (int c = 0; c < 4; ++c) {
+      __m512i u[R];
+      __m512 ws[R];
+      KESTREL_UNROLL
+      for (int r = 0; r < R; ++r) {
+        // [qs | qs] by a broadcast load; the low half keeps the low nibbles (sub-block 2c), the high half the high.
+        const __m512i y =
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + qs_off + 32 * c)));
+        __m512i z = _mm512_and_si512(_mm512_srlv_epi16(y, hi_half_by_4), m4);
+        if constexpr (kFive) {
+          // Bit 2c of qh[l] is bit 4 of element 64c + l, bit 2c + 1 that of element 64c + 32 + l.
+          const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * c))),
+                                                  _mm256_set1_epi8(static_cast<char>(1 << (2 * c + 1))), 1);
+          z = _mm512_mask_add_epi8(z, _mm512_test_epi8_mask(qh[r], bits), z, sixteen);
+        }
+        u[r] = z;
+        ws[r] = lane_scales<8>(dsc[r], 2 * c);
+      }
+      KESTREL_UNROLL
+      for (int v = 0; v < V; ++v) {
+        const int64_t e = base + 64 * c;
+        const __m512i q = _mm512_loadu_si512(x[v].q + e);
+        const __m512 dl = _mm512_loadu_ps(x[v].dl + e / 4);
+        KESTREL_UNROLL
+        for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], u[r], q, _mm512_setzero_si512(), ws[r], dl);
+      }
+    }
+    KESTREL_UNROLL
+    for (int v = 0; v < V; ++v) {
+      const __m512 ds = _mm512_zextps256_ps512(_mm256_loadu_ps(x[v].ds + base / 32));
+      KESTREL_UNROLL
+      for (int r = 0; r < R; ++r) acc[r][v] = _mm512_fnmadd_ps(dmn[r], ds, acc[r][v]);
+    }
+  }
+};
+
+// Q6_K: a unit is a super-block of 256 in two halves of 128; quants 0..63 enter unsigned, offset 32.
+struct FmtQ6_K {
+  static constexpr int64_t kUnit = 256;
+  static constexpr int64_t kBlockElems = 256;
+  static constexpr uint64_t kBlockBytes = sizeof(BlockQ6_K);
+
+  template <int R, int V>
+  static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
+    const uint64_t sb = static_cast<uint64_t>(base / 256);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i m2 = _mm512_set1_epi8(0x03);
+    const uint8_t* blk[R];
+    __m512 dsc[R];  // d·sc_g for the 16 groups of 16
+    KESTREL_UNROLL
+    for (int r = 0; r < R; ++r) {
+      blk[r] = row[r] + sb * kBlockBytes;
+      const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[r] + 192)));
+      dsc[r] = _mm512_mul_ps(_mm512_set1_ps(half_at(blk[r] + 208)), _mm512_cvtepi32_ps(sc));
+    }
+    KESTREL_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      __m512i ua[R], ub[R];
+      KESTREL_UNROLL
+      for (int r = 0; r < R; ++r) {
+        // ql[64h + l] for l < 64; qh[32h + l] for l < 32 in the low half, shifted right by 2 in the high half.
+        const __m512i L = _mm512_loadu_si512(blk[r] + 64 * h);
+        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 128 + 32 * h));
+        const __m512i H = _mm512_inserti64x4(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 2), 1);
+        // Elements 128h + 0..63: low nibbles | bits (0,1) / (2,3) of qh; 128h + 64..127: high nibbles | (4,5) / (6,7).
+        ua[r] = _mm512_or_si512(_mm512_and_si512(L, m4), _mm512_slli_epi16(_mm512_and_si512(H, m2), 4));
+        ub[r] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
+                                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(H, 4), m2), 4));
+      }
+      KESTREL_UNROLL
+      for (int k = 0; k < 2; ++k) {
+        const int chunk = 2 * h + k;  // elements 64·chunk .. 64·chunk + 63 of the super-block
+        __m512 ws[R];
+        KESTREL_UNROLL
+        for (int r = 0; r < R; ++r) ws[r] = lane_scales<4>(dsc[r], 4 * chunk);
+        KESTREL_UNROLL
+        for (int v = 0; v < V; ++v) {
+          const int64_t e = base + 64 * chunk;
+          const __m512i q = _mm512_loadu_si512(x[v].q + e);
+          const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(x[v].ns4 + e / 4), 5);
+          const __m512 dl = _mm512_loadu_ps(x[v].dl + e / 4);
+          KESTREL_UNROLL
+          for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], k == 0 ? ua[r] : ub[r], q, corr, ws[r], dl);
+        }
+      }
+    }
+  }
+};
+
+// R rows from row o × V vectors from v0.
+template <class Fmt, int R, int V>
+void q8_tile(const GemvTask& t, int64_t o, int64_t v0) {
+  const uint8_t* row[R];
+  KESTREL_UNROLL
+  for (int r = 0; r < R; ++r) row[r] = t.w + static_cast<uint64_t>(o + r) * t.row_bytes;
+  Q8Vec x[V];
+  KESTREL_UNROLL
+  for (int v = 0; v < V; ++v) {
+    const int64_t vv = gemv_x_row(t, v0 + v);
+    x[v] = Q8Vec{t.xq.q + vv * t.n_in, t.xq.dl + vv * (t.n_in / 4), t.xq.ns4 + vv * (t.n_in / 4),
+                 t.xq.ds + vv * (t.n_in / 32)};
+  }
+  __m512 acc[R][V];
+  KESTREL_UNROLL
+  for (int r = 0; r < R; ++r) {
+    KESTREL_UNROLL
+    for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  // The rows of the tile R rows on, at the same offset: rows are contiguous, so this runs one tile ahead of the
+  // reads through the item's bytes (short rows of a few cache lines each defeat the hardware prefetcher).
+  const uint64_t ahead = static_cast<uint64_t>(R) * t.row_bytes;
+  const uint64_t unit_bytes = static_cast<uint64_t>(Fmt::kUnit / Fmt::kBlockElems) * Fmt::kBlockBytes;
+  int64_t base = 0;
+  for (; base + Fmt::kUnit <= t.n_in; base += Fmt::kUnit) {
+    const uint64_t off = static_cast<uint64_t>(base / Fmt::kBlockElems) * Fmt::kBlockBytes;
+    KESTREL_UNROLL
+    for (int r = 0; r < R; ++r) {
+      for (uint64_t b = 0; b < unit_bytes; b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(row[r] + off + ahead + b), _MM_HINT_T0);
+      }
+    }
+    Fmt::template unit<R, V>(row, base, x, acc);
+  }
+  if constexpr (requires { Fmt::template tail<R, V>(row, base, t.n_in, x, acc); }) {
+    if (base < t.n_in) Fmt::template tail<R, V>(row, base, t.n_in, x, acc);  // Q4_0/Q8_0 rows of odd length
+  }
+  KESTREL_UNROLL
+  for (int r = 0; r < R; ++r) {
+    KESTREL_UNROLL
+    for (int v = 0; v < V; ++v) t.y[(v0 + v) * t.n_out + o + r] = hsum16(acc[r][v]);
+  }
+}
+
+template <class Fmt, int R>
+void q8_rows(const GemvTask& t, int64_t o) {
+  int64_t v0 = 0;
+  for (; v0 + 4 <= t.n_vec; v0 += 4) q8_tile<Fmt, R, 4>(t, o, v0);
+  switch (t.n_vec - v0) {
+    case 3: q8_tile<Fmt, R, 3>(t, o, v0); break;
+    case 2: q8_tile<Fmt, R, 2>(t, o, v0); break;
+    case 1: q8_tile<Fmt, R, 1>(t, o, v0); break;
+    default: break;
+  }
+}
+
+template <class Fmt>
+void gemv_q8(const GemvTask& t, int64_t row_begin, int64_t row_end) {
+  int64_t o = row_begin;
+  for (; o + 4 <= row_end; o += 4) q8_rows<Fmt, 4>(t, o);
+  for (; o < row_end; ++o) q8_rows<Fmt, 1>(t, o);
+}
+
+}  // namespace kestrel::cpu::KESTREL_GEMV_NS
+
+#undef KESTREL_UNROLL

@@ -1,0 +1,78 @@
+// GpuTuning: the choices between kernels (or launch forms) of an op that do not follow from its shapes alone. The CUDA
+// engine fixes one when it builds its forward pass (gpu/engine/forward_pass.h, from CudaEngineOptions) and passes its
+// parts to the kernel entry points; tests and benchmarks construct one to force a path. The member initializers are
+// the engine's path; each field says what it chooses and why that default (figures: bench_gemv / bench_moe /
+// bench_gdn on the H200; the history of each choice: dev/notes/gpu-kernels.md).
+//
+// Plain values without CUDA types, so cuda_engine.h can carry one. Nothing here is process-wide: two calls with
+// different tunings may run side by side.
+#pragma once
+
+namespace kestrel::gpu {
+
+// GEMV v4 (gemv_imma, gemv_imma_segments; gpu/kernels/gemv_imma.h).
+struct GemvImmaTuning {
+  // Warps per row group (S, the slices a row is split into). 0: the split by shape (gemv_imma.cu's pick_split), which
+  // the results are tested with. > 0 forces S (rounded down to a power of two, at most 16) for benchmark sweeps; the
+  // results stay within the same bound, but their bits depend on S.
+  int split = 0;
+  // Dense calls at one group per warp run the flat kernel (no rounds, nothing loaded ahead: the <= 9.4 MB projections
+  // in one wave, 82.6% -> 89.5% of a size-matched read at batch 1). false runs them on the persistent kernel, for the
+  // test that both give the same bits.
+  bool flat_kernel = true;
+  // Slices of 2, 4 or 8 groups run kernels with that count compiled in (a round's groups unroll into immediate
+  // offsets: about a sixth fewer instructions per MMA). false reads the count at run time everywhere, for the tests
+  // that both give the same bits.
+  bool compiled_groups = true;
+};
+
+// The MoE layer on GEMV v4 (moe_imma_forward; gpu/kernels/moe_imma.h). No field changes a result bit.
+struct MoeImmaTuning {
+  // Calls of up to this many tokens launch every kernel after the first as a programmatic dependent of the kernel
+  // before it (gpu/kernels/pdl.cuh); larger calls only the spread routing, the down GEMV and the combine. Chaining the
+  // whole layer is faster at 1-4 tokens and slower at 8-32. 0: only those three at every size; kMoeMaxTokens: every
+  // launch of every call.
+  int programmatic_max_tokens = 4;
+  // Vectors per segment of the grouped GEMVs, 1..kImmaSegmentVectors: an expert chosen by more tokens is read once per
+  // chunk of this many. At 2 every call runs the one-pair GEMV kernel, which beats wider segments on the wider kernels
+  // (8 tokens 56 against 78 µs at 8, 32 tokens 150 against 201).
+  int segment_vectors = 2;
+  // From this many tokens the routing runs in a block per token and the last block to finish writes the segment
+  // tables; below it one block (or one warp) does all of it (one block is issue-bound from 16 tokens). kMoeMaxTokens
+  // + 1: never.
+  int route_spread_min_tokens = 16;
+  // Calls of at most 32 routed entries (n_tok · k) are routed by a warp per token and grouped by one warp, without the
+  // one-block kernel's barriers and scans over 1024 threads (about 2 µs less at one token). false runs them on the
+  // one-block kernel, for the test that both write the same tables.
+  bool route_by_warp = true;
+  // The layer's two grouped GEMVs (gemv_imma_segments).
+  GemvImmaTuning grouped_gemv;
+};
+
+// The kernels of gdn_decode (gpu/kernels/gdn_decode.h).
+enum class GdnKernel {
+  kAuto,  // gdn_decode's choice by shape (a setting of GdnDecodeTuning, never a kernel)
+  kPerHead,
+  kTwoKernel,
+};
+
+// The GDN decode step (gdn_decode).
+struct GdnDecodeTuning {
+  // kAuto: the per-V-head kernel where dk, dv <= 128 (every preset), else the two-kernel path — one kernel per shape
+  // at every batch size, so a session's bits do not depend on its batch. kTwoKernel runs the two-kernel path on every
+  // shape (kPerHead where it serves: the automatic choice), so tests can run both kernels on one problem.
+  GdnKernel kernel = GdnKernel::kAuto;
+};
+
+// Everything the engine fixes for its life.
+struct GpuTuning {
+  // The projections (gemv_imma, gemv_imma_prepare_swiglu) and the GDN step launch as programmatic dependents of the
+  // kernel before them: their launch and first weight loads overlap that kernel's end, the bits are the same. false
+  // for A/B measurements (bench_engine --no-pdl).
+  bool programmatic = true;
+  GemvImmaTuning gemv_imma;  // the dense projections
+  MoeImmaTuning moe_imma;
+  GdnDecodeTuning gdn_decode;
+};
+
+}  // namespace kestrel::gpu
