@@ -26,7 +26,6 @@ namespace {
 // Tokens of one item per pass (prompts longer than this take several): a multiple of the delta rule's 64-token
 // chunk, so passes keep whole aligned chunks intact (gdn_block.h).
 constexpr int kPassTokensPerItem = 128;
-constexpr int kMaxExpertsUsed = 64;  // FfnBlock sorts a row's choices on the stack
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
@@ -37,6 +36,14 @@ Status check_kernel(const ref::QuantMatrix& w, const std::string& what) {
                       "cpu engine: no CPU kernel for " + what + " of type " + std::string(ggml_type_name(w.type)));
   }
   return ok_status();
+}
+
+// A SwiGLU pair runs gate and up in one task (matmul.h), so they must share a type.
+Status check_pair(GgmlType gate, GgmlType up, const std::string& what) {
+  if (gate == up) return ok_status();
+  return make_error(ErrorCode::kUnsupported, "cpu engine: " + what + " gate (" + std::string(ggml_type_name(gate)) +
+                                                 ") and up (" + std::string(ggml_type_name(up)) +
+                                                 ") of different types");
 }
 
 Status check_kernels(const ref::RefModelWeights& w) {
@@ -60,10 +67,10 @@ Status check_kernels(const ref::RefModelWeights& w) {
     }
     if (lw.is_moe) {
       const ref::MoeWeights& m = lw.moe;
-      if (m.n_expert_used > kMaxExpertsUsed) {
+      if (m.n_expert_used > kMaxExpertChoices) {  // ExpertBlock sorts a row's choices on the stack
         return make_error(ErrorCode::kUnsupported, "cpu engine: " + std::to_string(m.n_expert_used) +
                                                        " experts per token (at most " +
-                                                       std::to_string(kMaxExpertsUsed) + ")");
+                                                       std::to_string(kMaxExpertChoices) + ")");
       }
       for (const ref::QuantMatrix* q : {&m.router, &m.shared_gate_inp, &m.gate_shexp, &m.up_shexp, &m.down_shexp}) {
         KESTREL_TRY(check_kernel(*q, at + "moe"));
@@ -71,10 +78,13 @@ Status check_kernels(const ref::RefModelWeights& w) {
       for (const ref::QuantExperts* e : {&m.gate_exps, &m.up_exps, &m.down_exps}) {
         KESTREL_TRY(check_kernel(ref::QuantMatrix{e->type, e->data, e->n_in, e->n_out}, at + "experts"));
       }
+      KESTREL_TRY(check_pair(m.gate_exps.type, m.up_exps.type, at + "experts'"));
+      if (m.has_shared_expert()) KESTREL_TRY(check_pair(m.gate_shexp.type, m.up_shexp.type, at + "shared expert's"));
     } else {
       for (const ref::QuantMatrix* q : {&lw.dense.gate, &lw.dense.up, &lw.dense.down}) {
         KESTREL_TRY(check_kernel(*q, at + "ffn"));
       }
+      KESTREL_TRY(check_pair(lw.dense.gate.type, lw.dense.up.type, at + "ffn's"));
     }
   }
   return ok_status();

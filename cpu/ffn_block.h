@@ -1,20 +1,22 @@
 // The feed-forward half of a layer for one pass: the MoE FFN with its gated shared expert (model-spec.md §5.1;
 // ref::moe_forward) or the dense SwiGLU FFN (§5.2; ref::dense_ffn_forward).
 //
-// MoE: the router over every row, ref::moe_route's operations per row (softmax over all experts, top-k, lower index
-// first on ties, renormalised; over member buffers, so nothing is allocated in a step), then each selected expert once
-// over the rows that chose it, read in place through a row index (no copy, one quantization of the input for all
-// experts): gate and up as SwiGLU pairs of every expert and of the shared expert in one pool job (matmul.h), the down
-// products in another — items of ~16 KiB of one expert's rows, so every thread streams whatever the routing. Each row
-// sums its experts in ascending expert id, then adds sigmoid(shared gate) · shared expert, as the reference does, so a
-// row's result does not depend on which other rows share the pass. Dense: gate/up as one SwiGLU pair, then down.
+// MoE: the router and the shared expert's gate logit over every row in one pool job, ref::moe_route's operations per
+// row (softmax over all experts, top-k, lower index first on ties, renormalised; over member buffers, so nothing is
+// allocated in a step) into ExpertChoices, then ExpertBlock (expert_block.h) — the same code the CPU ExpertBackend
+// runs — computes each selected expert once over the rows that chose it and the shared expert in the same two pool
+// jobs, and sums each row's experts in ascending expert id, then adds sigmoid(shared gate) · shared expert, as the
+// reference does, so a row's result does not depend on which other rows share the pass. Dense: gate/up as one
+// SwiGLU pair, then down.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "core/engine/expert_backend.h"
 #include "core/reference/ffn.h"
 #include "core/reference/moe.h"
+#include "cpu/expert_block.h"
 #include "cpu/tick.h"
 
 namespace kestrel::cpu {
@@ -27,22 +29,17 @@ class FfnBlock {
   void run_dense(const Pass& pass, const ref::DenseFfnWeights& w, const float* x, float* out);
 
  private:
-  // ref::moe_route of one row of router logits (f32 [E]) into ids / weights (k each).
-  void route(const float* logits, size_t E, size_t k, int32_t* ids, float* weights);
+  // ref::moe_route of one row of router logits (f32 [E]) into k choices.
+  void route(const float* logits, size_t E, size_t k, ExpertChoice* choices);
 
-  std::vector<float> probs_;            // f32 [E]: one row's probabilities
-  std::vector<uint8_t> taken_;          // [E]: experts already chosen for the row
-  std::vector<float> logits_;           // f32 [R, E] router logits
-  std::vector<int32_t> ids_;            // int32 [R, k] selected experts
-  std::vector<float> wts_;              // f32 [R, k] their weights
-  std::vector<int32_t> start_;          // int32 [E + 1]: first packed row of each expert
-  std::vector<int32_t> fill_;           // int32 [E]: packed rows placed so far
-  std::vector<int32_t> packed_;         // int32 [R·k]: the batch row of each packed row
-  std::vector<int32_t> slot_;           // int32 [R, k]: the packed row of each (row, choice)
-  std::vector<int32_t> iota_;           // int32 [R·k]: 0, 1, 2, ... (the packed rows in order)
-  std::vector<float> ge_, ye_;          // packed rows: f32 [R·k, I] (SwiGLU), [R·k, H] (down)
-  std::vector<float> sg_, sy_, sgate_;  // shared expert: f32 [R, I_s], [R, H], [R]
+  std::vector<float> probs_;           // f32 [E]: one row's probabilities
+  std::vector<uint8_t> taken_;         // [E]: experts already chosen for the row
+  std::vector<float> logits_;          // f32 [R, E] router logits
+  std::vector<float> sgate_;           // f32 [R]: shared expert gate logits
+  std::vector<ExpertChoice> choices_;  // [R, k] selected experts and their weights
+  std::vector<float> dense_;           // f32 [R, I]: the dense FFN's silu(gate) · up
   std::vector<GemvTask> tasks_;
+  ExpertBlock experts_;
 };
 
 }  // namespace kestrel::cpu

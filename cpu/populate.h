@@ -6,8 +6,13 @@
 // elsewhere one read per page). Pages not in the page cache are read from disk here, so this takes as long as
 // reading the file once when it is not cached.
 //
+// populate_ranges does the same for chosen byte ranges of a mapping (the experts a CPU ExpertBackend holds).
+//
 // Threading: call from the pool's owner (it runs pool jobs).
 #pragma once
+
+#include <cstdint>
+#include <span>
 
 #include "core/gguf/gguf_reader.h"
 #include "cpu/worker_pool.h"
@@ -15,5 +20,8 @@
 namespace kestrel::cpu {
 
 void populate_tensor_data(const GgufFile& file, WorkerPool& pool);
+
+// Every page of every range (ranges may be in any order and share pages).
+void populate_ranges(std::span<const std::span<const uint8_t>> ranges, WorkerPool& pool);
 
 }  // namespace kestrel::cpu

@@ -16,8 +16,8 @@ enum class StepSection : int {
   kNorms,       // the layers' RMSNorms and residual adds
   kGdn,         // GDN layers: projections, conv, gates, delta rule, gated norm, ssm_out
   kAttention,   // attention layers: projections, norms, RoPE, cache, attention, output projection
-  kMoeRouter,   // router and shared-expert gate GEMVs, routing, packing rows by expert
-  kMoeExperts,  // routed and shared experts' gate/up, SwiGLU, down
+  kMoeRouter,   // router and shared-expert gate GEMVs, routing
+  kMoeExperts,  // packing rows by expert, routed and shared experts' gate/up, SwiGLU, down
   kMoeCombine,  // each row's weighted sum of its experts and the gated shared expert
   kDenseFfn,    // dense SwiGLU FFN layers
   kOutput,      // output norm, lm_head, argmax and logits copies

@@ -187,12 +187,21 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
   demands.reserve(active_.size());
   // A prompt asks for at most the engine's max_tokens_per_item a tick (an engine that runs a prompt a token per pass
   // would otherwise hold every decoding session for the whole prompt); the rest waits for the next tick.
-  const size_t per_item = static_cast<size_t>(std::max(engine_.capabilities().max_tokens_per_item, 0));
+  const EngineCapabilities caps = engine_.capabilities();
+  const size_t per_item = static_cast<size_t>(std::max(caps.max_tokens_per_item, 0));
+  size_t decoding = 0;
   for (const std::shared_ptr<Request>& r : active_) {
     demands.push_back(per_item > 0 ? std::min(r->remaining(), per_item) : r->remaining());
+    decoding += r->decoding ? 1 : 0;
   }
-  const std::vector<size_t> alloc =
-      allocate_tick_tokens(demands, static_cast<size_t>(limits_.max_batch_tokens), rotation_++);
+  // An engine whose pass holds max_tokens_per_tick tokens gets prompts only what the decoding sessions leave of one
+  // pass (at least a token each): a prompt's chunk then shares the decoders' pass instead of adding one.
+  size_t budget = static_cast<size_t>(limits_.max_batch_tokens);
+  if (caps.max_tokens_per_tick > 0) {
+    const size_t prompts = active_.size() - decoding;
+    budget = std::min(budget, std::max(static_cast<size_t>(caps.max_tokens_per_tick), decoding + prompts));
+  }
+  const std::vector<size_t> alloc = allocate_tick_tokens(demands, budget, rotation_++);
   std::vector<size_t> which;  // index into active_ of each item
   std::vector<EngineStepItem> items;
   for (size_t i = 0; i < active_.size(); ++i) {

@@ -6,9 +6,10 @@
 //   cpu        the CPU engine (cpu/cpu_engine.h) on cpu.threads pinned workers
 //   reference  the scalar f32 oracle (core/engine/reference_engine.h)
 //
-// The CUDA engine holds cuda.slots sessions of max_session_ctx tokens each; the CPU engine holds max_sessions
-// slots in host memory (the limits in `limits` are lowered to what the engine holds, and the log says so). Loading
-// reports progress through `progress` (percent).
+// The CUDA engine holds cuda.slots sessions of up to max_session_ctx tokens each, their KV cache in a pool of
+// cuda.kv_cache_bytes shared a page at a time; the CPU engine holds max_sessions slots in host memory (the limits in
+// `limits` are lowered to what the engine holds, and the log says so). Loading reports progress through `progress`
+// (percent).
 #pragma once
 
 #include <functional>

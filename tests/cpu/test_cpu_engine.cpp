@@ -1,6 +1,6 @@
 // The CPU engine against the reference engine, on the golden fixtures and on every tiny preset of the three
-// architectures (written here with kestrel-mkmodel's library, including qwen3next's legacy ssm_in layout and a
-// Q4_0 model):
+// architectures (written by tests/cpu/tiny_models.h with kestrel-mkmodel's library, including qwen3next's legacy
+// ssm_in layout and a Q4_0 model):
 //   - with f32 activations (CpuActivations::kF32), greedy tokens are identical to the reference's for 40 steps after
 //     a prompt, logits within the tolerance below; at the scalar level bit-identical;
 //   - with the default activations (int8 where the level has int8 kernels), logits are bit-identical across runs
@@ -22,12 +22,10 @@
 // scale — no tolerance tells that from a bug. They are checked layer by layer instead (test_cpu_blocks) and kernel
 // by kernel (test_gemv).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,10 +37,7 @@
 #include "cpu/cpu_engine.h"
 #include "cpu/isa.h"
 #include "tests/core/engine/engine_test_util.h"
-#include "tools/mkmodel/model_plan.h"
-#include "tools/mkmodel/model_writer.h"
-#include "tools/mkmodel/presets.h"
-#include "tools/mkmodel/vocab_source.h"
+#include "tests/cpu/tiny_models.h"
 
 namespace kestrel::cpu {
 namespace {
@@ -50,48 +45,6 @@ namespace {
 constexpr float kRelTol = 2e-3f;
 constexpr int kCtx = 160;
 constexpr int kGreedySteps = 40;
-
-// Writes a tiny preset (with the Qwen3 vocabulary, so Model::open accepts it) into the test's temp dir, under a
-// name holding the process id: ctest runs this binary twice at once (the scalar level too), and rewriting a file
-// the other process has mapped would fault it.
-std::string write_tiny(const std::string& preset_name, const std::string& file, bool legacy, bool q4_0) {
-  const std::string path = ::testing::TempDir() + "/" + std::to_string(getpid()) + "_" + file;
-  auto preset = mkmodel::find_preset(preset_name);
-  EXPECT_TRUE(preset.has_value());
-  if (!preset) return "";
-  mkmodel::PlanOptions po;
-  if (legacy) po.gdn_input = GdnInputLayout::kLegacySsmIn;
-  if (q4_0) po.uniform_type = GgmlType::kQ4_0;
-  auto plan = mkmodel::make_model_plan(*preset, po);
-  EXPECT_TRUE(plan.has_value()) << (plan ? "" : plan.error().to_string());
-  if (!plan) return "";
-  auto vocab_file = mkmodel::find_vocab_file("");
-  EXPECT_TRUE(vocab_file.has_value());
-  if (!vocab_file) return "";
-  auto vocab = mkmodel::load_vocab(*vocab_file, preset->hparams.n_vocab);
-  EXPECT_TRUE(vocab.has_value());
-  if (!vocab) return "";
-  auto stats = mkmodel::write_model(
-      *plan, path, [&](GgufWriter& w) { return mkmodel::add_vocab_metadata(w, *vocab); }, mkmodel::WriteOptions{});
-  EXPECT_TRUE(stats.has_value()) << (stats ? "" : stats.error().to_string());
-  return stats ? path : "";
-}
-
-// The file of a test model; tiny presets are written once per process.
-std::string model_path(const std::string& name) {
-  if (name.starts_with("golden")) return test::fixture_model_path(name);
-  static std::map<std::string, std::string> written;
-  std::string& path = written[name];
-  if (!path.empty()) return path;
-  if (name == "tiny-q4_0") {
-    path = write_tiny("tiny", "cpu_tiny_q4_0.gguf", false, true);
-  } else if (name == "tiny-qwen3next-legacy") {
-    path = write_tiny("tiny-qwen3next", "cpu_tiny_legacy.gguf", true, false);
-  } else {
-    path = write_tiny(name, "cpu_" + name + ".gguf", false, false);
-  }
-  return path;
-}
 
 // max|a − b| / max(1, max|b|).
 float rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -107,7 +60,7 @@ float rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 class CpuEngineTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    const std::string path = model_path(GetParam());
+    const std::string path = test::model_path(GetParam());
     ASSERT_FALSE(path.empty());
     auto m = Model::open(path);
     ASSERT_TRUE(m.has_value()) << m.error().to_string();

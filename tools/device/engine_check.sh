@@ -11,12 +11,15 @@
 #   model   only writes the Q4_0 35B-A3B file (/tmp/q4_0.gguf), so that `soak` fits the device's 600 s per command
 #   soak    bench_soak: kestreld --engine cuda on that file, 64 clients (gRPC, shm and HTTP in turn) for SOAK_S seconds
 #           (default 480), then SIGTERM (docs/benchmarks.md "Soak")
-# Outputs land in $OUT. The binaries carry this machine's build paths (/work/main/...), so the tree is linked there.
+# Outputs land in $OUT. The binaries carry this machine's build paths (/work/main/...), so the tree is linked there;
+# binaries built in another checkout (a worktree) name it in KESTREL_SOURCE_ROOT, which is linked too.
 set -uo pipefail
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+for root in /work/main ${KESTREL_SOURCE_ROOT:-}; do
+  [ -e "$root" ] || { mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"; }
+done
 k=/tmp/kestrel-carry
 mkdir -p $k && tar -xJf dev/carry.tar.xz -C $k
 export LD_LIBRARY_PATH=$k/lib:${LD_LIBRARY_PATH:-}
@@ -41,10 +44,12 @@ for step in "$@"; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       $B/test_gdn_decode --gtest_brief=1 2>&1 | tail -3
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      $B/test_gdn_runs --gtest_brief=1 2>&1 | tail -3
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       grep -E "^\[  (PASSED|FAILED) " "$OUT/test_cuda_engine.log" ;;
     gputests)
       for t in test_get_rows test_gemv test_gdn_decode test_gemv_imma test_weight_pool test_state_slots test_rms_norm \
-               test_argmax test_attention_decode test_moe test_moe_imma test_cuda_engine; do
+               test_argmax test_attention_decode test_moe test_moe_imma test_gdn_runs test_cuda_engine; do
         mkdir -p /tmp/gputests && log=/tmp/gputests/$t.log
         if $B/$t --gtest_brief=1 >"$log" 2>&1; then r=passed; else r=FAILED; status=1; fi
         echo "$t: $r ($(grep -E '^\[==========\] [0-9]+ tests' "$log" | tail -1 | sed 's/\[==========\] //'))"

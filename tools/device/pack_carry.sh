@@ -9,7 +9,7 @@ set -euo pipefail
 bin=build/release/bin
 rm -rf dev/carry && mkdir -p dev/carry/bin dev/carry/lib
 gpu_tests=(test_get_rows test_gemv test_gdn_decode test_gemv_imma test_weight_pool test_state_slots test_rms_norm
-           test_argmax test_attention_decode test_moe test_moe_imma test_cuda_engine)
+           test_argmax test_attention_decode test_moe test_moe_imma test_gdn_runs test_cuda_engine)
 progs=("${gpu_tests[@]}" test_cpu_gemv test_cpu_worker_pool test_cpu_engine bench_cpu_gemv bench_cpu_engine
        bench_engine kestrel-engine-run kestrel-mkmodel kestreld kestrel itest_client
        test_daemon_integration bench_soak)

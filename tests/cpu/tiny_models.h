@@ -1,0 +1,62 @@
+// The models of the CPU tests: the golden fixtures and the tiny presets of the three architectures, written once per
+// test process with kestrel-mkmodel's library (including qwen3next's legacy ssm_in layout and a Q4_0 model).
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <map>
+#include <string>
+
+#include "tests/core/engine/engine_test_util.h"
+#include "tools/mkmodel/model_plan.h"
+#include "tools/mkmodel/model_writer.h"
+#include "tools/mkmodel/presets.h"
+#include "tools/mkmodel/vocab_source.h"
+
+namespace kestrel::test {
+
+// Writes a tiny preset (with the Qwen3 vocabulary, so Model::open accepts it) into the test's temp dir, under a
+// name holding the process id: ctest may run several CPU test binaries (or one twice, at another level) at once,
+// and rewriting a file another process has mapped would fault it.
+inline std::string write_tiny(const std::string& preset_name, const std::string& file, bool legacy, bool q4_0) {
+  const std::string path = ::testing::TempDir() + "/" + std::to_string(getpid()) + "_" + file;
+  auto preset = mkmodel::find_preset(preset_name);
+  EXPECT_TRUE(preset.has_value());
+  if (!preset) return "";
+  mkmodel::PlanOptions po;
+  if (legacy) po.gdn_input = GdnInputLayout::kLegacySsmIn;
+  if (q4_0) po.uniform_type = GgmlType::kQ4_0;
+  auto plan = mkmodel::make_model_plan(*preset, po);
+  EXPECT_TRUE(plan.has_value()) << (plan ? "" : plan.error().to_string());
+  if (!plan) return "";
+  auto vocab_file = mkmodel::find_vocab_file("");
+  EXPECT_TRUE(vocab_file.has_value());
+  if (!vocab_file) return "";
+  auto vocab = mkmodel::load_vocab(*vocab_file, preset->hparams.n_vocab);
+  EXPECT_TRUE(vocab.has_value());
+  if (!vocab) return "";
+  auto stats = mkmodel::write_model(
+      *plan, path, [&](GgufWriter& w) { return mkmodel::add_vocab_metadata(w, *vocab); }, mkmodel::WriteOptions{});
+  EXPECT_TRUE(stats.has_value()) << (stats ? "" : stats.error().to_string());
+  return stats ? path : "";
+}
+
+// The file of a test model: "golden-*" (a fixture), a tiny preset's name, "tiny-q4_0" (tiny with every quantizable
+// tensor Q4_0) or "tiny-qwen3next-legacy" (the ssm_in layout); tiny presets are written once per process.
+inline std::string model_path(const std::string& name) {
+  if (name.starts_with("golden")) return fixture_model_path(name);
+  static std::map<std::string, std::string> written;
+  std::string& path = written[name];
+  if (!path.empty()) return path;
+  if (name == "tiny-q4_0") {
+    path = write_tiny("tiny", "cpu_tiny_q4_0.gguf", false, true);
+  } else if (name == "tiny-qwen3next-legacy") {
+    path = write_tiny("tiny-qwen3next", "cpu_tiny_legacy.gguf", true, false);
+  } else {
+    path = write_tiny(name, "cpu_" + name + ".gguf", false, false);
+  }
+  return path;
+}
+
+}  // namespace kestrel::test
