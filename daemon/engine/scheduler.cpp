@@ -5,6 +5,8 @@
 // prefill or decode completed, decide finishes; (4) under mu_, release finished sessions (busy flag, temporary
 // sessions, queue count); (5) free slots; (6) deliver chunks and results with no lock held.
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -47,9 +49,20 @@ bool contains(const std::vector<int32_t>& v, int32_t x) { return std::find(v.beg
 std::string abort_message(AbortCause cause, SessionId id) {
   switch (cause) {
     case AbortCause::kClosed: return "session " + std::to_string(id) + " was closed while the request ran";
-    case AbortCause::kDrain: return "kestreld is shutting down: the request was cancelled";
     default: return "the request was aborted";
   }
+}
+
+// Why a request was cut by the end of a drain: `what` is "step" or "generation".
+std::string shutdown_message(const char* what, Clock::duration drain_time) {
+  const auto ms = std::chrono::round<std::chrono::milliseconds>(drain_time).count();
+  if (ms < 1) {
+    return std::string("kestreld is stopping without a drain period: this ") + what + " was cut before it finished";
+  }
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.3g", static_cast<double>(ms) / 1000.0);
+  return std::string("kestreld is shutting down: its drain time of ") + seconds + " s ran out before this " + what +
+         " finished";
 }
 
 }  // namespace
@@ -68,6 +81,7 @@ void ServiceImpl::engine_loop() {
         }
         for (const std::shared_ptr<Session>& s : table_.take_expired(Clock::now())) expired.push_back(s->slot);
         stopping = stop_;
+        stop_drain_time_ = drain_time_;
         if (!active_.empty() || stopping || !expired.empty()) break;
         if (auto next = table_.next_expiry()) {
           wake_.wait_until(lk, *next);
@@ -115,7 +129,10 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
     const auto cause = static_cast<AbortCause>(r.abort.load());
     if (cause != AbortCause::kNone) {
       if (r.kind == Request::Kind::kStep) {
-        o.step_result = make_error(ErrorCode::kCancelled, abort_message(cause, r.session->id));
+        o.step_result = cause == AbortCause::kDrain
+                            ? make_error(ErrorCode::kUnavailable,
+                                         shutdown_message("step", stop_drain_time_) + "; retry on another kestreld")
+                            : make_error(ErrorCode::kCancelled, abort_message(cause, r.session->id));
       } else {
         std::string rest = r.text->finish();
         if (!rest.empty()) {
@@ -126,7 +143,12 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
           o.chunks.push_back(std::move(c));
         }
         GenerateSummary sum;
-        sum.reason = FinishReason::kAborted;
+        if (cause == AbortCause::kDrain) {
+          sum.reason = FinishReason::kShutdown;
+          sum.message = shutdown_message("generation", stop_drain_time_);
+        } else {
+          sum.reason = FinishReason::kAborted;
+        }
         sum.prompt_tokens = r.prompt_tokens;
         sum.completion_tokens = r.generated;
         sum.session = r.session->temporary ? 0 : r.session->id;
@@ -373,7 +395,8 @@ void ServiceImpl::record_end(const Request& r, const Outcome& o) {
     case FinishReason::kStopString: finish = FinishClass::kStop; break;
     case FinishReason::kMaxTokens:
     case FinishReason::kContextFull: finish = FinishClass::kLength; break;
-    case FinishReason::kAborted: finish = FinishClass::kAbort; break;
+    case FinishReason::kAborted:
+    case FinishReason::kShutdown: finish = FinishClass::kAbort; break;  // vLLM's "abort": ended by the server too
   }
   metrics_.succeeded(r.transport, r.scheduled, finish, e2e);
 }

@@ -156,7 +156,6 @@ Status set_float_field(float& field, const ConfigValue& v, double lo, double hi,
   return ok_status();
 }
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kHuge = 1e30;  // penalties: any finite float
 
 SamplingParams& sampling(DaemonConfig& c) { return c.limits.default_sampling; }

@@ -9,6 +9,9 @@
 #   cpubench  bench_cpu_gemv and bench_cpu_engine (all physical cores) on the Q4_0 and the Q4_K_M 35B-A3B files
 #   daemon  kestreld --engine cuda on the Q4_0 35B-A3B file: status, generate over gRPC and shm; then the daemon's
 #           integration tests with KESTREL_ITEST_ENGINE=cuda (their default tiny model)
+#   model   only writes the Q4_0 35B-A3B file (/tmp/q4_0.gguf), so that `soak` fits the device's 600 s per command
+#   soak    bench_soak: kestreld --engine cuda on that file, 64 clients (gRPC, shm and HTTP in turn) for SOAK_S seconds
+#           (default 480), then SIGTERM (docs/benchmarks.md "Soak")
 # Outputs land in $OUT. The binaries carry this machine's build paths (/work/main/...), so the tree is linked there;
 # binaries built in another checkout (a worktree) name it in KESTREL_SOURCE_ROOT, which is linked too.
 set -uo pipefail
@@ -104,6 +107,13 @@ for step in "$@"; do
       $B/kestrel bench --connect unix://$d/k.sock --shm shm://$d/k-shm.sock 2>&1 | tail -8 | tee "$OUT/bench_roundtrip.txt"
       kill -TERM $pid; wait $pid; echo "kestreld exited $?"
       KESTREL_ITEST_ENGINE=cuda $B/test_daemon_integration 2>&1 | tee "$OUT/integration.log" | tail -30
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    model)
+      make_q4 || status=1 ;;
+    soak)
+      make_q4 || { status=1; continue; }
+      $B/bench_soak --kestreld $B/kestreld --engine cuda --model $model_q4 --clients 64 --duration "${SOAK_S:-480}" \
+        --transports grpc,shm,http 2>&1 | tee "$OUT/soak_cuda.txt"
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac

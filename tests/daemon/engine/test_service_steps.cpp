@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <thread>
 
@@ -188,10 +189,17 @@ TEST_P(ServiceStepTest, ModelInfoAndTokenizer) {
   EXPECT_LE(info.max_session_ctx, 512);
   auto toks = f.service->tokenize("hello world", false);
   ASSERT_TRUE(toks);
-  auto text = f.service->detokenize(*toks);
+  auto text = f.service->detokenize(*toks, SIZE_MAX);
   ASSERT_TRUE(text);
   EXPECT_EQ(*text, "hello world");
-  EXPECT_EQ(f.service->detokenize({-1}).error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(f.service->detokenize({-1}, SIZE_MAX).error().code, ErrorCode::kInvalidArgument);
+  // The size is checked against max_bytes before the text is built: exactly 11 bytes pass, 10 do not.
+  EXPECT_TRUE(f.service->detokenize(*toks, 11));
+  auto over = f.service->detokenize(*toks, 10);
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error().code, ErrorCode::kResourceExhausted);
+  EXPECT_EQ(over.error().message,
+            "the " + std::to_string(toks->size()) + " tokens decode to 11 bytes, more than the 10 allowed");
 }
 
 // The reference engine reporting max_tokens_per_item = 4 (and max_tokens_per_tick when set) and recording the
