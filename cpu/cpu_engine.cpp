@@ -2,6 +2,7 @@
 #include "cpu/cpu_engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <utility>
@@ -93,13 +94,14 @@ Status check_kernels(const ref::RefModelWeights& w) {
 class CpuEngineImpl final : public CpuEngine {
  public:
   CpuEngineImpl(const Model& model, ref::RefModelWeights weights, const CpuEngineOptions& o,
-                std::unique_ptr<WorkerPool> pool, Isa isa)
+                std::unique_ptr<WorkerPool> pool, Isa isa, double huge_page_share)
       : model_(model),
         weights_(std::move(weights)),
         slots_(sz(o.max_slots)),
         pool_(std::move(pool)),
         mm_(*pool_, isa, o.activations == CpuActivations::kInt8 ? GemvInput::kQ8 : GemvInput::kF32),
-        max_ctx_(o.max_ctx > 0 ? o.max_ctx : static_cast<int32_t>(model.hparams().n_ctx_train)) {
+        max_ctx_(o.max_ctx > 0 ? o.max_ctx : static_cast<int32_t>(model.hparams().n_ctx_train)),
+        huge_page_share_(huge_page_share) {
     placement_ = placement_all_on(model_.catalog(), "cpu");
     if (o.profile) profile_.emplace();
     in_tick_.assign(slots_.size(), false);
@@ -114,8 +116,12 @@ class CpuEngineImpl final : public CpuEngine {
     // int8 only where the level has int8 kernels (gemv_kernel falls back to f32 otherwise).
     const bool int8 = mm_.activations() == GemvInput::kQ8 &&
                       gemv_kernel(mm_.isa(), GgmlType::kQ4_0, GemvInput::kQ8).input == GemvInput::kQ8;
-    return std::string(isa_name(mm_.isa())) + (int8 ? ", int8" : ", f32") + ", " +
-           std::to_string(pool_->n_threads() + 1) + " threads";
+    std::string s = std::string(isa_name(mm_.isa())) + (int8 ? ", int8" : ", f32") + ", " +
+                    std::to_string(pool_->n_threads() + 1) + " threads";
+    if (huge_page_share_ >= 0.0) {
+      s += ", weights " + std::to_string(static_cast<int>(std::lround(100.0 * huge_page_share_))) + "% in 2 MiB pages";
+    }
+    return s;
   }
   const ModelHparams& hparams() const override { return model_.hparams(); }
   const PlacementPlan& placement() const override { return placement_; }
@@ -192,6 +198,7 @@ class CpuEngineImpl final : public CpuEngine {
   std::unique_ptr<WorkerPool> pool_;
   MatmulRunner mm_;
   int32_t max_ctx_;
+  double huge_page_share_;  // tensor_data_huge_page_share after populating; −1: not known or not populated
   PlacementPlan placement_;
   std::optional<StepProfile> profile_;  // CpuEngineOptions::profile
 
@@ -353,10 +360,14 @@ Expected<std::unique_ptr<CpuEngine>> make_cpu_engine(const Model& model, const C
   const int threads = options.threads > 0 ? options.threads : static_cast<int>(physical_core_cpus().size());
   // The caller's thread computes too (WorkerPool::run), so the pool holds one thread fewer.
   KESTREL_TRY_ASSIGN(std::unique_ptr<WorkerPool> pool, WorkerPool::create(std::max(threads, 1) - 1, options.pin));
-  if (options.populate) populate_tensor_data(model.file(), *pool);
+  double huge_page_share = -1.0;
+  if (options.populate) {
+    populate_tensor_data(model.file(), *pool);
+    huge_page_share = tensor_data_huge_page_share(model.file());
+  }
   const Isa isa = options.isa ? isa_choose(isa_name(*options.isa)) : isa_selected();
   return std::unique_ptr<CpuEngine>(
-      std::make_unique<CpuEngineImpl>(model, std::move(weights), options, std::move(pool), isa));
+      std::make_unique<CpuEngineImpl>(model, std::move(weights), options, std::move(pool), isa, huge_page_share));
 }
 
 }  // namespace kestrel::cpu

@@ -35,7 +35,7 @@ namespace kestrel::cpu {
 
 // The form of the activations the block-quantized weights (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) multiply.
 enum class CpuActivations {
-  kInt8,  // quantized per 32-element block (cpu/act_q8.h) where the level has int8 kernels (avx512): the fast path
+  kInt8,  // quantized to int8 (cpu/act_q8.h) where the level has int8 kernels (avx512, avxvnni, avx2): the fast path
   kF32,   // f32 as the reference: the reference's numerics up to summation order
 };
 
@@ -52,7 +52,8 @@ struct CpuEngineOptions {
 
 class CpuEngine : public Engine {
  public:
-  // The instruction-set level, activations and thread count the engine computes with ("avx512, int8, 2 threads").
+  // The instruction-set level, activations and thread count the engine computes with, and after populating the share
+  // of the weights mapped in 2 MiB pages (cpu/populate.h): "avx512, int8, 2 threads, weights 98% in 2 MiB pages".
   virtual std::string summary() const = 0;
   // With CpuEngineOptions::profile: where the steps since the last reset spent their time (a Markdown table);
   // empty otherwise.

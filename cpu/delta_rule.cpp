@@ -13,6 +13,7 @@ DeltaRuleKernels delta_rule_kernels(Isa isa, int d_k, int d_v) {
       if (d_k % 16 == 0 && d_v % 16 == 0) return kDeltaRuleAvx512;
       break;
     case Isa::kAvx2:
+    case Isa::kAvxVnni:  // no delta rule kernels of its own: VNNI is integer only
       if (d_k % 8 == 0 && d_v % 8 == 0) return kDeltaRuleAvx2;
       break;
     case Isa::kScalar: break;

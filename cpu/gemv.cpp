@@ -7,12 +7,14 @@ namespace kestrel::cpu {
 
 extern const GemvKernels kGemvScalar;
 extern const GemvKernels kGemvAvx2;
+extern const GemvKernels kGemvAvxVnni;
 extern const GemvKernels kGemvAvx512;
 
 const GemvKernels& gemv_kernels(Isa isa) {
   switch (isa) {
     case Isa::kScalar: return kGemvScalar;
     case Isa::kAvx2: return kGemvAvx2;
+    case Isa::kAvxVnni: return kGemvAvxVnni;
     case Isa::kAvx512: return kGemvAvx512;
   }
   return kGemvScalar;
@@ -32,7 +34,7 @@ GemvKernel gemv_kernel(Isa isa, GgmlType type, GemvInput prefer) {
     case GgmlType::kQ6_K: t = &k.q6_k; break;
     default: return GemvKernel{};
   }
-  if (prefer == GemvInput::kQ8 && t->on_q8 != nullptr) return GemvKernel{t->on_q8, GemvInput::kQ8};
+  if (prefer != GemvInput::kF32 && t->on_q8 != nullptr) return GemvKernel{t->on_q8, t->q8_form};
   return GemvKernel{t->on_f32, GemvInput::kF32};
 }
 

@@ -19,7 +19,7 @@
 // differs from ref::matvec_batch(W, x̃) (x̃ the dequantized activations) by f32 rounding only. Q4_0/Q8_0 read the
 // f16 scales of 8 (4) blocks with one word permute (block_scales) rather than one broadcast per block.
 //
-// Tiles: R rows (4, or 1 for the rest) × V vectors (1..4); each (row, vector) accumulator sees the same operations
+// Tiles: R rows (4, or 1 for the rest) × V vectors (1..3); each (row, vector) accumulator sees the same operations
 // in the same order whatever R and V are, and the 16 lanes are reduced in a fixed order (hsum16) at the end of the
 // row, so a row's result does not depend on the batch or on how rows are split. Each tile prefetches the next
 // tile's rows at the same offset (rows are short: the hardware prefetcher alone left Q4_0 at 0.4 of the read).
@@ -40,9 +40,11 @@
 #include "cpu/act_q8.h"
 #include "cpu/gemv.h"
 
-// The small loops over a tile's rows, vectors and chunks must unroll fully, so that the accumulator and weight arrays
-// live in registers (GCC's -O2 keeps them on the stack otherwise, and every FMA waits on a store and a load).
+// The small loops over a tile's rows, vectors and chunks must unroll fully, and a format's unit / pair / tail must
+// inline into the tile, so that the accumulator and weight arrays live in registers (GCC's -O2 keeps them on the
+// stack otherwise, or passes them to an out-of-line unit through memory, and every FMA waits on a store and a load).
 #define KESTREL_UNROLL _Pragma("GCC unroll 16")
+#define KESTREL_INLINE __attribute__((always_inline)) inline
 
 namespace kestrel::cpu::KESTREL_GEMV_NS {
 
@@ -144,7 +146,8 @@ struct FmtBlock32 {
 
   // One pair (or a single block) at element `base` for every (row, vector), given each row's weights and scales.
   template <int R, int V, bool kPair>
-  static void pair(const __m512i (&u)[R], const __m512 (&ws)[R], int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
+  KESTREL_INLINE static void pair(const __m512i (&u)[R], const __m512 (&ws)[R], int64_t base, const Q8Vec* x,
+                                  __m512 (&acc)[R][V]) {
     const __mmask64 kq = kPair ? ~0ull : 0xFFFFFFFFull;
     const __mmask16 kl = kPair ? 0xFFFF : 0x00FF;
     KESTREL_UNROLL
@@ -158,7 +161,7 @@ struct FmtBlock32 {
   }
 
   template <int R, int V>
-  static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
+  KESTREL_INLINE static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
     const uint64_t off = static_cast<uint64_t>(base / 32) * kBlockBytes;
     __m512 scales[R];
     KESTREL_UNROLL
@@ -178,7 +181,8 @@ struct FmtBlock32 {
 
   // The last n_in − base (< kUnit) elements: pairs, then a single block.
   template <int R, int V>
-  static void tail(const uint8_t* const* row, int64_t base, int64_t n_in, const Q8Vec* x, __m512 (&acc)[R][V]) {
+  KESTREL_INLINE static void tail(const uint8_t* const* row, int64_t base, int64_t n_in, const Q8Vec* x,
+                                  __m512 (&acc)[R][V]) {
     __m512i u[R];
     __m512 ws[R];
     for (; base + 64 <= n_in; base += 64) {
@@ -228,7 +232,7 @@ struct FmtK45 {
   static constexpr uint64_t kBlockBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
 
   template <int R, int V>
-  static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
+  KESTREL_INLINE static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
     const uint64_t sb = static_cast<uint64_t>(base / 256);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i sixteen = _mm512_set1_epi8(16);
@@ -293,7 +297,7 @@ struct FmtQ6_K {
   static constexpr uint64_t kBlockBytes = sizeof(BlockQ6_K);
 
   template <int R, int V>
-  static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
+  KESTREL_INLINE static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
     const uint64_t sb = static_cast<uint64_t>(base / 256);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i m2 = _mm512_set1_epi8(0x03);
@@ -383,15 +387,23 @@ void q8_tile(const GemvTask& t, int64_t o, int64_t v0) {
   }
 }
 
+// The vectors in tiles of 3 (4 as 2 + 2): a 4×4 tile's 16 accumulators and its rows' weights and scales do not fit
+// the 32 registers, and its spills cost more than a 4×3 tile's extra weight decodes.
 template <class Fmt, int R>
 void q8_rows(const GemvTask& t, int64_t o) {
   int64_t v0 = 0;
-  for (; v0 + 4 <= t.n_vec; v0 += 4) q8_tile<Fmt, R, 4>(t, o, v0);
-  switch (t.n_vec - v0) {
-    case 3: q8_tile<Fmt, R, 3>(t, o, v0); break;
-    case 2: q8_tile<Fmt, R, 2>(t, o, v0); break;
-    case 1: q8_tile<Fmt, R, 1>(t, o, v0); break;
-    default: break;
+  while (v0 < t.n_vec) {
+    const int64_t left = t.n_vec - v0;
+    if (left >= 5 || left == 3) {
+      q8_tile<Fmt, R, 3>(t, o, v0);
+      v0 += 3;
+    } else if (left >= 2) {
+      q8_tile<Fmt, R, 2>(t, o, v0);
+      v0 += 2;
+    } else {
+      q8_tile<Fmt, R, 1>(t, o, v0);
+      v0 += 1;
+    }
   }
 }
 
@@ -405,3 +417,4 @@ void gemv_q8(const GemvTask& t, int64_t row_begin, int64_t row_end) {
 }  // namespace kestrel::cpu::KESTREL_GEMV_NS
 
 #undef KESTREL_UNROLL
+#undef KESTREL_INLINE

@@ -9,6 +9,7 @@ std::string_view isa_name(Isa isa) {
   switch (isa) {
     case Isa::kScalar: return "scalar";
     case Isa::kAvx2: return "avx2";
+    case Isa::kAvxVnni: return "avxvnni";
     case Isa::kAvx512: return "avx512";
   }
   return "unknown";
@@ -26,6 +27,7 @@ bool isa_supported(Isa isa) {
     case Isa::kScalar: return true;
     case Isa::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case Isa::kAvxVnni: return isa_supported(Isa::kAvx2) && __builtin_cpu_supports("avxvnni");
     case Isa::kAvx512:
       return isa_supported(Isa::kAvx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
@@ -35,12 +37,14 @@ bool isa_supported(Isa isa) {
 }
 
 Isa isa_choose(std::string_view request) {
+  // The best supported level at or below the request (any level when the request names none). Levels are not
+  // nested in every CPU (an AVX-512 VNNI part may lack AVX-VNNI), so each is checked on its own.
+  const std::optional<Isa> asked = isa_from_name(request);
   Isa best = Isa::kScalar;
   for (Isa isa : kAllIsas) {
+    if (asked && static_cast<int>(isa) > static_cast<int>(*asked)) break;
     if (isa_supported(isa)) best = isa;
   }
-  const std::optional<Isa> asked = isa_from_name(request);
-  if (asked && static_cast<int>(*asked) < static_cast<int>(best)) return *asked;
   return best;
 }
 

@@ -15,17 +15,17 @@ int64_t row_block_rows(uint64_t row_bytes) {
   return static_cast<int64_t>(rows >= 4 ? rows / 4 * 4 : rows);  // whole 4-row tiles (gemv_q8_avx512.h)
 }
 
-ActQ8View MatmulRunner::quantized(const GemvTask& t) {
+uint32_t MatmulRunner::quantized(const GemvTask& t, GemvInput form) {
   const int64_t rows = t.x_rows != nullptr ? t.x_count : t.n_vec;
-  for (const Quantized& q : quantized_) {
-    if (q.x == t.x && q.n_vec == rows && q.n_in == t.n_in) return q.view;
+  uint32_t index = 0;
+  while (index < quantized_.size()) {
+    const Quantized& q = quantized_[index];
+    if (q.x == t.x && q.n_vec == rows && q.n_in == t.n_in) break;
+    ++index;
   }
-  const uint32_t index = static_cast<uint32_t>(quantized_.size());
-  if (buffers_.size() <= index) buffers_.push_back(std::make_unique<ActQ8Buffer>());
-  quantized_.push_back({t.x, rows, t.n_in, buffers_[index]->reserve(rows, t.n_in)});
-  for (int64_t v = 0; v < rows; ++v) quant_items_.emplace_back(index, v);
-  quant_elements_ += rows * t.n_in;
-  return quantized_.back().view;
+  if (index == quantized_.size()) quantized_.push_back({t.x, rows, t.n_in, ActQ8Forms{false, false}, ActQ8View{}});
+  (form == GemvInput::kQ8K ? quantized_[index].forms.block256 : quantized_[index].forms.block32) = true;
+  return index;
 }
 
 void MatmulRunner::run_pair(const GemvTask& task, GemvRowsFn fn, int64_t row_begin, int64_t row_end) {
@@ -58,17 +58,31 @@ void MatmulRunner::run(std::span<const GemvTask> tasks) {
   quantized_.clear();
   quant_items_.clear();
   quant_elements_ = 0;
+  task_input_.clear();
   for (GemvTask& task : tasks_) {
     const GemvKernel k = gemv_kernel(isa_, task.type, act_);
     fns_.push_back(k.fn);
-    if (k.input == GemvInput::kQ8 && task.n_vec > 0 && task.n_out > 0) task.xq = quantized(task);
+    const bool int8 = k.input != GemvInput::kF32 && task.n_vec > 0 && task.n_out > 0;
+    task_input_.push_back(int8 ? static_cast<int64_t>(quantized(task, k.input)) : -1);
+  }
+  // Storage for every input in the forms its kernels read, then the views into the tasks.
+  for (uint32_t i = 0; i < quantized_.size(); ++i) {
+    Quantized& q = quantized_[i];
+    if (buffers_.size() <= i) buffers_.push_back(std::make_unique<ActQ8Buffer>());
+    q.view = buffers_[i]->reserve(q.n_vec, q.n_in, q.forms);
+    for (int64_t v = 0; v < q.n_vec; ++v) quant_items_.emplace_back(i, v);
+    quant_elements_ += q.n_vec * q.n_in * ((q.forms.block32 ? 1 : 0) + (q.forms.block256 ? 1 : 0));
+  }
+  for (size_t t = 0; t < tasks_.size(); ++t) {
+    if (task_input_[t] >= 0) tasks_[t].xq = quantized_[static_cast<size_t>(task_input_[t])].view;
   }
   // Quantize the inputs: inline for a few vectors (a decode step: a pool job costs more than quantizing them), over
   // the pool for a prompt's many.
   auto quantize = [this](int64_t i) {
     const auto [index, v] = quant_items_[static_cast<size_t>(i)];
     const Quantized& q = quantized_[index];
-    act_q8_quantize(q.x, q.n_in, v, v + 1, *buffers_[index]);
+    if (q.forms.block32) act_q8_quantize(q.x, q.n_in, v, v + 1, *buffers_[index]);
+    if (q.forms.block256) act_q8k_quantize(q.x, q.n_in, v, v + 1, *buffers_[index]);
   };
   const int64_t n_quant = static_cast<int64_t>(quant_items_.size());
   if (quant_elements_ > kInlineQuantElements) {

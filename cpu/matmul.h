@@ -3,8 +3,9 @@
 // Every output row is computed by one thread with the kernel's fixed order, so results are bit-identical whatever
 // the thread count and whatever else is in the job.
 //
-// Tasks whose kernel reads int8 activations (GemvInput::kQ8) get them here: each distinct input of a run() (x, its
-// rows, n_in) is quantized once (act_q8.h), inline when small, over the pool when large, before the products start.
+// Tasks whose kernel reads int8 activations (GemvInput::kQ8 or kQ8K) get them here: each distinct input of a run()
+// (x, its rows, n_in) is quantized once into each form its kernels read (act_q8.h), inline when small, over the pool
+// when large, before the products start.
 // A task with w_up is a SwiGLU pair: each item computes its rows of W x and W_up x and writes silu(W x) · (W_up x)
 // (ref::swiglu_forward's activation), so gate and up need no second pass and no buffer of their own.
 //
@@ -49,10 +50,11 @@ class MatmulRunner {
   struct Quantized {  // one input of this run in int8 form
     const float* x;
     int64_t n_vec, n_in;
+    ActQ8Forms forms;  // the forms its tasks' kernels read
     ActQ8View view;
   };
-  // The int8 form of task t's input, quantizing it (into quant_items_) when this run has not seen it.
-  ActQ8View quantized(const GemvTask& t);
+  // The index in quantized_ of task t's input, adding it when this run has not seen it, with `form` marked.
+  uint32_t quantized(const GemvTask& t, GemvInput form);
   // Rows [row_begin, row_end) of a SwiGLU pair task.
   static void run_pair(const GemvTask& task, GemvRowsFn fn, int64_t row_begin, int64_t row_end);
 
@@ -63,6 +65,7 @@ class MatmulRunner {
   GemvInput act_;
   std::vector<GemvTask> tasks_;
   std::vector<GemvRowsFn> fns_;
+  std::vector<int64_t> task_input_;  // per task: its index in quantized_, or −1 for f32 activations
   std::vector<Item> items_;
   std::vector<Quantized> quantized_;
   std::vector<std::unique_ptr<ActQ8Buffer>> buffers_;      // buffers_[i] holds quantized_[i]

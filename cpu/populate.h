@@ -8,10 +8,19 @@
 //
 // populate_ranges does the same for chosen byte ranges of a mapping (the experts a CPU ExpertBackend holds).
 //
+// Page size: before populating, each range is marked MADV_HUGEPAGE, so pages read from disk here come into the page
+// cache as 2 MiB folios mapped by one page-table entry each, where the kernel has transparent huge pages and the file
+// system caches files in large folios (the development VM's ext4 on Linux 6.18 does). That matters to the experts: a
+// MoE layer reads a few random 0.6 MB matrices out of gigabytes, and in 4 KiB pages every one of their ~150 pages is
+// its own TLB miss — on the development VM the experts took about twice the CPU time from a file cached in 4 KiB
+// pages (docs/benchmarks.md). Pages already in the page cache keep their size (a file written or copied shortly
+// before is often cached in 4 KiB pages); tensor_data_huge_page_share says how much of the mapping is in 2 MiB pages.
+//
 // Threading: call from the pool's owner (it runs pool jobs).
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <span>
 
 #include "core/gguf/gguf_reader.h"
@@ -23,5 +32,13 @@ void populate_tensor_data(const GgufFile& file, WorkerPool& pool);
 
 // Every page of every range (ranges may be in any order and share pages).
 void populate_ranges(std::span<const std::span<const uint8_t>> ranges, WorkerPool& pool);
+
+// The share of the tensor data's resident pages that are mapped as 2 MiB pages (FilePmdMapped over Rss of the file
+// mappings that hold it, from /proc/self/smaps), in [0, 1]; −1 where that is not known (no smaps, or a kernel
+// without the field).
+double tensor_data_huge_page_share(const GgufFile& file);
+
+// The same over the mappings of an smaps listing (proc(5)) that overlap [start, end).
+double huge_page_share_from_smaps(std::istream& smaps, uintptr_t start, uintptr_t end);
 
 }  // namespace kestrel::cpu

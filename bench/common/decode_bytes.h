@@ -13,7 +13,8 @@
 
 namespace kestrel::bench {
 
-inline double decode_step_bytes(const Model& m, int B, int pos) {
+// Every weight but the routed experts and the embedding table, plus the routed experts n_tok tokens touch.
+inline double weight_bytes_read(const Model& m, int n_tok) {
   const WeightCatalog& c = m.catalog();
   const ModelHparams& hp = m.hparams();
   const double routed = static_cast<double>(c.bytes_in(PlacementClass::kRoutedExperts));
@@ -24,14 +25,30 @@ inline double decode_step_bytes(const Model& m, int B, int pos) {
     for (const LayerWeights& l : c.layers()) moe_layers += l.ffn.is_moe() ? 1 : 0;
     const double E = hp.n_expert, k = hp.n_expert_used;
     const double per_expert = routed / (moe_layers * E);
-    bytes += moe_layers * E * (1.0 - std::pow(1.0 - k / E, B)) * per_expert;
+    bytes += moe_layers * E * (1.0 - std::pow(1.0 - k / E, n_tok)) * per_expert;
   }
+  return bytes;
+}
+
+// One session's f32 state read and written once, all layers: the GDN state and conv history, and the KV cache up to
+// position pos (read).
+inline double session_state_bytes(const ModelHparams& hp, int pos) {
   const double gdn_state = (double(hp.ssm_n_v_heads) * hp.ssm_d_state * hp.ssm_head_v_dim() +
                             double(hp.ssm_conv_dim()) * (hp.ssm_conv_kernel - 1)) *
                            4.0;
   const double kv = 2.0 * hp.n_head_kv * hp.head_dim * 4.0 * pos;
-  bytes += B * (2.0 * gdn_state * hp.n_gdn_layers() + kv * hp.n_attn_layers());
-  return bytes;
+  return 2.0 * gdn_state * hp.n_gdn_layers() + kv * hp.n_attn_layers();
+}
+
+inline double decode_step_bytes(const Model& m, int B, int pos) {
+  return weight_bytes_read(m, B) + B * session_state_bytes(m.hparams(), pos);
+}
+
+// The bytes a prompt pass over n_tok consecutive tokens of one session at positions from pos reads at least: the
+// weights as above with n_tok tokens, the session's state once (an engine that runs a prompt's tokens as one run
+// keeps the GDN state on chip between them) and its KV cache up to pos.
+inline double prompt_pass_bytes(const Model& m, int n_tok, int pos = 0) {
+  return weight_bytes_read(m, n_tok) + session_state_bytes(m.hparams(), pos);
 }
 
 // decode_step_bytes split by where the weights live when only the routed experts marked in expert_on_gpu
@@ -58,9 +75,5 @@ inline StepBytes decode_step_split(const Model& m, int B, int pos, const std::ve
   s.gpu -= s.host;
   return s;
 }
-
-// The bytes a prompt pass over n_tok tokens of one session reads at least: every weight but the embedding table,
-// the routed experts those tokens touch under uniform routing (as above, with n_tok tokens).
-inline double prompt_pass_bytes(const Model& m, int n_tok) { return decode_step_bytes(m, n_tok, 0); }
 
 }  // namespace kestrel::bench

@@ -3,7 +3,7 @@
 // plain read of a buffer far larger than L3 by the same number of pinned threads, measured in the same run.
 //
 //   bench_cpu_engine --model M.gguf [--threads N] [--sessions 1,8] [--steps 16] [--prompt 32] [--pp 512]
-//                    [--activations int8|f32] [--profile]
+//                    [--activations int8|f32] [--profile] [--drop-cache]
 //
 // Decode: B sessions, each first fed a prompt of about `prompt` tokens (session i's is prompt − (i % 8) long, so
 // they sit at different positions), then `steps` ticks of one token each, timed around Engine::step() with
@@ -14,8 +14,14 @@
 // read's for the same bytes, pool threads' spinning included in both) says how close the engine runs to the
 // memory when it has its cores. The load average is printed at the start and the end. --profile adds the engine's
 // own split of the timed decode steps and of the timed prompt by section (cpu/step_profile.h).
-// KESTREL_CPU_ISA=scalar|avx2 lowers the instruction set.
+// The engine line says how much of the weights the page cache holds in 2 MiB pages (cpu/populate.h): a file written
+// or copied since boot is often cached in 4 KiB pages, which slows the experts several-fold on a VM. --drop-cache
+// drops the file's cached pages first (fdatasync, posix_fadvise DONTNEED; pages another process maps stay), so the
+// engine reads it from disk into 2 MiB pages — the state of a daemon started on a file not yet cached.
+// KESTREL_CPU_ISA=scalar|avx2|avxvnni lowers the instruction set.
+#include <fcntl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -45,6 +51,7 @@ struct Args {
   int pp = 512;
   CpuActivations activations = CpuActivations::kInt8;
   bool profile = false;
+  bool drop_cache = false;
 };
 
 std::vector<int> parse_list(const char* v) {
@@ -60,8 +67,8 @@ std::vector<int> parse_list(const char* v) {
 bool parse(int argc, char** argv, Args* a) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (k == "--profile") {
-      a->profile = true;
+    if (k == "--profile" || k == "--drop-cache") {
+      (k == "--profile" ? a->profile : a->drop_cache) = true;
       continue;
     }
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -159,6 +166,15 @@ Expected<ReadRate> plain_read(int threads) {
 }
 
 Status run(const Args& a) {
+  if (a.drop_cache) {
+    const int fd = open(a.model.c_str(), O_RDONLY);
+    // Dirty pages are not dropped: write them back first.
+    if (fd < 0 || fdatasync(fd) != 0 || posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0) {
+      if (fd >= 0) close(fd);
+      return make_error(ErrorCode::kIo, "--drop-cache: cannot drop " + a.model + "'s cached pages");
+    }
+    close(fd);
+  }
   KESTREL_TRY_ASSIGN(std::unique_ptr<Model> model, Model::open(a.model));
   const ModelHparams& hp = model->hparams();
   const int max_b = *std::max_element(a.sessions.begin(), a.sessions.end());
@@ -279,7 +295,7 @@ int main(int argc, char** argv) {
   if (!kestrel::cpu::bench::parse(argc, argv, &a)) {
     std::fprintf(stderr,
                  "usage: bench_cpu_engine --model M.gguf [--threads N] [--sessions 1,8] [--steps N] [--prompt N] "
-                 "[--pp N] [--activations int8|f32] [--profile]\n");
+                 "[--pp N] [--activations int8|f32] [--profile] [--drop-cache]\n");
     return 2;
   }
   const kestrel::Status st = kestrel::cpu::bench::run(a);

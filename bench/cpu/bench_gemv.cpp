@@ -19,7 +19,12 @@
 // Build and run (Release, your own build directory):
 //   cmake -S . -B build/<dir> -G Ninja -DCMAKE_BUILD_TYPE=Release -DKESTREL_BENCH=ON -DKESTREL_CUDA=OFF
 //   cmake --build build/<dir> --target bench_cpu_gemv && build/<dir>/bin/bench_cpu_gemv
-// KESTREL_CPU_ISA=scalar|avx2 lowers the instruction set.
+//
+//   BM_GemvInCache/<type>/<n_in>/<batch>   the kernel alone (no pool, no items) on 256 KiB of the same random rows,
+//                                          which stay in L2, one thread: its compute rate, counter GB/s = weight
+//                                          bytes per second of the thread's CPU time (median of the iterations)
+//
+// KESTREL_CPU_ISA=scalar|avx2|avxvnni lowers the instruction set.
 #include <benchmark/benchmark.h>
 #include <time.h>
 
@@ -34,6 +39,7 @@
 #include <vector>
 
 #include "core/gguf/ggml_type.h"
+#include "cpu/act_q8.h"
 #include "cpu/gemv.h"
 #include "cpu/isa.h"
 #include "cpu/matmul.h"
@@ -71,6 +77,26 @@ struct Stack {
   ref::QuantMatrix view;
 };
 
+// Random blocks of type t over bytes [0, n): random quants with a fixed, normal scale (no denormals).
+void fill_blocks(GgmlType t, uint8_t* p, uint64_t n) {
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (uint64_t i = 0; i + 8 <= n; i += 8) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    std::memcpy(p + i, &s, 8);
+  }
+  const BlockShape b = block_shape(t);
+  const uint16_t scale = 0x2C00;  // f16 0.0625
+  for (uint64_t off = 0; off + b.bytes <= n; off += b.bytes) {
+    if (t == GgmlType::kBF16) {
+      p[off + 1] = static_cast<uint8_t>((p[off + 1] & 0x80) | 0x3E);  // |w| in [2^-3, 2^-2)
+      continue;
+    }
+    for (uint64_t so : b.scale_offsets) std::memcpy(p + off + so, &scale, 2);
+  }
+}
+
 // One stack of rows of n_in elements of type t filling kStackBytes.
 const Stack& stack_for(GgmlType t, int64_t n_in) {
   static std::map<std::pair<int, int64_t>, std::unique_ptr<Stack>> cache;
@@ -80,22 +106,7 @@ const Stack& stack_for(GgmlType t, int64_t n_in) {
   const uint64_t row_bytes = *ggml_row_bytes(t, static_cast<uint64_t>(n_in));
   const uint64_t rows = kStackBytes / row_bytes;
   slot->bytes.resize(rows * row_bytes);
-  uint64_t s = 0x9E3779B97F4A7C15ull;
-  for (size_t i = 0; i + 8 <= slot->bytes.size(); i += 8) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    std::memcpy(slot->bytes.data() + i, &s, 8);
-  }
-  const BlockShape b = block_shape(t);
-  const uint16_t scale = 0x2C00;  // f16 0.0625
-  for (uint64_t off = 0; off + b.bytes <= slot->bytes.size(); off += b.bytes) {
-    if (t == GgmlType::kBF16) {
-      slot->bytes[off + 1] = static_cast<uint8_t>((slot->bytes[off + 1] & 0x80) | 0x3E);  // |w| in [2^-3, 2^-2)
-      continue;
-    }
-    for (uint64_t so : b.scale_offsets) std::memcpy(slot->bytes.data() + off + so, &scale, 2);
-  }
+  fill_blocks(t, slot->bytes.data(), slot->bytes.size());
   slot->view = ref::QuantMatrix{t, slot->bytes.data(), static_cast<uint64_t>(n_in), rows};
   return *slot;
 }
@@ -201,7 +212,7 @@ void BM_Gemv(benchmark::State& state) {
   state.counters["read_GB/s"] = median(read_gbps);
   state.counters["read_ratio"] = median(ratio);
   state.counters["cpu_ratio"] = median(cpu_ratio);
-  const bool int8 = gemv_kernel(isa_selected(), type, act).input == GemvInput::kQ8;
+  const bool int8 = gemv_kernel(isa_selected(), type, act).input != GemvInput::kF32;
   state.SetLabel(std::string(ggml_type_name(type)) + (experts ? " experts 512 x " : " n_in ") + std::to_string(n_in) +
                  " batch " + std::to_string(batch) + " " + std::string(isa_name(isa_selected())) +
                  (int8 ? " int8" : " f32"));
@@ -225,6 +236,49 @@ void gemv_args(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMillisecond)->UseManualTime()->MinTime(0.5);
+
+double thread_cpu_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+void BM_GemvInCache(benchmark::State& state) {
+  const GgmlType type = kTypes[state.range(0)];
+  const int64_t n_in = state.range(1), batch = state.range(2);
+  const uint64_t row_bytes = *ggml_row_bytes(type, static_cast<uint64_t>(n_in));
+  const uint64_t n_out = (256 * 1024 / row_bytes) / 4 * 4;
+  std::vector<uint8_t> w(n_out * row_bytes);
+  fill_blocks(type, w.data(), w.size());
+  const ref::QuantMatrix m{type, w.data(), static_cast<uint64_t>(n_in), n_out};
+  std::vector<float> x(static_cast<size_t>(batch * n_in));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 1000) / 500.0f - 1.0f;
+  std::vector<float> y(static_cast<size_t>(batch) * m.n_out);
+  GemvTask t = task_of(m, x.data(), batch, y.data());
+  const GemvKernel k = gemv_kernel(isa_selected(), type, GemvInput::kQ8);
+  ActQ8Buffer buf;
+  t.xq = buf.reserve(batch, n_in, ActQ8Forms{k.input == GemvInput::kQ8, k.input == GemvInput::kQ8K});
+  if (k.input == GemvInput::kQ8) act_q8_quantize(x.data(), n_in, 0, batch, buf);
+  if (k.input == GemvInput::kQ8K) act_q8k_quantize(x.data(), n_in, 0, batch, buf);
+  const int64_t rows = static_cast<int64_t>(m.n_out);
+  for (int i = 0; i < 10; ++i) k.fn(t, 0, rows);  // into L1/L2
+  std::vector<double> gbps;
+  for (auto _ : state) {
+    const double c0 = thread_cpu_seconds();
+    for (int i = 0; i < 20; ++i) k.fn(t, 0, rows);
+    benchmark::DoNotOptimize(y.data());
+    gbps.push_back(20.0 * static_cast<double>(rows * row_bytes) / (thread_cpu_seconds() - c0) / 1e9);
+  }
+  state.counters["GB/s"] = median(gbps);
+  state.SetLabel(std::string(ggml_type_name(type)) + " n_in " + std::to_string(n_in) + " batch " +
+                 std::to_string(batch) + " " + std::string(isa_name(isa_selected())) +
+                 (k.input != GemvInput::kF32 ? " int8" : " f32"));
+}
+
+BENCHMARK(BM_GemvInCache)
+    ->ArgsProduct({{0, 1, 2, 3, 4}, {512, 2048}, {1, 2, 3, 8}})
+    ->ArgNames({"type", "n_in", "batch"})
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace kestrel::cpu

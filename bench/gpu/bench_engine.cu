@@ -3,8 +3,9 @@
 // the same run (docs/benchmarking.md). Then one profiled run per session count splits the step's time by section
 // (GDN, attention, MoE, dense FFN, lm_head with the logits copy, the rest), so the next speed work is chosen by it.
 //
-//   bench_engine --model M.gguf [--sessions 1,8,32] [--steps 64] [--prompt 32] [--no-pdl]
-//                [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]... [--threads N]
+//   bench_engine --model M.gguf [--sessions 1,8,32] [--steps 64] [--prompt 32] [--pp 512,4096] [--ttft 2000]
+//                [--no-pdl] [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...
+//                [--threads N]
 //
 // With a placement flag the engine is built as kestreld builds it (hybrid/placed_cuda_engine.h): the routed experts
 // the plan leaves on the host run on --threads CPU workers (0: one per physical core), the plan is printed, and the
@@ -15,6 +16,14 @@
 // caller waits for: the graph launch, the kernels, the copy back). Tokens are fixed ids, every session at its own
 // position; the items ask for argmax_only (a greedy request: 4 bytes per session come back), and the last column
 // repeats the run with the full logits copied back (a sampling request). Bytes per step: bench/common/decode_bytes.h.
+//
+// Prefill (--pp): one session's prompt of N tokens fed as the Service feeds it, a step of the engine's
+// max_tokens_per_item tokens at a time, timed from the first step to the greedy token after the last; beside it the
+// roofline of those passes (prompt_pass_bytes per pass ÷ the read bandwidth). A warm-up prompt of the same length
+// comes first (its passes capture the graphs). --ttft: a prompt of N tokens fed as the Service feeds it beside 8
+// other sessions that decode a token each step (a step's prompt chunk is what they leave of max_tokens_per_tick): the
+// time to its first token, and the 8 sessions' time per token (mean and worst step) against the same steps without the
+// prompt.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -40,11 +49,23 @@ struct Args {
   std::vector<int> sessions = {1, 8, 32};
   int steps = 64;
   int prompt = 32;
+  std::vector<int> pp = {512, 4096};
+  int ttft = 2000;
   bool programmatic = true;
   bool placed = false;  // a placement flag was given
   PlacementFlags placement;
   int threads = 0;
 };
+
+std::vector<int> int_list(const char* v) {
+  std::vector<int> out;
+  for (const char* p = v; *p;) {
+    out.push_back(std::atoi(p));
+    while (*p && *p != ',') ++p;
+    if (*p == ',') ++p;
+  }
+  return out;
+}
 
 bool parse(int argc, char** argv, Args* a) {
   for (int i = 1; i < argc; ++i) {
@@ -71,17 +92,134 @@ bool parse(int argc, char** argv, Args* a) {
     } else if (k == "--threads" && (v = val())) {
       a->threads = std::atoi(v);
     } else if (k == "--sessions" && (v = val())) {
-      a->sessions.clear();
-      for (const char* p = v; *p;) {
-        a->sessions.push_back(std::atoi(p));
-        while (*p && *p != ',') ++p;
-        if (*p == ',') ++p;
-      }
+      a->sessions = int_list(v);
+    } else if (k == "--pp" && (v = val())) {
+      a->pp = int_list(v);
+      a->pp.erase(std::remove(a->pp.begin(), a->pp.end(), 0), a->pp.end());
+    } else if (k == "--ttft" && (v = val())) {
+      a->ttft = std::atoi(v);
     } else {
       return false;
     }
   }
-  return !a->model.empty() && a->steps > 0 && a->prompt > 0 && !a->sessions.empty();
+  return !a->model.empty() && a->steps > 0 && a->prompt > 0 && !a->sessions.empty() && a->ttft >= 0 &&
+         std::all_of(a->pp.begin(), a->pp.end(), [](int n) { return n > 0; });
+}
+
+// Feeds `prompt` to `slot` in steps of the engine's max_tokens_per_item tokens (the last asks for the greedy token)
+// and returns the seconds from the first step to the last one's return; *passes receives the passes it took.
+Expected<double> feed_prompt(Engine& e, SlotId slot, const std::vector<int32_t>& prompt, int* passes) {
+  const size_t chunk = static_cast<size_t>(std::max(e.capabilities().max_tokens_per_item, 1));
+  std::vector<EngineStepOutput> out(1);
+  const auto t0 = std::chrono::steady_clock::now();
+  int n = 0;
+  for (size_t at = 0; at < prompt.size(); at += chunk) {
+    const size_t len = std::min(chunk, prompt.size() - at);
+    std::vector<EngineStepItem> item = {{slot, std::span<const int32_t>(prompt.data() + at, len), true}};
+    e.step(item, out);
+    KESTREL_TRY(out[0].status);
+    const size_t rows = static_cast<size_t>(std::max(e.capabilities().max_items_per_pass, 1));
+    n += static_cast<int>((len + rows - 1) / rows);
+  }
+  if (passes != nullptr) *passes = n;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<int32_t> prompt_tokens(int n, int seed, uint32_t n_vocab) {
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (int t = 0; t < n; ++t) p[size_t(t)] = (1000 + 17 * t + 131 * seed) % int(n_vocab);
+  return p;
+}
+
+Status prefill(CudaEngine& e, const Model& model, const Args& a, double bw) {
+  std::printf("\nprefill: one session, steps of %d prompt tokens (the engine's max_tokens_per_item)\n\n",
+              e.capabilities().max_tokens_per_item);
+  std::printf(
+      "| prompt tokens | ms | tokens/s | passes | roofline tokens/s | of roofline |\n|---|---|---|---|---|---|\n");
+  KESTREL_TRY_ASSIGN(SlotId slot, e.slot_alloc(e.capabilities().max_slot_ctx));
+  for (const int n : a.pp) {
+    const std::vector<int32_t> prompt = prompt_tokens(n, 1, model.hparams().n_vocab);
+    int passes = 0;
+    KESTREL_TRY(feed_prompt(e, slot, prompt, &passes));  // warm-up: the passes' graphs are captured here
+    e.slot_reset(slot);
+    KESTREL_TRY_ASSIGN(const double s, feed_prompt(e, slot, prompt, &passes));
+    e.slot_reset(slot);
+    double bytes = 0;
+    const int rows = std::max(e.capabilities().max_items_per_pass, 1);
+    for (int at = 0; at < n; at += rows) {
+      bytes += kestrel::bench::prompt_pass_bytes(model, std::min(rows, n - at), at);
+    }
+    const double roof = n / (bytes / bw);
+    std::printf("| %d | %.1f | %.0f | %d | %.0f | %.1f%% |\n", n, s * 1e3, n / s, passes, roof, 100.0 * (n / s) / roof);
+  }
+  e.slot_free(slot);
+  return ok_status();
+}
+
+// Time to first token of an a.ttft-token prompt while 8 sessions decode, and their time per token meanwhile.
+Status ttft_beside_decode(CudaEngine& e, const Model& model, const Args& a) {
+  constexpr int kDecoders = 8;
+  const uint32_t n_vocab = model.hparams().n_vocab;
+  std::vector<SlotId> dec;
+  for (int i = 0; i < kDecoders; ++i) {
+    KESTREL_TRY_ASSIGN(SlotId s, e.slot_alloc(e.capabilities().max_slot_ctx));
+    dec.push_back(s);
+    KESTREL_TRY(feed_prompt(e, s, prompt_tokens(a.prompt, 10 + i, n_vocab), nullptr));
+  }
+  KESTREL_TRY_ASSIGN(SlotId p, e.slot_alloc(e.capabilities().max_slot_ctx));
+  const std::vector<int32_t> prompt = prompt_tokens(a.ttft, 3, n_vocab);
+  KESTREL_TRY_ASSIGN(const double alone_s, feed_prompt(e, p, prompt, nullptr));
+  e.slot_reset(p);
+  std::vector<int32_t> toks(kDecoders);
+  std::vector<EngineStepOutput> out(kDecoders + 1);
+  // One tick: a token for each decoder, and the next chunk of the prompt when `chunk` > 0. Returns its seconds.
+  auto tick = [&](int step, const int32_t* chunk, size_t len) -> Expected<double> {
+    std::vector<EngineStepItem> items;
+    for (int i = 0; i < kDecoders; ++i) {
+      toks[size_t(i)] = (7 + 29 * step + 53 * i) % int(n_vocab);
+      items.push_back({dec[size_t(i)], std::span<const int32_t>(&toks[size_t(i)], 1), true});
+    }
+    if (len > 0) items.push_back({p, std::span<const int32_t>(chunk, len), true});
+    const auto t0 = std::chrono::steady_clock::now();
+    e.step(items, std::span<EngineStepOutput>(out.data(), items.size()));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    for (size_t i = 0; i < items.size(); ++i) KESTREL_TRY(out[i].status);
+    return s;
+  };
+  // The prompt's share of a tick as the Service gives it: what the decoders leave of max_tokens_per_tick.
+  const EngineCapabilities caps = e.capabilities();
+  size_t chunk = static_cast<size_t>(std::max(caps.max_tokens_per_item, 1));
+  if (caps.max_tokens_per_tick > 0) {
+    chunk = std::min(chunk, static_cast<size_t>(std::max(caps.max_tokens_per_tick - kDecoders, 1)));
+  }
+  // The prompt's ticks once untimed (graph captures), then the decoders alone, then the prompt beside them.
+  int step = 0;
+  for (size_t at = 0; at < prompt.size(); at += chunk) {
+    KESTREL_TRY(tick(step++, prompt.data() + at, std::min(chunk, prompt.size() - at)));
+  }
+  e.slot_reset(p);
+  double base_sum = 0;
+  const int base_steps = 32;
+  for (int s = 0; s < base_steps; ++s) {
+    KESTREL_TRY_ASSIGN(const double t, tick(step++, nullptr, 0));
+    base_sum += t;
+  }
+  double sum = 0, worst = 0;
+  int ticks = 0;
+  for (size_t at = 0; at < prompt.size(); at += chunk) {
+    KESTREL_TRY_ASSIGN(const double t, tick(step++, prompt.data() + at, std::min(chunk, prompt.size() - at)));
+    sum += t;
+    worst = std::max(worst, t);
+    ++ticks;
+  }
+  std::printf(
+      "\ntime to first token, %d-token prompt beside %d decoding sessions: %.1f ms (%d steps; alone %.1f ms)\n"
+      "their time per token meanwhile: mean %.2f ms, worst %.2f ms; without the prompt: %.2f ms (%.2fx)\n",
+      a.ttft, kDecoders, sum * 1e3, ticks, alone_s * 1e3, sum / ticks * 1e3, worst * 1e3, base_sum / base_steps * 1e3,
+      (sum / ticks) / (base_sum / base_steps));
+  for (SlotId s : dec) e.slot_free(s);
+  e.slot_free(p);
+  return ok_status();
 }
 
 Status run(const Args& a) {
@@ -93,6 +231,8 @@ Status run(const Args& a) {
   CudaEngineOptions o;
   o.max_slots = max_b;
   o.n_ctx = a.prompt + 3 * a.steps + 64;
+  for (const int n : a.pp) o.n_ctx = std::max(o.n_ctx, n + 64);
+  o.n_ctx = std::max(o.n_ctx, a.ttft + a.prompt + 3 * a.steps + 64);
   o.tuning.programmatic = a.programmatic;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaEngine> e;
@@ -189,6 +329,8 @@ Status run(const Args& a) {
       "\nstep time by section (event-record nodes between the sections of the replayed graph, one profiled run "
       "of each size):\n");
   for (const std::string& s : splits) std::printf("%s\n", s.c_str());
+  if (!a.pp.empty()) KESTREL_TRY(prefill(*e, *model, a, bw));
+  if (a.ttft > 0) KESTREL_TRY(ttft_beside_decode(*e, *model, a));
   return ok_status();
 }
 
@@ -199,7 +341,8 @@ int main(int argc, char** argv) {
   kestrel::gpu::bench::Args a;
   if (!kestrel::gpu::bench::parse(argc, argv, &a)) {
     std::fprintf(stderr,
-                 "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--no-pdl]\n"
+                 "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--pp 512,4096] "
+                 "[--ttft N] [--no-pdl]\n"
                  "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...\n"
                  "                    [--threads N]\n");
     return 2;

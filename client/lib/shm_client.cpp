@@ -12,12 +12,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <system_error>
 #include <thread>
 
@@ -346,12 +348,13 @@ class ShmClient final : public Client {
   std::thread reader_;
 };
 
-}  // namespace
-
-Expected<std::unique_ptr<Client>> make_shm_client(const std::string& control_socket, const ClientOptions& options) {
+// One handshake (docs/shm.md "Handshake"). *busy is set when kestreld refused with UNAVAILABLE: its handshake
+// places were taken for the moment.
+Expected<std::unique_ptr<Client>> connect_once(const std::string& control_socket, const ClientOptions& options,
+                                               std::chrono::milliseconds timeout, bool* busy) {
   KESTREL_TRY_ASSIGN(const int fd, shm::connect_control_socket(control_socket));
   int segment_fd = -1;
-  auto hello = shm::recv_control(fd, &segment_fd, options.connect_timeout);
+  auto hello = shm::recv_control(fd, &segment_fd, timeout);
   const auto fail = [&](Error e) -> Expected<std::unique_ptr<Client>> {
     if (segment_fd >= 0) close(segment_fd);
     close(fd);
@@ -361,7 +364,10 @@ Expected<std::unique_ptr<Client>> make_shm_client(const std::string& control_soc
     return fail(
         call_error(kUnavailable, "no shm hello from kestreld at '" + control_socket + "': " + hello.error().message));
   }
-  if (hello->type == shm::kControlRefused) return fail(call_error(hello->status, hello->message));
+  if (hello->type == shm::kControlRefused) {
+    *busy = hello->status == kUnavailable;
+    return fail(call_error(hello->status, hello->message));
+  }
   if (hello->type != shm::kControlHello || segment_fd < 0 || hello->segment_size != shm::kSegmentSize) {
     return fail(call_error(
         kUnavailable, "kestreld at '" + control_socket + "' sent an unexpected shm handshake (version mismatch?)"));
@@ -389,6 +395,26 @@ Expected<std::unique_ptr<Client>> make_shm_client(const std::string& control_soc
     return fail(call_error(kUnavailable, mapped.error().message));
   }
   return std::unique_ptr<Client>(new ShmClient(fd, view.base, options));
+}
+
+}  // namespace
+
+// A refusal with UNAVAILABLE means kestreld's handshake places are taken for the moment (many connections at once,
+// docs/shm.md "Places"): the handshake is tried again after a short pause that grows (2 ms up to 100 ms, with
+// jitter), until connect_timeout. Any other refusal or failure is returned at once.
+Expected<std::unique_ptr<Client>> make_shm_client(const std::string& control_socket, const ClientOptions& options) {
+  using std::chrono::milliseconds;
+  const auto deadline = std::chrono::steady_clock::now() + options.connect_timeout;
+  std::minstd_rand jitter(static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  milliseconds pause{2};
+  for (;;) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    bool busy = false;
+    auto client = connect_once(control_socket, options, std::max(left, milliseconds(1)), &busy);
+    if (client || !busy || left <= pause) return client;
+    std::this_thread::sleep_for(pause + milliseconds(jitter() % (pause.count() + 1)));
+    pause = std::min(pause * 2, milliseconds(100));
+  }
 }
 
 }  // namespace kestrel::client

@@ -65,7 +65,10 @@ struct PlacementPlan {
 struct EngineCapabilities {
   int32_t max_items_per_pass = 1;   // sessions advanced by one pass over the weights
   int32_t max_tokens_per_item = 0;  // tokens of one item a tick should carry (the Service cuts prompts to it); 0: any
-  int32_t max_slot_ctx = 0;         // the largest n_ctx slot_alloc accepts (0: the model's training context)
+  // Tokens of a whole tick that fit one pass (the Service gives prompts what decoding sessions leave of it, so a
+  // prompt's chunk does not add a pass to their tick); 0: any. Decoding sessions always get their token.
+  int32_t max_tokens_per_tick = 0;
+  int32_t max_slot_ctx = 0;  // the largest n_ctx slot_alloc accepts (0: the model's training context)
 };
 
 class Engine {

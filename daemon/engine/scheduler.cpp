@@ -5,6 +5,8 @@
 // prefill or decode completed, decide finishes; (4) under mu_, release finished sessions (busy flag, temporary
 // sessions, queue count); (5) free slots; (6) deliver chunks and results with no lock held.
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -47,9 +49,20 @@ bool contains(const std::vector<int32_t>& v, int32_t x) { return std::find(v.beg
 std::string abort_message(AbortCause cause, SessionId id) {
   switch (cause) {
     case AbortCause::kClosed: return "session " + std::to_string(id) + " was closed while the request ran";
-    case AbortCause::kDrain: return "kestreld is shutting down: the request was cancelled";
     default: return "the request was aborted";
   }
+}
+
+// Why a request was cut by the end of a drain: `what` is "step" or "generation".
+std::string shutdown_message(const char* what, Clock::duration drain_time) {
+  const auto ms = std::chrono::round<std::chrono::milliseconds>(drain_time).count();
+  if (ms < 1) {
+    return std::string("kestreld is stopping without a drain period: this ") + what + " was cut before it finished";
+  }
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.3g", static_cast<double>(ms) / 1000.0);
+  return std::string("kestreld is shutting down: its drain time of ") + seconds + " s ran out before this " + what +
+         " finished";
 }
 
 }  // namespace
@@ -68,6 +81,7 @@ void ServiceImpl::engine_loop() {
         }
         for (const std::shared_ptr<Session>& s : table_.take_expired(Clock::now())) expired.push_back(s->slot);
         stopping = stop_;
+        stop_drain_time_ = drain_time_;
         if (!active_.empty() || stopping || !expired.empty()) break;
         if (auto next = table_.next_expiry()) {
           wake_.wait_until(lk, *next);
@@ -115,7 +129,10 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
     const auto cause = static_cast<AbortCause>(r.abort.load());
     if (cause != AbortCause::kNone) {
       if (r.kind == Request::Kind::kStep) {
-        o.step_result = make_error(ErrorCode::kCancelled, abort_message(cause, r.session->id));
+        o.step_result = cause == AbortCause::kDrain
+                            ? make_error(ErrorCode::kUnavailable,
+                                         shutdown_message("step", stop_drain_time_) + "; retry on another kestreld")
+                            : make_error(ErrorCode::kCancelled, abort_message(cause, r.session->id));
       } else {
         std::string rest = r.text->finish();
         if (!rest.empty()) {
@@ -126,7 +143,12 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
           o.chunks.push_back(std::move(c));
         }
         GenerateSummary sum;
-        sum.reason = FinishReason::kAborted;
+        if (cause == AbortCause::kDrain) {
+          sum.reason = FinishReason::kShutdown;
+          sum.message = shutdown_message("generation", stop_drain_time_);
+        } else {
+          sum.reason = FinishReason::kAborted;
+        }
         sum.prompt_tokens = r.prompt_tokens;
         sum.completion_tokens = r.generated;
         sum.session = r.session->temporary ? 0 : r.session->id;
@@ -165,12 +187,21 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
   demands.reserve(active_.size());
   // A prompt asks for at most the engine's max_tokens_per_item a tick (an engine that runs a prompt a token per pass
   // would otherwise hold every decoding session for the whole prompt); the rest waits for the next tick.
-  const size_t per_item = static_cast<size_t>(std::max(engine_.capabilities().max_tokens_per_item, 0));
+  const EngineCapabilities caps = engine_.capabilities();
+  const size_t per_item = static_cast<size_t>(std::max(caps.max_tokens_per_item, 0));
+  size_t decoding = 0;
   for (const std::shared_ptr<Request>& r : active_) {
     demands.push_back(per_item > 0 ? std::min(r->remaining(), per_item) : r->remaining());
+    decoding += r->decoding ? 1 : 0;
   }
-  const std::vector<size_t> alloc =
-      allocate_tick_tokens(demands, static_cast<size_t>(limits_.max_batch_tokens), rotation_++);
+  // An engine whose pass holds max_tokens_per_tick tokens gets prompts only what the decoding sessions leave of one
+  // pass (at least a token each): a prompt's chunk then shares the decoders' pass instead of adding one.
+  size_t budget = static_cast<size_t>(limits_.max_batch_tokens);
+  if (caps.max_tokens_per_tick > 0) {
+    const size_t prompts = active_.size() - decoding;
+    budget = std::min(budget, std::max(static_cast<size_t>(caps.max_tokens_per_tick), decoding + prompts));
+  }
+  const std::vector<size_t> alloc = allocate_tick_tokens(demands, budget, rotation_++);
   std::vector<size_t> which;  // index into active_ of each item
   std::vector<EngineStepItem> items;
   for (size_t i = 0; i < active_.size(); ++i) {
@@ -270,8 +301,7 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
   Session& s = *r.session;
   SampleResult sr;
   if (r.kind == Request::Kind::kStep) {
-    auto tok =
-        greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, s.fed, &sr);
+    auto tok = greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, s.fed, &sr);
     if (!tok) {
       o->step_result = std::move(tok).error();
     } else {
@@ -296,8 +326,7 @@ void ServiceImpl::sample_and_advance(Request& r, std::span<const float> logits, 
     reason = FinishReason::kContextFull;  // no room to feed another token
     c.text = r.text->finish();
   } else {
-    auto tok =
-        greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, s.fed, &sr);
+    auto tok = greedy >= 0 ? Expected<int32_t>(greedy) : s.sampler.sample_checked(logits, s.fed, &sr);
     if (!tok) {
       o->generate_result = std::move(tok).error();
       o->finished = true;
@@ -366,7 +395,8 @@ void ServiceImpl::record_end(const Request& r, const Outcome& o) {
     case FinishReason::kStopString: finish = FinishClass::kStop; break;
     case FinishReason::kMaxTokens:
     case FinishReason::kContextFull: finish = FinishClass::kLength; break;
-    case FinishReason::kAborted: finish = FinishClass::kAbort; break;
+    case FinishReason::kAborted:
+    case FinishReason::kShutdown: finish = FinishClass::kAbort; break;  // vLLM's "abort": ended by the server too
   }
   metrics_.succeeded(r.transport, r.scheduled, finish, e2e);
 }

@@ -117,7 +117,9 @@ struct StepResult {
   int64_t n_past = 0;
 };
 
-enum class FinishReason { kStopToken, kStopString, kMaxTokens, kContextFull, kAborted };
+// kAborted: Abort, or the session was closed while the request ran. kShutdown: the daemon's drain deadline passed
+// (or it stopped without one) before the generation finished; GenerateSummary::message says which.
+enum class FinishReason { kStopToken, kStopString, kMaxTokens, kContextFull, kAborted, kShutdown };
 const char* finish_reason_name(FinishReason reason);
 
 struct GenerateRequest {
@@ -145,6 +147,7 @@ struct GenerateChunk {
 
 struct GenerateSummary {
   FinishReason reason = FinishReason::kMaxTokens;
+  std::string message;  // why it ended early, for kShutdown ("kestreld is shutting down: ..."); empty otherwise
   uint32_t prompt_tokens = 0, completion_tokens = 0;
   SessionId session = 0;
   int64_t n_past = 0;
@@ -174,8 +177,9 @@ class Service {
   virtual const ServiceMetrics& metrics() const = 0;
 
   virtual Expected<std::vector<int32_t>> tokenize(const std::string& text, bool parse_special) const = 0;
-  // Exact bytes; kInvalidArgument naming the first id outside the vocabulary.
-  virtual Expected<std::string> detokenize(const std::vector<int32_t>& tokens) const = 0;
+  // Exact bytes; kInvalidArgument naming the first id outside the vocabulary; kResourceExhausted, before any text
+  // is built, when the bytes would be more than max_bytes (the sum of the tokens' piece lengths is checked first).
+  virtual Expected<std::string> detokenize(const std::vector<int32_t>& tokens, size_t max_bytes) const = 0;
 
   virtual Expected<SessionInfo> create_session(const SessionOptions& options) = 0;
   virtual Expected<SessionInfo> clone_session(SessionId id, uint64_t owner) = 0;
@@ -190,7 +194,8 @@ class Service {
   virtual Expected<bool> abort(SessionId id) = 0;
 
   // Stops admitting work (new requests get kUnavailable), lets in-flight requests finish until `deadline`, then
-  // aborts what is left. Blocks the caller (not the engine thread) until the engine loop has stopped.
+  // ends what is left: a Step with kUnavailable, a Generate with FinishReason::kShutdown, both with a message that
+  // names the drain time. Blocks the caller (not the engine thread) until the engine loop has stopped.
   virtual void drain(Clock::time_point deadline) = 0;
 };
 

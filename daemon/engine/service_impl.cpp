@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
 #include <utility>
+
+#include "core/tokenizer/tokenizer.h"
 
 namespace kestrel::daemon {
 namespace {
@@ -102,8 +105,23 @@ Expected<std::vector<int32_t>> ServiceImpl::tokenize(const std::string& text, bo
   return model_.tokenizer().encode(text, parse_special);
 }
 
-Expected<std::string> ServiceImpl::detokenize(const std::vector<int32_t>& tokens) const {
-  return model_.tokenizer().decode(tokens);
+Expected<std::string> ServiceImpl::detokenize(const std::vector<int32_t>& tokens, size_t max_bytes) const {
+  const Tokenizer& tokenizer = model_.tokenizer();
+  size_t bytes = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    Expected<std::string_view> piece = tokenizer.token_bytes(tokens[i]);
+    if (!piece) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "cannot decode position " + std::to_string(i) + ": " + piece.error().message);
+    }
+    bytes += piece->size();
+  }
+  if (bytes > max_bytes) {
+    return make_error(ErrorCode::kResourceExhausted, "the " + std::to_string(tokens.size()) + " tokens decode to " +
+                                                         std::to_string(bytes) + " bytes, more than the " +
+                                                         std::to_string(max_bytes) + " allowed");
+  }
+  return tokenizer.decode(tokens);
 }
 
 Status ServiceImpl::check_tokens(const std::vector<int32_t>& tokens, const char* what) const {
@@ -419,6 +437,7 @@ void ServiceImpl::drain(Clock::time_point deadline) {
   std::lock_guard<std::mutex> dlk(drain_mu_);
   {
     std::unique_lock<std::mutex> lk(mu_);
+    if (!draining_) drain_time_ = std::max(Clock::duration::zero(), deadline - Clock::now());
     draining_ = true;
     idle_.wait_until(lk, deadline, [&] { return queued_ == 0; });
     stop_ = true;

@@ -38,7 +38,7 @@ class ServiceImpl final : public Service {
   const ServiceMetrics& metrics() const override { return metrics_; }
 
   Expected<std::vector<int32_t>> tokenize(const std::string& text, bool parse_special) const override;
-  Expected<std::string> detokenize(const std::vector<int32_t>& tokens) const override;
+  Expected<std::string> detokenize(const std::vector<int32_t>& tokens, size_t max_bytes) const override;
 
   Expected<SessionInfo> create_session(const SessionOptions& options) override;
   Expected<SessionInfo> clone_session(SessionId id, uint64_t owner) override;
@@ -108,6 +108,7 @@ class ServiceImpl final : public Service {
   uint32_t slots_held_ = 0;
   bool draining_ = false;
   bool stop_ = false;
+  Clock::duration drain_time_{0};  // from drain()'s call to its deadline (for the shutdown messages)
 
   std::mutex engine_mu_;
 
@@ -117,6 +118,7 @@ class ServiceImpl final : public Service {
 
   // Engine loop thread only.
   std::vector<std::shared_ptr<Request>> active_;
+  Clock::duration stop_drain_time_{0};  // drain_time_, read with stop_
   uint64_t rotation_ = 0;
   std::vector<float> tick_logits_;  // f32 [items, n_vocab]: every item's logits of the current tick, reused
 

@@ -10,6 +10,7 @@ const char* finish_reason_name(FinishReason reason) {
     case FinishReason::kMaxTokens: return "max tokens";
     case FinishReason::kContextFull: return "context full";
     case FinishReason::kAborted: return "aborted";
+    case FinishReason::kShutdown: return "shutdown";
   }
   return "unknown";
 }

@@ -56,10 +56,22 @@ ApiError ApiError::from_error(const Error& error) {
   return e;
 }
 
+namespace {
+
+// `text` cut to at most `max` bytes at a character boundary, saying how much was left out.
+std::string bounded(const std::string& text, size_t max) {
+  if (text.size() <= max) return text;
+  size_t cut = max;
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;  // not inside a character
+  return text.substr(0, cut) + " [" + std::to_string(text.size() - cut) + " more bytes]";
+}
+
+}  // namespace
+
 std::string error_body(const ApiError& error) {
   using Json = nlohmann::ordered_json;  // message, type, param, code: OpenAI's order
-  Json inner = {{"message", error.message}, {"type", error.type}};
-  inner["param"] = error.param.empty() ? Json(nullptr) : Json(error.param);
+  Json inner = {{"message", bounded(error.message, kMaxErrorMessageBytes)}, {"type", error.type}};
+  inner["param"] = error.param.empty() ? Json(nullptr) : Json(bounded(error.param, kMaxErrorParamBytes));
   inner["code"] = error.code.empty() ? Json(nullptr) : Json(error.code);
   return Json{{"error", std::move(inner)}}.dump(-1, ' ', false, Json::error_handler_t::replace);
 }

@@ -7,6 +7,7 @@
 // loading or draining 503, a bug 500. Plain values; thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "core/base/expected.h"
@@ -31,7 +32,11 @@ struct ApiError {
   static ApiError from_error(const Error& error);
 };
 
-// The JSON body of an error response (one line, no newline).
+// The JSON body of an error response (one line, no newline). Messages and params quote what the client sent (a key,
+// a path, a model name), so they are cut to these many bytes (with "[N more bytes]") to keep an error's size bounded
+// whatever the request held.
+inline constexpr size_t kMaxErrorMessageBytes = 1024;
+inline constexpr size_t kMaxErrorParamBytes = 256;
 std::string error_body(const ApiError& error);
 
 }  // namespace kestrel::daemon::http

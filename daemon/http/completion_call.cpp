@@ -1,6 +1,7 @@
 // CompletionCall (completion_call.h).
 #include "daemon/http/completion_call.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <random>
 #include <utility>
@@ -23,6 +24,7 @@ CompletionCall::CompletionCall(Setup setup, const Service& service, std::shared_
       release_(std::move(release)),
       encoder_(setup_.kind, setup_.id, setup_.created, setup_.model, setup_.include_usage, setup_.logprobs) {
   text_ = setup_.echo;
+  text_bytes_ = json_string_size(text_);
 }
 
 void CompletionCall::begin() {
@@ -39,10 +41,14 @@ void CompletionCall::on_done(Expected<GenerateSummary> result) {
       [self = shared_from_this(), result = std::move(result)]() mutable { self->finish(std::move(result)); });
 }
 
-bool CompletionCall::cancelled() const { return too_slow_.load(std::memory_order_relaxed) || exchange_->peer_gone(); }
+bool CompletionCall::cancelled() const {
+  return too_slow_.load(std::memory_order_relaxed) || too_large_.load(std::memory_order_relaxed) ||
+         exchange_->peer_gone();
+}
 
 std::string CompletionCall::token_bytes(int32_t id) const {
-  Expected<std::string> bytes = service_.detokenize({id});
+  // One token: at most its piece, which the vocabulary bounds.
+  Expected<std::string> bytes = service_.detokenize({id}, SIZE_MAX);
   return bytes ? std::move(bytes).value() : std::string();
 }
 
@@ -72,6 +78,17 @@ void CompletionCall::open_stream() {
 void CompletionCall::deliver(GenerateChunk chunk) {
   std::vector<TokenLogprobs> logprobs = token_logprobs(chunk);
   if (!setup_.stream) {
+    if (too_large_.load(std::memory_order_relaxed)) return;
+    // The chunk's text joins text_ inside the same quotes.
+    size_t text_bytes = text_bytes_ + json_string_size(chunk.text) - 2;
+    size_t logprobs_bytes = logprobs_bytes_;
+    for (const TokenLogprobs& t : logprobs) logprobs_bytes += logprobs_size_bound(t);
+    if (encoder_.body_size_bound(text_bytes, logprobs_bytes) > setup_.max_response_bytes) {
+      too_large_.store(true, std::memory_order_relaxed);  // the engine stops at its next tick
+      return;
+    }
+    text_bytes_ = text_bytes;
+    logprobs_bytes_ = logprobs_bytes;
     text_ += chunk.text;
     for (TokenLogprobs& t : logprobs) logprobs_.push_back(std::move(t));
     return;
@@ -104,12 +121,23 @@ void CompletionCall::finish(Expected<GenerateSummary> result) {
     answer_error(e);  // queued behind what the client does not read: the connection closes when it times out
     return;
   }
+  if (too_large_.load(std::memory_order_relaxed)) {
+    return answer_error(ApiError::invalid(
+        "max_tokens",
+        "the response would pass " + std::to_string(setup_.max_response_bytes) +
+            " bytes, the most kestreld keeps for a response that is not streamed; stream it (\"stream\": true), or "
+            "ask for fewer tokens (max_tokens) or alternatives (top_logprobs)",
+        "response_too_large"));
+  }
   if (!result) return answer_error(ApiError::from_error(result.error()));
   const std::string_view finish = finish_reason_text(result->reason);
   if (finish.empty()) {
+    const std::string why = result->reason == FinishReason::kShutdown
+                                ? (result->message.empty() ? std::string("kestreld is shutting down") : result->message)
+                                : std::string("the request was aborted");
     return answer_error(ApiError::from_error(make_error(
-        ErrorCode::kUnavailable, "the generation was cut short after " + std::to_string(result->completion_tokens) +
-                                     " tokens: kestreld is shutting down (or the request was aborted)")));
+        ErrorCode::kUnavailable,
+        "the generation was cut short after " + std::to_string(result->completion_tokens) + " tokens: " + why)));
   }
   const Usage usage{result->prompt_tokens, result->completion_tokens};
   if (!setup_.stream) {

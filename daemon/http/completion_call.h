@@ -7,13 +7,17 @@
 // limit, a prompt past the context, draining) is a plain HTTP error; an error after that is an error event.
 //
 // The generation is cancelled (GenerateSink::cancelled) when the client is gone, or when it stops reading while
-// more than kMaxPendingBytes wait to be written; the connection is then closed.
+// more than kMaxPendingBytes wait to be written; the connection is then closed. Without streaming, the whole answer
+// is kept until the end: its size (openai_encode.h body_size_bound) is added up as chunks arrive, and the chunk that
+// would take it past Setup::max_response_bytes is not kept: the generation is cancelled and the answer is a 400
+// (code response_too_large) that says to stream or ask for fewer tokens or alternatives.
 //
 // Threading: the GenerateSink methods on the engine thread (or on the strand, for a refusal at admission);
 // begin() and everything it posts on the strand. `release` runs once, on the strand, when the call has answered.
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -40,6 +44,7 @@ class CompletionCall final : public GenerateSink, public std::enable_shared_from
     std::string id;            // "cmpl-..." / "chatcmpl-..."
     int64_t created = 0;       // unix seconds
     std::string model;
+    size_t max_response_bytes = SIZE_MAX;  // the largest whole (unstreamed) response
   };
 
   // Borrows `service` (for token texts) for its lifetime.
@@ -68,9 +73,12 @@ class CompletionCall final : public GenerateSink, public std::enable_shared_from
   ResponseEncoder encoder_;
   std::atomic<bool> done_{false};        // on_done was called
   std::atomic<bool> too_slow_{false};    // the client stopped reading
+  std::atomic<bool> too_large_{false};   // without streaming: the answer would pass max_response_bytes
   bool stream_open_ = false;             // strand: the event stream's headers are queued
   std::string text_;                     // strand, without streaming: the completion so far
   std::vector<TokenLogprobs> logprobs_;  // strand, without streaming
+  size_t text_bytes_ = 0;                // strand, without streaming: json_string_size of text_
+  size_t logprobs_bytes_ = 0;            // strand, without streaming: logprobs_size_bound of logprobs_, summed
 };
 
 // A fresh id for a response: `prefix` and 24 random hex digits ("chatcmpl-3f9a...").

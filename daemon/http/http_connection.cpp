@@ -109,10 +109,13 @@ void HttpConnection::reject_request(beast::error_code ec) {
   if (ec == net::error::operation_aborted) return;
   Response r;
   if (ec == bhttp::error::body_limit) {
-    const auto length = parser_->content_length();
+    // A Content-Length over the limit is refused as the header ends, before is_header_done(), so the parser's
+    // content_length() may not be asked (Beast asserts it); the field itself is there, checked to be a number.
+    const beast::string_view length = parser_->get()[bhttp::field::content_length];
     r = error_page(413,
                    "the request body " +
-                       (length ? "is " + std::to_string(*length) + " bytes" : std::string("is larger than the limit")) +
+                       (length.empty() ? std::string("is larger than the limit")
+                                       : "is " + std::string(length.data(), length.size()) + " bytes") +
                        "; kestreld accepts at most " + std::to_string(limits_.max_body_bytes) +
                        " bytes (http max_body_bytes)",
                    "request_too_large");

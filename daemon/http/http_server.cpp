@@ -47,7 +47,7 @@ class HttpServer::Impl {
  public:
   explicit Impl(const HttpServerOptions& options)
       : options_(options),
-        api_(ApiOptions{options.api_key, options.max_concurrent_requests, RequestLimits{}}),
+        api_(ApiOptions{options.api_key, options.max_concurrent_requests, RequestLimits{}, options.max_response_bytes}),
         acceptor_(net::make_strand(ioc_)),
         work_(net::make_work_guard(ioc_)),
         retry_(acceptor_.get_executor()) {}

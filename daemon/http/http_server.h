@@ -25,9 +25,10 @@ namespace kestrel::daemon::http {
 struct HttpServerOptions {
   std::string address;  // "host:port"; "[::1]:8080" for IPv6; port 0 picks a free port (port() tells which)
   std::string api_key;  // "" = none; else /v1/ routes need "Authorization: Bearer <key>"
-  uint64_t max_body_bytes = 4 << 20;      // a larger request body is answered 413
-  uint32_t max_concurrent_requests = 64;  // completions running over HTTP at once; more are answered 429
-  uint32_t max_connections = 512;         // open connections; more are answered 503 and closed
+  uint64_t max_body_bytes = 4 << 20;             // a larger request body is answered 413
+  uint32_t max_concurrent_requests = 64;         // completions running over HTTP at once; more are answered 429
+  uint32_t max_connections = 512;                // open connections; more are answered 503 and closed
+  size_t max_response_bytes = size_t{16} << 20;  // the largest response body (ApiOptions)
   int io_threads = 2;
   std::chrono::seconds read_timeout{30};   // to receive a request (and the idle time of a kept-alive connection)
   std::chrono::seconds write_timeout{60};  // for a client to take one write

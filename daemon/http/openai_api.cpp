@@ -179,10 +179,22 @@ void OpenAiApi::completion(ApiKind kind, const HttpRequest& http_request, const 
     }
     req.prompt_text = std::move(rendered).value();
   }
+  // An echoed prompt is the start of the response: sized before it is built, and refused when the response could
+  // not hold it.
+  auto echo_too_large = [&](const std::string& what) {
+    return ApiError::invalid("echo",
+                             what + ": the response would pass " + std::to_string(options_.max_response_bytes) +
+                                 " bytes, the most kestreld answers; ask without echo",
+                             "response_too_large");
+  };
   if (!req.prompt_tokens.empty()) {
     prompt = std::move(req.prompt_tokens);
-    if (req.echo) {
-      Expected<std::string> text = a.service->detokenize(prompt);
+    if (req.echo && prompt.size() < static_cast<size_t>(a.limits.max_session_ctx)) {
+      // The tokens' piece lengths are summed before any text is built (a longer prompt is refused below).
+      Expected<std::string> text = a.service->detokenize(prompt, options_.max_response_bytes);
+      if (!text && text.error().code == ErrorCode::kResourceExhausted) {
+        return refuse(echo_too_large("the echoed prompt (" + text.error().message + ")"));
+      }
       if (!text) return refuse(ApiError::from_error(text.error()));
       echo = std::move(text).value();
     }
@@ -193,6 +205,13 @@ void OpenAiApi::completion(ApiKind kind, const HttpRequest& http_request, const 
     if (tokens->empty()) return refuse(ApiError::invalid("prompt", "the prompt tokenized to no tokens"));
     prompt = std::move(tokens).value();
     if (req.echo) echo = req.prompt_text;
+  }
+  if (!echo.empty()) {
+    const ResponseEncoder sizes(kind, "", 0, a.model.id, false, false);
+    // The id is not drawn yet: 32 bytes is more than any prefix and its 24 digits.
+    if (sizes.body_size_bound(json_string_size(echo) + 32, 0) > options_.max_response_bytes) {
+      return refuse(echo_too_large("the echoed prompt is " + std::to_string(echo.size()) + " bytes"));
+    }
   }
 
   // The temporary session's context: the prompt and max_tokens, at least default_n_ctx, at most max_session_ctx.
@@ -237,6 +256,7 @@ void OpenAiApi::completion(ApiKind kind, const HttpRequest& http_request, const 
   setup.id = new_response_id(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-");
   setup.created = unix_now();
   setup.model = a.model.id;
+  setup.max_response_bytes = options_.max_response_bytes;
   auto call =
       std::make_shared<CompletionCall>(std::move(setup), *a.service, exchange, [this] { in_flight_.fetch_sub(1); });
   a.service->generate(std::move(g), call);

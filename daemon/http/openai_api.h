@@ -19,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -43,6 +44,9 @@ struct ApiOptions {
   std::string api_key;  // "" = no key required
   uint32_t max_concurrent_requests = 64;
   RequestLimits request_limits;
+  // The largest response body: an echoed prompt is sized before anything is built (400 response_too_large when it
+  // would not fit), a response that is not streamed as its chunks arrive (completion_call.h).
+  size_t max_response_bytes = size_t{16} << 20;
 };
 
 class OpenAiApi {

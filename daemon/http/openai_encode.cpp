@@ -52,9 +52,57 @@ std::string_view finish_reason_text(FinishReason reason) {
     case FinishReason::kStopString: return "stop";
     case FinishReason::kMaxTokens:
     case FinishReason::kContextFull: return "length";
-    case FinishReason::kAborted: return "";
+    case FinishReason::kAborted:
+    case FinishReason::kShutdown: return "";
   }
   return "";
+}
+
+size_t json_string_size(std::string_view bytes) {
+  std::string clean;
+  append_utf8_sanitized(bytes, clean);
+  size_t n = 2;  // the quotes
+  for (const char ch : clean) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+      case '\\':
+      case '\b':
+      case '\f':
+      case '\n':
+      case '\r':
+      case '\t': n += 2; break;
+      default: n += c < 0x20 ? 6 : 1;  // other control characters as \u00XX
+    }
+  }
+  return n;
+}
+
+namespace {
+// The longest a log-probability is written (-9999.0, or a double in full: "-1.2345678901234567e-308").
+constexpr size_t kNumberBytes = 24;
+// One entry's keys, brackets and commas in either form, beyond its string, number and byte list: chat
+// {"token":,"logprob":,"bytes":[],"top_logprobs":[]}, legacy a string, a number, an object and an offset in four
+// arrays. Each alternative adds {"token":,"logprob":,"bytes":[]} (chat) or "":, (legacy).
+constexpr size_t kEntryBytes = 64 + 20;  // the 20: a legacy text_offset
+constexpr size_t kAlternativeBytes = 40;
+// The byte list of `bytes`: up to three digits and a comma per byte.
+size_t byte_list_size(std::string_view bytes) { return 4 * bytes.size(); }
+}  // namespace
+
+size_t logprobs_size_bound(const TokenLogprobs& t) {
+  size_t n = kEntryBytes + kNumberBytes + json_string_size(t.bytes) + byte_list_size(t.bytes);
+  for (const auto& [bytes, lp] : t.top) {
+    n += kAlternativeBytes + kNumberBytes + json_string_size(bytes) + byte_list_size(bytes);
+  }
+  return n;
+}
+
+size_t ResponseEncoder::body_size_bound(size_t text_bytes, size_t logprobs_bytes) const {
+  // The envelope, the choice's keys, a finish reason and the usage object (three integers of up to 20 digits) take
+  // under 400 bytes beside the id and the model; the legacy form adds its four logprobs keys.
+  constexpr size_t kFixedBytes = 512;
+  return kFixedBytes + json_string_size(id_) + json_string_size(model_) + text_bytes + logprobs_bytes;
 }
 
 std::string sse_event(std::string_view json) {

@@ -40,9 +40,17 @@ struct Usage {
   uint32_t prompt_tokens = 0, completion_tokens = 0;
 };
 
-// "stop" for a stop token or stop string, "length" for max_tokens or a full context; "" for kAborted (which the
-// caller answers as an error: the generation was cut short by an abort or by shutdown).
+// "stop" for a stop token or stop string, "length" for max_tokens or a full context; "" for kAborted and kShutdown
+// (which the caller answers as an error: the generation was cut short by an abort or by the daemon's shutdown).
 std::string_view finish_reason_text(FinishReason reason);
+
+// Sizes of a whole response, known before it is built (OpenAiApi and CompletionCall check them against
+// ApiOptions::max_response_bytes). json_string_size: exactly the bytes of `bytes` as a JSON string (quotes, escapes,
+// each invalid UTF-8 byte as U+FFFD). logprobs_size_bound: at least what one token's log-probabilities add to
+// either form (chat or legacy). ResponseEncoder::body_size_bound: at least body()'s size for text and log-probabilities
+// of those sizes.
+size_t json_string_size(std::string_view bytes);
+size_t logprobs_size_bound(const TokenLogprobs& t);
 
 // "data: <json>\n\n"
 std::string sse_event(std::string_view json);
@@ -59,6 +67,10 @@ class ResponseEncoder {
   std::string delta_event(std::string_view text, std::span<const TokenLogprobs> logprobs);
   std::string finish_event(std::string_view finish_reason) const;
   std::string usage_event(const Usage& usage) const;
+
+  // At least body()'s size for a text of json_string_size `text_bytes` and log-probabilities of
+  // logprobs_size_bound sum `logprobs_bytes`.
+  size_t body_size_bound(size_t text_bytes, size_t logprobs_bytes) const;
 
   // The whole response of a request without streaming.
   std::string body(std::string_view text, std::span<const TokenLogprobs> logprobs, std::string_view finish_reason,

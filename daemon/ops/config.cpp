@@ -158,7 +158,6 @@ Status set_float_field(float& field, const ConfigValue& v, double lo, double hi,
   return ok_status();
 }
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kHuge = 1e30;  // penalties: any finite float
 
 SamplingParams& sampling(DaemonConfig& c) { return c.limits.default_sampling; }
@@ -286,11 +285,18 @@ const std::vector<ConfigKey> kKeys = {
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.http.max_connections}; }},
     // [cuda]
     {"cuda", "slots", "--cuda-slots", "N",
-     "CUDA engine: sessions resident on the device at once, each with max_session_ctx tokens of KV cache (1-4096; "
-     "default 16; max_sessions is lowered to it)",
+     "CUDA engine: sessions resident on the device at once, each up to max_session_ctx tokens, their KV cache taken "
+     "from the kv_cache_bytes pool as they grow (1-4096; default 16; max_sessions is lowered to it)",
      ConfigValueKind::kInteger,
      [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cuda.slots, v, 1, 4096); },
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.slots}; }},
+    {"cuda", "kv_cache_bytes", "--kv-cache-bytes", "BYTES",
+     "CUDA engine: device memory for the KV cache all sessions share, in pages of 256 tokens; a step that needs a "
+     "page when none is free fails with RESOURCE_EXHAUSTED (0-2^50; default 0: enough for every slot at "
+     "max_session_ctx, at most 90% of the memory left after the weights)",
+     ConfigValueKind::kInteger,
+     [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cuda.kv_cache_bytes, v, 0, int64_t{1} << 50); },
+     [](const DaemonConfig& c) -> ConfigValue { return static_cast<int64_t>(c.cuda.kv_cache_bytes); }},
     {"cuda", "device", "--cuda-device", "N", "CUDA engine: the device ordinal (default 0)", ConfigValueKind::kInteger,
      [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cuda.device, v, 0, 1024); },
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.device}; }},

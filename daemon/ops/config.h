@@ -55,8 +55,9 @@ struct HttpConfig {
 
 // [cuda]: the CUDA engine's sizes and placement (engine = cuda, or auto on a machine with a device).
 struct CudaConfig {
-  uint32_t slots = 16;  // sessions resident on the device at once (each holds max_session_ctx tokens of KV)
-  uint32_t device = 0;  // CUDA device ordinal
+  uint32_t slots = 16;          // sessions resident on the device at once (GDN state each; KV from the shared pool)
+  uint64_t kv_cache_bytes = 0;  // the KV page pool all sessions share; 0 = automatic (gpu/engine/cuda_engine.h)
+  uint32_t device = 0;          // CUDA device ordinal
   // Placement (core/engine/placement_planner.h, hybrid/placed_cuda_engine.h): the weights' GPU budget (BYTES or
   // auto), the MoE layers whose routed experts stay on the host, and per-tensor overrides "REGEX=cpu|gpu[;...]".
   // The host experts run on [cpu] threads workers.

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "core/base/private_dir.h"
 #include "tools/mkmodel/default_model.h"
 
 namespace kestrel::daemon::ops {
@@ -19,8 +20,6 @@ std::string env_or_empty(const char* name) {
 
 // systemd joins several RuntimeDirectory=/CacheDirectory= folders with ':'; the first is ours.
 std::string first_of_list(const std::string& value) { return value.substr(0, value.find(':')); }
-
-std::string private_tmp_dir(uint32_t uid) { return "/tmp/kestrel-" + std::to_string(uid); }
 
 }  // namespace
 
@@ -42,7 +41,7 @@ std::string default_socket_path(const Environment& env) {
   }
   if (env.uid == 0) return std::string("/run/kestrel/") + kSocketFileName;
   if (!env.xdg_runtime_dir.empty()) return (fs::path(env.xdg_runtime_dir) / "kestrel" / kSocketFileName).string();
-  return (fs::path(private_tmp_dir(env.uid)) / kSocketFileName).string();
+  return (fs::path(fallback_runtime_dir(env.uid)) / kSocketFileName).string();
 }
 
 std::string default_shm_socket_path(const std::string& socket_path) {

@@ -70,6 +70,7 @@ Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const 
   if (hp.n_ctx_train > 0) ctx = std::min<int32_t>(ctx, static_cast<int32_t>(hp.n_ctx_train));
   o.n_ctx = ctx;
   o.max_slots = static_cast<int32_t>(std::min<uint32_t>(config.cuda.slots, limits->max_sessions));
+  o.kv_cache_bytes = config.cuda.kv_cache_bytes;
   o.device = static_cast<int>(config.cuda.device);
   int last = -1;
   o.progress = [&](uint64_t done, uint64_t total) {
@@ -86,9 +87,15 @@ Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const 
     limits->max_sessions = static_cast<uint32_t>(o.max_slots);
   }
   limits->max_session_ctx = std::min(limits->max_session_ctx, o.n_ctx);
-  spdlog::info("cuda: {:.2f} GB weights, {:.2f} GB state ({} slots x {} tokens), {:.2f} GB scratch; {}",
-               static_cast<double>(e->weight_bytes()) / 1e9, static_cast<double>(e->state_bytes()) / 1e9, o.max_slots,
-               o.n_ctx, static_cast<double>(e->scratch_bytes()) / 1e9, e->layout_summary());
+  const gpu::CudaKvCacheInfo kv = e->kv_cache();
+  spdlog::info(
+      "cuda: {:.2f} GB weights, {:.2f} GB state ({} slots of up to {} tokens; KV cache {:.2f} GB{}: {} pages of {} "
+      "tokens = {} tokens shared by the sessions), {:.2f} GB scratch; {}",
+      static_cast<double>(e->weight_bytes()) / 1e9, static_cast<double>(e->state_bytes()) / 1e9, o.max_slots, o.n_ctx,
+      static_cast<double>(kv.page_bytes) * static_cast<double>(kv.n_pages) / 1e9,
+      o.kv_cache_bytes == 0 ? " (automatic)" : "", kv.n_pages, kv.page_tokens,
+      static_cast<int64_t>(kv.n_pages) * kv.page_tokens, static_cast<double>(e->scratch_bytes()) / 1e9,
+      e->layout_summary());
   return std::unique_ptr<Engine>(std::move(e));
 #else
   (void)progress;

@@ -6,11 +6,12 @@
 //   cpu        the CPU engine (cpu/cpu_engine.h) on cpu.threads pinned workers
 //   reference  the scalar f32 oracle (core/engine/reference_engine.h)
 //
-// The CUDA engine holds cuda.slots sessions of max_session_ctx tokens each, with the weights placed by the placement
-// planner under cuda.gpu_memory, cuda.n_cpu_moe and cuda.override_tensor (hybrid/placed_cuda_engine.h: routed experts
-// that do not fit run on cpu.threads CPU workers; the plan is logged); the CPU engine holds max_sessions
-// slots in host memory (the limits in `limits` are lowered to what the engine holds, and the log says so). Loading
-// reports progress through `progress` (percent).
+// The CUDA engine holds cuda.slots sessions of up to max_session_ctx tokens each, their KV cache in a pool of
+// cuda.kv_cache_bytes shared a page at a time, with the weights placed by the placement planner under
+// cuda.gpu_memory, cuda.n_cpu_moe and cuda.override_tensor (hybrid/placed_cuda_engine.h: routed experts that do not
+// fit run on cpu.threads CPU workers; the plan is logged); the CPU engine holds max_sessions slots in host memory (the
+// limits in `limits` are lowered to what the engine holds, and the log says so). Loading reports progress through
+// `progress` (percent).
 #pragma once
 
 #include <functional>

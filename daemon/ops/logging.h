@@ -5,6 +5,9 @@
 //            no timestamp, journald adds its own
 //   auto     journal when stderr is the journal's stream ($JOURNAL_STREAM matches stderr's device:inode), else text
 //
+// Protobuf's own log lines go through the same logger ("protobuf file:line: ..."); the ERROR it logs for a peer's
+// string field that is not UTF-8, as that parse fails, is a debug line (clients trigger it at will).
+//
 // setup_logging() is called once from main() before any thread logs; spdlog's logger itself is thread-safe.
 #pragma once
 

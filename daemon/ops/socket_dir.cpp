@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include "core/base/private_dir.h"
+
 namespace kestrel::daemon::ops {
 
 namespace {
@@ -23,6 +25,9 @@ Status prepare_socket_dir(const std::string& socket_path) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(socket_path).parent_path();
   if (dir.empty()) return ok_status();
+  KESTREL_TRY(prepare_fallback_dir(
+      dir.string(), "socket folder",
+      "set XDG_RUNTIME_DIR, or choose a socket folder of your own with [listen] socket / --socket"));
   fs::path built;
   for (const fs::path& part : dir) {
     built /= part;

@@ -67,18 +67,51 @@ grpc::ServerUnaryReactor* finish_now(grpc::CallbackServerContext* ctx, const cha
   return reactor;
 }
 
+// Requests arrive as raw bytes (GrpcService below): they are parsed here, so bytes that are not the method's message
+// get INVALID_ARGUMENT and a message instead of the bare UNIMPLEMENTED grpc++'s generated handlers answer.
+template <class Message>
+bool parse_request(const grpc::ByteBuffer& bytes, Message* out) {
+  grpc::ByteBuffer copy(bytes);  // Deserialize consumes its buffer; the copy shares the slices
+  return grpc::SerializationTraits<Message>::Deserialize(&copy, out).ok();
+}
+
+RpcStatus unparsable(const google::protobuf::MessageLite& request) {
+  return RpcStatus{rpc_code::kInvalidArgument, "the request does not parse as a " + request.GetTypeName() +
+                                                   " (malformed protobuf bytes, or a string field that is not UTF-8)"};
+}
+
+// A response message into the raw reply; INTERNAL if protobuf cannot serialize it.
+RpcStatus serialize_response(const google::protobuf::MessageLite& message, grpc::ByteBuffer* out) {
+  bool own = false;
+  const grpc::Status s = grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(message, out, &own);
+  if (s.ok()) return {};
+  return RpcStatus{rpc_code::kInternal, "cannot serialize the " + message.GetTypeName() + ": " + s.error_message()};
+}
+
+// A unary call: parse, run `call(request, &response)`, serialize, finish.
+template <class Request, class Response, class Call>
+grpc::ServerUnaryReactor* unary(grpc::CallbackServerContext* ctx, const char* method, const grpc::ByteBuffer* in,
+                                grpc::ByteBuffer* out, Call call) {
+  Request request;
+  if (!parse_request(*in, &request)) return finish_now(ctx, method, unparsable(request));
+  Response response;
+  RpcStatus status = call(request, &response);
+  if (status.ok()) status = serialize_response(response, out);
+  return finish_now(ctx, method, status);
+}
+
 // One Generate call. The engine thread produces chunks (push/finish, never blocking); gRPC threads report write
 // completions and cancellation. All transitions happen under mu_; StartWrite and Finish are called after the lock is
 // released (gRPC may run a reaction inline).
-class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
+class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // The engine's side (RpcHandlers::GenerateStream); holds the call alive only through the state machine (the
   // reactor is deleted in OnDone, which gRPC calls only after Finish, which happens only after on_done).
   class Stream final : public RpcHandlers::GenerateStream {
    public:
     explicit Stream(GenerateCall* call) : call_(call), cancelled_(call->cancelled_) {}
-    void on_chunk(v1::GenerateChunk chunk) override { call_->push(std::move(chunk)); }
-    void on_done(RpcStatus status, v1::GenerateChunk last) override { call_->finish(status, std::move(last)); }
+    void on_chunk(v1::GenerateChunk chunk) override { call_->push(chunk); }
+    void on_done(RpcStatus status, v1::GenerateChunk last) override { call_->finish(std::move(status), last); }
     // Reads a flag shared with the call, so that it stays safe even if polled after on_done.
     bool cancelled() const override { return cancelled_->load(std::memory_order_acquire); }
 
@@ -139,7 +172,12 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
     bool finish = false;
   };
 
-  void push(v1::GenerateChunk chunk) {
+  void push(const v1::GenerateChunk& message) {
+    grpc::ByteBuffer chunk;
+    if (RpcStatus s = serialize_response(message, &chunk); !s.ok()) {
+      spdlog::error("grpc Generate: {} (chunk dropped)", s.message);
+      return;
+    }
     Action action;
     {
       std::lock_guard lock(mu_);
@@ -160,7 +198,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
     run(action);
   }
 
-  void finish(const RpcStatus& status, v1::GenerateChunk last) {
+  void finish(RpcStatus status, const v1::GenerateChunk& message) {
+    grpc::ByteBuffer last;
+    if (status.ok()) status = serialize_response(message, &last);
     log_status("Generate", status);
     Action action;
     {
@@ -199,10 +239,10 @@ class GenerateCall final : public grpc::ServerWriteReactor<v1::GenerateChunk> {
 
   std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
   std::mutex mu_;
-  State state_ = State::kIdle;           // guarded by mu_
-  v1::GenerateChunk current_;            // the message of the outstanding write; stable until OnWriteDone
-  std::deque<v1::GenerateChunk> queue_;  // guarded by mu_
-  grpc::Status final_;                   // guarded by mu_; sent by Finish
+  State state_ = State::kIdle;          // guarded by mu_
+  grpc::ByteBuffer current_;            // the serialized chunk of the outstanding write; stable until OnWriteDone
+  std::deque<grpc::ByteBuffer> queue_;  // guarded by mu_
+  grpc::Status final_;                  // guarded by mu_; sent by Finish
 };
 
 // Checks that `path` can become our socket: removes a stale socket left by a dead daemon, refuses a live one and any
@@ -256,67 +296,89 @@ Status prepare_socket_path(const std::string& path) {
 
 }  // namespace
 
-// The kestrel.v1.Kestrel callback service: one method per RPC, each handing its request to RpcHandlers.
-class GrpcService final : public v1::Kestrel::CallbackService {
+// kestrel.v1.Kestrel with every method raw (grpc::ByteBuffer in and out), so that requests are parsed by
+// parse_request() above.
+using RawKestrelService =
+    v1::Kestrel::WithRawCallbackMethod_GetModelInfo<v1::Kestrel::WithRawCallbackMethod_GetServerStatus<
+        v1::Kestrel::WithRawCallbackMethod_Tokenize<v1::Kestrel::WithRawCallbackMethod_Detokenize<
+            v1::Kestrel::WithRawCallbackMethod_CreateSession<v1::Kestrel::WithRawCallbackMethod_CloneSession<
+                v1::Kestrel::WithRawCallbackMethod_ResetSession<v1::Kestrel::WithRawCallbackMethod_CloseSession<
+                    v1::Kestrel::WithRawCallbackMethod_Step<v1::Kestrel::WithRawCallbackMethod_Generate<
+                        v1::Kestrel::WithRawCallbackMethod_Abort<v1::Kestrel::Service>>>>>>>>>>>;
+
+// The kestrel.v1.Kestrel callback service: one method per RPC, each handing its parsed request to RpcHandlers.
+class GrpcService final : public RawKestrelService {
  public:
+  using Unary = grpc::ServerUnaryReactor*;
+  using Ctx = grpc::CallbackServerContext;
+  using Bytes = grpc::ByteBuffer;
+
   explicit GrpcService(RpcHandlers& handlers) : handlers_(handlers) {}
 
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const v1::GetModelInfoRequest* req,
-                                         v1::ModelInfo* resp) override {
-    return finish_now(ctx, "GetModelInfo", handlers_.get_model_info(*req, resp));
+  Unary GetModelInfo(Ctx* ctx, const Bytes* req, Bytes* resp) override {
+    return unary<v1::GetModelInfoRequest, v1::ModelInfo>(
+        ctx, "GetModelInfo", req, resp, [&](const auto& r, auto* out) { return handlers_.get_model_info(r, out); });
   }
-  grpc::ServerUnaryReactor* GetServerStatus(grpc::CallbackServerContext* ctx, const v1::GetServerStatusRequest* req,
-                                            v1::ServerStatus* resp) override {
-    return finish_now(ctx, "GetServerStatus", handlers_.get_server_status(*req, resp));
+  Unary GetServerStatus(Ctx* ctx, const Bytes* req, Bytes* resp) override {
+    return unary<v1::GetServerStatusRequest, v1::ServerStatus>(
+        ctx, "GetServerStatus", req, resp,
+        [&](const auto& r, auto* out) { return handlers_.get_server_status(r, out); });
   }
-  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const v1::TokenizeRequest* req,
-                                     v1::TokenizeResponse* resp) override {
-    return finish_now(ctx, "Tokenize", handlers_.tokenize(*req, resp));
+  Unary Tokenize(Ctx* ctx, const Bytes* req, Bytes* resp) override {
+    return unary<v1::TokenizeRequest, v1::TokenizeResponse>(
+        ctx, "Tokenize", req, resp, [&](const auto& r, auto* out) { return handlers_.tokenize(r, out); });
   }
-  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* ctx, const v1::DetokenizeRequest* req,
-                                       v1::DetokenizeResponse* resp) override {
-    return finish_now(ctx, "Detokenize", handlers_.detokenize(*req, resp));
+  Unary Detokenize(Ctx* ctx, const Bytes* req, Bytes* resp) override {
+    return unary<v1::DetokenizeRequest, v1::DetokenizeResponse>(
+        ctx, "Detokenize", req, resp, [&](const auto& r, auto* out) { return handlers_.detokenize(r, out); });
   }
-  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* ctx, const v1::CreateSessionRequest* req,
-                                          v1::SessionInfo* resp) override {
-    return finish_now(ctx, "CreateSession", handlers_.create_session(*req, /*owner=*/0, resp));
+  Unary CreateSession(Ctx* ctx, const Bytes* req, Bytes* resp) override {
+    return unary<v1::CreateSessionRequest, v1::SessionInfo>(
+        ctx, "CreateSession", req, resp,
+        [&](const auto& r, auto* out) { return handlers_.create_session(r, /*owner=*/0, out); });
   }
-  grpc::ServerUnaryReactor* CloneSession(grpc::CallbackServerContext* ctx, const v1::CloneSessionRequest* req,
-                                         v1::SessionInfo* resp) override {
-    return finish_now(ctx, "CloneSession", handlers_.clone_session(*req, /*owner=*/0, resp));
+  Unary CloneSession(Ctx* ctx, const Bytes* req, Bytes* resp) override {
+    return unary<v1::CloneSessionRequest, v1::SessionInfo>(
+        ctx, "CloneSession", req, resp,
+        [&](const auto& r, auto* out) { return handlers_.clone_session(r, /*owner=*/0, out); });
   }
-  grpc::ServerUnaryReactor* ResetSession(grpc::CallbackServerContext* ctx, const v1::ResetSessionRequest* req,
-                                         v1::SessionInfo* resp) override {
-    return finish_now(ctx, "ResetSession", handlers_.reset_session(*req, resp));
+  Unary ResetSession(Ctx* ctx, const Bytes* req, Bytes* resp) override {
+    return unary<v1::ResetSessionRequest, v1::SessionInfo>(
+        ctx, "ResetSession", req, resp, [&](const auto& r, auto* out) { return handlers_.reset_session(r, out); });
   }
-  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* ctx, const v1::CloseSessionRequest* req,
-                                         v1::CloseSessionResponse* resp) override {
-    return finish_now(ctx, "CloseSession", handlers_.close_session(*req, resp));
+  Unary CloseSession(Ctx* ctx, const Bytes* req, Bytes* resp) override {
+    return unary<v1::CloseSessionRequest, v1::CloseSessionResponse>(
+        ctx, "CloseSession", req, resp, [&](const auto& r, auto* out) { return handlers_.close_session(r, out); });
   }
-  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx, const v1::AbortRequest* req,
-                                  v1::AbortResponse* resp) override {
-    return finish_now(ctx, "Abort", handlers_.abort(*req, resp));
+  Unary Abort(Ctx* ctx, const Bytes* req, Bytes* resp) override {
+    return unary<v1::AbortRequest, v1::AbortResponse>(
+        ctx, "Abort", req, resp, [&](const auto& r, auto* out) { return handlers_.abort(r, out); });
   }
 
-  grpc::ServerUnaryReactor* Step(grpc::CallbackServerContext* ctx, const v1::StepRequest* req,
-                                 v1::StepResponse* resp) override {
+  Unary Step(Ctx* ctx, const Bytes* req, Bytes* resp) override {
+    v1::StepRequest request;
+    if (!parse_request(*req, &request)) return finish_now(ctx, "Step", unparsable(request));
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     // resp stays valid until Finish; the callback runs once, on the engine thread (or here when refused).
     handlers_.step(
-        *req, deadline_of(*ctx),
-        [reactor, resp](const RpcStatus& status, v1::StepResponse response) {
+        request, deadline_of(*ctx),
+        [reactor, resp](RpcStatus status, const v1::StepResponse& response) {
+          if (status.ok()) status = serialize_response(response, resp);
           log_status("Step", status);
-          if (status.ok()) *resp = std::move(response);
           reactor->Finish(to_grpc(status));
         },
         Transport::kGrpc);
     return reactor;
   }
 
-  grpc::ServerWriteReactor<v1::GenerateChunk>* Generate(grpc::CallbackServerContext* ctx,
-                                                        const v1::GenerateRequest* req) override {
+  grpc::ServerWriteReactor<Bytes>* Generate(Ctx* ctx, const Bytes* req) override {
     auto* call = new GenerateCall();  // deleted by its OnDone
-    handlers_.generate(*req, deadline_of(*ctx), /*owner=*/0, std::make_shared<GenerateCall::Stream>(call),
+    v1::GenerateRequest request;
+    if (!parse_request(*req, &request)) {
+      GenerateCall::Stream(call).on_done(unparsable(request), v1::GenerateChunk{});
+      return call;
+    }
+    handlers_.generate(request, deadline_of(*ctx), /*owner=*/0, std::make_shared<GenerateCall::Stream>(call),
                        Transport::kGrpc);
     return call;
   }

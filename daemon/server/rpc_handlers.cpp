@@ -1,6 +1,7 @@
 // RpcHandlers: kestrel.v1 ⇄ Service conversion and request validation for both transports (rpc_handlers.h).
 #include "daemon/server/rpc_handlers.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,19 @@ namespace kestrel::daemon {
 namespace {
 
 RpcStatus invalid(std::string message) { return RpcStatus{rpc_code::kInvalidArgument, std::move(message)}; }
+
+// Bytes of a protobuf varint holding v.
+size_t varint_size(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// Bytes of a length-delimited field (string, bytes, packed repeated) with a one-byte tag and `payload` bytes.
+size_t length_delimited_size(size_t payload) { return 1 + varint_size(payload) + payload; }
 
 SamplingOverrides overrides_from(const v1::SamplingParams& p) {
   SamplingOverrides o;
@@ -59,6 +73,7 @@ v1::FinishReason finish_to_v1(FinishReason reason) {
     case FinishReason::kMaxTokens: return v1::FINISH_REASON_MAX_TOKENS;
     case FinishReason::kContextFull: return v1::FINISH_REASON_CONTEXT_FULL;
     case FinishReason::kAborted: return v1::FINISH_REASON_ABORTED;
+    case FinishReason::kShutdown: return v1::FINISH_REASON_SHUTDOWN;
   }
   return v1::FINISH_REASON_UNSPECIFIED;
 }
@@ -111,6 +126,7 @@ class StreamSink final : public GenerateSink {
     last.set_n_past(result->n_past);
     last.set_prompt_tokens(result->prompt_tokens);
     last.set_completion_tokens(result->completion_tokens);
+    last.set_finish_message(utf8_sanitize(result->message));
     stream_->on_done(RpcStatus{}, std::move(last));
   }
 
@@ -139,6 +155,17 @@ RpcStatus to_rpc_status(const Error& error) {
     case ErrorCode::kInternal: code = rpc_code::kInternal; break;
   }
   return RpcStatus{code, error.message};
+}
+
+size_t utf8_sanitized_size(std::string_view bytes) {
+  size_t size = 0;
+  size_t pos = 0;
+  while (pos < bytes.size()) {
+    const size_t len = utf8_sequence_length(bytes, pos);
+    size += len == 0 ? 3 : len;  // U+FFFD is 3 bytes
+    pos += len == 0 ? 1 : len;
+  }
+  return size;
 }
 
 std::string utf8_sanitize(std::string_view bytes) {
@@ -239,22 +266,61 @@ RpcStatus RpcHandlers::get_server_status(const v1::GetServerStatusRequest& /*req
   return {};
 }
 
-RpcStatus RpcHandlers::tokenize(const v1::TokenizeRequest& request, v1::TokenizeResponse* out) const {
+RpcStatus RpcHandlers::response_too_large(const char* call, const std::string& what, size_t transport_max_bytes) const {
+  std::string message = std::string(call) + ": " + what + ", over the limit of ";
+  if (transport_max_bytes < limits_.max_response_bytes) {
+    message += std::to_string(transport_max_bytes) + " bytes per message on this transport (gRPC allows " +
+               std::to_string(limits_.max_response_bytes) + ")";
+  } else {
+    message += std::to_string(limits_.max_response_bytes) + " bytes per response";
+  }
+  return RpcStatus{rpc_code::kResourceExhausted, std::move(message) + "; split the request"};
+}
+
+RpcStatus RpcHandlers::tokenize(const v1::TokenizeRequest& request, v1::TokenizeResponse* out,
+                                size_t transport_max_bytes) const {
   const Attached* a = ready();
   if (a == nullptr) return loading_status();
+  const size_t limit = std::min(limits_.max_response_bytes, transport_max_bytes);
   Expected<std::vector<int32_t>> tokens = a->service->tokenize(request.text(), request.parse_special());
   if (!tokens) return to_rpc_status(tokens.error());
+  // The ids are at most one per byte of the text (bounded by the request); the response is sized before it is
+  // built: field tag, length, one varint per id.
+  size_t payload = 0;
+  for (const int32_t t : *tokens) payload += varint_size(static_cast<uint32_t>(t));
+  const size_t bytes = length_delimited_size(payload);
+  if (bytes > limit) {
+    return response_too_large(
+        "Tokenize", "the " + std::to_string(tokens->size()) + " tokens would take " + std::to_string(bytes) + " bytes",
+        transport_max_bytes);
+  }
   out->mutable_tokens()->Add(tokens->begin(), tokens->end());
   return {};
 }
 
-RpcStatus RpcHandlers::detokenize(const v1::DetokenizeRequest& request, v1::DetokenizeResponse* out) const {
+RpcStatus RpcHandlers::detokenize(const v1::DetokenizeRequest& request, v1::DetokenizeResponse* out,
+                                  size_t transport_max_bytes) const {
   const Attached* a = ready();
   if (a == nullptr) return loading_status();
   if (Status s = check_tokens(*a, request.tokens(), "tokens"); !s) return to_rpc_status(s.error());
+  const size_t limit = std::min(limits_.max_response_bytes, transport_max_bytes);
   const std::vector<int32_t> ids(request.tokens().begin(), request.tokens().end());
-  Expected<std::string> raw = a->service->detokenize(ids);
-  if (!raw) return to_rpc_status(raw.error());
+  // The response holds the bytes twice (text is at least as long as raw), so raw may take at most half of it; the
+  // Service checks the tokens' piece lengths against that before it builds anything.
+  Expected<std::string> raw = a->service->detokenize(ids, limit / 2);
+  if (!raw) {
+    if (raw.error().code != ErrorCode::kResourceExhausted) return to_rpc_status(raw.error());
+    return response_too_large("Detokenize", raw.error().message + " (the response carries them as text and raw)",
+                              transport_max_bytes);
+  }
+  const size_t text_bytes = utf8_sanitized_size(*raw);
+  const size_t bytes = length_delimited_size(text_bytes) + length_delimited_size(raw->size());
+  if (bytes > limit) {
+    return response_too_large("Detokenize",
+                              "the response would be " + std::to_string(bytes) + " bytes (" +
+                                  std::to_string(text_bytes) + " of text, " + std::to_string(raw->size()) + " raw)",
+                              transport_max_bytes);
+  }
   out->set_text(utf8_sanitize(*raw));
   out->set_raw(std::move(raw).value());
   return {};

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -53,6 +54,8 @@ inline const char* rpc_code_name(int code) { return grpc_code::name(code); }
 
 // Text with every byte that does not start a well-formed UTF-8 sequence replaced by U+FFFD (one per byte).
 std::string utf8_sanitize(std::string_view bytes);
+// utf8_sanitize(bytes).size(), without building it.
+size_t utf8_sanitized_size(std::string_view bytes);
 
 // Limits on what a request may carry beyond the Service's own (docs/api.md "Limits"). The whole message is also
 // bounded by the transport (gRPC: 4 MiB received).
@@ -60,6 +63,11 @@ struct RpcLimits {
   int32_t max_stop_strings = 16;        // GenerateRequest.stop_strings entries
   int32_t max_stop_string_bytes = 256;  // bytes per stop string (each must be non-empty)
   int32_t max_stop_tokens = 64;         // GenerateRequest.stop_tokens entries
+  // One response message. Responses whose size depends on the request (Tokenize: tokens of the text; Detokenize:
+  // text and raw bytes of the tokens) are sized before they are built; over this (or the transport's own limit,
+  // whichever is smaller) the call answers RESOURCE_EXHAUSTED naming both sizes. Every other response is small by
+  // construction (a Step's top_logprobs <= 20, a Generate chunk holds one tick's tokens).
+  size_t max_response_bytes = size_t{16} << 20;
 };
 
 // Fields of ServerStatus that the Service does not know.
@@ -86,8 +94,12 @@ class RpcHandlers {
 
   RpcStatus get_model_info(const v1::GetModelInfoRequest& request, v1::ModelInfo* out) const;
   RpcStatus get_server_status(const v1::GetServerStatusRequest& request, v1::ServerStatus* out) const;
-  RpcStatus tokenize(const v1::TokenizeRequest& request, v1::TokenizeResponse* out) const;
-  RpcStatus detokenize(const v1::DetokenizeRequest& request, v1::DetokenizeResponse* out) const;
+  // transport_max_bytes: the largest message the calling transport can carry (the shm record payload), when it is
+  // below limits().max_response_bytes.
+  RpcStatus tokenize(const v1::TokenizeRequest& request, v1::TokenizeResponse* out,
+                     size_t transport_max_bytes = SIZE_MAX) const;
+  RpcStatus detokenize(const v1::DetokenizeRequest& request, v1::DetokenizeResponse* out,
+                       size_t transport_max_bytes = SIZE_MAX) const;
   // owner: the transport's tag for the caller (an shm connection id; 0 for gRPC), see SessionOptions::owner.
   RpcStatus create_session(const v1::CreateSessionRequest& request, uint64_t owner, v1::SessionInfo* out);
   RpcStatus clone_session(const v1::CloneSessionRequest& request, uint64_t owner, v1::SessionInfo* out);
@@ -131,6 +143,8 @@ class RpcHandlers {
   const Attached* ready() const { return attached_.load(std::memory_order_acquire); }
   static Status check_tokens(const Attached& a, const google::protobuf::RepeatedField<int32_t>& tokens,
                              const char* field);
+  // RESOURCE_EXHAUSTED for a response of `call` over the limit; `what` says how large it would be.
+  RpcStatus response_too_large(const char* call, const std::string& what, size_t transport_max_bytes) const;
 
   RpcLimits limits_;
   ServerIdentity identity_;

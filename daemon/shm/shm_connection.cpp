@@ -19,33 +19,6 @@ using shm::Op;
 
 namespace {
 
-ShmOutRecord error_record(uint64_t request_id, int code, std::string message) {
-  ShmOutRecord rec;
-  rec.header.kind = shm::kKindError;
-  rec.header.flags = shm::kFlagFinal;
-  rec.header.request_id = request_id;
-  rec.header.status = code == rpc_code::kOk ? rpc_code::kInternal : code;
-  if (message.size() > 4096) message.resize(4096);
-  rec.payload = std::move(message);
-  return rec;
-}
-
-// A response record, or an error record when the serialized message is over the record limit.
-ShmOutRecord response_record(uint64_t request_id, Op op, const google::protobuf::MessageLite& message, bool final) {
-  ShmOutRecord rec;
-  const size_t size = message.ByteSizeLong();
-  if (size > shm::kMaxPayloadSize) {
-    return error_record(request_id, rpc_code::kResourceExhausted,
-                        "the response is " + std::to_string(size) + " bytes, over the shm record limit of " +
-                            std::to_string(shm::kMaxPayloadSize) + " bytes; make this call over gRPC");
-  }
-  rec.header.kind = shm::response_kind(op);
-  rec.header.flags = final ? shm::kFlagFinal : 0;
-  rec.header.request_id = request_id;
-  message.SerializeToString(&rec.payload);
-  return rec;
-}
-
 std::string hex(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
@@ -54,91 +27,17 @@ std::string hex(uint64_t v) {
 
 }  // namespace
 
-// ---- ShmOutbox -------------------------------------------------------------------------------------------------
-
-bool ShmOutbox::push(ShmOutRecord record, bool bounded) {
-  const size_t bytes = record.payload.size() + sizeof(shm::RecordHeader);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return false;
-    if (bounded && queued_bytes_.load(std::memory_order_relaxed) > max_bytes_) return false;
-    queue_.push_back(std::move(record));
-    queued_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-    has_new_.store(true, std::memory_order_release);
-  }
-  wake();
-  return true;
-}
-
-void ShmOutbox::take_all(std::deque<ShmOutRecord>* out) {
-  std::lock_guard<std::mutex> lock(mu_);
-  has_new_.store(false, std::memory_order_relaxed);
-  for (auto& r : queue_) out->push_back(std::move(r));
-  queue_.clear();
-}
-
-void ShmOutbox::close() {
-  std::lock_guard<std::mutex> lock(mu_);
-  closed_ = true;
-  queue_.clear();
-}
-
-// The connection thread sleeps on the request ring's doorbell (it is that ring's consumer).
-void ShmOutbox::wake() const { shm::ring_bell(segment_->view().request_ring()->bell); }
-
-// ---- ShmGenerateSink -------------------------------------------------------------------------------------------
-
-// One Generate stream of an shm client. on_chunk/on_done run on the engine thread and only queue records.
-class ShmGenerateSink : public RpcHandlers::GenerateStream {
- public:
-  ShmGenerateSink(std::shared_ptr<ShmOutbox> outbox, uint64_t request_id, std::string peer)
-      : outbox_(std::move(outbox)), request_id_(request_id), peer_(std::move(peer)) {}
-
-  void on_chunk(v1::GenerateChunk chunk) override {
-    if (overflowed_.load(std::memory_order_relaxed)) return;
-    if (!outbox_->push(response_record(request_id_, Op::kGenerate, chunk, false), /*bounded=*/true)) {
-      if (!overflowed_.exchange(true)) {
-        spdlog::warn("{}: not reading its responses ({} bytes queued, limit {}); aborting its generation (request {})",
-                     peer_, outbox_->queued_bytes(), outbox_->max_bytes(), request_id_);
-      }
-    }
-  }
-
-  void on_done(RpcStatus status, v1::GenerateChunk last) override {
-    if (overflowed_.load()) {
-      status = RpcStatus{rpc_code::kResourceExhausted,
-                         "generation aborted: the client did not read its responses (more than " +
-                             std::to_string(outbox_->max_bytes()) + " bytes were queued in the daemon)"};
-    }
-    if (status.ok()) {
-      outbox_->push(response_record(request_id_, Op::kGenerate, last, true), false);
-    } else {
-      outbox_->push(error_record(request_id_, status.code, std::move(status.message)), false);
-    }
-  }
-
-  bool cancelled() const override {
-    return cancel_.load(std::memory_order_acquire) || overflowed_.load(std::memory_order_acquire);
-  }
-  void cancel() { cancel_.store(true, std::memory_order_release); }
-
- private:
-  std::shared_ptr<ShmOutbox> outbox_;
-  uint64_t request_id_;
-  std::string peer_;
-  std::atomic<bool> cancel_{false};
-  std::atomic<bool> overflowed_{false};
-};
-
 // ---- ShmConnection ---------------------------------------------------------------------------------------------
 
 ShmConnection::ShmConnection(int socket_fd, ShmPeer peer, uint64_t owner, Service& service, RpcHandlers& handlers,
-                             ShmConnectionOptions options)
+                             ShmAdmission& admission, LogThrottle& refusals, ShmConnectionOptions options)
     : socket_fd_(socket_fd),
       peer_(peer),
       owner_(owner),
       service_(service),
       handlers_(handlers),
+      admission_(admission),
+      refusals_(refusals),
       options_(options),
       name_("shm client pid " + std::to_string(peer.pid) + " uid " + std::to_string(peer.uid)) {}
 
@@ -156,11 +55,16 @@ void ShmConnection::request_stop() {
 void ShmConnection::run() {
   Status hs = handshake();
   if (!hs) {
-    spdlog::warn("{}: shm handshake failed: {}", name_, hs.error().message);
-    cleanup(hs.error());
+    admission_.abandon_handshake(peer_.uid);
+    refusals_.warn(name_ + ": shm handshake failed: " + hs.error().message);
+    cleanup(hs.error(), /*served=*/false);
+  } else if (Status slot = admission_.promote(peer_.uid); !slot) {
+    refusals_.warn(name_ + " refused after its handshake: " + slot.error().message);
+    cleanup(slot.error(), /*served=*/false);
   } else {
     spdlog::info("{}: connected (shm segment of {} bytes, owner tag {})", name_, shm::kSegmentSize, hex(owner_));
-    cleanup(serve());
+    cleanup(serve(), /*served=*/true);
+    admission_.release_client(peer_.uid);
   }
   finished_.store(true, std::memory_order_release);
 }
@@ -282,11 +186,11 @@ bool ShmConnection::control_socket_closed() {
 }
 
 void ShmConnection::reply_error(uint64_t request_id, int code, std::string message) {
-  outbox_->push(error_record(request_id, code, std::move(message)), false);
+  outbox_->push(shm_error_record(request_id, code, std::move(message)), false);
 }
 
 void ShmConnection::reply(uint64_t request_id, Op op, const google::protobuf::MessageLite& message) {
-  outbox_->push(response_record(request_id, op, message, true), false);
+  outbox_->push(shm_response_record(request_id, op, message, true), false);
 }
 
 namespace {
@@ -323,7 +227,8 @@ void ShmConnection::handle(const shm::Record& record) {
   const auto unary = [&]<class Request, class Response>(Request request, Response response, auto call) {
     if (!parse_payload(record, &request)) {
       reply_error(id, rpc_code::kInvalidArgument,
-                  "request " + std::to_string(id) + ": the payload is not a valid " + request.GetTypeName());
+                  "request " + std::to_string(id) + ": the payload is not a valid " + request.GetTypeName() +
+                      " (malformed protobuf bytes, or a string field that is not UTF-8)");
       return;
     }
     const RpcStatus status = call(request, &response);
@@ -344,11 +249,11 @@ void ShmConnection::handle(const shm::Record& record) {
       return;
     case Op::kTokenize:
       unary(v1::TokenizeRequest{}, v1::TokenizeResponse{},
-            [&](const auto& r, auto* out) { return handlers_.tokenize(r, out); });
+            [&](const auto& r, auto* out) { return handlers_.tokenize(r, out, shm::kMaxPayloadSize); });
       return;
     case Op::kDetokenize:
       unary(v1::DetokenizeRequest{}, v1::DetokenizeResponse{},
-            [&](const auto& r, auto* out) { return handlers_.detokenize(r, out); });
+            [&](const auto& r, auto* out) { return handlers_.detokenize(r, out, shm::kMaxPayloadSize); });
       return;
     case Op::kCreateSession:
       unary(v1::CreateSessionRequest{}, v1::SessionInfo{},
@@ -373,16 +278,18 @@ void ShmConnection::handle(const shm::Record& record) {
       v1::StepRequest request;
       if (!parse_payload(record, &request)) {
         reply_error(id, rpc_code::kInvalidArgument,
-                    "request " + std::to_string(id) + ": the payload is not a valid kestrel.v1.StepRequest");
+                    "request " + std::to_string(id) +
+                        ": the payload is not a valid kestrel.v1.StepRequest (malformed protobuf bytes, or a string "
+                        "field that is not UTF-8)");
         return;
       }
       handlers_.step(
           request, deadline,
           [outbox = outbox_, id](RpcStatus status, const v1::StepResponse& response) {
             if (status.ok()) {
-              outbox->push(response_record(id, Op::kStep, response, true), false);
+              outbox->push(shm_response_record(id, Op::kStep, response, true), false);
             } else {
-              outbox->push(error_record(id, status.code, std::move(status.message)), false);
+              outbox->push(shm_error_record(id, status.code, std::move(status.message)), false);
             }
           },
           Transport::kShm);
@@ -392,7 +299,9 @@ void ShmConnection::handle(const shm::Record& record) {
       v1::GenerateRequest request;
       if (!parse_payload(record, &request)) {
         reply_error(id, rpc_code::kInvalidArgument,
-                    "request " + std::to_string(id) + ": the payload is not a valid kestrel.v1.GenerateRequest");
+                    "request " + std::to_string(id) +
+                        ": the payload is not a valid kestrel.v1.GenerateRequest (malformed protobuf bytes, or a "
+                        "string field that is not UTF-8)");
         return;
       }
       if (generations_.contains(id)) {
@@ -408,11 +317,13 @@ void ShmConnection::handle(const shm::Record& record) {
   }
 }
 
-void ShmConnection::cleanup(const Error& reason) {
+void ShmConnection::cleanup(const Error& reason, bool served) {
   {
     std::lock_guard<std::mutex> lock(wake_mu_);
     wake_target_.reset();
   }
+  // The outbox closes before the streams are cancelled: a chunk the engine delivers in between finds it closed and
+  // is dropped quietly (ShmGenerateSink: the client went, it did not stop reading).
   if (outbox_) outbox_->close();
   for (auto& [id, sink] : generations_) sink->cancel();
   generations_.clear();
@@ -425,10 +336,9 @@ void ShmConnection::cleanup(const Error& reason) {
   // Best effort: a live client learns why it was dropped (it reads this when its ring goes quiet).
   const RpcStatus status = to_rpc_status(reason);
   (void)shm::send_control(socket_fd_, shm::make_control(shm::kControlRefused, reason.message, status.code));
-  const bool normal = reason.code == ErrorCode::kUnavailable;
-  if (normal) {
+  if (served && reason.code == ErrorCode::kUnavailable) {
     spdlog::info("{}: disconnected ({}); closed {} session(s)", name_, reason.message, closed);
-  } else {
+  } else if (served) {
     spdlog::warn("{}: connection dropped: {}; closed {} session(s)", name_, reason.message, closed);
   }
   close(socket_fd_);

@@ -25,6 +25,9 @@
 
 #include "daemon/engine/service.h"
 #include "daemon/server/rpc_handlers.h"
+#include "daemon/shm/log_throttle.h"
+#include "daemon/shm/shm_admission.h"
+#include "daemon/shm/shm_outbox.h"
 #include "daemon/shm/shm_segment.h"
 #include "kestrel/shm/spsc_ring.h"
 
@@ -36,56 +39,20 @@ struct ShmPeer {
   gid_t gid = 0;
 };
 
-// A record waiting to be written into the response ring.
-struct ShmOutRecord {
-  shm::RecordHeader header{};
-  std::string payload;
-};
-
-// Daemon-side response queue of one connection: filled by the engine thread (and the connection thread), drained
-// into the response ring by the connection thread. Thread-safe.
-class ShmOutbox {
- public:
-  ShmOutbox(std::shared_ptr<ShmSegment> segment, size_t max_bytes)
-      : segment_(std::move(segment)), max_bytes_(max_bytes) {}
-
-  // Queues a record and wakes the connection thread. `bounded`: refuse (return false) when more than max_bytes are
-  // queued already (generation chunks); final records are always queued so that every request gets its answer.
-  // Returns false (and drops the record) once the connection is closed.
-  bool push(ShmOutRecord record, bool bounded);
-  // Moves every queued record to the back of *out (connection thread).
-  void take_all(std::deque<ShmOutRecord>* out);
-  void record_written(size_t bytes) { queued_bytes_.fetch_sub(bytes, std::memory_order_relaxed); }
-  size_t queued_bytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
-  bool has_new() const { return has_new_.load(std::memory_order_acquire); }
-  size_t max_bytes() const { return max_bytes_; }
-  void close();
-  void wake() const;
-
- private:
-  std::shared_ptr<ShmSegment> segment_;  // kept mapped while a callback may still ring its doorbell
-  const size_t max_bytes_;
-  std::mutex mu_;
-  std::deque<ShmOutRecord> queue_;  // guarded by mu_
-  bool closed_ = false;             // guarded by mu_
-  std::atomic<size_t> queued_bytes_{0};
-  std::atomic<bool> has_new_{false};
-};
-
 struct ShmConnectionOptions {
   size_t max_queued_response_bytes = 8u << 20;
-  std::chrono::milliseconds handshake_timeout{5000};
+  std::chrono::milliseconds handshake_timeout{2000};
   std::chrono::milliseconds idle_check{100};           // how often an idle connection looks at its control socket
   std::chrono::milliseconds stop_flush_timeout{1000};  // on stop: time to write the answers already queued
 };
 
-class ShmGenerateSink;
-
 class ShmConnection {
  public:
-  // Takes ownership of socket_fd.
+  // Takes ownership of socket_fd. The connection holds a handshake place in `admission` (taken by the caller):
+  // run() promotes it to a client slot when the handshake succeeds, or gives it back, and releases the client slot
+  // at the end. Failed handshakes are logged through `refusals`. Borrows everything else; all must outlive run().
   ShmConnection(int socket_fd, ShmPeer peer, uint64_t owner, Service& service, RpcHandlers& handlers,
-                ShmConnectionOptions options);
+                ShmAdmission& admission, LogThrottle& refusals, ShmConnectionOptions options);
   ~ShmConnection();
   ShmConnection(const ShmConnection&) = delete;
   ShmConnection& operator=(const ShmConnection&) = delete;
@@ -109,7 +76,9 @@ class ShmConnection {
   // Writes queued responses into the ring while there is room. Returns whether anything was written.
   Expected<bool> flush();
   bool control_socket_closed();
-  void cleanup(const Error& reason);
+  // Ends the connection: cancels its streams, closes its sessions, tells the client why. `served`: it got past the
+  // handshake (then the end is logged; a failed handshake is logged by run(), throttled).
+  void cleanup(const Error& reason, bool served);
   Error finish_on_stop();
 
   int socket_fd_;
@@ -117,6 +86,8 @@ class ShmConnection {
   uint64_t owner_;
   Service& service_;
   RpcHandlers& handlers_;
+  ShmAdmission& admission_;
+  LogThrottle& refusals_;
   ShmConnectionOptions options_;
   std::string name_;  // "shm client pid 123 uid 1000" for logs
 

@@ -44,7 +44,13 @@ Expected<std::unique_ptr<ShmServer>> ShmServer::start(ShmServerOptions options, 
 }
 
 ShmServer::ShmServer(ShmServerOptions options, Service& service, RpcHandlers& handlers, int listen_fd, int wake_fd)
-    : options_(std::move(options)), service_(service), handlers_(handlers), listen_fd_(listen_fd), wake_fd_(wake_fd) {}
+    : options_(std::move(options)),
+      service_(service),
+      handlers_(handlers),
+      listen_fd_(listen_fd),
+      wake_fd_(wake_fd),
+      admission_(options_.admission, [&handlers](uint32_t n) { handlers.set_shm_clients(n); }),
+      refusals_("refused or failed shm connections", options_.refusal_log_burst, options_.refusal_log_period) {}
 
 ShmServer::~ShmServer() { stop(); }
 
@@ -75,6 +81,7 @@ void ShmServer::accept_loop() {
     }
     if ((fds[1].revents & POLLIN) != 0) return;
     reap(/*all=*/false);
+    refusals_.flush();
     if (r <= 0 || (fds[0].revents & POLLIN) == 0) continue;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
@@ -88,45 +95,40 @@ void ShmServer::accept_loop() {
   }
 }
 
-void ShmServer::refuse(int fd, int code, const std::string& message) {
+void ShmServer::refuse(int fd, const std::string& peer, int code, const std::string& message) {
   (void)shm::send_control(fd, shm::make_control(shm::kControlRefused, message, code));
   close(fd);
+  refusals_.warn(peer + " refused: " + message);
 }
 
 void ShmServer::admit(int fd) {
   ucred cred{};
   socklen_t len = sizeof(cred);
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-    spdlog::warn("shm control socket: SO_PEERCRED failed: {}; connection refused", shm::errno_text(errno));
-    refuse(fd, rpc_code::kInternal, "kestreld could not read the peer credentials");
+    refuse(fd, "shm client", rpc_code::kInternal,
+           "kestreld could not read the peer credentials (SO_PEERCRED: " + shm::errno_text(errno) + ")");
     return;
   }
   const ShmPeer peer{cred.pid, cred.uid, cred.gid};
+  const std::string name = "shm client pid " + std::to_string(peer.pid) + " uid " + std::to_string(peer.uid);
   if (!options_.allowed_uids.empty() && peer.uid != 0 &&
       std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), peer.uid) == options_.allowed_uids.end()) {
-    spdlog::warn("shm client pid {} uid {} refused: uid not in the allowed list", peer.pid, peer.uid);
-    refuse(fd, rpc_code::kPermissionDenied,
-           "uid " + std::to_string(peer.uid) + " may not use kestreld's shm fast path (see [shm] allowed_uids)");
+    refuse(
+        fd, name, rpc_code::kPermissionDenied,
+        "uid " + std::to_string(peer.uid) + " may not use kestreld's shm fast path (it is not among the allowed uids)");
     return;
   }
-  if (clients_.load() >= options_.max_clients) {
-    spdlog::warn("shm client pid {} uid {} refused: {} shm clients connected (the limit)", peer.pid, peer.uid,
-                 options_.max_clients);
-    refuse(fd, rpc_code::kResourceExhausted,
-           "kestreld already serves " + std::to_string(options_.max_clients) + " shm clients; use gRPC or retry later");
+  if (Status st = admission_.begin_handshake(peer.uid); !st) {
+    refuse(fd, name, to_rpc_status(st.error()).code, st.error().message);
     return;
   }
   ShmConnectionOptions copts;
   copts.max_queued_response_bytes = options_.max_queued_response_bytes;
   copts.handshake_timeout = options_.handshake_timeout;
   const uint64_t owner = kOwnerTagBase | next_owner_.fetch_add(1);
-  auto connection = std::make_shared<ShmConnection>(fd, peer, owner, service_, handlers_, copts);
-  handlers_.set_shm_clients(clients_.fetch_add(1) + 1);
+  auto connection = std::make_shared<ShmConnection>(fd, peer, owner, service_, handlers_, admission_, refusals_, copts);
   std::lock_guard<std::mutex> lock(mu_);
-  connections_.push_back(Client{connection, std::thread([this, connection] {
-                                  connection->run();
-                                  handlers_.set_shm_clients(clients_.fetch_sub(1) - 1);
-                                })});
+  connections_.push_back(Client{connection, std::thread([connection] { connection->run(); })});
 }
 
 void ShmServer::reap(bool all) {

@@ -1,8 +1,10 @@
 // ShmServer: kestreld's shared-memory fast path, server side (docs/shm.md). It listens on a Unix control socket
-// (SOCK_SEQPACKET); for each client it reads the peer's credentials (SO_PEERCRED; optional allow-list of uids),
-// creates a private segment (sealed memfd, see shm_segment.h) and passes its fd with SCM_RIGHTS, then serves the
-// client's request ring through RpcHandlers on a thread of that connection (shm_connection.h). Sessions created by a
-// client carry its connection's owner tag; when the client goes, they are closed and its segment is unmapped.
+// (SOCK_SEQPACKET); for each client it reads the peer's credentials (SO_PEERCRED; optional allow-list of uids), takes
+// a handshake place (shm_admission.h: limited overall and per uid, promoted to a client slot once the client has
+// mapped its segment), creates a private segment (sealed memfd, see shm_segment.h) and passes its fd with SCM_RIGHTS,
+// then serves the client's request ring through RpcHandlers on a thread of that connection (shm_connection.h). Sessions
+// created by a client carry its connection's owner tag; when the client goes, they are closed and its segment is
+// unmapped.
 //
 // Wiring (kestreld main):
 //   KESTREL_TRY_ASSIGN(auto shm, ShmServer::start(options, service, handlers));
@@ -12,7 +14,7 @@
 //
 // Ownership: borrows service and handlers, which must outlive the ShmServer. Owns the listening socket (its file is
 // removed by stop()), the acceptor thread and one thread per client.
-// Threading: start/stop/destructor from one thread; client_count() and socket_path() from any thread.
+// Threading: start/stop/destructor from one thread; the accessors from any thread.
 #pragma once
 
 #include <sys/types.h>
@@ -30,6 +32,8 @@
 #include "core/base/expected.h"
 #include "daemon/engine/service.h"
 #include "daemon/server/rpc_handlers.h"
+#include "daemon/shm/log_throttle.h"
+#include "daemon/shm/shm_admission.h"
 
 namespace kestrel::daemon {
 
@@ -37,9 +41,15 @@ struct ShmServerOptions {
   std::string socket_path;          // the control socket, e.g. /run/kestrel/kestreld-shm.sock (clients: shm:///run/...)
   uint32_t socket_mode = 0660;      // who may connect: the daemon's user and group
   std::vector<uid_t> allowed_uids;  // empty: any peer the socket mode lets in; else only these uids (and root)
-  uint32_t max_clients = 64;        // more connections are refused with RESOURCE_EXHAUSTED
+  // Client slots and handshake places (shm_admission.h); over a limit a connection is refused with
+  // RESOURCE_EXHAUSTED. Connections still in their handshake never hold one of max_clients.
+  ShmAdmissionLimits admission;
   size_t max_queued_response_bytes = 8u << 20;  // per client; past it generations are aborted (client not reading)
-  std::chrono::milliseconds handshake_timeout{5000};
+  // From accept to the client's "mapped" message; a connection silent for longer is dropped.
+  std::chrono::milliseconds handshake_timeout{2000};
+  // Refused connections and failed handshakes: at most this many warnings per period, the rest summarised.
+  uint32_t refusal_log_burst = 5;
+  std::chrono::milliseconds refusal_log_period{10000};
 };
 
 class ShmConnection;
@@ -57,8 +67,11 @@ class ShmServer {
   // and removes the socket file. Idempotent.
   void stop();
 
-  // Clients connected now (handshake done or in progress).
-  uint32_t client_count() const { return clients_.load(std::memory_order_relaxed); }
+  // Clients connected now (handshake done), and connections still in their handshake.
+  uint32_t client_count() const { return admission_.clients(); }
+  uint32_t handshake_count() const { return admission_.handshakes(); }
+  // Refusal and handshake-failure warnings not logged one by one so far.
+  uint64_t suppressed_warnings() const { return refusals_.suppressed_total(); }
   const std::string& socket_path() const { return options_.socket_path; }
 
  private:
@@ -66,7 +79,8 @@ class ShmServer {
   void accept_loop();
   void admit(int fd);
   void reap(bool all);
-  void refuse(int fd, int code, const std::string& message);
+  // Sends the refusal to the peer, closes fd and logs it (throttled).
+  void refuse(int fd, const std::string& peer, int code, const std::string& message);
 
   struct Client {
     std::shared_ptr<ShmConnection> connection;
@@ -81,7 +95,8 @@ class ShmServer {
   std::thread acceptor_;
   std::mutex mu_;
   std::list<Client> connections_;  // guarded by mu_
-  std::atomic<uint32_t> clients_{0};
+  ShmAdmission admission_;
+  LogThrottle refusals_;
   std::atomic<uint64_t> next_owner_{1};
   bool stopped_ = false;
 };

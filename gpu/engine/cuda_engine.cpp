@@ -1,10 +1,13 @@
 // The CUDA engine (cuda_engine.h): slots bookkeeping on the host, state on the device, ticks as decode passes.
+// KV pages are reserved on the host before a tick's passes run; each pass publishes the page of every row's position
+// to the device page table itself (forward_pass.h).
 #include "gpu/engine/cuda_engine.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -56,10 +59,16 @@ class CudaEngineImpl final : public CudaEngine {
       return make_error(ErrorCode::kOutOfRange, "the CUDA engine's slot context " + std::to_string(o.n_ctx) +
                                                     " is outside 1.." + std::to_string(hp.n_ctx_train));
     }
+    if (o.kv_page_tokens < 1 || o.kv_page_tokens > 65536 || (o.kv_page_tokens & (o.kv_page_tokens - 1)) != 0) {
+      return make_error(ErrorCode::kInvalidArgument, "the CUDA engine's KV page of " +
+                                                         std::to_string(o.kv_page_tokens) +
+                                                         " tokens: a power of two from 1 to 65536 is needed");
+    }
     n_ctx_ = o.n_ctx;
+    KESTREL_TRY_ASSIGN(const int64_t n_pages, pool_pages(o));
     // The state slots first (their error names the bytes they need and the device's free bytes), then the weights,
     // which must leave room for the pass's scratch.
-    KESTREL_TRY_ASSIGN(StateSlots s, StateSlots::create(hp, o.n_ctx, o.max_slots));
+    KESTREL_TRY_ASSIGN(StateSlots s, StateSlots::create(hp, o.n_ctx, o.max_slots, {o.kv_page_tokens, n_pages}));
     slots_.emplace(std::move(s));
     const std::vector<std::vector<uint8_t>> no_plan;
     const std::vector<std::vector<uint8_t>>& on_gpu = o.placement ? o.placement->expert_on_gpu : no_plan;
@@ -87,9 +96,11 @@ class CudaEngineImpl final : public CudaEngine {
   EngineCapabilities capabilities() const override {
     EngineCapabilities c;
     c.max_items_per_pass = kPassMaxTokens;
-    // A prompt runs a token per pass: 16 per tick bound how long it holds the other sessions' next token (16 passes)
-    // and cost its own prefill nothing (the passes are the same, spread over ticks).
-    c.max_tokens_per_item = 16;
+    // With runs, a prompt's chunk fills what the tick's decode tokens leave of one pass (max_tokens_per_tick), so a
+    // prompt costs the decoding sessions a fuller pass, not another one. Without them a prompt runs a token per pass:
+    // 16 a tick bound the others' wait to 16 passes.
+    c.max_tokens_per_item = pass_->supports_runs() ? kPassMaxTokens : 16;
+    c.max_tokens_per_tick = pass_->supports_runs() ? kPassMaxTokens : 0;
     c.max_slot_ctx = n_ctx_;
     return c;
   }
@@ -113,7 +124,9 @@ class CudaEngineImpl final : public CudaEngine {
   }
 
   void slot_free(SlotId slot) override {
-    if (valid(slot)) slot_info_[static_cast<size_t>(slot)] = SlotInfo{};
+    if (!valid(slot)) return;
+    slots_->release(slot);  // host bookkeeping: the pages go back to the pool
+    slot_info_[static_cast<size_t>(slot)] = SlotInfo{};
   }
 
   void slot_reset(SlotId slot) override {
@@ -138,7 +151,7 @@ class CudaEngineImpl final : public CudaEngine {
                                                     " tokens, the destination only " + std::to_string(d.n_ctx));
     }
     KESTREL_CUDA_TRY(cudaSetDevice(device_));
-    KESTREL_TRY(slots_->clone(src, dst, n_used, stream_));
+    KESTREL_TRY(slots_->clone(src, dst, n_used, stream_));  // kResourceExhausted without the pages: dst unchanged
     KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
     d.n_past = s.n_past;
     return ok_status();
@@ -160,7 +173,7 @@ class CudaEngineImpl final : public CudaEngine {
     KESTREL_TRY_ASSIGN(ref::SessionState state, ref::SessionState::create(model_.hparams(), info.n_ctx));
     KESTREL_TRY(state.restore(bytes));  // checks the geometry (n_ctx included) before anything changes
     KESTREL_CUDA_TRY(cudaSetDevice(device_));
-    KESTREL_TRY(slots_->upload(state, slot, stream_));
+    KESTREL_TRY(slots_->upload(state, slot, stream_));  // kResourceExhausted without the pages: the slot unchanged
     info.n_past = state.n_past();
     return ok_status();
   }
@@ -207,8 +220,11 @@ class CudaEngineImpl final : public CudaEngine {
   uint64_t routed_expert_bytes() const override { return dm_->routed_expert_bytes(); }
   int hybrid_layers() const override { return dm_->n_hybrid_layers(); }
   int host_expert_layers() const override { return dm_->n_host_expert_layers(); }
-  uint64_t state_bytes() const override { return slots_->bytes_per_slot() * static_cast<uint64_t>(slots_->n_slots()); }
+  uint64_t state_bytes() const override { return slots_->device_bytes(); }
   uint64_t scratch_bytes() const override { return scratch_bytes_; }
+  CudaKvCacheInfo kv_cache() const override {
+    return CudaKvCacheInfo{slots_->page_size(), slots_->bytes_per_page(), slots_->n_pages(), slots_->free_pages()};
+  }
   Status set_profiling(bool on) override { return pass_->set_profiling(on); }
   std::vector<std::pair<std::string, double>> profile(int* passes) const override {
     const PassProfile& p = pass_->profile();
@@ -239,7 +255,45 @@ class CudaEngineImpl final : public CudaEngine {
     return make_error(ErrorCode::kInvalidArgument, "slot " + std::to_string(slot) + " is not allocated");
   }
 
-  // Runs the valid items in groups of kPassMaxTokens, a pass per token index.
+  // The KV page pool's size in pages (0 for a model without attention layers): o.kv_cache_bytes in whole pages, or
+  // the automatic size (cuda_engine.h). The device's free memory is read after the context exists, before anything
+  // of this engine is allocated; the weights are estimated from the catalogue (their bytes plus 256 bytes of
+  // alignment a tensor), the same sum DeviceModel allocates.
+  Expected<int64_t> pool_pages(const CudaEngineOptions& o) const {
+    constexpr int64_t kMaxPages = std::numeric_limits<int32_t>::max();  // page ids are int32
+    const ModelHparams& hp = model_.hparams();
+    const uint64_t page_bytes = StateSlots::kv_bytes_per_page(hp, o.kv_page_tokens);
+    if (page_bytes == 0) return int64_t{0};
+    if (o.kv_cache_bytes > 0) {
+      const uint64_t n = o.kv_cache_bytes / page_bytes;
+      if (n < 1) {
+        return make_error(ErrorCode::kInvalidArgument,
+                          "a KV cache of " + std::to_string(o.kv_cache_bytes) + " bytes holds no page of " +
+                              std::to_string(o.kv_page_tokens) + " tokens (" + std::to_string(page_bytes) +
+                              " bytes at this model's shape)");
+      }
+      if (n > static_cast<uint64_t>(kMaxPages)) {
+        return make_error(ErrorCode::kOutOfRange, "a KV cache of " + std::to_string(o.kv_cache_bytes) +
+                                                      " bytes is more than 2^31 pages; use larger pages");
+      }
+      return static_cast<int64_t>(n);
+    }
+    const int64_t per_slot = (int64_t{o.n_ctx} + o.kv_page_tokens - 1) / o.kv_page_tokens;
+    const int64_t full = per_slot * o.max_slots;
+    size_t free_b = 0, total_b = 0;
+    KESTREL_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
+    const uint64_t weights = (o.placement ? o.placement->gpu_bytes : model_.catalog().total_bytes()) +
+                             256 * uint64_t{model_.catalog().entries().size()};
+    const uint64_t others = weights + ForwardPass::scratch_bytes(hp, o.n_ctx) +
+                            StateSlots::gdn_bytes_per_slot(hp) * static_cast<uint64_t>(o.max_slots) +
+                            (uint64_t{1} << 30);
+    const uint64_t budget = free_b > others ? (free_b - others) / 10 * 9 : 0;
+    const int64_t fit = static_cast<int64_t>(std::min<uint64_t>(budget / page_bytes, kMaxPages));
+    return std::clamp(fit, per_slot, std::min<int64_t>(full, kMaxPages));
+  }
+
+  // Runs the valid items in groups of kPassMaxTokens items, passes of up to kPassMaxTokens rows each until every
+  // item's tokens have run: a row per item with tokens left, the rest of the pass to the items with more (runs).
   void run_tick(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out, std::vector<float>* hidden) {
     const ModelHparams& hp = model_.hparams();
     const size_t layer_floats = size_t{hp.n_layer} * hp.n_embd;
@@ -263,6 +317,15 @@ class CudaEngineImpl final : public CudaEngine {
       }
       if (out[i].status) ok.push_back(i);
     }
+    // The KV pages of every token of the tick, taken before anything runs: an item the pool cannot serve fails here
+    // with its slot untouched, and the items before and after it proceed.
+    size_t n_ok = 0;
+    for (size_t i : ok) {
+      const SlotInfo& s = slot_info_[static_cast<size_t>(items[i].slot)];
+      out[i].status = slots_->reserve(items[i].slot, s.n_past + static_cast<int64_t>(items[i].tokens.size()));
+      if (out[i].status) ok[n_ok++] = i;
+    }
+    ok.resize(n_ok);
     if (Status st = cuda_status(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__); !st) {
       for (size_t i : ok) out[i].status = st;
       return;
@@ -270,31 +333,51 @@ class CudaEngineImpl final : public CudaEngine {
     std::vector<PassRow> rows;
     std::vector<size_t> row_item;
     std::vector<float> pass_hidden;
+    const bool runs = pass_->supports_runs();
     for (size_t g0 = 0; g0 < ok.size(); g0 += kPassMaxTokens) {
       const size_t g1 = std::min(ok.size(), g0 + kPassMaxTokens);
-      size_t longest = 0;
-      for (size_t g = g0; g < g1; ++g) longest = std::max(longest, items[ok[g]].tokens.size());
+      // Tokens of each item already passed, and those the next pass takes.
+      std::vector<size_t> done(g1 - g0, 0), take(g1 - g0, 0);
       Status st = ok_status();
-      for (size_t t = 0; t < longest && st; ++t) {
-        // Rows that want logits (the item's last token) first: lm_head runs only for the leading rows.
+      while (st) {
+        // Every item with tokens left gets one row, then (with runs) the rows left over go to the items with more,
+        // in item order: a decode token never waits behind a prompt for more than the pass they share.
+        size_t room = kPassMaxTokens;
+        bool any = false;
+        for (size_t g = g0; g < g1; ++g) {
+          const size_t left = items[ok[g]].tokens.size() - done[g - g0];
+          take[g - g0] = left > 0 ? 1 : 0;
+          room -= take[g - g0];
+          any = any || left > 0;
+        }
+        if (!any) break;
+        for (size_t g = g0; g < g1 && runs && room > 0; ++g) {
+          const size_t extra = std::min(items[ok[g]].tokens.size() - done[g - g0] - take[g - g0], room);
+          take[g - g0] += extra;
+          room -= extra;
+        }
+        // Rows that want logits (an item's last token) first: lm_head runs only for the leading rows.
         rows.clear();
         row_item.clear();
         for (int want = 1; want >= 0; --want) {
           for (size_t g = g0; g < g1; ++g) {
             const size_t i = ok[g];
             const EngineStepItem& it = items[i];
-            if (t >= it.tokens.size() || (t + 1 == it.tokens.size()) != (want == 1)) continue;
             const SlotInfo& s = slot_info_[static_cast<size_t>(it.slot)];
-            PassRow r;
-            r.slot = it.slot;
-            r.token = it.tokens[t];
-            r.position = static_cast<int32_t>(s.n_past + static_cast<int64_t>(t));
-            r.logits = want == 1 && !it.argmax_only ? out[i].logits.data() : nullptr;
-            r.argmax = want == 1 ? &out[i].argmax : nullptr;
-            rows.push_back(r);
-            row_item.push_back(i);
+            for (size_t t = done[g - g0]; t < done[g - g0] + take[g - g0]; ++t) {
+              if ((t + 1 == it.tokens.size()) != (want == 1)) continue;
+              PassRow r;
+              r.slot = it.slot;
+              r.token = it.tokens[t];
+              r.position = static_cast<int32_t>(s.n_past + static_cast<int64_t>(t));
+              r.logits = want == 1 && !it.argmax_only ? out[i].logits.data() : nullptr;
+              r.argmax = want == 1 ? &out[i].argmax : nullptr;
+              rows.push_back(r);
+              row_item.push_back(i);
+            }
           }
         }
+        for (size_t g = g0; g < g1; ++g) done[g - g0] += take[g - g0];
         const bool capture = hidden != nullptr;
         if (capture) pass_hidden.assign(rows.size() * layer_floats, 0.0f);
         st = pass_->run(rows, capture ? pass_hidden.data() : nullptr);
@@ -359,7 +442,15 @@ Expected<CudaMemory> cuda_memory(int device) {
 Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const CudaEngineOptions& options) {
   KESTREL_TRY_ASSIGN(const CudaMemory mem, cuda_memory(options.device));
   const ModelHparams& hp = model.hparams();
-  const uint64_t state = StateSlots::bytes_for(hp, options.n_ctx, options.max_slots);
+  // The KV term is every slot at n_ctx, the most the automatic pool takes (cuda_engine.h).
+  const int64_t pages_per_slot =
+      (int64_t{options.n_ctx} + options.kv_page_tokens - 1) / std::max(options.kv_page_tokens, 1);
+  const int64_t kv_pages = options.kv_cache_bytes > 0
+                               ? static_cast<int64_t>(options.kv_cache_bytes /
+                                                      std::max<uint64_t>(StateSlots::kv_bytes_per_page(hp, options.kv_page_tokens), 1))
+                               : pages_per_slot * options.max_slots;
+  const uint64_t state = StateSlots::bytes_for(hp, options.n_ctx, options.max_slots,
+                                               KvPoolConfig{options.kv_page_tokens, std::max<int64_t>(kv_pages, 1)});
   const uint64_t scratch = ForwardPass::scratch_bytes(hp, options.n_ctx);
   const uint64_t reserved = state + scratch + kCudaHeadroomBytes;
   if (reserved >= mem.free) {

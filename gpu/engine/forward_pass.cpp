@@ -10,6 +10,7 @@
 #include "gpu/kernels/argmax.h"
 #include "gpu/kernels/attention_decode.h"
 #include "gpu/kernels/gdn_decode.h"
+#include "gpu/kernels/gdn_runs.h"
 #include "gpu/kernels/gemv.h"
 #include "gpu/kernels/gemv_imma.h"
 #include "gpu/kernels/get_rows.h"
@@ -79,6 +80,51 @@ bool any_hybrid(const DeviceModel& m) {
   return false;
 }
 
+// The GDN run table of a pass (gdn_runs.h) into start / len / order (P entries each): one run per slot, its rows in
+// position order, entries past the runs of length 0. *several: some slot has more than one row. kInvalidArgument
+// when a slot's positions are not consecutive.
+Status build_runs(std::span<const PassRow> rows, int32_t* start, int32_t* len, int32_t* order, bool* several) {
+  const int n = static_cast<int>(rows.size());
+  std::array<int32_t, P> by_slot{};
+  for (int i = 0; i < n; ++i) by_slot[size_t(i)] = i;
+  // Rows grouped by slot (in the order slots first appear), then by position.
+  std::array<int32_t, P> first_seen{};
+  for (int i = 0; i < n; ++i) {
+    first_seen[size_t(i)] = i;
+    for (int j = 0; j < i; ++j) {
+      if (rows[size_t(j)].slot == rows[size_t(i)].slot) {
+        first_seen[size_t(i)] = first_seen[size_t(j)];
+        break;
+      }
+    }
+  }
+  std::sort(by_slot.begin(), by_slot.begin() + n, [&](int32_t a, int32_t b) {
+    if (first_seen[size_t(a)] != first_seen[size_t(b)]) return first_seen[size_t(a)] < first_seen[size_t(b)];
+    return rows[size_t(a)].position < rows[size_t(b)].position;
+  });
+  int runs = 0;
+  *several = false;
+  for (int i = 0; i < n; ++i) {
+    const PassRow& r = rows[size_t(by_slot[size_t(i)])];
+    order[i] = by_slot[size_t(i)];
+    if (i > 0 && rows[size_t(by_slot[size_t(i - 1)])].slot == r.slot) {
+      if (rows[size_t(by_slot[size_t(i - 1)])].position + 1 != r.position) {
+        return make_error(ErrorCode::kInvalidArgument, "forward pass: the rows of slot " + std::to_string(r.slot) +
+                                                           " are not at consecutive positions");
+      }
+      ++len[runs - 1];
+      *several = true;
+      continue;
+    }
+    start[runs] = i;
+    len[runs] = 1;
+    ++runs;
+  }
+  for (int i = runs; i < P; ++i) start[i] = 0, len[i] = 0;
+  for (int i = n; i < P; ++i) order[i] = 0;
+  return ok_status();
+}
+
 }  // namespace
 
 const char* pass_section_name(PassSection s) {
@@ -115,7 +161,7 @@ Status ForwardPass::mark(PassSection section) {
 
 uint64_t ForwardPass::scratch_bytes(const ModelHparams& hp, int n_ctx) {
   const Widths w = widths_of(hp);
-  uint64_t b = 4 * align_up(P * sizeof(int32_t)) + align_up(uint64_t{hp.n_layer} * P * sizeof(GdnSlot));
+  uint64_t b = 7 * align_up(P * sizeof(int32_t)) + align_up(uint64_t{hp.n_layer} * P * sizeof(GdnSlot));
   for (int64_t width : {w.h, w.h, w.h, w.proj_a, w.proj_b, w.proj_c, w.proj_d, w.mixed, w.vocab}) {
     b += align_up(static_cast<uint64_t>(width) * P * sizeof(float));
   }
@@ -206,7 +252,7 @@ Status ForwardPass::allocate() {
     off += align_up(std::max<uint64_t>(bytes, 1));
     return at;
   };
-  const uint64_t o_ids = take(3 * P * sizeof(int32_t) + uint64_t(n_gdn_) * P * sizeof(GdnSlot));
+  const uint64_t o_ids = take(7 * P * sizeof(int32_t) + uint64_t(n_gdn_) * P * sizeof(GdnSlot));
   const uint64_t o_h = take(w.h * P * sizeof(float)), o_x = take(w.h * P * sizeof(float));
   const uint64_t o_y = take(w.h * P * sizeof(float));
   const uint64_t o_prep = take(imma_x_bytes(prep_cols, P));
@@ -222,7 +268,11 @@ Status ForwardPass::allocate() {
   ids_ = reinterpret_cast<int32_t*>(at(o_ids));
   slot_ids_ = ids_ + P;
   positions_ = ids_ + 2 * P;
-  gdn_slots_ = reinterpret_cast<GdnSlot*>(ids_ + 3 * P);
+  row_pages_ = ids_ + 3 * P;
+  run_start_ = ids_ + 4 * P;
+  run_len_ = ids_ + 5 * P;
+  run_order_ = ids_ + 6 * P;
+  gdn_slots_ = reinterpret_cast<GdnSlot*>(ids_ + 7 * P);
   h_ = reinterpret_cast<float*>(at(o_h));
   x_ = reinterpret_cast<float*>(at(o_x));
   y_ = reinterpret_cast<float*>(at(o_y));
@@ -241,7 +291,8 @@ Status ForwardPass::allocate() {
   host_choices_dev_ = reinterpret_cast<ExpertChoice*>(at(o_hch));
   host_y_dev_ = reinterpret_cast<float*>(at(o_hy));
 
-  upload_bytes_ = 3 * P * sizeof(int32_t) + size_t(n_gdn_) * P * sizeof(GdnSlot);
+  upload_bytes_ = 7 * P * sizeof(int32_t) + size_t(n_gdn_) * P * sizeof(GdnSlot);
+  supports_runs_ = n_gdn_ == 0 || gdn_runs_supported(dims, tuning_.gdn_decode);
   KESTREL_CUDA_TRY(cudaMallocHost(&host_upload_, upload_bytes_));
   KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_logits_), w.vocab * P * sizeof(float)));
   KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_argmax_), P * sizeof(int32_t)));
@@ -304,8 +355,7 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
       case ref::GdnProjection::kQkvGateBa: in.z = proj_a_ + C, in.ba = proj_a_ + C + Vd; break;
       case ref::GdnProjection::kSsmInBa: in.ba = proj_a_ + C + Vd; break;
     }
-    KESTREL_TRY(gdn_decode(model_.gdn_dims(), g.projection, g.small, in, gdn_slots_ + size_t(gdn_index) * P, n, mixed_,
-                           gdn_ws_, stream_, tuning_.programmatic, tuning_.gdn_decode));
+    KESTREL_TRY(gdn_step(g, in, gdn_index, n));
     return matmul(g.out, mixed_, false, n, y_);
   }
   const bool tiled = g.qkv.tiled || g.gate.tiled || g.ssm_in.tiled || g.ba.tiled || g.beta.tiled || g.alpha.tiled;
@@ -331,9 +381,18 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
       in.qkv = proj_a_, in.ba = proj_c_;
       break;
   }
-  KESTREL_TRY(gdn_decode(model_.gdn_dims(), g.projection, g.small, in, gdn_slots_ + size_t(gdn_index) * P, n, mixed_,
-                         gdn_ws_, stream_, tuning_.programmatic, tuning_.gdn_decode));
+  KESTREL_TRY(gdn_step(g, in, gdn_index, n));
   return matmul(g.out, mixed_, false, n, y_);
+}
+
+Status ForwardPass::gdn_step(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n) {
+  GdnSlot* slots = gdn_slots_ + size_t(gdn_index) * P;
+  if (runs_) {
+    return gdn_runs(model_.gdn_dims(), g.projection, g.small, in, slots, GdnRunTable{run_start_, run_len_, run_order_},
+                    n, mixed_, gdn_ws_, stream_, tuning_.gdn_decode);
+  }
+  return gdn_decode(model_.gdn_dims(), g.projection, g.small, in, slots, n, mixed_, gdn_ws_, stream_,
+                    tuning_.programmatic, tuning_.gdn_decode);
 }
 
 Status ForwardPass::attn_layer(size_t l, int n) {
@@ -343,7 +402,7 @@ Status ForwardPass::attn_layer(size_t l, int n) {
   KESTREL_TRY(matmul(a.q, x_, tiled, n, proj_a_));
   KESTREL_TRY(matmul(a.k, x_, tiled, n, proj_b_));
   KESTREL_TRY(matmul(a.v, x_, tiled, n, proj_c_));
-  KESTREL_TRY_ASSIGN(KvSlotTable table, slots_.kv_table(static_cast<uint32_t>(l)));
+  KESTREL_TRY_ASSIGN(KvPageTable table, slots_.kv_table(static_cast<uint32_t>(l)));
   AttnDecodeArgs args;
   args.qg = proj_a_;
   args.k = proj_b_;
@@ -458,14 +517,21 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
     return make_error(ErrorCode::kInvalidArgument,
                       "forward pass: " + std::to_string(n) + " rows (1.." + std::to_string(P) + " per pass)");
   }
-  // One upload: ids, slot ids, positions, then each GDN layer's slot table.
+  // One upload: ids, slot ids, positions, the KV page of each row's position (published to the slot's page table at
+  // the pass's start), the GDN run table, then each GDN layer's slot table.
   int32_t* up = static_cast<int32_t*>(host_upload_);
   for (int i = 0; i < n; ++i) {
     up[i] = rows[size_t(i)].token;
     up[P + i] = rows[size_t(i)].slot;
     up[2 * P + i] = rows[size_t(i)].position;
+    KESTREL_TRY_ASSIGN(up[3 * P + i], slots_.page_at(rows[size_t(i)].slot, rows[size_t(i)].position));
   }
-  GdnSlot* table = reinterpret_cast<GdnSlot*>(up + 3 * P);
+  KESTREL_TRY(build_runs(rows, up + 4 * P, up + 5 * P, up + 6 * P, &runs_));
+  if (runs_ && !supports_runs_) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "forward pass: a slot has several rows, and this model's GDN heads run a token per pass");
+  }
+  GdnSlot* table = reinterpret_cast<GdnSlot*>(up + 7 * P);
   for (int g = 0; g < n_gdn_; ++g) {
     for (int i = 0; i < n; ++i) table[size_t(g) * P + i] = slot_states_[size_t(rows[size_t(i)].slot) * n_gdn_ + g];
   }
@@ -494,7 +560,7 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
     // Replayed: one CUDA graph per (rows, logits mode) captured on first use, lm_head over every row when any wants
     // logits. The kernels read everything that changes from the uploaded block, so a replay is the same launches.
     // Profiling replays its own graphs, the same launches with event-record nodes between the sections.
-    cudaGraphExec_t& exec = graphs_[{profiling_, n, mode, position_bound_}];
+    cudaGraphExec_t& exec = graphs_[{profiling_, n, mode, position_bound_, runs_}];
     if (exec == nullptr) KESTREL_TRY(capture(n, mode > 0 ? n : 0, mode, &exec));
     KESTREL_CUDA_TRY(cudaGraphLaunch(exec, stream_));
     KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
@@ -538,6 +604,10 @@ Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
   const float eps = hp.rms_eps;
   KESTREL_TRY(mark(PassSection::kRest));
   KESTREL_CUDA_TRY(cudaMemcpyAsync(ids_, host_upload_, upload_bytes_, cudaMemcpyHostToDevice, stream_));
+  if (slots_.has_kv()) {
+    KESTREL_TRY_ASSIGN(KvPageTable pages, slots_.page_table());
+    KESTREL_TRY(kv_page_publish(pages, slot_ids_, positions_, row_pages_, n, stream_));
+  }
   KESTREL_TRY(get_rows_device_ids(model_.token_embd(), ids_, n, h_, nullptr, stream_));
   const std::vector<DeviceLayer>& layers = model_.layers();
   KESTREL_TRY(rms_norm(h_, layers[0].attn_norm, n, H, eps, x_, stream_));

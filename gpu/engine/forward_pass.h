@@ -10,14 +10,18 @@
 //                 h += y;  x = rms_norm(h) · next norm          residual_add_rms_norm
 //   logits = output · x (output_norm applied)                    only for the rows that ask for them
 //
-// Every kernel is enqueued on one stream; a pass is one CUDA graph per row count, logits mode and position bound (the
+// A prompt's tokens share a pass as rows of one slot (PassRow): attention appends all their K/V before it attends,
+// and the GDN layers run them as one run per slot on gdn_runs instead of gdn_decode (the same bits per token).
+//
+// Every kernel is enqueued on one stream; a pass is one CUDA graph per row count, logits mode, position bound (the
 // smallest power of two from 256 above every position, capped at the slots' n_ctx, so attention's grid is never more
-// than twice what the longest sequence needs), captured on first use: the token ids, slots, positions and state
-// pointers it reads come in one upload, ending with one copy of the logits rows to
-// pinned host memory and one stream synchronisation. Profiling and the per-layer captures launch the same kernels
-// one by one instead. Projections run on GEMV v4 (gemv_imma, activations prepared once per
-// input and shared by every matrix that reads it) where the matrix is tiled, else on gpu::gemv. Each kernel is
-// batch-invariant (a row's bits do not depend on the other rows), so a session's logits do not depend on the batch.
+// than twice what the longest sequence needs) and GDN kernel (runs or not), captured on first use: the token ids,
+// slots, positions, the KV page of each row's position (written into the slot's page table by kv_page_publish, so a
+// replay follows the slots' pages as data), the run table and state pointers it reads come in one upload, ending
+// with one copy of the logits rows to pinned host memory and one stream synchronisation. Profiling and the per-layer
+// captures launch the same kernels one by one instead. Projections run on GEMV v4 (gemv_imma, activations prepared
+// once per input and shared by every matrix that reads it) where the matrix is tiled, else on gpu::gemv. Each kernel
+// is batch-invariant (a row's bits do not depend on the other rows), so a session's logits do not depend on the batch.
 //
 // The kernel choices that do not follow from the shapes (GpuTuning, gpu/kernels/tuning.h) are fixed at create() and
 // passed to every launch.
@@ -62,10 +66,15 @@ namespace kestrel::gpu {
 // Rows of one pass: the MoE and GEMV kernels take up to 32 vectors.
 inline constexpr int kPassMaxTokens = 32;
 
+// A pass's rows are tokens. Rows of one slot are that session's consecutive tokens (positions p, p + 1, … in any row
+// order) where supports_runs(): attention appends every row's K/V before any row attends, and the GDN layers run
+// each slot's rows as one run (gpu/kernels/gdn_runs.h) with the decode kernel's arithmetic, so a token's bits are
+// the same whether it comes alone or in a run, and whatever else the pass holds.
 struct PassRow {
   int32_t slot = 0;           // state slot
   int32_t token = 0;          // token id, in [0, n_vocab) (checked by the caller)
-  int32_t position = 0;       // the token's position (the slot's n_past), < the slot pool's n_ctx
+  int32_t position = 0;       // the token's position (the slot's n_past), < the slot pool's n_ctx; the slot holds
+                              // the KV page of this position (StateSlots::reserve)
   float* logits = nullptr;    // host f32 [n_vocab] to receive the logits after this token, or null for none
   int32_t* argmax = nullptr;  // host int32 to receive the greedy token after this token (gpu/kernels/argmax.h), or null
 };
@@ -94,7 +103,11 @@ class ForwardPass {
   // before anything is allocated).
   static uint64_t scratch_bytes(const ModelHparams& hp, int n_ctx);
 
-  // Runs one pass over rows (1..kPassMaxTokens rows of distinct slots) and waits for it. lm_head runs for rows
+  // True when rows of one slot may share a pass (the GDN heads are on gdn_runs' kernel: every preset).
+  bool supports_runs() const { return supports_runs_; }
+
+  // Runs one pass over rows (1..kPassMaxTokens rows; rows of one slot only where supports_runs(), at consecutive
+  // positions) and waits for it. lm_head runs for rows
   // [0, m) where m - 1 is the last row that wants logits or the argmax (so callers put those rows first); the logits
   // rows are copied back only when some row wants them, else only the argmax ids. When hidden is given
   // (host f32 [n_layer, rows, H]) it receives the residual stream after every layer (for the per-layer tests).
@@ -116,6 +129,7 @@ class ForwardPass {
   Status prepare(const float* x, int64_t n_cols, int n);
   Status gdn_layer(size_t l, int gdn_index, int n);
   Status attn_layer(size_t l, int n);
+  Status gdn_step(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n);
   // Every launch and copy of a pass of n rows with lm_head over the first m, on stream_ (marks and the per-layer
   // hidden copies only when profiling / hidden ask for them).
   // logits_mode: 0 no lm_head, 1 lm_head and argmax (ids copied back), 2 also the logits rows copied back.
@@ -144,9 +158,13 @@ class ForwardPass {
 
   // Device scratch, one allocation; every buffer holds kPassMaxTokens rows.
   void* base_ = nullptr;
-  int32_t* ids_ = nullptr;        // int32 [P]  token ids, then slot ids, then positions (one upload)
+  int32_t* ids_ = nullptr;        // int32 [P]  token ids, then slot ids, positions, row pages (one upload)
   int32_t* slot_ids_ = nullptr;   // int32 [P]
   int32_t* positions_ = nullptr;  // int32 [P]
+  int32_t* row_pages_ = nullptr;  // int32 [P]  the KV page holding each row's position
+  int32_t* run_start_ = nullptr;  // int32 [P]  the GDN run table (gdn_runs.h): entry starts, lengths, row order
+  int32_t* run_len_ = nullptr;    // int32 [P]
+  int32_t* run_order_ = nullptr;  // int32 [P]
   GdnSlot* gdn_slots_ = nullptr;  // [n_gdn_layers][P]
   float* h_ = nullptr;            // f32 [P, H] residual stream
   float* x_ = nullptr;            // f32 [P, H] normed sub-layer input
@@ -168,7 +186,7 @@ class ForwardPass {
   ExpertChoice* host_choices_dev_ = nullptr;  // [P, k]
   float* host_y_dev_ = nullptr;               // f32 [P, H]
 
-  // Pinned host staging: the upload block (ids, slots, positions, gdn slot table) and the logits rows.
+  // Pinned host staging: the upload block (ids, slots, positions, row pages, gdn slot table) and the logits rows.
   void* host_upload_ = nullptr;
   size_t upload_bytes_ = 0;
   float* host_logits_ = nullptr;    // f32 [P, n_vocab]
@@ -185,9 +203,12 @@ class ForwardPass {
   int n_gdn_ = 0;
   std::vector<GdnSlot> slot_states_;  // [n_slots][n_gdn]: each slot's GDN state pointers (device memory)
 
-  // The captured passes, by (profiled, rows, logits mode, position bound): profiled graphs carry the section events.
-  std::map<std::tuple<bool, int, int, int>, cudaGraphExec_t> graphs_;
+  // The captured passes, by (profiled, rows, logits mode, position bound, runs): profiled graphs carry the section
+  // events.
+  std::map<std::tuple<bool, int, int, int, bool>, cudaGraphExec_t> graphs_;
   int position_bound_ = 0;  // of the pass being enqueued: attention's grid covers positions below it
+  bool runs_ = false;       // of the pass being enqueued: some slot has several rows (GDN on gdn_runs)
+  bool supports_runs_ = false;
 
   bool profiling_ = false;
   std::vector<cudaEvent_t> events_;    // [0] at the pass's start, then one per section end

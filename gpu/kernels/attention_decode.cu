@@ -1,6 +1,7 @@
 // attention_decode (see attention_decode.h): k/v append kernel, then one block per (kv head, sequence, chunk of
 // positions) serving the kv head's whole group of query heads from tiles staged in shared memory, then (for
-// sequences of several chunks) a merge of the chunk records in chunk order.
+// sequences of several chunks) a merge of the chunk records in chunk order; every cache row is found through the
+// slot's page table. kv_page_publish writes the table entries a pass appends to.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -63,8 +64,16 @@ __device__ void norm_rope_head_warp(const float* src, const float* __restrict__ 
   __syncwarp();
 }
 
+// Floats from the layer's page-0 base (KvPageTable::k or v) to the row of position p of the slot whose table entries
+// start at `pages` (kv head 0; kv head j is j · hd further).
+__device__ __forceinline__ int64_t paged_row(const KvPageTable& t, const int32_t* pages, int p) {
+  const int shift = __ffs(t.page_size) - 1;  // page_size is a power of two
+  const int64_t page = pages[p >> shift];
+  return page * t.page_stride + static_cast<int64_t>(p & (t.page_size - 1)) * t.n_head_kv * t.head_dim;
+}
+
 // grid (n_kv, n_seq): K[pos] = rope(norm(k)), V[pos] = v for kv head blockIdx.x of sequence blockIdx.y.
-__global__ void kv_append_kernel(AttnDecodeDims d, KvSlotTable cache, const float* __restrict__ k,
+__global__ void kv_append_kernel(AttnDecodeDims d, KvPageTable cache, const float* __restrict__ k,
                                  const float* __restrict__ v, const float* __restrict__ k_norm,
                                  const float* __restrict__ inv_freq, const int32_t* __restrict__ slot_ids,
                                  const int32_t* __restrict__ positions) {
@@ -73,10 +82,11 @@ __global__ void kv_append_kernel(AttnDecodeDims d, KvSlotTable cache, const floa
   const int j = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y);
   const int hd = d.head_dim;
   const int slot = slot_ids[b], pos = positions[b];
-  const size_t row = (static_cast<size_t>(pos) * d.n_head_kv + static_cast<size_t>(j)) * hd;
+  const int64_t row =
+      paged_row(cache, cache.pages + static_cast<int64_t>(slot) * cache.max_pages, pos) + static_cast<int64_t>(j) * hd;
   const size_t src = (static_cast<size_t>(b) * d.n_head_kv + static_cast<size_t>(j)) * hd;
-  float* kc = cache.k[slot] + row;
-  float* vc = cache.v[slot] + row;
+  float* kc = cache.k + row;
+  float* vc = cache.v + row;
   norm_rope_head(k + src, k_norm, inv_freq, hd, d.n_rot, d.eps, static_cast<float>(pos), normed, kc, scratch);
   for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) vc[i] = v[src + i];
 }
@@ -114,23 +124,36 @@ int attend_tile_of(int group, int hd) {
   return 8;
 }
 
-// Copies positions [p0, p0 + n) of one kv head's rows (stride pos_stride floats) into a shared tile of rows of
-// hd + 1 floats (the pad keeps the score loop, one position per lane, free of bank conflicts). Whole block calls.
-__device__ __forceinline__ void load_tile(const float* __restrict__ base, size_t pos_stride, int p0, int n, int hd,
-                                          float* tile) {
+// Copies positions [p0, p0 + n) of one kv head's rows (base: the layer's K or V page-0 base plus the head's j · hd;
+// each position's row found through the slot's table entries `pages`) into a shared tile of rows of hd + 1 floats
+// (the pad keeps the score loop, one position per lane, free of bank conflicts). A tile no longer than a page (always
+// with the engine's 256-position pages) lies in at most two pages, whose bases are read once; with smaller pages
+// every row looks its page up. Either way the same rows land in the tile. Whole block calls.
+__device__ __forceinline__ void load_tile(const float* __restrict__ base, const KvPageTable& table,
+                                          const int32_t* __restrict__ pages, int p0, int n, int hd, float* tile) {
   const int stride = hd + 1;
+  const int shift = __ffs(table.page_size) - 1;
+  const int64_t row_floats = static_cast<int64_t>(table.n_head_kv) * hd;
+  const bool two_pages = n <= table.page_size;
+  const int next = ((p0 >> shift) + 1) << shift;  // the first position of the page after p0's
+  const int64_t base0 = two_pages ? pages[p0 >> shift] * table.page_stride : 0;
+  const int64_t base1 = two_pages && p0 + n > next ? pages[next >> shift] * table.page_stride : base0;
+  const auto row = [&](int p) -> int64_t {
+    if (!two_pages) return paged_row(table, pages, p);
+    return (p < next ? base0 : base1) + static_cast<int64_t>(p & (table.page_size - 1)) * row_floats;
+  };
   if ((hd & 3) == 0) {
     const int per_row = hd / 4;
     for (int e = static_cast<int>(threadIdx.x); e < n * per_row; e += blockDim.x) {
       const int t = e / per_row, i = (e - t * per_row) * 4;
-      const float4 v = *reinterpret_cast<const float4*>(base + static_cast<size_t>(p0 + t) * pos_stride + i);
+      const float4 v = *reinterpret_cast<const float4*>(base + row(p0 + t) + i);
       float* dst = tile + t * stride + i;
       dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
     }
   } else {
     for (int e = static_cast<int>(threadIdx.x); e < n * hd; e += blockDim.x) {
       const int t = e / hd, i = e - t * hd;
-      tile[t * stride + i] = base[static_cast<size_t>(p0 + t) * pos_stride + i];
+      tile[t * stride + i] = base[row(p0 + t) + i];
     }
   }
 }
@@ -143,7 +166,7 @@ __device__ __forceinline__ void load_tile(const float* __restrict__ base, size_t
 // sequence of one chunk is finished here (out = acc / l ⊙ sigmoid(gate)); longer ones leave a workspace record per
 // head.
 __global__ void __launch_bounds__(kThreads)
-    attend_kernel(AttnDecodeDims d, KvSlotTable cache, const float* __restrict__ qg, const float* __restrict__ q_norm,
+    attend_kernel(AttnDecodeDims d, KvPageTable cache, const float* __restrict__ qg, const float* __restrict__ q_norm,
                   const float* __restrict__ inv_freq, const int32_t* __restrict__ slot_ids,
                   const int32_t* __restrict__ positions, float scale, int max_chunks, int tile, float* __restrict__ ws,
                   float* __restrict__ out) {
@@ -175,16 +198,16 @@ __global__ void __launch_bounds__(kThreads)
   for (int g = static_cast<int>(threadIdx.x); g < G; g += blockDim.x) m_s[g] = -INFINITY, l_s[g] = 0.0f;
   __syncthreads();
 
-  const float* kbase = cache.k[slot] + static_cast<size_t>(j) * hd;
-  const float* vbase = cache.v[slot] + static_cast<size_t>(j) * hd;
-  const size_t pos_stride = static_cast<size_t>(d.n_head_kv) * hd;
+  const float* kbase = cache.k + static_cast<size_t>(j) * hd;
+  const float* vbase = cache.v + static_cast<size_t>(j) * hd;
+  const int32_t* pages = cache.pages + static_cast<int64_t>(slot) * cache.max_pages;
   const int len = chunk_len_of(pos, n_chunks);
   const int p_begin = c * len;
   const int p_end = min(pos + 1, p_begin + len);
   for (int p0 = p_begin; p0 < p_end; p0 += tile) {
     const int n = min(tile, p_end - p0);
-    load_tile(kbase, pos_stride, p0, n, hd, kt);
-    load_tile(vbase, pos_stride, p0, n, hd, vt);
+    load_tile(kbase, cache, pages, p0, n, hd, kt);
+    load_tile(vbase, cache, pages, p0, n, hd, vt);
     __syncthreads();
     for (int e = static_cast<int>(threadIdx.x); e < G * tile; e += blockDim.x) {
       const int g = e / tile, t = e - g * tile;
@@ -284,7 +307,45 @@ size_t attention_decode_workspace_bytes(const AttnDecodeDims& d, int n_seq, int 
          (static_cast<size_t>(d.head_dim) + 2) * sizeof(float);
 }
 
-Status attention_decode(const AttnDecodeDims& d, const KvSlotTable& cache, int n_slots, const AttnDecodeArgs& a,
+namespace {
+
+// The page table's own consistency (what every call needs of it); kInvalidArgument naming the field.
+Status check_page_table(const KvPageTable& t, bool need_rows) {
+  const auto bad = [](const std::string& what) {
+    return make_error(ErrorCode::kInvalidArgument, "attention_decode: the KV page table " + what);
+  };
+  if (t.pages == nullptr || (need_rows && (t.k == nullptr || t.v == nullptr))) return bad("has a null pointer");
+  if (t.page_size < 1 || (t.page_size & (t.page_size - 1)) != 0) {
+    return bad("has pages of " + std::to_string(t.page_size) + " positions (a power of two is needed)");
+  }
+  if (t.max_pages < 1) return bad("has " + std::to_string(t.max_pages) + " entries per slot");
+  // Rows of a multiple of 4 floats are staged with 16-byte loads: their addresses must keep that alignment.
+  if (need_rows && t.head_dim % 4 == 0 &&
+      (t.page_stride % 4 != 0 || reinterpret_cast<uintptr_t>(t.k) % 16 != 0 ||
+       reinterpret_cast<uintptr_t>(t.v) % 16 != 0)) {
+    return bad("is not 16-byte aligned (K, V and the page stride must be, for rows of a multiple of 4 floats)");
+  }
+  if (need_rows && t.page_stride < static_cast<int64_t>(t.page_size) * t.n_head_kv * t.head_dim) {
+    return bad("has pages " + std::to_string(t.page_stride) + " floats apart, less than a page's " +
+               std::to_string(t.page_size) + " rows of " + std::to_string(t.n_head_kv) + " x " +
+               std::to_string(t.head_dim));
+  }
+  return ok_status();
+}
+
+// One thread per sequence: the entry of the page its new token goes to.
+__global__ void kv_page_publish_kernel(int32_t* __restrict__ table, int max_pages, int page_size,
+                                       const int32_t* __restrict__ slot_ids, const int32_t* __restrict__ positions,
+                                       const int32_t* __restrict__ page_ids, int n_seq) {
+  const int shift = __ffs(page_size) - 1;
+  for (int b = static_cast<int>(threadIdx.x); b < n_seq; b += blockDim.x) {
+    table[static_cast<int64_t>(slot_ids[b]) * max_pages + (positions[b] >> shift)] = page_ids[b];
+  }
+}
+
+}  // namespace
+
+Status attention_decode(const AttnDecodeDims& d, const KvPageTable& cache, int n_slots, const AttnDecodeArgs& a,
                         std::span<const int32_t> slot_ids_host, std::span<const int32_t> positions_host,
                         cudaStream_t stream) {
   const auto bad = [](const std::string& what) {
@@ -304,7 +365,8 @@ Status attention_decode(const AttnDecodeDims& d, const KvSlotTable& cache, int n
     return bad("chunk " + std::to_string(d.chunk) + " must be at least 1 position and max_chunks (" +
                std::to_string(d.max_chunks) + ") in 1..65535");
   }
-  if (cache.k == nullptr || cache.v == nullptr || cache.n_head_kv != d.n_head_kv || cache.head_dim != d.head_dim) {
+  KESTREL_TRY(check_page_table(cache, true));
+  if (cache.n_head_kv != d.n_head_kv || cache.head_dim != d.head_dim) {
     return bad("the KV cache table (" + std::to_string(cache.n_head_kv) + " kv heads of " +
                std::to_string(cache.head_dim) + ") does not match the layer (" + std::to_string(d.n_head_kv) + " of " +
                std::to_string(d.head_dim) + ")");
@@ -331,11 +393,11 @@ Status attention_decode(const AttnDecodeDims& d, const KvSlotTable& cache, int n
     if (!seen.insert(s).second) {
       return bad("slot " + std::to_string(s) + " appears twice in one batch (sequence " + std::to_string(b) + ")");
     }
-    if (p < 0 || p >= cache.n_ctx) {
+    if (p < 0 || p >= cache.capacity()) {
       return make_error(ErrorCode::kOutOfRange, "attention_decode: sequence " + std::to_string(b) + " (slot " +
                                                     std::to_string(s) + ") is at position " + std::to_string(p) +
-                                                    ", the cache holds " + std::to_string(cache.n_ctx) +
-                                                    " tokens (raise the context size)");
+                                                    ", the page table holds " + std::to_string(cache.capacity()) +
+                                                    " tokens a slot (raise the context size)");
     }
   }
   int max_pos = 0;
@@ -343,7 +405,7 @@ Status attention_decode(const AttnDecodeDims& d, const KvSlotTable& cache, int n
   return attention_decode_device(d, cache, a, static_cast<int>(n_seq), max_pos, stream);
 }
 
-Status attention_decode_device(const AttnDecodeDims& d, const KvSlotTable& cache, const AttnDecodeArgs& a, int n_seq,
+Status attention_decode_device(const AttnDecodeDims& d, const KvPageTable& cache, const AttnDecodeArgs& a, int n_seq,
                                int max_position, cudaStream_t stream) {
   const auto bad = [](const std::string& what) {
     return make_error(ErrorCode::kInvalidArgument, "attention_decode: " + what);
@@ -352,6 +414,7 @@ Status attention_decode_device(const AttnDecodeDims& d, const KvSlotTable& cache
     return bad(std::to_string(n_seq) + " sequences, position bound " + std::to_string(max_position) + ", chunk " +
                std::to_string(d.chunk) + ", max_chunks " + std::to_string(d.max_chunks));
   }
+  KESTREL_TRY(check_page_table(cache, true));
   const int max_pos = max_position;
   const int max_chunks = n_chunks_of(max_pos, d);
   if (max_chunks > 1) {
@@ -398,6 +461,19 @@ Status attention_decode_device(const AttnDecodeDims& d, const KvSlotTable& cache
         d, a.qg, a.positions, max_chunks, a.workspace, a.out);
     KESTREL_CUDA_TRY(cudaGetLastError());
   }
+  return ok_status();
+}
+
+Status kv_page_publish(const KvPageTable& table, const int32_t* slot_ids, const int32_t* positions,
+                       const int32_t* page_ids, int n_seq, cudaStream_t stream) {
+  KESTREL_TRY(check_page_table(table, false));
+  if (n_seq < 1 || slot_ids == nullptr || positions == nullptr || page_ids == nullptr) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "kv_page_publish: " + std::to_string(n_seq) + " sequences (>= 1) or a null pointer");
+  }
+  kv_page_publish_kernel<<<1, 128, 0, stream>>>(table.pages, table.max_pages, table.page_size, slot_ids, positions,
+                                                page_ids, n_seq);
+  KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
 

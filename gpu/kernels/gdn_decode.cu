@@ -19,85 +19,17 @@
 #include <string>
 
 #include "gpu/cuda_check.h"
+#include "gpu/kernels/gdn_common.cuh"
 #include "gpu/kernels/gdn_decode.h"
 #include "gpu/kernels/pdl.cuh"
 
 namespace kestrel::gpu {
 namespace {
 
+using namespace gdn_detail;  // NOLINT(google-build-using-namespace): the kernels' shared helpers
+
 constexpr int kDeltaWarps = 8;
 constexpr int kDeltaThreads = 32 * kDeltaWarps;
-constexpr unsigned kFullMask = 0xFFFFFFFFu;
-
-// Geometry shared by the kernels (plain ints, passed by value).
-struct Geo {
-  int n_k_heads, n_v_heads, d_k, d_v, kernel, r;
-  int key_dim, value_dim, conv_dim;
-  int qkv_stride;  // floats per session row of in.qkv (C, or C + Vd for kSsmInBa; in.row_stride when set)
-  int z_stride;    // of in.z (Vd, or in.row_stride)
-  int ab_stride;   // of in.b and in.a (Vh, or in.row_stride)
-  int ba_stride;   // of in.ba (2·Vh, or in.row_stride)
-  int group;       // kSsmInBa: floats per K-group of qkvz (2·dk + 2·r·dv)
-  bool tiled;      // HeadMapping::kTiled
-  int proj;        // 0 kQkvGateBetaAlpha, 1 kQkvGateBa, 2 kSsmInBa
-  float eps;       // gated-norm eps
-  float q_scale;   // f32(1/sqrt(dk)) computed in double
-};
-
-__device__ __forceinline__ float sigmoid_rn(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
-__device__ __forceinline__ float silu_rn(float x) { return __fmul_rn(x, sigmoid_rn(x)); }
-__device__ __forceinline__ float softplus_rn(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-__device__ __forceinline__ int k_head_of(const Geo& g, int h) { return g.tiled ? h % g.n_k_heads : h / g.r; }
-
-// Index into one session's qkv row of the raw input of mixed_qkv channel c.
-__device__ __forceinline__ int qkv_index(const Geo& g, int c) {
-  if (g.proj != 2) return c;
-  if (c < g.key_dim) return (c / g.d_k) * g.group + c % g.d_k;  // q
-  if (c < 2 * g.key_dim) {                                      // k
-    const int ck = c - g.key_dim;
-    return (ck / g.d_k) * g.group + g.d_k + ck % g.d_k;
-  }
-  const int cv = c - 2 * g.key_dim;  // v: V-heads g·r … g·r + r − 1 of K-group g
-  const int rdv = g.r * g.d_v;
-  return (cv / rdv) * g.group + 2 * g.d_k + cv % rdv;
-}
-
-// Index into one session's legacy qkvz row (kSsmInBa) of z[h·dv + e]: V-heads g·r … g·r + r − 1 of K-group g.
-__device__ __forceinline__ int z_index(const Geo& g, int h, int e) {
-  const int zi = h * g.d_v + e;
-  const int rdv = g.r * g.d_v;
-  return (zi / rdv) * g.group + 2 * g.d_k + rdv + zi % rdv;
-}
-
-// SiLU(conv over (history, x)) of channel c; taps summed in order i = 0..K−1. Reads the history only.
-__device__ __forceinline__ float conv_channel(const Geo& g, const float* __restrict__ w, const float* hist, float x,
-                                              int c) {
-  const int nh = g.kernel - 1;
-  const float* wc = w + static_cast<size_t>(c) * g.kernel;
-  const float* hc = hist + static_cast<size_t>(c) * nh;
-  float y = 0.0f;
-  for (int i = 0; i < nh; ++i) y = __fadd_rn(y, __fmul_rn(wc[i], hc[i]));
-  y = __fadd_rn(y, __fmul_rn(wc[nh], x));
-  return silu_rn(y);
-}
-
-// Drops the oldest history column of channel c and appends x.
-__device__ __forceinline__ void shift_history(const Geo& g, float* hist, float x, int c) {
-  const int nh = g.kernel - 1;
-  float* hc = hist + static_cast<size_t>(c) * nh;
-  for (int i = 0; i + 1 < nh; ++i) hc[i] = hc[i + 1];
-  if (nh > 0) hc[nh - 1] = x;
-}
-
-// Σ v[i]² over i < n by one warp (lane-strided, index order within a lane) then a butterfly; in every lane.
-__device__ __forceinline__ float warp_sum_squares(const float* v, int n, int lane) {
-  float s = 0.0f;
-  for (int i = lane; i < n; i += 32) s = __fadd_rn(s, __fmul_rn(v[i], v[i]));
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) s = __fadd_rn(s, __shfl_xor_sync(kFullMask, s, off));
-  return s;
-}
 
 // A warp's slice of S_h: column j of rows [i0, i0 + R), one row per register; p points at row i0, and `rows` of the R
 // rows exist (0 for a column past dv, fewer than R past dk). Row r is at p + r·dv from the one base pointer: the
@@ -119,38 +51,6 @@ __device__ __forceinline__ void store_s_slice(float* p, size_t dv, int rows, con
   for (int r = 0; r < R; ++r) {
     if (r < rows) __stcs(p + r * dv, s[r]);
   }
-}
-
-// The q and k L2 norms' 1/sqrt(Σ + 1e-6) from N per-warp partial sums of squares each (q_part, k_part), added in warp
-// order.
-template <int N>
-__device__ __forceinline__ void inv_l2(const float* q_part, const float* k_part, float& inv_q, float& inv_k) {
-  float ssq = 0.0f;
-  float ssk = 0.0f;
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    ssq = __fadd_rn(ssq, q_part[i]);
-    ssk = __fadd_rn(ssk, k_part[i]);
-  }
-  inv_q = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssq, 1e-6f)));
-  inv_k = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssk, 1e-6f)));
-}
-
-// The gates of V-head h of session n into gates[0..1]: beta = sigmoid(b), decay = exp(ssm_a·softplus(a + dt_bias)).
-__device__ __forceinline__ void head_gates(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, int n,
-                                           int h, float* gates) {
-  float b;
-  float a;
-  if (g.proj == 0) {
-    b = in.b[static_cast<size_t>(n) * g.ab_stride + h];
-    a = in.a[static_cast<size_t>(n) * g.ab_stride + h];
-  } else {  // ba per K-group [b(r), a(r)], heads in grouped order (ref::gdn_split_ba)
-    const float* ba = in.ba + static_cast<size_t>(n) * g.ba_stride + (h / g.r) * 2 * g.r;
-    b = ba[h % g.r];
-    a = ba[g.r + h % g.r];
-  }
-  gates[0] = sigmoid_rn(b);
-  gates[1] = expf(__fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h]))));
 }
 
 // The block's own v channels (column j of V-head h: conv + SiLU into vs, history shifted; only this block reads
@@ -328,45 +228,11 @@ void launch_step(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs&
 // 0.3 µs slower at 1-4); there the generic form spills 56-60 bytes and the full one none (its conv channel is found
 // once, up front: ch). At one session, where nothing hides latency, that was 9.7 against 6.9 µs (6.6 without the
 // full form's last spills).
-constexpr int kHeadWarps = 16;
-constexpr int kHeadThreads = 32 * kHeadWarps;
 
 // Programmatic launches of up to this many sessions load the conv taps and history before the wait: at 1-2 sessions
 // that takes a memory round trip off the step, but above 4 the registers held across the wait (36-40 bytes of
 // spills) cost more than it saves.
 constexpr int kGdnTapsAheadMaxSessions = 4;
-
-// One channel's conv taps and history in registers (conv kernels of up to kConvTapsAhead taps), loaded ahead of the
-// input; conv() is conv_channel's arithmetic in its order.
-constexpr int kConvTapsAhead = 4;
-struct ConvTaps {
-  float w[kConvTapsAhead] = {};
-  float h[kConvTapsAhead - 1] = {};
-  __device__ __forceinline__ void load(const Geo& g, const float* __restrict__ conv1d, const float* hist, int c) {
-    const int nh = g.kernel - 1;
-#pragma unroll
-    for (int i = 0; i < kConvTapsAhead; ++i) {
-      if (i <= nh) w[i] = conv1d[static_cast<size_t>(c) * g.kernel + i];
-      if (i < nh) h[i] = hist[static_cast<size_t>(c) * nh + i];
-    }
-  }
-  __device__ __forceinline__ float conv(const Geo& g, float x) const {
-    const int nh = g.kernel - 1;
-    float y = 0.0f;
-    float last = w[0];
-#pragma unroll
-    for (int i = 0; i < kConvTapsAhead - 1; ++i) {
-      if (i < nh) y = __fadd_rn(y, __fmul_rn(w[i], h[i]));
-      if (i + 1 == nh) last = w[i + 1];
-    }
-    y = __fadd_rn(y, __fmul_rn(last, x));
-    return silu_rn(y);
-  }
-};
-constexpr int kHeadRows = 8;  // rows of S_h per warp
-constexpr int kHeadCols = 4;  // columns of S_h per lane
-constexpr int kHeadMaxD = kHeadWarps * kHeadRows;
-static_assert(kHeadMaxD == 32 * kHeadCols, "the per-V-head kernel covers dk and dv up to the same bound");
 
 template <bool kPdl, bool kFull, bool kTapsAhead>
 __global__ void __launch_bounds__(kHeadThreads, 2)
@@ -594,31 +460,6 @@ Status check_dims(const ref::GdnDims& dims) {
   }
   if (dims.conv_kernel < 1) return invalid("conv_kernel " + std::to_string(dims.conv_kernel) + " must be >= 1");
   return ok_status();
-}
-
-Geo make_geo(const ref::GdnDims& dims, ref::GdnProjection projection, int row_stride) {
-  Geo g{};
-  g.n_k_heads = dims.n_k_heads;
-  g.n_v_heads = dims.n_v_heads;
-  g.d_k = dims.d_k;
-  g.d_v = dims.d_v;
-  g.kernel = dims.conv_kernel;
-  g.r = dims.v_per_k();
-  g.key_dim = dims.key_dim();
-  g.value_dim = dims.value_dim();
-  g.conv_dim = dims.conv_dim();
-  g.proj = projection == ref::GdnProjection::kQkvGateBetaAlpha ? 0
-           : projection == ref::GdnProjection::kQkvGateBa      ? 1
-                                                               : 2;
-  g.qkv_stride = row_stride > 0 ? row_stride : g.proj == 2 ? g.conv_dim + g.value_dim : g.conv_dim;
-  g.z_stride = row_stride > 0 ? row_stride : g.value_dim;
-  g.ab_stride = row_stride > 0 ? row_stride : g.n_v_heads;
-  g.ba_stride = row_stride > 0 ? row_stride : 2 * g.n_v_heads;
-  g.group = 2 * g.d_k + 2 * g.r * g.d_v;
-  g.tiled = dims.mapping == HeadMapping::kTiled;
-  g.eps = dims.eps;
-  g.q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dims.d_k)));
-  return g;
 }
 
 }  // namespace

@@ -1,17 +1,19 @@
 // Per-layer agreement of the CPU engine's blocks (GdnBlock, AttentionBlock, FfnBlock) with the reference's layer
 // functions (ref::gdn_forward, ref::attn_forward, ref::moe_forward / ref::dense_ffn_forward) on the golden fixture
 // models: every layer of each model is fed the same input rows, from the same state (5 tokens already through both),
-// and its output compared row by row, with f32 and with int8 activations.
+// and its output compared row by row, at every instruction-set level this CPU has (isa.h), with f32 and with int8
+// activations (the scalar level, which has no int8 kernels, equal to the reference bit for bit).
 //
 // Tolerance, max|Δ| ≤ tol · max(1, max|ref|) per row (the engine tests' measure):
 // - f32 activations: 1e-4. The block differs from the reference by the GEMVs' summation order (~1e-7 relative per
 //   product) through at most three GEMVs in sequence; measured ≤ 3e-6.
 // - int8 activations: 4e-2 for the FFN, 8e-2 for GDN / attention. Each GEMV's input is rounded per 32-element
-//   block to 1/254 of the block's largest value (act_q8.h), a relative error of up to ~0.4% per element that sums to
-//   ~0.5–1% of a GEMV's output on these heavy-tailed activations. The FFN chains two (gate/up → SwiGLU → down):
-//   measured ≤ 1.7e-2. GDN chains the projections, the gates' exp/softplus, the q/k L2 norms and the gated RMSNorm
-//   (which rescales each head's output to unit RMS, so a small head's relative error is passed on whole) into
-//   ssm_out, rounded again: measured ≤ 4.2e-2. A wrong head, gate, routing or norm is O(1) of the row's scale.
+//   block (per 256 for the K-quants at avx2 / avxvnni) to 1/254 of the block's largest value (act_q8.h), a relative
+//   error of up to ~0.4% per element that sums to ~0.5–1% of a GEMV's output on these heavy-tailed activations. The FFN
+//   chains two (gate/up → SwiGLU → down): measured ≤ 1.7e-2. GDN chains the projections, the gates' exp/softplus, the
+//   q/k L2 norms and the gated RMSNorm (which rescales each head's output to unit RMS, so a small head's relative error
+//   is passed on whole) into ssm_out, rounded again: measured ≤ 4.2e-2. A wrong head, gate, routing or norm is O(1) of
+//   the row's scale.
 // These are single-layer figures: over the 8 layers of a whole random-weight model the differences grow ~100×,
 // which is why the engine tests compare int8 against nothing but itself (bits across threads and batches).
 #include <gtest/gtest.h>
@@ -121,34 +123,46 @@ class CpuBlocksTest : public ::testing::TestWithParam<std::string> {
 TEST_P(CpuBlocksTest, EveryLayerAgreesWithTheReference) {
   const ModelHparams& hp = model_->hparams();
   const size_t H = hp.n_embd;
-  std::mt19937 rng(11);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> prefix(kPrefix * H), x(kTokens * H);
-  for (float& v : prefix) v = dist(rng);
-  for (float& v : x) v = dist(rng);
-  for (const Mode mode : {Mode{GemvInput::kF32, 1e-4f, 1e-4f, "f32"}, Mode{GemvInput::kQ8, 8e-2f, 4e-2f, "int8"}}) {
-    MatmulRunner mm(*pool_, isa_selected(), mode.act);
-    // A level without int8 kernels runs the int8 mode on f32 (gemv_kernel's fallback).
-    const bool int8 = gemv_kernel(isa_selected(), GgmlType::kQ4_0, mode.act).input == GemvInput::kQ8;
-    float worst_mix = 0.0f, worst_ffn = 0.0f;
-    for (uint32_t l = 0; l < weights_.layers.size(); ++l) {
-      auto rs = ref::SessionState::create(hp, kCtx);
-      ASSERT_TRUE(rs.has_value());
-      ref::SessionState cs = *rs;
-      std::vector<float> ra, ca, rf, cf;
-      run_layer(mm, l, prefix.data(), kPrefix, 0, *rs, cs, &ra, &ca, &rf, &cf);
-      run_layer(mm, l, x.data(), kTokens, kPrefix, *rs, cs, &ra, &ca, &rf, &cf);
-      const float dm = row_rel_diff(ca, ra, H), df = row_rel_diff(cf, rf, H);
-      EXPECT_LE(dm, mode.tol_mix) << mode.name << " layer " << l << " (GDN or attention)";
-      EXPECT_LE(df, mode.tol_ffn) << mode.name << " layer " << l << " (FFN)";
-      worst_mix = std::max(worst_mix, dm);
-      worst_ffn = std::max(worst_ffn, df);
+  for (const Isa isa : kAllIsas) {
+    if (!isa_supported(isa)) {
+      std::printf("[ %s ] %s: this CPU lacks it; tested on a machine that has it\n", GetParam().c_str(),
+                  std::string(isa_name(isa)).c_str());
+      continue;
     }
-    std::printf(
-        "[ %s ] %s (%s mode), %s activations: worst layer rel diff %.3g (GDN/attention, tolerance %.1g), %.3g (FFN, "
-        "%.1g)\n",
-        GetParam().c_str(), std::string(isa_name(isa_selected())).c_str(), mode.name, int8 ? "int8" : "f32", worst_mix,
-        mode.tol_mix, worst_ffn, mode.tol_ffn);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> prefix(kPrefix * H), x(kTokens * H);
+    for (float& v : prefix) v = dist(rng);
+    for (float& v : x) v = dist(rng);
+    for (const Mode mode : {Mode{GemvInput::kF32, 1e-4f, 1e-4f, "f32"}, Mode{GemvInput::kQ8, 8e-2f, 4e-2f, "int8"}}) {
+      MatmulRunner mm(*pool_, isa, mode.act);
+      // A level without int8 kernels runs the int8 mode on f32 (gemv_kernel's fallback).
+      const bool int8 = gemv_kernel(isa, GgmlType::kQ4_0, mode.act).input != GemvInput::kF32;
+      float worst_mix = 0.0f, worst_ffn = 0.0f;
+      for (uint32_t l = 0; l < weights_.layers.size(); ++l) {
+        auto rs = ref::SessionState::create(hp, kCtx);
+        ASSERT_TRUE(rs.has_value());
+        ref::SessionState cs = *rs;
+        std::vector<float> ra, ca, rf, cf;
+        run_layer(mm, l, prefix.data(), kPrefix, 0, *rs, cs, &ra, &ca, &rf, &cf);
+        run_layer(mm, l, x.data(), kTokens, kPrefix, *rs, cs, &ra, &ca, &rf, &cf);
+        const float dm = row_rel_diff(ca, ra, H), df = row_rel_diff(cf, rf, H);
+        EXPECT_LE(dm, mode.tol_mix) << isa_name(isa) << " " << mode.name << " layer " << l << " (GDN or attention)";
+        EXPECT_LE(df, mode.tol_ffn) << isa_name(isa) << " " << mode.name << " layer " << l << " (FFN)";
+        worst_mix = std::max(worst_mix, dm);
+        worst_ffn = std::max(worst_ffn, df);
+      }
+      if (isa == Isa::kScalar) {
+        // The scalar level is the reference's arithmetic (int8 mode falls back to f32 there).
+        EXPECT_EQ(worst_mix, 0.0f) << mode.name;
+        EXPECT_EQ(worst_ffn, 0.0f) << mode.name;
+      }
+      std::printf(
+          "[ %s ] %s (%s mode), %s activations: worst layer rel diff %.3g (GDN/attention, tolerance %.1g), %.3g "
+          "(FFN, %.1g)\n",
+          GetParam().c_str(), std::string(isa_name(isa)).c_str(), mode.name, int8 ? "int8" : "f32", worst_mix,
+          mode.tol_mix, worst_ffn, mode.tol_ffn);
+    }
   }
 }
 

@@ -3,12 +3,12 @@
 // multiple of the 4-row tiles, F32/F16/BF16 rows whose length is not a multiple of the SIMD width, Q4_0/Q8_0 rows of
 // an odd number of blocks, and batches of 1, 3, 8, 32 and 35 (past one group of 32 vectors and the 4-vector tiles).
 //
-// Tolerance: the scalar level performs the reference's operations in its order (on x, or on x̃ for its kQ8
-// kernels) and must match bit for bit. kF32
+// Tolerance: the scalar level performs the reference's operations in its order and must match bit for bit. kF32
 // kernels decode exactly the reference's weights and differ only in summation order (vector accumulators, a fixed
 // horizontal reduction, FMA's single rounding), so each result is within the classic dot-product bound
 // γ_n·Σ|w_i·x_i| (γ_n = n·u / (1 − n·u), u = 2^-24) of the exact value, as is the reference's: the test allows
-// 2·γ_n·Σ|w_i·x_i|. kQ8 kernels (act_q8.h) compute with the dequantized activations x̃ = q·d: they are compared
+// 2·γ_n·Σ|w_i·x_i|. Int8 kernels (act_q8.h: kQ8 per 32, kQ8K per 256) compute with the dequantized activations
+// x̃ = q·d of their form: they are compared
 // with the reference applied to x̃, their integer dot products exact and their f32 combination within the same
 // bound, taken over the two terms a K-quant weight is made of (d·sc·q and dmin·m, summed apart by the kernel):
 // 2·γ_n·Σ(|a_i| + |b_i|)·|x̃_i|. A wrong nibble, scale or block offset moves a result by O(Σ|w_i·x_i|/√n) or more,
@@ -45,7 +45,7 @@ std::vector<Case> cases() {
     for (int64_t n_in : {32, 96, 288, 544}) out.push_back({t, n_in, 19});
   }
   for (GgmlType t : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
-    for (int64_t n_in : {256, 768}) out.push_back({t, n_in, 13});
+    for (int64_t n_in : {256, 512, 768}) out.push_back({t, n_in, 13});
   }
   return out;
 }
@@ -107,13 +107,19 @@ std::vector<float> abs_dots(const Matrix& m, const std::vector<float>& x, int64_
   return out;
 }
 
-// x as a kQ8 kernel sees it: quantized per block, then dequantized (q · d).
-std::vector<float> dequantized_activations(const std::vector<float>& x, int64_t n_vec, int64_t n_in) {
+// x as an int8 kernel sees it: quantized per block (kQ8) or super-block (kQ8K), then dequantized (q · d).
+std::vector<float> dequantized_activations(const std::vector<float>& x, int64_t n_vec, int64_t n_in, GemvInput form) {
   ActQ8Buffer buf;
-  const ActQ8View q = buf.reserve(n_vec, n_in);
-  act_q8_quantize(x.data(), n_in, 0, n_vec, buf);
   std::vector<float> out(x.size());
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(q.q[i]) * q.dl[i / 4];
+  if (form == GemvInput::kQ8K) {
+    const ActQ8View q = buf.reserve(n_vec, n_in, ActQ8Forms{false, true});
+    act_q8k_quantize(x.data(), n_in, 0, n_vec, buf);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(q.qk[i]) * q.dk[i / kActQ8KBlock];
+  } else {
+    const ActQ8View q = buf.reserve(n_vec, n_in);
+    act_q8_quantize(x.data(), n_in, 0, n_vec, buf);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(q.q[i]) * q.dl[i / 4];
+  }
   return out;
 }
 
@@ -123,9 +129,13 @@ std::vector<float> run(Isa isa, GemvInput act, const Matrix& m, const std::vecto
   EXPECT_TRUE(task.has_value());
   const GemvKernel k = gemv_kernel(isa, m.view.type, act);
   ActQ8Buffer buf;
+  const int64_t n_in = static_cast<int64_t>(m.view.n_in);
   if (k.input == GemvInput::kQ8) {
-    task->xq = buf.reserve(n_vec, static_cast<int64_t>(m.view.n_in));
-    act_q8_quantize(x.data(), static_cast<int64_t>(m.view.n_in), 0, n_vec, buf);
+    task->xq = buf.reserve(n_vec, n_in);
+    act_q8_quantize(x.data(), n_in, 0, n_vec, buf);
+  } else if (k.input == GemvInput::kQ8K) {
+    task->xq = buf.reserve(n_vec, n_in, ActQ8Forms{false, true});
+    act_q8k_quantize(x.data(), n_in, 0, n_vec, buf);
   }
   k.fn(*task, row_begin, row_end);
   return y;
@@ -149,11 +159,11 @@ TEST_P(GemvTest, MatchesTheReferenceOnOddShapes) {
   const Isa isa = this->isa();
   for (const Case& c : cases()) {
     const Matrix m = random_matrix(c, rng);
-    const bool q8 = gemv_kernel(isa, c.type, act()).input == GemvInput::kQ8;
+    const GemvInput form = gemv_kernel(isa, c.type, act()).input;
     for (int64_t n_vec : {1, 3, 8, 32, 35}) {
       const std::vector<float> x = random_vectors(n_vec * c.n_in, rng);
-      // The reference's input: x itself, or for a kQ8 kernel the activations it actually multiplies.
-      const std::vector<float> xr = q8 ? dequantized_activations(x, n_vec, c.n_in) : x;
+      // The reference's input: x itself, or for an int8 kernel the activations it actually multiplies.
+      const std::vector<float> xr = form != GemvInput::kF32 ? dequantized_activations(x, n_vec, c.n_in, form) : x;
       std::vector<float> expect(static_cast<size_t>(n_vec * c.n_out));
       ASSERT_TRUE(ref::matvec_batch(m.view, xr.data(), static_cast<int>(n_vec), expect.data()));
       const std::vector<float> got =
@@ -208,6 +218,21 @@ INSTANTIATE_TEST_SUITE_P(Levels, GemvTest,
                                   (std::get<1>(i.param) == GemvInput::kQ8 ? "_q8" : "_f32");
                          });
 
+// avxvnni's int8 kernels are avx2's with other instructions for the same int32 dot products: the same bits.
+TEST(GemvLevels, AvxVnniGivesTheAvx2Bits) {
+  if (!isa_supported(Isa::kAvxVnni)) GTEST_SKIP() << "this CPU lacks avxvnni";
+  std::mt19937 rng(3);
+  for (const Case& c : cases()) {
+    const Matrix m = random_matrix(c, rng);
+    const int64_t n_vec = 5;
+    const std::vector<float> x = random_vectors(n_vec * c.n_in, rng);
+    const size_t n_y = static_cast<size_t>(n_vec * c.n_out);
+    EXPECT_EQ(run(Isa::kAvxVnni, GemvInput::kQ8, m, x, n_vec, 0, c.n_out, std::vector<float>(n_y)),
+              run(Isa::kAvx2, GemvInput::kQ8, m, x, n_vec, 0, c.n_out, std::vector<float>(n_y)))
+        << ggml_type_name(c.type) << " n_in " << c.n_in;
+  }
+}
+
 TEST(Isa, ChoiceHonoursTheRequestDownwardOnly) {
   EXPECT_EQ(isa_choose("scalar"), Isa::kScalar);
   const Isa best = isa_choose("");
@@ -217,6 +242,8 @@ TEST(Isa, ChoiceHonoursTheRequestDownwardOnly) {
   if (isa_supported(Isa::kAvx2)) {
     EXPECT_EQ(isa_choose("avx2"), Isa::kAvx2);
   }
+  // avxvnni: itself where the CPU has it, else the best level below it (an AVX-512 part may lack AVX-VNNI).
+  EXPECT_EQ(isa_choose("avxvnni"), isa_supported(Isa::kAvxVnni) ? Isa::kAvxVnni : isa_choose("avx2"));
   EXPECT_FALSE(gemv_supports(GgmlType::kQ5_0));
   const float w[2] = {1.0f, 2.0f};
   ref::QuantMatrix q5{GgmlType::kQ5_0, reinterpret_cast<const uint8_t*>(w), 32, 1};

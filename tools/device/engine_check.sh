@@ -4,7 +4,8 @@
 #   gputests  every gpu-labelled test (what ctest -L gpu runs), one line each
 #   bench   writes the 35B-A3B preset with --types q4_0 (and with the Q4_K_M mix for bench-km) and runs bench_engine
 #           (bench-nopdl: the same without programmatic launches; bench-long: 1 and 8 sessions after 4000-token prompts)
-#   cputests  the CPU kernels, pool and engine tests (every ISA level this host has: AVX-512 on the H200 box)
+#   cputests  the CPU kernels, pool, blocks and engine tests (every ISA level this host has: avx512, avxvnni, avx2 and
+#             scalar on the H200 box's Sapphire Rapids), then the engine's int8 checks once per lower level
 #   cpubench  bench_cpu_gemv and bench_cpu_engine (all physical cores) on the Q4_0 and the Q4_K_M 35B-A3B files
 #   daemon  kestreld --engine cuda on the Q4_0 35B-A3B file: status, generate over gRPC and shm; then the daemon's
 #           integration tests with KESTREL_ITEST_ENGINE=cuda (their default tiny model)
@@ -12,13 +13,19 @@
 #           then bench_engine on the Q4_0 35B-A3B file at 1 and 32 sessions with --n-cpu-moe 40 (every layer's
 #           experts on the CPU), --n-cpu-moe 20 (half) and --gpu-memory 12G (the planner's choice)
 #   hybrid-daemon  kestreld --engine cuda --gpu-memory 12G on the Q4_0 35B-A3B file: the plan it logs, status,
-#           a generation over gRPC
-# Outputs land in $OUT. The binaries carry this machine's build paths (/work/main/...), so the tree is linked there.
+#           a generation over gRPC and over shm
+#   model   only writes the Q4_0 35B-A3B file (/tmp/q4_0.gguf), so that `soak` fits the device's 600 s per command
+#   soak    bench_soak: kestreld --engine cuda on that file, 64 clients (gRPC, shm and HTTP in turn) for SOAK_S seconds
+#           (default 480), then SIGTERM (docs/benchmarks.md "Soak")
+# Outputs land in $OUT. The binaries carry this machine's build paths (/work/main/...), so the tree is linked there;
+# binaries built in another checkout (a worktree) name it in KESTREL_SOURCE_ROOT, which is linked too.
 set -uo pipefail
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+for root in /work/main ${KESTREL_SOURCE_ROOT:-}; do
+  [ -e "$root" ] || { mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"; }
+done
 k=/tmp/kestrel-carry
 mkdir -p $k && tar -xJf dev/carry.tar.xz -C $k
 export LD_LIBRARY_PATH=$k/lib:${LD_LIBRARY_PATH:-}
@@ -43,10 +50,12 @@ for step in "$@"; do
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       $B/test_gdn_decode --gtest_brief=1 2>&1 | tail -3
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      $B/test_gdn_runs --gtest_brief=1 2>&1 | tail -3
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       grep -E "^\[  (PASSED|FAILED) " "$OUT/test_cuda_engine.log" ;;
     gputests)
       for t in test_get_rows test_gemv test_gdn_decode test_gemv_imma test_weight_pool test_state_slots test_rms_norm \
-               test_argmax test_attention_decode test_moe test_moe_imma test_moe_hybrid test_cuda_engine \
+               test_argmax test_attention_decode test_moe test_moe_imma test_moe_hybrid test_gdn_runs test_cuda_engine \
                test_cuda_hybrid; do
         mkdir -p /tmp/gputests && log=/tmp/gputests/$t.log
         if $B/$t --gtest_brief=1 >"$log" 2>&1; then r=passed; else r=FAILED; status=1; fi
@@ -69,19 +78,26 @@ for step in "$@"; do
       rm -f /tmp/q4_k_m.gguf ;;
     cputests)
       lscpu | grep -E "Model name|^CPU\(s\)|Thread|Flags" | sed 's/Flags:.*\(avx512[a-z_0-9]*\).*/avx512: yes/' | head -4
-      for t in test_cpu_gemv test_cpu_worker_pool test_cpu_engine; do
+      for t in test_cpu_act_q8 test_cpu_gemv test_cpu_delta_rule test_cpu_worker_pool test_cpu_populate test_cpu_blocks \
+        test_cpu_engine; do
         if $B/$t --gtest_brief=1 >"$OUT/$t.log" 2>&1; then r=passed; else r=FAILED; status=1; fi
         echo "$t: $r ($(grep -E '^\[==========\] [0-9]+ tests' "$OUT/$t.log" | tail -1 | sed 's/\[==========\] //'))"
         [ $r = passed ] || grep -E "Failure|FAILED" -A4 "$OUT/$t.log" | head -20
       done
-      KESTREL_CPU_ISA=avx2 $B/test_cpu_engine --gtest_brief=1 --gtest_filter='*GreedyTokensMatchTheReference*' 2>&1 | tail -1 ;;
+      for level in avxvnni avx2 scalar; do
+        echo -n "test_cpu_engine at $level: "
+        KESTREL_CPU_ISA=$level $B/test_cpu_engine --gtest_brief=1 \
+          --gtest_filter='*BitIdentical*:*BatchAndChunking*:*CloneSnapshot*' 2>&1 | tail -1
+      done ;;
     cpubench)
       make_q4 || { status=1; continue; }
       $B/bench_cpu_gemv --benchmark_min_time=0.3 2>&1 | tee "$OUT/bench_cpu_gemv.txt" | grep -E "BM_|Run on|CPU Caches" | head -60
-      $B/bench_cpu_engine --model $model_q4 --sessions 1,8 --steps 8 --pp 512 2>&1 | tee "$OUT/bench_cpu_engine_q4_0.txt" || status=1
+      $B/bench_cpu_engine --model $model_q4 --sessions 1,8 --steps 8 --pp 512 --profile 2>&1 |
+        tee "$OUT/bench_cpu_engine_q4_0.txt" || status=1
       rm -f $model_q4
       $B/kestrel-mkmodel --preset qwen35moe-35b-a3b -o /tmp/q4_k_m.gguf -q || { status=1; continue; }
-      $B/bench_cpu_engine --model /tmp/q4_k_m.gguf --sessions 1,8 --steps 8 --pp 512 2>&1 | tee "$OUT/bench_cpu_engine_q4_k_m.txt" || status=1
+      $B/bench_cpu_engine --model /tmp/q4_k_m.gguf --sessions 1,8 --steps 8 --pp 512 --profile 2>&1 |
+        tee "$OUT/bench_cpu_engine_q4_k_m.txt" || status=1
       rm -f /tmp/q4_k_m.gguf ;;
     daemon)
       make_q4 || { status=1; continue; }
@@ -122,6 +138,13 @@ for step in "$@"; do
       $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_hybrid.txt"
       $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee -a "$OUT/generate_hybrid.txt"
       kill -TERM $pid; wait $pid; echo "kestreld exited $?" ;;
+    model)
+      make_q4 || status=1 ;;
+    soak)
+      make_q4 || { status=1; continue; }
+      $B/bench_soak --kestreld $B/kestreld --engine cuda --model $model_q4 --clients 64 --duration "${SOAK_S:-480}" \
+        --transports grpc,shm,http 2>&1 | tee "$OUT/soak_cuda.txt"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
 done

@@ -3,7 +3,7 @@
 //
 //   kestrel-engine-run --model M.gguf --engine cuda --prompt "Hello" -n 32 [--temp 0 --seed 1] [--ctx 4096]
 //   kestrel-engine-run --model M.gguf --engine cuda --gpu-memory 12G [--n-cpu-moe 20] [--override-tensor RE=cpu]...
-//   kestrel-engine-run --model M.gguf --engine cpu --threads 16 ...   (KESTREL_CPU_ISA=scalar|avx2 lowers the ISA)
+//   kestrel-engine-run --model M.gguf --engine cpu --threads 16 ...   (KESTREL_CPU_ISA=scalar|avx2|avxvnni lowers the ISA)
 //
 // The CUDA engine is placed as kestreld places it (hybrid/placed_cuda_engine.h): the routed experts that the GPU
 // budget (--gpu-memory, default auto), --n-cpu-moe and --override-tensor leave on the host run on --threads CPU

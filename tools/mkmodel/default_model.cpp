@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "core/base/private_dir.h"
 #include "tools/mkmodel/model_plan.h"
 #include "tools/mkmodel/model_writer.h"
 #include "tools/mkmodel/presets.h"
@@ -77,7 +78,7 @@ std::string default_model_cache_dir(const std::string& cache_directory, const st
   if (!cache_directory.empty()) return cache_directory.substr(0, cache_directory.find(':'));
   if (!xdg_cache_home.empty()) return (fs::path(xdg_cache_home) / "kestrel").string();
   if (!home.empty()) return (fs::path(home) / ".cache" / "kestrel").string();
-  return (fs::path("/tmp/kestrel-" + std::to_string(uid)) / "cache").string();
+  return (fs::path(fallback_runtime_dir(uid)) / "cache").string();
 }
 
 std::string default_model_cache_dir_from_process() {
@@ -100,6 +101,9 @@ Expected<DefaultModel> ensure_default_model(const std::string& cache_dir, const 
   KESTREL_TRY_ASSIGN(const std::string name, default_model_file_name());
   const fs::path dir(cache_dir);
   const fs::path final_path = dir / name;
+  // Before anything in it is trusted: the fallback /tmp/kestrel-$UID must be ours alone (private_dir.h).
+  KESTREL_TRY(prepare_fallback_dir(dir.string(), "cache folder",
+                                   "set HOME, or choose another cache folder, or give a model with --model"));
   std::error_code ec;
   if (fs::is_regular_file(final_path, ec)) {
     if (log) log("default model: using " + final_path.string());

@@ -32,7 +32,9 @@ struct DefaultModel {
 using LogLine = std::function<void(std::string_view)>;
 
 // Returns the cached default model, creating `cache_dir` (mode 0755 as the umask allows) and the file as needed.
-// kIo naming the folder when it cannot be created or written (the message suggests another folder or --model).
+// kIo naming the folder when it cannot be created or written (the message suggests another folder or --model). A folder
+// in the fallback /tmp/kestrel-$UID must first pass prepare_fallback_dir (core/base/private_dir.h):
+// kFailedPrecondition naming what to fix otherwise.
 Expected<DefaultModel> ensure_default_model(const std::string& cache_dir, const LogLine& log);
 
 // The folder of the default model: $CACHE_DIRECTORY (systemd's CacheDirectory=; the first of a ':' list), else

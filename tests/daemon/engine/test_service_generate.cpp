@@ -67,7 +67,7 @@ TEST(ServiceGenerate, MaxTokensMatchesDirectAndPendingTokenIsFedNext) {
   EXPECT_EQ(sum.session, sess->id);
   EXPECT_EQ(sum.n_past, 27);  // the last token counts, though it is not fed yet
   EXPECT_EQ(sink->chunks().back().n_past, 27);
-  std::string text = *f.service->detokenize(expect);
+  std::string text = *f.service->detokenize(expect, SIZE_MAX);
   EXPECT_EQ(sink->text(), text);
 
   // The next step feeds the pending token first: same as a direct run over prompt + generated + {5}.
@@ -136,13 +136,13 @@ TEST(ServiceGenerate, StopTokenAndStopString) {
   ASSERT_TRUE(sink->result());
   EXPECT_EQ(sink->result()->reason, FinishReason::kStopToken);
   EXPECT_EQ(sink->tokens(), std::vector<int32_t>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(k) + 1));
-  const std::string before =
-      *f.service->detokenize(std::vector<int32_t>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(k)));
+  const std::string before = *f.service->detokenize(
+      std::vector<int32_t>(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(k)), SIZE_MAX);
   EXPECT_EQ(sink->text(), before) << "the stop token's own text is not emitted";
 
   // Stop string: the text of generated tokens 4..5, cut before its first occurrence.
-  const std::string full_text = *f.service->detokenize(full);
-  const std::string stop = *f.service->detokenize({full[4], full[5]});
+  const std::string full_text = *f.service->detokenize(full, SIZE_MAX);
+  const std::string stop = *f.service->detokenize({full[4], full[5]}, SIZE_MAX);
   ASSERT_FALSE(stop.empty());
   GenerateRequest req2 = gen_request(0, prompt, 16);
   req2.stop_strings = {stop};
@@ -307,7 +307,9 @@ TEST(ServiceGenerate, DrainFinishesInFlightThenRefuses) {
   f.service->drain(Clock::now());  // a second drain returns at once
 }
 
-TEST(ServiceGenerate, DrainDeadlineAbortsWhatIsLeft) {
+// What the drain deadline cuts ends with its own reason and message, unlike a user's Abort: a Generate with
+// FinishReason::kShutdown, a Step with UNAVAILABLE; both name the drain time.
+TEST(ServiceGenerate, DrainDeadlineEndsWhatIsLeftWithShutdown) {
   ServiceLimits limits = test_limits();
   limits.max_batch_tokens = 4;
   auto f = ServiceFixture::make(kModel, limits);
@@ -325,13 +327,23 @@ TEST(ServiceGenerate, DrainDeadlineAbortsWhatIsLeft) {
   auto p = std::make_shared<std::promise<Expected<StepResult>>>();
   auto fut = p->get_future();
   f.service->step(sreq, [p](Expected<StepResult> r) { p->set_value(std::move(r)); });
-  f.service->drain(Clock::now() + std::chrono::milliseconds(50));
+  f.service->drain(Clock::now() + std::chrono::milliseconds(100));
   ASSERT_TRUE(sink->done());
   ASSERT_TRUE(sink->result());
-  EXPECT_EQ(sink->result()->reason, FinishReason::kAborted);
+  EXPECT_EQ(sink->result()->reason, FinishReason::kShutdown);
+  EXPECT_EQ(sink->result()->message,
+            "kestreld is shutting down: its drain time of 0.1 s ran out before this generation finished");
   auto r = fut.get();
   ASSERT_FALSE(r);
-  EXPECT_EQ(r.error().code, ErrorCode::kCancelled);
+  EXPECT_EQ(r.error().code, ErrorCode::kUnavailable);
+  EXPECT_EQ(r.error().message,
+            "kestreld is shutting down: its drain time of 0.1 s ran out before this step finished; retry on another "
+            "kestreld");
+  // The metrics count the cut generation as vLLM's "abort" (ended by the server), the cut step as UNAVAILABLE.
+  const ServiceMetrics::Snapshot m = f.service->metrics().snapshot();
+  const auto& grpc = m.transports[static_cast<size_t>(Transport::kGrpc)];
+  EXPECT_EQ(grpc.success[static_cast<size_t>(FinishClass::kAbort)], 1u);
+  EXPECT_EQ(grpc.failure[static_cast<size_t>(ErrorCode::kUnavailable)], 1u);
 }
 
 TEST(ServiceGenerate, DestructorDrainsImmediately) {
@@ -346,7 +358,9 @@ TEST(ServiceGenerate, DestructorDrainsImmediately) {
     ASSERT_TRUE(sink->done());
   }
   ASSERT_TRUE(sink->result());
-  EXPECT_EQ(sink->result()->reason, FinishReason::kAborted);
+  EXPECT_EQ(sink->result()->reason, FinishReason::kShutdown);
+  EXPECT_EQ(sink->result()->message,
+            "kestreld is stopping without a drain period: this generation was cut before it finished");
 }
 
 }  // namespace

@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <thread>
 
 #include "core/reference/forward.h"
 #include "core/reference/model_weights.h"
@@ -185,13 +189,21 @@ TEST_P(ServiceStepTest, ModelInfoAndTokenizer) {
   EXPECT_LE(info.max_session_ctx, 512);
   auto toks = f.service->tokenize("hello world", false);
   ASSERT_TRUE(toks);
-  auto text = f.service->detokenize(*toks);
+  auto text = f.service->detokenize(*toks, SIZE_MAX);
   ASSERT_TRUE(text);
   EXPECT_EQ(*text, "hello world");
-  EXPECT_EQ(f.service->detokenize({-1}).error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(f.service->detokenize({-1}, SIZE_MAX).error().code, ErrorCode::kInvalidArgument);
+  // The size is checked against max_bytes before the text is built: exactly 11 bytes pass, 10 do not.
+  EXPECT_TRUE(f.service->detokenize(*toks, 11));
+  auto over = f.service->detokenize(*toks, 10);
+  ASSERT_FALSE(over);
+  EXPECT_EQ(over.error().code, ErrorCode::kResourceExhausted);
+  EXPECT_EQ(over.error().message,
+            "the " + std::to_string(toks->size()) + " tokens decode to 11 bytes, more than the 10 allowed");
 }
 
-// The reference engine reporting max_tokens_per_item = 4 and recording the largest item of every tick.
+// The reference engine reporting max_tokens_per_item = 4 (and max_tokens_per_tick when set) and recording the
+// largest item and the total tokens of every tick.
 class CappedEngine final : public Engine {
  public:
   explicit CappedEngine(Engine& inner) : inner_(inner) {}
@@ -201,6 +213,7 @@ class CappedEngine final : public Engine {
   EngineCapabilities capabilities() const override {
     EngineCapabilities c = inner_.capabilities();
     c.max_tokens_per_item = 4;
+    c.max_tokens_per_tick = per_tick;
     return c;
   }
   int32_t max_slots() const override { return inner_.max_slots(); }
@@ -214,12 +227,17 @@ class CappedEngine final : public Engine {
   int32_t slot_n_ctx(SlotId s) const override { return inner_.slot_n_ctx(s); }
   Status check(const EngineStepItem& item) const override { return inner_.check(item); }
   void step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) override {
-    size_t largest = 0;
-    for (const EngineStepItem& it : items) largest = std::max(largest, it.tokens.size());
+    size_t largest = 0, total = 0;
+    for (const EngineStepItem& it : items) largest = std::max(largest, it.tokens.size()), total += it.tokens.size();
     largest_per_tick.push_back(largest);
+    total_per_tick.push_back(total);
+    items_per_tick.push_back(items.size());
     inner_.step(items, out);
   }
   std::vector<size_t> largest_per_tick;  // engine loop thread; read after the step's callback
+  std::vector<size_t> total_per_tick;
+  std::vector<size_t> items_per_tick;
+  int32_t per_tick = 0;
 
  private:
   Engine& inner_;
@@ -241,6 +259,51 @@ TEST(ServiceCapabilities, PromptsAreCutToTheEnginesTokensPerItem) {
   for (size_t n : capped.largest_per_tick) EXPECT_LE(n, 4u);
   const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
   EXPECT_EQ(r->token, want[0].token) << "cutting the prompt changes nothing of the result";
+}
+
+// With max_tokens_per_tick = 5, a prompt beside two sessions that decode gets the 3 tokens they leave of a tick
+// while they generate, and no tick carries more than 5 tokens.
+TEST(ServiceCapabilities, PromptsShareATickWithDecodingSessions) {
+  ServiceFixture f = ServiceFixture::make("golden-qwen35moe", test_limits());
+  ASSERT_TRUE(f.service);
+  f.service.reset();
+  CappedEngine capped(*f.engine);
+  capped.per_tick = 5;
+  auto service = make_service(*f.model, capped, test_limits());
+  ASSERT_TRUE(service.has_value()) << service.error().to_string();
+  std::vector<SessionId> decoders;
+  for (int i = 0; i < 2; ++i) {
+    auto s = (*service)->create_session({});
+    ASSERT_TRUE(s);
+    decoders.push_back(s->id);
+    ASSERT_TRUE(step_tokens(**service, s->id, iota_tokens(3 + i)));
+  }
+  // The decoders generate while the prompt goes in.
+  std::vector<std::shared_ptr<test::RecordingSink>> sinks;
+  for (const SessionId id : decoders) {
+    GenerateRequest g = test::gen_request(id, {5}, 40);
+    g.ignore_eos = true;
+    sinks.push_back(std::make_shared<test::RecordingSink>());
+    (*service)->generate(std::move(g), sinks.back());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto p = (*service)->create_session({});
+  ASSERT_TRUE(p);
+  const std::vector<int32_t> prompt = iota_tokens(30);
+  auto r = step_tokens(**service, p->id, prompt);
+  for (const auto& sink : sinks) {
+    ASSERT_TRUE(sink->wait());
+    EXPECT_TRUE(sink->result().has_value());
+  }
+  ASSERT_TRUE(r) << r.error().to_string();
+  bool shared = false;
+  for (size_t k = 0; k < capped.total_per_tick.size(); ++k) {
+    EXPECT_LE(capped.total_per_tick[k], 5u) << "tick " << k;
+    shared = shared || (capped.items_per_tick[k] == 3 && capped.largest_per_tick[k] == 3);
+  }
+  EXPECT_TRUE(shared) << "a prompt chunk of 3 beside the two decoders";
+  const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
+  EXPECT_EQ(r->token, want[0].token);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ServiceStepTest,

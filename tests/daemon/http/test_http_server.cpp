@@ -241,11 +241,98 @@ TEST_F(HttpServerTest, BodyLimitAnswers413AndCloses) {
   o.max_body_bytes = 2048;
   start(o);
   Client c = client();
-  const Reply r = c.request(bhttp::verb::post, "/v1/completions", R"({"prompt": ")" + std::string(5000, 'x') + "\"}");
-  expect_error(r, 413, "at most 2048 bytes");
+  const std::string body = R"({"prompt": ")" + std::string(5000, 'x') + "\"}";
+  const Reply r = c.request(bhttp::verb::post, "/v1/completions", body);
+  // Refused from its Content-Length, as the header ends (under assertions, asking the parser for the length there
+  // once stopped kestreld).
+  expect_error(r, 413, "the request body is " + std::to_string(body.size()) + " bytes; kestreld accepts at most 2048");
   EXPECT_EQ(r.connection, "close");
   Client again = client();
   EXPECT_EQ(again.request(bhttp::verb::get, "/health").status, 200);
+}
+
+// Responses are bounded before they are built: an echoed prompt too large to answer is refused before generating
+// (as token ids, from their piece lengths; as text, from its JSON size); a response that is not streamed is refused
+// as it passes the limit, and its generation cancelled; the same request streamed is answered in full.
+TEST_F(HttpServerTest, ResponsesOverTheLimitAreRefusedBeforeTheyAreBuilt) {
+  HttpServerOptions o;
+  o.max_response_bytes = 1024;
+  start(o);
+  Client c = client();
+  std::string ids = "[65";
+  for (int i = 1; i < 3000; ++i) ids += ",65";
+  ids += "]";
+  Reply r =
+      c.request(bhttp::verb::post, "/v1/completions", R"({"prompt": )" + ids + R"(, "echo": true, "max_tokens": 1})");
+  expect_error(r, 400, "the echoed prompt");
+  EXPECT_EQ(json_of(r)["error"]["code"], "response_too_large") << r.body;
+  EXPECT_EQ(json_of(r)["error"]["param"], "echo") << r.body;
+  EXPECT_EQ(service_.last_detokenize_max_bytes.load(), 1024u) << "the Service sized the text before building it";
+  // 200 control characters are 200 bytes of prompt but 1200 of JSON (\u0001 each).
+  std::string controls;
+  for (int i = 0; i < 200; ++i) controls += "\\u0001";
+  r = c.request(bhttp::verb::post, "/v1/completions",
+                R"({"prompt": ")" + controls + R"(", "echo": true, "max_tokens": 1})");
+  expect_error(r, 400, "the echoed prompt is 200 bytes");
+  EXPECT_FALSE(service_.last_generate.has_value()) << "nothing was generated for a refused echo";
+  // The same prompt without echo, and a short echo, are answered.
+  r = c.request(bhttp::verb::post, "/v1/completions", R"({"prompt": )" + ids + R"(, "max_tokens": 1})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = c.request(bhttp::verb::post, "/v1/completions", R"({"prompt": [65, 66], "echo": true, "max_tokens": 3})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json_of(r)["choices"][0]["text"], "ABabc");
+
+  // 3000 tokens of one byte each do not fit in 1024 bytes: refused, the generation cancelled part-way.
+  service_.token_delay = std::chrono::milliseconds(1);
+  const int emitted_before = service_.generate_tokens_emitted.load();
+  r = c.request(bhttp::verb::post, "/v1/completions", R"({"prompt": "x", "max_tokens": 3000})");
+  expect_error(r, 400, "stream it");
+  EXPECT_EQ(json_of(r)["error"]["code"], "response_too_large") << r.body;
+  EXPECT_EQ(json_of(r)["error"]["param"], "max_tokens") << r.body;
+  service_.wait_idle();
+  EXPECT_TRUE(service_.generate_saw_cancel.load());
+  EXPECT_LT(service_.generate_tokens_emitted.load() - emitted_before, 3000);
+  // With log-probabilities the limit comes sooner: 100 tokens are refused.
+  service_.generate_saw_cancel = false;
+  r = c.request(bhttp::verb::post, "/v1/completions", R"({"prompt": "x", "max_tokens": 100, "logprobs": 5})");
+  expect_error(r, 400, "alternatives (top_logprobs)");
+  service_.wait_idle();
+  EXPECT_TRUE(service_.generate_saw_cancel.load());
+  service_.token_delay = std::chrono::milliseconds(0);
+  // Under the limit: answered whole, within it.
+  r = c.request(bhttp::verb::post, "/v1/completions", R"({"prompt": "x", "max_tokens": 300})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_LE(r.body.size(), 1024u);
+  // Streamed, all 3000 tokens arrive.
+  r = c.request(bhttp::verb::post, "/v1/completions", R"({"prompt": "x", "max_tokens": 3000, "stream": true})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  std::string text;
+  for (const Json& e : events(r.body)) {
+    if (e.is_object() && e.contains("choices") && !e["choices"].empty()) text += e["choices"][0]["text"];
+  }
+  EXPECT_EQ(text.size(), 3000u);
+}
+
+// A generation the daemon's drain deadline ended (FinishReason::kShutdown) is an error that carries the Service's
+// message: a 503 whole, an error event and [DONE] streamed.
+TEST_F(HttpServerTest, ShutdownEndsACompletionWithItsMessage) {
+  start();
+  service_.finish_reason = FinishReason::kShutdown;
+  service_.finish_message = "kestreld is shutting down: its drain time of 2 s ran out before this generation ended";
+  Client c = client();
+  Reply r = c.request(bhttp::verb::post, "/v1/completions", R"({"prompt": "x", "max_tokens": 3})");
+  expect_error(r, 503, "cut short after 3 tokens: kestreld is shutting down: its drain time of 2 s ran out");
+  r = c.request(bhttp::verb::post, "/v1/completions", R"({"prompt": "x", "max_tokens": 2, "stream": true})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  const std::vector<Json> ev = events(r.body);
+  ASSERT_GE(ev.size(), 2u) << r.body;
+  EXPECT_EQ(ev.back(), Json("[DONE]"));
+  const Json& error = ev[ev.size() - 2];
+  ASSERT_TRUE(error.contains("error")) << r.body;
+  EXPECT_NE(error["error"]["message"].get<std::string>().find("drain time of 2 s"), std::string::npos) << r.body;
+  service_.finish_reason = FinishReason::kAborted;
+  expect_error(c.request(bhttp::verb::post, "/v1/completions", R"({"prompt": "x", "max_tokens": 1})"), 503,
+               "the request was aborted");
 }
 
 TEST_F(HttpServerTest, ExpectContinue) {

@@ -4,9 +4,11 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "daemon/engine/text_stream.h"
 #include "daemon/http/api_error.h"
 #include "daemon/http/openai_encode.h"
 
@@ -31,6 +33,16 @@ TEST(OpenAiEncode, ErrorBody) {
   EXPECT_TRUE(plain["error"]["code"].is_null());
   // Bytes that are not UTF-8 in a message become U+FFFD instead of breaking the JSON.
   EXPECT_TRUE(Json::accept(error_body(ApiError::invalid("x", "bad \xff byte"))));
+  // What the client sent is quoted, within a bound: a message and a param cut at a character boundary.
+  const std::string long_key = "k" + std::string(3000, 'x');
+  const std::string cjk = std::string(1023, 'a') + "\xe6\x97\xa5";
+  const Json cut = Json::parse(error_body(ApiError::invalid(long_key, "Unrecognized request argument: " + long_key)));
+  const std::string message = cut["error"]["message"];
+  EXPECT_EQ(message.size(), 1024u + std::string(" [2008 more bytes]").size()) << message;
+  EXPECT_TRUE(message.ends_with("xxx [2008 more bytes]")) << message;
+  EXPECT_EQ(cut["error"]["param"].get<std::string>().size(), 256u + std::string(" [2745 more bytes]").size());
+  EXPECT_EQ(Json::parse(error_body(ApiError::invalid("x", cjk)))["error"]["message"],
+            std::string(1023, 'a') + " [3 more bytes]");
 }
 
 TEST(OpenAiEncode, ServiceErrorsMapToHttpStatuses) {
@@ -49,6 +61,75 @@ TEST(OpenAiEncode, FinishReasons) {
   EXPECT_EQ(finish_reason_text(FinishReason::kMaxTokens), "length");
   EXPECT_EQ(finish_reason_text(FinishReason::kContextFull), "length");
   EXPECT_EQ(finish_reason_text(FinishReason::kAborted), "");
+  EXPECT_EQ(finish_reason_text(FinishReason::kShutdown), "") << "answered as an error with the Service's message";
+}
+
+// Random bytes with what JSON escapes or replaces: quotes, backslashes, control characters, DEL, valid multi-byte
+// characters and bytes that are not UTF-8.
+std::string awkward_bytes(std::mt19937& rng, size_t max_len) {
+  static const std::vector<std::string> kPieces = {"a",
+                                                   "\"",
+                                                   "\\",
+                                                   "\n",
+                                                   "\t",
+                                                   std::string(1, '\0'),
+                                                   "\x01",
+                                                   "\x1f",
+                                                   "\x7f",
+                                                   "\xc3\xa9",
+                                                   "\xe6\x97\xa5",
+                                                   "\xf0\x9f\x98\x80",
+                                                   "\xff",
+                                                   "\xc3",
+                                                   "\xe6\x97",
+                                                   "\x80",
+                                                   " ",
+                                                   "/"};
+  std::string out;
+  const size_t n = rng() % (max_len + 1);
+  while (out.size() < n) out += kPieces[rng() % kPieces.size()];
+  return out;
+}
+
+TEST(OpenAiEncode, JsonStringSizeIsExact) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    const std::string s = awkward_bytes(rng, 40);
+    std::string clean;
+    append_utf8_sanitized(s, clean);
+    EXPECT_EQ(json_string_size(s), Json(clean).dump().size()) << testing::PrintToString(s);
+  }
+}
+
+// The bound on a whole response holds for random texts and log-probabilities in both forms (the limit checks rely on
+// it) and is not far above the real size (so it does not refuse what fits).
+TEST(OpenAiEncode, BodySizeBoundHolds) {
+  std::mt19937 rng(11);
+  for (int i = 0; i < 300; ++i) {
+    const ApiKind kind = i % 2 == 0 ? ApiKind::kChat : ApiKind::kCompletion;
+    ResponseEncoder enc(kind, "cmpl-0123456789abcdef01234567", 1700000000, awkward_bytes(rng, 12), false, true);
+    std::string text;
+    size_t text_bytes = 2;
+    std::vector<TokenLogprobs> logprobs;
+    size_t logprobs_bytes = 0;
+    const int tokens = static_cast<int>(rng() % 40);
+    for (int t = 0; t < tokens; ++t) {
+      const std::string piece = awkward_bytes(rng, 8);
+      text += piece;
+      text_bytes += json_string_size(piece) - 2;
+      TokenLogprobs lp{piece, -static_cast<float>(rng() % 1000) / 7.0f, {}};
+      if (t % 5 == 0) lp.logprob = -std::numeric_limits<float>::infinity();
+      for (int k = static_cast<int>(rng() % 21); k > 0; --k) {
+        lp.top.emplace_back(awkward_bytes(rng, 8), -std::numeric_limits<float>::min() * static_cast<float>(k));
+      }
+      logprobs_bytes += logprobs_size_bound(lp);
+      logprobs.push_back(std::move(lp));
+    }
+    const size_t bound = enc.body_size_bound(text_bytes, logprobs_bytes);
+    const std::string body = enc.body(text, logprobs, "length", Usage{4294967295u, 4294967295u});
+    EXPECT_LE(body.size(), bound) << body;
+    EXPECT_LE(bound, 3 * body.size() + 1024) << body;
+  }
 }
 
 TEST(OpenAiEncode, ChatCompletionWhole) {

@@ -3,7 +3,8 @@
 //     frees their sessions and segments (ServerStatus back to its baseline, no new kestrel entry in /dev/shm) and a
 //     healthy client running alongside sees nothing.
 //   - SIGTERM while streams are in flight: with a long stop timeout they all finish normally and kestreld exits 0;
-//     with a short one they end with FINISH_REASON_ABORTED and kestreld still exits 0 within the timeout.
+//     with a short one they end with FINISH_REASON_SHUTDOWN and a finish_message naming the drain time (not ABORTED,
+//     which is a user's Abort), and kestreld still exits 0 within the timeout.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -175,7 +176,10 @@ TEST(Drain, ShortStopTimeoutAbortsStreams) {
   EXPECT_LT(o.seconds, 1.0 + 5.0) << "kestreld took too long past its 1 s stop timeout";
   for (size_t i = 0; i < o.results.size(); ++i) {
     ASSERT_TRUE(o.results[i]) << "stream " << i << ": " << o.results[i].error().message;
-    EXPECT_EQ(o.results[i]->finish_reason(), v1::FINISH_REASON_ABORTED) << "stream " << i;
+    EXPECT_EQ(o.results[i]->finish_reason(), v1::FINISH_REASON_SHUTDOWN) << "stream " << i;
+    EXPECT_EQ(o.results[i]->finish_message(),
+              "kestreld is shutting down: its drain time of 1 s ran out before this generation finished")
+        << "stream " << i;
     EXPECT_GT(o.tokens[i], 0u);
   }
 }

@@ -5,7 +5,7 @@ generated from the .proto files) against a real kestreld.
 Checks: health goes to SERVING (never anything but UNAVAILABLE / NOT_SERVING before); GetModelInfo; a greedy
 Generate equals the `kestrel` CLI's (libkestrel-client) token for token, through the module and through its CLI; a
 bad token id is INVALID_ARGUMENT; on SIGTERM with a stream in flight health turns NOT_SERVING, the stream ends with
-FINISH_REASON_ABORTED after the 2 s stop timeout and kestreld exits 0.
+FINISH_REASON_SHUTDOWN after the 2 s stop timeout and kestreld exits 0.
 
     test_pyclient.py --kestreld BIN --kestrel BIN --model GGUF --stubs DIR
 """
@@ -146,8 +146,8 @@ def main():
         print("health seen while draining:", " -> ".join(drain_seen))
         after = drain_seen[drain_seen.index("NOT_SERVING"):] if "NOT_SERVING" in drain_seen else []
         check(bool(after) and "SERVING" not in after, "health turns NOT_SERVING while draining, and stays so")
-        check(result.get("finish") == stubs[0].FINISH_REASON_ABORTED,
-              f"the in-flight stream ends with FINISH_REASON_ABORTED ({result})")
+        check(result.get("finish") == stubs[0].FINISH_REASON_SHUTDOWN,
+              f"the in-flight stream ends with FINISH_REASON_SHUTDOWN ({result})")
         check(rc == 0, f"kestreld exits 0 after SIGTERM (status {rc}, {elapsed:.2f} s)")
         check(elapsed < 2 + 5, f"kestreld exits within the stop timeout ({elapsed:.2f} s)")
         long_client.close()

@@ -55,6 +55,7 @@ TEST(DaemonConfig, DefaultsWithoutFileOrFlags) {
   EXPECT_EQ(c.model, "");
   EXPECT_EQ(c.engine, "auto");
   EXPECT_EQ(c.cuda.slots, 16u);
+  EXPECT_EQ(c.cuda.kv_cache_bytes, 0u);
   EXPECT_EQ(c.cuda.device, 0u);
   EXPECT_EQ(c.listen.socket, "/run/user/1000/kestrel/kestreld.sock");
   EXPECT_EQ(c.listen.shm_socket, "/run/user/1000/kestrel/kestreld-shm.sock");
@@ -149,6 +150,7 @@ TEST(DaemonConfig, EveryBadValueNamesKeyAndLine) {
       {"http", "max_concurrent_requests = 0"},
       {"http", "max_connections = \"all\""},
       {"cuda", "slots = 0"},
+      {"cuda", "kv_cache_bytes = -1"},
       {"cuda", "device = -1"},
       {"cuda", "gpu_memory = \"twelve\""},
       {"cuda", "n_cpu_moe = -1"},

@@ -1,11 +1,12 @@
 // kestreld the executable: --help/--print-config/--check-config, one-line start-up errors with status 1 (bad config,
-// corrupt model, unwritable socket folder), and a full life under a fake systemd: STATUS= while loading, READY=1 once
-// serving, STOPPING=1 on SIGTERM, exit 0, socket files removed.
+// corrupt model, unwritable socket folder, a fallback socket folder another user created), and a full life under a fake
+// systemd: STATUS= while loading, READY=1 once serving, STOPPING=1 on SIGTERM, exit 0, socket files removed.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -158,6 +159,48 @@ TEST(Kestreld, UnwritableSocketFolderIsOneLineAndStatus1) {
   const size_t at = r.err.find("cannot start: socket folder " + (s / "file").string());
   ASSERT_NE(at, std::string::npos) << r.err;
   EXPECT_EQ(r.err.find('\n', at), r.err.size() - 1) << r.err;
+}
+
+// Another user created kestreld's fallback socket folder first (/tmp/kestrel-$UID, used without XDG_RUNTIME_DIR),
+// world-writable, so that it could later move kestreld's socket away and listen in its place: kestreld refuses to
+// start and says what to fix. Runs kestreld as a spare uid, so it needs root.
+TEST(Kestreld, SquattedFallbackSocketFolderIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run kestreld as another uid";
+  ::kestrel::test::ScratchDir s("kestreld-test");
+  ASSERT_EQ(::chmod(s.path().c_str(), 0777), 0);  // the spare uid writes its output here
+  const uid_t uid = 64977;
+  const fs::path squatted = "/tmp/kestrel-" + std::to_string(uid);
+  fs::remove_all(squatted);
+  ASSERT_EQ(::mkdir(squatted.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(squatted.c_str(), 0777), 0);  // root's, mode 0777: another user's folder
+  std::vector<std::string> env_s = {"PATH=/usr/bin:/bin"};
+  std::vector<char*> envp;
+  for (std::string& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string arg0 = kKestreld;
+  std::string arg1 = "--cache-dir";
+  std::string arg2 = (s / "cache").string();
+  char* argv[] = {arg0.data(), arg1.data(), arg2.data(), nullptr};
+  const fs::path err = s / "err";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(90);
+    const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) ::_exit(91);
+    ::dup2(fd, 2);
+    ::execve(arg0.c_str(), argv, envp.data());
+    ::_exit(92);
+  }
+  const int status = wait_exit(pid, 60s);
+  const std::string text = read_all(err);
+  fs::remove_all(squatted);
+  EXPECT_EQ(status, 1) << text;
+  EXPECT_NE(text.find("cannot start: socket folder " + squatted.string() + ": private folder " + squatted.string() +
+                      " is not safe to use: it belongs to uid 0, not to this program's uid " + std::to_string(uid)),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("set XDG_RUNTIME_DIR"), std::string::npos) << text;
 }
 
 // A datagram socket standing in for systemd's notification socket.

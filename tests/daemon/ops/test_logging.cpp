@@ -1,5 +1,6 @@
 // Logging: the journal format prefixes each line with its syslog priority and nothing else; the text format carries
 // a timestamp and the level; auto picks journal only when $JOURNAL_STREAM names stderr.
+#include <google/protobuf/stubs/logging.h>
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -55,6 +56,24 @@ TEST(Logging, TextFormatAndLevelFilter) {
   EXPECT_EQ(out.find("hidden"), std::string::npos) << out;
   ASSERT_NE(out.find(" warning shown"), std::string::npos) << out;
   EXPECT_EQ(out[4], '-');  // "2026-..." timestamp first
+}
+
+// A client's string field that is not UTF-8 makes protobuf log an ERROR as the parse fails: a debug line of
+// kestreld's logger, never a line per request at the default level. Protobuf's other errors stay errors.
+TEST(Logging, ProtobufLinesGoThroughTheLogger) {
+  const std::string quiet = capture_stderr([] {
+    ASSERT_TRUE(setup_logging(LogConfig{"info", "journal"}));
+    GOOGLE_LOG(ERROR) << "String field 'kestrel.v1.TokenizeRequest.text' contains invalid UTF-8 data when parsing";
+    GOOGLE_LOG(ERROR) << "something else";
+  });
+  EXPECT_EQ(quiet.find("invalid UTF-8"), std::string::npos) << quiet;
+  EXPECT_NE(quiet.find("<3>protobuf "), std::string::npos) << quiet;
+  EXPECT_NE(quiet.find(": something else\n"), std::string::npos) << quiet;
+  const std::string debug = capture_stderr([] {
+    ASSERT_TRUE(setup_logging(LogConfig{"debug", "journal"}));
+    GOOGLE_LOG(ERROR) << "String field 'x' contains invalid UTF-8 data when parsing";
+  });
+  EXPECT_EQ(debug.rfind("<7>protobuf ", 0), 0u) << debug;
 }
 
 TEST(Logging, AutoFollowsJournalStream) {

@@ -40,6 +40,9 @@ class FakeService final : public Service {
   // Delay between generated tokens (to leave time for a cancellation).
   std::chrono::milliseconds token_delay{0};
   std::atomic<bool> serving{true};
+  // How generate() ends a generation that ran to max_tokens (set before the call).
+  FinishReason finish_reason = FinishReason::kMaxTokens;
+  std::string finish_message;
 
   // What the last step()/generate()/create_session() received.
   std::optional<StepRequest> last_step;
@@ -47,6 +50,7 @@ class FakeService final : public Service {
   std::optional<SessionOptions> last_create;
   std::atomic<bool> generate_saw_cancel{false};
   std::atomic<int> generate_tokens_emitted{0};
+  mutable std::atomic<size_t> last_detokenize_max_bytes{0};
 
   ModelInfo model_info() const override {
     ModelInfo m;
@@ -83,8 +87,13 @@ class FakeService final : public Service {
     for (unsigned char c : text) out.push_back(c);
     return out;
   }
-  Expected<std::string> detokenize(const std::vector<int32_t>& tokens) const override {
+  Expected<std::string> detokenize(const std::vector<int32_t>& tokens, size_t max_bytes) const override {
     if (auto e = take_error()) return *e;
+    last_detokenize_max_bytes = max_bytes;
+    if (tokens.size() > max_bytes) {
+      return make_error(ErrorCode::kResourceExhausted,
+                        std::to_string(tokens.size()) + " bytes, more than " + std::to_string(max_bytes));
+    }
     std::string out;
     for (int32_t t : tokens) out.push_back(static_cast<char>(t & 0xFF));
     return out;
@@ -191,7 +200,8 @@ class FakeService final : public Service {
         ++generate_tokens_emitted;
       }
       GenerateSummary sum;
-      sum.reason = FinishReason::kMaxTokens;
+      sum.reason = finish_reason;
+      sum.message = finish_message;
       sum.prompt_tokens = static_cast<uint32_t>(request.prompt.size());
       sum.completion_tokens = static_cast<uint32_t>(request.max_tokens);
       sum.session = sid;

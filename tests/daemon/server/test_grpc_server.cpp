@@ -1,7 +1,8 @@
 // GrpcServer on a temporary Unix socket (and TCP on 127.0.0.1) in front of a fake Service, driven through
 // libkestrel-client's gRPC transport and raw stubs: listeners and socket mode, health NOT_SERVING → SERVING →
-// NOT_SERVING, the 4 MiB receive limit, deadline propagation, status codes and messages on the wire, Generate
-// streaming with a slow reader, and cancellation reaching the engine.
+// NOT_SERVING, the 4 MiB receive limit, requests that do not parse, deadline propagation, status codes and messages on
+// the wire, Generate streaming with a slow reader, and cancellation reaching the engine.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include "client/lib/client.h"
@@ -177,6 +179,70 @@ TEST_F(GrpcServerTest, FiveMebibyteRequestIsResourceExhausted) {
   // Just under the limit still works.
   req.set_text(std::string(4 * 1024 * 1024 - 64, 'a'));
   EXPECT_TRUE(c->tokenize(req));
+}
+
+// Bytes that are not the method's request message: INVALID_ARGUMENT with a message, for unary calls and for the
+// Generate stream (grpc++'s generated handlers would answer UNIMPLEMENTED with an empty message).
+TEST_F(GrpcServerTest, MalformedRequestBytesAreInvalidArgument) {
+  grpc::GenericStub stub(channel());
+  const std::string garbage("\x0f\x01\x02", 3);  // field 1 with wire type 7, which does not exist
+  for (const char* method : {"Step", "Tokenize", "CreateSession", "GetModelInfo"}) {
+    grpc::ClientContext ctx;
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, std::string("/kestrel.v1.Kestrel/") + method, grpc::StubOptions(), &request, &response,
+                   [&done](grpc::Status st) { done.set_value(std::move(st)); });
+    const grpc::Status st = done.get_future().get();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method << ": " << st.error_message();
+    EXPECT_NE(st.error_message().find("does not parse as a kestrel.v1."), std::string::npos)
+        << method << ": " << st.error_message();
+  }
+  {  // A method the service does not have is gRPC's to answer (docs/api.md "What gRPC itself answers").
+    grpc::ClientContext ctx;
+    grpc::Slice slice(garbage);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    std::promise<grpc::Status> done;
+    stub.UnaryCall(&ctx, "/kestrel.v1.Kestrel/NoSuchMethod", grpc::StubOptions(), &request, &response,
+                   [&done](grpc::Status st) { done.set_value(std::move(st)); });
+    const grpc::Status st = done.get_future().get();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNIMPLEMENTED) << st.error_message();
+    EXPECT_EQ(st.error_message(), "") << "docs/api.md says gRPC answers an unknown method without a message";
+  }
+  // Generate: a generic stream sends the one request and half-closes, as a server-streaming client does.
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  auto call = stub.PrepareCall(&ctx, "/kestrel.v1.Kestrel/Generate", &cq);
+  auto wait = [&cq] {
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    return ok;
+  };
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(wait());
+  grpc::Slice slice(garbage);
+  call->Write(grpc::ByteBuffer(&slice, 1), reinterpret_cast<void*>(2));
+  wait();
+  call->WritesDone(reinterpret_cast<void*>(3));
+  wait();
+  grpc::ByteBuffer chunk;
+  call->Read(&chunk, reinterpret_cast<void*>(4));
+  EXPECT_FALSE(wait()) << "no chunk for a request that does not parse";
+  grpc::Status st;
+  call->Finish(&st, reinterpret_cast<void*>(5));
+  wait();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_EQ(st.error_message(),
+            "the request does not parse as a kestrel.v1.GenerateRequest (malformed protobuf bytes, or a string "
+            "field that is not UTF-8)");
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 TEST_F(GrpcServerTest, DeadlineReachesTheService) {

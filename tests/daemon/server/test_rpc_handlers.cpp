@@ -170,6 +170,91 @@ TEST_F(RpcHandlersTest, DetokenizeNamesTheBadId) {
   EXPECT_EQ(s.message, "tokens: token id -5 at index 0 is outside the vocabulary [0, 1000)");
 }
 
+// Responses are sized before they are built: a Detokenize whose text and raw bytes would pass the limit is
+// refused with RESOURCE_EXHAUSTED naming both sizes, and the Service is told to build at most half the limit.
+TEST(RpcResponseLimitTest, DetokenizeOverTheLimitIsRefusedBeforeItIsBuilt) {
+  FakeService service;
+  RpcLimits limits;
+  limits.max_response_bytes = 100;
+  RpcHandlers handlers(service, limits);
+  v1::DetokenizeRequest req;
+  v1::DetokenizeResponse resp;
+  // 48 ASCII bytes: text 48 + raw 48, each with a tag and a length byte: 100 bytes, exactly the limit.
+  for (int i = 0; i < 48; ++i) req.add_tokens('a');
+  RpcStatus s = handlers.detokenize(req, &resp);
+  ASSERT_TRUE(s.ok()) << s.message;
+  EXPECT_EQ(resp.ByteSizeLong(), 100u);
+  EXPECT_EQ(service.last_detokenize_max_bytes.load(), 50u);
+  // One more token: 102 bytes.
+  req.add_tokens('a');
+  resp.Clear();
+  s = handlers.detokenize(req, &resp);
+  EXPECT_EQ(s.code, rpc_code::kResourceExhausted);
+  EXPECT_EQ(s.message,
+            "Detokenize: the response would be 102 bytes (49 of text, 49 raw), over the limit of 100 bytes per "
+            "response; split the request");
+  EXPECT_EQ(resp.ByteSizeLong(), 0u) << "nothing is built for a refused response";
+  // Raw bytes over half the limit: refused by the Service before it decodes anything.
+  for (int i = 0; i < 10; ++i) req.add_tokens('a');
+  s = handlers.detokenize(req, &resp);
+  EXPECT_EQ(s.code, rpc_code::kResourceExhausted);
+  EXPECT_EQ(s.message,
+            "Detokenize: 59 bytes, more than 50 (the response carries them as text and raw), over the limit of 100 "
+            "bytes per response; split the request");
+  // Invalid UTF-8 triples the text: 30 stray bytes are 90 bytes of U+FFFD.
+  req.clear_tokens();
+  for (int i = 0; i < 30; ++i) req.add_tokens(0xFF);
+  s = handlers.detokenize(req, &resp);
+  EXPECT_EQ(s.code, rpc_code::kResourceExhausted);
+  EXPECT_EQ(s.message,
+            "Detokenize: the response would be 124 bytes (90 of text, 30 raw), over the limit of 100 bytes per "
+            "response; split the request");
+}
+
+TEST(RpcResponseLimitTest, TheTransportsOwnLimitIsNamedWhenItIsSmaller) {
+  FakeService service;
+  RpcHandlers handlers(service);  // 16 MiB by default
+  v1::DetokenizeRequest req;
+  for (int i = 0; i < 40; ++i) req.add_tokens('a');
+  v1::DetokenizeResponse resp;
+  RpcStatus s = handlers.detokenize(req, &resp, /*transport_max_bytes=*/60);
+  EXPECT_EQ(s.code, rpc_code::kResourceExhausted);
+  EXPECT_NE(s.message.find("over the limit of 60 bytes per message on this transport (gRPC allows 16777216)"),
+            std::string::npos)
+      << s.message;
+  EXPECT_TRUE(handlers.detokenize(req, &resp, /*transport_max_bytes=*/84).ok());
+}
+
+TEST(RpcResponseLimitTest, TokenizeOverTheLimitIsRefused) {
+  FakeService service;
+  RpcLimits limits;
+  limits.max_response_bytes = 100;
+  RpcHandlers handlers(service, limits);
+  // The fake gives one token per byte: 'a' (97) is a 1-byte varint; 0xC3 (195) takes 2.
+  v1::TokenizeRequest req;
+  req.set_text(std::string(98, 'a'));  // 1 tag + 1 length + 98 = 100
+  v1::TokenizeResponse resp;
+  ASSERT_TRUE(handlers.tokenize(req, &resp).ok());
+  EXPECT_EQ(resp.ByteSizeLong(), 100u);
+  req.set_text(std::string(50, '\xC3'));  // 1 + 1 + 100 = 102
+  resp.Clear();
+  RpcStatus s = handlers.tokenize(req, &resp);
+  EXPECT_EQ(s.code, rpc_code::kResourceExhausted);
+  EXPECT_EQ(s.message,
+            "Tokenize: the 50 tokens would take 102 bytes, over the limit of 100 bytes per response; split the "
+            "request");
+  EXPECT_EQ(resp.tokens_size(), 0);
+}
+
+TEST(Utf8SanitizeTest, SizeMatchesTheSanitizedText) {
+  for (const std::string s : {"plain", "h\xC3\xA9",
+                              "a\xFF"
+                              "b",
+                              "\xE4\xBD", "\xC0\xAF", "", "\xF0\x9F\x98\x80!"}) {
+    EXPECT_EQ(utf8_sanitized_size(s), utf8_sanitize(s).size()) << s;
+  }
+}
+
 TEST_F(RpcHandlersTest, ServiceErrorsPassThroughWithTheirCode) {
   service_.fail_next(make_error(ErrorCode::kResourceExhausted, "256 sessions are open (max_sessions)"));
   v1::SessionInfo info;

@@ -33,6 +33,9 @@ class FakeService final : public Service {
   }
 
   std::atomic<int> tick_ms{0};  // pause between generation ticks
+  // Time between a generation's cancellation check and its chunk, as the real engine's forward pass sits between its
+  // tick's checks and the chunks it delivers: a stream cancelled meanwhile still gets that chunk.
+  std::atomic<int> forward_us{0};
 
   ModelInfo model_info() const override {
     ModelInfo m;
@@ -58,7 +61,11 @@ class FakeService final : public Service {
   Expected<std::vector<int32_t>> tokenize(const std::string& text, bool) const override {
     return std::vector<int32_t>(text.begin(), text.end());
   }
-  Expected<std::string> detokenize(const std::vector<int32_t>& tokens) const override {
+  Expected<std::string> detokenize(const std::vector<int32_t>& tokens, size_t max_bytes) const override {
+    if (tokens.size() > max_bytes) {
+      return make_error(ErrorCode::kResourceExhausted,
+                        std::to_string(tokens.size()) + " bytes, more than " + std::to_string(max_bytes));
+    }
     std::string s;
     for (int32_t t : tokens) {
       if (t < 0 || t >= kVocab) return make_error(ErrorCode::kInvalidArgument, "token " + std::to_string(t));
@@ -153,6 +160,7 @@ class FakeService final : public Service {
         sink->on_done(s);
         return false;
       }
+      if (forward_us.load() > 0) std::this_thread::sleep_for(std::chrono::microseconds(forward_us.load()));
       GenerateChunk c;
       const int32_t token = 'a' + (request.prompt.back() + *state) % 26;
       c.tokens = {token};

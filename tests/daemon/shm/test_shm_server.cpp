@@ -319,11 +319,14 @@ TEST(ShmServerLimits, ClientsOverTheLimitAreRefusedWithResourceExhausted) {
   RpcHandlers handlers(service);
   ShmServerOptions options;
   options.socket_path = temp_socket_path();
-  options.max_clients = 1;
+  options.admission.max_clients = 1;
   auto server = ShmServer::start(options, service, handlers);
   ASSERT_TRUE(server) << server.error().message;
   auto first = Client::connect("shm://" + options.socket_path);
   ASSERT_TRUE(first) << first.error().message;
+  // The first takes its client slot once the daemon has read its "mapped" message (a moment after connect returns).
+  ASSERT_TRUE((*first)->server_status());
+  EXPECT_EQ((*server)->client_count(), 1u);
   auto second = Client::connect("shm://" + options.socket_path);
   ASSERT_FALSE(second);
   EXPECT_EQ(second.error().code, ErrorCode::kResourceExhausted);

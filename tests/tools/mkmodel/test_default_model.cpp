@@ -3,6 +3,7 @@
 // that opens.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -116,6 +117,41 @@ TEST(DefaultModelCacheDir, FromTheEnvironment) {
   EXPECT_EQ(default_model_cache_dir("", "/x/cache", "/home/u", 5), "/x/cache/kestrel");
   EXPECT_EQ(default_model_cache_dir("", "", "/home/u", 5), "/home/u/.cache/kestrel");
   EXPECT_EQ(default_model_cache_dir("", "", "", 5), "/tmp/kestrel-5/cache");
+}
+
+// Another user created the fallback folder /tmp/kestrel-$UID first (mode 0777) to plant a model in its cache:
+// ensure_default_model refuses the cache there before reading or writing anything, for kestreld and `kestrel run`
+// alike. Runs as a spare uid in a child process, so it needs root.
+TEST_F(DefaultModelTest, CacheInASquattedFallbackFolderIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run as another uid";
+  const uid_t uid = 64976;
+  const fs::path squatted = "/tmp/kestrel-" + std::to_string(uid);
+  fs::remove_all(squatted);
+  ASSERT_EQ(::mkdir(squatted.c_str(), 0777), 0);
+  ASSERT_EQ(::chmod(squatted.c_str(), 0777), 0);  // root's, mode 0777: another user's folder
+  const fs::path message_file = dir_ / "message";
+  fs::permissions(dir_, fs::perms::all);  // the child writes its message here
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(90);
+    auto r = ensure_default_model(default_model_cache_dir("", "", "", uid), nullptr);
+    std::ofstream(message_file) << (r ? std::string("accepted") : r.error().to_string());
+    ::_exit(r ? 1 : (r.error().code == ErrorCode::kFailedPrecondition ? 0 : 2));
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  const std::string message = read_all(message_file);
+  const bool planted = fs::exists(squatted / "cache");
+  fs::remove_all(squatted);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << message;
+  EXPECT_FALSE(planted) << "nothing may be created inside the squatted folder";
+  EXPECT_NE(message.find("cache folder " + (squatted / "cache").string() + ": private folder " + squatted.string() +
+                         " is not safe to use: it belongs to uid 0, not to this program's uid " + std::to_string(uid)),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("--model"), std::string::npos) << message;
 }
 
 TEST_F(DefaultModelTest, CacheFolderIsAFileIsAClearError) {

@@ -3,6 +3,7 @@
 // (no routing collapse, as a biased Q4_0 nibble caused), keeps the residual stream from growing fast, and does not
 // make every position predict its own input token (the tied-embedding self-copy trap).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -29,7 +30,8 @@ TEST(MkModelForward, TinyMoePresetsRouteEverywhereAndStayFinite) {
     auto plan = make_model_plan(*preset, PlanOptions{});
     ASSERT_TRUE(plan.has_value());
     // No tokenizer metadata is needed by the forward pass.
-    const std::string path = ::testing::TempDir() + "/mkmodel_fwd_" + name + ".gguf";
+    // The process id keeps test runs of other checkouts on this machine from rewriting the file while it is mapped.
+    const std::string path = ::testing::TempDir() + "/mkmodel_fwd_" + std::to_string(::getpid()) + "_" + name + ".gguf";
     auto stats = write_model(*plan, path, nullptr, WriteOptions{});
     ASSERT_TRUE(stats.has_value()) << stats.error().to_string();
 

@@ -3,6 +3,7 @@
 // passes the WeightCatalog, and its tokenizer is the Qwen3 vocabulary. Same seed -> identical bytes for any thread
 // count and chunk size; another seed -> different weights; every large weight is zero-mean after dequantization.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -50,7 +51,8 @@ class MkModelWrite : public ::testing::Test {
   // Writes `plan` under the test temp dir and returns the path ("" after a failure).
   static std::string write(const ModelPlan& plan, const std::string& file, unsigned threads = 2,
                            uint64_t chunk_bytes = uint64_t{8} << 20) {
-    const std::string path = ::testing::TempDir() + "/mkmodel_" + file;
+    // The process id keeps test runs of other checkouts on this machine from rewriting the file while it is mapped.
+    const std::string path = ::testing::TempDir() + "/mkmodel_" + std::to_string(::getpid()) + "_" + file;
     WriteOptions wo;
     wo.threads = threads;
     wo.chunk_bytes = chunk_bytes;
