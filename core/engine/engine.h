@@ -15,6 +15,8 @@
 // needs thread affinity (CUDA contexts) sets its device itself in each call.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -68,8 +70,19 @@ struct EngineCapabilities {
   // Tokens of a whole tick that fit one pass (the Service gives prompts what decoding sessions leave of it, so a
   // prompt's chunk does not add a pass to their tick); 0: any. Decoding sessions always get their token.
   int32_t max_tokens_per_tick = 0;
+  // While sessions decode, prompts get at most max(this, the decoding sessions' tokens) tokens of a tick: the pass
+  // then holds at most about twice the decoders' rows plus this floor, which keeps their inter-token latency within
+  // about 2x of a tick without the prompt (a pass's time grows slower than its rows). 0: no cap beyond the above.
+  int32_t prompt_tokens_beside_decode = 0;
   int32_t max_slot_ctx = 0;  // the largest n_ctx slot_alloc accepts (0: the model's training context)
 };
+
+// The most prompt tokens a tick carries beside `decoding` sessions that decode a token each (SIZE_MAX: no cap of
+// this kind). The Service and the benchmarks that mimic it share this rule.
+inline size_t prompt_tokens_beside_decode(const EngineCapabilities& c, size_t decoding) {
+  if (decoding == 0 || c.prompt_tokens_beside_decode <= 0) return SIZE_MAX;
+  return std::max(static_cast<size_t>(c.prompt_tokens_beside_decode), decoding);
+}
 
 class Engine {
  public:

@@ -201,6 +201,12 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
     const size_t prompts = active_.size() - decoding;
     budget = std::min(budget, std::max(static_cast<size_t>(caps.max_tokens_per_tick), decoding + prompts));
   }
+  // Beside decoding sessions prompts get only the engine's share (prompt_tokens_beside_decode, engine.h), so a long
+  // prompt stretches their inter-token latency by a bounded factor; still at least a token each.
+  if (const size_t share = prompt_tokens_beside_decode(caps, decoding); share != SIZE_MAX) {
+    const size_t prompts = active_.size() - decoding;
+    budget = std::min(budget, decoding + std::max(share, prompts));
+  }
   const std::vector<size_t> alloc = allocate_tick_tokens(demands, budget, rotation_++);
   std::vector<size_t> which;  // index into active_ of each item
   std::vector<EngineStepItem> items;

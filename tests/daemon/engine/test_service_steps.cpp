@@ -214,6 +214,7 @@ class CappedEngine final : public Engine {
     EngineCapabilities c = inner_.capabilities();
     c.max_tokens_per_item = 4;
     c.max_tokens_per_tick = per_tick;
+    c.prompt_tokens_beside_decode = beside_decode;
     return c;
   }
   int32_t max_slots() const override { return inner_.max_slots(); }
@@ -238,6 +239,7 @@ class CappedEngine final : public Engine {
   std::vector<size_t> total_per_tick;
   std::vector<size_t> items_per_tick;
   int32_t per_tick = 0;
+  int32_t beside_decode = 0;
 
  private:
   Engine& inner_;
@@ -302,6 +304,53 @@ TEST(ServiceCapabilities, PromptsShareATickWithDecodingSessions) {
     shared = shared || (capped.items_per_tick[k] == 3 && capped.largest_per_tick[k] == 3);
   }
   EXPECT_TRUE(shared) << "a prompt chunk of 3 beside the two decoders";
+  const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
+  EXPECT_EQ(r->token, want[0].token);
+}
+
+// With prompt_tokens_beside_decode = 1, a prompt beside two decoding sessions gets 2 tokens a tick (their count)
+// though the tick holds 32, and more once they stop.
+TEST(ServiceCapabilities, PromptsBesideDecodeGetTheEnginesShare) {
+  ServiceFixture f = ServiceFixture::make("golden-qwen35moe", test_limits());
+  ASSERT_TRUE(f.service);
+  f.service.reset();
+  CappedEngine capped(*f.engine);
+  capped.per_tick = 32;
+  capped.beside_decode = 1;
+  auto service = make_service(*f.model, capped, test_limits());
+  ASSERT_TRUE(service.has_value()) << service.error().to_string();
+  std::vector<SessionId> decoders;
+  for (int i = 0; i < 2; ++i) {
+    auto s = (*service)->create_session({});
+    ASSERT_TRUE(s);
+    decoders.push_back(s->id);
+    ASSERT_TRUE(step_tokens(**service, s->id, iota_tokens(3 + i)));
+  }
+  std::vector<std::shared_ptr<test::RecordingSink>> sinks;
+  for (const SessionId id : decoders) {
+    GenerateRequest g = test::gen_request(id, {5}, 40);
+    g.ignore_eos = true;
+    sinks.push_back(std::make_shared<test::RecordingSink>());
+    (*service)->generate(std::move(g), sinks.back());
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto p = (*service)->create_session({});
+  ASSERT_TRUE(p);
+  const std::vector<int32_t> prompt = iota_tokens(30);
+  auto r = step_tokens(**service, p->id, prompt);
+  for (const auto& sink : sinks) {
+    ASSERT_TRUE(sink->wait());
+    EXPECT_TRUE(sink->result().has_value());
+  }
+  ASSERT_TRUE(r) << r.error().to_string();
+  bool shared = false;
+  for (size_t k = 0; k < capped.total_per_tick.size(); ++k) {
+    if (capped.items_per_tick[k] == 3) {
+      EXPECT_EQ(capped.largest_per_tick[k], 2u) << "tick " << k << ": the prompt's share beside two decoders";
+      shared = true;
+    }
+  }
+  EXPECT_TRUE(shared) << "the prompt ran beside the decoders";
   const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
   EXPECT_EQ(r->token, want[0].token);
 }
