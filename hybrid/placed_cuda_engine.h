@@ -33,7 +33,9 @@ namespace kestrel::hybrid {
 struct PlacedEngineOptions {
   gpu::CudaEngineOptions cuda;  // slots, context, device, tuning, progress (placement and expert_backend are set here)
   PlacementFlags placement;
-  int32_t cpu_threads = 0;  // the expert backend's compute threads (0: one per physical core)
+  // The expert backend's compute threads (0: one per physical core but two, which the GPU's driving threads need
+  // free: placed_cuda_engine.cpp).
+  int32_t cpu_threads = 0;
   cpu::CpuActivations activations = cpu::CpuActivations::kInt8;
 };
 

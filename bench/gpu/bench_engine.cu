@@ -8,7 +8,7 @@
 //                [--threads N]
 //
 // With a placement flag the engine is built as kestreld builds it (hybrid/placed_cuda_engine.h): the routed experts
-// the plan leaves on the host run on --threads CPU workers (0: one per physical core), the plan is printed, and the
+// the plan leaves on the host run on --threads CPU workers (0: one per physical core but two), the plan is printed, and the
 // roofline becomes GPU bytes ÷ the GPU read + host bytes ÷ the host read (measured in the same run with the same
 // thread count; bench/common/decode_bytes.h decode_step_split). Without one every weight is on the GPU.
 //
@@ -21,7 +21,8 @@
 // max_tokens_per_item tokens at a time, timed from the first step to the greedy token after the last; beside it the
 // roofline of those passes (prompt_pass_bytes per pass ÷ the read bandwidth). A warm-up prompt of the same length
 // comes first (its passes capture the graphs). --ttft: a prompt of N tokens fed as the Service feeds it beside 8
-// other sessions that decode a token each step (a step's prompt chunk is what they leave of max_tokens_per_tick): the
+// other sessions that decode a token each step (a step's prompt chunk is what they leave of max_tokens_per_tick, at
+// most the engine's prompt_tokens_beside_decode share, core/engine/engine.h): the
 // time to its first token, and the 8 sessions' time per token (mean and worst step) against the same steps without the
 // prompt.
 #include <algorithm>
@@ -186,12 +187,14 @@ Status ttft_beside_decode(CudaEngine& e, const Model& model, const Args& a) {
     for (size_t i = 0; i < items.size(); ++i) KESTREL_TRY(out[i].status);
     return s;
   };
-  // The prompt's share of a tick as the Service gives it: what the decoders leave of max_tokens_per_tick.
+  // The prompt's share of a tick as the Service gives it: what the decoders leave of max_tokens_per_tick, at most
+  // prompt_tokens_beside_decode's share.
   const EngineCapabilities caps = e.capabilities();
   size_t chunk = static_cast<size_t>(std::max(caps.max_tokens_per_item, 1));
   if (caps.max_tokens_per_tick > 0) {
     chunk = std::min(chunk, static_cast<size_t>(std::max(caps.max_tokens_per_tick - kDecoders, 1)));
   }
+  chunk = std::min(chunk, prompt_tokens_beside_decode(caps, kDecoders));
   // The prompt's ticks once untimed (graph captures), then the decoders alone, then the prompt beside them.
   int step = 0;
   for (size_t at = 0; at < prompt.size(); at += chunk) {

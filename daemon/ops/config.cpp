@@ -334,7 +334,7 @@ const std::vector<ConfigKey> kKeys = {
     // [cpu]
     {"cpu", "threads", "--threads", "N",
      "CPU engine (and the CUDA engine's routed experts on the CPU): compute threads, the engine loop's own included, "
-     "pinned one per core (0-1024; default 0: one per physical core)",
+     "pinned one per core (0-1024; default 0: one per physical core, two fewer for the CUDA engine's experts)",
      ConfigValueKind::kInteger,
      [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cpu.threads, v, 0, 1024); },
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cpu.threads}; }},

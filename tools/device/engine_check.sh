@@ -14,6 +14,8 @@
 #           experts on the CPU), --n-cpu-moe 20 (half) and --gpu-memory 12G (the planner's choice)
 #   hybrid-daemon  kestreld --engine cuda --gpu-memory 12G on the Q4_0 35B-A3B file: the plan it logs, status,
 #           a generation over gRPC and over shm
+#   sanitize  compute-sanitizer memcheck and racecheck over the kernel tests (SAN_TESTS overrides the list), then
+#           memcheck over test_cuda_engine and test_cuda_hybrid; each run capped at SAN_S seconds (default 150)
 #   model   only writes the Q4_0 35B-A3B file (/tmp/q4_0.gguf), so that `soak` fits the device's 600 s per command
 #   soak    bench_soak: kestreld --engine cuda on that file, 64 clients (gRPC, shm and HTTP in turn) for SOAK_S seconds
 #           (default 480), then SIGTERM (docs/benchmarks.md "Soak")
@@ -124,7 +126,7 @@ for step in "$@"; do
       make_q4 || { status=1; continue; }
       for p in "--n-cpu-moe 40" "--n-cpu-moe 20" "--gpu-memory 12G"; do
         echo "-- bench_engine $p"
-        $B/bench_engine --model $model_q4 --sessions 1,32 $p 2>&1 | tee "$OUT/bench_hybrid_${p// /_}.txt" || status=1
+        $B/bench_engine --model $model_q4 --sessions 1,32 --pp 512 --ttft 0 $p 2>&1 | tee "$OUT/bench_hybrid_${p// /_}.txt" || status=1
       done ;;
     hybrid-daemon)
       make_q4 || { status=1; continue; }
@@ -138,6 +140,21 @@ for step in "$@"; do
       $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_hybrid.txt"
       $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee -a "$OUT/generate_hybrid.txt"
       kill -TERM $pid; wait $pid; echo "kestreld exited $?" ;;
+    sanitize)
+      cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+      kernel_tests="test_get_rows test_gemv test_gdn_decode test_gdn_runs test_gemv_imma test_rms_norm test_argmax \
+                    test_attention_decode test_moe test_moe_imma test_moe_hybrid test_state_slots test_weight_pool"
+      runs=()
+      for t in ${SAN_TESTS:-$kernel_tests}; do runs+=("memcheck $t" "racecheck $t"); done
+      runs+=("memcheck test_cuda_engine" "memcheck test_cuda_hybrid")
+      for r in "${runs[@]}"; do
+        set -- $r
+        log="$OUT/san_$1_$2.log"
+        timeout "${SAN_S:-150}" "$cs" --tool "$1" --error-exitcode 9 "$B/$2" --gtest_brief=1 >"$log" 2>&1
+        rc=$?
+        echo "$1 $2: rc $rc; $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1); $(grep -E '^\[==========\] [0-9]+ tests' "$log" | tail -1)"
+        case $rc in 0) ;; 124) echo "  (cut at ${SAN_S:-150} s)" ;; *) status=1; grep -E "^=========" "$log" | head -12 ;; esac
+      done ;;
     model)
       make_q4 || status=1 ;;
     soak)
