@@ -263,6 +263,34 @@ TEST(ServiceCapabilities, PromptsAreCutToTheEnginesTokensPerItem) {
   EXPECT_EQ(r->token, want[0].token) << "cutting the prompt changes nothing of the result";
 }
 
+// Two sessions that generate (up to 200 tokens, EOS ignored) until the caller cancels their sinks; returns once both
+// have produced a token, so a request the caller makes next runs beside their decoding.
+std::vector<std::shared_ptr<test::RecordingSink>> start_two_decoders(Service& service) {
+  std::vector<std::shared_ptr<test::RecordingSink>> sinks;
+  for (int i = 0; i < 2; ++i) {
+    auto s = service.create_session({});
+    EXPECT_TRUE(s);
+    if (!s) return sinks;
+    EXPECT_TRUE(step_tokens(service, s->id, iota_tokens(3 + i)));
+    GenerateRequest g = test::gen_request(s->id, {5}, 200);
+    g.ignore_eos = true;
+    sinks.push_back(std::make_shared<test::RecordingSink>());
+    service.generate(std::move(g), sinks.back());
+  }
+  for (const auto& sink : sinks) {
+    for (int i = 0; i < 10000 && sink->n_chunks() == 0 && !sink->done(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_GT(sink->n_chunks(), 0u) << "a decoder produced no token";
+  }
+  return sinks;
+}
+
+void stop_decoders(const std::vector<std::shared_ptr<test::RecordingSink>>& sinks) {
+  for (const auto& sink : sinks) sink->cancel();
+  for (const auto& sink : sinks) EXPECT_TRUE(sink->wait());
+}
+
 // With max_tokens_per_tick = 5, a prompt beside two sessions that decode gets the 3 tokens they leave of a tick
 // while they generate, and no tick carries more than 5 tokens.
 TEST(ServiceCapabilities, PromptsShareATickWithDecodingSessions) {
@@ -273,30 +301,13 @@ TEST(ServiceCapabilities, PromptsShareATickWithDecodingSessions) {
   capped.per_tick = 5;
   auto service = make_service(*f.model, capped, test_limits());
   ASSERT_TRUE(service.has_value()) << service.error().to_string();
-  std::vector<SessionId> decoders;
-  for (int i = 0; i < 2; ++i) {
-    auto s = (*service)->create_session({});
-    ASSERT_TRUE(s);
-    decoders.push_back(s->id);
-    ASSERT_TRUE(step_tokens(**service, s->id, iota_tokens(3 + i)));
-  }
-  // The decoders generate while the prompt goes in.
-  std::vector<std::shared_ptr<test::RecordingSink>> sinks;
-  for (const SessionId id : decoders) {
-    GenerateRequest g = test::gen_request(id, {5}, 40);
-    g.ignore_eos = true;
-    sinks.push_back(std::make_shared<test::RecordingSink>());
-    (*service)->generate(std::move(g), sinks.back());
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::vector<std::shared_ptr<test::RecordingSink>> sinks = start_two_decoders(**service);
+  ASSERT_EQ(sinks.size(), 2u);
   auto p = (*service)->create_session({});
   ASSERT_TRUE(p);
   const std::vector<int32_t> prompt = iota_tokens(30);
   auto r = step_tokens(**service, p->id, prompt);
-  for (const auto& sink : sinks) {
-    ASSERT_TRUE(sink->wait());
-    EXPECT_TRUE(sink->result().has_value());
-  }
+  stop_decoders(sinks);
   ASSERT_TRUE(r) << r.error().to_string();
   bool shared = false;
   for (size_t k = 0; k < capped.total_per_tick.size(); ++k) {
@@ -319,29 +330,13 @@ TEST(ServiceCapabilities, PromptsBesideDecodeGetTheEnginesShare) {
   capped.beside_decode = 1;
   auto service = make_service(*f.model, capped, test_limits());
   ASSERT_TRUE(service.has_value()) << service.error().to_string();
-  std::vector<SessionId> decoders;
-  for (int i = 0; i < 2; ++i) {
-    auto s = (*service)->create_session({});
-    ASSERT_TRUE(s);
-    decoders.push_back(s->id);
-    ASSERT_TRUE(step_tokens(**service, s->id, iota_tokens(3 + i)));
-  }
-  std::vector<std::shared_ptr<test::RecordingSink>> sinks;
-  for (const SessionId id : decoders) {
-    GenerateRequest g = test::gen_request(id, {5}, 40);
-    g.ignore_eos = true;
-    sinks.push_back(std::make_shared<test::RecordingSink>());
-    (*service)->generate(std::move(g), sinks.back());
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::vector<std::shared_ptr<test::RecordingSink>> sinks = start_two_decoders(**service);
+  ASSERT_EQ(sinks.size(), 2u);
   auto p = (*service)->create_session({});
   ASSERT_TRUE(p);
   const std::vector<int32_t> prompt = iota_tokens(30);
   auto r = step_tokens(**service, p->id, prompt);
-  for (const auto& sink : sinks) {
-    ASSERT_TRUE(sink->wait());
-    EXPECT_TRUE(sink->result().has_value());
-  }
+  stop_decoders(sinks);
   ASSERT_TRUE(r) << r.error().to_string();
   bool shared = false;
   for (size_t k = 0; k < capped.total_per_tick.size(); ++k) {
