@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/cpu/bench_cpu_util.h"
 #include "core/engine/expert_backend.h"
 #include "core/gguf/ggml_type.h"
 #include "core/reference/moe.h"
@@ -44,6 +45,10 @@
 
 namespace kestrel::cpu {
 namespace {
+
+using bench::cpu_seconds;
+using bench::median;
+using bench::pool_for;
 
 constexpr int32_t kExperts = 256, kUsed = 8, kHidden = 2048, kInter = 512;
 constexpr GgmlType kTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_K};
@@ -94,24 +99,6 @@ const Layer& layer_for(GgmlType type) {
     l->down = make_stack(type, kInter, kHidden, 0x8CB92BA72F3D8DD7ull);
   }
   return *l;
-}
-
-WorkerPool& pool_for(int threads) {
-  static std::map<int, std::unique_ptr<WorkerPool>> pools;
-  auto& p = pools[threads];
-  if (!p) p = std::move(*WorkerPool::create(threads - 1, /*pin=*/true));
-  return *p;
-}
-
-double cpu_seconds() {
-  timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 // Sums `regions` (each a whole number of kItemBytes) as uint64 words over the pool in kItemBytes items.

@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/cpu/bench_cpu_util.h"
 #include "core/gguf/ggml_type.h"
 #include "cpu/act_q8.h"
 #include "cpu/gemv.h"
@@ -48,6 +49,10 @@
 
 namespace kestrel::cpu {
 namespace {
+
+using bench::cpu_seconds;
+using bench::median;
+using bench::pool_for;
 
 constexpr uint64_t kStackBytes = 256ull << 20;
 constexpr GgmlType kTypes[] = {GgmlType::kQ4_0, GgmlType::kQ4_K, GgmlType::kQ5_K,
@@ -111,19 +116,6 @@ const Stack& stack_for(GgmlType t, int64_t n_in) {
   return *slot;
 }
 
-WorkerPool& pool_for(int threads) {
-  static std::map<int, std::unique_ptr<WorkerPool>> pools;
-  auto& p = pools[threads];
-  if (!p) p = std::move(*WorkerPool::create(threads - 1, /*pin=*/true));
-  return *p;
-}
-
-double cpu_seconds() {
-  timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
 // Sums the bytes of `s` as uint64 words over the pool, in the same 16 KiB blocks the GEMV items use — region after
 // region of `region` bytes in the order `order` (empty: the stack front to back); returns seconds.
 double read_seconds(const Stack& s, WorkerPool& pool, const std::vector<uint64_t>& order = {}, uint64_t region = 0) {
@@ -151,11 +143,6 @@ double read_seconds(const Stack& s, WorkerPool& pool, const std::vector<uint64_t
   pool.for_each(n_items, body);
   benchmark::DoNotOptimize(sink.data());
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
 void BM_Gemv(benchmark::State& state) {

@@ -1,6 +1,6 @@
 // The CPU engine against the reference engine, on the golden fixtures and on every tiny preset of the three
-// architectures (written by tests/cpu/tiny_models.h with kestrel-mkmodel's library, including qwen3next's legacy
-// ssm_in layout and a Q4_0 model):
+// architectures (written by tests/core/engine/tiny_models.h with kestrel-mkmodel's library, including qwen3next's
+// legacy ssm_in layout and a Q4_0 model):
 //   - with f32 activations (CpuActivations::kF32), at every instruction-set level the CPU has, greedy tokens are
 //     identical to the reference's for 40 steps after a prompt, logits within the tolerance below; at the scalar
 //     level bit-identical;
@@ -40,7 +40,7 @@
 #include "cpu/cpu_engine.h"
 #include "cpu/isa.h"
 #include "tests/core/engine/engine_test_util.h"
-#include "tests/cpu/tiny_models.h"
+#include "tests/core/engine/tiny_models.h"
 
 namespace kestrel::cpu {
 namespace {
@@ -49,16 +49,7 @@ constexpr float kRelTol = 2e-3f;
 constexpr int kCtx = 160;
 constexpr int kGreedySteps = 40;
 
-// max|a − b| / max(1, max|b|).
-float rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float d = 0.0f, m = 1.0f;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    d = std::max(d, std::fabs(a[i] - b[i]));
-    m = std::max(m, std::fabs(b[i]));
-  }
-  return d / m;
-}
+using test::rel_diff;
 
 class CpuEngineTest : public ::testing::TestWithParam<std::string> {
  protected:

@@ -43,7 +43,7 @@
 #include "cpu/expert_backend.h"
 #include "cpu/gemv.h"
 #include "cpu/isa.h"
-#include "tests/cpu/tiny_models.h"
+#include "tests/core/engine/tiny_models.h"
 
 namespace kestrel::cpu {
 namespace {

@@ -33,10 +33,8 @@
 #include "gpu/engine/cuda_engine.h"
 #include "gpu/memory/state_slots.h"
 #include "tests/core/engine/engine_test_util.h"
-#include "tools/mkmodel/model_plan.h"
-#include "tools/mkmodel/model_writer.h"
-#include "tools/mkmodel/presets.h"
-#include "tools/mkmodel/vocab_source.h"
+#include "tests/core/engine/tiny_models.h"
+#include "tests/gpu/cuda_hidden_check.h"
 
 namespace kestrel {
 namespace {
@@ -47,49 +45,14 @@ constexpr int kPage = 16;  // KV positions per page in these tests (the engine's
 
 bool have_device() { return gpu::cuda_unavailable_reason().empty(); }
 
-// Writes a tiny preset (with the Qwen3 vocabulary, so Model::open accepts it) once per process.
-std::string write_tiny(const std::string& preset_name, const std::string& file, bool legacy, bool imma) {
-  const std::string path = ::testing::TempDir() + "/" + file;
-  auto preset = mkmodel::find_preset(preset_name);
-  EXPECT_TRUE(preset.has_value());
-  if (!preset) return "";
-  mkmodel::PlanOptions po;
-  if (legacy) po.gdn_input = GdnInputLayout::kLegacySsmIn;
-  if (imma) {
-    // The moe_imma path needs the shared expert's ff equal to the experts' and tileable types.
-    preset->hparams.n_ff_shared = preset->hparams.n_ff_expert;
-    po.uniform_type = GgmlType::kQ4_0;
-  }
-  auto plan = mkmodel::make_model_plan(*preset, po);
-  EXPECT_TRUE(plan.has_value()) << (plan ? "" : plan.error().to_string());
-  if (!plan) return "";
-  auto vocab_file = mkmodel::find_vocab_file("");
-  EXPECT_TRUE(vocab_file.has_value());
-  if (!vocab_file) return "";
-  auto vocab = mkmodel::load_vocab(*vocab_file, preset->hparams.n_vocab);
-  EXPECT_TRUE(vocab.has_value());
-  if (!vocab) return "";
-  auto stats = mkmodel::write_model(
-      *plan, path, [&](GgufWriter& w) { return mkmodel::add_vocab_metadata(w, *vocab); }, mkmodel::WriteOptions{});
-  EXPECT_TRUE(stats.has_value()) << (stats ? "" : stats.error().to_string());
-  return stats ? path : "";
-}
+using test::rel_diff;
 
 class CudaEngineTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (!have_device()) GTEST_SKIP() << gpu::cuda_unavailable_reason();
     const std::string& name = GetParam();
-    std::string path;
-    if (name.starts_with("golden")) {
-      path = test::fixture_model_path(name);
-    } else if (name == "tiny-imma") {
-      path = write_tiny("tiny", "cuda_tiny_imma.gguf", false, true);
-    } else if (name == "tiny-qwen3next-legacy") {
-      path = write_tiny("tiny-qwen3next", "cuda_tiny_legacy.gguf", true, false);
-    } else {
-      path = write_tiny(name, "cuda_" + name + ".gguf", false, false);
-    }
+    const std::string path = test::model_path(name);
     ASSERT_FALSE(path.empty());
     auto m = Model::open(path);
     ASSERT_TRUE(m.has_value()) << m.error().to_string();
@@ -105,17 +68,6 @@ class CudaEngineTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(c.has_value()) << c.error().to_string();
     cuda_ = std::move(*c);
     std::printf("[ %s ] %s\n", name.c_str(), cuda_->layout_summary().c_str());
-  }
-
-  // max|a − b| / max(1, max|b|).
-  static float rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    float d = 0.0f, m = 1.0f;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-      d = std::max(d, std::fabs(a[i] - b[i]));
-      m = std::max(m, std::fabs(b[i]));
-    }
-    return d / m;
   }
 
   std::unique_ptr<Model> model_;
@@ -149,40 +101,8 @@ TEST_P(CudaEngineTest, LogitsAndGreedyTokensMatchTheReference) {
 }
 
 TEST_P(CudaEngineTest, PerLayerHiddenStatesMatchTheReference) {
-  const std::vector<int32_t> prompt = test::iota_tokens(9, 3, 11);
-  auto weights = ref::RefModelWeights::from_catalog(model_->catalog());
-  ASSERT_TRUE(weights.has_value());
-  auto state = ref::SessionState::create(model_->hparams(), kCtx);
-  ASSERT_TRUE(state.has_value());
-  ref::ForwardOptions fo;
-  fo.gdn_mode = ref::GdnMode::kRecurrent;
-  ref::ForwardOutput prefill;
-  ASSERT_TRUE(ref::forward(*weights, *state, std::span<const int32_t>(prompt).first(8), fo, &prefill));
-  fo.capture_hidden = true;
-  ref::ForwardOutput last;
-  ASSERT_TRUE(ref::forward(*weights, *state, std::span<const int32_t>(prompt).subspan(8), fo, &last));
-
-  auto cs = cuda_->slot_alloc(kCtx);
-  ASSERT_TRUE(cs);
-  test::run_one(*cuda_, *cs, std::span<const int32_t>(prompt).first(8));
-  std::vector<float> logits(model_->hparams().n_vocab);
-  EngineStepItem item{*cs, std::span<const int32_t>(prompt).subspan(8)};
-  EngineStepOutput out;
-  out.logits = logits;
-  std::vector<float> hidden;
-  cuda_->step_with_hidden(std::span<const EngineStepItem>(&item, 1), std::span<EngineStepOutput>(&out, 1), &hidden);
-  ASSERT_TRUE(out.status) << out.status.error().to_string();
-  const size_t H = model_->hparams().n_embd;
-  ASSERT_EQ(hidden.size(), last.hidden.size());
   float worst = 0.0f;
-  for (uint32_t l = 0; l < model_->hparams().n_layer; ++l) {
-    std::vector<float> a(hidden.begin() + l * H, hidden.begin() + (l + 1) * H);
-    std::vector<float> b(last.hidden.begin() + l * H, last.hidden.begin() + (l + 1) * H);
-    const float d = rel_diff(a, b);
-    EXPECT_LE(d, kRelTol) << "layer " << l;
-    worst = std::max(worst, d);
-  }
-  EXPECT_LE(rel_diff(logits, last.logits), kRelTol);
+  ASSERT_NO_FATAL_FAILURE(test::expect_hidden_states_match_reference(*model_, *cuda_, kCtx, kRelTol, &worst));
   std::printf("[ %s ] per-layer hidden max rel diff %.3g\n", GetParam().c_str(), worst);
 }
 

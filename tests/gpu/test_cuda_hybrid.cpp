@@ -40,10 +40,8 @@
 #include "gpu/engine/cuda_engine.h"
 #include "hybrid/placed_cuda_engine.h"
 #include "tests/core/engine/engine_test_util.h"
-#include "tools/mkmodel/model_plan.h"
-#include "tools/mkmodel/model_writer.h"
-#include "tools/mkmodel/presets.h"
-#include "tools/mkmodel/vocab_source.h"
+#include "tests/core/engine/tiny_models.h"
+#include "tests/gpu/cuda_hidden_check.h"
 
 namespace kestrel {
 namespace {
@@ -53,39 +51,6 @@ constexpr int kCtx = 160;
 constexpr int kGreedySteps = 64;
 
 bool have_device() { return gpu::cuda_unavailable_reason().empty(); }
-
-// Writes a tiny preset (with the Qwen3 vocabulary) once per process; imma: Q4_0 with the shared ff equal to the
-// experts', so every MoE layer takes moe_imma.
-std::string write_tiny(const std::string& preset_name, const std::string& file, bool imma) {
-  const std::string path = ::testing::TempDir() + "/" + file;
-  auto preset = mkmodel::find_preset(preset_name);
-  EXPECT_TRUE(preset.has_value());
-  if (!preset) return "";
-  mkmodel::PlanOptions po;
-  if (imma) {
-    preset->hparams.n_ff_shared = preset->hparams.n_ff_expert;
-    po.uniform_type = GgmlType::kQ4_0;
-  }
-  auto plan = mkmodel::make_model_plan(*preset, po);
-  EXPECT_TRUE(plan.has_value()) << (plan ? "" : plan.error().to_string());
-  if (!plan) return "";
-  auto vocab_file = mkmodel::find_vocab_file("");
-  EXPECT_TRUE(vocab_file.has_value());
-  if (!vocab_file) return "";
-  auto vocab = mkmodel::load_vocab(*vocab_file, preset->hparams.n_vocab);
-  EXPECT_TRUE(vocab.has_value());
-  if (!vocab) return "";
-  auto stats = mkmodel::write_model(
-      *plan, path, [&](GgufWriter& w) { return mkmodel::add_vocab_metadata(w, *vocab); }, mkmodel::WriteOptions{});
-  EXPECT_TRUE(stats.has_value()) << (stats ? "" : stats.error().to_string());
-  return stats ? path : "";
-}
-
-std::string model_path(const std::string& name) {
-  if (name.starts_with("golden")) return test::fixture_model_path(name);
-  if (name == "tiny-imma") return write_tiny("tiny", "hybrid_tiny_imma.gguf", true);
-  return write_tiny(name, "hybrid_" + name + ".gguf", false);
-}
 
 std::vector<uint32_t> moe_layers(const ModelHparams& hp, const PlacementDecision& d) {
   std::vector<uint32_t> out;
@@ -162,16 +127,7 @@ std::unique_ptr<gpu::CudaEngine> make_engine(const Model& m, const PlacementDeci
   return e ? std::move(*e) : nullptr;
 }
 
-// max|a − b| / max(1, max|b|).
-float rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float d = 0.0f, m = 1.0f;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    d = std::max(d, std::fabs(a[i] - b[i]));
-    m = std::max(m, std::fabs(b[i]));
-  }
-  return d / m;
-}
+using test::rel_diff;
 
 // A backend that forwards to another and fails submit() while `fail` is set (the error a host function records).
 class FaultyBackend final : public ExpertBackend {
@@ -209,7 +165,7 @@ class CudaHybridTest : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override {
     if (!have_device()) GTEST_SKIP() << gpu::cuda_unavailable_reason();
-    const std::string path = model_path(GetParam().model);
+    const std::string path = test::model_path(GetParam().model);
     ASSERT_FALSE(path.empty());
     auto m = Model::open(path);
     ASSERT_TRUE(m.has_value()) << m.error().to_string();
@@ -265,40 +221,8 @@ TEST_P(CudaHybridTest, PerLayerHiddenStatesMatchTheReference) {
   std::unique_ptr<gpu::CudaEngine> e =
       make_engine(*model_, decision_, make_backend(*model_, decision_, cpu::CpuActivations::kF32));
   ASSERT_NE(e, nullptr);
-  const std::vector<int32_t> prompt = test::iota_tokens(9, 3, 11);
-  auto weights = ref::RefModelWeights::from_catalog(model_->catalog());
-  ASSERT_TRUE(weights.has_value());
-  auto state = ref::SessionState::create(model_->hparams(), kCtx);
-  ASSERT_TRUE(state.has_value());
-  ref::ForwardOptions fo;
-  fo.gdn_mode = ref::GdnMode::kRecurrent;
-  ref::ForwardOutput prefill;
-  ASSERT_TRUE(ref::forward(*weights, *state, std::span<const int32_t>(prompt).first(8), fo, &prefill));
-  fo.capture_hidden = true;
-  ref::ForwardOutput last;
-  ASSERT_TRUE(ref::forward(*weights, *state, std::span<const int32_t>(prompt).subspan(8), fo, &last));
-
-  auto cs = e->slot_alloc(kCtx);
-  ASSERT_TRUE(cs);
-  test::run_one(*e, *cs, std::span<const int32_t>(prompt).first(8));
-  std::vector<float> logits(model_->hparams().n_vocab);
-  EngineStepItem item{*cs, std::span<const int32_t>(prompt).subspan(8)};
-  EngineStepOutput out;
-  out.logits = logits;
-  std::vector<float> hidden;
-  e->step_with_hidden(std::span<const EngineStepItem>(&item, 1), std::span<EngineStepOutput>(&out, 1), &hidden);
-  ASSERT_TRUE(out.status) << out.status.error().to_string();
-  const size_t H = model_->hparams().n_embd;
-  ASSERT_EQ(hidden.size(), last.hidden.size());
   float worst = 0.0f;
-  for (uint32_t l = 0; l < model_->hparams().n_layer; ++l) {
-    std::vector<float> a(hidden.begin() + l * H, hidden.begin() + (l + 1) * H);
-    std::vector<float> b(last.hidden.begin() + l * H, last.hidden.begin() + (l + 1) * H);
-    const float d = rel_diff(a, b);
-    EXPECT_LE(d, kRelTol) << "layer " << l;
-    worst = std::max(worst, d);
-  }
-  EXPECT_LE(rel_diff(logits, last.logits), kRelTol);
+  ASSERT_NO_FATAL_FAILURE(test::expect_hidden_states_match_reference(*model_, *e, kCtx, kRelTol, &worst));
   std::printf("[ %s ] per-layer hidden max rel diff %.3g\n", what().c_str(), worst);
 }
 

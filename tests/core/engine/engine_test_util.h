@@ -1,9 +1,11 @@
-// Helpers of the engine tests (reference and CUDA): the golden fixture models and one tick with caller-owned logits
-// buffers, as the Service runs it.
+// Helpers of the engine tests (reference, CPU, CUDA): the golden fixture models, one tick with caller-owned logits
+// buffers as the Service runs it, and the relative difference the tests compare engines by.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +65,17 @@ inline int32_t argmax(const std::vector<float>& v) {
     if (v[i] > v[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
   }
   return best;
+}
+
+// max|a − b| / max(1, max|b|).
+inline float rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float d = 0.0f, m = 1.0f;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    d = std::max(d, std::fabs(a[i] - b[i]));
+    m = std::max(m, std::fabs(b[i]));
+  }
+  return d / m;
 }
 
 }  // namespace kestrel::test

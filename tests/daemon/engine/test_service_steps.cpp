@@ -263,19 +263,21 @@ TEST(ServiceCapabilities, PromptsAreCutToTheEnginesTokensPerItem) {
   EXPECT_EQ(r->token, want[0].token) << "cutting the prompt changes nothing of the result";
 }
 
-// Two sessions that generate (up to 200 tokens, EOS ignored) until the caller cancels their sinks; returns once both
-// have produced a token, so a request the caller makes next runs beside their decoding.
-std::vector<std::shared_ptr<test::RecordingSink>> start_two_decoders(Service& service) {
+// A 30-token prompt through a Service over `capped` while two other sessions generate (up to 200 tokens, EOS
+// ignored; the prompt starts once both have produced a token, and they are cancelled after it): the prompt's result
+// must be the greedy token of the prompt run alone. The tick shapes are left in `capped` for the caller.
+void prompt_beside_two_decoders(const Model& model, CappedEngine& capped) {
+  auto service = make_service(model, capped, test_limits());
+  ASSERT_TRUE(service.has_value()) << service.error().to_string();
   std::vector<std::shared_ptr<test::RecordingSink>> sinks;
   for (int i = 0; i < 2; ++i) {
-    auto s = service.create_session({});
-    EXPECT_TRUE(s);
-    if (!s) return sinks;
-    EXPECT_TRUE(step_tokens(service, s->id, iota_tokens(3 + i)));
+    auto s = (*service)->create_session({});
+    ASSERT_TRUE(s);
+    ASSERT_TRUE(step_tokens(**service, s->id, iota_tokens(3 + i)));
     GenerateRequest g = test::gen_request(s->id, {5}, 200);
     g.ignore_eos = true;
     sinks.push_back(std::make_shared<test::RecordingSink>());
-    service.generate(std::move(g), sinks.back());
+    (*service)->generate(std::move(g), sinks.back());
   }
   for (const auto& sink : sinks) {
     for (int i = 0; i < 10000 && sink->n_chunks() == 0 && !sink->done(); ++i) {
@@ -283,12 +285,15 @@ std::vector<std::shared_ptr<test::RecordingSink>> start_two_decoders(Service& se
     }
     EXPECT_GT(sink->n_chunks(), 0u) << "a decoder produced no token";
   }
-  return sinks;
-}
-
-void stop_decoders(const std::vector<std::shared_ptr<test::RecordingSink>>& sinks) {
+  auto p = (*service)->create_session({});
+  ASSERT_TRUE(p);
+  const std::vector<int32_t> prompt = iota_tokens(30);
+  auto r = step_tokens(**service, p->id, prompt);
   for (const auto& sink : sinks) sink->cancel();
   for (const auto& sink : sinks) EXPECT_TRUE(sink->wait());
+  ASSERT_TRUE(r) << r.error().to_string();
+  const std::vector<StepResult> want = direct_steps(model, test_limits().default_sampling, {prompt}, 256);
+  EXPECT_EQ(r->token, want[0].token);
 }
 
 // With max_tokens_per_tick = 5, a prompt beside two sessions that decode gets the 3 tokens they leave of a tick
@@ -299,24 +304,13 @@ TEST(ServiceCapabilities, PromptsShareATickWithDecodingSessions) {
   f.service.reset();
   CappedEngine capped(*f.engine);
   capped.per_tick = 5;
-  auto service = make_service(*f.model, capped, test_limits());
-  ASSERT_TRUE(service.has_value()) << service.error().to_string();
-  const std::vector<std::shared_ptr<test::RecordingSink>> sinks = start_two_decoders(**service);
-  ASSERT_EQ(sinks.size(), 2u);
-  auto p = (*service)->create_session({});
-  ASSERT_TRUE(p);
-  const std::vector<int32_t> prompt = iota_tokens(30);
-  auto r = step_tokens(**service, p->id, prompt);
-  stop_decoders(sinks);
-  ASSERT_TRUE(r) << r.error().to_string();
+  ASSERT_NO_FATAL_FAILURE(prompt_beside_two_decoders(*f.model, capped));
   bool shared = false;
   for (size_t k = 0; k < capped.total_per_tick.size(); ++k) {
     EXPECT_LE(capped.total_per_tick[k], 5u) << "tick " << k;
     shared = shared || (capped.items_per_tick[k] == 3 && capped.largest_per_tick[k] == 3);
   }
   EXPECT_TRUE(shared) << "a prompt chunk of 3 beside the two decoders";
-  const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
-  EXPECT_EQ(r->token, want[0].token);
 }
 
 // With prompt_tokens_beside_decode = 1, a prompt beside two decoding sessions gets 2 tokens a tick (their count)
@@ -328,16 +322,7 @@ TEST(ServiceCapabilities, PromptsBesideDecodeGetTheEnginesShare) {
   CappedEngine capped(*f.engine);
   capped.per_tick = 32;
   capped.beside_decode = 1;
-  auto service = make_service(*f.model, capped, test_limits());
-  ASSERT_TRUE(service.has_value()) << service.error().to_string();
-  const std::vector<std::shared_ptr<test::RecordingSink>> sinks = start_two_decoders(**service);
-  ASSERT_EQ(sinks.size(), 2u);
-  auto p = (*service)->create_session({});
-  ASSERT_TRUE(p);
-  const std::vector<int32_t> prompt = iota_tokens(30);
-  auto r = step_tokens(**service, p->id, prompt);
-  stop_decoders(sinks);
-  ASSERT_TRUE(r) << r.error().to_string();
+  ASSERT_NO_FATAL_FAILURE(prompt_beside_two_decoders(*f.model, capped));
   bool shared = false;
   for (size_t k = 0; k < capped.total_per_tick.size(); ++k) {
     if (capped.items_per_tick[k] == 3) {
@@ -346,8 +331,6 @@ TEST(ServiceCapabilities, PromptsBesideDecodeGetTheEnginesShare) {
     }
   }
   EXPECT_TRUE(shared) << "the prompt ran beside the decoders";
-  const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
-  EXPECT_EQ(r->token, want[0].token);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, ServiceStepTest,

@@ -1,5 +1,6 @@
-// The models of the CPU tests: the golden fixtures and the tiny presets of the three architectures, written once per
-// test process with kestrel-mkmodel's library (including qwen3next's legacy ssm_in layout and a Q4_0 model).
+// The models of the engine tests (CPU, CUDA, hybrid): the golden fixtures and the tiny presets of the three
+// architectures, written once per test process with kestrel-mkmodel's library (including qwen3next's legacy ssm_in
+// layout, a Q4_0 model and one every MoE layer of the CUDA engine runs on moe_imma).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -16,17 +17,26 @@
 
 namespace kestrel::test {
 
+// How a tiny preset is written: qwen3next's legacy ssm_in layout; every quantizable tensor Q4_0; the shared expert's
+// ff equal to the routed experts' (with Q4_0, what the CUDA engine's moe_imma path needs).
+struct TinyModelOptions {
+  bool legacy_ssm_in = false;
+  bool q4_0 = false;
+  bool shared_ff_as_expert = false;
+};
+
 // Writes a tiny preset (with the Qwen3 vocabulary, so Model::open accepts it) into the test's temp dir, under a
-// name holding the process id: ctest may run several CPU test binaries (or one twice, at another level) at once,
+// name holding the process id: ctest may run several test binaries (or one twice, at another level) at once,
 // and rewriting a file another process has mapped would fault it.
-inline std::string write_tiny(const std::string& preset_name, const std::string& file, bool legacy, bool q4_0) {
+inline std::string write_tiny(const std::string& preset_name, const std::string& file, const TinyModelOptions& o) {
   const std::string path = ::testing::TempDir() + "/" + std::to_string(getpid()) + "_" + file;
   auto preset = mkmodel::find_preset(preset_name);
   EXPECT_TRUE(preset.has_value());
   if (!preset) return "";
   mkmodel::PlanOptions po;
-  if (legacy) po.gdn_input = GdnInputLayout::kLegacySsmIn;
-  if (q4_0) po.uniform_type = GgmlType::kQ4_0;
+  if (o.legacy_ssm_in) po.gdn_input = GdnInputLayout::kLegacySsmIn;
+  if (o.q4_0) po.uniform_type = GgmlType::kQ4_0;
+  if (o.shared_ff_as_expert) preset->hparams.n_ff_shared = preset->hparams.n_ff_expert;
   auto plan = mkmodel::make_model_plan(*preset, po);
   EXPECT_TRUE(plan.has_value()) << (plan ? "" : plan.error().to_string());
   if (!plan) return "";
@@ -43,18 +53,21 @@ inline std::string write_tiny(const std::string& preset_name, const std::string&
 }
 
 // The file of a test model: "golden-*" (a fixture), a tiny preset's name, "tiny-q4_0" (tiny with every quantizable
-// tensor Q4_0) or "tiny-qwen3next-legacy" (the ssm_in layout); tiny presets are written once per process.
+// tensor Q4_0), "tiny-imma" (tiny-q4_0 with the shared expert's ff equal to the experts': every MoE layer of the
+// CUDA engine on moe_imma) or "tiny-qwen3next-legacy" (the ssm_in layout); tiny presets are written once per process.
 inline std::string model_path(const std::string& name) {
   if (name.starts_with("golden")) return fixture_model_path(name);
   static std::map<std::string, std::string> written;
   std::string& path = written[name];
   if (!path.empty()) return path;
   if (name == "tiny-q4_0") {
-    path = write_tiny("tiny", "cpu_tiny_q4_0.gguf", false, true);
+    path = write_tiny("tiny", "tiny_q4_0.gguf", {.q4_0 = true});
+  } else if (name == "tiny-imma") {
+    path = write_tiny("tiny", "tiny_imma.gguf", {.q4_0 = true, .shared_ff_as_expert = true});
   } else if (name == "tiny-qwen3next-legacy") {
-    path = write_tiny("tiny-qwen3next", "cpu_tiny_legacy.gguf", true, false);
+    path = write_tiny("tiny-qwen3next", "tiny_legacy.gguf", {.legacy_ssm_in = true});
   } else {
-    path = write_tiny(name, "cpu_" + name + ".gguf", false, false);
+    path = write_tiny(name, name + ".gguf", {});
   }
   return path;
 }
