@@ -36,6 +36,11 @@ std::string device_label(int device) {
   return "cuda:" + std::to_string(device) + " (" + std::string(prop.name) + ", " + gib + ")";
 }
 
+// KV pages one slot holding o.n_ctx tokens takes.
+int64_t kv_pages_per_slot(const CudaEngineOptions& o) {
+  return (int64_t{o.n_ctx} + o.kv_page_tokens - 1) / std::max(o.kv_page_tokens, 1);
+}
+
 class CudaEngineImpl final : public CudaEngine {
  public:
   CudaEngineImpl(const Model& model, int device) : model_(model), device_(device) {}
@@ -281,7 +286,7 @@ class CudaEngineImpl final : public CudaEngine {
       }
       return static_cast<int64_t>(n);
     }
-    const int64_t per_slot = (int64_t{o.n_ctx} + o.kv_page_tokens - 1) / o.kv_page_tokens;
+    const int64_t per_slot = kv_pages_per_slot(o);
     const int64_t full = per_slot * o.max_slots;
     size_t free_b = 0, total_b = 0;
     KESTREL_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
@@ -446,12 +451,11 @@ Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const CudaEngineO
   KESTREL_TRY_ASSIGN(const CudaMemory mem, cuda_memory(options.device));
   const ModelHparams& hp = model.hparams();
   // The KV term is every slot at n_ctx, the most the automatic pool takes (cuda_engine.h).
-  const int64_t pages_per_slot =
-      (int64_t{options.n_ctx} + options.kv_page_tokens - 1) / std::max(options.kv_page_tokens, 1);
-  const int64_t kv_pages = options.kv_cache_bytes > 0
-                               ? static_cast<int64_t>(options.kv_cache_bytes /
-                                                      std::max<uint64_t>(StateSlots::kv_bytes_per_page(hp, options.kv_page_tokens), 1))
-                               : pages_per_slot * options.max_slots;
+  const int64_t kv_pages =
+      options.kv_cache_bytes > 0
+          ? static_cast<int64_t>(options.kv_cache_bytes /
+                                 std::max<uint64_t>(StateSlots::kv_bytes_per_page(hp, options.kv_page_tokens), 1))
+          : kv_pages_per_slot(options) * options.max_slots;
   const uint64_t state = StateSlots::bytes_for(hp, options.n_ctx, options.max_slots,
                                                KvPoolConfig{options.kv_page_tokens, std::max<int64_t>(kv_pages, 1)});
   const uint64_t scratch = ForwardPass::scratch_bytes(hp, options.n_ctx);

@@ -26,6 +26,20 @@ std::string gb(uint64_t b) {
 
 bool power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
+// Pages one slot's page table holds: n_ctx positions in pages of page_size.
+uint64_t pages_per_slot(int n_ctx, int page_size) {
+  return (static_cast<uint64_t>(n_ctx) + static_cast<uint64_t>(page_size) - 1) / static_cast<uint64_t>(page_size);
+}
+
+// The device tables' bytes: a (state, history) pointer pair per layer and slot, then a page table row per slot.
+uint64_t pointer_table_bytes(size_t n_layers, int n_slots) {
+  return align_up(n_layers * 2 * static_cast<uint64_t>(n_slots) * sizeof(float*));
+}
+uint64_t table_bytes_of(size_t n_layers, int n_slots, uint64_t max_pages) {
+  return pointer_table_bytes(n_layers, n_slots) +
+         align_up(static_cast<uint64_t>(n_slots) * max_pages * sizeof(int32_t));
+}
+
 // Per GDN layer: S and conv history floats.
 uint64_t gdn_s_floats_of(const ref::GdnDims& d) { return static_cast<uint64_t>(d.n_v_heads) * d.d_k * d.d_v; }
 uint64_t gdn_conv_floats_of(const ref::GdnDims& d) {
@@ -51,11 +65,7 @@ uint64_t StateSlots::bytes_for(const ModelHparams& hp, int n_ctx, int n_slots, c
   if (n_slots < 1 || n_ctx < 1 || hp.layer_kinds.size() != hp.n_layer || !power_of_two(kv.page_size)) return 0;
   const bool attn = hp.n_attn_layers() > 0;
   if (attn && kv.n_pages < 1) return 0;
-  const uint64_t max_pages = (static_cast<uint64_t>(n_ctx) + static_cast<uint64_t>(kv.page_size) - 1) /
-                             static_cast<uint64_t>(kv.page_size);
-  // create()'s tables: a pointer pair per layer and slot, a page table row per slot.
-  const uint64_t tables = align_up(hp.layer_kinds.size() * 2 * static_cast<uint64_t>(n_slots) * sizeof(float*)) +
-                          align_up(static_cast<uint64_t>(n_slots) * max_pages * sizeof(int32_t));
+  const uint64_t tables = table_bytes_of(hp.layer_kinds.size(), n_slots, pages_per_slot(n_ctx, kv.page_size));
   const uint64_t kv_total = attn ? kv_bytes_per_page(hp, kv.page_size) * static_cast<uint64_t>(kv.n_pages) : 0;
   return gdn_bytes_per_slot(hp) * static_cast<uint64_t>(n_slots) + kv_total + tables;
 }
@@ -103,7 +113,7 @@ Expected<StateSlots> StateSlots::create(const ModelHparams& hp, int n_ctx, int n
     }
   }
   ss.slot_bytes_ = off;
-  ss.max_pages_ = static_cast<int>((static_cast<int64_t>(n_ctx) + kv.page_size - 1) / kv.page_size);
+  ss.max_pages_ = static_cast<int>(pages_per_slot(n_ctx, kv.page_size));
   int64_t n_pages = 0;
   if (ss.n_attn_ > 0) {
     if (ss.n_head_kv_ <= 0 || ss.head_dim_ <= 0) {
@@ -121,7 +131,7 @@ Expected<StateSlots> StateSlots::create(const ModelHparams& hp, int n_ctx, int n
   const uint64_t gdn_total = ss.gdn_bytes(), kv_total = ss.page_bytes_ * static_cast<uint64_t>(n_pages);
   const size_t n_ptrs = ss.kinds_.size() * 2 * static_cast<size_t>(n_slots);
   const uint64_t page_entries = static_cast<uint64_t>(n_slots) * static_cast<uint64_t>(ss.max_pages_);
-  ss.table_bytes_ = align_up(n_ptrs * sizeof(float*)) + align_up(page_entries * sizeof(int32_t));
+  ss.table_bytes_ = table_bytes_of(ss.kinds_.size(), n_slots, static_cast<uint64_t>(ss.max_pages_));
   const auto device_malloc = [&](void** p, uint64_t bytes, const char* what) -> Status {
     const cudaError_t err = cudaMalloc(p, bytes == 0 ? 1 : bytes);
     if (err == cudaSuccess) return ok_status();
@@ -146,7 +156,8 @@ Expected<StateSlots> StateSlots::create(const ModelHparams& hp, int n_ctx, int n
   p = nullptr;
   KESTREL_TRY(device_malloc(&p, ss.table_bytes_, "slot tables"));
   ss.gdn_tables_ = static_cast<float**>(p);
-  ss.page_tables_ = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(p) + align_up(n_ptrs * sizeof(float*)));
+  ss.page_tables_ =
+      reinterpret_cast<int32_t*>(static_cast<uint8_t*>(p) + pointer_table_bytes(ss.kinds_.size(), n_slots));
   // The host bookkeeping after the device memory: a pool the device cannot hold is refused before its free list of
   // page ids is built.
   KESTREL_TRY_ASSIGN(ss.pages_, KvPageAllocator::create(n_pages, kv.page_size, ss.page_bytes_, n_slots, ss.max_pages_));
