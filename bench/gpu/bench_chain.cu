@@ -93,7 +93,7 @@ Status check_chain(const Link& l, bool pdl, int blocks, float* a, float* b, floa
   }
   KESTREL_CUDA_TRY(cudaStreamSynchronize(stream));
   std::vector<float> host(static_cast<size_t>(l.n));
-  KESTREL_CUDA_TRY(cudaMemcpy(host.data(), kCheckLinks % 2 == 0 ? a : b, bytes, cudaMemcpyDeviceToHost));
+  KESTREL_CUDA_TRY(memcpy_synced(host.data(), kCheckLinks % 2 == 0 ? a : b, bytes, cudaMemcpyDeviceToHost));
   for (size_t i = 0; i < host.size(); ++i) {
     if (host[i] != static_cast<float>(kCheckLinks)) {
       return make_error(ErrorCode::kInternal, std::string("bench_chain: ") + l.name + " element " + std::to_string(i) +

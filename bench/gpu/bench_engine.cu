@@ -8,8 +8,8 @@
 //                [--threads N]
 //
 // With a placement flag the engine is built as kestreld builds it (hybrid/placed_cuda_engine.h): the routed experts
-// the plan leaves on the host run on --threads CPU workers (0: one per physical core but two), the plan is printed, and the
-// roofline becomes GPU bytes ÷ the GPU read + host bytes ÷ the host read (measured in the same run with the same
+// the plan leaves on the host run on --threads CPU workers (0: one per physical core but two), the plan is printed, and
+// the roofline becomes GPU bytes ÷ the GPU read + host bytes ÷ the host read (measured in the same run with the same
 // thread count; bench/common/decode_bytes.h decode_step_split). Without one every weight is on the GPU.
 //
 // A step is one Engine::step() of one token for each of B sessions, timed on the host around the call (what a

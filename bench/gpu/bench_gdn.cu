@@ -46,7 +46,7 @@ std::vector<float> normal(size_t n, float sigma, std::mt19937& rng) {
 
 Status upload(DeviceBuffer& b, const std::vector<float>& v) {
   KESTREL_TRY(b.allocate(v.size() * sizeof(float)));
-  KESTREL_CUDA_TRY(cudaMemcpy(b.floats(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+  KESTREL_CUDA_TRY(memcpy_synced(b.floats(), v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
   return {};
 }
 
@@ -93,7 +93,7 @@ Status run() {
     const std::vector<float> init = normal(N * slot_elems, 0.1f, rng);
     for (uint64_t j = 0; j < k; ++j) {
       KESTREL_CUDA_TRY(
-          cudaMemcpy(states.floats() + j * N * slot_elems, init.data(), state_bytes, cudaMemcpyHostToDevice));
+          memcpy_synced(states.floats() + j * N * slot_elems, init.data(), state_bytes, cudaMemcpyHostToDevice));
     }
     std::vector<GdnSlot> slots_host(k * N);
     for (uint64_t j = 0; j < k; ++j) {
@@ -105,7 +105,7 @@ Status run() {
     DeviceBuffer slots;
     KESTREL_TRY(slots.allocate(slots_host.size() * sizeof(GdnSlot)));
     KESTREL_CUDA_TRY(
-        cudaMemcpy(slots.bytes(), slots_host.data(), slots_host.size() * sizeof(GdnSlot), cudaMemcpyHostToDevice));
+        memcpy_synced(slots.bytes(), slots_host.data(), slots_host.size() * sizeof(GdnSlot), cudaMemcpyHostToDevice));
     DeviceBuffer qkv, z, b, a, out, ws;
     KESTREL_TRY(upload(qkv, normal(N * C, 1.0f, rng)));
     KESTREL_TRY(upload(z, normal(N * Vd, 1.0f, rng)));
@@ -113,7 +113,7 @@ Status run() {
     KESTREL_TRY(upload(a, normal(N * Vh, 1.0f, rng)));
     KESTREL_TRY(out.allocate(N * Vd * sizeof(float)));
     KESTREL_TRY(ws.allocate(gdn_decode_workspace_bytes(d, n_seq)));
-    KESTREL_CUDA_TRY(cudaMemset(ws.bytes(), 0, gdn_decode_workspace_bytes(d, n_seq)));
+    KESTREL_CUDA_TRY(memset_synced(ws.bytes(), 0, gdn_decode_workspace_bytes(d, n_seq)));
     GdnDecodeInputs in;
     in.qkv = qkv.floats();
     in.z = z.floats();
@@ -143,7 +143,7 @@ Status run() {
     }
     // Sanity: the outputs are finite (a broken launch cannot pass as fast).
     std::vector<float> o(N * Vd);
-    KESTREL_CUDA_TRY(cudaMemcpy(o.data(), out.floats(), o.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    KESTREL_CUDA_TRY(memcpy_synced(o.data(), out.floats(), o.size() * sizeof(float), cudaMemcpyDeviceToHost));
     for (float v : o) {
       if (!std::isfinite(v)) return make_error(ErrorCode::kInternal, "bench_gdn: non-finite output");
     }

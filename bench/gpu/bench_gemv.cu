@@ -112,18 +112,18 @@ Expected<std::vector<unsigned char>> fill_weights(const Case& c, uint64_t row_by
     }
     std::vector<uint8_t> tiled(total);
     KESTREL_TRY(tile_matrix_stack(c.type, raw.data(), c.shape.n_in, c.shape.n_out, 1, tiled));
-    KESTREL_CUDA_TRY(cudaMemcpy(weights, tiled.data(), total, cudaMemcpyHostToDevice));
+    KESTREL_CUDA_TRY(memcpy_synced(weights, tiled.data(), total, cudaMemcpyHostToDevice));
   } else {
-    KESTREL_CUDA_TRY(cudaMemcpy(weights, host.data(), host.size(), cudaMemcpyHostToDevice));
+    KESTREL_CUDA_TRY(memcpy_synced(weights, host.data(), host.size(), cudaMemcpyHostToDevice));
   }
   uint64_t filled = c.kernel != Kernel::kRaw ? total : host.size();
   while (filled < total) {
     const uint64_t n = std::min(filled, total - filled);
-    KESTREL_CUDA_TRY(cudaMemcpy(weights + filled, weights, n, cudaMemcpyDeviceToDevice));
+    KESTREL_CUDA_TRY(memcpy_synced(weights + filled, weights, n, cudaMemcpyDeviceToDevice));
     filled += n;
   }
   for (uint64_t j = 1; j < k; ++j) {
-    KESTREL_CUDA_TRY(cudaMemcpy(weights + j * stride, weights, total, cudaMemcpyDeviceToDevice));
+    KESTREL_CUDA_TRY(memcpy_synced(weights + j * stride, weights, total, cudaMemcpyDeviceToDevice));
   }
   KESTREL_CUDA_TRY(cudaDeviceSynchronize());
   return host;
@@ -136,7 +136,7 @@ Status check_outputs(const Case& c, int batch, const std::vector<unsigned char>&
   const int64_t n_in = c.shape.n_in;
   const int64_t n_out = c.shape.n_out;
   std::vector<float> y(static_cast<size_t>(batch * n_out));
-  KESTREL_CUDA_TRY(cudaMemcpy(y.data(), y_dev, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  KESTREL_CUDA_TRY(memcpy_synced(y.data(), y_dev, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
   std::vector<float> w(static_cast<size_t>(n_in));
   for (const int64_t r : {int64_t{0}, std::min<int64_t>(1, n_out - 1), n_out - 1}) {
     const int64_t distinct = std::min(n_out, kDistinctRows);
@@ -224,7 +224,7 @@ Status run_case(const Case& c, const GemvImmaTuning& tuning, const Limits& lim, 
     if (c.kernel == Kernel::kImma) {
       // The same launches as programmatic dependents of each other, as a decode step chains them (the weight loads
       // start during the launch before), against the read kernel chained the same way.
-      KESTREL_CUDA_TRY(cudaMemset(y_dev, 0xFF, static_cast<size_t>(batch * c.shape.n_out) * sizeof(float)));
+      KESTREL_CUDA_TRY(memset_synced(y_dev, 0xFF, static_cast<size_t>(batch * c.shape.n_out) * sizeof(float)));
       KESTREL_TRY_ASSIGN(const double us_pdl, time_graph_us(stream, n_launch, [&](int i) -> Status {
                            const void* data = weights.bytes() + static_cast<uint64_t>(i) % k * stride;
                            return gemv_imma(TiledView{c.type, data, c.shape.n_in, c.shape.n_out}, xprep, batch, y_dev,
@@ -297,7 +297,7 @@ Status run(const std::string& only, const GemvImmaTuning& tuning) {
     if (!only.empty() && id.find(only) == std::string::npos) continue;
     std::vector<float> x(static_cast<size_t>(kMaxBatch * c.shape.n_in));  // f32 [kMaxBatch, n_in]
     for (float& v : x) v = dist(rng);
-    KESTREL_CUDA_TRY(cudaMemcpy(x_dev.floats(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    KESTREL_CUDA_TRY(memcpy_synced(x_dev.floats(), x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
     KESTREL_TRY(run_case(c, tuning, lim, sm_count, partials_u32, x_dev.floats(), x, y_dev.floats(), stream, rng, rows));
   }
 

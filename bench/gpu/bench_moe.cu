@@ -106,7 +106,7 @@ Status fill_weight(GgmlType t, unsigned char* dst, uint64_t bytes, uint64_t seed
         }
       }
     }
-    KESTREL_CUDA_TRY(cudaMemcpy(dst + done, host.data(), n, cudaMemcpyHostToDevice));
+    KESTREL_CUDA_TRY(memcpy_synced(dst + done, host.data(), n, cudaMemcpyHostToDevice));
     done += n;
   }
   return {};
@@ -168,10 +168,10 @@ Status prepare_batch(int batch, uint64_t ws_bytes, std::normal_distribution<floa
   std::vector<float> x(x_elems);
   for (auto& v : x) v = normal(rng);
   KESTREL_TRY(r.xs.allocate(x_elems * sizeof(float)));
-  KESTREL_CUDA_TRY(cudaMemcpy(r.xs.floats(), x.data(), x_elems * sizeof(float), cudaMemcpyHostToDevice));
+  KESTREL_CUDA_TRY(memcpy_synced(r.xs.floats(), x.data(), x_elems * sizeof(float), cudaMemcpyHostToDevice));
   KESTREL_TRY(r.out.allocate(static_cast<uint64_t>(batch) * kH * sizeof(float)));
   KESTREL_TRY(r.ws.allocate(ws_bytes));
-  KESTREL_CUDA_TRY(cudaMemset(r.ws.bytes(), 0, ws_bytes));  // moe_imma's counters start at zero
+  KESTREL_CUDA_TRY(memset_synced(r.ws.bytes(), 0, ws_bytes));  // moe_imma's counters start at zero
   for (int s = 0; s < kXSets; ++s) {
     MoeLaunchInfo info;
     KESTREL_TRY(forward(r.x(s), &info));
@@ -183,7 +183,7 @@ Status prepare_batch(int batch, uint64_t ws_bytes, std::normal_distribution<floa
   }
   r.mean_active /= kXSets;
   std::vector<float> o(static_cast<size_t>(batch) * kH);
-  KESTREL_CUDA_TRY(cudaMemcpy(o.data(), r.out.floats(), o.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  KESTREL_CUDA_TRY(memcpy_synced(o.data(), r.out.floats(), o.size() * sizeof(float), cudaMemcpyDeviceToHost));
   for (float v : o) {
     if (!std::isfinite(v)) return make_error(ErrorCode::kInternal, std::string("bench_moe: non-finite output") + path);
   }

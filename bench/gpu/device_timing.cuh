@@ -183,7 +183,7 @@ inline Expected<double> matched_read_us(uint64_t bytes, uint64_t rotation_bytes,
   const uint64_t k = std::max<uint64_t>(2, (rotation_bytes + set_bytes - 1) / set_bytes);
   DeviceBuffer src;
   KESTREL_TRY(src.allocate(k * set_bytes));
-  KESTREL_CUDA_TRY(cudaMemset(src.bytes(), 0x5a, k * set_bytes));
+  KESTREL_CUDA_TRY(memset_synced(src.bytes(), 0x5a, k * set_bytes));
   KESTREL_CUDA_TRY(cudaDeviceSynchronize());
   const ReadPlan plan = plan_read(set_bytes, sm_count);
   const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
@@ -206,8 +206,8 @@ inline Expected<double> matched_copy_us(uint64_t bytes, uint64_t rotation_bytes,
   DeviceBuffer dst;
   KESTREL_TRY(src.allocate(k * set_bytes));
   KESTREL_TRY(dst.allocate(k * set_bytes));
-  KESTREL_CUDA_TRY(cudaMemset(src.bytes(), 0x5a, k * set_bytes));
-  KESTREL_CUDA_TRY(cudaMemset(dst.bytes(), 0, k * set_bytes));
+  KESTREL_CUDA_TRY(memset_synced(src.bytes(), 0x5a, k * set_bytes));
+  KESTREL_CUDA_TRY(memset_synced(dst.bytes(), 0, k * set_bytes));
   KESTREL_CUDA_TRY(cudaDeviceSynchronize());
   const ReadPlan plan = plan_read(set_bytes, sm_count);
   const int n_launch = static_cast<int>((kMinLaunches + k - 1) / k * k);
@@ -231,8 +231,8 @@ inline Expected<Limits> measure_limits(int sm_count, unsigned* partials, cudaStr
   DeviceBuffer dst;
   KESTREL_TRY(src.allocate(kPeakBytes));
   KESTREL_TRY(dst.allocate(kPeakBytes));
-  KESTREL_CUDA_TRY(cudaMemset(src.bytes(), 0x5a, kPeakBytes));
-  KESTREL_CUDA_TRY(cudaMemset(dst.bytes(), 0, kPeakBytes));
+  KESTREL_CUDA_TRY(memset_synced(src.bytes(), 0x5a, kPeakBytes));
+  KESTREL_CUDA_TRY(memset_synced(dst.bytes(), 0, kPeakBytes));
   KESTREL_CUDA_TRY(cudaDeviceSynchronize());  // the memsets run on the legacy stream; `stream` does not wait for it
   const ReadPlan plan = plan_read(kPeakBytes, sm_count);
   Limits lim;

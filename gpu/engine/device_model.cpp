@@ -332,7 +332,7 @@ Status DeviceModel::build_views(const WeightCatalog& catalog, const std::vector<
   }
   if (!maps.empty()) {
     KESTREL_CUDA_TRY(cudaMalloc(&resident_maps_, maps.size() * sizeof(int32_t)));
-    KESTREL_CUDA_TRY(cudaMemcpy(resident_maps_, maps.data(), maps.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    KESTREL_CUDA_TRY(memcpy_synced(resident_maps_, maps.data(), maps.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   }
   size_t map_at = 0;
 

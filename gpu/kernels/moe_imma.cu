@@ -726,10 +726,10 @@ Expected<std::unique_ptr<MoeImmaLayer>> MoeImmaLayer::from_raw_device(const MoeD
   for (const Piece& p : pieces) {
     host_raw.resize(p.bytes);
     host_tiled.resize(p.bytes);
-    KESTREL_CUDA_TRY(cudaMemcpy(host_raw.data(), p.src, p.bytes, cudaMemcpyDeviceToHost));
+    KESTREL_CUDA_TRY(memcpy_synced(host_raw.data(), p.src, p.bytes, cudaMemcpyDeviceToHost));
     KESTREL_TRY(moe_imma_tile_experts(p.type, host_raw.data(), p.n_cols, p.n_rows, p.n_mat, host_tiled));
     uint8_t* dst = static_cast<uint8_t*>(layer->base_) + at;
-    KESTREL_CUDA_TRY(cudaMemcpy(dst, host_tiled.data(), p.bytes, cudaMemcpyHostToDevice));
+    KESTREL_CUDA_TRY(memcpy_synced(dst, host_tiled.data(), p.bytes, cudaMemcpyHostToDevice));
     placed.push_back(dst);
     at += align16(p.bytes);
   }

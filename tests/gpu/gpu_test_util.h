@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu/cuda_check.h"
+
 namespace kestrel::gpu::test {
 
 inline bool have_device() {
@@ -73,13 +75,13 @@ class DeviceStream {
 template <class T>
 bool upload(DeviceBuffer& d, const std::vector<T>& h) {
   return d.as() != nullptr && d.bytes() >= h.size() * sizeof(T) &&
-         cudaMemcpy(d.as(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess;
+         memcpy_synced(d.as(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess;
 }
 
 template <class T>
 std::vector<T> download(const void* d, size_t n) {
   std::vector<T> h(n);
-  if (n > 0 && cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) h.clear();
+  if (n > 0 && memcpy_synced(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost) != cudaSuccess) h.clear();
   return h;
 }
 

@@ -108,7 +108,7 @@ struct DeviceUploads {
   std::vector<std::unique_ptr<DeviceBuffer>> bufs;
   const void* put(const std::vector<unsigned char>& v) {
     bufs.push_back(std::make_unique<DeviceBuffer>(v.size()));
-    EXPECT_EQ(cudaMemcpy(bufs.back()->as(), v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(memcpy_synced(bufs.back()->as(), v.data(), v.size(), cudaMemcpyHostToDevice), cudaSuccess);
     return bufs.back()->as();
   }
 };

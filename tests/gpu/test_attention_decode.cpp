@@ -134,7 +134,7 @@ void upload_table(const Caches& caches, int n_slots) {
     const std::vector<int32_t>& p = caches.pages[static_cast<size_t>(s)];
     std::copy(p.begin(), p.end(), host.begin() + static_cast<std::ptrdiff_t>(s) * caches.table.max_pages);
   }
-  KESTREL_CUDA_OK(cudaMemcpy(caches.table.pages, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
+  KESTREL_CUDA_OK(memcpy_synced(caches.table.pages, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
 }
 
 void run_case(const Config& c, const Caches& caches, uint32_t seed) {
@@ -151,7 +151,7 @@ void run_case(const Config& c, const Caches& caches, uint32_t seed) {
   // The whole pool starts as NaN: a read of an unused page, of another slot's page or of a row past the position
   // poisons the output.
   const std::vector<float> nan_pool(caches.pool_floats, kNaN);
-  KESTREL_CUDA_OK(cudaMemcpy(pool, nan_pool.data(), caches.pool_floats * 4, cudaMemcpyHostToDevice));
+  KESTREL_CUDA_OK(memcpy_synced(pool, nan_pool.data(), caches.pool_floats * 4, cudaMemcpyHostToDevice));
 
   // Prefill each session's reference cache, copy its filled rows into the session's pages.
   std::vector<ref::KvCache> ref_caches;
@@ -166,10 +166,12 @@ void run_case(const Config& c, const Caches& caches, uint32_t seed) {
       ASSERT_TRUE(st) << st.error().to_string();
       const int slot = c.slot_ids[static_cast<size_t>(b)];
       for (int p = 0; p < np; ++p) {
-        KESTREL_CUDA_OK(cudaMemcpy(pool + caches.k_row(slot, p), cache->k.data() + static_cast<size_t>(p) * row_floats,
-                                   row_floats * 4, cudaMemcpyHostToDevice));
-        KESTREL_CUDA_OK(cudaMemcpy(pool + caches.v_row(slot, p), cache->v.data() + static_cast<size_t>(p) * row_floats,
-                                   row_floats * 4, cudaMemcpyHostToDevice));
+        KESTREL_CUDA_OK(memcpy_synced(pool + caches.k_row(slot, p),
+                                      cache->k.data() + static_cast<size_t>(p) * row_floats, row_floats * 4,
+                                      cudaMemcpyHostToDevice));
+        KESTREL_CUDA_OK(memcpy_synced(pool + caches.v_row(slot, p),
+                                      cache->v.data() + static_cast<size_t>(p) * row_floats, row_floats * 4,
+                                      cudaMemcpyHostToDevice));
       }
     }
     ref_caches.push_back(std::move(*cache));
@@ -221,7 +223,8 @@ void run_case(const Config& c, const Caches& caches, uint32_t seed) {
   for (int b = 0; b < n_seq; ++b) {
     const size_t entry = static_cast<size_t>(slots[static_cast<size_t>(b)]) * caches.table.max_pages +
                          static_cast<size_t>(positions[static_cast<size_t>(b)] / caches.table.page_size);
-    KESTREL_CUDA_OK(cudaMemcpy(caches.table.pages + entry, &decoys[static_cast<size_t>(b)], 4, cudaMemcpyHostToDevice));
+    KESTREL_CUDA_OK(
+        memcpy_synced(caches.table.pages + entry, &decoys[static_cast<size_t>(b)], 4, cudaMemcpyHostToDevice));
   }
   const auto pub =
       kv_page_publish(caches.table, d_slots.as<int32_t>(), d_pos.as<int32_t>(), d_pages.as<int32_t>(), n_seq, nullptr);

@@ -43,12 +43,12 @@ constexpr double kTol = 2e-5;
 constexpr int kSteps = 3;
 
 void upload(float* dst, const std::vector<float>& src) {
-  ASSERT_EQ(cudaMemcpy(dst, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(memcpy_synced(dst, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
 }
 
 std::vector<float> download(const float* src, size_t n) {
   std::vector<float> v(n, std::nanf(""));
-  EXPECT_EQ(cudaMemcpy(v.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(memcpy_synced(v.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   return v;
 }
 
@@ -226,7 +226,7 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bo
       upload(base + s_elems, p.conv0[n]);
     }
   }
-  EXPECT_EQ(cudaMemcpy(slots.as(), host_slots.data(), host_slots.size() * sizeof(GdnSlot), cudaMemcpyHostToDevice),
+  EXPECT_EQ(memcpy_synced(slots.as(), host_slots.data(), host_slots.size() * sizeof(GdnSlot), cudaMemcpyHostToDevice),
             cudaSuccess);
   upload(conv1d.as<float>(), p.conv1d);
   upload(dt.as<float>(), p.dt_bias);
@@ -239,8 +239,8 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bo
     upload(a.as<float>() + t * b_n, p.a[t]);
     upload(ba.as<float>() + t * ba_n, p.ba[t]);
   }
-  EXPECT_EQ(cudaMemset(out.as(), 0xFF, kSteps * sets * N * Vd * 4), cudaSuccess);  // NaN until written
-  EXPECT_EQ(cudaMemset(ws.as(), 0, ws_bytes), cudaSuccess);                        // zero before the first call
+  EXPECT_EQ(memset_synced(out.as(), 0xFF, kSteps * sets * N * Vd * 4), cudaSuccess);  // NaN until written
+  EXPECT_EQ(memset_synced(ws.as(), 0, ws_bytes), cudaSuccess);                        // zero before the first call
   const GdnDecodeWeights w{conv1d.as<float>(), dt.as<float>(), sa.as<float>(), sn.as<float>()};
   auto out_of = [&](int t, size_t j) { return out.as<float>() + (static_cast<size_t>(t) * sets + j) * N * Vd; };
   // The stacked layout: per session row [qkv | z | b | a] (or [qkv | z | ba], [qkv | ba]).
@@ -297,7 +297,7 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bo
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
   std::vector<unsigned char> ws_after(ws_bytes, 0xAB);
-  EXPECT_EQ(cudaMemcpy(ws_after.data(), ws.as(), ws_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(memcpy_synced(ws_after.data(), ws.as(), ws_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(std::count(ws_after.begin(), ws_after.end(), 0), static_cast<std::ptrdiff_t>(ws_bytes))
       << "gdn_decode must leave its workspace zero";
   for (size_t j = 0; j < sets; ++j) {

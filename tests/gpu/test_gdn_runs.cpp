@@ -60,12 +60,12 @@ std::vector<float> normal_vec(size_t n, float sigma, std::mt19937& rng) {
 }
 
 void upload(float* dst, const std::vector<float>& src) {
-  ASSERT_EQ(cudaMemcpy(dst, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(memcpy_synced(dst, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
 }
 
 std::vector<float> download(const float* src, size_t n) {
   std::vector<float> v(n);
-  EXPECT_EQ(cudaMemcpy(v.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(memcpy_synced(v.data(), src, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   return v;
 }
 
@@ -194,9 +194,9 @@ class DeviceProblem {
       upload(base + s_elems_, p.conv0[n]);
       for (const int r : p.rows[n]) row_slots[static_cast<size_t>(r)] = session_slots_.back();
     }
-    EXPECT_EQ(cudaMemcpy(slots_.as(), row_slots.data(), R * sizeof(GdnSlot), cudaMemcpyHostToDevice), cudaSuccess);
-    EXPECT_EQ(cudaMemset(out_.as(), 0xFF, out_.bytes()), cudaSuccess);  // NaN until written
-    EXPECT_EQ(cudaMemset(ws_.as(), 0, ws_.bytes()), cudaSuccess);
+    EXPECT_EQ(memcpy_synced(slots_.as(), row_slots.data(), R * sizeof(GdnSlot), cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(memset_synced(out_.as(), 0xFF, out_.bytes()), cudaSuccess);  // NaN until written
+    EXPECT_EQ(memset_synced(ws_.as(), 0, ws_.bytes()), cudaSuccess);
   }
 
   // The oracle: gdn_decode once per token, session after session, each call's inputs the token's row. Plain launches:
@@ -206,7 +206,7 @@ class DeviceProblem {
     const size_t Vd = static_cast<size_t>(p_.d.value_dim()), Vh = static_cast<size_t>(p_.d.n_v_heads);
     DeviceBuffer one_slot(sizeof(GdnSlot));
     for (size_t n = 0; n < p_.lens.size(); ++n) {
-      ASSERT_EQ(cudaMemcpy(one_slot.as(), &session_slots_[n], sizeof(GdnSlot), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(memcpy_synced(one_slot.as(), &session_slots_[n], sizeof(GdnSlot), cudaMemcpyHostToDevice), cudaSuccess);
       for (const int r : p_.rows[n]) {
         const size_t row = static_cast<size_t>(r);
         GdnDecodeInputs in = in_;
@@ -253,7 +253,7 @@ class DeviceProblem {
       std::vector<int32_t> host(start);
       host.insert(host.end(), len.begin(), len.end());
       host.insert(host.end(), order.begin(), order.end());
-      ASSERT_EQ(cudaMemcpy(table.as(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+      ASSERT_EQ(memcpy_synced(table.as(), host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
                 cudaSuccess);
       const int32_t* t0 = table.as<int32_t>();
       const GdnRunTable runs{t0, t0 + R, t0 + 2 * R};
@@ -273,7 +273,7 @@ class DeviceProblem {
       r.conv.push_back(download(s.conv, c_elems_));
     }
     std::vector<unsigned char> ws(ws_.bytes(), 0xAB);
-    EXPECT_EQ(cudaMemcpy(ws.data(), ws_.as(), ws.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(memcpy_synced(ws.data(), ws_.as(), ws.size(), cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(std::count(ws.begin(), ws.end(), 0), static_cast<std::ptrdiff_t>(ws.size()))
         << "the workspace must come back zero";
     return r;

@@ -116,10 +116,10 @@ std::vector<float> run_gemv(GgmlType t, const std::vector<unsigned char>& m, siz
   EXPECT_NE(d_y.as<unsigned char>(), nullptr);
   if (d_w.as<unsigned char>() == nullptr || d_x.as<unsigned char>() == nullptr || d_y.as<unsigned char>() == nullptr)
     return y;
-  EXPECT_EQ(cudaMemcpy(d_w.as<unsigned char>() + offset, m.data(), m.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(memcpy_synced(d_w.as<unsigned char>() + offset, m.data(), m.size(), cudaMemcpyHostToDevice), cudaSuccess);
   float* x_dev = reinterpret_cast<float*>(d_x.as<unsigned char>()) + x_offset;
-  EXPECT_EQ(cudaMemcpy(x_dev, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);  // NaN until written
+  EXPECT_EQ(memcpy_synced(x_dev, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(memset_synced(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);  // NaN until written
   cudaStream_t stream = nullptr;
   EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   const DeviceMatrixView view{t, d_w.as<unsigned char>() + offset, n_in, n_out};
@@ -127,7 +127,7 @@ std::vector<float> run_gemv(GgmlType t, const std::vector<unsigned char>& m, siz
   EXPECT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(y.data(), d_y.as<unsigned char>(), y_elems * sizeof(float), cudaMemcpyDeviceToHost),
+  EXPECT_EQ(memcpy_synced(y.data(), d_y.as<unsigned char>(), y_elems * sizeof(float), cudaMemcpyDeviceToHost),
             cudaSuccess);
   return y;
 }
@@ -210,7 +210,7 @@ TEST(Gemv, Q4RowsOfSeveralStepsMatchReference) {
 TEST(Gemv, EmptyRowsWriteZeros) {
   KESTREL_REQUIRE_DEVICE();
   DeviceBuffer d_y(3 * 5 * sizeof(float));
-  KESTREL_CUDA_OK(cudaMemset(d_y.as<unsigned char>(), 0xFF, 3 * 5 * sizeof(float)));
+  KESTREL_CUDA_OK(memset_synced(d_y.as<unsigned char>(), 0xFF, 3 * 5 * sizeof(float)));
   DeviceBuffer d_x(4);
   const DeviceMatrixView view{GgmlType::kQ4_K, d_x.as<unsigned char>(), 0, 5};
   const Status s = gemv(view, reinterpret_cast<const float*>(d_x.as<unsigned char>()), 3,
@@ -218,7 +218,7 @@ TEST(Gemv, EmptyRowsWriteZeros) {
   ASSERT_TRUE(s) << s.error().to_string();
   KESTREL_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> y(15, 1.0f);
-  KESTREL_CUDA_OK(cudaMemcpy(y.data(), d_y.as<unsigned char>(), y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  KESTREL_CUDA_OK(memcpy_synced(y.data(), d_y.as<unsigned char>(), y.size() * sizeof(float), cudaMemcpyDeviceToHost));
   for (float v : y) EXPECT_EQ(v, 0.0f);
 }
 

@@ -71,7 +71,7 @@ struct DeviceTiled {
     std::vector<uint8_t> tiled(tiled_bytes(t, n_in, n_out));
     const Status s = tile_matrix(t, raw.data(), n_in, n_out, tiled);
     EXPECT_TRUE(s) << s.error().to_string();
-    EXPECT_EQ(cudaMemcpy(buf.as<unsigned char>(), tiled.data(), tiled.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(memcpy_synced(buf.as<unsigned char>(), tiled.data(), tiled.size(), cudaMemcpyHostToDevice), cudaSuccess);
     view.data = buf.as<unsigned char>();
   }
   DeviceBuffer buf;
@@ -85,13 +85,13 @@ std::vector<float> run_prepared(const DeviceTiled& w, int n_vec, Prepare&& prepa
   DeviceBuffer d_xp(imma_x_bytes(w.view.n_cols, n_vec));
   DeviceBuffer d_y(y_elems * sizeof(float));
   std::vector<float> y(y_elems, std::nanf(""));
-  EXPECT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
+  EXPECT_EQ(memset_synced(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
   const Status p = prepare(d_xp.as<unsigned char>());
   EXPECT_TRUE(p) << p.error().to_string();
   const Status s = gemv_imma(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr, false, tuning);
   EXPECT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(y.data(), d_y.as<unsigned char>(), y_elems * sizeof(float), cudaMemcpyDeviceToHost),
+  EXPECT_EQ(memcpy_synced(y.data(), d_y.as<unsigned char>(), y_elems * sizeof(float), cudaMemcpyDeviceToHost),
             cudaSuccess);
   return y;
 }
@@ -465,7 +465,7 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
         std::vector<float> got[4];
         for (int big = 0; big < 4; ++big) {
           DeviceBuffer d_y(y_elems * sizeof(float));
-          ASSERT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
+          ASSERT_EQ(memset_synced(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
           const int n_seg = big ? n_big : static_cast<int>(uses.size());
           const DeviceBuffer& tab = big == 2 ? d_wild : (big == 3 ? d_cycled : d_table);
           const int32_t* used = big == 2 ? d_used.as<int32_t>() : (big == 3 ? d_used_all.as<int32_t>() : nullptr);
@@ -480,7 +480,7 @@ TEST(GemvImma, GroupedCallBitsDoNotDependOnItsItemCount) {
           GemvImmaTuning run_time;
           run_time.compiled_groups = false;
           DeviceBuffer d_y(y_elems * sizeof(float));
-          ASSERT_EQ(cudaMemset(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
+          ASSERT_EQ(memset_synced(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
           const Status s = gemv_imma_segments(t, sh.n_in, sh.n_out, d_table.as<ImmaSegment>(),
                                               static_cast<int>(uses.size()), d_xp.as<unsigned char>(), d_y.as<float>(),
                                               sh.n_out, nullptr, bound_vec, false, nullptr, false, run_time);

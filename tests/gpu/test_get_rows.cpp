@@ -94,8 +94,8 @@ std::vector<float> run_get_rows(GgmlType t, const std::vector<unsigned char>& m,
   EXPECT_NE(d_src.as<void>(), nullptr);
   EXPECT_NE(d_dst.as<void>(), nullptr);
   if (d_src.as<void>() == nullptr || d_ids.as<void>() == nullptr || d_dst.as<void>() == nullptr) return out;
-  EXPECT_EQ(cudaMemcpy(d_src.as<void>(), m.data(), m.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d_ids.as<void>(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+  EXPECT_EQ(memcpy_synced(d_src.as<void>(), m.data(), m.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(memcpy_synced(d_ids.as<void>(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
             cudaSuccess);
   cudaStream_t stream = nullptr;
   EXPECT_EQ(cudaStreamCreate(&stream), cudaSuccess);
@@ -104,7 +104,8 @@ std::vector<float> run_get_rows(GgmlType t, const std::vector<unsigned char>& m,
   EXPECT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(out.data(), d_dst.as<void>(), out_elems * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(memcpy_synced(out.data(), d_dst.as<void>(), out_elems * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
   return out;
 }
 
@@ -161,12 +162,12 @@ TEST(GetRows, CheckedEntryPointRefusesBadIdsBeforeLaunching) {
   DeviceBuffer d_src(m.size());
   DeviceBuffer d_ids(4 * sizeof(int32_t));
   DeviceBuffer d_dst(4 * 256 * sizeof(float));
-  KESTREL_CUDA_OK(cudaMemcpy(d_src.as<void>(), m.data(), m.size(), cudaMemcpyHostToDevice));
-  KESTREL_CUDA_OK(cudaMemset(d_dst.as<void>(), 0xAB, 4 * 256 * sizeof(float)));
+  KESTREL_CUDA_OK(memcpy_synced(d_src.as<void>(), m.data(), m.size(), cudaMemcpyHostToDevice));
+  KESTREL_CUDA_OK(memset_synced(d_dst.as<void>(), 0xAB, 4 * 256 * sizeof(float)));
   const DeviceMatrixView view{GgmlType::kQ4_K, d_src.as<void>(), 256, kRows};
   for (int32_t bad : {static_cast<int32_t>(kRows), -1, std::numeric_limits<int32_t>::max()}) {
     const std::vector<int32_t> ids = {1, 2, bad, 3};
-    KESTREL_CUDA_OK(cudaMemcpy(d_ids.as<void>(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+    KESTREL_CUDA_OK(memcpy_synced(d_ids.as<void>(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
     const Status s = get_rows(view, ids, d_ids.as<int32_t>(), d_dst.as<float>(), nullptr);
     ASSERT_FALSE(s);
     EXPECT_EQ(s.error().code, ErrorCode::kOutOfRange);
@@ -174,7 +175,7 @@ TEST(GetRows, CheckedEntryPointRefusesBadIdsBeforeLaunching) {
   }
   KESTREL_CUDA_OK(cudaDeviceSynchronize());
   std::vector<unsigned char> dst(4 * 256 * sizeof(float));
-  KESTREL_CUDA_OK(cudaMemcpy(dst.data(), d_dst.as<void>(), dst.size(), cudaMemcpyDeviceToHost));
+  KESTREL_CUDA_OK(memcpy_synced(dst.data(), d_dst.as<void>(), dst.size(), cudaMemcpyDeviceToHost));
   for (unsigned char b : dst) ASSERT_EQ(b, 0xAB);  // nothing was written
 }
 
@@ -191,9 +192,9 @@ TEST(GetRows, DeviceIdsEntryPointWritesNaNRowsAndCountsBadIds) {
   DeviceBuffer d_ids(ids.size() * sizeof(int32_t));
   DeviceBuffer d_dst(out_elems * sizeof(float));
   DeviceBuffer d_bad(sizeof(int32_t));
-  KESTREL_CUDA_OK(cudaMemcpy(d_src.as<void>(), m.data(), m.size(), cudaMemcpyHostToDevice));
-  KESTREL_CUDA_OK(cudaMemcpy(d_ids.as<void>(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  KESTREL_CUDA_OK(cudaMemset(d_bad.as<void>(), 0, sizeof(int32_t)));
+  KESTREL_CUDA_OK(memcpy_synced(d_src.as<void>(), m.data(), m.size(), cudaMemcpyHostToDevice));
+  KESTREL_CUDA_OK(memcpy_synced(d_ids.as<void>(), ids.data(), ids.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
+  KESTREL_CUDA_OK(memset_synced(d_bad.as<void>(), 0, sizeof(int32_t)));
   const DeviceMatrixView view{GgmlType::kQ5_K, d_src.as<void>(), kCols, kRows};
   const Status s = get_rows_device_ids(view, d_ids.as<int32_t>(), static_cast<int64_t>(ids.size()), d_dst.as<float>(),
                                        d_bad.as<int32_t>(), nullptr);
@@ -201,8 +202,8 @@ TEST(GetRows, DeviceIdsEntryPointWritesNaNRowsAndCountsBadIds) {
   KESTREL_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> got(out_elems);
   int32_t n_bad = -1;
-  KESTREL_CUDA_OK(cudaMemcpy(got.data(), d_dst.as<void>(), out_elems * sizeof(float), cudaMemcpyDeviceToHost));
-  KESTREL_CUDA_OK(cudaMemcpy(&n_bad, d_bad.as<void>(), sizeof(int32_t), cudaMemcpyDeviceToHost));
+  KESTREL_CUDA_OK(memcpy_synced(got.data(), d_dst.as<void>(), out_elems * sizeof(float), cudaMemcpyDeviceToHost));
+  KESTREL_CUDA_OK(memcpy_synced(&n_bad, d_bad.as<void>(), sizeof(int32_t), cudaMemcpyDeviceToHost));
   EXPECT_EQ(n_bad, 4);
   for (size_t r = 0; r < ids.size(); ++r) {
     const std::vector<float> row(got.begin() + static_cast<int64_t>(r) * kCols,

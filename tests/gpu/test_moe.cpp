@@ -127,7 +127,7 @@ void read_routing(const MoeRouting& rt, int n_tok, int E, int k, DeviceRun& r) {
   const size_t max_active = std::min(static_cast<size_t>(E), n_entries);
   get(r.ids, rt.ids, n_entries);
   get(r.weights, rt.weights, n_entries);
-  EXPECT_EQ(cudaMemcpy(&r.n_active, rt.n_active, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(memcpy_synced(&r.n_active, rt.n_active, 4, cudaMemcpyDeviceToHost), cudaSuccess);
   get(r.active_expert, rt.active_expert, max_active);
   get(r.active_offset, rt.active_offset, max_active + 1);
   get(r.entry_token, rt.entry_token, n_entries);
@@ -145,8 +145,8 @@ DeviceRun run_device(const DeviceMoe& d, const std::vector<float>& x, int n_tok)
     ADD_FAILURE() << "cudaMalloc failed";
     return r;
   }
-  EXPECT_EQ(cudaMemcpy(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dout.as(), 0xFF, x.size() * 4), cudaSuccess);
+  EXPECT_EQ(memcpy_synced(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(memset_synced(dout.as(), 0xFF, x.size() * 4), cudaSuccess);
   MoeLaunchInfo info;
   const Status s = moe_forward(w, dx.as<float>(), n_tok, dout.as<float>(), ws.as(), nullptr, &info);
   EXPECT_TRUE(s) << s.error().to_string();
@@ -295,7 +295,7 @@ TEST(Moe, RouteTiesAndExpertCounts) {
     for (auto& v : logits) v = c.ties ? kLevels[pick(rng)] : normal(rng);
     DeviceBuffer dlog(logits.size() * 4);
     DeviceBuffer dr(moe_routing_bytes(c.n_tok, c.e, c.k));
-    ASSERT_EQ(cudaMemcpy(dlog.as(), logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(memcpy_synced(dlog.as(), logits.data(), logits.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
     const MoeRouting rt = moe_routing_carve(dr.as(), c.n_tok, c.e, c.k);
     DeviceRun runs[2];
     for (DeviceRun& run : runs) {

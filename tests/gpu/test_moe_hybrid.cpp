@@ -228,9 +228,9 @@ Run run(const HostMoe& m, const DeviceLayer& d, const std::vector<float>& x, int
     ADD_FAILURE() << "cudaMalloc failed";
     return r;
   }
-  EXPECT_EQ(cudaMemcpy(dx.as(), x.data(), rows * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dout.as(), 0xFF, rows * 4), cudaSuccess);
-  EXPECT_EQ(cudaMemset(ws.as(), 0xFF, ws_bytes), cudaSuccess);  // NaN: a read of an unwritten row shows
+  EXPECT_EQ(memcpy_synced(dx.as(), x.data(), rows * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(memset_synced(dout.as(), 0xFF, rows * 4), cudaSuccess);
+  EXPECT_EQ(memset_synced(ws.as(), 0xFF, ws_bytes), cudaSuccess);  // NaN: a read of an unwritten row shows
   if (s.imma) {
     EXPECT_TRUE(moe_imma_workspace_init(d.full_imma, ws.as(), nullptr));
   }
@@ -245,7 +245,7 @@ Run run(const HostMoe& m, const DeviceLayer& d, const std::vector<float>& x, int
     r.choices = test::download<ExpertChoice>(dch.as(), static_cast<size_t>(n_tok * s.k));
     const std::vector<float> xd = test::download<float>(dx.as(), rows);
     const std::vector<float> y = host_experts(m, xd, r.choices, n_tok);
-    EXPECT_EQ(cudaMemcpy(dy.as(), y.data(), rows * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(memcpy_synced(dy.as(), y.data(), rows * 4, cudaMemcpyHostToDevice), cudaSuccess);
     return ok_status();
   };
   bool joined = false;

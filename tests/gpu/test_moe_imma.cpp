@@ -136,10 +136,10 @@ DeviceRun run_device(const MoeImmaWeights& w, const std::vector<float>& x, int n
     ADD_FAILURE() << "cudaMalloc failed";
     return r;
   }
-  EXPECT_EQ(cudaMemcpy(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemset(dout.as(), 0xFF, x.size() * 4), cudaSuccess);  // NaN: an unwritten element fails
-  EXPECT_EQ(cudaMemset(ws.as(), 0xA5, ws.bytes()), cudaSuccess);      // garbage: nothing may rely on zeroed scratch
-  EXPECT_TRUE(moe_imma_workspace_init(w, ws.as(), nullptr));          // but the counters, zeroed once
+  EXPECT_EQ(memcpy_synced(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(memset_synced(dout.as(), 0xFF, x.size() * 4), cudaSuccess);  // NaN: an unwritten element fails
+  EXPECT_EQ(memset_synced(ws.as(), 0xA5, ws.bytes()), cudaSuccess);      // garbage: nothing may rely on zeroed scratch
+  EXPECT_TRUE(moe_imma_workspace_init(w, ws.as(), nullptr));             // but the counters, zeroed once
   MoeLaunchInfo info;
   const Status s = moe_imma_forward(w, dx.as<float>(), n_tok, dout.as<float>(), ws.as(), nullptr, tuning, &info);
   EXPECT_TRUE(s) << s.error().to_string();
@@ -148,7 +148,7 @@ DeviceRun run_device(const MoeImmaWeights& w, const std::vector<float>& x, int n
   r.out = test::download<float>(dout.as(), x.size());
   if (s) {
     r.ids = test::download<int32_t>(info.routing.ids, static_cast<size_t>(n_tok * w.n_expert_used));
-    EXPECT_EQ(cudaMemcpy(&r.n_active, info.routing.n_active, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(memcpy_synced(&r.n_active, info.routing.n_active, 4, cudaMemcpyDeviceToHost), cudaSuccess);
   }
   return r;
 }
@@ -312,8 +312,8 @@ TEST(MoeImma, CountersSurviveCallsOfBothRoutingsAndReset) {
   const std::vector<float> x = draw_x(m, 32, 5u);
   const DeviceRun alone = run_device(w, std::vector<float>(x.begin(), x.begin() + s.h), 1);
   DeviceBuffer dx(x.size() * 4), dout(x.size() * 4), ws(moe_imma_workspace_bytes(w, 32));
-  ASSERT_EQ(cudaMemcpy(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemset(ws.as(), 0x5A, ws.bytes()), cudaSuccess);
+  ASSERT_EQ(memcpy_synced(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(memset_synced(ws.as(), 0x5A, ws.bytes()), cudaSuccess);
   ASSERT_TRUE(moe_imma_workspace_init(w, ws.as(), nullptr));
   ASSERT_GE(kMoeMaxTokens, MoeImmaTuning{}.route_spread_min_tokens);  // 32-token calls spread their routing
   const size_t n_ctr = moe_imma_counter_bytes(w);
