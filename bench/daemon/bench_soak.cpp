@@ -6,10 +6,14 @@
 // of their own, and samples the daemon's resident memory, open file descriptors and threads every second. Then it
 // sends SIGTERM and checks that kestreld exits 0.
 //
-// It prints, per operation and transport: requests, errors (with the first messages), p50 / p99 / max latency; the
-// daemon's RSS, fds and threads at the start (all clients connected), middle and end, and RSS's range over the second
-// half (a leak shows as growth there); and the command line. docs/benchmarks.md has the figures and the reason for
-// kestreld's allocator setting. Transports are behind SoakTransport (soak_transport.h).
+// With --engine cuda it asks for one device slot per client (--cuda-slots), so that every client can hold a session.
+// A request refused for want of a session (RESOURCE_EXHAUSTED, HTTP 429) is counted apart from errors, and its client
+// waits 20 ms before it asks again.
+//
+// It prints, per operation and transport: requests, refusals, errors (with the first messages), p50 / p99 / max
+// latency; the daemon's RSS, fds and threads at the start (all clients connected), middle and end, and RSS's range
+// over the second half (a leak shows as growth there); and the command line. docs/benchmarks.md has the figures and the
+// reason for kestreld's allocator setting. Transports are behind SoakTransport (soak_transport.h).
 //
 //   bench_soak [--kestreld PATH] [--clients 64] [--duration 600] [--engine cpu] [--threads 2] [--model GGUF]
 //              [--transports grpc,shm,http] [--env NAME=VALUE]... [--daemon-arg ARG]...
@@ -44,6 +48,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+
+// How long a client waits after the daemon refused it a session before it asks again.
+constexpr int kRefusedBackoffMs = 20;
 
 struct Options {
   std::string kestreld = KESTRELD_PATH;
@@ -121,6 +128,7 @@ class Daemon {
     }
     if (!o.model.empty()) args.insert(args.end(), {"--model", o.model});
     if (o.threads > 0) args.insert(args.end(), {"--threads", std::to_string(o.threads)});
+    if (o.engine == "cuda") args.insert(args.end(), {"--cuda-slots", std::to_string(o.clients)});
     args.insert(args.end(), o.daemon_args.begin(), o.daemon_args.end());
     const std::string log = d->dir_ + "/kestreld.log";
     d->pid_ = fork();
@@ -185,11 +193,13 @@ class Daemon {
   std::string dir_, grpc_uri_, shm_uri_, http_uri_;
 };
 
-// Latencies and errors of one (operation, transport) pair.
+// Latencies, refusals and errors of one (operation, transport) pair. A refusal is the daemon's RESOURCE_EXHAUSTED
+// (HTTP 429) when every session or queue place is taken: a clear answer, counted apart from errors.
 struct OpStats {
   std::vector<double> ms;
+  uint64_t refused = 0;
   uint64_t errors = 0;
-  std::vector<std::string> first_errors;  // up to 3
+  std::vector<std::string> first_errors;  // up to 3 (errors first, else refusals)
 };
 
 class Recorder {
@@ -199,7 +209,11 @@ class Recorder {
     OpStats& s = stats_[{soak_op_name(op), transport}];
     if (st) {
       s.ms.push_back(ms);
+    } else if (st.error().code == ErrorCode::kResourceExhausted) {
+      ++s.refused;
+      if (s.first_errors.empty()) s.first_errors.push_back(st.error().message);
     } else {
+      if (s.errors == 0) s.first_errors.clear();
       ++s.errors;
       if (s.first_errors.size() < 3) s.first_errors.push_back(st.error().message);
     }
@@ -260,6 +274,11 @@ int run(const Options& o, const std::string& command_line) {
         const auto start = Clock::now();
         const Status st = (*t)->run(op, rng);
         recorder.add(op, (*t)->name(), std::chrono::duration<double, std::milli>(Clock::now() - start).count(), st);
+        // Refused for want of a session: back off as a client that respects the answer would, instead of asking
+        // again at once.
+        if (!st && st.error().code == ErrorCode::kResourceExhausted) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(kRefusedBackoffMs));
+        }
       }
     });
   }
@@ -292,19 +311,23 @@ int run(const Options& o, const std::string& command_line) {
   std::printf("bench_soak: %d clients (%s; %d failed to connect), %d s, kestreld --engine %s\n", o.clients,
               mix.str().c_str(), connect_failures.load(), o.duration_s, o.engine.c_str());
   std::printf(
-      "\n| operation | transport | requests | errors | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|---|\n");
+      "\n| operation | transport | requests | refused | errors | p50 ms | p99 ms | max ms |\n"
+      "|---|---|---|---|---|---|---|---|\n");
   auto stats = recorder.take();
   uint64_t total_errors = 0;
   for (auto& [key, s] : stats) {
     total_errors += s.errors;
     const double p50 = percentile(s.ms, 0.50), p99 = percentile(s.ms, 0.99);
     const double max = s.ms.empty() ? 0 : *std::max_element(s.ms.begin(), s.ms.end());
-    std::printf("| %s | %s | %zu | %llu | %.2f | %.2f | %.1f |\n", key.first.c_str(), key.second.c_str(), s.ms.size(),
-                static_cast<unsigned long long>(s.errors), p50, p99, max);
+    std::printf("| %s | %s | %zu | %llu | %llu | %.2f | %.2f | %.1f |\n", key.first.c_str(), key.second.c_str(),
+                s.ms.size(), static_cast<unsigned long long>(s.refused), static_cast<unsigned long long>(s.errors), p50,
+                p99, max);
   }
   for (auto& [key, s] : stats) {
-    for (const std::string& e : s.first_errors)
-      std::printf("error (%s, %s): %s\n", key.first.c_str(), key.second.c_str(), e.c_str());
+    for (const std::string& e : s.first_errors) {
+      std::printf("%s (%s, %s): %s\n", s.errors > 0 ? "error" : "refused", key.first.c_str(), key.second.c_str(),
+                  e.c_str());
+    }
   }
   const ProcSample& first = samples.front();
   const ProcSample& middle = samples[samples.size() / 2];

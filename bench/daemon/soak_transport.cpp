@@ -171,7 +171,9 @@ class HttpTransport final : public SoakTransport {
     if (ec) return make_error(ErrorCode::kUnavailable, "HTTP " + target + ": " + ec.message());
     const auto& res = parser.get();
     if (res.result_int() != 200) {
-      return make_error(ErrorCode::kInternal, "HTTP " + std::to_string(res.result_int()) + ": " + res.body());
+      // 429: the daemon refused the request for want of a session or queue place (counted apart from errors).
+      const ErrorCode code = res.result_int() == 429 ? ErrorCode::kResourceExhausted : ErrorCode::kInternal;
+      return make_error(code, "HTTP " + std::to_string(res.result_int()) + ": " + res.body());
     }
     if (stream) {
       const std::string& b = res.body();
