@@ -15,7 +15,10 @@
 #   hybrid-daemon  kestreld --engine cuda --gpu-memory 12G on the Q4_0 35B-A3B file: the plan it logs, status,
 #           a generation over gRPC and over shm
 #   sanitize  compute-sanitizer memcheck and racecheck over the kernel tests (SAN_TESTS overrides the list), then
-#           memcheck over test_cuda_engine and test_cuda_hybrid; each run capped at SAN_S seconds (default 150)
+#           memcheck over test_cuda_engine and test_cuda_hybrid; each run capped at SAN_S seconds (default 150);
+#           SAN_RUNS="tool test;tool test" replaces the whole list; SAN_FILTER is passed as --gtest_filter
+#   ncu     Nsight Compute's per-kernel durations over whole decode steps of bench_engine on the Q4_0 file at
+#           NCU_SESSIONS (default 1,32) sessions; tools/device/ncu_step.py sums them per kernel and per step
 #   model   only writes the Q4_0 35B-A3B file (/tmp/q4_0.gguf), so that `soak` fits the device's 600 s per command
 #   soak    bench_soak: kestreld --engine cuda on that file, 64 clients (gRPC, shm and HTTP in turn) for SOAK_S seconds
 #           (default 480), then SIGTERM (docs/benchmarks.md "Soak")
@@ -29,7 +32,11 @@ for root in /work/main ${KESTREL_SOURCE_ROOT:-}; do
   [ -e "$root" ] || { mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"; }
 done
 k=/tmp/kestrel-carry
-mkdir -p $k && tar -xJf dev/carry.tar.xz -C $k
+# Extracted once per carry (several instances of this script may run side by side on one warm machine).
+sum=$(md5sum dev/carry.tar.xz | cut -d' ' -f1)
+if [ "$(cat $k/.carry 2>/dev/null)" != "$sum" ]; then
+  rm -rf $k && mkdir -p $k && tar -xJf dev/carry.tar.xz -C $k && echo "$sum" >$k/.carry
+fi
 export LD_LIBRARY_PATH=$k/lib:${LD_LIBRARY_PATH:-}
 mkdir -p build/release/bin
 for f in $k/bin/*; do ln -sf "$f" build/release/bin/; done
@@ -147,16 +154,28 @@ for step in "$@"; do
       runs=()
       for t in ${SAN_TESTS:-$kernel_tests}; do runs+=("memcheck $t" "racecheck $t"); done
       runs+=("memcheck test_cuda_engine" "memcheck test_cuda_hybrid")
+      [ -n "${SAN_RUNS:-}" ] && IFS=';' read -ra runs <<<"$SAN_RUNS"
       for r in "${runs[@]}"; do
         set -- $r
         log="$OUT/san_$1_$2.log"
-        timeout "${SAN_S:-150}" "$cs" --tool "$1" --error-exitcode 9 "$B/$2" --gtest_brief=1 >"$log" 2>&1
+        timeout "${SAN_S:-150}" "$cs" --tool "$1" --error-exitcode 9 "$B/$2" --gtest_filter="${SAN_FILTER:-*}" >"$log" 2>&1
         rc=$?
-        echo "$1 $2: rc $rc; $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1); $(grep -E '^\[==========\] [0-9]+ tests' "$log" | tail -1)"
+        echo "$1 $2: rc $rc; $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1); $(grep -cE '^\[       OK \]' "$log") tests passed; $(grep -E '^\[==========\] [0-9]+ tests' "$log" | tail -1)"
         case $rc in 0) ;; 124) echo "  (cut at ${SAN_S:-150} s)" ;; *) status=1; grep -E "^=========" "$log" | head -12 ;; esac
       done ;;
     model)
       make_q4 || status=1 ;;
+    ncu)
+      make_q4 || { status=1; continue; }
+      nc=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+      ns=${NCU_SESSIONS:-1,32}
+      for s in ${ns//,/ }; do
+        timeout "${NCU_S:-200}" "$nc" --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
+          --log-file "$OUT/ncu_$s.csv" --launch-count "${NCU_N:-2500}" \
+          $B/bench_engine --model $model_q4 --sessions "$s" --steps 2 --prompt 1 --pp 0 --ttft 0 >"$OUT/ncu_bench_$s.txt" 2>&1
+        echo "ncu at $s sessions: rc $?"
+        python3 tools/device/ncu_step.py "$OUT/ncu_$s.csv" | tee "$OUT/ncu_step_$s.txt"
+      done ;;
     soak)
       make_q4 || { status=1; continue; }
       $B/bench_soak --kestreld $B/kestreld --engine cuda --model $model_q4 --clients 64 --duration "${SOAK_S:-480}" \
