@@ -19,6 +19,8 @@
 #           SAN_RUNS="tool test;tool test" replaces the whole list; SAN_FILTER is passed as --gtest_filter
 #   ncu     Nsight Compute's per-kernel durations over whole decode steps of bench_engine on the Q4_0 file at
 #           NCU_SESSIONS (default 1,32) sessions; tools/device/ncu_step.py sums them per kernel and per step
+#   contend  the gpu tests beside other GPU processes: test_gemv_imma, test_gdn_decode and test_moe_imma, two
+#           processes each, in loops for CONTEND_S seconds (default 150) while `gputests` runs
 #   model   only writes the Q4_0 35B-A3B file (/tmp/q4_0.gguf), so that `soak` fits the device's 600 s per command
 #   soak    bench_soak: kestreld --engine cuda on that file, 64 clients (gRPC, shm and HTTP in turn) for SOAK_S seconds
 #           (default 480), then SIGTERM (docs/benchmarks.md "Soak")
@@ -163,6 +165,20 @@ for step in "$@"; do
         echo "$1 $2: rc $rc; $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1); $(grep -cE '^\[       OK \]' "$log") tests passed; $(grep -E '^\[==========\] [0-9]+ tests' "$log" | tail -1)"
         case $rc in 0) ;; 124) echo "  (cut at ${SAN_S:-150} s)" ;; *) status=1; grep -E "^=========" "$log" | head -12 ;; esac
       done ;;
+    contend)
+      mkdir -p /tmp/contend
+      for i in 1 2; do
+        for t in test_gemv_imma test_gdn_decode test_moe_imma; do
+          (n=0; f=0; end=$((SECONDS + ${CONTEND_S:-150}))
+           while [ $SECONDS -lt $end ]; do
+             $B/$t --gtest_brief=1 >/tmp/contend/$t.$i.$n.log 2>&1 || f=$((f + 1)); n=$((n + 1))
+           done
+           echo "contender $t #$i: $n runs, $f failed"; [ $f -eq 0 ]) &
+        done
+      done
+      bash "$0" gputests || status=1
+      for j in $(jobs -p); do wait "$j" || status=1; done
+      grep -l FAILED /tmp/contend/*.log 2>/dev/null | head -3 | xargs -r grep -h -A3 Failure | head -20 ;;
     model)
       make_q4 || status=1 ;;
     ncu)
