@@ -65,6 +65,21 @@ std::string shutdown_message(const char* what, Clock::duration drain_time) {
          " finished";
 }
 
+// What a request had put into its session before the engine failed it (the tokens of earlier ticks stay fed), for
+// the error's message: a client that retries must send only the rest. Empty when nothing of the request was fed.
+std::string progress_before_failure(const Request& r) {
+  const Session& s = *r.session;
+  const std::string past = s.temporary ? "" : "; the session's n_past is now " + std::to_string(s.n_past());
+  if (r.kind == Request::Kind::kGenerate && r.decoding) {
+    return " (after the prompt and " + std::to_string(r.generated) + " generated tokens" + past + ")";
+  }
+  const size_t own = r.todo.size() - r.n_from_pending;
+  const size_t own_fed = r.consumed > r.n_from_pending ? r.consumed - r.n_from_pending : 0;
+  if (own_fed == 0) return "";
+  return " (after " + std::to_string(own_fed) + " of the request's " + std::to_string(own) + " tokens were fed" + past +
+         ")";
+}
+
 }  // namespace
 
 void ServiceImpl::engine_loop() {
@@ -253,13 +268,15 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
       Outcome o;
       o.request = active_[which[k]];
       if (!outs[k].status) {
+        Error e = std::move(outs[k].status).error();
+        end_request(r);
+        e.message += progress_before_failure(r);
         if (r.kind == Request::Kind::kStep) {
-          o.step_result = std::move(outs[k].status).error();
+          o.step_result = std::move(e);
         } else {
-          o.generate_result = std::move(outs[k].status).error();
+          o.generate_result = std::move(e);
         }
         o.finished = true;
-        end_request(r);
         outcomes->push_back(std::move(o));
         continue;
       }

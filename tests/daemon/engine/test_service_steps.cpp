@@ -228,6 +228,11 @@ class CappedEngine final : public Engine {
   int32_t slot_n_ctx(SlotId s) const override { return inner_.slot_n_ctx(s); }
   Status check(const EngineStepItem& item) const override { return inner_.check(item); }
   void step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) override {
+    if (fail_from_tick >= 0 && static_cast<int>(total_per_tick.size()) >= fail_from_tick) {
+      // Refuses every item without touching its slot, as the CUDA engine does when its KV pool has no page left.
+      for (EngineStepOutput& o : out) o.status = make_error(ErrorCode::kResourceExhausted, "the KV cache pool is full");
+      return;
+    }
     size_t largest = 0, total = 0;
     for (const EngineStepItem& it : items) largest = std::max(largest, it.tokens.size()), total += it.tokens.size();
     largest_per_tick.push_back(largest);
@@ -240,6 +245,7 @@ class CappedEngine final : public Engine {
   std::vector<size_t> items_per_tick;
   int32_t per_tick = 0;
   int32_t beside_decode = 0;
+  int fail_from_tick = -1;  // from this tick on (counting those that ran) every item fails; -1: never
 
  private:
   Engine& inner_;
@@ -261,6 +267,38 @@ TEST(ServiceCapabilities, PromptsAreCutToTheEnginesTokensPerItem) {
   for (size_t n : capped.largest_per_tick) EXPECT_LE(n, 4u);
   const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
   EXPECT_EQ(r->token, want[0].token) << "cutting the prompt changes nothing of the result";
+}
+
+// An engine failure after a prompt's first ticks: the error says how much of the request was fed and where the
+// session now stands, and the session goes on from there (the rest of the prompt gives the whole prompt's token).
+TEST(ServiceCapabilities, AFailureMidPromptSaysWhatWasFed) {
+  ServiceFixture f = ServiceFixture::make("golden-qwen35moe", test_limits());
+  ASSERT_TRUE(f.service);
+  f.service.reset();
+  CappedEngine capped(*f.engine);
+  capped.fail_from_tick = 2;  // 4 tokens a tick: 8 of 10 fed, then the failure
+  auto service = make_service(*f.model, capped, test_limits());
+  ASSERT_TRUE(service.has_value()) << service.error().to_string();
+  auto sess = (*service)->create_session({});
+  ASSERT_TRUE(sess);
+  const std::vector<int32_t> prompt = iota_tokens(10);
+  auto r = step_tokens(**service, sess->id, prompt);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code, ErrorCode::kResourceExhausted);
+  EXPECT_EQ(r.error().message,
+            "the KV cache pool is full (after 8 of the request's 10 tokens were fed; the session's n_past is now 8)");
+  capped.fail_from_tick = -1;
+  auto rest = step_tokens(**service, sess->id, std::vector<int32_t>(prompt.begin() + 8, prompt.end()));
+  ASSERT_TRUE(rest) << rest.error().to_string();
+  EXPECT_EQ(rest->n_past, 10);
+  const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
+  EXPECT_EQ(rest->token, want[0].token);
+
+  // A failure on the first tick: nothing was fed, the message is the engine's own.
+  capped.fail_from_tick = static_cast<int>(capped.total_per_tick.size());
+  auto none = step_tokens(**service, sess->id, {5, 6});
+  ASSERT_FALSE(none);
+  EXPECT_EQ(none.error().message, "the KV cache pool is full");
 }
 
 // A 30-token prompt through a Service over `capped` while two other sessions generate (up to 200 tokens, EOS
