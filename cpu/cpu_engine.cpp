@@ -125,6 +125,7 @@ class CpuEngineImpl final : public CpuEngine {
   }
   const ModelHparams& hparams() const override { return model_.hparams(); }
   const PlacementPlan& placement() const override { return placement_; }
+  EngineCachePool cache_pool() const override { return {}; }  // each slot owns its KV cache: no shared pool
   EngineCapabilities capabilities() const override {
     EngineCapabilities c;
     c.max_items_per_pass = static_cast<int32_t>(slots_.size());

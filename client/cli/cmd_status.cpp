@@ -49,6 +49,12 @@ void print_text(const std::string& uri, const std::string& transport, const v1::
   std::printf("sessions:     %u of %u (%u shared-memory clients)\n", st.sessions(), st.max_sessions(),
               st.shm_clients());
   std::printf("queue:        %u of %u steps\n", st.queued_steps(), st.max_queued_steps());
+  if (st.kv_cache_tokens() > 0) {
+    std::printf("kv cache:     %s of %s tokens held (%.1f%%), a pool of %s\n",
+                format_count(st.kv_cache_tokens_held()).c_str(), format_count(st.kv_cache_tokens()).c_str(),
+                100.0 * static_cast<double>(st.kv_cache_tokens_held()) / static_cast<double>(st.kv_cache_tokens()),
+                format_bytes(st.kv_cache_bytes()).c_str());
+  }
   std::printf("work:         %s ticks, %s tokens processed, %s generated\n", format_count(st.ticks()).c_str(),
               format_count(st.tokens_processed()).c_str(), format_count(st.tokens_generated()).c_str());
   if (mi == nullptr) {

@@ -77,6 +77,14 @@ struct EngineCapabilities {
   int32_t max_slot_ctx = 0;  // the largest n_ctx slot_alloc accepts (0: the model's training context)
 };
 
+// A cache the slots share (the CUDA engine's KV page pool), for status and metrics: the positions it holds, those the
+// slots' pages hold now, and its bytes. An engine whose slots each own their state has no shared pool (all zero).
+struct EngineCachePool {
+  int64_t tokens_total = 0;
+  int64_t tokens_held = 0;
+  uint64_t bytes = 0;
+};
+
 // The most prompt tokens a tick carries beside `decoding` sessions that decode a token each (SIZE_MAX: no cap of
 // this kind). The Service and the benchmarks that mimic it share this rule.
 inline size_t prompt_tokens_beside_decode(const EngineCapabilities& c, size_t decoding) {
@@ -93,6 +101,8 @@ class Engine {
   virtual const PlacementPlan& placement() const = 0;
   virtual EngineCapabilities capabilities() const = 0;
   virtual int32_t max_slots() const = 0;
+  // The shared cache's use. Thread-safe: callable while another thread runs step() or the slot calls.
+  virtual EngineCachePool cache_pool() const = 0;
 
   // A fresh slot with room for n_ctx tokens. kResourceExhausted when none is free or memory runs out;
   // kOutOfRange when n_ctx is larger than the engine supports.

@@ -25,6 +25,7 @@ class ReferenceEngine final : public Engine {
   std::string name() const override { return "reference"; }
   const ModelHparams& hparams() const override { return model_.hparams(); }
   const PlacementPlan& placement() const override { return placement_; }
+  EngineCachePool cache_pool() const override { return {}; }  // each slot owns its KV cache: no shared pool
   EngineCapabilities capabilities() const override {
     EngineCapabilities c;
     c.max_items_per_pass = 1;  // one ref::forward per item

@@ -85,6 +85,7 @@ struct ServiceStats {
   // limits.max_sessions.
   uint32_t slots_held = 0;
   uint64_t ticks = 0, tokens_processed = 0, tokens_generated = 0;
+  EngineCachePool cache;  // the engine's shared KV pool (all zero when its slots each own their cache)
 };
 
 struct SessionOptions {

@@ -98,6 +98,7 @@ ServiceStats ServiceImpl::stats() const {
   st.ticks = ticks_.load();
   st.tokens_processed = tokens_processed_.load();
   st.tokens_generated = tokens_generated_.load();
+  st.cache = engine_.cache_pool();
   return st;
 }
 

@@ -83,6 +83,14 @@ std::string render_metrics(const Service* service, const HttpCounters& http) {
     gauge(p, "kestrel:state_slots_total", "gauge", "Engine state slots available (max_sessions)", limits.max_sessions);
     gauge(p, "kestrel:state_slot_usage_perc", "gauge", "Fraction of the state slots held (0 to 1)",
           limits.max_sessions > 0 ? static_cast<double>(stats.slots_held) / limits.max_sessions : 0.0);
+    if (stats.cache.tokens_total > 0) {
+      gauge(p, "kestrel:kv_cache_tokens_total", "gauge", "Positions the engine's shared KV cache pool holds",
+            static_cast<double>(stats.cache.tokens_total));
+      gauge(p, "kestrel:kv_cache_tokens_used", "gauge", "Positions of the KV pages the sessions hold",
+            static_cast<double>(stats.cache.tokens_held));
+      gauge(p, "kestrel:kv_cache_usage_perc", "gauge", "Fraction of the KV cache pool held (0 to 1)",
+            static_cast<double>(stats.cache.tokens_held) / static_cast<double>(stats.cache.tokens_total));
+    }
     gauge(p, "kestrel:engine_ticks_total", "counter", "Batched forward passes of the engine loop",
           static_cast<double>(stats.ticks));
     gauge(p, "kestrel:tokens_processed_total", "counter", "Tokens fed through the model",

@@ -263,6 +263,9 @@ RpcStatus RpcHandlers::get_server_status(const v1::GetServerStatusRequest& /*req
   out->set_tokens_generated(s.tokens_generated);
   out->set_uptime_s(std::chrono::duration<double>(Clock::now() - identity_.started).count());
   out->set_shm_clients(shm_clients_.load(std::memory_order_relaxed));
+  out->set_kv_cache_tokens(static_cast<uint64_t>(s.cache.tokens_total));
+  out->set_kv_cache_tokens_held(static_cast<uint64_t>(s.cache.tokens_held));
+  out->set_kv_cache_bytes(s.cache.bytes);
   return {};
 }
 

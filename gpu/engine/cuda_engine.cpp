@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <limits>
 #include <optional>
@@ -75,6 +76,8 @@ class CudaEngineImpl final : public CudaEngine {
     // which must leave room for the pass's scratch.
     KESTREL_TRY_ASSIGN(StateSlots s, StateSlots::create(hp, o.n_ctx, o.max_slots, {o.kv_page_tokens, n_pages}));
     slots_.emplace(std::move(s));
+    pool_tokens_ = slots_->has_kv() ? slots_->n_pages() * slots_->page_size() : 0;
+    pool_bytes_ = slots_->has_kv() ? slots_->kv_bytes() : 0;
     const std::vector<std::vector<uint8_t>> no_plan;
     const std::vector<std::vector<uint8_t>>& on_gpu = o.placement ? o.placement->expert_on_gpu : no_plan;
     KESTREL_TRY_ASSIGN(dm_, DeviceModel::create(model_, ForwardPass::scratch_bytes(hp, o.n_ctx), state_bytes(),
@@ -113,8 +116,16 @@ class CudaEngineImpl final : public CudaEngine {
     return c;
   }
   int32_t max_slots() const override { return static_cast<int32_t>(slot_info_.size()); }
+  EngineCachePool cache_pool() const override {
+    EngineCachePool p;
+    p.tokens_total = pool_tokens_;
+    p.tokens_held = pool_held_.load(std::memory_order_relaxed);
+    p.bytes = pool_bytes_;
+    return p;
+  }
 
   Expected<SlotId> slot_alloc(int32_t n_ctx) override {
+    const PoolPublisher publish(*this);
     if (n_ctx < 1 || n_ctx > n_ctx_) {
       return make_error(ErrorCode::kOutOfRange, "n_ctx " + std::to_string(n_ctx) + " is outside 1.." +
                                                     std::to_string(n_ctx_) + " (the CUDA engine's slot context)");
@@ -132,12 +143,14 @@ class CudaEngineImpl final : public CudaEngine {
   }
 
   void slot_free(SlotId slot) override {
+    const PoolPublisher publish(*this);
     if (!valid(slot)) return;
     slots_->release(slot);  // host bookkeeping: the pages go back to the pool
     slot_info_[static_cast<size_t>(slot)] = SlotInfo{};
   }
 
   void slot_reset(SlotId slot) override {
+    const PoolPublisher publish(*this);
     if (!valid(slot)) return;
     cudaSetDevice(device_);
     if (slots_->reset(slot, stream_) && cudaStreamSynchronize(stream_) == cudaSuccess) {
@@ -146,6 +159,7 @@ class CudaEngineImpl final : public CudaEngine {
   }
 
   Status slot_clone(SlotId src, SlotId dst) override {
+    const PoolPublisher publish(*this);
     if (!valid(src) || !valid(dst)) {
       return make_error(ErrorCode::kInvalidArgument,
                         "slot_clone: slot " + std::to_string(valid(src) ? dst : src) + " is not allocated");
@@ -176,6 +190,7 @@ class CudaEngineImpl final : public CudaEngine {
   }
 
   Status slot_restore(SlotId slot, std::span<const uint8_t> bytes) override {
+    const PoolPublisher publish(*this);
     if (!valid(slot)) return not_allocated(slot);
     SlotInfo& info = slot_info_[static_cast<size_t>(slot)];
     KESTREL_TRY_ASSIGN(ref::SessionState state, ref::SessionState::create(model_.hparams(), info.n_ctx));
@@ -215,6 +230,7 @@ class CudaEngineImpl final : public CudaEngine {
   }
 
   void step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) override {
+    const PoolPublisher publish(*this);
     run_tick(items, out, nullptr);
   }
 
@@ -256,6 +272,17 @@ class CudaEngineImpl final : public CudaEngine {
   }
 
  private:
+  // Publishes the KV pool's use for cache_pool() when the slot call or step that holds it returns (the allocator
+  // itself is touched only by those calls, which never overlap).
+  struct PoolPublisher {
+    CudaEngineImpl& e;
+    ~PoolPublisher() {
+      if (!e.slots_) return;
+      e.pool_held_.store((e.slots_->n_pages() - e.slots_->free_pages()) * e.slots_->page_size(),
+                         std::memory_order_relaxed);
+    }
+  };
+
   bool valid(SlotId slot) const {
     return slot >= 0 && static_cast<size_t>(slot) < slot_info_.size() && slot_info_[static_cast<size_t>(slot)].used;
   }
@@ -423,6 +450,9 @@ class CudaEngineImpl final : public CudaEngine {
   std::unique_ptr<ForwardPass> pass_;
   std::shared_ptr<ExpertBackend> backend_;  // outlives pass_ and the stream (released after the destructor's body)
   std::vector<SlotInfo> slot_info_;
+  int64_t pool_tokens_ = 0;            // positions the KV page pool holds
+  uint64_t pool_bytes_ = 0;            // its device bytes
+  std::atomic<int64_t> pool_held_{0};  // positions of the pages slots hold (PoolPublisher)
   PlacementPlan placement_;
   uint64_t scratch_bytes_ = 0;
 };

@@ -66,7 +66,11 @@ class StrictService final : public Service {
     m.max_session_ctx = kMaxSessionCtx;
     return m;
   }
-  ServiceStats stats() const override { return ServiceStats{true, 0}; }
+  ServiceStats stats() const override {
+    ServiceStats s;
+    s.serving = true;
+    return s;
+  }
   ServiceLimits limits() const override {
     ServiceLimits l;
     l.default_n_ctx = 64;

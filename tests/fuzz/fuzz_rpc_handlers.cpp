@@ -63,7 +63,12 @@ class StrictService final : public Service {
     m.eos_token_ids = {0};
     return m;
   }
-  ServiceStats stats() const override { return ServiceStats{true, static_cast<uint32_t>(sessions_.size())}; }
+  ServiceStats stats() const override {
+    ServiceStats s;
+    s.serving = true;
+    s.sessions = static_cast<uint32_t>(sessions_.size());
+    return s;
+  }
   ServiceLimits limits() const override { return ServiceLimits{}; }
   const ServiceMetrics& metrics() const override { return metrics_; }
 

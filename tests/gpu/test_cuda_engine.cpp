@@ -252,6 +252,11 @@ TEST_P(CudaEngineTest, KvPagesGrowAndAFullPoolRefusesCleanly) {
   EXPECT_EQ(e.kv_cache().free_pages, 6);
   EXPECT_GE(e.state_bytes(), 6 * page_bytes);
   EXPECT_EQ(e.capabilities().max_slot_ctx, kCtx) << "a session may still ask for the whole context";
+  // cache_pool() (status and metrics, read from other threads) follows the allocator after every call.
+  EXPECT_EQ(e.cache_pool().tokens_total, 6 * kSmallPage);
+  EXPECT_EQ(e.cache_pool().bytes, 6 * page_bytes);
+  auto pool_agrees = [&] { return e.cache_pool().tokens_held == (6 - e.kv_cache().free_pages) * kSmallPage; };
+  EXPECT_EQ(e.cache_pool().tokens_held, 0);
 
   // Session a grows from 5 to 36 tokens (pages 1..5), its greedy tokens the reference's.
   auto a = e.slot_alloc(kCtx);
@@ -270,6 +275,7 @@ TEST_P(CudaEngineTest, KvPagesGrowAndAFullPoolRefusesCleanly) {
   }
   EXPECT_LE(rel_diff(cl, rl), kRelTol);
   EXPECT_EQ(e.kv_cache().free_pages, 1);
+  EXPECT_TRUE(pool_agrees());
 
   // Session b's 16-token prompt needs 2 pages, 1 is free: refused, while a's token in the same tick runs.
   auto b = e.slot_alloc(kCtx);
@@ -290,6 +296,7 @@ TEST_P(CudaEngineTest, KvPagesGrowAndAFullPoolRefusesCleanly) {
   EXPECT_LE(rel_diff(tick.logits[1], rl), kRelTol);
   EXPECT_EQ(e.slot_n_past(*a), 36);
   EXPECT_EQ(e.kv_cache().free_pages, 1) << "the refused item took pages";
+  EXPECT_TRUE(pool_agrees());
   // Clone and restore into b need 5 pages: refused, b unchanged.
   auto snap = e.slot_snapshot(*a);
   ASSERT_TRUE(snap.has_value()) << snap.error().to_string();
@@ -301,6 +308,7 @@ TEST_P(CudaEngineTest, KvPagesGrowAndAFullPoolRefusesCleanly) {
   // After a is freed the same prompt runs, and b decodes the reference's tokens across pages.
   e.slot_free(*a);
   EXPECT_EQ(e.kv_cache().free_pages, 6);
+  EXPECT_EQ(e.cache_pool().tokens_held, 0);
   auto rb = ref_->slot_alloc(kCtx);
   ASSERT_TRUE(rb);
   cl = test::run_one(e, *b, b_prompt);
@@ -322,6 +330,7 @@ TEST_P(CudaEngineTest, KvPagesGrowAndAFullPoolRefusesCleanly) {
   ASSERT_TRUE(e.slot_restore(*c, *snap));
   EXPECT_EQ(e.slot_n_past(*c), 36);
   EXPECT_EQ(e.kv_cache().free_pages, 1);
+  EXPECT_TRUE(pool_agrees());
   // A context overflow stays kOutOfRange, not a pool error.
   const std::vector<int32_t> too_long = test::iota_tokens(kCtx, 1, 1);
   EXPECT_EQ(e.check({*c, too_long}).error().code, ErrorCode::kOutOfRange);

@@ -210,6 +210,7 @@ class CappedEngine final : public Engine {
   std::string name() const override { return inner_.name(); }
   const ModelHparams& hparams() const override { return inner_.hparams(); }
   const PlacementPlan& placement() const override { return inner_.placement(); }
+  EngineCachePool cache_pool() const override { return pool.tokens_total > 0 ? pool : inner_.cache_pool(); }
   EngineCapabilities capabilities() const override {
     EngineCapabilities c = inner_.capabilities();
     c.max_tokens_per_item = 4;
@@ -246,6 +247,7 @@ class CappedEngine final : public Engine {
   int32_t per_tick = 0;
   int32_t beside_decode = 0;
   int fail_from_tick = -1;  // from this tick on (counting those that ran) every item fails; -1: never
+  EngineCachePool pool;     // reported instead of the inner engine's when it has tokens
 
  private:
   Engine& inner_;
@@ -267,6 +269,22 @@ TEST(ServiceCapabilities, PromptsAreCutToTheEnginesTokensPerItem) {
   for (size_t n : capped.largest_per_tick) EXPECT_LE(n, 4u);
   const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
   EXPECT_EQ(r->token, want[0].token) << "cutting the prompt changes nothing of the result";
+}
+
+// The Service's stats carry the engine's shared pool as the engine reports it (none for the reference engine).
+TEST(ServiceCapabilities, StatsCarryTheEnginesCachePool) {
+  ServiceFixture f = ServiceFixture::make("golden-qwen35moe", test_limits());
+  ASSERT_TRUE(f.service);
+  EXPECT_EQ(f.service->stats().cache.tokens_total, 0) << "the reference engine's slots own their caches";
+  f.service.reset();
+  CappedEngine capped(*f.engine);
+  capped.pool = EngineCachePool{8192, 512, 1u << 20};
+  auto service = make_service(*f.model, capped, test_limits());
+  ASSERT_TRUE(service.has_value()) << service.error().to_string();
+  const ServiceStats st = (*service)->stats();
+  EXPECT_EQ(st.cache.tokens_total, 8192);
+  EXPECT_EQ(st.cache.tokens_held, 512);
+  EXPECT_EQ(st.cache.bytes, 1u << 20);
 }
 
 // An engine failure after a prompt's first ticks: the error says how much of the request was fed and where the

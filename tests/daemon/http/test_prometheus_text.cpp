@@ -263,6 +263,19 @@ TEST(MetricsPage, EveryFamilyForEveryTransport) {
   EXPECT_EQ(r.value("kestrel:serving"), 1.0);
 }
 
+TEST(MetricsPage, KvCacheFamiliesWithASharedPool) {
+  testing::FakeService service;
+  HttpCounters http;
+  EXPECT_EQ(parse(render_metrics(&service, http)).find("kestrel:kv_cache_tokens_total"), nullptr)
+      << "an engine without a shared pool has no KV cache families";
+  service.cache = EngineCachePool{4096, 1024, 1u << 30};
+  const Parsed r = parse(render_metrics(&service, http));
+  ASSERT_EQ(r.error, "");
+  EXPECT_EQ(r.value("kestrel:kv_cache_tokens_total"), 4096.0);
+  EXPECT_EQ(r.value("kestrel:kv_cache_tokens_used"), 1024.0);
+  EXPECT_EQ(r.value("kestrel:kv_cache_usage_perc"), 0.25);
+}
+
 TEST(MetricsPage, WhileLoadingOnlyTheServerFamilies) {
   HttpCounters http;
   const Parsed r = parse(render_metrics(nullptr, http));

@@ -40,6 +40,8 @@ class FakeService final : public Service {
   // Delay between generated tokens (to leave time for a cancellation).
   std::chrono::milliseconds token_delay{0};
   std::atomic<bool> serving{true};
+  // What stats() reports as the engine's shared KV pool (set before the calls).
+  EngineCachePool cache;
   // How generate() ends a generation that ran to max_tokens (set before the call).
   FinishReason finish_reason = FinishReason::kMaxTokens;
   std::string finish_message;
@@ -76,6 +78,7 @@ class FakeService final : public Service {
     s.serving = serving.load();
     s.sessions = static_cast<uint32_t>(sessions_.size());
     s.ticks = 7;
+    s.cache = cache;
     return s;
   }
   ServiceLimits limits() const override { return ServiceLimits{}; }

@@ -140,6 +140,13 @@ TEST_F(RpcHandlersTest, ModelInfoAndServerStatus) {
   EXPECT_EQ(s.ticks(), 7u);
   EXPECT_EQ(s.shm_clients(), 3u);
   EXPECT_GE(s.uptime_s(), 0.0);
+  EXPECT_EQ(s.kv_cache_tokens(), 0u) << "the fake engine has no shared pool";
+
+  service_.cache = EngineCachePool{65536, 1280, 671088640};
+  ASSERT_TRUE(handlers_.get_server_status({}, &s).ok());
+  EXPECT_EQ(s.kv_cache_tokens(), 65536u);
+  EXPECT_EQ(s.kv_cache_tokens_held(), 1280u);
+  EXPECT_EQ(s.kv_cache_bytes(), 671088640u);
 }
 
 TEST_F(RpcHandlersTest, TokenizeAndDetokenize) {
