@@ -230,7 +230,6 @@ class CudaEngineImpl final : public CudaEngine {
   }
 
   void step(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out) override {
-    const PoolPublisher publish(*this);
     run_tick(items, out, nullptr);
   }
 
@@ -330,6 +329,7 @@ class CudaEngineImpl final : public CudaEngine {
   // Runs the valid items in groups of kPassMaxTokens items, passes of up to kPassMaxTokens rows each until every
   // item's tokens have run: a row per item with tokens left, the rest of the pass to the items with more (runs).
   void run_tick(std::span<const EngineStepItem> items, std::span<EngineStepOutput> out, std::vector<float>* hidden) {
+    const PoolPublisher publish(*this);
     const ModelHparams& hp = model_.hparams();
     const size_t layer_floats = size_t{hp.n_layer} * hp.n_embd;
     if (hidden != nullptr) hidden->assign(items.size() * layer_floats, 0.0f);
