@@ -16,6 +16,8 @@
 // caller waits for: the graph launch, the kernels, the copy back). Tokens are fixed ids, every session at its own
 // position; the items ask for argmax_only (a greedy request: 4 bytes per session come back), and the last column
 // repeats the run with the full logits copied back (a sampling request). Bytes per step: bench/common/decode_bytes.h.
+// After the table: the step's time by section (a profiled replay) and the kernels a pass launches (the captured
+// graph's kernel nodes) with the step's time per kernel — at one session the launch count, not bytes, sets the step.
 //
 // Prefill (--pp): one session's prompt of N tokens fed as the Service feeds it, a step of the engine's
 // max_tokens_per_item tokens at a time, timed from the first step to the greedy token after the last; beside it the
@@ -265,6 +267,7 @@ Status run(const Args& a) {
       "with logits copied |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::vector<std::string> splits;
+  std::vector<std::string> launches;  // kernels a pass, and the step's time per kernel
   std::vector<float> logits(size_t(max_b) * hp.n_vocab);
   for (int B : a.sessions) {
     std::vector<SlotId> slots;
@@ -308,6 +311,12 @@ Status run(const Args& a) {
     std::printf("| %d | %.3f | %.0f | %.0f | %.1f%% | %.2f / %.2f | %.0f |\n", B, step_s * 1e3, B / step_s, roof,
                 100.0 * (B / step_s) / roof, bytes.gpu / 1e9, bytes.host / 1e9, B / sampled_s);
 
+    if (const int k = e->kernels_per_pass(B); k > 0) {
+      char kb[160];
+      std::snprintf(kb, sizeof kb, "  %d sessions: %d kernels a pass, %.2f us of the step a kernel", B, k,
+                    step_s * 1e6 / k);
+      launches.push_back(kb);
+    }
     KESTREL_TRY(e->set_profiling(true));
     e->clear_profile();
     KESTREL_TRY_ASSIGN(const double profiled_s, decode(std::min(a.steps, 16)));
@@ -332,6 +341,8 @@ Status run(const Args& a) {
       "\nstep time by section (event-record nodes between the sections of the replayed graph, one profiled run "
       "of each size):\n");
   for (const std::string& s : splits) std::printf("%s\n", s.c_str());
+  std::printf("\nkernel launches (the captured graph's kernel nodes):\n");
+  for (const std::string& s : launches) std::printf("%s\n", s.c_str());
   if (!a.pp.empty()) KESTREL_TRY(prefill(*e, *model, a, bw));
   if (a.ttft > 0) KESTREL_TRY(ttft_beside_decode(*e, *model, a));
   return ok_status();

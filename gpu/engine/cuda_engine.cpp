@@ -249,6 +249,7 @@ class CudaEngineImpl final : public CudaEngine {
     return CudaKvCacheInfo{slots_->page_size(), slots_->bytes_per_page(), slots_->n_pages(), slots_->free_pages()};
   }
   Status set_profiling(bool on) override { return pass_->set_profiling(on); }
+  int kernels_per_pass(int rows) const override { return pass_->kernels_per_pass(rows); }
   std::vector<std::pair<std::string, double>> profile(int* passes) const override {
     const PassProfile& p = pass_->profile();
     if (passes != nullptr) *passes = p.passes;

@@ -102,6 +102,9 @@ class CudaEngine : public Engine {
   virtual Status set_profiling(bool on) = 0;
   virtual std::vector<std::pair<std::string, double>> profile(int* passes) const = 0;
   virtual void clear_profile() = 0;
+  // Kernel launches of a pass of `rows` rows (the last captured graph's kernel nodes; 0 before such a pass ran, -1
+  // when the runtime could not list them).
+  virtual int kernels_per_pass(int rows) const = 0;
 };
 
 // Empty when a CUDA device can be used, else why not (no driver, no device).

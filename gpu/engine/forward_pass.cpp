@@ -83,6 +83,22 @@ bool any_hybrid(const DeviceModel& m) {
 // The GDN run table of a pass (gdn_runs.h) into start / len / order (P entries each): one run per slot, its rows in
 // position order, entries past the runs of length 0. *several: some slot has more than one row. kInvalidArgument
 // when a slot's positions are not consecutive.
+// The kernel nodes of a captured graph (-1 when the runtime cannot list them: a count for the benchmarks, never a
+// reason to fail the capture).
+int count_kernel_nodes(cudaGraph_t graph) {
+  size_t n = 0;
+  if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) return -1;
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0 && cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) return -1;
+  int kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    if (cudaGraphNodeGetType(node, &type) != cudaSuccess) return -1;
+    kernels += type == cudaGraphNodeTypeKernel ? 1 : 0;
+  }
+  return kernels;
+}
+
 Status build_runs(std::span<const PassRow> rows, int32_t* start, int32_t* len, int32_t* order, bool* several) {
   const int n = static_cast<int>(rows.size());
   std::array<int32_t, P> by_slot{};
@@ -584,6 +600,11 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
   return ok_status();
 }
 
+int ForwardPass::kernels_per_pass(int rows) const {
+  const auto it = kernels_by_rows_.find(rows);
+  return it == kernels_by_rows_.end() ? 0 : it->second;
+}
+
 Status ForwardPass::capture(int n, int m, int logits_mode, cudaGraphExec_t* exec) {
   n_marks_ = 0;  // every graph records the same sections in the same order
   KESTREL_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -592,6 +613,7 @@ Status ForwardPass::capture(int n, int m, int logits_mode, cudaGraphExec_t* exec
   const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
   KESTREL_TRY(enq);
   KESTREL_CUDA_TRY(end);
+  if (!profiling_) kernels_by_rows_[n] = count_kernel_nodes(graph);
   const cudaError_t inst = cudaGraphInstantiate(exec, graph, 0);
   cudaGraphDestroy(graph);
   KESTREL_CUDA_TRY(inst);

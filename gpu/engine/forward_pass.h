@@ -118,6 +118,9 @@ class ForwardPass {
   Status set_profiling(bool on);
   const PassProfile& profile() const { return profile_; }
   void clear_profile() { profile_ = PassProfile{}; }
+  // Kernel launches in the last graph captured for passes of `rows` rows (without profiling), 0 before one is; -1
+  // when the runtime could not list the graph's nodes.
+  int kernels_per_pass(int rows) const;
 
  private:
   ForwardPass(const DeviceModel& model, const StateSlots& slots, const GpuTuning& tuning, cudaStream_t stream,
@@ -206,8 +209,9 @@ class ForwardPass {
   // The captured passes, by (profiled, rows, logits mode, position bound, runs): profiled graphs carry the section
   // events.
   std::map<std::tuple<bool, int, int, int, bool>, cudaGraphExec_t> graphs_;
-  int position_bound_ = 0;  // of the pass being enqueued: attention's grid covers positions below it
-  bool runs_ = false;       // of the pass being enqueued: some slot has several rows (GDN on gdn_runs)
+  std::map<int, int> kernels_by_rows_;  // kernel nodes of the last unprofiled graph captured, by rows
+  int position_bound_ = 0;              // of the pass being enqueued: attention's grid covers positions below it
+  bool runs_ = false;                   // of the pass being enqueued: some slot has several rows (GDN on gdn_runs)
   bool supports_runs_ = false;
 
   bool profiling_ = false;
