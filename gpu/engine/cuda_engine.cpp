@@ -76,8 +76,6 @@ class CudaEngineImpl final : public CudaEngine {
     // which must leave room for the pass's scratch.
     KESTREL_TRY_ASSIGN(StateSlots s, StateSlots::create(hp, o.n_ctx, o.max_slots, {o.kv_page_tokens, n_pages}));
     slots_.emplace(std::move(s));
-    pool_tokens_ = slots_->has_kv() ? slots_->n_pages() * slots_->page_size() : 0;
-    pool_bytes_ = slots_->has_kv() ? slots_->kv_bytes() : 0;
     const std::vector<std::vector<uint8_t>> no_plan;
     const std::vector<std::vector<uint8_t>>& on_gpu = o.placement ? o.placement->expert_on_gpu : no_plan;
     KESTREL_TRY_ASSIGN(dm_, DeviceModel::create(model_, ForwardPass::scratch_bytes(hp, o.n_ctx), state_bytes(),
@@ -116,11 +114,13 @@ class CudaEngineImpl final : public CudaEngine {
     return c;
   }
   int32_t max_slots() const override { return static_cast<int32_t>(slot_info_.size()); }
+  // The pool's size never changes after init; the pages held come from the last publication (PoolPublisher).
   EngineCachePool cache_pool() const override {
+    if (!slots_->has_kv()) return {};
     EngineCachePool p;
-    p.tokens_total = pool_tokens_;
-    p.tokens_held = pool_held_.load(std::memory_order_relaxed);
-    p.bytes = pool_bytes_;
+    p.tokens_total = slots_->n_pages() * slots_->page_size();
+    p.tokens_held = held_pages_.load(std::memory_order_relaxed) * slots_->page_size();
+    p.bytes = slots_->kv_bytes();
     return p;
   }
 
@@ -278,8 +278,7 @@ class CudaEngineImpl final : public CudaEngine {
     CudaEngineImpl& e;
     ~PoolPublisher() {
       if (!e.slots_) return;
-      e.pool_held_.store((e.slots_->n_pages() - e.slots_->free_pages()) * e.slots_->page_size(),
-                         std::memory_order_relaxed);
+      e.held_pages_.store(e.slots_->n_pages() - e.slots_->free_pages(), std::memory_order_relaxed);
     }
   };
 
@@ -451,9 +450,7 @@ class CudaEngineImpl final : public CudaEngine {
   std::unique_ptr<ForwardPass> pass_;
   std::shared_ptr<ExpertBackend> backend_;  // outlives pass_ and the stream (released after the destructor's body)
   std::vector<SlotInfo> slot_info_;
-  int64_t pool_tokens_ = 0;            // positions the KV page pool holds
-  uint64_t pool_bytes_ = 0;            // its device bytes
-  std::atomic<int64_t> pool_held_{0};  // positions of the pages slots hold (PoolPublisher)
+  std::atomic<int64_t> held_pages_{0};  // KV pages the slots hold, for cache_pool() (PoolPublisher)
   PlacementPlan placement_;
   uint64_t scratch_bytes_ = 0;
 };
