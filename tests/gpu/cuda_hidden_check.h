@@ -11,8 +11,6 @@
 
 #include "core/engine/engine.h"
 #include "core/model/model.h"
-#include "core/reference/forward.h"
-#include "core/reference/model_weights.h"
 #include "gpu/engine/cuda_engine.h"
 #include "tests/core/engine/engine_test_util.h"
 
@@ -25,17 +23,10 @@ inline void expect_hidden_states_match_reference(const Model& model, gpu::CudaEn
                                                  float* worst) {
   *worst = 0.0f;
   const std::vector<int32_t> prompt = iota_tokens(9, 3, 11);
-  auto weights = ref::RefModelWeights::from_catalog(model.catalog());
-  ASSERT_TRUE(weights.has_value());
-  auto state = ref::SessionState::create(model.hparams(), n_ctx);
-  ASSERT_TRUE(state.has_value());
-  ref::ForwardOptions fo;
-  fo.gdn_mode = ref::GdnMode::kRecurrent;
-  ref::ForwardOutput prefill;
-  ASSERT_TRUE(ref::forward(*weights, *state, std::span<const int32_t>(prompt).first(8), fo, &prefill));
-  fo.capture_hidden = true;
-  ref::ForwardOutput last;
-  ASSERT_TRUE(ref::forward(*weights, *state, std::span<const int32_t>(prompt).subspan(8), fo, &last));
+  RefSession reference(model, n_ctx);
+  ASSERT_FALSE(reference.feed(std::span<const int32_t>(prompt).first(8)).logits.empty());
+  const ref::ForwardOutput last = reference.feed(std::span<const int32_t>(prompt).subspan(8), /*capture_hidden=*/true);
+  ASSERT_FALSE(last.logits.empty());
 
   auto cs = e.slot_alloc(n_ctx);
   ASSERT_TRUE(cs);

@@ -7,11 +7,16 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/engine/engine.h"
 #include "core/model/model.h"
+#include "core/reference/forward.h"
+#include "core/reference/model_weights.h"
+#include "core/reference/session_state.h"
 
 namespace kestrel::test {
 
@@ -24,6 +29,34 @@ inline std::unique_ptr<Model> open_fixture(const std::string& name) {
   EXPECT_TRUE(m.has_value()) << (m ? "" : m.error().to_string());
   return m ? std::move(*m) : nullptr;
 }
+
+// The reference forward pass with recurrent GDN (what decode steps run) over one fresh session of n_ctx tokens: what
+// the engine and Service tests compare against, token for token.
+class RefSession {
+ public:
+  RefSession(const Model& m, int n_ctx) {
+    auto w = ref::RefModelWeights::from_catalog(m.catalog());
+    auto st = ref::SessionState::create(m.hparams(), n_ctx);
+    EXPECT_TRUE(w.has_value() && st.has_value());
+    if (w) weights_.emplace(std::move(*w));
+    if (st) state_.emplace(std::move(*st));
+    options_.gdn_mode = ref::GdnMode::kRecurrent;
+  }
+  // Feeds tokens: the last one's logits, and with capture_hidden every layer's hidden state of it.
+  ref::ForwardOutput feed(std::span<const int32_t> tokens, bool capture_hidden = false) {
+    ref::ForwardOutput out;
+    ref::ForwardOptions o = options_;
+    o.capture_hidden = capture_hidden;
+    EXPECT_TRUE(weights_ && state_ && ref::forward(*weights_, *state_, tokens, o, &out));
+    return out;
+  }
+  int64_t n_past() const { return state_ ? state_->n_past() : 0; }
+
+ private:
+  std::optional<ref::RefModelWeights> weights_;
+  std::optional<ref::SessionState> state_;
+  ref::ForwardOptions options_;
+};
 
 // n token ids spread over the golden vocabulary (start + i·stride mod `mod`).
 inline std::vector<int32_t> iota_tokens(int n, int start = 10, int stride = 7, int mod = 1000) {

@@ -3,8 +3,6 @@
 #include <gtest/gtest.h>
 
 #include "core/engine/reference_engine.h"
-#include "core/reference/forward.h"
-#include "core/reference/model_weights.h"
 #include "tests/core/engine/engine_test_util.h"
 
 namespace kestrel {
@@ -14,15 +12,7 @@ using test::iota_tokens;
 using test::open_fixture;
 
 std::vector<float> ref_logits(const Model& m, const std::vector<int32_t>& tokens, int n_ctx) {
-  auto w = ref::RefModelWeights::from_catalog(m.catalog());
-  EXPECT_TRUE(w.has_value());
-  auto st = ref::SessionState::create(m.hparams(), n_ctx);
-  EXPECT_TRUE(st.has_value());
-  ref::ForwardOptions o;
-  o.gdn_mode = ref::GdnMode::kRecurrent;
-  ref::ForwardOutput out;
-  EXPECT_TRUE(ref::forward(*w, *st, tokens, o, &out));
-  return out.logits;
+  return test::RefSession(m, n_ctx).feed(tokens).logits;
 }
 
 class ReferenceEngineTest : public ::testing::TestWithParam<const char*> {};

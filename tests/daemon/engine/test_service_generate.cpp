@@ -5,8 +5,6 @@
 
 #include <thread>
 
-#include "core/reference/forward.h"
-#include "core/reference/model_weights.h"
 #include "core/sampler/sampler.h"
 #include "tests/daemon/engine/engine_test_util.h"
 
@@ -27,13 +25,9 @@ constexpr const char* kModel = "golden-qwen35moe";
 // Direct reference: prefill `prompt`, then sample / feed n tokens (the last one is not fed).
 std::vector<int32_t> direct_generate(const Model& m, const SamplingParams& p, const std::vector<int32_t>& prompt,
                                      int n) {
-  auto w = ref::RefModelWeights::from_catalog(m.catalog());
-  auto st = ref::SessionState::create(m.hparams(), 512);
+  kestrel::test::RefSession direct(m, 512);
   auto sampler = Sampler::create(p, static_cast<int32_t>(m.hparams().n_vocab));
-  ref::ForwardOptions o;
-  o.gdn_mode = ref::GdnMode::kRecurrent;
-  ref::ForwardOutput out;
-  EXPECT_TRUE(ref::forward(*w, *st, prompt, o, &out));
+  ref::ForwardOutput out = direct.feed(prompt);
   std::vector<int32_t> history = prompt;  // the tokens fed, the sampler's penalty window
   std::vector<int32_t> gen;
   for (int i = 0; i < n; ++i) {
@@ -41,7 +35,7 @@ std::vector<int32_t> direct_generate(const Model& m, const SamplingParams& p, co
     gen.push_back(t);
     if (i + 1 < n) {
       const int32_t one[1] = {t};
-      EXPECT_TRUE(ref::forward(*w, *st, one, o, &out));
+      out = direct.feed(one);
       history.push_back(t);
     }
   }

@@ -8,8 +8,6 @@
 #include <memory>
 #include <thread>
 
-#include "core/reference/forward.h"
-#include "core/reference/model_weights.h"
 #include "core/sampler/sampler.h"
 #include "tests/daemon/engine/engine_test_util.h"
 
@@ -25,22 +23,18 @@ using test::test_limits;
 // Runs the same steps directly on ref::forward + one Sampler: each step's tokens, then one sampled token.
 std::vector<StepResult> direct_steps(const Model& m, const SamplingParams& params,
                                      const std::vector<std::vector<int32_t>>& steps, int n_ctx) {
-  auto w = ref::RefModelWeights::from_catalog(m.catalog());
-  auto st = ref::SessionState::create(m.hparams(), n_ctx);
+  kestrel::test::RefSession direct(m, n_ctx);
   auto sampler = Sampler::create(params, static_cast<int32_t>(m.hparams().n_vocab));
-  EXPECT_TRUE(w && st && sampler);
-  ref::ForwardOptions o;
-  o.gdn_mode = ref::GdnMode::kRecurrent;
+  EXPECT_TRUE(sampler);
   std::vector<StepResult> out;
   std::vector<int32_t> history;  // the tokens fed, the sampler's penalty window
   for (const auto& toks : steps) {
-    ref::ForwardOutput fwd;
-    EXPECT_TRUE(ref::forward(*w, *st, toks, o, &fwd));
+    const ref::ForwardOutput fwd = direct.feed(toks);
     history.insert(history.end(), toks.begin(), toks.end());
     SampleResult sr;
     auto t = sampler->sample_checked(fwd.logits, history, &sr);
     EXPECT_TRUE(t.has_value());
-    out.push_back(StepResult{*t, sr.logprob, sr.top, st->n_past()});
+    out.push_back(StepResult{*t, sr.logprob, sr.top, direct.n_past()});
   }
   return out;
 }
@@ -111,21 +105,20 @@ TEST_P(ServiceStepTest, OverridesApplyToOneRequestAndLogprobsMatch) {
   ASSERT_TRUE(r1 && r2 && r3);
 
   // Direct: greedy, then a sampler seeded 99 at temperature 1, then greedy with 5 logprobs.
-  auto w = ref::RefModelWeights::from_catalog(f.model->catalog());
-  auto st = ref::SessionState::create(f.model->hparams(), 256);
-  ref::ForwardOptions o;
-  o.gdn_mode = ref::GdnMode::kRecurrent;
+  kestrel::test::RefSession direct(*f.model, 256);
   const auto n_vocab = static_cast<int32_t>(f.model->hparams().n_vocab);
-  ref::ForwardOutput out;
   std::vector<int32_t> history(steps[0].begin(), steps[0].end());  // the tokens fed
-  ASSERT_TRUE(ref::forward(*w, *st, steps[0], o, &out));
+  ref::ForwardOutput out = direct.feed(steps[0]);
+  ASSERT_FALSE(out.logits.empty());
   auto greedy = Sampler::create(test_limits().default_sampling, n_vocab);
   EXPECT_EQ(r1->token, *greedy->sample_checked(out.logits, history, nullptr));
-  ASSERT_TRUE(ref::forward(*w, *st, steps[1], o, &out));
+  out = direct.feed(steps[1]);
+  ASSERT_FALSE(out.logits.empty());
   history.insert(history.end(), steps[1].begin(), steps[1].end());
   auto hot = Sampler::create(seeded, n_vocab);
   EXPECT_EQ(r2->token, *hot->sample_checked(out.logits, history, nullptr));
-  ASSERT_TRUE(ref::forward(*w, *st, steps[2], o, &out));
+  out = direct.feed(steps[2]);
+  ASSERT_FALSE(out.logits.empty());
   history.insert(history.end(), steps[2].begin(), steps[2].end());
   SamplingParams lp = test_limits().default_sampling;
   lp.n_logprobs = 5;
@@ -253,35 +246,50 @@ class CappedEngine final : public Engine {
   Engine& inner_;
 };
 
-TEST(ServiceCapabilities, PromptsAreCutToTheEnginesTokensPerItem) {
-  ServiceFixture f = ServiceFixture::make("golden-qwen35moe", test_limits());
-  ASSERT_TRUE(f.service);
-  f.service.reset();  // the fixture's own Service; this test builds one over the capped engine
-  CappedEngine capped(*f.engine);
-  auto service = make_service(*f.model, capped, test_limits());
-  ASSERT_TRUE(service.has_value()) << service.error().to_string();
-  auto sess = (*service)->create_session({});
+// A Service over a CappedEngine around a golden fixture's reference engine: a test sets the engine's knobs, then
+// start() puts that Service in place of the fixture's own.
+class ServiceCapabilities : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    f = ServiceFixture::make("golden-qwen35moe", test_limits());
+    ASSERT_TRUE(f.service);
+    capped = std::make_unique<CappedEngine>(*f.engine);
+  }
+  void start() {
+    f.service.reset();
+    auto s = make_service(*f.model, *capped, test_limits());
+    ASSERT_TRUE(s.has_value()) << s.error().to_string();
+    service = std::move(*s);
+  }
+  // A 30-token prompt while two other sessions generate (up to 200 tokens, EOS ignored; the prompt starts once both
+  // have produced a token, and they are cancelled after it): the prompt's result must be the greedy token of the
+  // prompt run alone. The tick shapes are left in `capped` for the caller.
+  void prompt_beside_two_decoders();
+
+  ServiceFixture f;
+  std::unique_ptr<CappedEngine> capped;
+  std::unique_ptr<Service> service;  // over *capped (start())
+};
+
+TEST_F(ServiceCapabilities, PromptsAreCutToTheEnginesTokensPerItem) {
+  ASSERT_NO_FATAL_FAILURE(start());
+  auto sess = service->create_session({});
   ASSERT_TRUE(sess);
   const std::vector<int32_t> prompt = iota_tokens(10);
-  auto r = step_tokens(**service, sess->id, prompt);
+  auto r = step_tokens(*service, sess->id, prompt);
   ASSERT_TRUE(r) << r.error().to_string();
-  ASSERT_GE(capped.largest_per_tick.size(), 3u) << "10 tokens at 4 a tick take 3 ticks";
-  for (size_t n : capped.largest_per_tick) EXPECT_LE(n, 4u);
+  ASSERT_GE(capped->largest_per_tick.size(), 3u) << "10 tokens at 4 a tick take 3 ticks";
+  for (size_t n : capped->largest_per_tick) EXPECT_LE(n, 4u);
   const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
   EXPECT_EQ(r->token, want[0].token) << "cutting the prompt changes nothing of the result";
 }
 
 // The Service's stats carry the engine's shared pool as the engine reports it (none for the reference engine).
-TEST(ServiceCapabilities, StatsCarryTheEnginesCachePool) {
-  ServiceFixture f = ServiceFixture::make("golden-qwen35moe", test_limits());
-  ASSERT_TRUE(f.service);
+TEST_F(ServiceCapabilities, StatsCarryTheEnginesCachePool) {
   EXPECT_EQ(f.service->stats().cache.tokens_total, 0) << "the reference engine's slots own their caches";
-  f.service.reset();
-  CappedEngine capped(*f.engine);
-  capped.pool = EngineCachePool{8192, 512, 1u << 20};
-  auto service = make_service(*f.model, capped, test_limits());
-  ASSERT_TRUE(service.has_value()) << service.error().to_string();
-  const ServiceStats st = (*service)->stats();
+  capped->pool = EngineCachePool{8192, 512, 1u << 20};
+  ASSERT_NO_FATAL_FAILURE(start());
+  const ServiceStats st = service->stats();
   EXPECT_EQ(st.cache.tokens_total, 8192);
   EXPECT_EQ(st.cache.tokens_held, 512);
   EXPECT_EQ(st.cache.bytes, 1u << 20);
@@ -289,51 +297,42 @@ TEST(ServiceCapabilities, StatsCarryTheEnginesCachePool) {
 
 // An engine failure after a prompt's first ticks: the error says how much of the request was fed and where the
 // session now stands, and the session goes on from there (the rest of the prompt gives the whole prompt's token).
-TEST(ServiceCapabilities, AFailureMidPromptSaysWhatWasFed) {
-  ServiceFixture f = ServiceFixture::make("golden-qwen35moe", test_limits());
-  ASSERT_TRUE(f.service);
-  f.service.reset();
-  CappedEngine capped(*f.engine);
-  capped.fail_from_tick = 2;  // 4 tokens a tick: 8 of 10 fed, then the failure
-  auto service = make_service(*f.model, capped, test_limits());
-  ASSERT_TRUE(service.has_value()) << service.error().to_string();
-  auto sess = (*service)->create_session({});
+TEST_F(ServiceCapabilities, AFailureMidPromptSaysWhatWasFed) {
+  capped->fail_from_tick = 2;  // 4 tokens a tick: 8 of 10 fed, then the failure
+  ASSERT_NO_FATAL_FAILURE(start());
+  auto sess = service->create_session({});
   ASSERT_TRUE(sess);
   const std::vector<int32_t> prompt = iota_tokens(10);
-  auto r = step_tokens(**service, sess->id, prompt);
+  auto r = step_tokens(*service, sess->id, prompt);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code, ErrorCode::kResourceExhausted);
   EXPECT_EQ(r.error().message,
             "the KV cache pool is full (after 8 of the request's 10 tokens were fed; the session's n_past is now 8)");
-  capped.fail_from_tick = -1;
-  auto rest = step_tokens(**service, sess->id, std::vector<int32_t>(prompt.begin() + 8, prompt.end()));
+  capped->fail_from_tick = -1;
+  auto rest = step_tokens(*service, sess->id, std::vector<int32_t>(prompt.begin() + 8, prompt.end()));
   ASSERT_TRUE(rest) << rest.error().to_string();
   EXPECT_EQ(rest->n_past, 10);
   const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
   EXPECT_EQ(rest->token, want[0].token);
 
   // A failure on the first tick: nothing was fed, the message is the engine's own.
-  capped.fail_from_tick = static_cast<int>(capped.total_per_tick.size());
-  auto none = step_tokens(**service, sess->id, {5, 6});
+  capped->fail_from_tick = static_cast<int>(capped->total_per_tick.size());
+  auto none = step_tokens(*service, sess->id, {5, 6});
   ASSERT_FALSE(none);
   EXPECT_EQ(none.error().message, "the KV cache pool is full");
 }
 
-// A 30-token prompt through a Service over `capped` while two other sessions generate (up to 200 tokens, EOS
-// ignored; the prompt starts once both have produced a token, and they are cancelled after it): the prompt's result
-// must be the greedy token of the prompt run alone. The tick shapes are left in `capped` for the caller.
-void prompt_beside_two_decoders(const Model& model, CappedEngine& capped) {
-  auto service = make_service(model, capped, test_limits());
-  ASSERT_TRUE(service.has_value()) << service.error().to_string();
+void ServiceCapabilities::prompt_beside_two_decoders() {
+  ASSERT_NO_FATAL_FAILURE(start());
   std::vector<std::shared_ptr<test::RecordingSink>> sinks;
   for (int i = 0; i < 2; ++i) {
-    auto s = (*service)->create_session({});
+    auto s = service->create_session({});
     ASSERT_TRUE(s);
-    ASSERT_TRUE(step_tokens(**service, s->id, iota_tokens(3 + i)));
+    ASSERT_TRUE(step_tokens(*service, s->id, iota_tokens(3 + i)));
     GenerateRequest g = test::gen_request(s->id, {5}, 200);
     g.ignore_eos = true;
     sinks.push_back(std::make_shared<test::RecordingSink>());
-    (*service)->generate(std::move(g), sinks.back());
+    service->generate(std::move(g), sinks.back());
   }
   for (const auto& sink : sinks) {
     for (int i = 0; i < 10000 && sink->n_chunks() == 0 && !sink->done(); ++i) {
@@ -341,48 +340,40 @@ void prompt_beside_two_decoders(const Model& model, CappedEngine& capped) {
     }
     EXPECT_GT(sink->n_chunks(), 0u) << "a decoder produced no token";
   }
-  auto p = (*service)->create_session({});
+  auto p = service->create_session({});
   ASSERT_TRUE(p);
   const std::vector<int32_t> prompt = iota_tokens(30);
-  auto r = step_tokens(**service, p->id, prompt);
+  auto r = step_tokens(*service, p->id, prompt);
   for (const auto& sink : sinks) sink->cancel();
   for (const auto& sink : sinks) EXPECT_TRUE(sink->wait());
   ASSERT_TRUE(r) << r.error().to_string();
-  const std::vector<StepResult> want = direct_steps(model, test_limits().default_sampling, {prompt}, 256);
+  const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
   EXPECT_EQ(r->token, want[0].token);
 }
 
 // With max_tokens_per_tick = 5, a prompt beside two sessions that decode gets the 3 tokens they leave of a tick
 // while they generate, and no tick carries more than 5 tokens.
-TEST(ServiceCapabilities, PromptsShareATickWithDecodingSessions) {
-  ServiceFixture f = ServiceFixture::make("golden-qwen35moe", test_limits());
-  ASSERT_TRUE(f.service);
-  f.service.reset();
-  CappedEngine capped(*f.engine);
-  capped.per_tick = 5;
-  ASSERT_NO_FATAL_FAILURE(prompt_beside_two_decoders(*f.model, capped));
+TEST_F(ServiceCapabilities, PromptsShareATickWithDecodingSessions) {
+  capped->per_tick = 5;
+  ASSERT_NO_FATAL_FAILURE(prompt_beside_two_decoders());
   bool shared = false;
-  for (size_t k = 0; k < capped.total_per_tick.size(); ++k) {
-    EXPECT_LE(capped.total_per_tick[k], 5u) << "tick " << k;
-    shared = shared || (capped.items_per_tick[k] == 3 && capped.largest_per_tick[k] == 3);
+  for (size_t k = 0; k < capped->total_per_tick.size(); ++k) {
+    EXPECT_LE(capped->total_per_tick[k], 5u) << "tick " << k;
+    shared = shared || (capped->items_per_tick[k] == 3 && capped->largest_per_tick[k] == 3);
   }
   EXPECT_TRUE(shared) << "a prompt chunk of 3 beside the two decoders";
 }
 
 // With prompt_tokens_beside_decode = 1, a prompt beside two decoding sessions gets 2 tokens a tick (their count)
 // though the tick holds 32, and more once they stop.
-TEST(ServiceCapabilities, PromptsBesideDecodeGetTheEnginesShare) {
-  ServiceFixture f = ServiceFixture::make("golden-qwen35moe", test_limits());
-  ASSERT_TRUE(f.service);
-  f.service.reset();
-  CappedEngine capped(*f.engine);
-  capped.per_tick = 32;
-  capped.beside_decode = 1;
-  ASSERT_NO_FATAL_FAILURE(prompt_beside_two_decoders(*f.model, capped));
+TEST_F(ServiceCapabilities, PromptsBesideDecodeGetTheEnginesShare) {
+  capped->per_tick = 32;
+  capped->beside_decode = 1;
+  ASSERT_NO_FATAL_FAILURE(prompt_beside_two_decoders());
   bool shared = false;
-  for (size_t k = 0; k < capped.total_per_tick.size(); ++k) {
-    if (capped.items_per_tick[k] == 3) {
-      EXPECT_EQ(capped.largest_per_tick[k], 2u) << "tick " << k << ": the prompt's share beside two decoders";
+  for (size_t k = 0; k < capped->total_per_tick.size(); ++k) {
+    if (capped->items_per_tick[k] == 3) {
+      EXPECT_EQ(capped->largest_per_tick[k], 2u) << "tick " << k << ": the prompt's share beside two decoders";
       shared = true;
     }
   }
