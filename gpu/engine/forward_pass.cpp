@@ -354,11 +354,38 @@ Status ForwardPass::matmul(const DeviceMatrix& m, const float* x, bool x_prepare
   return gemv(m.raw_view, x, n, y, stream_);
 }
 
+Status ForwardPass::norm(const float* delta, const float* w, int n, bool prepare_for) {
+  const ModelHparams& hp = model_.hparams();
+  const int64_t H = hp.n_embd;
+  x_prepared_ = prepare_for;
+  if (prepare_for) {
+    return rms_norm_prepare(h_, delta, w, n, H, hp.rms_eps, x_, xprep_, stream_, tuning_.programmatic);
+  }
+  if (delta == nullptr) return rms_norm(h_, w, n, H, hp.rms_eps, x_, stream_);
+  return residual_add_rms_norm(h_, delta, w, n, H, hp.rms_eps, x_, stream_);
+}
+
+bool ForwardPass::mixer_input_tiled(size_t l) const {
+  const DeviceLayer& layer = model_.layers()[l];
+  if (layer.kind == LayerKind::kGatedDeltaNet) {
+    const DeviceGdnLayer& g = layer.gdn;
+    if (g.in_stacked.present()) return g.in_stacked.tiled;
+    return g.qkv.tiled || g.gate.tiled || g.ssm_in.tiled || g.ba.tiled || g.beta.tiled || g.alpha.tiled;
+  }
+  const DeviceAttnLayer& a = layer.attn;
+  return a.q.tiled || a.k.tiled || a.v.tiled;
+}
+
+bool ForwardPass::ffn_input_tiled(size_t l) const {
+  const DeviceFfnLayer& f = model_.layers()[l].ffn;
+  return !f.moe && (f.gate.tiled || f.up.tiled);
+}
+
 Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
   const DeviceGdnLayer& g = model_.layers()[l].gdn;
   if (g.in_stacked.present()) {
     // One GEMV over the stacked projections; each output row holds them side by side.
-    KESTREL_TRY(matmul(g.in_stacked, x_, false, n, proj_a_));
+    KESTREL_TRY(matmul(g.in_stacked, x_, take_x_prepared(), n, proj_a_));
     const ref::GdnDims& d = model_.gdn_dims();
     const int64_t C = d.conv_dim(), Vd = d.value_dim(), Vh = d.n_v_heads;
     GdnDecodeInputs in;
@@ -375,7 +402,7 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
     return matmul(g.out, mixed_, false, n, y_);
   }
   const bool tiled = g.qkv.tiled || g.gate.tiled || g.ssm_in.tiled || g.ba.tiled || g.beta.tiled || g.alpha.tiled;
-  if (tiled) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
+  if (tiled && !take_x_prepared()) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
   GdnDecodeInputs in;
   switch (g.projection) {
     case ref::GdnProjection::kQkvGateBetaAlpha:
@@ -414,7 +441,7 @@ Status ForwardPass::gdn_step(const DeviceGdnLayer& g, const GdnDecodeInputs& in,
 Status ForwardPass::attn_layer(size_t l, int n) {
   const DeviceAttnLayer& a = model_.layers()[l].attn;
   const bool tiled = a.q.tiled || a.k.tiled || a.v.tiled;
-  if (tiled) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
+  if (tiled && !take_x_prepared()) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
   KESTREL_TRY(matmul(a.q, x_, tiled, n, proj_a_));
   KESTREL_TRY(matmul(a.k, x_, tiled, n, proj_b_));
   KESTREL_TRY(matmul(a.v, x_, tiled, n, proj_c_));
@@ -516,7 +543,7 @@ Status ForwardPass::ffn_layer(size_t l, int n) {
     return moe_forward(f.moe_raw, x_, n, y_, moe_ws_, stream_);
   }
   const bool tiled = f.gate.tiled || f.up.tiled;
-  if (tiled) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
+  if (tiled && !take_x_prepared()) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
   KESTREL_TRY(matmul(f.gate, x_, tiled, n, proj_a_));
   KESTREL_TRY(matmul(f.up, x_, tiled, n, proj_b_));
   if (f.down.tiled) {
@@ -623,7 +650,6 @@ Status ForwardPass::capture(int n, int m, int logits_mode, cudaGraphExec_t* exec
 Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
   const ModelHparams& hp = model_.hparams();
   const int64_t H = hp.n_embd;
-  const float eps = hp.rms_eps;
   KESTREL_TRY(mark(PassSection::kRest));
   KESTREL_CUDA_TRY(cudaMemcpyAsync(ids_, host_upload_, upload_bytes_, cudaMemcpyHostToDevice, stream_));
   if (slots_.has_kv()) {
@@ -632,7 +658,7 @@ Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
   }
   KESTREL_TRY(get_rows_device_ids(model_.token_embd(), ids_, n, h_, nullptr, stream_));
   const std::vector<DeviceLayer>& layers = model_.layers();
-  KESTREL_TRY(rms_norm(h_, layers[0].attn_norm, n, H, eps, x_, stream_));
+  KESTREL_TRY(norm(nullptr, layers[0].attn_norm, n, mixer_input_tiled(0)));
   for (size_t l = 0; l < layers.size(); ++l) {
     KESTREL_TRY(mark(PassSection::kRest));
     if (layers[l].kind == LayerKind::kGatedDeltaNet) {
@@ -642,12 +668,13 @@ Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
       KESTREL_TRY(attn_layer(l, n));
       KESTREL_TRY(mark(PassSection::kAttention));
     }
-    KESTREL_TRY(residual_add_rms_norm(h_, y_, layers[l].post_attn_norm, n, H, eps, x_, stream_));
+    KESTREL_TRY(norm(y_, layers[l].post_attn_norm, n, ffn_input_tiled(l)));
     KESTREL_TRY(mark(PassSection::kRest));
     KESTREL_TRY(ffn_layer(l, n));
     KESTREL_TRY(mark(layers[l].ffn.moe ? PassSection::kMoe : PassSection::kDenseFfn));
-    const float* next_norm = l + 1 < layers.size() ? layers[l + 1].attn_norm : model_.output_norm();
-    KESTREL_TRY(residual_add_rms_norm(h_, y_, next_norm, n, H, eps, x_, stream_));
+    const bool last = l + 1 == layers.size();
+    KESTREL_TRY(norm(y_, last ? model_.output_norm() : layers[l + 1].attn_norm, n,
+                     last ? m > 0 && logits_mode > 0 && model_.output().tiled : mixer_input_tiled(l + 1)));
     if (hidden != nullptr) {
       KESTREL_CUDA_TRY(cudaMemcpyAsync(hidden + l * size_t(n) * H, h_, size_t(n) * H * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
@@ -655,7 +682,7 @@ Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
   }
   KESTREL_TRY(mark(PassSection::kRest));
   if (m > 0 && logits_mode > 0) {
-    KESTREL_TRY(matmul(model_.output(), x_, false, m, logits_));
+    KESTREL_TRY(matmul(model_.output(), x_, take_x_prepared(), m, logits_));
     KESTREL_TRY(argmax_rows(logits_, m, hp.n_vocab, argmax_, stream_));
     KESTREL_CUDA_TRY(
         cudaMemcpyAsync(host_argmax_, argmax_, size_t(m) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));

@@ -130,6 +130,17 @@ class ForwardPass {
   Status mark(PassSection section);
   Status matmul(const DeviceMatrix& m, const float* x, bool x_prepared, int n, float* y);
   Status prepare(const float* x, int64_t n_cols, int n);
+  // The norm of h_ (after h_ += delta when delta is not null) with weight w into x_; when `prepare_for` (the next
+  // sub-layer's first GEMV reads prepared activations) also x_'s prepared form into xprep_, in the same kernel, and
+  // x_prepared_ says so until that GEMV takes it.
+  Status norm(const float* delta, const float* w, int n, bool prepare_for);
+  // Whether x_ is prepared already (rms_norm_prepare wrote xprep_); reading it clears it, as the next preparation
+  // overwrites xprep_.
+  bool take_x_prepared() { return std::exchange(x_prepared_, false); }
+  // Whether layer l's attention or GDN input projections, its dense FFN's gate and up, or lm_head read prepared
+  // activations of x_.
+  bool mixer_input_tiled(size_t l) const;
+  bool ffn_input_tiled(size_t l) const;
   Status gdn_layer(size_t l, int gdn_index, int n);
   Status attn_layer(size_t l, int n);
   Status gdn_step(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n);
@@ -212,6 +223,7 @@ class ForwardPass {
   std::map<int, int> kernels_by_rows_;  // kernel nodes of the last unprofiled graph captured, by rows
   int position_bound_ = 0;              // of the pass being enqueued: attention's grid covers positions below it
   bool runs_ = false;                   // of the pass being enqueued: some slot has several rows (GDN on gdn_runs)
+  bool x_prepared_ = false;             // while enqueuing: xprep_ holds x_'s prepared rows (norm())
   bool supports_runs_ = false;
 
   bool profiling_ = false;

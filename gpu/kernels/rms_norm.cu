@@ -1,8 +1,12 @@
 // RMSNorm kernels (see rms_norm.h): one block per row, strided per-thread partial sums, fixed block reduction.
+#include <cstdint>
 #include <string>
 
 #include "gpu/cuda_check.h"
 #include "gpu/kernels/block_reduce.cuh"
+#include "gpu/kernels/gemv_imma.h"
+#include "gpu/kernels/imma_prepare.cuh"
+#include "gpu/kernels/pdl.cuh"
 #include "gpu/kernels/rms_norm.h"
 
 namespace kestrel::gpu {
@@ -32,6 +36,40 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const
   const float mean = ss / static_cast<float>(n);
   const float scale = 1.0f / sqrtf(mean + eps);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+}
+
+// The norm and then the prepared form of its rows (imma_prepare.cuh), one block per row: after the norm's writes of
+// y (visible to the block after the barrier; read back through L2) each warp prepares groups of 256 columns in turn —
+// the bytes gemv_imma_prepare_x writes from y, since the group code is the same. Launched programmatically where the
+// caller asks: nothing is read before the wait.
+template <bool kFused>
+__global__ void rms_norm_prepare_kernel(float* x, const float* __restrict__ delta, const float* __restrict__ w,
+                                        int64_t n, float eps, float* y, imma_prep::XLayout lay, uint8_t* xprep) {
+  pdl_trigger();
+  pdl_wait();
+  __shared__ float scratch[33];
+  const int64_t row = blockIdx.x;
+  float* xr = x + row * n;
+  float* yr = y + row * n;
+  float ss = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    float v = xr[i];
+    if constexpr (kFused) {
+      v = v + delta[row * n + i];
+      xr[i] = v;
+    }
+    ss += v * v;
+  }
+  ss = block_sum(ss, scratch);
+  const float mean = ss / static_cast<float>(n);
+  const float scale = 1.0f / sqrtf(mean + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+  __syncthreads();
+  const int warps = static_cast<int>(blockDim.x / 32);
+  for (int grp = static_cast<int>(threadIdx.x / 32); grp < lay.n_groups; grp += warps) {
+    imma_prep::prepare_group(imma_prep::L2Rows{y}, static_cast<int>(n), lay, xprep, static_cast<int>(row), grp,
+                             static_cast<int>(threadIdx.x % 32));
+  }
 }
 
 Status check(const void* x, const void* w, const void* y, int64_t n_rows, int64_t n, const char* what) {
@@ -68,6 +106,32 @@ Status residual_add_rms_norm(float* res, const float* delta, const float* w, int
   rms_norm_kernel<true><<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(res, delta, w, n, eps, y);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
+}
+
+Status rms_norm_prepare(float* res, const float* delta, const float* w, int64_t n_rows, int64_t n, float eps, float* y,
+                        void* xprep, cudaStream_t stream, bool programmatic) {
+  KESTREL_TRY(check(res, w, y, n_rows, n, "rms_norm_prepare"));
+  if (delta != nullptr && (y == res || y == delta)) {
+    return make_error(ErrorCode::kInvalidArgument, "rms_norm_prepare: y must not alias res or delta");
+  }
+  if (n_rows == 0) return ok_status();
+  if (n_rows > 65535 || imma_x_bytes(n, static_cast<int>(n_rows)) == 0) {
+    return make_error(ErrorCode::kInvalidArgument, "rms_norm_prepare: n " + std::to_string(n) +
+                                                       " (a multiple of 64 up to gemv_imma's widest row) or rows " +
+                                                       std::to_string(n_rows) + " (1..65535) out of range");
+  }
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (xprep == nullptr || !aligned16(xprep) || !aligned16(y)) {
+    return make_error(ErrorCode::kInvalidArgument, "rms_norm_prepare: xprep null, or xprep or y not 16-byte aligned");
+  }
+  const imma_prep::XLayout lay = imma_prep::x_layout(n);
+  auto* const out = static_cast<uint8_t*>(xprep);
+  if (delta != nullptr) {
+    return launch_programmatic(programmatic, rms_norm_prepare_kernel<true>, dim3(static_cast<unsigned>(n_rows)),
+                               dim3(kThreads), 0, stream, res, delta, w, n, eps, y, lay, out);
+  }
+  return launch_programmatic(programmatic, rms_norm_prepare_kernel<false>, dim3(static_cast<unsigned>(n_rows)),
+                             dim3(kThreads), 0, stream, res, delta, w, n, eps, y, lay, out);
 }
 
 }  // namespace kestrel::gpu
