@@ -535,13 +535,26 @@ Status ForwardPass::hybrid_ffn_layer(size_t l, int n) {
   return moe_forward_hybrid(f.moe_raw, h, x_, n, y_, moe_ws_, stream_, hooks);
 }
 
-Status ForwardPass::ffn_layer(size_t l, int n) {
+Status ForwardPass::ffn_layer(size_t l, int n, const float* next_w, bool prepare_next) {
+  const DeviceFfnLayer& f = model_.layers()[l].ffn;
+  if (f.moe && f.moe_tiled && !f.hybrid()) {
+    MoeResidualNorm then;
+    then.res = h_;
+    then.w = next_w;
+    then.eps = model_.hparams().rms_eps;
+    then.y = x_;
+    then.xprep = prepare_next ? xprep_ : nullptr;
+    x_prepared_ = prepare_next;
+    return moe_imma_forward_norm(f.moe_imma, x_, n, then, moe_ws_, stream_, tuning_.moe_imma);
+  }
+  KESTREL_TRY(ffn_sublayer(l, n));
+  return norm(y_, next_w, n, prepare_next);
+}
+
+Status ForwardPass::ffn_sublayer(size_t l, int n) {
   const DeviceFfnLayer& f = model_.layers()[l].ffn;
   if (f.hybrid()) return hybrid_ffn_layer(l, n);
-  if (f.moe) {
-    if (f.moe_tiled) return moe_imma_forward(f.moe_imma, x_, n, y_, moe_ws_, stream_, tuning_.moe_imma);
-    return moe_forward(f.moe_raw, x_, n, y_, moe_ws_, stream_);
-  }
+  if (f.moe) return moe_forward(f.moe_raw, x_, n, y_, moe_ws_, stream_);
   const bool tiled = f.gate.tiled || f.up.tiled;
   if (tiled && !take_x_prepared()) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
   KESTREL_TRY(matmul(f.gate, x_, tiled, n, proj_a_));
@@ -670,11 +683,10 @@ Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
     }
     KESTREL_TRY(norm(y_, layers[l].post_attn_norm, n, ffn_input_tiled(l)));
     KESTREL_TRY(mark(PassSection::kRest));
-    KESTREL_TRY(ffn_layer(l, n));
-    KESTREL_TRY(mark(layers[l].ffn.moe ? PassSection::kMoe : PassSection::kDenseFfn));
     const bool last = l + 1 == layers.size();
-    KESTREL_TRY(norm(y_, last ? model_.output_norm() : layers[l + 1].attn_norm, n,
-                     last ? m > 0 && logits_mode > 0 && model_.output().tiled : mixer_input_tiled(l + 1)));
+    KESTREL_TRY(ffn_layer(l, n, last ? model_.output_norm() : layers[l + 1].attn_norm,
+                          last ? m > 0 && logits_mode > 0 && model_.output().tiled : mixer_input_tiled(l + 1)));
+    KESTREL_TRY(mark(layers[l].ffn.moe ? PassSection::kMoe : PassSection::kDenseFfn));
     if (hidden != nullptr) {
       KESTREL_CUDA_TRY(cudaMemcpyAsync(hidden + l * size_t(n) * H, h_, size_t(n) * H * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));

@@ -1,11 +1,12 @@
-// RMSNorm kernels (see rms_norm.h): one block per row, strided per-thread partial sums, fixed block reduction.
+// RMSNorm kernels (see rms_norm.h): one block per row, the row by norm_row::residual_norm (strided per-thread partial
+// sums, fixed block reduction).
 #include <cstdint>
 #include <string>
 
 #include "gpu/cuda_check.h"
-#include "gpu/kernels/block_reduce.cuh"
 #include "gpu/kernels/gemv_imma.h"
 #include "gpu/kernels/imma_prepare.cuh"
+#include "gpu/kernels/norm_row.cuh"
 #include "gpu/kernels/pdl.cuh"
 #include "gpu/kernels/rms_norm.h"
 
@@ -14,34 +15,20 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// kFused: res += delta first (written back), then the norm of the sum. In place (y == x) is safe for the plain
-// form: every thread reads its own elements before the reduction and writes the same elements after it.
+// kFused: res += delta first (written back), then the norm of the sum (norm_row::residual_norm). In place (y == x)
+// is safe for the plain form: every thread reads back only the elements it wrote.
 template <bool kFused>
 __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const float* __restrict__ w, int64_t n,
                                 float eps, float* y) {
   __shared__ float scratch[33];
   const int64_t row = blockIdx.x;
-  float* xr = x + row * n;
-  float* yr = y + row * n;
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    float v = xr[i];
-    if constexpr (kFused) {
-      v = v + delta[row * n + i];
-      xr[i] = v;
-    }
-    ss += v * v;
-  }
-  ss = block_sum(ss, scratch);
-  const float mean = ss / static_cast<float>(n);
-  const float scale = 1.0f / sqrtf(mean + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+  const float* dr = kFused ? delta + row * n : nullptr;
+  norm_row::residual_norm<kFused>(
+      x + row * n, [&](int64_t i) { return dr[i]; }, w, n, eps, y + row * n, scratch);
 }
 
-// The norm and then the prepared form of its rows (imma_prepare.cuh), one block per row: after the norm's writes of
-// y (visible to the block after the barrier; read back through L2) each warp prepares groups of 256 columns in turn —
-// the bytes gemv_imma_prepare_x writes from y, since the group code is the same. Launched programmatically where the
-// caller asks: nothing is read before the wait.
+// The norm and then the prepared form of its rows (norm_row::prepare_row), one block per row: the bytes
+// gemv_imma_prepare_x writes from y. Launched programmatically where the caller asks: nothing is read before the wait.
 template <bool kFused>
 __global__ void rms_norm_prepare_kernel(float* x, const float* __restrict__ delta, const float* __restrict__ w,
                                         int64_t n, float eps, float* y, imma_prep::XLayout lay, uint8_t* xprep) {
@@ -49,27 +36,11 @@ __global__ void rms_norm_prepare_kernel(float* x, const float* __restrict__ delt
   pdl_wait();
   __shared__ float scratch[33];
   const int64_t row = blockIdx.x;
-  float* xr = x + row * n;
-  float* yr = y + row * n;
-  float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    float v = xr[i];
-    if constexpr (kFused) {
-      v = v + delta[row * n + i];
-      xr[i] = v;
-    }
-    ss += v * v;
-  }
-  ss = block_sum(ss, scratch);
-  const float mean = ss / static_cast<float>(n);
-  const float scale = 1.0f / sqrtf(mean + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+  const float* dr = kFused ? delta + row * n : nullptr;
+  norm_row::residual_norm<kFused>(
+      x + row * n, [&](int64_t i) { return ld_dep(dr + i); }, w, n, eps, y + row * n, scratch);
   __syncthreads();
-  const int warps = static_cast<int>(blockDim.x / 32);
-  for (int grp = static_cast<int>(threadIdx.x / 32); grp < lay.n_groups; grp += warps) {
-    imma_prep::prepare_group(imma_prep::L2Rows{y}, static_cast<int>(n), lay, xprep, static_cast<int>(row), grp,
-                             static_cast<int>(threadIdx.x % 32));
-  }
+  norm_row::prepare_row(y, static_cast<int>(n), lay, xprep, static_cast<int>(row));
 }
 
 Status check(const void* x, const void* w, const void* y, int64_t n_rows, int64_t n, const char* what) {
