@@ -39,7 +39,8 @@ Widths widths_of(const ModelHparams& hp) {
   const int64_t I = hp.n_ff_dense, att = int64_t{hp.n_head} * hp.head_dim;
   Widths w;
   w.h = H;
-  w.proj_a = std::max({C + Vd + 2 * Vh, qg, I, int64_t{1}});  // C + Vd + 2·Vh: the stacked GDN projections
+  // C + Vd + 2·Vh: the stacked GDN projections; qg + 2·kv: the stacked attention projections.
+  w.proj_a = std::max({C + Vd + 2 * Vh, qg + 2 * kv, I, int64_t{1}});
   w.proj_b = std::max({Vd, kv, I, int64_t{1}});
   w.proj_c = std::max({2 * Vh, kv, int64_t{1}});
   w.proj_d = std::max(Vh, int64_t{1});
@@ -373,7 +374,7 @@ bool ForwardPass::mixer_input_tiled(size_t l) const {
     return g.qkv.tiled || g.gate.tiled || g.ssm_in.tiled || g.ba.tiled || g.beta.tiled || g.alpha.tiled;
   }
   const DeviceAttnLayer& a = layer.attn;
-  return a.q.tiled || a.k.tiled || a.v.tiled;
+  return a.in_stacked.present() || a.q.tiled || a.k.tiled || a.v.tiled;
 }
 
 bool ForwardPass::ffn_input_tiled(size_t l) const {
@@ -440,16 +441,25 @@ Status ForwardPass::gdn_step(const DeviceGdnLayer& g, const GdnDecodeInputs& in,
 
 Status ForwardPass::attn_layer(size_t l, int n) {
   const DeviceAttnLayer& a = model_.layers()[l].attn;
-  const bool tiled = a.q.tiled || a.k.tiled || a.v.tiled;
-  if (tiled && !take_x_prepared()) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
-  KESTREL_TRY(matmul(a.q, x_, tiled, n, proj_a_));
-  KESTREL_TRY(matmul(a.k, x_, tiled, n, proj_b_));
-  KESTREL_TRY(matmul(a.v, x_, tiled, n, proj_c_));
-  KESTREL_TRY_ASSIGN(KvPageTable table, slots_.kv_table(static_cast<uint32_t>(l)));
   AttnDecodeArgs args;
-  args.qg = proj_a_;
-  args.k = proj_b_;
-  args.v = proj_c_;
+  if (a.in_stacked.present()) {
+    // One GEMV over the stacked projections; each output row holds q|gate, k and v side by side.
+    KESTREL_TRY(matmul(a.in_stacked, x_, take_x_prepared(), n, proj_a_));
+    args.qg = proj_a_;
+    args.k = proj_a_ + a.q_rows;
+    args.v = proj_a_ + a.q_rows + a.k_rows;
+    args.qg_stride = args.kv_stride = a.in_stacked.n_out;
+  } else {
+    const bool tiled = a.q.tiled || a.k.tiled || a.v.tiled;
+    if (tiled && !take_x_prepared()) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
+    KESTREL_TRY(matmul(a.q, x_, tiled, n, proj_a_));
+    KESTREL_TRY(matmul(a.k, x_, tiled, n, proj_b_));
+    KESTREL_TRY(matmul(a.v, x_, tiled, n, proj_c_));
+    args.qg = proj_a_;
+    args.k = proj_b_;
+    args.v = proj_c_;
+  }
+  KESTREL_TRY_ASSIGN(KvPageTable table, slots_.kv_table(static_cast<uint32_t>(l)));
   args.q_norm = a.q_norm;
   args.k_norm = a.k_norm;
   args.rope_inv_freq = rope_inv_freq_;

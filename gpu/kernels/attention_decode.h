@@ -74,6 +74,10 @@ struct AttnDecodeArgs {
   float* out = nullptr;                  // device f32 [n_seq, n_head·hd]
   float* workspace = nullptr;            // device scratch, needed when a position >= dims.chunk; may be null else
   size_t workspace_bytes = 0;
+  // Floats from one sequence's row of qg to the next, and of k (and v) to the next: 0 for rows packed as above, or the
+  // width of a stacked projection whose output rows hold q|gate, k and v side by side.
+  int64_t qg_stride = 0;
+  int64_t kv_stride = 0;
 };
 
 // Workspace bytes that suffice for any call with up to n_seq sequences on caches of n_ctx tokens.
