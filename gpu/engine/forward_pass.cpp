@@ -359,11 +359,8 @@ Status ForwardPass::norm(const float* delta, const float* w, int n, bool prepare
   const ModelHparams& hp = model_.hparams();
   const int64_t H = hp.n_embd;
   x_prepared_ = prepare_for;
-  if (prepare_for) {
-    return rms_norm_prepare(h_, delta, w, n, H, hp.rms_eps, x_, xprep_, stream_, tuning_.programmatic);
-  }
-  if (delta == nullptr) return rms_norm(h_, w, n, H, hp.rms_eps, x_, stream_);
-  return residual_add_rms_norm(h_, delta, w, n, H, hp.rms_eps, x_, stream_);
+  return rms_norm_prepare(h_, delta, w, n, H, hp.rms_eps, x_, prepare_for ? xprep_ : nullptr, stream_,
+                          tuning_.programmatic);
 }
 
 bool ForwardPass::mixer_input_tiled(size_t l) const {

@@ -2,12 +2,13 @@
 // session at its own position in its own state slot (model-spec.md §2; ref::forward is the oracle):
 //
 //   h = token_embd[ids]                                          get_rows
+// Every norm writes x and, where the next GEMV reads prepared activations (gemv_imma), x's prepared form too.
 //   per layer l:  x = rms_norm(h) · attn_norm                    (fused with the previous residual add)
 //                 GDN:  qkv, z, b, a = W x  → gdn_decode (conv, delta rule, gated norm, state in the slot) → ssm_out
 //                 attn: q|gate, k, v = W x  → attention_decode (q/k norm, RoPE, KV append, softmax) → attn_output
-//                 h += y;  x = rms_norm(h) · post_attention_norm  residual_add_rms_norm
+//                 h += y;  x = rms_norm(h) · post_attention_norm  rms_norm_prepare
 //                 MoE (moe_imma or moe_forward; a hybrid layer below) or dense SwiGLU (gemv, swiglu, gemv)
-//                 h += y;  x = rms_norm(h) · next norm          residual_add_rms_norm (moe_imma: in its combine)
+//                 h += y;  x = rms_norm(h) · next norm          rms_norm_prepare (moe_imma: in its combine)
 //   logits = output · x (output_norm applied)                    only for the rows that ask for them
 //
 // A prompt's tokens share a pass as rows of one slot (PassRow): attention appends all their K/V before it attends,

@@ -27,11 +27,11 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const
       x + row * n, [&](int64_t i) { return dr[i]; }, w, n, eps, y + row * n, scratch);
 }
 
-// The norm and then the prepared form of its rows (norm_row::prepare_row), one block per row: the bytes
+// The norm and, with kPrepare, the prepared form of its rows (norm_row::prepare_row), one block per row: the bytes
 // gemv_imma_prepare_x writes from y. Launched programmatically where the caller asks: nothing is read before the wait.
-template <bool kFused>
-__global__ void rms_norm_prepare_kernel(float* x, const float* __restrict__ delta, const float* __restrict__ w,
-                                        int64_t n, float eps, float* y, imma_prep::XLayout lay, uint8_t* xprep) {
+template <bool kFused, bool kPrepare>
+__global__ void rms_norm_prepare_kernel(float* x, const float* delta, const float* __restrict__ w, int64_t n, float eps,
+                                        float* y, imma_prep::XLayout lay, uint8_t* xprep) {
   pdl_trigger();
   pdl_wait();
   __shared__ float scratch[33];
@@ -39,8 +39,10 @@ __global__ void rms_norm_prepare_kernel(float* x, const float* __restrict__ delt
   const float* dr = kFused ? delta + row * n : nullptr;
   norm_row::residual_norm<kFused>(
       x + row * n, [&](int64_t i) { return ld_dep(dr + i); }, w, n, eps, y + row * n, scratch);
-  __syncthreads();
-  norm_row::prepare_row(y, static_cast<int>(n), lay, xprep, static_cast<int>(row));
+  if constexpr (kPrepare) {
+    __syncthreads();
+    norm_row::prepare_row(y, static_cast<int>(n), lay, xprep, static_cast<int>(row));
+  }
 }
 
 Status check(const void* x, const void* w, const void* y, int64_t n_rows, int64_t n, const char* what) {
@@ -86,23 +88,32 @@ Status rms_norm_prepare(float* res, const float* delta, const float* w, int64_t 
     return make_error(ErrorCode::kInvalidArgument, "rms_norm_prepare: y must not alias res or delta");
   }
   if (n_rows == 0) return ok_status();
+  const dim3 grid(static_cast<unsigned>(n_rows));
+  if (xprep == nullptr) {  // the norm alone
+    return delta != nullptr ? launch_programmatic(programmatic, rms_norm_prepare_kernel<true, false>, grid,
+                                                  dim3(kThreads), 0, stream, res, delta, w, n, eps, y,
+                                                  imma_prep::XLayout{}, static_cast<uint8_t*>(nullptr))
+                            : launch_programmatic(programmatic, rms_norm_prepare_kernel<false, false>, grid,
+                                                  dim3(kThreads), 0, stream, res, delta, w, n, eps, y,
+                                                  imma_prep::XLayout{}, static_cast<uint8_t*>(nullptr));
+  }
   if (n_rows > 65535 || imma_x_bytes(n, static_cast<int>(n_rows)) == 0) {
     return make_error(ErrorCode::kInvalidArgument, "rms_norm_prepare: n " + std::to_string(n) +
                                                        " (a multiple of 64 up to gemv_imma's widest row) or rows " +
                                                        std::to_string(n_rows) + " (1..65535) out of range");
   }
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (xprep == nullptr || !aligned16(xprep) || !aligned16(y)) {
-    return make_error(ErrorCode::kInvalidArgument, "rms_norm_prepare: xprep null, or xprep or y not 16-byte aligned");
+  if (!aligned16(xprep) || !aligned16(y)) {
+    return make_error(ErrorCode::kInvalidArgument, "rms_norm_prepare: xprep or y not 16-byte aligned");
   }
   const imma_prep::XLayout lay = imma_prep::x_layout(n);
   auto* const out = static_cast<uint8_t*>(xprep);
   if (delta != nullptr) {
-    return launch_programmatic(programmatic, rms_norm_prepare_kernel<true>, dim3(static_cast<unsigned>(n_rows)),
-                               dim3(kThreads), 0, stream, res, delta, w, n, eps, y, lay, out);
+    return launch_programmatic(programmatic, rms_norm_prepare_kernel<true, true>, grid, dim3(kThreads), 0, stream, res,
+                               delta, w, n, eps, y, lay, out);
   }
-  return launch_programmatic(programmatic, rms_norm_prepare_kernel<false>, dim3(static_cast<unsigned>(n_rows)),
-                             dim3(kThreads), 0, stream, res, delta, w, n, eps, y, lay, out);
+  return launch_programmatic(programmatic, rms_norm_prepare_kernel<false, true>, grid, dim3(kThreads), 0, stream, res,
+                             delta, w, n, eps, y, lay, out);
 }
 
 }  // namespace kestrel::gpu

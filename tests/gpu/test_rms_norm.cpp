@@ -156,6 +156,16 @@ TEST(RmsNorm, PrepareMatchesNormThenPrepare) {
             << "norm rows differ";
         EXPECT_TRUE(test::download<uint8_t>(dp.as(), prep_bytes) == test::download<uint8_t>(dp2.as(), prep_bytes))
             << "prepared bytes differ from gemv_imma_prepare_x's";
+        // Without xprep: the norm alone, the same rows.
+        DeviceBuffer dy3(total * 4);
+        ASSERT_TRUE(rms_norm(dd.as<float>(), dw.as<float>(), sh.rows, sh.n, kEps, dr.as<float>(), stream));
+        ASSERT_TRUE(rms_norm_prepare(dr.as<float>(), d, dw.as<float>(), sh.rows, sh.n, kEps, dy3.as<float>(), nullptr,
+                                     stream, programmatic));
+        KESTREL_CUDA_OK(cudaStreamSynchronize(stream));
+        EXPECT_TRUE(test::download<float>(dr.as(), total) == test::download<float>(dr2.as(), total))
+            << "residual rows differ (the norm alone)";
+        EXPECT_TRUE(test::download<float>(dy3.as(), total) == test::download<float>(dy2.as(), total))
+            << "norm rows differ (the norm alone)";
       }
     }
   }
@@ -172,8 +182,8 @@ TEST(RmsNorm, ArgumentErrors) {
             ErrorCode::kInvalidArgument);
   EXPECT_EQ(rms_norm_prepare(p, nullptr, p + 128, 1, 100, kEps, p + 256, p + 512, nullptr, false).error().code,
             ErrorCode::kInvalidArgument);  // n not a multiple of 64
-  EXPECT_EQ(rms_norm_prepare(p, nullptr, p + 128, 1, 64, kEps, p + 256, nullptr, nullptr, false).error().code,
-            ErrorCode::kInvalidArgument);  // no xprep
+  EXPECT_EQ(rms_norm_prepare(p, nullptr, p + 128, 1, 64, kEps, p + 257, p + 512, nullptr, false).error().code,
+            ErrorCode::kInvalidArgument);  // y not 16-byte aligned
   EXPECT_EQ(rms_norm_prepare(p, p + 64, p + 128, 1, 64, kEps, p, p + 512, nullptr, false).error().code,
             ErrorCode::kInvalidArgument);  // y aliases res
 }
