@@ -600,8 +600,8 @@ template <GgmlType T, bool kShared, bool kPrepare>
 __global__ void __launch_bounds__(kCombineThreads)
     combine_norm_kernel(const float* __restrict__ ye, const int32_t* __restrict__ token_entry,
                         const float* __restrict__ entry_weight, int k, int n_entries,
-                        const uint8_t* __restrict__ gate_inp, const float* x, int h, float* res,
-                        const float* __restrict__ norm_w, float eps, float* y, imma_prep::XLayout lay, uint8_t* xprep) {
+                        const uint8_t* __restrict__ gate_inp, const float* x, int h, float* res, const float* norm_w,
+                        float eps, float* y, imma_prep::XLayout lay, uint8_t* xprep) {
   const int t = static_cast<int>(blockIdx.x);
   pdl_trigger();
   __shared__ int32_t ent_s[kMoeMaxUsed];

@@ -18,8 +18,8 @@ namespace kestrel::gpu::norm_row {
 // order. Every thread reads back only what it wrote, so y may be res for the plain form. scratch: 33 floats of shared
 // memory. Contains __syncthreads(): call from every thread of the block.
 template <bool kAdd, class Delta>
-__device__ __forceinline__ void residual_norm(float* res, Delta&& delta_at, const float* __restrict__ w, int64_t n,
-                                              float eps, float* y, float* scratch) {
+__device__ __forceinline__ void residual_norm(float* res, Delta&& delta_at, const float* w, int64_t n, float eps,
+                                              float* y, float* scratch) {
   float ss = 0.0f;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     float v = res[i];
@@ -32,7 +32,9 @@ __device__ __forceinline__ void residual_norm(float* res, Delta&& delta_at, cons
   ss = block_sum(ss, scratch);
   const float mean = __fdiv_rn(ss, static_cast<float>(n));
   const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = __fmul_rn(__fmul_rn(res[i], scale), w[i]);
+  // The weight by ordinary loads: kernels that call this after a programmatic wait keep non-coherent loads out of
+  // their wait's shadow (tools/check_pdl_loads.sh).
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = __fmul_rn(__fmul_rn(res[i], scale), __ldca(w + i));
 }
 
 // The prepared form (imma_prepare.cuh) of row `row` of y (rows of n, n a multiple of 64) into xprep, each warp taking

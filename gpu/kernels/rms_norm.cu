@@ -30,8 +30,8 @@ __global__ void rms_norm_kernel(float* x, const float* __restrict__ delta, const
 // The norm and, with kPrepare, the prepared form of its rows (norm_row::prepare_row), one block per row: the bytes
 // gemv_imma_prepare_x writes from y. Launched programmatically where the caller asks: nothing is read before the wait.
 template <bool kFused, bool kPrepare>
-__global__ void rms_norm_prepare_kernel(float* x, const float* delta, const float* __restrict__ w, int64_t n, float eps,
-                                        float* y, imma_prep::XLayout lay, uint8_t* xprep) {
+__global__ void rms_norm_prepare_kernel(float* x, const float* delta, const float* w, int64_t n, float eps, float* y,
+                                        imma_prep::XLayout lay, uint8_t* xprep) {
   pdl_trigger();
   pdl_wait();
   __shared__ float scratch[33];
