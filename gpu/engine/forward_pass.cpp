@@ -396,8 +396,7 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
       case ref::GdnProjection::kQkvGateBa: in.z = proj_a_ + C, in.ba = proj_a_ + C + Vd; break;
       case ref::GdnProjection::kSsmInBa: in.ba = proj_a_ + C + Vd; break;
     }
-    KESTREL_TRY(gdn_step(g, in, gdn_index, n));
-    return matmul(g.out, mixed_, false, n, y_);
+    return gdn_step_and_out(g, in, gdn_index, n);
   }
   const bool tiled = g.qkv.tiled || g.gate.tiled || g.ssm_in.tiled || g.ba.tiled || g.beta.tiled || g.alpha.tiled;
   if (tiled && !take_x_prepared()) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
@@ -422,18 +421,22 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
       in.qkv = proj_a_, in.ba = proj_c_;
       break;
   }
-  KESTREL_TRY(gdn_step(g, in, gdn_index, n));
-  return matmul(g.out, mixed_, false, n, y_);
+  return gdn_step_and_out(g, in, gdn_index, n);
 }
 
-Status ForwardPass::gdn_step(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n) {
+Status ForwardPass::gdn_step_and_out(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n) {
   GdnSlot* slots = gdn_slots_ + size_t(gdn_index) * P;
   if (runs_) {
-    return gdn_runs(model_.gdn_dims(), g.projection, g.small, in, slots, GdnRunTable{run_start_, run_len_, run_order_},
-                    n, mixed_, gdn_ws_, stream_, tuning_.gdn_decode);
+    KESTREL_TRY(gdn_runs(model_.gdn_dims(), g.projection, g.small, in, slots,
+                         GdnRunTable{run_start_, run_len_, run_order_}, n, mixed_, gdn_ws_, stream_,
+                         tuning_.gdn_decode));
+    return matmul(g.out, mixed_, false, n, y_);
   }
-  return gdn_decode(model_.gdn_dims(), g.projection, g.small, in, slots, n, mixed_, gdn_ws_, stream_,
-                    tuning_.programmatic, tuning_.gdn_decode);
+  // A tiled ssm_out reads the step's output prepared by the step itself.
+  const bool prepared = g.out.tiled;
+  KESTREL_TRY(gdn_decode(model_.gdn_dims(), g.projection, g.small, in, slots, n, mixed_, gdn_ws_, stream_,
+                         tuning_.programmatic, tuning_.gdn_decode, prepared ? xprep_ : nullptr));
+  return matmul(g.out, mixed_, prepared, n, y_);
 }
 
 Status ForwardPass::attn_layer(size_t l, int n) {

@@ -144,7 +144,8 @@ class ForwardPass {
   bool ffn_input_tiled(size_t l) const;
   Status gdn_layer(size_t l, int gdn_index, int n);
   Status attn_layer(size_t l, int n);
-  Status gdn_step(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n);
+  // The GDN step of layer gdn_index from its projections' outputs, then ssm_out into y_.
+  Status gdn_step_and_out(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n);
   // Every launch and copy of a pass of n rows with lm_head over the first m, on stream_ (marks and the per-layer
   // hidden copies only when profiling / hidden ask for them).
   // logits_mode: 0 no lm_head, 1 lm_head and argmax (ids copied back), 2 also the logits rows copied back.
