@@ -470,8 +470,12 @@ Status ForwardPass::attn_layer(size_t l, int n) {
   args.workspace_bytes = attn_ws_bytes_;
   // Slot ids and positions come from the device copy (the engine checked them): the same launches replay in a graph.
   // The grid covers positions below the pass's bound (run() picks it from the rows).
-  KESTREL_TRY(attention_decode_device(attn_dims_of(model_.hparams()), table, args, n, position_bound_ - 1, stream_));
-  return matmul(a.o, mixed_, false, n, y_);
+  // A tiled attn_output reads the attention's output prepared by its merge kernel, where the head size allows.
+  const AttnDecodeDims dims = attn_dims_of(model_.hparams());
+  const bool prepared = a.o.tiled && attention_prepares_out(dims);
+  args.out_prepared = prepared ? xprep_ : nullptr;
+  KESTREL_TRY(attention_decode_device(dims, table, args, n, position_bound_ - 1, stream_));
+  return matmul(a.o, mixed_, prepared, n, y_);
 }
 
 ForwardPass::HostCall* ForwardPass::host_call(int32_t layer, int32_t n) {

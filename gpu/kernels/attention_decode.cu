@@ -10,6 +10,8 @@
 #include "gpu/cuda_check.h"
 #include "gpu/kernels/attention_decode.h"
 #include "gpu/kernels/block_reduce.cuh"
+#include "gpu/kernels/gemv_imma.h"
+#include "gpu/kernels/imma_prepare.cuh"
 
 namespace kestrel::gpu {
 namespace {
@@ -276,14 +278,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grid (n_head, n_seq): merges the chunk records of sequences with more than one chunk, in chunk order.
-__global__ void merge_chunks_kernel(AttnDecodeDims d, const float* __restrict__ qg, int64_t qg_stride,
-                                    const int32_t* __restrict__ positions, int max_chunks, const float* __restrict__ ws,
-                                    float* __restrict__ out) {
-  const int h = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y);
+// Head h of sequence b from its n_chunks chunk records, in chunk order, into its columns of out.
+__device__ __forceinline__ void merge_head(const AttnDecodeDims& d, const float* __restrict__ qg, int64_t qg_stride,
+                                           int n_chunks, int max_chunks, const float* __restrict__ ws, float* out,
+                                           int h, int b) {
   const int hd = d.head_dim;
-  const int n_chunks = n_chunks_of(positions[b], d);
-  if (n_chunks == 1) return;  // finished by attend_kernel
   const float* first = ws + chunk_record(b, h, 0, d.n_head, max_chunks, hd);
   const size_t rec_stride = static_cast<size_t>(hd) + 2;
   float m_all = first[0];
@@ -300,7 +299,30 @@ __global__ void merge_chunks_kernel(AttnDecodeDims d, const float* __restrict__ 
   }
 }
 
+// grid (n_head, n_seq): merges the chunk records of sequences with more than one chunk, in chunk order; with xprep,
+// then writes head h's groups of the output row in prepared form (hd a multiple of 256: the head's columns are whole
+// groups), whichever kernel finished the row.
+__global__ void merge_chunks_kernel(AttnDecodeDims d, const float* __restrict__ qg, int64_t qg_stride,
+                                    const int32_t* __restrict__ positions, int max_chunks, const float* __restrict__ ws,
+                                    float* out, uint8_t* xprep, imma_prep::XLayout lay) {
+  const int h = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y);
+  const int hd = d.head_dim;
+  const int n_chunks = n_chunks_of(positions[b], d);
+  if (n_chunks > 1) merge_head(d, qg, qg_stride, n_chunks, max_chunks, ws, out, h, b);
+  if (xprep == nullptr) return;
+  __syncthreads();  // this block's writes of the row (an earlier kernel's are complete)
+  const int per_head = hd / imma_prep::kGroupElems;
+  for (int q = static_cast<int>(threadIdx.x) / 32; q < per_head; q += kWarps) {
+    imma_prep::prepare_group(imma_prep::L2Rows{out}, d.n_head * hd, lay, xprep, b, h * per_head + q,
+                             static_cast<int>(threadIdx.x) % 32);
+  }
+}
+
 }  // namespace
+
+bool attention_prepares_out(const AttnDecodeDims& d) {
+  return d.head_dim % imma_prep::kGroupElems == 0 && int64_t{d.n_head} * d.head_dim <= kImmaMaxCols;
+}
 
 size_t attention_decode_workspace_bytes(const AttnDecodeDims& d, int n_seq, int n_ctx) {
   if (d.chunk < 1 || d.max_chunks < 1 || n_seq < 1 || n_ctx < 1 || d.n_head < 1 || d.head_dim < 1) return 0;
@@ -434,6 +456,13 @@ Status attention_decode_device(const AttnDecodeDims& d, const KvPageTable& cache
   const int64_t qg_packed = int64_t{d.n_head} * 2 * d.head_dim, kv_packed = int64_t{d.n_head_kv} * d.head_dim;
   const int64_t qg_stride = a.qg_stride == 0 ? qg_packed : a.qg_stride;
   const int64_t kv_stride = a.kv_stride == 0 ? kv_packed : a.kv_stride;
+  if (a.out_prepared != nullptr &&
+      (!attention_prepares_out(d) || imma_x_bytes(int64_t{d.n_head} * d.head_dim, n_seq) == 0 ||
+       reinterpret_cast<uintptr_t>(a.out_prepared) % 16 != 0 || reinterpret_cast<uintptr_t>(a.out) % 16 != 0)) {
+    return bad(
+        "out_prepared needs head_dim a multiple of 256, an output row gemv_imma takes, and 16-byte aligned "
+        "out and out_prepared");
+  }
   if (qg_stride < qg_packed || kv_stride < kv_packed) {
     return bad("row strides " + std::to_string(qg_stride) + " (q|gate) and " + std::to_string(kv_stride) +
                " (k, v) are narrower than the rows");
@@ -465,9 +494,10 @@ Status attention_decode_device(const AttnDecodeDims& d, const KvPageTable& cache
                   stream>>>(d, cache, a.qg, qg_stride, a.q_norm, a.rope_inv_freq, a.slot_ids, a.positions, scale,
                             max_chunks, tile, a.workspace, a.out);
   KESTREL_CUDA_TRY(cudaGetLastError());
-  if (max_chunks > 1) {
+  if (max_chunks > 1 || a.out_prepared != nullptr) {
     merge_chunks_kernel<<<dim3(static_cast<unsigned>(d.n_head), seqs), kThreads, 0, stream>>>(
-        d, a.qg, qg_stride, a.positions, max_chunks, a.workspace, a.out);
+        d, a.qg, qg_stride, a.positions, max_chunks, a.workspace, a.out, static_cast<uint8_t*>(a.out_prepared),
+        imma_prep::x_layout(int64_t{d.n_head} * d.head_dim));
     KESTREL_CUDA_TRY(cudaGetLastError());
   }
   return ok_status();
