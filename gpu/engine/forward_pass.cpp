@@ -81,9 +81,6 @@ bool any_hybrid(const DeviceModel& m) {
   return false;
 }
 
-// The GDN run table of a pass (gdn_runs.h) into start / len / order (P entries each): one run per slot, its rows in
-// position order, entries past the runs of length 0. *several: some slot has more than one row. kInvalidArgument
-// when a slot's positions are not consecutive.
 // The kernel nodes of a captured graph (-1 when the runtime cannot list them: a count for the benchmarks, never a
 // reason to fail the capture).
 int count_kernel_nodes(cudaGraph_t graph) {
@@ -100,6 +97,9 @@ int count_kernel_nodes(cudaGraph_t graph) {
   return kernels;
 }
 
+// The GDN run table of a pass (gdn_runs.h) into start / len / order (P entries each): one run per slot, its rows in
+// position order, entries past the runs of length 0. *several: some slot has more than one row. kInvalidArgument
+// when a slot's positions are not consecutive.
 Status build_runs(std::span<const PassRow> rows, int32_t* start, int32_t* len, int32_t* order, bool* several) {
   const int n = static_cast<int>(rows.size());
   std::array<int32_t, P> by_slot{};
