@@ -2,8 +2,8 @@
 # Runs on the lent GPU machine: a branch's prebuilt binaries (dev/mn.tar.xz: test and bench binaries and kestreld,
 # stripped, built here; dev/notes/decode-step.md "Verifying the branch") beside main's carry (dev/carry.tar.xz), most
 # important first: the branch's bench_engine, its test_cuda_engine, main's bench_engine, the branch's kernel tests,
-# its kestreld serving the Q4_0 35B-A3B file over gRPC and shm, then Nsight Compute's
-# per-kernel split of the branch's one-session step if time is left; LIMIT seconds in all (default 400).
+# its kestreld serving the Q4_0 35B-A3B file over gRPC and shm, then main's CPU engine
+# with its section split and Nsight Compute's per-kernel split of the branch's one-session step if time is left; LIMIT seconds in all (default 400).
 #   (device) carry ["dev/carry.tar.xz", "dev/mn.tar.xz"]: LIMIT=400 bash tools/device/branch_check.sh
 set -uo pipefail
 export KESTREL_SOURCE_ROOT=/work/main
@@ -50,6 +50,12 @@ if [ "$(left)" -gt 35 ]; then
   wait "$pid"
   echo "kestreld mn exited $?"
 fi
+if [ "$(left)" -gt 70 ]; then
+  echo "== cpu engine (main) at $((SECONDS - t0)) s"
+  timeout 60 "$K/bench_cpu_engine" --model /tmp/q4_0.gguf --sessions 1 --steps 8 --prompt 8 --pp 0 --profile \
+    >"$OUT/bench_cpu.txt" 2>&1
+  cat "$OUT/bench_cpu.txt" | head -40
+fi
 if [ "$(left)" -gt 60 ]; then
   nc=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   echo "== ncu mn at $((SECONDS - t0)) s"
@@ -59,7 +65,7 @@ if [ "$(left)" -gt 60 ]; then
   python3 tools/device/ncu_step.py "$OUT/ncu_mn.csv" 2>&1 | head -30
 fi
 echo "all done at $((SECONDS - t0)) s"
-for f in bench_main.txt bench_mn.txt mn_test_cuda_engine.txt mn_test_moe_imma.txt kestreld_mn.log ncu_mn.csv; do
+for f in bench_main.txt bench_mn.txt mn_test_cuda_engine.txt mn_test_moe_imma.txt kestreld_mn.log ncu_mn.csv bench_cpu.txt; do
   [ -f "$OUT/$f" ] && cp "$OUT/$f" "$final/"
 done
 exit 0
