@@ -2,8 +2,8 @@
 # Runs on the lent GPU machine: a branch's prebuilt binaries (dev/mn.tar.xz: test and bench binaries and kestreld,
 # stripped, built here; dev/notes/decode-step.md "Verifying the branch") beside main's carry (dev/carry.tar.xz), most
 # important first: the branch's bench_engine, its test_cuda_engine, main's bench_engine, the branch's kernel tests,
-# its kestreld serving the Q4_0 35B-A3B file over gRPC and shm, then main's CPU engine
-# with its section split and Nsight Compute's per-kernel split of the branch's one-session step if time is left; LIMIT seconds in all (default 400).
+# its kestreld serving the Q4_0 35B-A3B file over gRPC and shm; then, if time is left, main's CPU engine with its
+# section split and Nsight Compute's per-kernel split of the branch's one-session step; LIMIT seconds in all (400).
 #   (device) carry ["dev/carry.tar.xz", "dev/mn.tar.xz"]: LIMIT=400 bash tools/device/branch_check.sh
 set -uo pipefail
 export KESTREL_SOURCE_ROOT=/work/main
