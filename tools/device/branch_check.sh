@@ -3,7 +3,7 @@
 # stripped, built here; dev/notes/decode-step.md "Verifying the branch") beside main's carry (dev/carry.tar.xz), most
 # important first: the branch's bench_engine, its test_cuda_engine, main's bench_engine, the branch's kernel tests,
 # its kestreld serving the Q4_0 35B-A3B file over gRPC and shm; then, if time is left, main's CPU engine with its
-# section split and Nsight Compute's per-kernel split of the branch's one-session step; LIMIT seconds in all (400).
+# section split and Nsight Compute's per-kernel split of the branch's step at 32 sessions; LIMIT seconds in all (400).
 #   (device) carry ["dev/carry.tar.xz", "dev/mn.tar.xz"]: LIMIT=400 bash tools/device/branch_check.sh
 set -uo pipefail
 export KESTREL_SOURCE_ROOT=/work/main
@@ -60,8 +60,8 @@ if [ "$(left)" -gt 60 ]; then
   nc=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   echo "== ncu mn at $((SECONDS - t0)) s"
   timeout $(($(left) - 10)) "$nc" --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
-    --log-file "$OUT/ncu_mn.csv" --launch-count 1500 \
-    $M/bench_engine --model /tmp/q4_0.gguf --sessions 1 --steps 2 --prompt 1 --pp 0 --ttft 0 >/dev/null 2>&1
+    --log-file "$OUT/ncu_mn.csv" --launch-count 2000 \
+    $M/bench_engine --model /tmp/q4_0.gguf --sessions ${NCU_SESSIONS:-32} --steps 2 --prompt 1 --pp 0 --ttft 0 >/dev/null 2>&1
   python3 tools/device/ncu_step.py "$OUT/ncu_mn.csv" 2>&1 | head -30
 fi
 echo "all done at $((SECONDS - t0)) s"
