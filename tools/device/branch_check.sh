@@ -3,7 +3,8 @@
 # stripped, built here; dev/notes/decode-step.md "Verifying the branch") beside main's carry (dev/carry.tar.xz), most
 # important first: the branch's bench_engine, its test_cuda_engine, main's bench_engine, the branch's kernel tests,
 # its kestreld serving the Q4_0 35B-A3B file over gRPC and shm; then, if time is left, main's CPU engine with its
-# section split and Nsight Compute's per-kernel split of the branch's step at 32 sessions; LIMIT seconds in all (400).
+# section split, its expert backend's thread sweep and Nsight Compute's per-kernel split of the branch's step at 32
+# sessions; LIMIT seconds in all (default 400).
 #   (device) carry ["dev/carry.tar.xz", "dev/mn.tar.xz"]: LIMIT=400 bash tools/device/branch_check.sh
 set -uo pipefail
 export KESTREL_SOURCE_ROOT=/work/main
@@ -57,6 +58,11 @@ if [ "$(left)" -gt 70 ]; then
   cat "$OUT/bench_cpu.txt" | head -40
 fi
 if [ "$(left)" -gt 60 ]; then
+  echo "== cpu expert backend (main) at $((SECONDS - t0)) s"
+  timeout 40 "$K/bench_cpu_expert_backend" --benchmark_filter='type:0/tokens:(1|32)/' >"$OUT/bench_cpu_experts.txt" 2>&1
+  grep -E "BM_|read" "$OUT/bench_cpu_experts.txt" | cut -c1-200 | head -20
+fi
+if [ "$(left)" -gt 60 ]; then
   nc=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
   echo "== ncu mn at $((SECONDS - t0)) s"
   timeout $(($(left) - 10)) "$nc" --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
@@ -65,7 +71,7 @@ if [ "$(left)" -gt 60 ]; then
   python3 tools/device/ncu_step.py "$OUT/ncu_mn.csv" 2>&1 | head -30
 fi
 echo "all done at $((SECONDS - t0)) s"
-for f in bench_main.txt bench_mn.txt mn_test_cuda_engine.txt mn_test_moe_imma.txt kestreld_mn.log ncu_mn.csv bench_cpu.txt; do
+for f in bench_main.txt bench_mn.txt mn_test_cuda_engine.txt mn_test_moe_imma.txt kestreld_mn.log ncu_mn.csv bench_cpu.txt bench_cpu_experts.txt; do
   [ -f "$OUT/$f" ] && cp "$OUT/$f" "$final/"
 done
 exit 0
