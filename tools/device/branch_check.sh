@@ -53,7 +53,7 @@ if [ -f dev/hf.tar.xz ] && [ "$(left)" -gt 60 ]; then
     echo "== hybrid bench $tree (--n-cpu-moe 40) at $((SECONDS - t0)) s"
     timeout 60 "$b" --model /tmp/q4_0.gguf --sessions 1,32 --steps 16 --pp 0 --ttft 0 --n-cpu-moe 40 \
       >"$OUT/hybrid_$tree.txt" 2>&1
-    grep -E "^\| [0-9]|plan|predict" "$OUT/hybrid_$tree.txt" | head -8
+    grep -E "^\| [0-9]|plan|predict|host experts|sessions, ms per step" "$OUT/hybrid_$tree.txt" | head -12
   done
 fi
 if [ "$(left)" -gt 35 ]; then
