@@ -49,9 +49,9 @@ if [ -f dev/hf.tar.xz ] && [ "$(left)" -gt 60 ]; then
   for tree in hf main; do
     b=$K/bench_engine
     [ "$tree" = hf ] && b=/tmp/hf/bench_engine
-    [ "$(left)" -gt 70 ] || break
+    [ "$(left)" -gt 100 ] || break
     echo "== hybrid bench $tree (--n-cpu-moe 40) at $((SECONDS - t0)) s"
-    timeout 60 "$b" --model /tmp/q4_0.gguf --sessions 1,32 --steps 16 --pp 0 --ttft 0 --n-cpu-moe 40 \
+    timeout 90 "$b" --model /tmp/q4_0.gguf --sessions 1,32 --steps 16 --pp 0 --ttft 0 --n-cpu-moe 40 \
       >"$OUT/hybrid_$tree.txt" 2>&1
     grep -E "^\| [0-9]|plan|predict|host experts|sessions, ms per step" "$OUT/hybrid_$tree.txt" | head -12
   done
