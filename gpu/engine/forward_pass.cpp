@@ -551,7 +551,7 @@ Status ForwardPass::hybrid_ffn_layer(size_t l, int n) {
 
 Status ForwardPass::ffn_layer(size_t l, int n, const float* next_w, bool prepare_next) {
   const DeviceFfnLayer& f = model_.layers()[l].ffn;
-  if (f.moe && f.moe_tiled && !f.hybrid()) {
+  if (f.moe && f.moe_tiled && !f.hybrid() && tuning_.moe_combine_norm) {
     MoeResidualNorm then;
     then.res = h_;
     then.w = next_w;
@@ -568,7 +568,10 @@ Status ForwardPass::ffn_layer(size_t l, int n, const float* next_w, bool prepare
 Status ForwardPass::ffn_sublayer(size_t l, int n) {
   const DeviceFfnLayer& f = model_.layers()[l].ffn;
   if (f.hybrid()) return hybrid_ffn_layer(l, n);
-  if (f.moe) return moe_forward(f.moe_raw, x_, n, y_, moe_ws_, stream_);
+  if (f.moe) {
+    if (f.moe_tiled) return moe_imma_forward(f.moe_imma, x_, n, y_, moe_ws_, stream_, tuning_.moe_imma);
+    return moe_forward(f.moe_raw, x_, n, y_, moe_ws_, stream_);
+  }
   const bool tiled = f.gate.tiled || f.up.tiled;
   if (tiled && !take_x_prepared()) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
   KESTREL_TRY(matmul(f.gate, x_, tiled, n, proj_a_));
