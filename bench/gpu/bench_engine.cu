@@ -4,8 +4,7 @@
 // (GDN, attention, MoE, dense FFN, lm_head with the logits copy, the rest), so the next speed work is chosen by it.
 //
 //   bench_engine --model M.gguf [--sessions 1,8,32] [--steps 64] [--prompt 32] [--pp 512,4096] [--ttft 2000]
-//                [--no-pdl] [--no-combine-norm] [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor
-//                REGEX=cpu|gpu]...
+//                [--no-pdl] [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...
 //                [--threads N]
 //
 // With a placement flag the engine is built as kestreld builds it (hybrid/placed_cuda_engine.h): the routed experts
@@ -56,7 +55,6 @@ struct Args {
   std::vector<int> pp = {512, 4096};
   int ttft = 2000;
   bool programmatic = true;
-  bool combine_norm = true;
   bool placed = false;  // a placement flag was given
   PlacementFlags placement;
   int threads = 0;
@@ -85,8 +83,6 @@ bool parse(int argc, char** argv, Args* a) {
       a->prompt = std::atoi(v);
     } else if (k == "--no-pdl") {
       a->programmatic = false;
-    } else if (k == "--no-combine-norm") {
-      a->combine_norm = false;
     } else if (k == "--gpu-memory" && (v = val())) {
       a->placement.gpu_memory = v;
       a->placed = true;
@@ -243,7 +239,6 @@ Status run(const Args& a) {
   for (const int n : a.pp) o.n_ctx = std::max(o.n_ctx, n + 64);
   o.n_ctx = std::max(o.n_ctx, a.ttft + a.prompt + 3 * a.steps + 64);
   o.tuning.programmatic = a.programmatic;
-  o.tuning.moe_combine_norm = a.combine_norm;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaEngine> e;
   std::vector<std::vector<uint8_t>> on_gpu;  // empty: every expert on the GPU
@@ -264,8 +259,7 @@ Status run(const Args& a) {
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("model %s: %s, %u layers, vocab %u; %.2f GB on the device, loaded in %.1f s\n", a.model.c_str(),
               std::string(arch_name(hp.arch)).c_str(), hp.n_layer, hp.n_vocab, e->weight_bytes() / 1e9, load_s);
-  std::printf("layout: %s; programmatic launches %s, MoE combine with the norm %s\n", e->layout_summary().c_str(),
-              a.programmatic ? "on" : "off", a.combine_norm ? "on" : "off");
+  std::printf("layout: %s; programmatic launches %s\n", e->layout_summary().c_str(), a.programmatic ? "on" : "off");
   const double bw = setup.lim.peak_read_gbs * 1e9;
 
   std::printf(
@@ -362,7 +356,7 @@ int main(int argc, char** argv) {
   if (!kestrel::gpu::bench::parse(argc, argv, &a)) {
     std::fprintf(stderr,
                  "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--pp 512,4096] "
-                 "[--ttft N] [--no-pdl] [--no-combine-norm]\n"
+                 "[--ttft N] [--no-pdl]\n"
                  "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...\n"
                  "                    [--threads N]\n");
     return 2;

@@ -550,17 +550,6 @@ Status ForwardPass::hybrid_ffn_layer(size_t l, int n) {
 }
 
 Status ForwardPass::ffn_layer(size_t l, int n, const float* next_w, bool prepare_next) {
-  const DeviceFfnLayer& f = model_.layers()[l].ffn;
-  if (f.moe && f.moe_tiled && !f.hybrid() && tuning_.moe_combine_norm) {
-    MoeResidualNorm then;
-    then.res = h_;
-    then.w = next_w;
-    then.eps = model_.hparams().rms_eps;
-    then.y = x_;
-    then.xprep = prepare_next ? xprep_ : nullptr;
-    x_prepared_ = prepare_next;
-    return moe_imma_forward_norm(f.moe_imma, x_, n, then, moe_ws_, stream_, tuning_.moe_imma);
-  }
   KESTREL_TRY(ffn_sublayer(l, n));
   return norm(y_, next_w, n, prepare_next);
 }

@@ -8,7 +8,7 @@
 //                 attn: q|gate, k, v = W x  → attention_decode (q/k norm, RoPE, KV append, softmax) → attn_output
 //                 h += y;  x = rms_norm(h) · post_attention_norm  rms_norm_prepare
 //                 MoE (moe_imma or moe_forward; a hybrid layer below) or dense SwiGLU (gemv, swiglu, gemv)
-//                 h += y;  x = rms_norm(h) · next norm          rms_norm_prepare (moe_imma: in its combine)
+//                 h += y;  x = rms_norm(h) · next norm          rms_norm_prepare
 //   logits = output · x (output_norm applied)                    only for the rows that ask for them
 //
 // A prompt's tokens share a pass as rows of one slot (PassRow): attention appends all their K/V before it attends,
@@ -151,8 +151,8 @@ class ForwardPass {
   // logits_mode: 0 no lm_head, 1 lm_head and argmax (ids copied back), 2 also the logits rows copied back.
   Status enqueue(int n, int m, int logits_mode, float* hidden);
   Status capture(int n, int m, int logits_mode, cudaGraphExec_t* exec);
-  // Layer l's FFN and the norm after it (weight next_w, prepared when prepare_next): a tiled MoE layer runs the
-  // residual add and the norm inside its combine (moe_imma_forward_norm), the other forms call norm() after.
+  // Layer l's FFN and the norm after it (weight next_w, prepared when prepare_next: rms_norm_prepare with the residual
+  // add).
   Status ffn_layer(size_t l, int n, const float* next_w, bool prepare_next);
   // Layer l's FFN alone (its output in y_): hybrid, raw MoE or dense.
   Status ffn_sublayer(size_t l, int n);

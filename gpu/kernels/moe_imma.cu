@@ -35,7 +35,6 @@
 #include "gpu/kernels/moe_imma.h"
 #include "gpu/kernels/moe_route.cuh"
 #include "gpu/kernels/moe_router_logits.cuh"
-#include "gpu/kernels/norm_row.cuh"
 #include "gpu/kernels/pdl.cuh"
 #include "gpu/memory/scratch_carve.h"
 #include "gpu/memory/tiled_matrix.h"
@@ -556,7 +555,7 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   imma_prep::prepare_group(imma_prep::PlainRows{x}, h, lay, xprep, vec, grp, static_cast<int>(threadIdx.x) % 32);
 }
 
-// The combine kernels' part before their wait: token t's entries and weights into ent_s / wt_s and, with kShared, its
+// The combine kernel's part before its wait: token t's entries and weights into ent_s / wt_s and, with kShared, its
 // shared-expert gate sigmoid(gate_inp · x[t]) (returned; 0 without), then a barrier so the block sees the entries.
 template <GgmlType T, bool kShared>
 __device__ __forceinline__ float combine_prologue(const int32_t* token_entry, const float* entry_weight, int k,
@@ -599,39 +598,6 @@ __global__ void __launch_bounds__(kCombineThreads)
       ye, k, c, h, [&](int j) { return ent_s[j]; }, [&](int j, int) { return wt_s[j]; });
   if constexpr (kShared) y = __fadd_rn(y, __fmul_rn(s, ld_dep(ye + static_cast<int64_t>(n_entries + t) * h + c)));
   out[static_cast<int64_t>(t) * h + c] = y;
-}
-
-// combine_kernel's sums, then the decoder's residual add and next RMSNorm of each token's row (MoeResidualNorm), and
-// with kPrepare the normalised row's prepared form: one block per token (the norm needs the whole row), the columns
-// t, t + kCombineThreads, ... per thread. The same bits as combine_kernel followed by rms_norm_prepare /
-// residual_add_rms_norm: the same sums per column, then norm_row's body. y may be x: the block reads its row of x (the
-// shared gate) before the barrier that precedes its first write, and no other block reads that row.
-template <GgmlType T, bool kShared, bool kPrepare>
-__global__ void __launch_bounds__(kCombineThreads)
-    combine_norm_kernel(const float* __restrict__ ye, const int32_t* __restrict__ token_entry,
-                        const float* __restrict__ entry_weight, int k, int n_entries,
-                        const uint8_t* __restrict__ gate_inp, const float* x, int h, float* res, const float* norm_w,
-                        float eps, float* y, imma_prep::XLayout lay, uint8_t* xprep) {
-  const int t = static_cast<int>(blockIdx.x);
-  pdl_trigger();
-  __shared__ int32_t ent_s[kMoeMaxUsed];
-  __shared__ float wt_s[kMoeMaxUsed];
-  __shared__ float scratch[33];
-  const float s = combine_prologue<T, kShared>(token_entry, entry_weight, k, gate_inp, x, h, t, ent_s, wt_s);
-  pdl_wait();
-  const float* sh = ye + static_cast<int64_t>(n_entries + t) * h;
-  const auto layer_out = [&](int64_t c) {
-    float v = moe_combine::routed_sum_of(
-        ye, k, static_cast<int>(c), h, [&](int j) { return ent_s[j]; }, [&](int j, int) { return wt_s[j]; });
-    if constexpr (kShared) v = __fadd_rn(v, __fmul_rn(s, ld_dep(sh + c)));
-    return v;
-  };
-  const int64_t row = static_cast<int64_t>(t) * h;
-  norm_row::residual_norm<true>(res + row, layer_out, norm_w, h, eps, y + row, scratch);
-  if constexpr (kPrepare) {
-    __syncthreads();
-    norm_row::prepare_row(y, h, lay, xprep, t);
-  }
 }
 
 // ---- checks ------------------------------------------------------------------------------------------------------
@@ -818,53 +784,11 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
 
 namespace {
 
-Status check_norm(const MoeResidualNorm& n, int64_t H, int n_tok) {
-  if (n.res == nullptr || n.w == nullptr || n.y == nullptr) return bad("norm: res, w or y is null");
-  if (n.xprep != nullptr) {
-    if (!aligned16(n.xprep) || !aligned16(n.y)) return bad("norm: xprep or y is not 16-byte aligned");
-    if (imma_x_bytes(H, n_tok) == 0) {
-      return bad("norm: H " + std::to_string(H) + " has no prepared form (a multiple of 64 up to gemv_imma's widest)");
-    }
-  }
-  return ok_status();
-}
-
-// The combine with the residual add and the norm (combine_norm_kernel), programmatic like the plain combine.
-Status launch_combine_norm(const MoeImmaWeights& w, const float* ye, const int32_t* token_entry,
-                           const float* entry_weight, int n_entries, const float* x, int n_tok,
-                           const MoeResidualNorm& norm, cudaStream_t stream) {
-  const int H = static_cast<int>(w.n_embd);
-  const int k = w.n_expert_used;
-  const imma_prep::XLayout lay = imma_prep::x_layout(H);
-  auto* const xprep = static_cast<uint8_t*>(norm.xprep);
-  const dim3 grid(static_cast<unsigned>(n_tok));
-  const auto launch = [&](auto tag, auto shared, const uint8_t* gate_inp) -> Status {
-    constexpr GgmlType T = decltype(tag)::value;
-    constexpr bool kShared = decltype(shared)::value;
-    if (xprep != nullptr) {
-      return launch_programmatic(true, combine_norm_kernel<T, kShared, true>, grid, dim3(kCombineThreads), 0, stream,
-                                 ye, token_entry, entry_weight, k, n_entries, gate_inp, x, H, norm.res, norm.w,
-                                 norm.eps, norm.y, lay, xprep);
-    }
-    return launch_programmatic(true, combine_norm_kernel<T, kShared, false>, grid, dim3(kCombineThreads), 0, stream, ye,
-                               token_entry, entry_weight, k, n_entries, gate_inp, x, H, norm.res, norm.w, norm.eps,
-                               norm.y, lay, xprep);
-  };
-  if (!w.has_shared_expert()) {
-    return launch(std::integral_constant<GgmlType, GgmlType::kF32>{}, std::false_type{}, nullptr);
-  }
-  const auto* gate_inp = static_cast<const uint8_t*>(w.shared_gate_inp.data);
-  return dispatch_dequant_type(
-      w.shared_gate_inp.type, [&](auto tag) -> Status { return launch(tag, std::true_type{}, gate_inp); },
-      unsupported("ffn_gate_inp_shexp type " + tname(w.shared_gate_inp.type)));
-}
-
 // moe_imma_forward, and with `h` moe_imma_forward_hybrid (moe_hybrid.h's steps: the routing by
 // route_table_hybrid_kernel, the hooks, the GEMVs over the resident experts' and the shared expert's segments, the
 // hybrid combine).
 Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace, cudaStream_t stream,
-               const MoeImmaTuning& tuning, MoeLaunchInfo* info, const MoeHybrid* h, const MoeHybridHooks* hooks,
-               const MoeResidualNorm* norm = nullptr) {
+               const MoeImmaTuning& tuning, MoeLaunchInfo* info, const MoeHybrid* h, const MoeHybridHooks* hooks) {
   KESTREL_TRY(check_weights(w, h != nullptr && h->n_resident == 0));
   if (h != nullptr) KESTREL_TRY(moe_hybrid_check(*h, w.n_expert));
   if (n_tok < 1 || n_tok > kMoeMaxTokens) {
@@ -874,11 +798,9 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
     return bad("tuning.segment_vectors " + std::to_string(tuning.segment_vectors) + " outside [1, " +
                std::to_string(kImmaSegmentVectors) + "]");
   }
-  if (x == nullptr || (out == nullptr && norm == nullptr) || workspace == nullptr || !aligned16(x) ||
-      !aligned16(workspace)) {
+  if (x == nullptr || out == nullptr || workspace == nullptr || !aligned16(x) || !aligned16(workspace)) {
     return bad("x, out or workspace is null, or x / workspace is not 16-byte aligned");
   }
-  if (norm != nullptr) KESTREL_TRY(check_norm(*norm, w.n_embd, n_tok));
   auto* const route_arrivals = static_cast<unsigned*>(workspace);
   void* const scratch = static_cast<unsigned char*>(workspace) + kChainCounterBytes;
   const int E = static_cast<int>(w.n_expert);
@@ -1026,15 +948,6 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
   const float* ye = l.ye;
   const int32_t* token_entry = r.token_entry;
   const float* entry_weight = r.entry_weight;
-  if (norm != nullptr) {
-    KESTREL_TRY(launch_combine_norm(w, ye, token_entry, entry_weight, c.n_entries, x, n_tok, *norm, stream));
-    ++launches;
-    if (info != nullptr) {
-      info->launches = launches;
-      info->routing = r;
-    }
-    return ok_status();
-  }
   const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
   if (w.has_shared_expert()) {
     const auto* gate_inp = static_cast<const uint8_t*>(w.shared_gate_inp.data);
@@ -1064,11 +977,6 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
                         cudaStream_t stream, const MoeImmaTuning& tuning, MoeLaunchInfo* info) {
   return forward(w, x, n_tok, out, workspace, stream, tuning, info, nullptr, nullptr);
-}
-
-Status moe_imma_forward_norm(const MoeImmaWeights& w, const float* x, int n_tok, const MoeResidualNorm& norm,
-                             void* workspace, cudaStream_t stream, const MoeImmaTuning& tuning, MoeLaunchInfo* info) {
-  return forward(w, x, n_tok, nullptr, workspace, stream, tuning, info, nullptr, nullptr, &norm);
 }
 
 Status moe_imma_forward_hybrid(const MoeImmaWeights& w, const MoeHybrid& h, const float* x, int n_tok, float* out,

@@ -118,23 +118,6 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
                         cudaStream_t stream, const MoeImmaTuning& tuning = {}, MoeLaunchInfo* info = nullptr);
 
-// What follows an MoE layer in the decoder (model-spec.md §2): the residual add of the layer's output and the next
-// RMSNorm of the sum, and optionally that norm's prepared form for the next GEMV (gemv_imma_prepare_x's bytes).
-struct MoeResidualNorm {
-  float* res = nullptr;      // device f32 [n_tok, H]: res += the layer's output, in place
-  const float* w = nullptr;  // device f32 [H]: the next norm's weight
-  float eps = 0.0f;
-  float* y = nullptr;     // device f32 [n_tok, H]: rms_norm(res) · w; may be the layer's input x, not res
-  void* xprep = nullptr;  // null, or device imma_x_bytes(H, n_tok) bytes (16-byte aligned, and y too): y prepared
-};
-
-// moe_imma_forward followed by residual_add_rms_norm(res, out, w, ...) — or by rms_norm_prepare(res, out, w, ...)
-// when norm.xprep is set — with the add and the norm inside the combine's launch (one block per token; the same
-// bits): the decoder's MoE sub-layer and the norm after it without a kernel between them. No `out` is written.
-Status moe_imma_forward_norm(const MoeImmaWeights& w, const float* x, int n_tok, const MoeResidualNorm& norm,
-                             void* workspace, cudaStream_t stream, const MoeImmaTuning& tuning = {},
-                             MoeLaunchInfo* info = nullptr);
-
 // The hybrid layer (moe_hybrid.h): w's routed stacks hold only the resident experts (expert id e at slot
 // h.resident[e] of each stack; null when none is resident) while n_expert, the router and the routing cover all E;
 // the hooks run between the phases. The routing always takes the one-block form (route_table_kernel's, with the split

@@ -1,6 +1,6 @@
-// norm_row.cuh: one row's residual add and RMSNorm by one block, and the prepared form of the normalised row, for the
-// kernels that end in a norm (gpu/kernels/rms_norm.cu's, moe_imma's combine). One body for all of them, so the bits
-// are the same whichever kernel a norm runs in. Device code only; include from .cu files.
+// norm_row.cuh: one row's residual add and RMSNorm by one block, and the prepared form of the normalised row, for
+// rms_norm.cu's kernels: one body for the plain, fused and preparing forms, so the bits are the same whichever of them
+// a norm runs in. Device code only; include from .cu files.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -70,10 +70,6 @@ struct GpuTuning {
   // kernel before them: their launch and first weight loads overlap that kernel's end, the bits are the same. false
   // for A/B measurements (bench_engine --no-pdl).
   bool programmatic = true;
-  // A tiled MoE layer's combine also does the residual add and the next norm (moe_imma_forward_norm, one block per
-  // token) instead of a combine over all blocks and the fused residual norm after it. false for A/B measurements
-  // (bench_engine --no-combine-norm).
-  bool moe_combine_norm = true;
   GemvImmaTuning gemv_imma;  // the dense projections
   MoeImmaTuning moe_imma;
   GdnDecodeTuning gdn_decode;

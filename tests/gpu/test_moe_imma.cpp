@@ -32,7 +32,6 @@
 #include "core/reference/moe.h"
 #include "gpu/kernels/gemv_imma.h"  // kImmaSegmentVectors
 #include "gpu/kernels/moe_imma.h"
-#include "gpu/kernels/rms_norm.h"
 #include "gpu/memory/tiled_matrix.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/moe_test_util.h"
@@ -299,93 +298,6 @@ TEST(MoeImma, TokenBitsDoNotDependOnTheBatch) {
           << "the first " << n << " tokens alone differ from the same tokens in a batch of 32";
     }
   }
-}
-
-// moe_imma_forward_norm: the same residual rows, norm rows and prepared bytes as moe_imma_forward followed by
-// residual_add_rms_norm (no preparation) or rms_norm_prepare (programmatic, as the engine chains it), with the norm
-// written over the layer's input (the engine's x); the 35B-A3B shape with a shared expert and odd shapes without one,
-// 1, 3 and 32 tokens, and the launch count (the add and the norm take none of their own).
-TEST(MoeImma, ResidualNormInTheCombineMatchesTheNormAfter) {
-  KESTREL_REQUIRE_DEVICE();
-  constexpr float kEps = 1e-6f;
-  const Shape shapes[] = {{"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_0},
-                          {"odd no shared", 256, 24, 3, 128, false, GgmlType::kQ4_K},
-                          {"k=1", 192, 7, 1, 64, false, GgmlType::kQ4_0}};
-  for (const Shape& s : shapes) {
-    HostMoe m;
-    DeviceMoe d;
-    ASSERT_NO_FATAL_FAILURE(build_layer(s, m, d));
-    const MoeImmaWeights& w = d.layer->weights();
-    std::mt19937 rng(17);
-    std::normal_distribution<float> dist(0.0f, 2.0f);
-    std::vector<float> norm_w(static_cast<size_t>(s.h));
-    for (float& v : norm_w) v = dist(rng);
-    DeviceBuffer dw(norm_w.size() * 4);
-    ASSERT_TRUE(test::upload(dw, norm_w));
-    for (const int n : {1, 3, 32}) {
-      for (const bool prepare : {false, true}) {
-        SCOPED_TRACE(describe(s, n) + (prepare ? ", prepared" : ""));
-        const std::vector<float> x = draw_x(m, n, 23u + static_cast<unsigned>(n));
-        std::vector<float> res(x.size());
-        for (float& v : res) v = dist(rng);
-        const size_t bytes = x.size() * 4;
-        const uint64_t prep_bytes = imma_x_bytes(s.h, n);
-        ASSERT_GT(prep_bytes, 0u);
-        DeviceBuffer ws(moe_imma_workspace_bytes(w, n));
-        DeviceBuffer x_a(bytes), out_a(bytes), res_a(bytes), y_a(bytes), prep_a(prep_bytes);
-        DeviceBuffer x_b(bytes), res_b(bytes), prep_b(prep_bytes);
-        for (DeviceBuffer* b : {&x_a, &x_b}) ASSERT_TRUE(test::upload(*b, x));
-        for (DeviceBuffer* b : {&res_a, &res_b}) ASSERT_TRUE(test::upload(*b, res));
-        KESTREL_CUDA_OK(memset_synced(prep_a.as(), 0xA5, prep_bytes));
-        KESTREL_CUDA_OK(memset_synced(prep_b.as(), 0x5A, prep_bytes));
-        KESTREL_CUDA_OK(memset_synced(ws.as(), 0xA5, ws.bytes()));
-        ASSERT_TRUE(moe_imma_workspace_init(w, ws.as(), nullptr));
-        ASSERT_TRUE(moe_imma_forward(w, x_a.as<float>(), n, out_a.as<float>(), ws.as(), nullptr));
-        if (prepare) {
-          ASSERT_TRUE(rms_norm_prepare(res_a.as<float>(), out_a.as<float>(), dw.as<float>(), n, s.h, kEps,
-                                       y_a.as<float>(), prep_a.as(), nullptr, true));
-        } else {
-          ASSERT_TRUE(residual_add_rms_norm(res_a.as<float>(), out_a.as<float>(), dw.as<float>(), n, s.h, kEps,
-                                            y_a.as<float>(), nullptr));
-        }
-        MoeResidualNorm then;
-        then.res = res_b.as<float>();
-        then.w = dw.as<float>();
-        then.eps = kEps;
-        then.y = x_b.as<float>();
-        then.xprep = prepare ? prep_b.as() : nullptr;
-        MoeLaunchInfo info;
-        const Status st = moe_imma_forward_norm(w, x_b.as<float>(), n, then, ws.as(), nullptr, {}, &info);
-        ASSERT_TRUE(st) << st.error().to_string();
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
-        EXPECT_EQ(info.launches, expected_launches(s));
-        const size_t count = x.size();
-        EXPECT_TRUE(test::download<float>(res_b.as(), count) == test::download<float>(res_a.as(), count))
-            << "residual rows differ";
-        EXPECT_TRUE(test::download<float>(x_b.as(), count) == test::download<float>(y_a.as(), count))
-            << "norm rows differ";
-        if (prepare) {
-          EXPECT_TRUE(test::download<uint8_t>(prep_b.as(), prep_bytes) ==
-                      test::download<uint8_t>(prep_a.as(), prep_bytes))
-              << "prepared bytes differ";
-        }
-      }
-    }
-  }
-  // Argument checks: a null weight or y, and a misaligned y when preparing.
-  const Shape s{"odd no shared", 256, 24, 3, 128, false, GgmlType::kQ4_0};
-  HostMoe m;
-  DeviceMoe d;
-  ASSERT_NO_FATAL_FAILURE(build_layer(s, m, d));
-  DeviceBuffer x(256 * 4 + 16), res(256 * 4), ws(moe_imma_workspace_bytes(d.layer->weights(), 1)), prep(4096);
-  MoeResidualNorm bad_norm;
-  bad_norm.res = res.as<float>();
-  bad_norm.y = x.as<float>();
-  EXPECT_FALSE(moe_imma_forward_norm(d.layer->weights(), x.as<float>(), 1, bad_norm, ws.as(), nullptr));
-  bad_norm.w = res.as<float>();
-  bad_norm.y = x.as<float>() + 1;
-  bad_norm.xprep = prep.as();
-  EXPECT_FALSE(moe_imma_forward_norm(d.layer->weights(), x.as<float>(), 1, bad_norm, ws.as(), nullptr));
 }
 
 // One workspace through calls of 32 tokens (the routing spread over a block per token) and of one token (the routing
