@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent GPU machine: two branches' prebuilt binaries beside main's carry, printing summary lines only
 # (dev/notes/decode-step.md "Verifying the branch" says how the tarballs are made):
-#   dev/mn.tar.xz  the decode-step branch: bench_engine with and without the MoE combine's norm, beside main's
-#                  bench_engine; its kernel tests and test_cuda_engine;
+#   dev/mn.tar.xz  the decode-step branch: bench_engine beside main's; its kernel tests and test_cuda_engine;
 #   dev/hf.tar.xz  the hybrid hand-off branch (built in /work/wt-expert): test_expert_handoff, test_cuda_hybrid,
 #                  bench_engine with every routed expert on the CPU, bench_cpu_engine with its section split.
 # Each step runs only while LIMIT seconds (default 360) leave it time.
@@ -34,7 +33,6 @@ bench() {  # bench LABEL BINARY ARGS...
   grep -E "^\| [0-9]|sessions, ms per step|host experts" "$OUT/b_$label.txt" | cut -c1-240
 }
 [ "$(left)" -gt 60 ] && bench mn /tmp/mn/bench_engine --sessions 1,8,32
-[ "$(left)" -gt 60 ] && bench mn_nocn /tmp/mn/bench_engine --sessions 1,8,32 --no-combine-norm
 [ "$(left)" -gt 60 ] && bench main $K/bench_engine --sessions 1,8,32
 for t in test_rms_norm test_gdn_decode test_attention_decode test_moe_imma; do
   [ "$(left)" -gt 30 ] && test_of /tmp/mn "$t" 25
@@ -50,7 +48,7 @@ if [ "$(left)" -gt 30 ]; then
   grep -E "^\| " "$OUT/cpu.txt" | head -20
 fi
 echo "all done at $((SECONDS - t0)) s"
-for f in b_mn.txt b_mn_nocn.txt b_main.txt b_hf_hybrid.txt cpu.txt t_test_cuda_hybrid.txt t_test_expert_handoff.txt \
+for f in b_mn.txt b_main.txt b_hf_hybrid.txt cpu.txt t_test_cuda_hybrid.txt t_test_expert_handoff.txt \
   t_test_moe_imma.txt; do
   [ -f "$OUT/$f" ] && cp "$OUT/$f" "$final/"
 done
