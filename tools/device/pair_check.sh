@@ -29,17 +29,17 @@ bench() {  # bench LABEL BINARY ARGS...
   local label=$1 b=$2
   shift 2
   echo "== $label at $((SECONDS - t0)) s"
-  timeout 60 "$b" --model /tmp/q4_0.gguf --steps 32 --pp 0 --ttft 0 "$@" >"$OUT/b_$label.txt" 2>&1
+  timeout 60 "$b" --model /tmp/q4_0.gguf --steps 16 --pp 0 --ttft 0 "$@" >"$OUT/b_$label.txt" 2>&1
   grep -E "^\| [0-9]|sessions, ms per step|host experts" "$OUT/b_$label.txt" | cut -c1-240
 }
-[ "$(left)" -gt 60 ] && bench mn /tmp/mn/bench_engine --sessions 1,8,32
-[ "$(left)" -gt 60 ] && bench main $K/bench_engine --sessions 1,8,32
-for t in test_rms_norm test_gdn_decode test_attention_decode test_moe_imma; do
-  [ "$(left)" -gt 30 ] && test_of /tmp/mn "$t" 25
-done
-[ "$(left)" -gt 40 ] && test_of /tmp/mn test_cuda_engine 40
+[ "$(left)" -gt 40 ] && bench mn /tmp/mn/bench_engine --sessions 1,32
+[ "$(left)" -gt 40 ] && bench main $K/bench_engine --sessions 1,32
 [ "$(left)" -gt 20 ] && test_of /tmp/hf test_expert_handoff 15
-[ "$(left)" -gt 45 ] && test_of /tmp/hf test_cuda_hybrid 45
+[ "$(left)" -gt 25 ] && test_of /tmp/mn test_cuda_engine 30
+for t in test_moe_imma test_rms_norm test_gdn_decode test_attention_decode; do
+  [ "$(left)" -gt 20 ] && test_of /tmp/mn "$t" 20
+done
+[ "$(left)" -gt 35 ] && test_of /tmp/hf test_cuda_hybrid 35
 [ "$(left)" -gt 50 ] && bench hf_hybrid /tmp/hf/bench_engine --sessions 1 --n-cpu-moe 40
 if [ "$(left)" -gt 30 ]; then
   echo "== cpu engine (hf) at $((SECONDS - t0)) s"
