@@ -262,8 +262,8 @@ class CudaEngineImpl final : public CudaEngine {
   void clear_profile() override { pass_->clear_profile(); }
   std::string layout_summary() const override {
     return std::to_string(dm_->n_tiled_matrices()) + " projection matrices tiled for GEMV v4, " +
-           std::to_string(dm_->n_raw_matrices()) + " raw; " + std::to_string(dm_->n_stacked_gdn_layers()) +
-           " GDN layers with stacked input projections; " + std::to_string(dm_->n_moe_tiled_layers()) +
+           std::to_string(dm_->n_raw_matrices()) + " raw; " + std::to_string(dm_->n_stacked_layers()) +
+           " layers with stacked input projections; " + std::to_string(dm_->n_moe_tiled_layers()) +
            " MoE layers on moe_imma" +
            (dm_->n_hybrid_layers() > 0
                 ? "; " + std::to_string(dm_->n_hybrid_layers()) + " MoE layers with routed experts on the host (" +

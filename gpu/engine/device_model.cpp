@@ -66,21 +66,24 @@ bool is_expert_matrix(const std::string& name) {
   return false;
 }
 
-// The pool key of a GDN layer's stacked input projections.
-std::string stacked_key(uint32_t layer) { return "blk." + std::to_string(layer) + ".gdn_in_stacked"; }
+// The pool key of a layer's stacked input projections.
+std::string stacked_key(uint32_t layer) { return "blk." + std::to_string(layer) + ".in_stacked"; }
 
-// A GDN layer's input projections in stacking order (qkv, gate, beta, alpha / qkv, gate, ba / ssm_in, ba), when they
-// all share one type GEMV v4 takes at the stacked shape; else empty.
+// A layer's input projections in stacking order — GDN: qkv, gate, beta, alpha / qkv, gate, ba / ssm_in, ba;
+// attention: q (with its gate), k, v — when they all share one type GEMV v4 takes at the stacked shape; else empty.
 std::vector<const TensorRef*> stackable_inputs(const LayerWeights& lw, uint64_t n_embd) {
-  if (lw.kind != LayerKind::kGatedDeltaNet) return {};
-  const GdnWeights& g = lw.gdn;
   std::vector<const TensorRef*> parts;
-  if (g.ssm_in.present()) {
-    parts = {&g.ssm_in, &g.ba};
-  } else if (g.ba.present()) {
-    parts = {&g.qkv, &g.gate, &g.ba};
+  if (lw.kind == LayerKind::kGatedDeltaNet) {
+    const GdnWeights& g = lw.gdn;
+    if (g.ssm_in.present()) {
+      parts = {&g.ssm_in, &g.ba};
+    } else if (g.ba.present()) {
+      parts = {&g.qkv, &g.gate, &g.ba};
+    } else {
+      parts = {&g.qkv, &g.gate, &g.beta, &g.alpha};
+    }
   } else {
-    parts = {&g.qkv, &g.gate, &g.beta, &g.alpha};
+    parts = {&lw.attn.q, &lw.attn.k, &lw.attn.v};
   }
   uint64_t rows = 0;
   for (const TensorRef* t : parts) {
@@ -284,6 +287,19 @@ Expected<DeviceMatrix> DeviceModel::matrix(const TensorRef& t) {
   return m;
 }
 
+Expected<DeviceMatrix> DeviceModel::stacked(uint32_t layer) {
+  DeviceMatrix m;
+  KESTREL_TRY_ASSIGN(PoolRef ref, pool_.find(stacked_key(layer)));
+  KESTREL_TRY_ASSIGN(const PoolEntry* e, pool_.entry(ref));
+  m.tiled = true;
+  m.n_in = static_cast<int64_t>(e->ne[0]);
+  m.n_out = static_cast<int64_t>(e->ne[1]);
+  KESTREL_TRY_ASSIGN(m.tiled_view, pool_.tiled_view(ref));
+  max_tiled_in_ = std::max(max_tiled_in_, m.n_in);
+  ++n_tiled_;
+  return m;
+}
+
 Status DeviceModel::build_views(const WeightCatalog& catalog, const std::vector<std::vector<uint8_t>>& expert_on_gpu) {
   KESTREL_TRY_ASSIGN(const Residency res, residency_of(catalog, expert_on_gpu));
   auto f32 = [&](const TensorRef& t) -> Expected<const float*> {
@@ -358,14 +374,7 @@ Status DeviceModel::build_views(const WeightCatalog& catalog, const std::vector<
       DeviceGdnLayer& o = d.gdn;
       o.projection = ref::gdn_projection_for(hp_.arch, catalog.layout().gdn_input);
       if (!stackable_inputs(lw, hp_.n_embd).empty()) {
-        KESTREL_TRY_ASSIGN(PoolRef ref, pool_.find(stacked_key(l)));
-        KESTREL_TRY_ASSIGN(const PoolEntry* e, pool_.entry(ref));
-        o.in_stacked.tiled = true;
-        o.in_stacked.n_in = static_cast<int64_t>(e->ne[0]);
-        o.in_stacked.n_out = static_cast<int64_t>(e->ne[1]);
-        KESTREL_TRY_ASSIGN(o.in_stacked.tiled_view, pool_.tiled_view(ref));
-        max_tiled_in_ = std::max(max_tiled_in_, o.in_stacked.n_in);
-        ++n_tiled_;
+        KESTREL_TRY_ASSIGN(o.in_stacked, stacked(l));
         ++n_stacked_;
       } else {
         KESTREL_TRY_ASSIGN(o.qkv, matrix(w.qkv));
@@ -383,9 +392,16 @@ Status DeviceModel::build_views(const WeightCatalog& catalog, const std::vector<
     } else {
       const AttentionWeights& w = lw.attn;
       DeviceAttnLayer& o = d.attn;
-      KESTREL_TRY_ASSIGN(o.q, matrix(w.q));
-      KESTREL_TRY_ASSIGN(o.k, matrix(w.k));
-      KESTREL_TRY_ASSIGN(o.v, matrix(w.v));
+      if (!stackable_inputs(lw, hp_.n_embd).empty()) {
+        KESTREL_TRY_ASSIGN(o.in_stacked, stacked(l));
+        o.q_rows = static_cast<int64_t>(w.q.rows());
+        o.k_rows = static_cast<int64_t>(w.k.rows());
+        ++n_stacked_;
+      } else {
+        KESTREL_TRY_ASSIGN(o.q, matrix(w.q));
+        KESTREL_TRY_ASSIGN(o.k, matrix(w.k));
+        KESTREL_TRY_ASSIGN(o.v, matrix(w.v));
+      }
       KESTREL_TRY_ASSIGN(o.o, matrix(w.o));
       KESTREL_TRY_ASSIGN(o.q_norm, f32(w.q_norm));
       KESTREL_TRY_ASSIGN(o.k_norm, f32(w.k_norm));

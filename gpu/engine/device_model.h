@@ -58,6 +58,11 @@ struct DeviceGdnLayer {
 };
 
 struct DeviceAttnLayer {
+  // q (with its gate), k and v stacked row-wise into one tiled matrix where they share a type GEMV v4 takes (one
+  // launch instead of three; the separate matrices are then not registered): its output rows hold q|gate (q_rows), k
+  // (k_rows) and v side by side (AttnDecodeArgs' strides).
+  DeviceMatrix in_stacked;
+  int64_t q_rows = 0, k_rows = 0;
   DeviceMatrix q, k, v, o;
   const float* q_norm = nullptr;  // f32 [hd]
   const float* k_norm = nullptr;  // f32 [hd]
@@ -122,7 +127,7 @@ class DeviceModel {
   int64_t max_tiled_in() const { return max_tiled_in_; }
   // How many layers run their experts on moe_imma, and how many matrices are tiled / raw.
   int n_moe_tiled_layers() const { return n_moe_tiled_; }
-  int n_stacked_gdn_layers() const { return n_stacked_; }
+  int n_stacked_layers() const { return n_stacked_; }
   int n_tiled_matrices() const { return n_tiled_; }
   int n_raw_matrices() const { return n_raw_; }
   // MoE layers with some routed experts off the device (hybrid()), and with none on it.
@@ -135,6 +140,8 @@ class DeviceModel {
   explicit DeviceModel(WeightPool pool) : pool_(std::move(pool)) {}
   Status build_views(const WeightCatalog& catalog, const std::vector<std::vector<uint8_t>>& expert_on_gpu);
   Expected<DeviceMatrix> matrix(const TensorRef& t);
+  // Layer `layer`'s stacked input projections (registered tiled under its stacked key).
+  Expected<DeviceMatrix> stacked(uint32_t layer);
 
   WeightPool pool_;
   ModelHparams hp_;

@@ -39,7 +39,8 @@ Widths widths_of(const ModelHparams& hp) {
   const int64_t I = hp.n_ff_dense, att = int64_t{hp.n_head} * hp.head_dim;
   Widths w;
   w.h = H;
-  w.proj_a = std::max({C + Vd + 2 * Vh, qg, I, int64_t{1}});  // C + Vd + 2·Vh: the stacked GDN projections
+  // C + Vd + 2·Vh: the stacked GDN projections; qg + 2·kv: the stacked attention projections.
+  w.proj_a = std::max({C + Vd + 2 * Vh, qg + 2 * kv, I, int64_t{1}});
   w.proj_b = std::max({Vd, kv, I, int64_t{1}});
   w.proj_c = std::max({2 * Vh, kv, int64_t{1}});
   w.proj_d = std::max(Vh, int64_t{1});
@@ -80,9 +81,6 @@ bool any_hybrid(const DeviceModel& m) {
   return false;
 }
 
-// The GDN run table of a pass (gdn_runs.h) into start / len / order (P entries each): one run per slot, its rows in
-// position order, entries past the runs of length 0. *several: some slot has more than one row. kInvalidArgument
-// when a slot's positions are not consecutive.
 // The kernel nodes of a captured graph (-1 when the runtime cannot list them: a count for the benchmarks, never a
 // reason to fail the capture).
 int count_kernel_nodes(cudaGraph_t graph) {
@@ -99,6 +97,9 @@ int count_kernel_nodes(cudaGraph_t graph) {
   return kernels;
 }
 
+// The GDN run table of a pass (gdn_runs.h) into start / len / order (P entries each): one run per slot, its rows in
+// position order, entries past the runs of length 0. *several: some slot has more than one row. kInvalidArgument
+// when a slot's positions are not consecutive.
 Status build_runs(std::span<const PassRow> rows, int32_t* start, int32_t* len, int32_t* order, bool* several) {
   const int n = static_cast<int>(rows.size());
   std::array<int32_t, P> by_slot{};
@@ -354,11 +355,35 @@ Status ForwardPass::matmul(const DeviceMatrix& m, const float* x, bool x_prepare
   return gemv(m.raw_view, x, n, y, stream_);
 }
 
+Status ForwardPass::norm(const float* delta, const float* w, int n, bool prepare_for) {
+  const ModelHparams& hp = model_.hparams();
+  const int64_t H = hp.n_embd;
+  x_prepared_ = prepare_for;
+  return rms_norm_prepare(h_, delta, w, n, H, hp.rms_eps, x_, prepare_for ? xprep_ : nullptr, stream_,
+                          tuning_.programmatic);
+}
+
+bool ForwardPass::mixer_input_tiled(size_t l) const {
+  const DeviceLayer& layer = model_.layers()[l];
+  if (layer.kind == LayerKind::kGatedDeltaNet) {
+    const DeviceGdnLayer& g = layer.gdn;
+    if (g.in_stacked.present()) return g.in_stacked.tiled;
+    return g.qkv.tiled || g.gate.tiled || g.ssm_in.tiled || g.ba.tiled || g.beta.tiled || g.alpha.tiled;
+  }
+  const DeviceAttnLayer& a = layer.attn;
+  return a.in_stacked.present() || a.q.tiled || a.k.tiled || a.v.tiled;
+}
+
+bool ForwardPass::ffn_input_tiled(size_t l) const {
+  const DeviceFfnLayer& f = model_.layers()[l].ffn;
+  return !f.moe && (f.gate.tiled || f.up.tiled);
+}
+
 Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
   const DeviceGdnLayer& g = model_.layers()[l].gdn;
   if (g.in_stacked.present()) {
     // One GEMV over the stacked projections; each output row holds them side by side.
-    KESTREL_TRY(matmul(g.in_stacked, x_, false, n, proj_a_));
+    KESTREL_TRY(matmul(g.in_stacked, x_, take_x_prepared(), n, proj_a_));
     const ref::GdnDims& d = model_.gdn_dims();
     const int64_t C = d.conv_dim(), Vd = d.value_dim(), Vh = d.n_v_heads;
     GdnDecodeInputs in;
@@ -371,11 +396,10 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
       case ref::GdnProjection::kQkvGateBa: in.z = proj_a_ + C, in.ba = proj_a_ + C + Vd; break;
       case ref::GdnProjection::kSsmInBa: in.ba = proj_a_ + C + Vd; break;
     }
-    KESTREL_TRY(gdn_step(g, in, gdn_index, n));
-    return matmul(g.out, mixed_, false, n, y_);
+    return gdn_step_and_out(g, in, gdn_index, n);
   }
   const bool tiled = g.qkv.tiled || g.gate.tiled || g.ssm_in.tiled || g.ba.tiled || g.beta.tiled || g.alpha.tiled;
-  if (tiled) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
+  if (tiled && !take_x_prepared()) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
   GdnDecodeInputs in;
   switch (g.projection) {
     case ref::GdnProjection::kQkvGateBetaAlpha:
@@ -397,32 +421,45 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
       in.qkv = proj_a_, in.ba = proj_c_;
       break;
   }
-  KESTREL_TRY(gdn_step(g, in, gdn_index, n));
-  return matmul(g.out, mixed_, false, n, y_);
+  return gdn_step_and_out(g, in, gdn_index, n);
 }
 
-Status ForwardPass::gdn_step(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n) {
+Status ForwardPass::gdn_step_and_out(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n) {
   GdnSlot* slots = gdn_slots_ + size_t(gdn_index) * P;
   if (runs_) {
-    return gdn_runs(model_.gdn_dims(), g.projection, g.small, in, slots, GdnRunTable{run_start_, run_len_, run_order_},
-                    n, mixed_, gdn_ws_, stream_, tuning_.gdn_decode);
+    KESTREL_TRY(gdn_runs(model_.gdn_dims(), g.projection, g.small, in, slots,
+                         GdnRunTable{run_start_, run_len_, run_order_}, n, mixed_, gdn_ws_, stream_,
+                         tuning_.gdn_decode));
+    return matmul(g.out, mixed_, false, n, y_);
   }
-  return gdn_decode(model_.gdn_dims(), g.projection, g.small, in, slots, n, mixed_, gdn_ws_, stream_,
-                    tuning_.programmatic, tuning_.gdn_decode);
+  // A tiled ssm_out reads the step's output prepared by the step itself.
+  const bool prepared = g.out.tiled;
+  KESTREL_TRY(gdn_decode(model_.gdn_dims(), g.projection, g.small, in, slots, n, mixed_, gdn_ws_, stream_,
+                         tuning_.programmatic, tuning_.gdn_decode, prepared ? xprep_ : nullptr));
+  return matmul(g.out, mixed_, prepared, n, y_);
 }
 
 Status ForwardPass::attn_layer(size_t l, int n) {
   const DeviceAttnLayer& a = model_.layers()[l].attn;
-  const bool tiled = a.q.tiled || a.k.tiled || a.v.tiled;
-  if (tiled) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
-  KESTREL_TRY(matmul(a.q, x_, tiled, n, proj_a_));
-  KESTREL_TRY(matmul(a.k, x_, tiled, n, proj_b_));
-  KESTREL_TRY(matmul(a.v, x_, tiled, n, proj_c_));
-  KESTREL_TRY_ASSIGN(KvPageTable table, slots_.kv_table(static_cast<uint32_t>(l)));
   AttnDecodeArgs args;
-  args.qg = proj_a_;
-  args.k = proj_b_;
-  args.v = proj_c_;
+  if (a.in_stacked.present()) {
+    // One GEMV over the stacked projections; each output row holds q|gate, k and v side by side.
+    KESTREL_TRY(matmul(a.in_stacked, x_, take_x_prepared(), n, proj_a_));
+    args.qg = proj_a_;
+    args.k = proj_a_ + a.q_rows;
+    args.v = proj_a_ + a.q_rows + a.k_rows;
+    args.qg_stride = args.kv_stride = a.in_stacked.n_out;
+  } else {
+    const bool tiled = a.q.tiled || a.k.tiled || a.v.tiled;
+    if (tiled && !take_x_prepared()) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
+    KESTREL_TRY(matmul(a.q, x_, tiled, n, proj_a_));
+    KESTREL_TRY(matmul(a.k, x_, tiled, n, proj_b_));
+    KESTREL_TRY(matmul(a.v, x_, tiled, n, proj_c_));
+    args.qg = proj_a_;
+    args.k = proj_b_;
+    args.v = proj_c_;
+  }
+  KESTREL_TRY_ASSIGN(KvPageTable table, slots_.kv_table(static_cast<uint32_t>(l)));
   args.q_norm = a.q_norm;
   args.k_norm = a.k_norm;
   args.rope_inv_freq = rope_inv_freq_;
@@ -433,8 +470,12 @@ Status ForwardPass::attn_layer(size_t l, int n) {
   args.workspace_bytes = attn_ws_bytes_;
   // Slot ids and positions come from the device copy (the engine checked them): the same launches replay in a graph.
   // The grid covers positions below the pass's bound (run() picks it from the rows).
-  KESTREL_TRY(attention_decode_device(attn_dims_of(model_.hparams()), table, args, n, position_bound_ - 1, stream_));
-  return matmul(a.o, mixed_, false, n, y_);
+  // A tiled attn_output reads the attention's output prepared by its merge kernel, where the head size allows.
+  const AttnDecodeDims dims = attn_dims_of(model_.hparams());
+  const bool prepared = a.o.tiled && attention_prepares_out(dims);
+  args.out_prepared = prepared ? xprep_ : nullptr;
+  KESTREL_TRY(attention_decode_device(dims, table, args, n, position_bound_ - 1, stream_));
+  return matmul(a.o, mixed_, prepared, n, y_);
 }
 
 ForwardPass::HostCall* ForwardPass::host_call(int32_t layer, int32_t n) {
@@ -508,7 +549,12 @@ Status ForwardPass::hybrid_ffn_layer(size_t l, int n) {
   return moe_forward_hybrid(f.moe_raw, h, x_, n, y_, moe_ws_, stream_, hooks);
 }
 
-Status ForwardPass::ffn_layer(size_t l, int n) {
+Status ForwardPass::ffn_layer(size_t l, int n, const float* next_w, bool prepare_next) {
+  KESTREL_TRY(ffn_sublayer(l, n));
+  return norm(y_, next_w, n, prepare_next);
+}
+
+Status ForwardPass::ffn_sublayer(size_t l, int n) {
   const DeviceFfnLayer& f = model_.layers()[l].ffn;
   if (f.hybrid()) return hybrid_ffn_layer(l, n);
   if (f.moe) {
@@ -516,7 +562,7 @@ Status ForwardPass::ffn_layer(size_t l, int n) {
     return moe_forward(f.moe_raw, x_, n, y_, moe_ws_, stream_);
   }
   const bool tiled = f.gate.tiled || f.up.tiled;
-  if (tiled) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
+  if (tiled && !take_x_prepared()) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
   KESTREL_TRY(matmul(f.gate, x_, tiled, n, proj_a_));
   KESTREL_TRY(matmul(f.up, x_, tiled, n, proj_b_));
   if (f.down.tiled) {
@@ -623,7 +669,6 @@ Status ForwardPass::capture(int n, int m, int logits_mode, cudaGraphExec_t* exec
 Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
   const ModelHparams& hp = model_.hparams();
   const int64_t H = hp.n_embd;
-  const float eps = hp.rms_eps;
   KESTREL_TRY(mark(PassSection::kRest));
   KESTREL_CUDA_TRY(cudaMemcpyAsync(ids_, host_upload_, upload_bytes_, cudaMemcpyHostToDevice, stream_));
   if (slots_.has_kv()) {
@@ -632,7 +677,7 @@ Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
   }
   KESTREL_TRY(get_rows_device_ids(model_.token_embd(), ids_, n, h_, nullptr, stream_));
   const std::vector<DeviceLayer>& layers = model_.layers();
-  KESTREL_TRY(rms_norm(h_, layers[0].attn_norm, n, H, eps, x_, stream_));
+  KESTREL_TRY(norm(nullptr, layers[0].attn_norm, n, mixer_input_tiled(0)));
   for (size_t l = 0; l < layers.size(); ++l) {
     KESTREL_TRY(mark(PassSection::kRest));
     if (layers[l].kind == LayerKind::kGatedDeltaNet) {
@@ -642,12 +687,12 @@ Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
       KESTREL_TRY(attn_layer(l, n));
       KESTREL_TRY(mark(PassSection::kAttention));
     }
-    KESTREL_TRY(residual_add_rms_norm(h_, y_, layers[l].post_attn_norm, n, H, eps, x_, stream_));
+    KESTREL_TRY(norm(y_, layers[l].post_attn_norm, n, ffn_input_tiled(l)));
     KESTREL_TRY(mark(PassSection::kRest));
-    KESTREL_TRY(ffn_layer(l, n));
+    const bool last = l + 1 == layers.size();
+    KESTREL_TRY(ffn_layer(l, n, last ? model_.output_norm() : layers[l + 1].attn_norm,
+                          last ? m > 0 && logits_mode > 0 && model_.output().tiled : mixer_input_tiled(l + 1)));
     KESTREL_TRY(mark(layers[l].ffn.moe ? PassSection::kMoe : PassSection::kDenseFfn));
-    const float* next_norm = l + 1 < layers.size() ? layers[l + 1].attn_norm : model_.output_norm();
-    KESTREL_TRY(residual_add_rms_norm(h_, y_, next_norm, n, H, eps, x_, stream_));
     if (hidden != nullptr) {
       KESTREL_CUDA_TRY(cudaMemcpyAsync(hidden + l * size_t(n) * H, h_, size_t(n) * H * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream_));
@@ -655,7 +700,7 @@ Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
   }
   KESTREL_TRY(mark(PassSection::kRest));
   if (m > 0 && logits_mode > 0) {
-    KESTREL_TRY(matmul(model_.output(), x_, false, m, logits_));
+    KESTREL_TRY(matmul(model_.output(), x_, take_x_prepared(), m, logits_));
     KESTREL_TRY(argmax_rows(logits_, m, hp.n_vocab, argmax_, stream_));
     KESTREL_CUDA_TRY(
         cudaMemcpyAsync(host_argmax_, argmax_, size_t(m) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));

@@ -2,12 +2,13 @@
 // session at its own position in its own state slot (model-spec.md §2; ref::forward is the oracle):
 //
 //   h = token_embd[ids]                                          get_rows
+// Every norm writes x and, where the next GEMV reads prepared activations (gemv_imma), x's prepared form too.
 //   per layer l:  x = rms_norm(h) · attn_norm                    (fused with the previous residual add)
 //                 GDN:  qkv, z, b, a = W x  → gdn_decode (conv, delta rule, gated norm, state in the slot) → ssm_out
 //                 attn: q|gate, k, v = W x  → attention_decode (q/k norm, RoPE, KV append, softmax) → attn_output
-//                 h += y;  x = rms_norm(h) · post_attention_norm  residual_add_rms_norm
+//                 h += y;  x = rms_norm(h) · post_attention_norm  rms_norm_prepare
 //                 MoE (moe_imma or moe_forward; a hybrid layer below) or dense SwiGLU (gemv, swiglu, gemv)
-//                 h += y;  x = rms_norm(h) · next norm          residual_add_rms_norm
+//                 h += y;  x = rms_norm(h) · next norm          rms_norm_prepare
 //   logits = output · x (output_norm applied)                    only for the rows that ask for them
 //
 // A prompt's tokens share a pass as rows of one slot (PassRow): attention appends all their K/V before it attends,
@@ -130,15 +131,31 @@ class ForwardPass {
   Status mark(PassSection section);
   Status matmul(const DeviceMatrix& m, const float* x, bool x_prepared, int n, float* y);
   Status prepare(const float* x, int64_t n_cols, int n);
+  // The norm of h_ (after h_ += delta when delta is not null) with weight w into x_; when `prepare_for` (the next
+  // sub-layer's first GEMV reads prepared activations) also x_'s prepared form into xprep_, in the same kernel, and
+  // x_prepared_ says so until that GEMV takes it.
+  Status norm(const float* delta, const float* w, int n, bool prepare_for);
+  // Whether x_ is prepared already (rms_norm_prepare wrote xprep_); reading it clears it, as the next preparation
+  // overwrites xprep_.
+  bool take_x_prepared() { return std::exchange(x_prepared_, false); }
+  // Whether layer l's attention or GDN input projections, its dense FFN's gate and up, or lm_head read prepared
+  // activations of x_.
+  bool mixer_input_tiled(size_t l) const;
+  bool ffn_input_tiled(size_t l) const;
   Status gdn_layer(size_t l, int gdn_index, int n);
   Status attn_layer(size_t l, int n);
-  Status gdn_step(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n);
+  // The GDN step of layer gdn_index from its projections' outputs, then ssm_out into y_.
+  Status gdn_step_and_out(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n);
   // Every launch and copy of a pass of n rows with lm_head over the first m, on stream_ (marks and the per-layer
   // hidden copies only when profiling / hidden ask for them).
   // logits_mode: 0 no lm_head, 1 lm_head and argmax (ids copied back), 2 also the logits rows copied back.
   Status enqueue(int n, int m, int logits_mode, float* hidden);
   Status capture(int n, int m, int logits_mode, cudaGraphExec_t* exec);
-  Status ffn_layer(size_t l, int n);
+  // Layer l's FFN and the norm after it (weight next_w, prepared when prepare_next: rms_norm_prepare with the residual
+  // add).
+  Status ffn_layer(size_t l, int n, const float* next_w, bool prepare_next);
+  // Layer l's FFN alone (its output in y_): hybrid, raw MoE or dense.
+  Status ffn_sublayer(size_t l, int n);
   Status hybrid_ffn_layer(size_t l, int n);
 
   // What a hybrid layer's host functions carry (kept for the life of the graphs that point at it).
@@ -212,6 +229,7 @@ class ForwardPass {
   std::map<int, int> kernels_by_rows_;  // kernel nodes of the last unprofiled graph captured, by rows
   int position_bound_ = 0;              // of the pass being enqueued: attention's grid covers positions below it
   bool runs_ = false;                   // of the pass being enqueued: some slot has several rows (GDN on gdn_runs)
+  bool x_prepared_ = false;             // while enqueuing: xprep_ holds x_'s prepared rows (norm())
   bool supports_runs_ = false;
 
   bool profiling_ = false;

@@ -10,6 +10,8 @@
 #include "gpu/cuda_check.h"
 #include "gpu/kernels/attention_decode.h"
 #include "gpu/kernels/block_reduce.cuh"
+#include "gpu/kernels/gemv_imma.h"
+#include "gpu/kernels/imma_prepare.cuh"
 
 namespace kestrel::gpu {
 namespace {
@@ -74,7 +76,7 @@ __device__ __forceinline__ int64_t paged_row(const KvPageTable& t, const int32_t
 
 // grid (n_kv, n_seq): K[pos] = rope(norm(k)), V[pos] = v for kv head blockIdx.x of sequence blockIdx.y.
 __global__ void kv_append_kernel(AttnDecodeDims d, KvPageTable cache, const float* __restrict__ k,
-                                 const float* __restrict__ v, const float* __restrict__ k_norm,
+                                 const float* __restrict__ v, int64_t kv_stride, const float* __restrict__ k_norm,
                                  const float* __restrict__ inv_freq, const int32_t* __restrict__ slot_ids,
                                  const int32_t* __restrict__ positions) {
   __shared__ float scratch[33];
@@ -84,7 +86,7 @@ __global__ void kv_append_kernel(AttnDecodeDims d, KvPageTable cache, const floa
   const int slot = slot_ids[b], pos = positions[b];
   const int64_t row =
       paged_row(cache, cache.pages + static_cast<int64_t>(slot) * cache.max_pages, pos) + static_cast<int64_t>(j) * hd;
-  const size_t src = (static_cast<size_t>(b) * d.n_head_kv + static_cast<size_t>(j)) * hd;
+  const size_t src = static_cast<size_t>(b) * static_cast<size_t>(kv_stride) + static_cast<size_t>(j) * hd;
   float* kc = cache.k + row;
   float* vc = cache.v + row;
   norm_rope_head(k + src, k_norm, inv_freq, hd, d.n_rot, d.eps, static_cast<float>(pos), normed, kc, scratch);
@@ -166,10 +168,10 @@ __device__ __forceinline__ void load_tile(const float* __restrict__ base, const 
 // sequence of one chunk is finished here (out = acc / l ⊙ sigmoid(gate)); longer ones leave a workspace record per
 // head.
 __global__ void __launch_bounds__(kThreads)
-    attend_kernel(AttnDecodeDims d, KvPageTable cache, const float* __restrict__ qg, const float* __restrict__ q_norm,
-                  const float* __restrict__ inv_freq, const int32_t* __restrict__ slot_ids,
-                  const int32_t* __restrict__ positions, float scale, int max_chunks, int tile, float* __restrict__ ws,
-                  float* __restrict__ out) {
+    attend_kernel(AttnDecodeDims d, KvPageTable cache, const float* __restrict__ qg, int64_t qg_stride,
+                  const float* __restrict__ q_norm, const float* __restrict__ inv_freq,
+                  const int32_t* __restrict__ slot_ids, const int32_t* __restrict__ positions, float scale,
+                  int max_chunks, int tile, float* __restrict__ ws, float* __restrict__ out) {
   extern __shared__ float smem[];
   const int j = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y), c = static_cast<int>(blockIdx.z);
   const int hd = d.head_dim, G = d.n_head / d.n_head_kv;
@@ -186,7 +188,8 @@ __global__ void __launch_bounds__(kThreads)
   float* l_s = m_s + G;            // [G]
   float* corr_s = l_s + G;         // [G]
 
-  const float* qrow0 = qg + static_cast<size_t>(b) * d.n_head * 2 * hd + static_cast<size_t>(j) * G * 2 * hd;
+  const float* qrow0 =
+      qg + static_cast<size_t>(b) * static_cast<size_t>(qg_stride) + static_cast<size_t>(j) * G * 2 * hd;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   for (int g = warp; g < G; g += kWarps) {
@@ -275,21 +278,19 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// grid (n_head, n_seq): merges the chunk records of sequences with more than one chunk, in chunk order.
-__global__ void merge_chunks_kernel(AttnDecodeDims d, const float* __restrict__ qg,
-                                    const int32_t* __restrict__ positions, int max_chunks, const float* __restrict__ ws,
-                                    float* __restrict__ out) {
-  const int h = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y);
+// Head h of sequence b from its n_chunks chunk records, in chunk order, into its columns of out.
+__device__ __forceinline__ void merge_head(const AttnDecodeDims& d, const float* __restrict__ qg, int64_t qg_stride,
+                                           int n_chunks, int max_chunks, const float* __restrict__ ws, float* out,
+                                           int h, int b) {
   const int hd = d.head_dim;
-  const int n_chunks = n_chunks_of(positions[b], d);
-  if (n_chunks == 1) return;  // finished by attend_kernel
   const float* first = ws + chunk_record(b, h, 0, d.n_head, max_chunks, hd);
   const size_t rec_stride = static_cast<size_t>(hd) + 2;
   float m_all = first[0];
   for (int c = 1; c < n_chunks; ++c) m_all = fmaxf(m_all, first[c * rec_stride]);
   float l_all = 0.0f;
   for (int c = 0; c < n_chunks; ++c) l_all += first[c * rec_stride + 1] * expf(first[c * rec_stride] - m_all);
-  const float* gate = qg + static_cast<size_t>(b) * d.n_head * 2 * hd + static_cast<size_t>(h) * 2 * hd + hd;
+  const float* gate =
+      qg + static_cast<size_t>(b) * static_cast<size_t>(qg_stride) + static_cast<size_t>(h) * 2 * hd + hd;
   float* orow = out + static_cast<size_t>(b) * d.n_head * hd + static_cast<size_t>(h) * hd;
   for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) {
     float a = 0.0f;
@@ -298,7 +299,30 @@ __global__ void merge_chunks_kernel(AttnDecodeDims d, const float* __restrict__ 
   }
 }
 
+// grid (n_head, n_seq): merges the chunk records of sequences with more than one chunk, in chunk order; with xprep,
+// then writes head h's groups of the output row in prepared form (hd a multiple of 256: the head's columns are whole
+// groups), whichever kernel finished the row.
+__global__ void merge_chunks_kernel(AttnDecodeDims d, const float* __restrict__ qg, int64_t qg_stride,
+                                    const int32_t* __restrict__ positions, int max_chunks, const float* __restrict__ ws,
+                                    float* out, uint8_t* xprep, imma_prep::XLayout lay) {
+  const int h = static_cast<int>(blockIdx.x), b = static_cast<int>(blockIdx.y);
+  const int hd = d.head_dim;
+  const int n_chunks = n_chunks_of(positions[b], d);
+  if (n_chunks > 1) merge_head(d, qg, qg_stride, n_chunks, max_chunks, ws, out, h, b);
+  if (xprep == nullptr) return;
+  __syncthreads();  // this block's writes of the row (an earlier kernel's are complete)
+  const int per_head = hd / imma_prep::kGroupElems;
+  for (int q = static_cast<int>(threadIdx.x) / 32; q < per_head; q += kWarps) {
+    imma_prep::prepare_group(imma_prep::L2Rows{out}, d.n_head * hd, lay, xprep, b, h * per_head + q,
+                             static_cast<int>(threadIdx.x) % 32);
+  }
+}
+
 }  // namespace
+
+bool attention_prepares_out(const AttnDecodeDims& d) {
+  return d.head_dim % imma_prep::kGroupElems == 0 && int64_t{d.n_head} * d.head_dim <= kImmaMaxCols;
+}
 
 size_t attention_decode_workspace_bytes(const AttnDecodeDims& d, int n_seq, int n_ctx) {
   if (d.chunk < 1 || d.max_chunks < 1 || n_seq < 1 || n_ctx < 1 || d.n_head < 1 || d.head_dim < 1) return 0;
@@ -429,9 +453,23 @@ Status attention_decode_device(const AttnDecodeDims& d, const KvPageTable& cache
   }
   // The reference's scale: (float)(1 / sqrt((double)hd)).
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+  const int64_t qg_packed = int64_t{d.n_head} * 2 * d.head_dim, kv_packed = int64_t{d.n_head_kv} * d.head_dim;
+  const int64_t qg_stride = a.qg_stride == 0 ? qg_packed : a.qg_stride;
+  const int64_t kv_stride = a.kv_stride == 0 ? kv_packed : a.kv_stride;
+  if (a.out_prepared != nullptr &&
+      (!attention_prepares_out(d) || imma_x_bytes(int64_t{d.n_head} * d.head_dim, n_seq) == 0 ||
+       reinterpret_cast<uintptr_t>(a.out_prepared) % 16 != 0 || reinterpret_cast<uintptr_t>(a.out) % 16 != 0)) {
+    return bad(
+        "out_prepared needs head_dim a multiple of 256, an output row gemv_imma takes, and 16-byte aligned "
+        "out and out_prepared");
+  }
+  if (qg_stride < qg_packed || kv_stride < kv_packed) {
+    return bad("row strides " + std::to_string(qg_stride) + " (q|gate) and " + std::to_string(kv_stride) +
+               " (k, v) are narrower than the rows");
+  }
   const unsigned seqs = static_cast<unsigned>(n_seq);
   kv_append_kernel<<<dim3(static_cast<unsigned>(d.n_head_kv), seqs), kThreads, 0, stream>>>(
-      d, cache, a.k, a.v, a.k_norm, a.rope_inv_freq, a.slot_ids, a.positions);
+      d, cache, a.k, a.v, kv_stride, a.k_norm, a.rope_inv_freq, a.slot_ids, a.positions);
   KESTREL_CUDA_TRY(cudaGetLastError());
   const int group = d.n_head / d.n_head_kv;
   const int tile = attend_tile_of(group, d.head_dim);
@@ -453,12 +491,13 @@ Status attention_decode_device(const AttnDecodeDims& d, const KvPageTable& cache
                std::to_string(smem_optin) + ")");
   }
   attend_kernel<<<dim3(static_cast<unsigned>(d.n_head_kv), seqs, static_cast<unsigned>(max_chunks)), kThreads, smem,
-                  stream>>>(d, cache, a.qg, a.q_norm, a.rope_inv_freq, a.slot_ids, a.positions, scale, max_chunks, tile,
-                            a.workspace, a.out);
+                  stream>>>(d, cache, a.qg, qg_stride, a.q_norm, a.rope_inv_freq, a.slot_ids, a.positions, scale,
+                            max_chunks, tile, a.workspace, a.out);
   KESTREL_CUDA_TRY(cudaGetLastError());
-  if (max_chunks > 1) {
+  if (max_chunks > 1 || a.out_prepared != nullptr) {
     merge_chunks_kernel<<<dim3(static_cast<unsigned>(d.n_head), seqs), kThreads, 0, stream>>>(
-        d, a.qg, a.positions, max_chunks, a.workspace, a.out);
+        d, a.qg, qg_stride, a.positions, max_chunks, a.workspace, a.out, static_cast<uint8_t*>(a.out_prepared),
+        imma_prep::x_layout(int64_t{d.n_head} * d.head_dim));
     KESTREL_CUDA_TRY(cudaGetLastError());
   }
   return ok_status();

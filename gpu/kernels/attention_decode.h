@@ -31,7 +31,8 @@
 // there are no atomics, so repeated runs are bit-identical too. Results agree with the reference to ~1e-5 relative.
 //
 // Launches: one kernel appends k/v (grid n_kv × n_seq), one attends (grid n_kv × n_seq × max chunks, the group's q
-// normed and roped in shared memory by each block), and, when some sequence spans more than one chunk, one merges.
+// normed and roped in shared memory by each block), and, when some sequence spans more than one chunk or the output's
+// prepared form is asked for (out_prepared), one merges (and prepares).
 // head_dim <= 512. Returns without waiting; argument errors (kInvalidArgument, kOutOfRange for a position outside
 // the table's capacity, duplicate slots, a missing or small workspace) are found from the host copies of slot ids
 // and positions before anything is launched, and leave the caches untouched. Thread-safe (no shared state); the
@@ -74,7 +75,19 @@ struct AttnDecodeArgs {
   float* out = nullptr;                  // device f32 [n_seq, n_head·hd]
   float* workspace = nullptr;            // device scratch, needed when a position >= dims.chunk; may be null else
   size_t workspace_bytes = 0;
+  // Floats from one sequence's row of qg to the next, and of k (and v) to the next: 0 for rows packed as above, or the
+  // width of a stacked projection whose output rows hold q|gate, k and v side by side.
+  int64_t qg_stride = 0;
+  int64_t kv_stride = 0;
+  // Null, or device imma_x_bytes(n_head·hd, n_seq) bytes (16-byte aligned, and out too) that receive out's prepared
+  // form for gemv_imma (gemv_imma_prepare_x's bytes), written by the merge kernel, which then runs for every call;
+  // only where attention_prepares_out(dims).
+  void* out_prepared = nullptr;
 };
+
+// Whether attention_decode can write its output's prepared form (AttnDecodeArgs::out_prepared): head_dim a multiple
+// of 256 (each head's columns whole groups of the prepared form) and an output row gemv_imma takes.
+bool attention_prepares_out(const AttnDecodeDims& dims);
 
 // Workspace bytes that suffice for any call with up to n_seq sequences on caches of n_ctx tokens.
 size_t attention_decode_workspace_bytes(const AttnDecodeDims& dims, int n_seq, int n_ctx);

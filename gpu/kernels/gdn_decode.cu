@@ -21,6 +21,8 @@
 #include "gpu/cuda_check.h"
 #include "gpu/kernels/gdn_common.cuh"
 #include "gpu/kernels/gdn_decode.h"
+#include "gpu/kernels/gemv_imma.h"
+#include "gpu/kernels/imma_prepare.cuh"
 #include "gpu/kernels/pdl.cuh"
 
 namespace kestrel::gpu {
@@ -229,6 +231,47 @@ void launch_step(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs&
 // once, up front: ch). At one session, where nothing hides latency, that was 9.7 against 6.9 µs (6.6 without the
 // full form's last spills).
 
+// Where the per-V-head kernel also writes its output's prepared form (gdn_decode's out_prepared): the 256-column
+// groups of a session's output row span several V-heads' blocks, so each group has a counter (groups, zero between
+// calls) and the block that finishes a group last prepares it.
+struct OutPrep {
+  uint8_t* xprep = nullptr;    // null: no prepared form
+  unsigned* groups = nullptr;  // [n_seq][lay.n_groups]
+  imma_prep::XLayout lay;
+};
+
+// After the block's writes of V-head h's columns of out (session n): each block arrives at the counters of the groups
+// its columns fall in (the arrival releases its writes: barrier, then a device fence and the increment by one thread,
+// as a grid barrier does), and the last arriver at a group — its count is the heads the group's columns cover — resets
+// the counter and prepares the group with one warp, reading the row through L2 after an acquiring fence. (Inlined, the
+// full forms still spill nothing; out of line, the call's frame cost them spills.)
+__device__ __forceinline__ void prepare_finished_groups(const Geo& g, const OutPrep& prep, const float* out, int n,
+                                                        int h) {
+  __shared__ bool finished[2];  // a head of dv <= 128 columns falls in at most two groups
+  const int tid = static_cast<int>(threadIdx.x);
+  const int c0 = h * g.d_v;
+  const int first = c0 / imma_prep::kGroupElems;
+  const int last = (c0 + g.d_v - 1) / imma_prep::kGroupElems;
+  __syncthreads();  // the block's columns of out are written
+  if (tid == 0) {
+    __threadfence();
+    for (int grp = first; grp <= last; ++grp) {
+      const int g_end = min((grp + 1) * imma_prep::kGroupElems, g.value_dim);
+      const unsigned heads = static_cast<unsigned>((g_end - 1) / g.d_v - grp * imma_prep::kGroupElems / g.d_v + 1);
+      unsigned* counter = prep.groups + static_cast<size_t>(n) * prep.lay.n_groups + grp;
+      const bool done = atomicAdd(counter, 1u) + 1u == heads;
+      if (done) *counter = 0u;  // every head of the group has arrived: ready for the next call
+      finished[grp - first] = done;
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  const int warp = tid / 32;
+  if (warp <= last - first && finished[warp]) {
+    imma_prep::prepare_group(imma_prep::L2Rows{out}, g.value_dim, prep.lay, prep.xprep, n, first + warp, tid % 32);
+  }
+}
+
 // Programmatic launches of up to this many sessions load the conv taps and history before the wait: at 1-2 sessions
 // that takes a memory round trip off the step, but above 4 the registers held across the wait (36-40 bytes of
 // spills) cost more than it saves.
@@ -237,7 +280,7 @@ constexpr int kGdnTapsAheadMaxSessions = 4;
 template <bool kPdl, bool kFull, bool kTapsAhead>
 __global__ void __launch_bounds__(kHeadThreads, 2)
     gdn_head_kernel(Geo g, GdnDecodeWeights w, GdnDecodeInputs in, const GdnSlot* __restrict__ slots,
-                    unsigned* __restrict__ readers, float* __restrict__ out) {
+                    unsigned* __restrict__ readers, float* __restrict__ out, OutPrep prep) {
   __shared__ float qs[kHeadMaxD];  // conv output of q_kh, k_kh (zeros past dk)
   __shared__ float ks[kHeadMaxD];
   __shared__ float vs[kHeadMaxD];     // conv output of v_h (zeros past dv)
@@ -409,9 +452,10 @@ __global__ void __launch_bounds__(kHeadThreads, 2)
     __threadfence();
     shift_history(g, slot.conv, x_qk, (part == 1 ? g.key_dim : 0) + kh * g.d_k + e);
   }
+  if (prep.xprep != nullptr) prepare_finished_groups(g, prep, out, n, h);
 }
 
-using HeadKernel = void (*)(Geo, GdnDecodeWeights, GdnDecodeInputs, const GdnSlot*, unsigned*, float*);
+using HeadKernel = void (*)(Geo, GdnDecodeWeights, GdnDecodeInputs, const GdnSlot*, unsigned*, float*, OutPrep);
 HeadKernel head_kernel(bool programmatic, bool full, int n_seq) {
   if (programmatic && n_seq <= kGdnTapsAheadMaxSessions) {
     return full ? gdn_head_kernel<true, true, true> : gdn_head_kernel<true, false, true>;
@@ -451,6 +495,11 @@ Status launch_two_kernel(const Geo& g, const GdnDecodeWeights& w, const GdnDecod
 
 size_t round4(size_t n) { return (n + 3) / 4 * 4; }
 
+// Words of the workspace's first part: a counter per (session, K-head), the readers of its q/k history.
+size_t readers_words(const ref::GdnDims& dims, int n_seq) {
+  return round4(static_cast<size_t>(n_seq) * static_cast<size_t>(dims.n_k_heads));
+}
+
 Status invalid(const std::string& what) { return make_error(ErrorCode::kInvalidArgument, "gdn_decode: " + what); }
 
 Status check_dims(const ref::GdnDims& dims) {
@@ -466,12 +515,14 @@ Status check_dims(const ref::GdnDims& dims) {
 
 size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq) {
   if (n_seq <= 0) return 0;
-  return round4(static_cast<size_t>(n_seq) * static_cast<size_t>(dims.n_k_heads)) * sizeof(unsigned);  // readers
+  const size_t groups =
+      static_cast<size_t>(n_seq) * static_cast<size_t>(imma_prep::x_layout(dims.value_dim()).n_groups);
+  return (readers_words(dims, n_seq) + round4(groups)) * sizeof(unsigned);  // readers, then the output's groups
 }
 
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
                   const GdnDecodeInputs& in, const GdnSlot* slots, int n_seq, float* out, void* workspace,
-                  cudaStream_t stream, bool programmatic, const GdnDecodeTuning& tuning) {
+                  cudaStream_t stream, bool programmatic, const GdnDecodeTuning& tuning, void* out_prepared) {
   KESTREL_TRY(check_dims(dims));
   if (n_seq < 0 || n_seq > 65535) return invalid("n_seq " + std::to_string(n_seq) + " outside [0, 65535]");
   if (n_seq == 0) return ok_status();
@@ -492,13 +543,30 @@ Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const
   }
   if (slots == nullptr || out == nullptr || workspace == nullptr) return invalid("slots, out or workspace is null");
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) return invalid("workspace is not 16-byte aligned");
+  if (out_prepared != nullptr) {
+    if (imma_x_bytes(dims.value_dim(), n_seq) == 0) {
+      return invalid("value_dim " + std::to_string(dims.value_dim()) +
+                     " has no prepared form (a multiple of 64 up to gemv_imma's widest row)");
+    }
+    if (reinterpret_cast<uintptr_t>(out_prepared) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0) {
+      return invalid("out_prepared or out is not 16-byte aligned");
+    }
+  }
   const Geo g = make_geo(dims, projection, in.row_stride);
   if (choose_kernel(g, tuning.kernel) == GdnKernel::kTwoKernel) {
-    return launch_two_kernel(g, w, in, slots, n_seq, out, stream);
+    KESTREL_TRY(launch_two_kernel(g, w, in, slots, n_seq, out, stream));
+    return out_prepared == nullptr ? ok_status()
+                                   : gemv_imma_prepare_x(out, dims.value_dim(), n_seq, out_prepared, stream);
+  }
+  OutPrep prep;
+  if (out_prepared != nullptr) {
+    prep.xprep = static_cast<uint8_t*>(out_prepared);
+    prep.groups = static_cast<unsigned*>(workspace) + readers_words(dims, n_seq);
+    prep.lay = imma_prep::x_layout(g.value_dim);
   }
   return launch_programmatic(programmatic, head_kernel(programmatic, g.d_k == kHeadMaxD && g.d_v == kHeadMaxD, n_seq),
                              dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>(n_seq)), dim3(kHeadThreads),
-                             0, stream, g, w, in, slots, static_cast<unsigned*>(workspace), out);
+                             0, stream, g, w, in, slots, static_cast<unsigned*>(workspace), out, prep);
 }
 
 Expected<GdnKernel> gdn_decode_kernel(const ref::GdnDims& dims, const GdnDecodeTuning& tuning) {

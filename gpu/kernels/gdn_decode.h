@@ -71,7 +71,8 @@ struct GdnDecodeInputs {
 };
 
 // Bytes of device scratch gdn_decode needs for n_seq sessions: u32 [n_seq][Kh] counters (the per-V-head kernel's
-// readers of each K-head's q/k history). It must be zero before its first call (cudaMemset once); every call
+// readers of each K-head's q/k history), then u32 [n_seq][⌈Vd/256⌉] (the heads that have written each 256-column
+// group of the output, for out_prepared). It must be zero before its first call (cudaMemset once); every call
 // leaves it zero, so it serves later calls with up to that many sessions, of any layer with the same Kh, one call
 // at a time — and nothing else may write it.
 size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq);
@@ -92,9 +93,13 @@ size_t gdn_decode_workspace_bytes(const ref::GdnDims& dims, int n_seq);
 // and the workspace are touched after the wait, and the results are the same bits. The two-kernel path launches
 // plainly either way (chained, it gained nothing at 8 sessions and lost 4% at 32).
 // tuning: the kernel by shape unless it names one (gpu/kernels/tuning.h).
+// out_prepared: null, or device imma_x_bytes(value_dim, n_seq) bytes (16-byte aligned, and out too) that receive the
+// prepared form of out for gemv_imma (gemv_imma_prepare_x's bytes): the per-V-head kernel writes it in the same launch
+// (each 256-column group by the block that finishes it last), the two-kernel path by one more launch.
 Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const GdnDecodeWeights& w,
                   const GdnDecodeInputs& in, const GdnSlot* slots, int n_seq, float* out, void* workspace,
-                  cudaStream_t stream, bool programmatic = false, const GdnDecodeTuning& tuning = {});
+                  cudaStream_t stream, bool programmatic = false, const GdnDecodeTuning& tuning = {},
+                  void* out_prepared = nullptr);
 
 // The kernel gdn_decode takes for dims under `tuning`, at every batch size (never kAuto). Errors: dims gdn_decode
 // would refuse (kInvalidArgument). Thread-safe.

@@ -555,6 +555,23 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   imma_prep::prepare_group(imma_prep::PlainRows{x}, h, lay, xprep, vec, grp, static_cast<int>(threadIdx.x) % 32);
 }
 
+// The combine kernel's part before its wait: token t's entries and weights into ent_s / wt_s and, with kShared, its
+// shared-expert gate sigmoid(gate_inp · x[t]) (returned; 0 without), then a barrier so the block sees the entries.
+template <GgmlType T, bool kShared>
+__device__ __forceinline__ float combine_prologue(const int32_t* token_entry, const float* entry_weight, int k,
+                                                  const uint8_t* gate_inp, const float* x, int h, int t, int32_t* ent_s,
+                                                  float* wt_s) {
+  if (static_cast<int>(threadIdx.x) < k) {
+    const int e = ld_dep(token_entry + t * k + static_cast<int>(threadIdx.x));
+    ent_s[threadIdx.x] = e;
+    wt_s[threadIdx.x] = ld_dep(entry_weight + e);
+  }
+  float s = 0.0f;
+  if constexpr (kShared) s = moe_combine::shared_gate<T>(gate_inp, x + static_cast<int64_t>(t) * h, h);
+  __syncthreads();
+  return s;
+}
+
 // out[t] = Σ_j ye[token_entry[t][j]] · entry_weight[...] from 0 in ascending expert order, then with kShared
 // + sigmoid(gate_inp · x[t]) · ye[n_entries + t]; the shared gate logit (a dot product of H elements of type T) is
 // computed by each block: 256 lane-strided partial sums, a butterfly per warp, then the 8 warp sums in order. It reads
@@ -573,14 +590,7 @@ __global__ void __launch_bounds__(kCombineThreads)
   pdl_trigger();
   __shared__ int32_t ent_s[kMoeMaxUsed];
   __shared__ float wt_s[kMoeMaxUsed];
-  if (static_cast<int>(threadIdx.x) < k) {
-    const int e = ld_dep(token_entry + t * k + static_cast<int>(threadIdx.x));
-    ent_s[threadIdx.x] = e;
-    wt_s[threadIdx.x] = ld_dep(entry_weight + e);
-  }
-  float s = 0.0f;
-  if constexpr (kShared) s = moe_combine::shared_gate<T>(gate_inp, x + static_cast<int64_t>(t) * h, h);
-  __syncthreads();
+  const float s = combine_prologue<T, kShared>(token_entry, entry_weight, k, gate_inp, x, h, t, ent_s, wt_s);
   pdl_wait();
   if (c >= h) return;
   // The routed sum over the entries loaded above.
@@ -935,10 +945,10 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
     return ok_status();
   }
 
-  const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
   const float* ye = l.ye;
   const int32_t* token_entry = r.token_entry;
   const float* entry_weight = r.entry_weight;
+  const dim3 grid(static_cast<unsigned>((H + kCombineThreads - 1) / kCombineThreads), static_cast<unsigned>(n_tok));
   if (w.has_shared_expert()) {
     const auto* gate_inp = static_cast<const uint8_t*>(w.shared_gate_inp.data);
     KESTREL_TRY(dispatch_dequant_type(

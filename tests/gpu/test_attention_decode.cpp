@@ -35,6 +35,7 @@
 #include "core/reference/matvec.h"
 #include "core/reference/rope.h"
 #include "gpu/kernels/attention_decode.h"
+#include "gpu/kernels/gemv_imma.h"
 #include "gpu/memory/state_slots.h"
 #include "tests/core/model/model_test_util.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -341,6 +342,53 @@ void run_case(const Config& c, const Caches& caches, uint32_t seed) {
     EXPECT_EQ(std::memcmp(alone.data(), got.data() + static_cast<size_t>(b) * o_width, o_width * 4), 0)
         << "session " << b << " alone differs from the same session in the batch";
   }
+
+  // The rows of a stacked projection (q|gate, k and v side by side in rows of `width`, with a few floats to spare, as
+  // the engine's stacked GEMV writes them) give the same bits as the packed rows.
+  const size_t width = q_width + 2 * kv_width + 8;
+  std::vector<float> stacked(static_cast<size_t>(n_seq) * width, std::nanf(""));
+  for (size_t b = 0; b < static_cast<size_t>(n_seq); ++b) {
+    std::copy_n(qg.begin() + static_cast<std::ptrdiff_t>(b * q_width), q_width, stacked.begin() + b * width);
+    std::copy_n(k.begin() + static_cast<std::ptrdiff_t>(b * kv_width), kv_width, stacked.begin() + b * width + q_width);
+    std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(b * kv_width), kv_width,
+                stacked.begin() + b * width + q_width + kv_width);
+  }
+  DeviceBuffer d_stacked(stacked.size() * 4), d_out2(want.size() * 4);
+  ASSERT_TRUE(test::upload(d_stacked, stacked));
+  AttnDecodeArgs strided = args;
+  strided.qg = d_stacked.as<float>();
+  strided.k = strided.qg + q_width;
+  strided.v = strided.k + kv_width;
+  strided.qg_stride = strided.kv_stride = static_cast<int64_t>(width);
+  strided.out = d_out2.as<float>();
+  const auto st2 = attention_decode(dims, caches.table, c.n_slots, strided, slots, positions, nullptr);
+  ASSERT_TRUE(st2) << st2.error().to_string();
+  KESTREL_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(std::memcmp(test::download<float>(d_out2.as(), want.size()).data(), got.data(), got.size() * 4), 0)
+      << "stacked projection rows differ from packed rows";
+  strided.kv_stride = static_cast<int64_t>(kv_width) - 1;
+  EXPECT_FALSE(attention_decode(dims, caches.table, c.n_slots, strided, slots, positions, nullptr))
+      << "a k/v row stride narrower than the rows is refused";
+
+  // out_prepared (head sizes that are whole groups): the prepared bytes are gemv_imma_prepare_x's of the output, and
+  // the output keeps its bits; elsewhere the argument is refused.
+  const uint64_t prep_bytes = imma_x_bytes(static_cast<int64_t>(o_width), n_seq);
+  AttnDecodeArgs with_prep = args;
+  DeviceBuffer d_out3(want.size() * 4), d_prep(std::max<uint64_t>(prep_bytes, 16)), d_prep_want(d_prep.bytes());
+  with_prep.out = d_out3.as<float>();
+  with_prep.out_prepared = d_prep.as();
+  const auto st3 = attention_decode(dims, caches.table, c.n_slots, with_prep, slots, positions, nullptr);
+  if (!attention_prepares_out(dims) || prep_bytes == 0) {
+    EXPECT_FALSE(st3) << "out_prepared with head_dim " << c.hd << " is refused";
+    return;
+  }
+  ASSERT_TRUE(st3) << st3.error().to_string();
+  ASSERT_TRUE(gemv_imma_prepare_x(d_out3.as<float>(), static_cast<int64_t>(o_width), n_seq, d_prep_want.as(), nullptr));
+  KESTREL_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(std::memcmp(test::download<float>(d_out3.as(), want.size()).data(), got.data(), got.size() * 4), 0)
+      << "the output changes with out_prepared";
+  EXPECT_TRUE(test::download<uint8_t>(d_prep.as(), prep_bytes) == test::download<uint8_t>(d_prep_want.as(), prep_bytes))
+      << "the prepared output differs from gemv_imma_prepare_x's";
 }
 
 // A pool built by the test: every slot holds pages for all n_ctx positions, taken in a shuffled order from a pool

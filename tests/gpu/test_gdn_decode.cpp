@@ -32,6 +32,7 @@
 #include "core/reference/gdn_prepare.h"
 #include "core/reference/norm.h"
 #include "gpu/kernels/gdn_decode.h"
+#include "gpu/kernels/gemv_imma.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace kestrel::gpu {
@@ -189,8 +190,10 @@ Result run_reference(const Problem& p) {
 // set's previous step has completed by then. Returns each set's results.
 // stacked: the inputs of each step as one [n_seq, W] buffer (qkv | z | b | a, or qkv | z | ba, or qkv | ba: the
 // output of one GEMV over the stacked projections) with GdnDecodeInputs::row_stride = W. tuning: gdn_decode's.
+// prepared: every step also writes its output's prepared form (out_prepared), checked here against
+// gemv_imma_prepare_x of that output.
 std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bool stacked = false,
-                                    const GdnDecodeTuning& tuning = {}) {
+                                    const GdnDecodeTuning& tuning = {}, bool prepared = false) {
   const ref::GdnDims& d = p.d;
   const size_t C = static_cast<size_t>(d.conv_dim()), Vd = static_cast<size_t>(d.value_dim());
   const size_t Vh = static_cast<size_t>(d.n_v_heads), N = static_cast<size_t>(p.n_seq);
@@ -266,6 +269,13 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bo
       upload(rows.as<float>() + t * N * W, h);
     }
   }
+  const uint64_t prep_bytes = prepared ? imma_x_bytes(static_cast<int64_t>(Vd), p.n_seq) : 0;
+  EXPECT_TRUE(!prepared || prep_bytes > 0);
+  DeviceBuffer preps(std::max<uint64_t>(kSteps * sets * prep_bytes, 16)), want_preps(preps.bytes());
+  EXPECT_EQ(memset_synced(preps.as(), 0xA5, preps.bytes()), cudaSuccess);
+  auto prep_of = [&](DeviceBuffer& buf, int t, size_t j) {
+    return static_cast<uint8_t*>(buf.as()) + (static_cast<size_t>(t) * sets + j) * prep_bytes;
+  };
   for (int t = 0; t < kSteps; ++t) {
     GdnDecodeInputs in;
     in.qkv = qkv.as<float>() + t * qkv_n;
@@ -286,8 +296,9 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bo
       in.row_stride = static_cast<int>(W);
     }
     for (size_t j = 0; j < sets; ++j) {
-      const Status s = gdn_decode(d, p.proj, w, in, static_cast<const GdnSlot*>(slots.as()) + j * N, p.n_seq,
-                                  out_of(t, j), ws.as(), stream, /*programmatic=*/chain && j > 0, tuning);
+      const Status s =
+          gdn_decode(d, p.proj, w, in, static_cast<const GdnSlot*>(slots.as()) + j * N, p.n_seq, out_of(t, j), ws.as(),
+                     stream, /*programmatic=*/chain && j > 0, tuning, prepared ? prep_of(preps, t, j) : nullptr);
       EXPECT_TRUE(s) << s.error().to_string();
     }
     if (!chain) {
@@ -300,6 +311,18 @@ std::vector<Result> run_device_sets(const Problem& p, int n_sets, bool chain, bo
   EXPECT_EQ(memcpy_synced(ws_after.data(), ws.as(), ws_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(std::count(ws_after.begin(), ws_after.end(), 0), static_cast<std::ptrdiff_t>(ws_bytes))
       << "gdn_decode must leave its workspace zero";
+  if (prepared) {
+    for (size_t j = 0; j < sets; ++j) {
+      for (int t = 0; t < kSteps; ++t) {
+        EXPECT_TRUE(
+            gemv_imma_prepare_x(out_of(t, j), static_cast<int64_t>(Vd), p.n_seq, prep_of(want_preps, t, j), nullptr));
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_TRUE(test::download<uint8_t>(prep_of(preps, t, j), prep_bytes) ==
+                    test::download<uint8_t>(prep_of(want_preps, t, j), prep_bytes))
+            << "step " << t << " set " << j << ": the prepared output differs from gemv_imma_prepare_x's";
+      }
+    }
+  }
   for (size_t j = 0; j < sets; ++j) {
     for (int t = 0; t < kSteps; ++t) r[j].out[t] = download(out_of(t, j), N * Vd);
     for (size_t n = 0; n < N; ++n) {
@@ -582,6 +605,31 @@ TEST(GdnDecode, ProgrammaticChainGivesPlainBits) {
   }
 }
 
+// out_prepared: the prepared bytes are gemv_imma_prepare_x's of the output, and everything else keeps the bits of a
+// call without it, on each kernel, plain and programmatic: heads of 128 columns (two a group), of 64 (four) and of 96
+// (a head across two groups; the last group partial), 1, 3 and 8 sessions.
+TEST(GdnDecode, PreparedOutputIsThePreparationOfTheOutput) {
+  KESTREL_REQUIRE_DEVICE();
+  for (const Case& c : std::vector<Case>{{"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 1},
+                                         {"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 3},
+                                         {"35B-A3B", 16, 32, 128, 128, 4, kTiled, kBetaAlpha, 8},
+                                         {"dv 64", 4, 8, 32, 64, 4, kGrouped, kBa, 3},
+                                         {"dv 96", 4, 8, 32, 96, 4, kTiled, kBetaAlpha, 2}}) {
+    const Problem p = make_problem(c, 99u + static_cast<unsigned>(c.n_seq));
+    for (const GdnKernel kernel : kKernels) {
+      if (!serves(kernel, p.d)) continue;
+      SCOPED_TRACE(case_name(c) + " on " + gdn_kernel_name(kernel));
+      const Result plain = run_device(p, forced(kernel));
+      for (const bool chain : {false, true}) {
+        const std::vector<Result> with_prep = run_device_sets(p, 2, chain, false, forced(kernel), /*prepared=*/true);
+        for (const Result& r : with_prep) {
+          EXPECT_TRUE(bit_identical(plain, r)) << "the step's results change with out_prepared";
+        }
+      }
+    }
+  }
+}
+
 TEST(GdnDecode, RefusesBadArguments) {
   ref::GdnDims d = dims_of({"", 4, 8, 32, 32, 4, kTiled, kBetaAlpha, 1});
   alignas(16) float dummy[4] = {};
@@ -609,6 +657,14 @@ TEST(GdnDecode, RefusesBadArguments) {
   s = gdn_decode(bad, kBetaAlpha, w, in, &slot, 1, dummy, dummy, nullptr);
   EXPECT_FALSE(s);
   EXPECT_TRUE(gdn_decode(d, kBetaAlpha, w, in, &slot, 0, dummy, dummy, nullptr));  // nothing to do
+  // out_prepared not 16-byte aligned; a value_dim (8 · 33) with no prepared form.
+  s = gdn_decode(d, kBetaAlpha, w, in, &slot, 1, dummy, dummy, nullptr, false, {}, dummy + 1);
+  EXPECT_FALSE(s);
+  ref::GdnDims odd = d;
+  odd.d_v = 33;
+  s = gdn_decode(odd, kBetaAlpha, w, in, &slot, 1, dummy, dummy, nullptr, false, {}, dummy);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.error().message.find("value_dim"), std::string::npos) << s.error().message;
 }
 
 }  // namespace

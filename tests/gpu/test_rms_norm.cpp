@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/reference/norm.h"
+#include "gpu/kernels/gemv_imma.h"
 #include "gpu/kernels/rms_norm.h"
 #include "tests/gpu/gpu_test_util.h"
 
@@ -104,6 +105,72 @@ TEST(RmsNorm, FusedResidualAddMatchesAddThenNorm) {
   }
 }
 
+// rms_norm_prepare: the same residual sum and norm bits as the two-kernel forms, and the prepared bytes
+// gemv_imma_prepare_x writes from those norms, on widths of one group, odd group counts and partial last groups
+// (n = 64 · k), 1..32 rows, plain and programmatic launches, each chained behind a kernel that writes its inputs.
+TEST(RmsNorm, PrepareMatchesNormThenPrepare) {
+  KESTREL_REQUIRE_DEVICE();
+  std::mt19937 rng(9);
+  const test::DeviceStream owned;
+  const cudaStream_t stream = owned.get();
+  ASSERT_NE(stream, nullptr);
+  constexpr Shape kPrepShapes[] = {{1, 64}, {3, 256}, {2, 320}, {1, 2048}, {8, 2048}, {5, 1216}, {32, 4096}, {1, 8192}};
+  for (const Shape& sh : kPrepShapes) {
+    for (const bool fused : {true, false}) {
+      for (const bool programmatic : {false, true}) {
+        SCOPED_TRACE("rows " + std::to_string(sh.rows) + " n " + std::to_string(sh.n) + (fused ? " fused" : " plain") +
+                     (programmatic ? " programmatic" : ""));
+        const size_t total = static_cast<size_t>(sh.rows * sh.n);
+        const std::vector<float> res = random_values(total, rng, 3);
+        const std::vector<float> delta = random_values(total, rng, 3);
+        const std::vector<float> w = random_values(static_cast<size_t>(sh.n), rng, 1);
+        const uint64_t prep_bytes = imma_x_bytes(sh.n, static_cast<int>(sh.rows));
+        ASSERT_GT(prep_bytes, 0u);
+        DeviceBuffer dr(total * 4), dd(total * 4), dw(w.size() * 4), dy(total * 4), dp(prep_bytes);
+        DeviceBuffer dr2(total * 4), dy2(total * 4), dp2(prep_bytes);
+        ASSERT_TRUE(test::upload(dr, res));
+        ASSERT_TRUE(test::upload(dr2, res));
+        ASSERT_TRUE(test::upload(dd, delta));
+        ASSERT_TRUE(test::upload(dw, w));
+        KESTREL_CUDA_OK(memset_synced(dp.as(), 0xA5, prep_bytes));
+        KESTREL_CUDA_OK(memset_synced(dp2.as(), 0x5A, prep_bytes));
+        const float* d = fused ? dd.as<float>() : nullptr;
+        // Each path behind a kernel that writes the rows it reads (a plain norm of delta into res), so that a read
+        // before the programmatic wait would see the uploaded rows instead.
+        ASSERT_TRUE(rms_norm(dd.as<float>(), dw.as<float>(), sh.rows, sh.n, kEps, dr2.as<float>(), stream));
+        if (fused) {
+          ASSERT_TRUE(
+              residual_add_rms_norm(dr2.as<float>(), d, dw.as<float>(), sh.rows, sh.n, kEps, dy2.as<float>(), stream));
+        } else {
+          ASSERT_TRUE(rms_norm(dr2.as<float>(), dw.as<float>(), sh.rows, sh.n, kEps, dy2.as<float>(), stream));
+        }
+        ASSERT_TRUE(gemv_imma_prepare_x(dy2.as<float>(), sh.n, static_cast<int>(sh.rows), dp2.as(), stream));
+        ASSERT_TRUE(rms_norm(dd.as<float>(), dw.as<float>(), sh.rows, sh.n, kEps, dr.as<float>(), stream));
+        const auto st = rms_norm_prepare(dr.as<float>(), d, dw.as<float>(), sh.rows, sh.n, kEps, dy.as<float>(),
+                                         dp.as(), stream, programmatic);
+        ASSERT_TRUE(st) << st.error().to_string();
+        KESTREL_CUDA_OK(cudaStreamSynchronize(stream));
+        EXPECT_TRUE(test::download<float>(dr.as(), total) == test::download<float>(dr2.as(), total))
+            << "residual rows differ";
+        EXPECT_TRUE(test::download<float>(dy.as(), total) == test::download<float>(dy2.as(), total))
+            << "norm rows differ";
+        EXPECT_TRUE(test::download<uint8_t>(dp.as(), prep_bytes) == test::download<uint8_t>(dp2.as(), prep_bytes))
+            << "prepared bytes differ from gemv_imma_prepare_x's";
+        // Without xprep: the norm alone, the same rows.
+        DeviceBuffer dy3(total * 4);
+        ASSERT_TRUE(rms_norm(dd.as<float>(), dw.as<float>(), sh.rows, sh.n, kEps, dr.as<float>(), stream));
+        ASSERT_TRUE(rms_norm_prepare(dr.as<float>(), d, dw.as<float>(), sh.rows, sh.n, kEps, dy3.as<float>(), nullptr,
+                                     stream, programmatic));
+        KESTREL_CUDA_OK(cudaStreamSynchronize(stream));
+        EXPECT_TRUE(test::download<float>(dr.as(), total) == test::download<float>(dr2.as(), total))
+            << "residual rows differ (the norm alone)";
+        EXPECT_TRUE(test::download<float>(dy3.as(), total) == test::download<float>(dy2.as(), total))
+            << "norm rows differ (the norm alone)";
+      }
+    }
+  }
+}
+
 TEST(RmsNorm, ArgumentErrors) {
   float* p = reinterpret_cast<float*>(uintptr_t{256});  // never dereferenced: every call below is refused
   EXPECT_EQ(rms_norm(p, p, 1, 0, kEps, p, nullptr).error().code, ErrorCode::kInvalidArgument);
@@ -113,6 +180,12 @@ TEST(RmsNorm, ArgumentErrors) {
             ErrorCode::kInvalidArgument);  // y aliases res
   EXPECT_EQ(residual_add_rms_norm(p, nullptr, p + 128, 1, 4, kEps, p + 64, nullptr).error().code,
             ErrorCode::kInvalidArgument);
+  EXPECT_EQ(rms_norm_prepare(p, nullptr, p + 128, 1, 100, kEps, p + 256, p + 512, nullptr, false).error().code,
+            ErrorCode::kInvalidArgument);  // n not a multiple of 64
+  EXPECT_EQ(rms_norm_prepare(p, nullptr, p + 128, 1, 64, kEps, p + 257, p + 512, nullptr, false).error().code,
+            ErrorCode::kInvalidArgument);  // y not 16-byte aligned
+  EXPECT_EQ(rms_norm_prepare(p, p + 64, p + 128, 1, 64, kEps, p, p + 512, nullptr, false).error().code,
+            ErrorCode::kInvalidArgument);  // y aliases res
 }
 
 }  // namespace
