@@ -26,7 +26,7 @@
 // no cpu/), inside the same graphed pass (forward_pass.h, "hybrid MoE layer"); placement() then reports the split.
 //
 // Ownership: borrows `model` (its file mapping is read while the weights are registered) for the engine's lifetime;
-// shares the expert backend (the engine's host functions call it until the engine is destroyed).
+// shares the expert backend (the hybrid hand-off's host thread calls it until the engine is destroyed).
 // Threading: as engine.h (calls never overlap); each call makes the engine's device current on its thread.
 #pragma once
 

@@ -1,0 +1,138 @@
+// HostExpertLink (host_expert_link.h): one mapped pinned allocation, a device sequence word, and the serving thread.
+#include "gpu/engine/host_expert_link.h"
+
+#include <cstring>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "core/base/spin.h"
+#include "gpu/cuda_check.h"
+
+namespace kestrel::gpu {
+namespace {
+
+uint64_t align_up(uint64_t v) { return (v + 255) / 256 * 256; }
+
+uint32_t load_acquire(uint32_t& word) { return std::atomic_ref<uint32_t>(word).load(std::memory_order_acquire); }
+
+}  // namespace
+
+Expected<std::unique_ptr<HostExpertLink>> HostExpertLink::create(ExpertBackend& backend, int max_rows, int hidden,
+                                                                 int k) {
+  if (max_rows < 1 || hidden < 4 || hidden % 4 != 0 || k < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "host expert link: " + std::to_string(max_rows) + " rows, " +
+                                                       std::to_string(hidden) + " columns, k " + std::to_string(k));
+  }
+  std::unique_ptr<HostExpertLink> link(new HostExpertLink(backend, max_rows, hidden, k));
+  KESTREL_TRY(link->allocate());
+  link->thread_ = std::thread([p = link.get()] { p->loop(); });
+  return link;
+}
+
+Status HostExpertLink::allocate() {
+  const uint64_t rows_bytes = align_up(uint64_t(max_rows_) * uint64_t(hidden_) * sizeof(float));
+  const uint64_t o_x = align_up(sizeof(ExpertHandoffMailbox));
+  const uint64_t o_choices = o_x + rows_bytes;
+  const uint64_t o_y = o_choices + align_up(uint64_t(max_rows_) * uint64_t(k_) * sizeof(ExpertChoice));
+  const uint64_t total = o_y + rows_bytes;
+  KESTREL_CUDA_TRY(cudaHostAlloc(&mapped_, total, cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(mapped_, 0, total);
+  auto* base = static_cast<uint8_t*>(mapped_);
+  mailbox_ = new (base) ExpertHandoffMailbox();
+  x_ = reinterpret_cast<float*>(base + o_x);
+  choices_ = reinterpret_cast<ExpertChoice*>(base + o_choices);
+  y_ = reinterpret_cast<float*>(base + o_y);
+  void* dev = nullptr;
+  KESTREL_CUDA_TRY(cudaHostGetDevicePointer(&dev, mapped_, 0));
+  auto* d = static_cast<uint8_t*>(dev);
+  KESTREL_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&seq_dev_), sizeof(uint32_t)));
+  KESTREL_CUDA_TRY(memset_synced(seq_dev_, 0, sizeof(uint32_t)));
+  dev_.mailbox = reinterpret_cast<ExpertHandoffMailbox*>(d);
+  dev_.x = reinterpret_cast<float*>(d + o_x);
+  dev_.choices = reinterpret_cast<ExpertChoice*>(d + o_choices);
+  dev_.y = reinterpret_cast<const float*>(d + o_y);
+  dev_.seq = seq_dev_;
+  return ok_status();
+}
+
+HostExpertLink::~HostExpertLink() {
+  if (thread_.joinable()) {
+    stop_.store(true, std::memory_order_release);
+    armed_.store(1, std::memory_order_release);
+    armed_.notify_one();
+    thread_.join();
+  }
+  if (mapped_ != nullptr) cudaFreeHost(mapped_);
+  if (seq_dev_ != nullptr) cudaFree(seq_dev_);
+}
+
+void HostExpertLink::begin_pass() {
+  armed_.store(1, std::memory_order_release);
+  armed_.notify_one();
+}
+
+Status HostExpertLink::end_pass() {
+  armed_.store(0, std::memory_order_release);
+  Status s;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    s = std::exchange(error_, ok_status());
+  }
+  std::atomic_ref<uint32_t> timed_out(mailbox_->timed_out);
+  if (timed_out.exchange(0, std::memory_order_acq_rel) != 0 && s) {
+    s = make_error(ErrorCode::kDeadlineExceeded, "hybrid MoE: the host expert backend did not answer a layer within " +
+                                                     std::to_string(kJoinTimeoutNs / 1000000000ull) +
+                                                     " s; the pass's output is void");
+  }
+  return s;
+}
+
+void HostExpertLink::keep_error(Status s) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (error_) error_ = std::move(s);
+}
+
+void HostExpertLink::serve(uint32_t seq) {
+  // The acquire load of `request` that returned seq makes the device's rows, choices, layer and n_tokens visible.
+  const int32_t layer = mailbox_->layer;
+  const int32_t n = mailbox_->n_tokens;
+  if (n < 1 || n > max_rows_) {
+    keep_error(make_error(ErrorCode::kInternal, "hybrid MoE: layer " + std::to_string(layer) + " published " +
+                                                    std::to_string(n) + " rows (1.." + std::to_string(max_rows_) +
+                                                    ")"));
+  } else {
+    ExpertBatch b;
+    b.layer = layer;
+    b.n_tokens = n;
+    b.hidden = hidden_;
+    b.k = k_;
+    b.x = x_;
+    b.choices = choices_;
+    b.y = y_;
+    const Status s = backend_.run(b);
+    if (!s) keep_error(s);
+  }
+  // run() returned: its workers' writes of y happen before this release, which the device's join acquires.
+  std::atomic_ref<uint32_t>(mailbox_->done).store(seq, std::memory_order_release);
+}
+
+void HostExpertLink::loop() {
+  uint32_t served = 0;
+  for (;;) {
+    armed_.wait(0, std::memory_order_acquire);
+    if (stop_.load(std::memory_order_acquire)) return;
+    while (armed_.load(std::memory_order_acquire) != 0 && !stop_.load(std::memory_order_relaxed)) {
+      const uint32_t s = load_acquire(mailbox_->request);
+      if (s != served) {
+        serve(s);
+        served = s;
+      } else {
+        cpu_relax();
+      }
+    }
+    if (stop_.load(std::memory_order_acquire)) return;
+  }
+}
+
+}  // namespace kestrel::gpu
