@@ -548,6 +548,12 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
   // An expert backend's error, or a join that gave up on the host (the pass ran to its end without that layer's host
   // part).
   KESTREL_TRY(link_pass.end());
+  if (profiling_ && link_ != nullptr) {
+    KESTREL_TRY_ASSIGN(const HostExpertLink::Times t, link_->take_times());
+    profile_.host_batches += static_cast<int64_t>(t.batches);
+    profile_.host_ms += static_cast<double>(t.host_ns) * 1e-6;
+    profile_.host_wait_ms += static_cast<double>(t.device_wait_ns) * 1e-6;
+  }
   const size_t vocab = model_.hparams().n_vocab;
   for (int i = 0; i < m; ++i) {
     const PassRow& r = rows[size_t(i)];

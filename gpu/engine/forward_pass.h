@@ -87,6 +87,10 @@ const char* pass_section_name(PassSection s);
 struct PassProfile {
   double ms[static_cast<int>(PassSection::kCount)] = {};
   int passes = 0;
+  // Hybrid layers: the host batches, the host's time computing them, and the time the device waited for them.
+  int64_t host_batches = 0;
+  double host_ms = 0;
+  double host_wait_ms = 0;
 };
 
 class ForwardPass {

@@ -1,6 +1,7 @@
 // HostExpertLink (host_expert_link.h): one mapped pinned allocation, a device sequence word, and the serving thread.
 #include "gpu/engine/host_expert_link.h"
 
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <string>
@@ -46,13 +47,14 @@ Status HostExpertLink::allocate() {
   void* dev = nullptr;
   KESTREL_CUDA_TRY(cudaHostGetDevicePointer(&dev, mapped_, 0));
   auto* d = static_cast<uint8_t*>(dev);
-  KESTREL_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&seq_dev_), sizeof(uint32_t)));
-  KESTREL_CUDA_TRY(memset_synced(seq_dev_, 0, sizeof(uint32_t)));
+  KESTREL_CUDA_TRY(cudaMalloc(&dev_words_, 16));
+  KESTREL_CUDA_TRY(memset_synced(dev_words_, 0, 16));
   dev_.mailbox = reinterpret_cast<ExpertHandoffMailbox*>(d);
   dev_.x = reinterpret_cast<float*>(d + o_x);
   dev_.choices = reinterpret_cast<ExpertChoice*>(d + o_choices);
   dev_.y = reinterpret_cast<const float*>(d + o_y);
-  dev_.seq = seq_dev_;
+  dev_.seq = static_cast<uint32_t*>(dev_words_);
+  dev_.wait_ns = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(dev_words_) + 8);
   return ok_status();
 }
 
@@ -64,7 +66,7 @@ HostExpertLink::~HostExpertLink() {
     thread_.join();
   }
   if (mapped_ != nullptr) cudaFreeHost(mapped_);
-  if (seq_dev_ != nullptr) cudaFree(seq_dev_);
+  if (dev_words_ != nullptr) cudaFree(dev_words_);
 }
 
 void HostExpertLink::begin_pass() {
@@ -86,6 +88,17 @@ Status HostExpertLink::end_pass() {
                                                      " s; the pass's output is void");
   }
   return s;
+}
+
+Expected<HostExpertLink::Times> HostExpertLink::take_times() {
+  Times t;
+  unsigned long long wait = 0;
+  KESTREL_CUDA_TRY(memcpy_synced(&wait, dev_.wait_ns, sizeof(wait), cudaMemcpyDeviceToHost));
+  KESTREL_CUDA_TRY(memset_synced(dev_.wait_ns, 0, sizeof(wait)));
+  t.device_wait_ns = wait;
+  t.batches = batches_.exchange(0, std::memory_order_relaxed);
+  t.host_ns = host_ns_.exchange(0, std::memory_order_relaxed);
+  return t;
 }
 
 void HostExpertLink::keep_error(Status s) {
@@ -110,7 +123,11 @@ void HostExpertLink::serve(uint32_t seq) {
     b.x = x_;
     b.choices = choices_;
     b.y = y_;
+    const auto t0 = std::chrono::steady_clock::now();
     const Status s = backend_.run(b);
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+    host_ns_.fetch_add(static_cast<uint64_t>(ns.count()), std::memory_order_relaxed);
+    batches_.fetch_add(1, std::memory_order_relaxed);
     if (!s) keep_error(s);
   }
   // run() returned: its workers' writes of y happen before this release, which the device's join acquires.

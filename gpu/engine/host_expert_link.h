@@ -47,6 +47,16 @@ class HostExpertLink {
   // comes back — the backend's (naming the layer), or kDeadlineExceeded when a join timed out waiting for the host.
   Status end_pass();
 
+  // Since the last take_times(): the batches served, the host's time inside ExpertBackend::run, and the time the
+  // device's joins waited for the host (the part of the host's time the device did not cover with its own work).
+  // Reads the device's counter: call it after the stream has drained.
+  struct Times {
+    uint64_t batches = 0;
+    uint64_t host_ns = 0;
+    uint64_t device_wait_ns = 0;
+  };
+  Expected<Times> take_times();
+
  private:
   HostExpertLink(ExpertBackend& backend, int max_rows, int hidden, int k)
       : backend_(backend), max_rows_(max_rows), hidden_(hidden), k_(k) {}
@@ -65,12 +75,13 @@ class HostExpertLink {
   float* x_ = nullptr;
   ExpertChoice* choices_ = nullptr;
   float* y_ = nullptr;
-  uint32_t* seq_dev_ = nullptr;
+  void* dev_words_ = nullptr;  // device memory: the sequence word, then the joins' wait counter
   ExpertHandoff dev_;
 
   std::thread thread_;
   std::atomic<uint32_t> armed_{0};  // 1 while a pass is in flight (the thread sleeps on it otherwise)
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> batches_{0}, host_ns_{0};
   std::mutex mu_;
   Status error_;  // the first error since the last end_pass()
 };

@@ -60,6 +60,7 @@ __global__ void __launch_bounds__(kJoinThreads)
       }
       __nanosleep(200);
     }
+    if (blockIdx.x == 0) *h.wait_ns += global_ns() - t0;
     answered = ok;
   }
   __syncthreads();
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(kJoinThreads)
 
 Status check_args(const ExpertHandoff& h, int n_tok, int hidden, const char* what) {
   if (h.mailbox == nullptr || h.x == nullptr || h.choices == nullptr || h.y == nullptr || h.seq == nullptr ||
-      n_tok < 1 || hidden < 4 || hidden % 4 != 0) {
+      h.wait_ns == nullptr || n_tok < 1 || hidden < 4 || hidden % 4 != 0) {
     return make_error(ErrorCode::kInvalidArgument, std::string(what) + ": a null buffer, " + std::to_string(n_tok) +
                                                        " rows or " + std::to_string(hidden) +
                                                        " columns (>= 1 rows, columns a positive multiple of 4)");

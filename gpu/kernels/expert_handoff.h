@@ -8,8 +8,9 @@
 //     complete when it sees the new number.
 //   expert_handoff_join: each block's first thread waits (acquire at system scope) until mailbox.done equals *h.seq,
 //     the number this layer published; then the blocks copy the host's output rows from the mapped buffer into y
-//     (device memory), where the combine reads them. A host that does not answer within timeout_ns sets
-//     mailbox.timed_out and the rows become quiet NaNs, so the pass ends and its caller reports the error.
+//     (device memory), where the combine reads them. Block 0 adds how long it waited to *h.wait_ns (the share of
+//     the host's time the device did not cover with its own experts). A host that does not answer within timeout_ns
+//     sets mailbox.timed_out and the rows become quiet NaNs, so the pass ends and its caller reports the error.
 //
 // Between the two the stream computes the resident experts and the shared expert, while the host computes its own.
 // Both kernels are plain launches (not programmatic): each starts after everything before it on the stream.
@@ -37,10 +38,11 @@ struct ExpertHandoffMailbox {
 // What the kernels use: device pointers (of mapped host memory, except seq).
 struct ExpertHandoff {
   ExpertHandoffMailbox* mailbox = nullptr;
-  float* x = nullptr;               // f32 [max rows, hidden]: the published input rows
-  ExpertChoice* choices = nullptr;  // [max rows, k]: the published choices
-  const float* y = nullptr;         // f32 [max rows, hidden]: the host's output rows
-  uint32_t* seq = nullptr;          // device memory: the last sequence number published (zero at start)
+  float* x = nullptr;                     // f32 [max rows, hidden]: the published input rows
+  ExpertChoice* choices = nullptr;        // [max rows, k]: the published choices
+  const float* y = nullptr;               // f32 [max rows, hidden]: the host's output rows
+  uint32_t* seq = nullptr;                // device memory: the last sequence number published (zero at start)
+  unsigned long long* wait_ns = nullptr;  // device memory: nanoseconds the joins waited for the host, summed
 };
 
 // Publishes layer `layer`'s batch: x device f32 [n_tok, hidden], choices device [n_tok, k]. kInvalidArgument for a

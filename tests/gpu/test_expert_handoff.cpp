@@ -2,7 +2,7 @@
 // expert_handoff.h) with HostExpertLink (gpu/engine/host_expert_link.h) serving a recording ExpertBackend whose rows
 // are a known function of its batch (y = x · Σ weights of the batch's choices + layer). Checks:
 //   - the device's rows come back exactly, for 1, 7 and 32 rows, layer after layer on one stream, and the backend saw
-//     each layer's number, rows and choices as published;
+//     each layer's number, rows and choices as published; take_times() counts the batches and both sides' time;
 //   - the same launches captured in a CUDA graph and replayed with new inputs publish a fresh batch each replay;
 //   - a backend error comes back from end_pass() naming the layer, the join does not wait on it, and the next pass
 //     is clean;
@@ -158,6 +158,17 @@ TEST(ExpertHandoff, RowsComeBackLayerAfterLayer) {
       EXPECT_EQ(rig.backend.first_choice.back().weight, in.choices[0].weight);
     }
   }
+  // Nine batches, each computed on the host; the device waited on every one (nothing else ran between publish and
+  // join), never longer in all than the host's time plus the round trips.
+  const auto times = rig.link->take_times();
+  ASSERT_TRUE(times);
+  EXPECT_EQ(times->batches, 9u);
+  EXPECT_GT(times->host_ns, 0u);
+  EXPECT_GT(times->device_wait_ns, 0u);
+  const auto again = rig.link->take_times();
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again->batches, 0u);
+  EXPECT_EQ(again->device_wait_ns, 0u);
 }
 
 TEST(ExpertHandoff, SeveralLayersInOnePassAndAGraphReplay) {
