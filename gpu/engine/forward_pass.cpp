@@ -163,6 +163,8 @@ Status ForwardPass::set_profiling(bool on) {
     for (cudaEvent_t& e : events_) KESTREL_CUDA_TRY(cudaEventCreate(&e));
     sections_.resize(events_.size());
   }
+  // The hand-off's counters from here on: what unprofiled passes left is dropped.
+  if (on && !profiling_ && link_ != nullptr) KESTREL_TRY(link_->take_times());
   profiling_ = on;
   return ok_status();
 }
