@@ -9,11 +9,10 @@
 
 #include "core/base/spin.h"
 #include "gpu/cuda_check.h"
+#include "gpu/memory/scratch_carve.h"
 
 namespace kestrel::gpu {
 namespace {
-
-uint64_t align_up(uint64_t v) { return (v + 255) / 256 * 256; }
 
 uint32_t load_acquire(uint32_t& word) { return std::atomic_ref<uint32_t>(word).load(std::memory_order_acquire); }
 
@@ -32,27 +31,31 @@ Expected<std::unique_ptr<HostExpertLink>> HostExpertLink::create(ExpertBackend& 
 }
 
 Status HostExpertLink::allocate() {
-  const uint64_t rows_bytes = align_up(uint64_t(max_rows_) * uint64_t(hidden_) * sizeof(float));
-  const uint64_t o_x = align_up(sizeof(ExpertHandoffMailbox));
-  const uint64_t o_choices = o_x + rows_bytes;
-  const uint64_t o_y = o_choices + align_up(uint64_t(max_rows_) * uint64_t(k_) * sizeof(ExpertChoice));
-  const uint64_t total = o_y + rows_bytes;
+  // One mapped allocation: the mailbox, then x, choices and y, carved alike over its host and device addresses.
+  const size_t rows_bytes = size_t(max_rows_) * size_t(hidden_) * sizeof(float);
+  const size_t choices_bytes = size_t(max_rows_) * size_t(k_) * sizeof(ExpertChoice);
+  const auto carve = [&](void* base, ExpertHandoffMailbox** mailbox, float** x, ExpertChoice** choices, float** y) {
+    ScratchCarve c(base);
+    *mailbox = c.take<ExpertHandoffMailbox>(sizeof(ExpertHandoffMailbox));
+    *x = c.take<float>(rows_bytes);
+    *choices = c.take<ExpertChoice>(choices_bytes);
+    *y = c.take<float>(rows_bytes);
+    return c.bytes();
+  };
+  ExpertHandoffMailbox* m = nullptr;
+  float *x = nullptr, *y = nullptr;
+  ExpertChoice* ch = nullptr;
+  const size_t total = carve(nullptr, &m, &x, &ch, &y);
   KESTREL_CUDA_TRY(cudaHostAlloc(&mapped_, total, cudaHostAllocMapped | cudaHostAllocPortable));
   std::memset(mapped_, 0, total);
-  auto* base = static_cast<uint8_t*>(mapped_);
-  mailbox_ = new (base) ExpertHandoffMailbox();
-  x_ = reinterpret_cast<float*>(base + o_x);
-  choices_ = reinterpret_cast<ExpertChoice*>(base + o_choices);
-  y_ = reinterpret_cast<float*>(base + o_y);
+  (void)carve(mapped_, &mailbox_, &x_, &choices_, &y_);
+  mailbox_ = new (mailbox_) ExpertHandoffMailbox();
   void* dev = nullptr;
   KESTREL_CUDA_TRY(cudaHostGetDevicePointer(&dev, mapped_, 0));
-  auto* d = static_cast<uint8_t*>(dev);
+  (void)carve(dev, &dev_.mailbox, &dev_.x, &dev_.choices, &y);
+  dev_.y = y;
   KESTREL_CUDA_TRY(cudaMalloc(&dev_words_, 16));
   KESTREL_CUDA_TRY(memset_synced(dev_words_, 0, 16));
-  dev_.mailbox = reinterpret_cast<ExpertHandoffMailbox*>(d);
-  dev_.x = reinterpret_cast<float*>(d + o_x);
-  dev_.choices = reinterpret_cast<ExpertChoice*>(d + o_choices);
-  dev_.y = reinterpret_cast<const float*>(d + o_y);
   dev_.seq = static_cast<uint32_t*>(dev_words_);
   dev_.wait_ns = reinterpret_cast<unsigned long long*>(static_cast<uint8_t*>(dev_words_) + 8);
   return ok_status();
