@@ -237,8 +237,8 @@ void CpuEngineImpl::run_layers(const Pass& pass) {
       norm_rows(lw.attn_norm);
     }
     if (lw.kind == LayerKind::kGatedDeltaNet) {
-      const SectionTimer t(pass.profile, StepSection::kGdn);
-      gdn_.run(pass, lw.gdn, li, x, y);
+      gdn_.run(pass, lw.gdn, li, x, y);  // times its own parts
+
     } else {
       const SectionTimer t(pass.profile, StepSection::kAttention);
       attn_.run(pass, lw.attn, li, x, y);

@@ -10,26 +10,15 @@
 #include <thread>
 #include <utility>
 
+#include "core/base/spin.h"
 #include "core/reference/model_weights.h"
 #include "cpu/expert_block.h"
 #include "cpu/matmul.h"
 #include "cpu/populate.h"
 #include "cpu/worker_pool.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 namespace kestrel::cpu {
 namespace {
-
-constexpr int kSpinIterations = 20000;  // ~50-100 µs of pause instructions before sleeping (as WorkerPool)
-
-void cpu_relax() {
-#if defined(__x86_64__)
-  _mm_pause();
-#endif
-}
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 

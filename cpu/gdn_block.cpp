@@ -2,6 +2,7 @@
 #include "cpu/gdn_block.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/reference/delta_rule.h"
 #include "core/reference/gdn_conv.h"
@@ -26,6 +27,7 @@ void GdnBlock::run(const Pass& pass, const ref::GdnWeights& w, uint32_t layer, c
   float* b = grow(b_, R * Vh);
   float* a = grow(a_, R * Vh);
 
+  std::optional<SectionTimer> timer(std::in_place, pass.profile, StepSection::kGdnIn);
   // Input projections (ref::gdn_project's layouts), all matrices in one pool job.
   switch (w.projection) {
     case ref::GdnProjection::kQkvGateBetaAlpha: {
@@ -56,6 +58,7 @@ void GdnBlock::run(const Pass& pass, const ref::GdnWeights& w, uint32_t layer, c
     }
   }
 
+  timer.emplace(pass.profile, StepSection::kGdnState);
   // Conv step, split / normalise / scale and gates, token by token within each session.
   float* u = grow(u_, R * C);
   float* q = grow(q_, R * Kd);
@@ -116,6 +119,7 @@ void GdnBlock::run(const Pass& pass, const ref::GdnWeights& w, uint32_t layer, c
   };
   pass.mm->pool().for_each(static_cast<int64_t>(pass.segments.size() * Vh), heads);
 
+  timer.emplace(pass.profile, StepSection::kGdnOut);
   const GemvTask t[1] = {task_of(w.ssm_out, n, pass.n_rows, out)};
   pass.mm->run(t);
 }

@@ -15,8 +15,9 @@ double clock_s(clockid_t id) {
 }
 
 constexpr const char* kNames[StepProfile::kSections] = {
-    "embedding",   "norms + residual", "GDN layers", "attention layers",     "MoE router + routing",
-    "MoE experts", "MoE combine",      "dense FFN",  "output norm + lm_head"};
+    "embedding",   "norms + residual", "GDN input projections", "GDN conv, delta rule, gated norm",
+    "GDN ssm_out", "attention layers", "MoE router + routing",  "MoE experts",
+    "MoE combine", "dense FFN",        "output norm + lm_head"};
 
 }  // namespace
 

@@ -14,7 +14,9 @@ namespace kestrel::cpu {
 enum class StepSection : int {
   kEmbedding,   // token rows dequantized from token_embd
   kNorms,       // the layers' RMSNorms and residual adds
-  kGdn,         // GDN layers: projections, conv, gates, delta rule, gated norm, ssm_out
+  kGdnIn,       // GDN layers: the input projections
+  kGdnState,    // GDN layers: conv, gates, delta rule, gated norm
+  kGdnOut,      // GDN layers: ssm_out
   kAttention,   // attention layers: projections, norms, RoPE, cache, attention, output projection
   kMoeRouter,   // router and shared-expert gate GEMVs, routing
   kMoeExperts,  // packing rows by expert, routed and shared experts' gate/up, SwiGLU, down

@@ -8,20 +8,10 @@
 #include <set>
 #include <string>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "core/base/spin.h"
 
 namespace kestrel::cpu {
 namespace {
-
-constexpr int kSpinIterations = 20000;  // ~50-100 µs of pause instructions before sleeping
-
-void cpu_relax() {
-#if defined(__x86_64__)
-  _mm_pause();
-#endif
-}
 
 // The lowest CPU listed in a sysfs list such as "0,64" or "0-1".
 int first_cpu_of(const std::string& list) { return std::stoi(list); }

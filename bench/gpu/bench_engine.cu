@@ -16,8 +16,9 @@
 // caller waits for: the graph launch, the kernels, the copy back). Tokens are fixed ids, every session at its own
 // position; the items ask for argmax_only (a greedy request: 4 bytes per session come back), and the last column
 // repeats the run with the full logits copied back (a sampling request). Bytes per step: bench/common/decode_bytes.h.
-// After the table: the step's time by section (a profiled replay) and the kernels a pass launches (the captured
-// graph's kernel nodes) with the step's time per kernel — at one session the launch count, not bytes, sets the step.
+// After the table: the step's time by section (a profiled replay; with host experts, also the CPU's time on them and
+// how much of it the GPU spent waiting, so the rest overlapped) and the kernels a pass launches (the captured graph's
+// kernel nodes) with the step's time per kernel — at one session the launch count, not bytes, sets the step.
 //
 // Prefill (--pp): one session's prompt of N tokens fed as the Service feeds it, a step of the engine's
 // max_tokens_per_item tokens at a time, timed from the first step to the greedy token after the last; beside it the
@@ -335,6 +336,17 @@ Status run(const Args& a) {
       line += buf;
     }
     splits.push_back(line);
+    if (const CudaEngine::HostExpertProfile hx = e->host_expert_profile(); hx.batches > 0 && passes > 0) {
+      // The host's time that the device did not wait for ran beside the device's own work.
+      char hb[200];
+      std::snprintf(
+          hb, sizeof hb,
+          "    host experts: %.3f ms a step on the CPU (%.1f batches), the GPU waited %.3f ms on them: %.0f%% "
+          "of the CPU time overlapped the GPU's own work",
+          hx.host_ms / passes, double(hx.batches) / passes, hx.device_wait_ms / passes,
+          100.0 * std::max(0.0, hx.host_ms - hx.device_wait_ms) / hx.host_ms);
+      splits.push_back(hb);
+    }
     for (SlotId s : slots) e->slot_free(s);
   }
   std::printf(

@@ -4,9 +4,9 @@
 // the router; an ExpertBackend computes the experts it holds over them. The hybrid engine runs the router on the GPU,
 // copies the layer's input rows and the choices of host-resident experts into pinned host memory, and has the CPU
 // backend (cpu/expert_backend.h) compute those while the GPU computes its own experts and the shared expert; the
-// results join in stream order — a host function calling submit() and a later one calling wait(), or a flag the
-// device polls — so a decode step stays one CUDA graph. Kestrel's answer to kt-kernel's cudaLaunchHostFunc hand-off,
-// with types instead of integers cast to pointers.
+// results join in stream order — the CUDA engine's host thread runs each batch the device publishes in mapped memory
+// and raises a flag the device polls (gpu/engine/host_expert_link.h) — so a decode step stays one CUDA graph.
+// Kestrel's answer to kt-kernel's cudaLaunchHostFunc hand-off, with types instead of integers cast to pointers.
 //
 // What a backend writes, per token t (x_t its input row, y_t its output row, choices c_t[0..k)):
 //   y_t = 0.0f, then for each choice j of this backend in ascending expert id:  y_t += expert_e(x_t) · c_t[j].weight
@@ -89,10 +89,9 @@ Status check_expert_batch(const ExpertBatch& batch, const ExpertSet& held, int32
 // Contract:
 // - run() computes a batch on the calling thread (and the backend's own workers) and returns once y is written.
 // - submit() starts a batch on the backend's own threads and returns at once; wait() returns once that batch's y is
-//   written. They are the stream-ordered form: the hybrid engine calls submit() from a CUDA host function after the
-//   layer's inputs reach host memory and wait() from a later one (or from a thread that then raises the flag the
-//   device polls). Neither blocks on anything but the batch itself; neither allocates after the first batches (the
-//   scratch has grown to the largest batch seen).
+//   written: the form for a caller that must return at once (a CUDA host function) and join later; the CUDA engine's
+//   hand-off thread calls run(). Neither blocks on anything but the batch itself; neither allocates after the first
+//   batches (the scratch has grown to the largest batch seen).
 // - Every batch is checked first (check()); a refused batch returns its error and nothing is written: not y, not
 //   the backend's state. A refused submit() starts nothing, and the wait() after it returns the same error at once.
 // - wait() returns the status of the last submit(): ok once its batch is done (at once when it is done already, so

@@ -259,6 +259,10 @@ class CudaEngineImpl final : public CudaEngine {
     }
     return out;
   }
+  HostExpertProfile host_expert_profile() const override {
+    const PassProfile& p = pass_->profile();
+    return HostExpertProfile{p.host_batches, p.host_ms, p.host_wait_ms};
+  }
   void clear_profile() override { pass_->clear_profile(); }
   std::string layout_summary() const override {
     return std::to_string(dm_->n_tiled_matrices()) + " projection matrices tiled for GEMV v4, " +

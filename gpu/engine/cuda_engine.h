@@ -26,7 +26,7 @@
 // no cpu/), inside the same graphed pass (forward_pass.h, "hybrid MoE layer"); placement() then reports the split.
 //
 // Ownership: borrows `model` (its file mapping is read while the weights are registered) for the engine's lifetime;
-// shares the expert backend (the engine's host functions call it until the engine is destroyed).
+// shares the expert backend (the hybrid hand-off's host thread calls it until the engine is destroyed).
 // Threading: as engine.h (calls never overlap); each call makes the engine's device current on its thread.
 #pragma once
 
@@ -101,6 +101,15 @@ class CudaEngine : public Engine {
   // summed; profile() returns (section name, milliseconds) pairs and the number of passes since clear_profile().
   virtual Status set_profiling(bool on) = 0;
   virtual std::vector<std::pair<std::string, double>> profile(int* passes) const = 0;
+  // With routed experts on the host, over the same profiled passes: the host batches, the host's milliseconds
+  // computing them, and the milliseconds the device waited for them (the rest of the host's time overlapped the
+  // device's own work).
+  struct HostExpertProfile {
+    int64_t batches = 0;
+    double host_ms = 0;
+    double device_wait_ms = 0;
+  };
+  virtual HostExpertProfile host_expert_profile() const = 0;
   virtual void clear_profile() = 0;
   // Kernel launches of a pass of `rows` rows (the last captured graph's kernel nodes; 0 before such a pass ran, -1
   // when the runtime could not list them).

@@ -9,6 +9,7 @@
 #include "gpu/cuda_check.h"
 #include "gpu/kernels/argmax.h"
 #include "gpu/kernels/attention_decode.h"
+#include "gpu/kernels/expert_handoff.h"
 #include "gpu/kernels/gdn_decode.h"
 #include "gpu/kernels/gdn_runs.h"
 #include "gpu/kernels/gemv.h"
@@ -163,6 +164,8 @@ Status ForwardPass::set_profiling(bool on) {
     for (cudaEvent_t& e : events_) KESTREL_CUDA_TRY(cudaEventCreate(&e));
     sections_.resize(events_.size());
   }
+  // The hand-off's counters from here on: what unprofiled passes left is dropped.
+  if (on && !profiling_ && link_ != nullptr) KESTREL_TRY(link_->take_times());
   profiling_ = on;
   return ok_status();
 }
@@ -231,9 +234,6 @@ ForwardPass::~ForwardPass() {
   if (host_upload_ != nullptr) cudaFreeHost(host_upload_);
   if (host_logits_ != nullptr) cudaFreeHost(host_logits_);
   if (host_argmax_ != nullptr) cudaFreeHost(host_argmax_);
-  for (void* p : {static_cast<void*>(pinned_x_), static_cast<void*>(pinned_choices_), static_cast<void*>(pinned_y_)}) {
-    if (p != nullptr) cudaFreeHost(p);
-  }
 }
 
 Status ForwardPass::allocate() {
@@ -314,9 +314,8 @@ Status ForwardPass::allocate() {
   KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_logits_), w.vocab * P * sizeof(float)));
   KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_argmax_), P * sizeof(int32_t)));
   if (backend_ != nullptr) {
-    KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&pinned_x_), hybrid_rows_bytes(hp)));
-    KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&pinned_choices_), hybrid_choices_bytes(hp)));
-    KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&pinned_y_), hybrid_rows_bytes(hp)));
+    KESTREL_TRY_ASSIGN(
+        link_, HostExpertLink::create(*backend_, P, static_cast<int>(hp.n_embd), static_cast<int>(hp.n_expert_used)));
   }
 
   // Zeroed once: the GDN readers' counters and the MoE counters (every call leaves them zero).
@@ -478,53 +477,10 @@ Status ForwardPass::attn_layer(size_t l, int n) {
   return matmul(a.o, mixed_, prepared, n, y_);
 }
 
-ForwardPass::HostCall* ForwardPass::host_call(int32_t layer, int32_t n) {
-  std::unique_ptr<HostCall>& c = host_calls_[{layer, n}];
-  if (c == nullptr) c = std::make_unique<HostCall>(HostCall{this, layer, n});
-  return c.get();
-}
-
-// Host functions (CUDA's callback thread, in stream order): no CUDA API here.
-void CUDART_CB ForwardPass::submit_host_fn(void* call) {
-  const HostCall& c = *static_cast<const HostCall*>(call);
-  ForwardPass& p = *c.pass;
-  const ModelHparams& hp = p.model_.hparams();
-  ExpertBatch b;
-  b.layer = c.layer;
-  b.n_tokens = c.n;
-  b.hidden = static_cast<int32_t>(hp.n_embd);
-  b.k = static_cast<int32_t>(hp.n_expert_used);
-  b.x = p.pinned_x_;
-  b.choices = p.pinned_choices_;
-  b.y = p.pinned_y_;
-  const Status s = p.backend_->submit(b);
-  if (!s) p.record_host_error(s);
-}
-
-void CUDART_CB ForwardPass::wait_host_fn(void* call) {
-  ForwardPass& p = *static_cast<const HostCall*>(call)->pass;
-  const Status s = p.backend_->wait();
-  if (!s) p.record_host_error(s);
-}
-
-void ForwardPass::record_host_error(const Status& s) {
-  std::lock_guard<std::mutex> lk(host_mu_);
-  if (host_status_) host_status_ = s;
-}
-
-Status ForwardPass::take_host_status() {
-  std::lock_guard<std::mutex> lk(host_mu_);
-  Status s = host_status_;
-  host_status_ = ok_status();
-  return s;
-}
-
 Status ForwardPass::hybrid_ffn_layer(size_t l, int n) {
   const DeviceFfnLayer& f = model_.layers()[l].ffn;
   const ModelHparams& hp = model_.hparams();
-  const size_t rows_bytes = size_t(n) * hp.n_embd * sizeof(float);
-  const size_t choices_bytes = size_t(n) * hp.n_expert_used * sizeof(ExpertChoice);
-  HostCall* call = host_call(static_cast<int32_t>(l), n);
+  const int H = static_cast<int>(hp.n_embd);
   MoeHybrid h;
   h.resident = f.resident;
   h.n_resident = f.n_resident;
@@ -532,16 +488,11 @@ Status ForwardPass::hybrid_ffn_layer(size_t l, int n) {
   h.host_y = host_y_dev_;
   MoeHybridHooks hooks;
   hooks.after_route = [&]() -> Status {
-    KESTREL_CUDA_TRY(cudaMemcpyAsync(pinned_x_, x_, rows_bytes, cudaMemcpyDeviceToHost, stream_));
-    KESTREL_CUDA_TRY(
-        cudaMemcpyAsync(pinned_choices_, host_choices_dev_, choices_bytes, cudaMemcpyDeviceToHost, stream_));
-    KESTREL_CUDA_TRY(cudaLaunchHostFunc(stream_, &ForwardPass::submit_host_fn, call));
-    return ok_status();
+    return expert_handoff_publish(link_->handoff(), static_cast<int32_t>(l), x_, host_choices_dev_, n, H,
+                                  static_cast<int>(hp.n_expert_used), stream_);
   };
   hooks.before_combine = [&]() -> Status {
-    KESTREL_CUDA_TRY(cudaLaunchHostFunc(stream_, &ForwardPass::wait_host_fn, call));
-    KESTREL_CUDA_TRY(cudaMemcpyAsync(host_y_dev_, pinned_y_, rows_bytes, cudaMemcpyHostToDevice, stream_));
-    return ok_status();
+    return expert_handoff_join(link_->handoff(), n, H, host_y_dev_, HostExpertLink::kJoinTimeoutNs, stream_);
   };
   if (f.moe_tiled) {
     return moe_imma_forward_hybrid(f.moe_imma, h, x_, n, y_, moe_ws_, stream_, hooks, tuning_.moe_imma);
@@ -611,12 +562,19 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
   while (position_bound_ <= max_pos) position_bound_ *= 2;
   position_bound_ = std::min(position_bound_, slots_.n_ctx());
 
-  (void)take_host_status();  // nothing is in flight between passes: clear what an earlier pass left
+  // The hand-off's host thread spins on its mailbox while the pass is in flight (end_pass on every return below).
+  struct LinkPass {
+    HostExpertLink* link;
+    explicit LinkPass(HostExpertLink* l) : link(l) {
+      if (link != nullptr) link->begin_pass();
+    }
+    Status end() { return link != nullptr ? std::exchange(link, nullptr)->end_pass() : ok_status(); }
+    ~LinkPass() { (void)end(); }
+  } link_pass(link_.get());
   if (hidden != nullptr) {
     // Launched one by one: the per-layer copies of the residual stream sit between the kernels.
     const Status enq = enqueue(n, m, mode, hidden);
     KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
-    if (!enq && backend_ != nullptr) (void)backend_->wait();  // a submit whose wait was never enqueued
     KESTREL_TRY(enq);
   } else {
     // Replayed: one CUDA graph per (rows, logits mode) captured on first use, lm_head over every row when any wants
@@ -635,8 +593,15 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
       ++profile_.passes;
     }
   }
-  // An expert backend's error inside a host function (the pass ran to its end with that layer's host part missing).
-  KESTREL_TRY(take_host_status());
+  // An expert backend's error, or a join that gave up on the host (the pass ran to its end without that layer's host
+  // part).
+  KESTREL_TRY(link_pass.end());
+  if (profiling_ && link_ != nullptr) {
+    KESTREL_TRY_ASSIGN(const HostExpertLink::Times t, link_->take_times());
+    profile_.host_batches += static_cast<int64_t>(t.batches);
+    profile_.host_ms += static_cast<double>(t.host_ns) * 1e-6;
+    profile_.host_wait_ms += static_cast<double>(t.device_wait_ns) * 1e-6;
+  }
   const size_t vocab = model_.hparams().n_vocab;
   for (int i = 0; i < m; ++i) {
     const PassRow& r = rows[size_t(i)];

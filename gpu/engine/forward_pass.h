@@ -28,20 +28,21 @@
 // passed to every launch.
 //
 // A hybrid MoE layer (DeviceFfnLayer::hybrid(): some routed experts on the host) runs moe_imma_forward_hybrid /
-// moe_forward_hybrid (gpu/kernels/moe_hybrid.h) with the hand-off in the same stream, so it is captured in the
-// pass's graph like every other node:
-//   routing (device) → copy x and the host choices to pinned memory → host function: ExpertBackend::submit →
-//   the resident experts and the shared expert (device, while the backend's CPU workers compute the host experts) →
-//   host function: ExpertBackend::wait → copy the host partial sums back → combine (device experts by ascending
-//   id, + the host partial, + the gated shared expert).
-// The host functions call no CUDA API; the layers share one set of pinned buffers (each layer's hand-off completes
-// before the next layer's starts, in stream order). A backend error inside a host function is recorded and run()
-// returns it after the stream has drained. Layers with every expert resident run the all-resident kernels (their
-// launches and bits are those of a model without host experts); layers with none launch no routed-expert kernel.
+// moe_forward_hybrid (gpu/kernels/moe_hybrid.h) with the hand-off in the same stream, as kernels, so it is captured in
+// the pass's graph like every other node:
+//   routing (device) → expert_handoff_publish: x and the host choices into mapped host memory, then the mailbox's
+//   sequence number → the resident experts and the shared expert (device), while the link's host thread, spinning on
+//   the mailbox, computes the host experts with ExpertBackend::run → expert_handoff_join: waits for the host's number,
+//   copies the host partial sums into device memory → combine (device experts by ascending id, + the host partial, +
+//   the gated shared expert).
+// The layers share one set of mapped buffers (each layer's hand-off completes before the next layer's starts, in
+// stream order). A backend error is kept by the link (HostExpertLink) and run() returns it after the stream has
+// drained. Layers with every expert resident run the all-resident kernels (their launches and bits are those of a
+// model without host experts); layers with none launch no routed-expert kernel.
 //
 // Ownership: borrows the DeviceModel, the StateSlots and the ExpertBackend for its lifetime; owns its scratch (device
-// and pinned host memory, sized once for kPassMaxTokens rows). One pass at a time; not thread-safe (the host
-// functions run on CUDA's callback thread while run() waits for the stream).
+// and pinned host memory, sized once for kPassMaxTokens rows). One pass at a time; not thread-safe (the link's thread
+// serves the hybrid layers while run() waits for the stream).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -50,7 +51,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <tuple>
 #include <utility>
@@ -59,6 +59,7 @@
 #include "core/base/expected.h"
 #include "core/engine/expert_backend.h"
 #include "gpu/engine/device_model.h"
+#include "gpu/engine/host_expert_link.h"
 #include "gpu/kernels/tuning.h"
 #include "gpu/memory/state_slots.h"
 
@@ -87,6 +88,10 @@ const char* pass_section_name(PassSection s);
 struct PassProfile {
   double ms[static_cast<int>(PassSection::kCount)] = {};
   int passes = 0;
+  // Hybrid layers: the host batches, the host's time computing them, and the time the device waited for them.
+  int64_t host_batches = 0;
+  double host_ms = 0;
+  double host_wait_ms = 0;
 };
 
 class ForwardPass {
@@ -158,18 +163,6 @@ class ForwardPass {
   Status ffn_sublayer(size_t l, int n);
   Status hybrid_ffn_layer(size_t l, int n);
 
-  // What a hybrid layer's host functions carry (kept for the life of the graphs that point at it).
-  struct HostCall {
-    ForwardPass* pass = nullptr;
-    int32_t layer = 0;
-    int32_t n = 0;
-  };
-  HostCall* host_call(int32_t layer, int32_t n);
-  static void CUDART_CB submit_host_fn(void* call);
-  static void CUDART_CB wait_host_fn(void* call);
-  void record_host_error(const Status& s);
-  Status take_host_status();
-
   const DeviceModel& model_;
   const StateSlots& slots_;
   const GpuTuning tuning_;
@@ -211,13 +204,8 @@ class ForwardPass {
   size_t upload_bytes_ = 0;
   float* host_logits_ = nullptr;    // f32 [P, n_vocab]
   int32_t* host_argmax_ = nullptr;  // int32 [P]
-  // Pinned host memory of the hybrid layers' hand-off (the ExpertBatch buffers), allocated when the model has any.
-  float* pinned_x_ = nullptr;                                                    // f32 [P, H]
-  ExpertChoice* pinned_choices_ = nullptr;                                       // [P, k]
-  float* pinned_y_ = nullptr;                                                    // f32 [P, H]
-  std::map<std::pair<int32_t, int32_t>, std::unique_ptr<HostCall>> host_calls_;  // by (layer, rows)
-  std::mutex host_mu_;
-  Status host_status_;  // the first error a host function met since run() began
+  // The hybrid layers' hand-off to the expert backend (mapped buffers and the serving thread), when the model has any.
+  std::unique_ptr<HostExpertLink> link_;
 
   std::vector<int> gdn_index_;  // per layer: index among GDN layers, -1 for attention
   int n_gdn_ = 0;

@@ -8,13 +8,13 @@
 //      resident, else (kExpertNotHere, 0) — the routing's selection order, which ExpertBatch accepts — and the
 //      routing's entries of host experts are marked (their entry weight set to −1; routing weights are >= 0) so that
 //      nothing on the device reads their rows;
-//   2. hooks.after_route(): the caller's enqueued hand-off (copies of x and host_choices to pinned host memory, a host
-//      function calling ExpertBackend::submit);
+//   2. hooks.after_route(): the caller's enqueued hand-off (the engine's: expert_handoff_publish, x and host_choices
+//      into mapped host memory for the thread that runs the ExpertBackend, gpu/engine/host_expert_link.h);
 //   3. the resident experts (read from compact stacks: expert id → resident[id]) and the shared expert, as the
 //      all-resident layer computes them, skipping host experts (no launch at all when nothing is resident and there
 //      is no shared expert);
-//   4. hooks.before_combine(): the caller's join (a host function calling ExpertBackend::wait, a copy of the host
-//      partial sums into host_y);
+//   4. hooks.before_combine(): the caller's join (the engine's: expert_handoff_join, which waits for the host's
+//      answer and copies its partial sums into host_y);
 //   5. the combine, in this fixed order per token t and column c:
 //        y  = 0;  for each of t's device entries by ascending expert id:  y += ye_entry · w_entry
 //        y += host_y[t]                       (the backend's Σ over t's host experts by ascending id, from 0)

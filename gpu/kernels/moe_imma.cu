@@ -900,7 +900,7 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
   // An expert (or a chunk of the shared expert) sees each token at most once: no segment holds more than n_tok.
   const int seg_bound = std::min(n_tok, c.chunk);
   if (gemvs) {
-    // In a hybrid layer the gate+up GEMV follows the hand-off's copies and host function: a plain launch.
+    // In a hybrid layer the gate+up GEMV follows the hand-off's publishing kernel: a plain launch.
     KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, c.n_seg_gu(), l.xprep, l.gu, I, stream, seg_bound,
                                    pdl && h == nullptr, used_gu, false, tuning.grouped_gemv));
     ++launches;

@@ -129,14 +129,18 @@ std::unique_ptr<gpu::CudaEngine> make_engine(const Model& m, const PlacementDeci
 
 using test::rel_diff;
 
-// A backend that forwards to another and fails submit() while `fail` is set (the error a host function records).
+// A backend that forwards to another and fails its batches (run(), submit()) while `fail` is set.
 class FaultyBackend final : public ExpertBackend {
  public:
   explicit FaultyBackend(std::unique_ptr<ExpertBackend> inner) : inner_(std::move(inner)) {}
   const ExpertSet& experts() const override { return inner_->experts(); }
   int32_t hidden() const override { return inner_->hidden(); }
   Status check(const ExpertBatch& b) const override { return inner_->check(b); }
-  Status run(const ExpertBatch& b) override { return inner_->run(b); }
+  // The engine's hand-off thread calls run(); submit() and wait() keep the contract's other form failing alike.
+  Status run(const ExpertBatch& b) override {
+    if (fail.load()) return make_error(ErrorCode::kInternal, "injected expert backend failure");
+    return inner_->run(b);
+  }
   Status submit(const ExpertBatch& b) override {
     if (fail.load()) {
       failed_ = true;
