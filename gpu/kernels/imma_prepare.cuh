@@ -15,8 +15,8 @@ constexpr int kGroupElems = 256;
 
 // Prepared activations, per vector: frag [unit][digit 0..3][t 0..3] uint4 {b0 blk0, b1 blk0, b0 blk1, b1 blk1},
 // dsum [unit][h 0..1] int2 {D blk0, D blk1} with D = 128·Σd(digit 2h) + Σd(digit 2h + 1) over the block's 32
-// elements (the digit pair a lane's two C columns hold, in units of digit 2h + 1), scale [group] f32 (16-byte padded).
-// Units are padded to whole groups (zeros).
+// elements (the digit pair a lane's two C columns hold, in units of digit 2h + 1), scale [group] f32 (padded with zeros
+// to 16 bytes). Units are padded to whole groups (zeros).
 struct XLayout {
   int n_groups = 0;
   __host__ __device__ int n_units() const { return n_groups * kUnitsPerSlice; }
@@ -141,6 +141,10 @@ __device__ __forceinline__ void prepare_group(const Rows& rows, int n_cols, cons
     for (int h = 0; h < 2; ++h) dsum[(static_cast<size_t>(u) * 2 + h) * 2 + blk] = 128 * sums[2 * h] + sums[2 * h + 1];
   }
   if (lane == 0) scale[grp] = finite ? ldexpf(1.0f, ex - 6) : __int_as_float(0x7FC00000);
+  // The last group's warp also zeroes the scale row's padding, so that every byte of the prepared form is defined
+  // (two preparations of the same rows compare equal byte for byte).
+  if (grp == lay.n_groups - 1 && lane > 0 && grp + lane < static_cast<int>(lay.scale_bytes() / 4))
+    scale[grp + lane] = 0.0f;
 }
 
 }  // namespace kestrel::gpu::imma_prep
