@@ -2,11 +2,11 @@
 // H = 2048, I = 512 — with every expert on the host, as a ratio to a plain read of the bytes the batch's tokens touch,
 // measured in the same run:
 //
-//   BM_ExpertBackend/<type>/<tokens>/<threads>/<act>/<form>
+//   BM_ExpertBackend/<type>/<tokens>/<threads>/<act>
 //
 // type 0: Q4_0, 1: Q4_K (gate, up and down alike; 453 MB of experts either way). tokens: 1, 8, 32 (a decode tick of
-// that many sessions). act 1: int8 activations (the default), 0: f32. form 0: run() on the calling thread, 1:
-// submit() + wait() (the hybrid engine's path: the backend's driver thread runs the batch).
+// that many sessions). act 1: int8 activations (the default), 0: f32. Each batch goes through run() on the calling
+// thread, as the hybrid engine's hand-off thread calls it.
 //
 // Each iteration draws a fresh routing (8 distinct experts per token, uniform over the 256, positive weights summing
 // to 1), evicts the caches (a 96 MiB read, three times L3 here), sleeps 1 ms (so every pool's workers are asleep, as
@@ -136,7 +136,6 @@ void BM_ExpertBackend(benchmark::State& state) {
   const int32_t tokens = static_cast<int32_t>(state.range(1));
   const int threads = static_cast<int>(state.range(2));
   const CpuActivations act = state.range(3) == 1 ? CpuActivations::kInt8 : CpuActivations::kF32;
-  const bool submit = state.range(4) == 1;
   const Layer& layer = layer_for(type);
 
   ref::MoeWeights w;
@@ -189,11 +188,7 @@ void BM_ExpertBackend(benchmark::State& state) {
       }
     }
   };
-  auto compute = [&] {
-    const Status s = submit ? be.submit(batch) : be.run(batch);
-    if (s && submit) (void)be.wait();
-    return static_cast<bool>(s);
-  };
+  auto compute = [&] { return static_cast<bool>(be.run(batch)); };
   // Warm-up: the backend's scratch grows to this batch size, the pools start.
   route();
   if (!compute()) {
@@ -236,8 +231,7 @@ void BM_ExpertBackend(benchmark::State& state) {
   state.counters["us"] = median(us);
   state.counters["touched_MB"] = median(mb);
   state.counters["experts"] = median(experts);
-  state.SetLabel(std::string(ggml_type_name(type)) + " " + std::to_string(tokens) + " tokens, " + be.summary() +
-                 (submit ? ", submit/wait" : ", run"));
+  state.SetLabel(std::string(ggml_type_name(type)) + " " + std::to_string(tokens) + " tokens, " + be.summary());
 }
 
 void backend_args(benchmark::internal::Benchmark* b) {
@@ -248,15 +242,12 @@ void backend_args(benchmark::internal::Benchmark* b) {
   for (int64_t type = 0; type < static_cast<int64_t>(std::size(kTypes)); ++type) {
     for (int64_t tokens : {1, 8, 32}) {
       for (int t : sweep) {
-        b->Args({type, tokens, t, 1, 0});
-        if (t == hw) {
-          b->Args({type, tokens, t, 1, 1});
-          b->Args({type, tokens, t, 0, 0});
-        }
+        b->Args({type, tokens, t, 1});
+        if (t == hw) b->Args({type, tokens, t, 0});
       }
     }
   }
-  b->ArgNames({"type", "tokens", "threads", "act", "form"});
+  b->ArgNames({"type", "tokens", "threads", "act"});
 }
 
 BENCHMARK(BM_ExpertBackend)->Apply(backend_args)->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(30);

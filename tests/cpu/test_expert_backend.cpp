@@ -7,11 +7,10 @@
 //     routed part of the reference's MoE;
 //   - f32 activations agree with it within kF32Tol, bit for bit at the scalar level; int8 activations within kInt8Tol;
 //   - the bits do not depend on the thread count (1, 2, all), on the batch (a token alone or among 8 others), on the
-//     order of a token's choices, or on the call form (submit()/wait() on another thread, or run());
+//     order of a token's choices, or on the thread that calls run();
 //   - a backend holding a subset of the experts and one holding its complement sum to the whole, within the rounding
 //     of that sum (kSplitUlps below), and each is bit for bit its choices' terms added in ascending id;
-//   - every refused batch (bad layer, size, id, duplicate, expert not held, overlap, a batch in flight) leaves the
-//     output untouched.
+//   - every refused batch (bad layer, size, id, duplicate, expert not held, overlap) leaves the output untouched.
 //
 // Tolerances, max|Δ| ≤ tol · max(1, max|ref|) per row (the CPU tests' measure):
 // - kF32Tol 4e-6: an expert is three GEMVs in sequence (gate, up → SwiGLU → down) whose SIMD kernels sum in another
@@ -253,7 +252,7 @@ TEST_P(ExpertBackendTest, AgreesWithTheReference) {
   }
 }
 
-TEST_P(ExpertBackendTest, BitsIndependentOfThreadsBatchAndCallForm) {
+TEST_P(ExpertBackendTest, BitsIndependentOfThreadsBatchAndCallingThread) {
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (Isa isa : levels()) {
     for (CpuActivations act : {CpuActivations::kInt8, CpuActivations::kF32}) {
@@ -282,20 +281,14 @@ TEST_P(ExpertBackendTest, BitsIndependentOfThreadsBatchAndCallForm) {
           std::reverse(reversed.choices.begin() + t * k_, reversed.choices.begin() + (t + 1) * k_);
         }
         EXPECT_EQ(run(*one, l, reversed), y) << what << ": choices in another order";
-        // submit() and wait() from another thread, then submit() there and wait() here.
+        // run() on another thread than the one that made the backend, then on this one again.
         ExpertBackend& be = *others.back();
-        std::vector<float> ya, yb;
-        Status sa = make_error(ErrorCode::kInternal, "not run"), wa = sa, sb = sa;
-        std::thread([&] {
-          sa = be.submit(r.batch(l, ya));
-          wa = be.wait();
-        }).join();
-        ASSERT_TRUE(sa && wa);
-        EXPECT_EQ(ya, y) << what << ": submit()/wait() on another thread";
-        std::thread([&] { sb = be.submit(r.batch(l, yb)); }).join();
-        ASSERT_TRUE(sb);
-        ASSERT_TRUE(be.wait());
-        EXPECT_EQ(yb, y) << what << ": submit() on another thread, wait() on this one";
+        std::vector<float> ya;
+        Status sa = make_error(ErrorCode::kInternal, "not run");
+        std::thread([&] { sa = be.run(r.batch(l, ya)); }).join();
+        ASSERT_TRUE(sa) << sa.error().to_string();
+        EXPECT_EQ(ya, y) << what << ": run() on another thread";
+        EXPECT_EQ(run(be, l, r), y) << what << ": run() on this thread after another's";
       }
     }
   }
@@ -426,11 +419,6 @@ TEST_P(ExpertBackendTest, RefusalsWriteNothing) {
     const Status ran = be->run(b);
     ASSERT_FALSE(ran) << c.what;
     EXPECT_EQ(ran.error().code, c.code) << c.what;
-    const Status submitted = be->submit(b);
-    ASSERT_FALSE(submitted) << c.what;
-    const Status waited = be->wait();
-    ASSERT_FALSE(waited) << c.what << ": wait() after a refused submit()";
-    EXPECT_EQ(waited.error().code, c.code) << c.what;
     EXPECT_EQ(y, untouched) << c.what << ": the output was written";
   }
 
@@ -441,19 +429,6 @@ TEST_P(ExpertBackendTest, RefusalsWriteNothing) {
     ExpertBatch b{l0, kTokens, H_, k_, r.x.data(), r.choices.data(), r.x.data() + H_};
     EXPECT_EQ(be->run(b).error().code, ErrorCode::kInvalidArgument);
     EXPECT_EQ(r.x, x0);
-  }
-
-  // A batch in flight: run() and submit() refused until wait().
-  {
-    std::vector<float> y1, y2(good.x.size(), kSentinel);
-    ASSERT_TRUE(be->submit(good.batch(l0, y1)));
-    ExpertBatch other{l0, kTokens, H_, k_, good.x.data(), good.choices.data(), y2.data()};
-    EXPECT_EQ(be->run(other).error().code, ErrorCode::kFailedPrecondition);
-    EXPECT_EQ(be->submit(other).error().code, ErrorCode::kFailedPrecondition);
-    ASSERT_TRUE(be->wait());
-    EXPECT_EQ(y2, untouched);
-    EXPECT_EQ(y1, run(*be, l0, good)) << "the batch in flight was disturbed";
-    EXPECT_TRUE(be->wait()) << "a second wait() returns the same";
   }
 
   // Zero tokens: nothing to do. A layer this backend holds nothing of: choices all for another device give zero

@@ -1,11 +1,12 @@
-// The submit()/wait() contract of the CPU ExpertBackend (core/engine/expert_backend.h) with callers that are not
-// the backend's threads, as the hybrid engine's CUDA host functions call it: submit() on one foreign thread, wait()
-// on another, ordered by a hand-off between them (as two host functions of one stream are), batch after batch, with
-// new inputs each time; the results must be run()'s bits. Also: the destructor waits for a batch in flight, and
-// wait() with nothing submitted returns at once. Small on purpose: `ctest --preset tsan` runs it under
-// ThreadSanitizer, which checks the publication of the batch to the driver thread and of the output to the waiter.
+// The threading contract of the CPU ExpertBackend (core/engine/expert_backend.h) with callers that are not the
+// backend's threads and not the one that made it, as the CUDA engine's hand-off thread (gpu/engine/host_expert_link.h)
+// calls it: run() on two foreign threads in turn, each call ordered after the previous one by a hand-off between
+// them, batch after batch into one reused output buffer with new inputs each time; the results must be the bits of
+// run() on the making thread. Small on purpose: `ctest --preset tsan` runs it under ThreadSanitizer, which checks the
+// publication of each batch to the pool's workers and of the output back to each caller.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <random>
@@ -44,7 +45,7 @@ Rows random_rows(std::mt19937& rng, int32_t k, int32_t E, int32_t H) {
   return r;
 }
 
-TEST(ExpertBackendThreads, SubmitAndWaitOnForeignThreads) {
+TEST(ExpertBackendThreads, RunOnForeignThreadsInTurn) {
   auto m = Model::open(test::fixture_model_path("golden-qwen35moe"));
   ASSERT_TRUE(m.has_value()) << m.error().to_string();
   const ModelHparams& hp = (*m)->hparams();
@@ -56,9 +57,8 @@ TEST(ExpertBackendThreads, SubmitAndWaitOnForeignThreads) {
   auto made = make_cpu_expert_backend(**m, ExpertSet::all(hp), o);
   ASSERT_TRUE(made.has_value()) << made.error().to_string();
   CpuExpertBackend& be = **made;
-  EXPECT_TRUE(be.wait()) << "nothing submitted yet";
 
-  // The batches and run()'s outputs for them.
+  // The batches and run()'s outputs for them on this thread.
   std::mt19937 rng(7);
   std::vector<Rows> rows;
   std::vector<std::vector<float>> expected;
@@ -72,41 +72,33 @@ TEST(ExpertBackendThreads, SubmitAndWaitOnForeignThreads) {
     expected.push_back(std::move(y));
   }
 
-  // Thread A submits batch i into one reused output buffer, then hands over to thread B, which waits, checks the
-  // output and hands back.
+  // Threads A and B take the batches in turn (A the even ones, B the odd ones): each runs its batch into one reused
+  // output buffer, checks the output and hands over to the other.
   std::vector<float> y(expected[0].size());
-  std::binary_semaphore submitted(0), checked(0);
+  std::binary_semaphore a_turn(1), b_turn(0);
   std::atomic<int> mismatches{0}, failures{0};
-  std::thread a([&] {
-    for (int i = 0; i < kBatches; ++i) {
+  auto serve = [&](int first, std::binary_semaphore& mine, std::binary_semaphore& other) {
+    for (int i = first; i < kBatches; i += 2) {
+      mine.acquire();
       const int32_t layer = i % static_cast<int32_t>(hp.n_layer);
-      if (!be.submit(ExpertBatch{layer, kTokens, H, k, rows[static_cast<size_t>(i)].x.data(),
-                                 rows[static_cast<size_t>(i)].choices.data(), y.data()})) {
+      if (!be.run(ExpertBatch{layer, kTokens, H, k, rows[static_cast<size_t>(i)].x.data(),
+                              rows[static_cast<size_t>(i)].choices.data(), y.data()})) {
         failures.fetch_add(1);
       }
-      submitted.release();
-      checked.acquire();
-    }
-  });
-  std::thread b([&] {
-    for (int i = 0; i < kBatches; ++i) {
-      submitted.acquire();
-      if (!be.wait()) failures.fetch_add(1);
       if (y != expected[static_cast<size_t>(i)]) mismatches.fetch_add(1);
-      checked.release();
+      other.release();
     }
-  });
+  };
+  std::thread a([&] { serve(0, a_turn, b_turn); });
+  std::thread b([&] { serve(1, b_turn, a_turn); });
   a.join();
   b.join();
   EXPECT_EQ(failures.load(), 0);
-  EXPECT_EQ(mismatches.load(), 0) << "batches whose output differs from run()'s";
+  EXPECT_EQ(mismatches.load(), 0) << "batches whose output differs from run()'s on the making thread";
 
-  // Destroying the backend with a batch in flight waits for it.
+  // Back on the making thread after the foreign ones.
   std::fill(y.begin(), y.end(), 0.0f);
-  std::thread([&] {
-    EXPECT_TRUE(be.submit(ExpertBatch{0, kTokens, H, k, rows[0].x.data(), rows[0].choices.data(), y.data()}));
-  }).join();
-  made->reset();
+  ASSERT_TRUE(be.run(ExpertBatch{0, kTokens, H, k, rows[0].x.data(), rows[0].choices.data(), y.data()}));
   EXPECT_EQ(y, expected[0]);
 }
 
