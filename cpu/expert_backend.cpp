@@ -1,16 +1,10 @@
-// The CPU ExpertBackend (expert_backend.h): checks, ExpertBlock on a MatmulRunner, and a driver thread for submit().
+// The CPU ExpertBackend (expert_backend.h): checks, then ExpertBlock on a MatmulRunner over the backend's pool.
 #include "cpu/expert_backend.h"
 
-#include <pthread.h>
-#include <sched.h>
-
 #include <algorithm>
-#include <atomic>
 #include <span>
-#include <thread>
 #include <utility>
 
-#include "core/base/spin.h"
 #include "core/reference/model_weights.h"
 #include "cpu/expert_block.h"
 #include "cpu/matmul.h"
@@ -77,28 +71,6 @@ class CpuExpertBackendImpl final : public CpuExpertBackend {
         pool_(std::move(pool)),
         mm_(*pool_, isa, act) {}
 
-  // Starts the driver thread (after construction, so it never sees a partly built backend).
-  void start(bool pin) {
-    driver_ = std::thread([this] { driver_loop(); });
-    if (pin) {
-      const std::vector<int> cpus = physical_core_cpus();  // the pool's workers take cpus[1..]: the driver cpus[0]
-      if (!cpus.empty()) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        CPU_SET(cpus[0], &set);
-        (void)pthread_setaffinity_np(driver_.native_handle(), sizeof(set), &set);  // unbound on failure
-      }
-    }
-  }
-
-  ~CpuExpertBackendImpl() override {
-    (void)wait();
-    stop_.store(true, std::memory_order_release);
-    submitted_.fetch_add(1, std::memory_order_acq_rel);
-    submitted_.notify_all();
-    if (driver_.joinable()) driver_.join();
-  }
-
   const ExpertSet& experts() const override { return experts_; }
   int32_t hidden() const override { return hidden_; }
 
@@ -112,69 +84,16 @@ class CpuExpertBackendImpl final : public CpuExpertBackend {
   Status check(const ExpertBatch& batch) const override { return check_expert_batch(batch, experts_, hidden_); }
 
   Status run(const ExpertBatch& batch) override {
-    KESTREL_TRY(idle());
     KESTREL_TRY(check(batch));
     compute(batch);
     return ok_status();
   }
 
-  Status submit(const ExpertBatch& batch) override {
-    KESTREL_TRY(idle());
-    last_submit_ = check(batch);
-    if (!last_submit_) return last_submit_;
-    pending_ = batch;
-    // Publishes pending_ to the driver (its acquire load of submitted_).
-    submitted_.fetch_add(1, std::memory_order_release);
-    submitted_.notify_one();
-    return ok_status();
-  }
-
-  Status wait() override {
-    const uint32_t target = submitted_.load(std::memory_order_relaxed);
-    uint32_t done = completed_.load(std::memory_order_acquire);
-    for (int spin = 0; done != target && spin < kSpinIterations; ++spin) {
-      cpu_relax();
-      done = completed_.load(std::memory_order_acquire);
-    }
-    while (done != target) {
-      completed_.wait(done, std::memory_order_acquire);
-      done = completed_.load(std::memory_order_acquire);
-    }
-    return last_submit_;
-  }
-
  private:
-  // kFailedPrecondition while a submitted batch has not been waited for.
-  Status idle() const {
-    if (completed_.load(std::memory_order_acquire) == submitted_.load(std::memory_order_relaxed)) return ok_status();
-    return make_error(ErrorCode::kFailedPrecondition,
-                      "cpu expert backend: a submitted batch is still in flight (call wait() first)");
-  }
-
   void compute(const ExpertBatch& b) {
     if (b.n_tokens == 0) return;
     block_.run(mm_, layers_[sz(b.layer)], b.x, b.n_tokens, b.choices, b.k, /*shared_logit=*/nullptr, b.y,
                /*profile=*/nullptr);
-  }
-
-  void driver_loop() {
-    uint32_t seen = 0;
-    for (;;) {
-      uint32_t s = submitted_.load(std::memory_order_acquire);
-      for (int spin = 0; s == seen && spin < kSpinIterations; ++spin) {
-        cpu_relax();
-        s = submitted_.load(std::memory_order_acquire);
-      }
-      if (s == seen) {
-        submitted_.wait(seen, std::memory_order_acquire);
-        continue;
-      }
-      if (stop_.load(std::memory_order_acquire)) return;
-      seen = s;
-      compute(pending_);
-      completed_.store(seen, std::memory_order_release);  // publishes y to the waiter
-      completed_.notify_all();
-    }
   }
 
   std::vector<ref::MoeWeights> layers_;
@@ -183,13 +102,6 @@ class CpuExpertBackendImpl final : public CpuExpertBackend {
   std::unique_ptr<WorkerPool> pool_;
   MatmulRunner mm_;
   ExpertBlock block_;
-
-  std::thread driver_;
-  ExpertBatch pending_;                 // the submitted batch: written by submit(), read by the driver
-  Status last_submit_;                  // what wait() returns
-  std::atomic<uint32_t> submitted_{0};  // batches submitted (and, at destruction, one more to wake the driver)
-  std::atomic<uint32_t> completed_{0};  // the last batch the driver finished
-  std::atomic<bool> stop_{false};
 };
 
 }  // namespace
@@ -246,10 +158,8 @@ Expected<std::unique_ptr<CpuExpertBackend>> make_cpu_expert_backend(std::vector<
   if (options.populate) populate_ranges(held_bytes, *pool);
   const Isa isa = options.isa ? isa_choose(isa_name(*options.isa)) : isa_selected();
   const GemvInput act = options.activations == CpuActivations::kInt8 ? GemvInput::kQ8 : GemvInput::kF32;
-  auto backend = std::make_unique<CpuExpertBackendImpl>(std::move(layers), std::move(experts), static_cast<int32_t>(H),
-                                                        std::move(pool), isa, act);
-  backend->start(options.pin);
-  return std::unique_ptr<CpuExpertBackend>(std::move(backend));
+  return std::unique_ptr<CpuExpertBackend>(std::make_unique<CpuExpertBackendImpl>(
+      std::move(layers), std::move(experts), static_cast<int32_t>(H), std::move(pool), isa, act));
 }
 
 Expected<std::unique_ptr<CpuExpertBackend>> make_cpu_expert_backend(const Model& model, ExpertSet experts,

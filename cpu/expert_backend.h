@@ -9,14 +9,12 @@
 // weights for the whole batch (the batch's choices grouped by expert), in two pool jobs of (expert, ~16 KiB row
 // block) items, so all threads stream whatever the routing; the f32 or int8 activation forms of the CPU engine
 // (CpuActivations), at the instruction-set level chosen at start. Results are bit-identical across thread counts,
-// batch compositions and run() versus submit()/wait(). With CpuActivations::kF32 they are the reference's
-// (ref::moe_forward's routed part) up to the GEMVs' summation order (bit-identical at the scalar level); with kInt8
-// each GEMV's input is rounded per 32-element block as in the CPU engine (cpu/act_q8.h).
+// batch compositions and calling threads. With CpuActivations::kF32 they are the reference's (ref::moe_forward's
+// routed part) up to the GEMVs' summation order (bit-identical at the scalar level); with kInt8 each GEMV's input is
+// rounded per 32-element block as in the CPU engine (cpu/act_q8.h).
 //
-// Threads: `threads` compute threads — a WorkerPool of threads − 1 workers plus the thread that drives the batch
-// through its jobs: run()'s caller, or for submit() the backend's own driver thread (pinned beside the workers when
-// `pin`), which spins briefly after each batch and then sleeps on a futex, as the pool's workers do. submit() only
-// publishes the batch to the driver and wakes it, so a CUDA host function that calls it returns in microseconds.
+// Threads: `threads` compute threads — a WorkerPool of threads − 1 workers, which spin briefly after each job and
+// then sleep on a futex, plus run()'s caller, which drives the batch through its jobs and takes items too.
 //
 // Ownership: the backend borrows the weights (Model or views) for its lifetime. Threading: ExpertBackend's contract.
 #pragma once
@@ -38,7 +36,7 @@ namespace kestrel::cpu {
 
 struct CpuExpertBackendOptions {
   int32_t threads = 0;  // compute threads including the driving one; 0: one per physical core
-  bool pin = true;      // bind the workers and the driver thread to cores
+  bool pin = true;      // bind the pool's workers to cores, leaving the first to run()'s caller (WorkerPool)
   CpuActivations activations = CpuActivations::kInt8;
   bool populate = true;    // map the held experts' pages at start (cpu/populate.h): no page faults inside batches
   std::optional<Isa> isa;  // the instruction-set level (lowered to what the CPU has); default isa_selected()

@@ -13,11 +13,11 @@
 //   expert_e(x) = down_e( silu(gate_e x) ⊙ up_e x )        (model-spec.md §5.1; no bias, no scaling)
 // which is the routed part of ref::moe_forward in the reference's own order. So a token's row depends on its input
 // row and its choices alone: not on the order of its choices, on the other tokens of the batch, on the backend's
-// thread count, or on whether the batch came through run() or submit()/wait(). A choice marked kExpertNotHere (an
-// expert another device computes) is skipped; a token without a choice of this backend gets a zero row. Two backends
-// over complementary sets of experts sum to one backend over their union up to the rounding of adding the two
-// partial sums (f32 addition is not associative); bit-identical placement independence would need one join in one
-// order, and is not promised here.
+// thread count, or on the thread that calls run(). A choice marked kExpertNotHere (an expert another device
+// computes) is skipped; a token without a choice of this backend gets a zero row. Two backends over complementary
+// sets of experts sum to one backend over their union up to the rounding of adding the two partial sums (f32
+// addition is not associative); bit-identical placement independence would need one join in one order, and is not
+// promised here.
 //
 // No CUDA or intrinsic types: core/ has no devices. The buffers are the caller's (pinned host memory in the hybrid
 // engine; any host memory works).
@@ -47,8 +47,7 @@ struct ExpertChoice {
 static_assert(std::is_trivially_copyable_v<ExpertChoice> && sizeof(ExpertChoice) == 8);
 
 // One layer's routed-expert work for a backend. A plain struct of borrowed pointers: the caller owns every buffer and
-// keeps them valid and unchanged until the call that computes the batch returns (run(), or the wait() that follows a
-// submit()).
+// keeps them valid and unchanged until the run() that computes the batch returns.
 struct ExpertBatch {
   int32_t layer = -1;                     // the model's block index of a MoE layer
   int32_t n_tokens = 0;                   // rows of x and y; 0: nothing to do
@@ -87,33 +86,27 @@ Status check_expert_batch(const ExpertBatch& batch, const ExpertSet& held, int32
 // Computes ExpertBatches for the experts of one ExpertSet (experts()).
 //
 // Contract:
-// - run() computes a batch on the calling thread (and the backend's own workers) and returns once y is written.
-// - submit() starts a batch on the backend's own threads and returns at once; wait() returns once that batch's y is
-//   written: the form for a caller that must return at once (a CUDA host function) and join later; the CUDA engine's
-//   hand-off thread calls run(). Neither blocks on anything but the batch itself; neither allocates after the first
-//   batches (the scratch has grown to the largest batch seen).
+// - run() computes a batch on the calling thread (and the backend's own workers) and returns once y is written. It
+//   blocks on nothing but the batch itself, and allocates nothing after the first batches (the scratch has grown to
+//   the largest batch seen).
 // - Every batch is checked first (check()); a refused batch returns its error and nothing is written: not y, not
-//   the backend's state. A refused submit() starts nothing, and the wait() after it returns the same error at once.
-// - wait() returns the status of the last submit(): ok once its batch is done (at once when it is done already, so
-//   a second wait() is harmless). With nothing submitted yet it returns ok.
-// - One batch at a time: run() or submit() while a submitted batch is in flight (before its wait()) returns
-//   kFailedPrecondition and changes nothing.
-// Threading: the calls (run, submit, wait, check) come from one caller at a time — any thread that is not one of the
-// backend's workers, and not necessarily the same thread for each call, as long as each call happens after the
-// previous one returned (two host functions of one CUDA stream are ordered so). The batch's buffers are read and y
-// written by the backend's threads between submit() and the return of wait(); the completion of wait() makes y's
+//   the backend's state.
+// - One batch at a time: a run() begins only after the previous one returned (Threading below); the backend touches
+//   none of a batch's buffers after its run() has returned.
+// Threading: the calls (run, check) come from one caller at a time — any thread that is not one of the backend's
+// workers, and not necessarily the same thread for each call, as long as each call happens after the previous one
+// returned (the CUDA engine's hand-off thread, gpu/engine/host_expert_link.h, is one such caller). The batch's
+// buffers are read and y written by the calling thread and the backend's workers during run(); its return makes y's
 // writes visible to its caller.
 class ExpertBackend {
  public:
-  virtual ~ExpertBackend() = default;  // waits for a submitted batch still in flight, then stops the threads
+  virtual ~ExpertBackend() = default;  // stops the backend's threads
 
   virtual const ExpertSet& experts() const = 0;
   virtual int32_t hidden() const = 0;  // the model's n_embd
 
   virtual Status check(const ExpertBatch& batch) const = 0;
   virtual Status run(const ExpertBatch& batch) = 0;
-  virtual Status submit(const ExpertBatch& batch) = 0;
-  virtual Status wait() = 0;
 };
 
 }  // namespace kestrel

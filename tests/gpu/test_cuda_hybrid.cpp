@@ -8,11 +8,11 @@
 //     and the others on the GPU.
 // Checks:
 //   - greedy tokens identical to the reference's for 64 steps after a prompt, logits within the tolerance below, and
-//     per-layer residual streams (the per-layer capture, where the host functions run outside a graph) within it;
+//     per-layer residual streams (the per-layer pass, launched kernel by kernel outside a graph) within it;
 //   - the weights on the GPU are exactly the plan's bytes (PlacementDecision::gpu_bytes, alignment aside);
 //   - with the default int8 backend: bit-identical logits across runs and between a session alone and in a batch of
 //     8 with others at other positions;
-//   - an error of the backend inside a host function fails that step with its message, and the engine steps again
+//   - an error of the backend on the hand-off thread fails that step with its message, and the engine steps again
 //     after it; a backend that holds the wrong experts, or none, is refused at creation;
 //   - hybrid::make_placed_cuda_engine (what kestreld builds): a budget too small for the dense weights is refused
 //     with their bytes; --n-cpu-moe over every MoE layer gives an engine that matches the reference.
@@ -129,35 +129,21 @@ std::unique_ptr<gpu::CudaEngine> make_engine(const Model& m, const PlacementDeci
 
 using test::rel_diff;
 
-// A backend that forwards to another and fails its batches (run(), submit()) while `fail` is set.
+// A backend that forwards to another and fails its batches while `fail` is set.
 class FaultyBackend final : public ExpertBackend {
  public:
   explicit FaultyBackend(std::unique_ptr<ExpertBackend> inner) : inner_(std::move(inner)) {}
   const ExpertSet& experts() const override { return inner_->experts(); }
   int32_t hidden() const override { return inner_->hidden(); }
   Status check(const ExpertBatch& b) const override { return inner_->check(b); }
-  // The engine's hand-off thread calls run(); submit() and wait() keep the contract's other form failing alike.
   Status run(const ExpertBatch& b) override {
     if (fail.load()) return make_error(ErrorCode::kInternal, "injected expert backend failure");
     return inner_->run(b);
-  }
-  Status submit(const ExpertBatch& b) override {
-    if (fail.load()) {
-      failed_ = true;
-      return make_error(ErrorCode::kInternal, "injected expert backend failure");
-    }
-    failed_ = false;
-    return inner_->submit(b);
-  }
-  Status wait() override {
-    if (failed_) return make_error(ErrorCode::kInternal, "injected expert backend failure");
-    return inner_->wait();
   }
   std::atomic<bool> fail{false};
 
  private:
   std::unique_ptr<ExpertBackend> inner_;
-  bool failed_ = false;  // the last submit failed (its wait() returns the same error, as ExpertBackend's contract says)
 };
 
 struct Case {
