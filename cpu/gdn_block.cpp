@@ -59,23 +59,48 @@ void GdnBlock::run(const Pass& pass, const ref::GdnWeights& w, uint32_t layer, c
   }
 
   timer.emplace(pass.profile, StepSection::kGdnState);
-  // Conv step, split / normalise / scale and gates, token by token within each session.
+  // Conv step, split / normalise / scale and gates (the reference's per-token ops), split over the pool.
   float* u = grow(u_, R * C);
   float* q = grow(q_, R * Kd);
   float* k = grow(k_, R * Kd);
   float* v = grow(v_, R * Vd);
   float* beta = grow(beta_, R * Vh);
   float* g = grow(g_, R * Vh);
+  // Per session, one item per K-head (the conv of its q and k channels, then their norms), one per block of
+  // kConvBlock value channels, and one for the gates. Each channel's conv runs through the session's tokens in order,
+  // as ref::gdn_conv_step does, so the bits are the reference's whatever the split.
+  constexpr size_t kConvBlock = 512;
+  const size_t n_kh = sz(d.n_k_heads), n_vb = (Vd + kConvBlock - 1) / kConvBlock;
+  const size_t per_segment = n_kh + n_vb + 1;
+  const int K = d.conv_kernel;
   auto prepare = [&](int64_t item) {
-    const Segment& s = pass.segments[sz(item)];
+    const Segment& s = pass.segments[sz(item) / per_segment];
+    const size_t j = sz(item) % per_segment;
     ref::GdnState& st = s.state->gdn(layer);
-    for (size_t r = sz(s.row0); r < sz(s.row0 + s.n_tok); ++r) {
-      ref::gdn_conv_step(w.conv1d, d.conv_dim(), d.conv_kernel, mixed + r * C, st.conv.data(), u + r * C);
-      ref::gdn_split_qkv(d, u + r * C, q + r * Kd, k + r * Kd, v + r * Vd);
-      ref::gdn_gates(b + r * Vh, a + r * Vh, w.dt_bias, w.ssm_a, d.n_v_heads, beta + r * Vh, g + r * Vh);
+    const size_t r0 = sz(s.row0), r1 = sz(s.row0 + s.n_tok);
+    auto conv = [&](size_t r, size_t c0, size_t n_ch) {
+      ref::gdn_conv_step(w.conv1d + c0 * sz(K), static_cast<int>(n_ch), K, mixed + r * C + c0,
+                         st.conv.data() + c0 * sz(K - 1), u + r * C + c0);
+    };
+    if (j < n_kh) {
+      for (size_t r = r0; r < r1; ++r) {
+        conv(r, j * dk, dk);
+        conv(r, Kd + j * dk, dk);
+        ref::gdn_split_qk_head(d, u + r * C, static_cast<int>(j), q + r * Kd, k + r * Kd);
+      }
+    } else if (j < n_kh + n_vb) {
+      const size_t c0 = (j - n_kh) * kConvBlock, n_ch = std::min(kConvBlock, Vd - c0);
+      for (size_t r = r0; r < r1; ++r) {
+        conv(r, 2 * Kd + c0, n_ch);
+        std::copy_n(u + r * C + 2 * Kd + c0, n_ch, v + r * Vd + c0);
+      }
+    } else {
+      for (size_t r = r0; r < r1; ++r) {
+        ref::gdn_gates(b + r * Vh, a + r * Vh, w.dt_bias, w.ssm_a, d.n_v_heads, beta + r * Vh, g + r * Vh);
+      }
     }
   };
-  pass.mm->pool().for_each(static_cast<int64_t>(pass.segments.size()), prepare);
+  pass.mm->pool().for_each(static_cast<int64_t>(pass.segments.size() * per_segment), prepare);
 
   // Delta rule and gated norm per (session, V-head): each item owns one head's state. Tokens that fill a chunk of
   // kDeltaRuleChunk positions aligned to the sequence (position % 64 == 0 .. + 63) within this pass run the chunked

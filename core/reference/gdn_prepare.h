@@ -22,4 +22,8 @@ void gdn_gates(const float* b, const float* a, const float* dt_bias, const float
 // u: f32 [C] conv output; q, k: f32 [Kh][dk] out (q̂ scaled, k̂); v: f32 [Vh][dv] out.
 void gdn_split_qkv(const GdnDims& dims, const float* u, float* q, float* k, float* v);
 
+// K-head kh of gdn_split_qkv (the same bits): q̂ and k̂ of that head into q, k (f32 [Kh][dk]; only head kh's dk
+// entries are written), so that heads can be prepared apart.
+void gdn_split_qk_head(const GdnDims& dims, const float* u, int kh, float* q, float* k);
+
 }  // namespace kestrel::ref
