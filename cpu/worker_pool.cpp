@@ -1,4 +1,4 @@
-// WorkerPool (worker_pool.h): a job counter, an item counter and a done counter, each a std::atomic.
+// WorkerPool (worker_pool.h): a job counter, a cursor per share, an item counter and a done counter, std::atomics.
 #include "cpu/worker_pool.h"
 
 #include <pthread.h>
@@ -44,6 +44,8 @@ Expected<std::unique_ptr<WorkerPool>> WorkerPool::create(int n_threads, bool pin
     return make_error(ErrorCode::kInvalidArgument, "worker pool: negative thread count " + std::to_string(n_threads));
   }
   std::unique_ptr<WorkerPool> pool(new WorkerPool());
+  pool->share_store_ = std::make_unique<Share[]>(static_cast<size_t>(n_threads) + 1);
+  pool->shares_ = std::span<Share>(pool->share_store_.get(), static_cast<size_t>(n_threads) + 1);
   const std::vector<int> cpus = pin ? physical_core_cpus() : std::vector<int>();
   for (int i = 0; i < n_threads; ++i) {
     pool->threads_.emplace_back([p = pool.get(), i] { p->worker_loop(i); });
@@ -64,28 +66,32 @@ WorkerPool::~WorkerPool() {
   for (std::thread& t : threads_) t.join();
 }
 
-bool WorkerPool::claim(uint32_t gen, int64_t* item) {
-  uint64_t v = cursor_.load(std::memory_order_acquire);
+bool WorkerPool::claim(uint32_t gen, size_t s, int64_t* item) {
+  std::atomic<uint64_t>& cursor = shares_[s].cursor;
+  uint64_t v = cursor.load(std::memory_order_acquire);
   for (;;) {
     if (static_cast<uint32_t>(v >> 32) != gen) return false;  // a later job: this one has no items left
     const int64_t i = static_cast<int64_t>(v & 0xFFFFFFFFu);
-    if (i >= n_items_.load(std::memory_order_acquire)) return false;
-    if (cursor_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+    if (i >= share_begin(s + 1, n_items_.load(std::memory_order_acquire))) return false;
+    if (cursor.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
       *item = i;
       return true;
     }
   }
 }
 
-void WorkerPool::take_items(uint32_t gen) {
+void WorkerPool::take_items(uint32_t gen, size_t own) {
   int64_t item = 0;
   int64_t done = 0;
   int64_t n = 0;
-  while (claim(gen, &item)) {
-    // A claimed item keeps job `gen` unfinished, so job_ cannot be replaced while it runs.
-    n = job_.n_items;
-    job_.fn(job_.ctx, item);
-    ++done;
+  for (size_t k = 0; k < shares_.size(); ++k) {
+    const size_t s = (own + k) % shares_.size();
+    while (claim(gen, s, &item)) {
+      // A claimed item keeps job `gen` unfinished, so job_ cannot be replaced while it runs.
+      n = job_.n_items;
+      job_.fn(job_.ctx, item);
+      ++done;
+    }
   }
   if (done > 0 && items_done_.fetch_add(done, std::memory_order_acq_rel) + done == n) {
     finished_.store(1, std::memory_order_release);
@@ -93,7 +99,7 @@ void WorkerPool::take_items(uint32_t gen) {
   }
 }
 
-void WorkerPool::worker_loop(int) {
+void WorkerPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
     uint64_t g = generation_.load(std::memory_order_acquire);
@@ -107,17 +113,19 @@ void WorkerPool::worker_loop(int) {
     }
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
-    take_items(static_cast<uint32_t>(g));
+    take_items(static_cast<uint32_t>(g), static_cast<size_t>(index) + 1);
   }
 }
 
 void WorkerPool::submit(const Job& job) {
   const uint64_t g = generation_.load(std::memory_order_relaxed) + 1;
-  // The cursor moves to the new generation first, closing the finished job: a late worker of that job may still be
-  // inside claim() with the old generation, and must not pair the old cursor with the new n_items_ (it would claim
-  // item n_old of the new job under the old generation, running it twice and before job_ is published). n_items_
-  // is stored with release after this, so a claim that reads the new count also sees the new cursor and fails.
-  cursor_.store(g << 32, std::memory_order_relaxed);
+  // The cursors move to the new generation first, closing the finished job: a late worker of that job may still be
+  // inside claim() with the old generation, and must not pair an old cursor with the new n_items_ (it would claim
+  // an item of the new job under the old generation, running it twice and before job_ is published). n_items_ is
+  // stored with release after this, so a claim that reads the new count also sees the new cursors and fails.
+  for (size_t s = 0; s < shares_.size(); ++s) {
+    shares_[s].cursor.store((g << 32) | static_cast<uint64_t>(share_begin(s, job.n_items)), std::memory_order_relaxed);
+  }
   job_ = job;
   items_done_.store(0, std::memory_order_relaxed);
   finished_.store(job.n_items > 0 ? 0 : 1, std::memory_order_relaxed);
@@ -136,7 +144,7 @@ void WorkerPool::wait() {
 
 void WorkerPool::run(const Job& job) {
   submit(job);
-  take_items(static_cast<uint32_t>(generation_.load(std::memory_order_relaxed)));
+  take_items(static_cast<uint32_t>(generation_.load(std::memory_order_relaxed)), 0);
   wait();
 }
 

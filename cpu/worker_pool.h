@@ -3,6 +3,11 @@
 // item varies from run to run; what an item computes does not, so results do not depend on the thread count as long
 // as items write disjoint outputs with their own fixed reduction order.
 //
+// The items are split into one contiguous share per participant (the caller of run() and each worker), each share
+// with its own cursor on its own cache line: a participant takes its own share's items in order, then items still
+// left in the others' shares. Consecutive items are usually neighbouring bytes of one matrix, so a thread streams
+// one long range, and claiming an item touches a cache line no other thread writes until the shares run out.
+//
 // Between jobs each worker spins on the job counter for a short while, then sleeps on it (std::atomic wait, a
 // futex), so back-to-back jobs of one step start within microseconds and an idle engine costs no CPU. Nothing is
 // allocated per job: a Job is a function pointer and a context pointer.
@@ -15,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -56,14 +62,26 @@ class WorkerPool {
 
  private:
   WorkerPool() = default;
+  // A participant's share of a job: one cursor on its own cache line, (job generation << 32) | next unclaimed item
+  // of the share [range_begin, range_end).
+  struct alignas(64) Share {
+    std::atomic<uint64_t> cursor{0};
+  };
+
   void worker_loop(int index);
-  bool claim(uint32_t gen, int64_t* item);
-  void take_items(uint32_t gen);
+  // Claims the next item of share `s` for job `gen`; false once that share has none left (or a later job began).
+  bool claim(uint32_t gen, size_t s, int64_t* item);
+  // Runs items of job `gen`: share `own` first, then what is left of the others', until none is left.
+  void take_items(uint32_t gen, size_t own);
+  int64_t share_begin(size_t s, int64_t n) const {
+    return static_cast<int64_t>(static_cast<uint64_t>(n) * s / shares_.size());
+  }
 
   std::vector<std::thread> threads_;
   Job job_;
-  std::atomic<uint64_t> generation_{0};  // bumped by submit(); workers wait for a change
-  std::atomic<uint64_t> cursor_{0};      // (job generation << 32) | next unclaimed item
+  std::atomic<uint64_t> generation_{0};   // bumped by submit(); workers wait for a change
+  std::unique_ptr<Share[]> share_store_;  // one share per participant: the caller of run() (0), then each worker
+  std::span<Share> shares_;
   std::atomic<int64_t> n_items_{0};
   std::atomic<int64_t> items_done_{0};
   std::atomic<uint32_t> finished_{0};  // 1 once items_done_ reaches n_items (wait() sleeps on it)
