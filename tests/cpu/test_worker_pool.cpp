@@ -57,6 +57,36 @@ TEST(WorkerPool, LateWorkersNeverRunItemsOfTheNextJob) {
   EXPECT_EQ(wrong_job.load(), 0);
 }
 
+// Each participant starts on its own share of the items; a share whose owner is busy is finished by the others.
+// Item 0 (the first of the calling thread's share) waits until every other item has run, so the rest of its share
+// must be taken by the workers.
+TEST(WorkerPool, BusyParticipantsShareIsTakenByOthers) {
+  auto pool = WorkerPool::create(3, /*pin=*/false);
+  ASSERT_TRUE(pool.has_value());
+  constexpr int64_t kItems = 64;
+  for (int job = 0; job < 20; ++job) {
+    std::atomic<int64_t> others{0};
+    std::atomic<bool> gave_up{false};
+    auto body = [&](int64_t i) {
+      if (i != 0) {
+        others.fetch_add(1, std::memory_order_acq_rel);
+        return;
+      }
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (others.load(std::memory_order_acquire) < kItems - 1) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          gave_up.store(true);
+          return;
+        }
+        std::this_thread::yield();
+      }
+    };
+    (*pool)->for_each(kItems, body);
+    ASSERT_FALSE(gave_up.load()) << "job " << job << ": items of a busy thread's share were left waiting";
+    EXPECT_EQ(others.load(), kItems - 1);
+  }
+}
+
 TEST(WorkerPool, SubmitAndWaitFromAnotherThread) {
   auto pool = WorkerPool::create(2, /*pin=*/false);
   ASSERT_TRUE(pool.has_value());
