@@ -16,9 +16,10 @@ namespace kestrel::hybrid {
 namespace {
 
 // Cores the expert backend leaves to the threads that drive the GPU: the engine thread that launches each step's
-// graph and waits for it, and CUDA's host-function thread that hands each host layer to the backend and waits for
-// its rows. With every core pinned to a busy worker those two wait for a scheduler tick (milliseconds) at every
-// layer: on the 16-core H100 host, every expert on the CPU decoded 22 tokens/s with 16 workers, 63 with 12.
+// graph and waits for it, and the hand-off thread (gpu/engine/host_expert_link.h) that spins on the mailbox and
+// takes part in each host layer's jobs. With every core pinned to a busy worker those two wait for scheduler ticks
+// at every layer: on a 16-core H100 host, every expert on the CPU decoded 66 tokens/s with 16 threads, 70 with 14
+// and 71 with 12 (bench_engine --n-cpu-moe 40, one run).
 constexpr int kCoresForGpuThreads = 2;
 
 // The backend's thread count: `threads`, or (0) one per physical core but kCoresForGpuThreads.
