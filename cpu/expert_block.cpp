@@ -12,6 +12,8 @@ namespace {
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
 
+constexpr size_t kCombineColumns = 512;  // columns of one row per item of the weighted sums
+
 // The view of expert e's matrix inside a 3-D expert tensor (ref::expert_matrix without the error path: e < E).
 ref::QuantMatrix expert(const ref::QuantExperts& w, size_t e) {
   const uint64_t row_bytes = *ggml_row_bytes(w.type, w.n_in);
@@ -95,10 +97,14 @@ void ExpertBlock::run(MatmulRunner& mm, const ref::MoeWeights& w, const float* x
   if (!tasks_.empty()) mm.run(tasks_);
 
   timer.emplace(profile, StepSection::kMoeCombine);
-  // Per row: 0, plus its experts in ascending id (the reference's order), plus the gated shared expert.
-  for (size_t r = 0; r < R; ++r) {
+  // Per row: 0, plus its experts in ascending id (the reference's order), plus the gated shared expert; over the pool
+  // in blocks of kCombineColumns columns of one row (each element sees the same operations in the same order).
+  const size_t n_blocks = (H + kCombineColumns - 1) / kCombineColumns;
+  auto combine = [&](int64_t item) {
+    const size_t r = sz(item) / n_blocks, c0 = (sz(item) % n_blocks) * kCombineColumns;
+    const size_t c1 = std::min(H, c0 + kCombineColumns);
     float* yr = y + r * H;
-    std::fill(yr, yr + H, 0.0f);
+    std::fill(yr + c0, yr + c1, 0.0f);
     size_t order[kMaxExpertChoices];  // the row's choices of this block, by expert id
     size_t n = 0;
     for (size_t j = 0; j < K; ++j) {
@@ -110,13 +116,14 @@ void ExpertBlock::run(MatmulRunner& mm, const ref::MoeWeights& w, const float* x
       const size_t j = order[jj];
       const float* src = ye + sz(slot_[r * K + j]) * H;
       const float wt = choices[r * K + j].weight;
-      for (size_t i = 0; i < H; ++i) yr[i] += src[i] * wt;
+      for (size_t i = c0; i < c1; ++i) yr[i] += src[i] * wt;
     }
     if (shared) {
       const float s = ref::sigmoid(shared_logit[r]);
-      for (size_t i = 0; i < H; ++i) yr[i] += s * sy[r * H + i];
+      for (size_t i = c0; i < c1; ++i) yr[i] += s * sy[r * H + i];
     }
-  }
+  };
+  mm.pool().for_each(static_cast<int64_t>(R * n_blocks), combine);
 }
 
 }  // namespace kestrel::cpu

@@ -7,10 +7,10 @@
 // marked kExpertNotHere left out — and each used expert runs once over its rows, read in place through a row index
 // (no copy of x; one quantization of x serves every expert): gate and up as SwiGLU pairs of every used expert (and
 // of the shared expert) in one pool job (matmul.h), the down products in another, each product cut into items of
-// ~16 KiB of one expert's rows (row_block_rows), so every thread streams weights whatever the routing. Then each
-// row's output is 0 plus its experts' outputs times their weights in ascending expert id, then plus
-// sigmoid(shared gate logit) · shared expert — the reference's order, so a row's result does not depend on the
-// other rows of the batch or on the thread count.
+// ~16 KiB of one expert's rows (row_block_rows), so every thread streams weights whatever the routing. Then, in a
+// third job over blocks of each row's columns, each row's output is 0 plus its experts' outputs times their weights
+// in ascending expert id, then plus sigmoid(shared gate logit) · shared expert — the reference's order, so a row's
+// result does not depend on the other rows of the batch or on the thread count.
 //
 // Ownership: scratch is members, grown to the largest batch seen (nothing is allocated in a steady-state call).
 // Threading: one call at a time, from the thread that drives the MatmulRunner.
