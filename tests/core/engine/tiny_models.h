@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <map>
 #include <string>
 
@@ -57,8 +58,18 @@ inline std::string write_tiny(const std::string& preset_name, const std::string&
 // CUDA engine on moe_imma) or "tiny-qwen3next-legacy" (the ssm_in layout); tiny presets are written once per process.
 inline std::string model_path(const std::string& name) {
   if (name.starts_with("golden")) return fixture_model_path(name);
-  static std::map<std::string, std::string> written;
-  std::string& path = written[name];
+  // The files this process wrote, removed when it exits (each run writes its own, under its process id; left
+  // behind, every test run would add its tiny models to the temp dir). Unlinking a file still mapped is safe.
+  struct Written {
+    std::map<std::string, std::string> paths;
+    ~Written() {
+      for (const auto& entry : paths) {
+        if (!entry.second.empty()) std::remove(entry.second.c_str());
+      }
+    }
+  };
+  static Written written;
+  std::string& path = written.paths[name];
   if (!path.empty()) return path;
   if (name == "tiny-q4_0") {
     path = write_tiny("tiny", "tiny_q4_0.gguf", {.q4_0 = true});
