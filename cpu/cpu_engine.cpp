@@ -223,11 +223,24 @@ void CpuEngineImpl::run_layers(const Pass& pass) {
   float* h = h_.data();
   float* x = grow(x_, R * H);
   float* y = grow(y_, R * H);
+  // Row by row (each row's bits whatever the split): on the calling thread for one row, over the pool for more (a
+  // prompt's pass holds up to a hundred and more).
+  auto each_row = [&](auto&& fn) {
+    if (R == 1) {
+      fn(int64_t{0});
+    } else {
+      pass.mm->pool().for_each(static_cast<int64_t>(R), fn);
+    }
+  };
   auto norm_rows = [&](const float* w) {
-    for (size_t r = 0; r < R; ++r) ref::rms_norm(h + r * H, w, static_cast<int>(H), eps, x + r * H);
+    auto one = [&](int64_t r) { ref::rms_norm(h + sz(r) * H, w, static_cast<int>(H), eps, x + sz(r) * H); };
+    each_row(one);
   };
   auto add_rows = [&] {
-    for (size_t i = 0; i < R * H; ++i) h[i] += y[i];
+    auto one = [&](int64_t r) {
+      for (size_t i = sz(r) * H; i < (sz(r) + 1) * H; ++i) h[i] += y[i];
+    };
+    each_row(one);
   };
   for (size_t l = 0; l < weights_.layers.size(); ++l) {
     const ref::RefLayerWeights& lw = weights_.layers[l];
