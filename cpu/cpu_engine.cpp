@@ -251,7 +251,6 @@ void CpuEngineImpl::run_layers(const Pass& pass) {
     }
     if (lw.kind == LayerKind::kGatedDeltaNet) {
       gdn_.run(pass, lw.gdn, li, x, y);  // times its own parts
-
     } else {
       const SectionTimer t(pass.profile, StepSection::kAttention);
       attn_.run(pass, lw.attn, li, x, y);

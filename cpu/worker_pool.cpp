@@ -43,9 +43,7 @@ Expected<std::unique_ptr<WorkerPool>> WorkerPool::create(int n_threads, bool pin
   if (n_threads < 0) {
     return make_error(ErrorCode::kInvalidArgument, "worker pool: negative thread count " + std::to_string(n_threads));
   }
-  std::unique_ptr<WorkerPool> pool(new WorkerPool());
-  pool->share_store_ = std::make_unique<Share[]>(static_cast<size_t>(n_threads) + 1);
-  pool->shares_ = std::span<Share>(pool->share_store_.get(), static_cast<size_t>(n_threads) + 1);
+  std::unique_ptr<WorkerPool> pool(new WorkerPool(static_cast<size_t>(n_threads) + 1));
   const std::vector<int> cpus = pin ? physical_core_cpus() : std::vector<int>();
   for (int i = 0; i < n_threads; ++i) {
     pool->threads_.emplace_back([p = pool.get(), i] { p->worker_loop(i); });

@@ -20,7 +20,6 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <thread>
 #include <vector>
 
@@ -61,7 +60,7 @@ class WorkerPool {
   }
 
  private:
-  WorkerPool() = default;
+  explicit WorkerPool(size_t n_shares) : shares_(n_shares) {}
   // A participant's share of a job: one cursor on its own cache line, (job generation << 32) | next unclaimed item
   // of the share [range_begin, range_end).
   struct alignas(64) Share {
@@ -79,9 +78,8 @@ class WorkerPool {
 
   std::vector<std::thread> threads_;
   Job job_;
-  std::atomic<uint64_t> generation_{0};   // bumped by submit(); workers wait for a change
-  std::unique_ptr<Share[]> share_store_;  // one share per participant: the caller of run() (0), then each worker
-  std::span<Share> shares_;
+  std::atomic<uint64_t> generation_{0};  // bumped by submit(); workers wait for a change
+  std::vector<Share> shares_;            // one per participant: the caller of run() (0), then each worker
   std::atomic<int64_t> n_items_{0};
   std::atomic<int64_t> items_done_{0};
   std::atomic<uint32_t> finished_{0};  // 1 once items_done_ reaches n_items (wait() sleeps on it)

@@ -10,6 +10,8 @@
 #include <ctime>
 #include <string>
 
+#include "core/base/spin.h"
+
 namespace kestrel::shm {
 namespace {
 
@@ -23,14 +25,6 @@ void futex_wait(uint32_t* word, uint32_t expected, std::chrono::nanoseconds time
 }
 
 void futex_wake_all(uint32_t* word) { syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0); }
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 Error corrupt(const std::string& what) { return make_error(ErrorCode::kDataLoss, "shm ring corrupt: " + what); }
 
