@@ -4,8 +4,12 @@
 // (GDN, attention, MoE, dense FFN, lm_head with the logits copy, the rest), so the next speed work is chosen by it.
 //
 //   bench_engine --model M.gguf [--sessions 1,8,32] [--steps 64] [--prompt 32] [--pp 512,4096] [--ttft 2000]
-//                [--no-pdl] [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...
-//                [--threads N]
+//                [--no-pdl] [--prompt-segment C] [--gpu-memory BYTES|auto] [--n-cpu-moe N]
+//                [--override-tensor REGEX=cpu|gpu]... [--threads N]
+//
+// --prompt-segment: tokens per segment of the prompt passes' MoE GEMVs (MoeImmaTuning::prompt_segment_vectors).
+// --prompt-chunk N: --pp feeds prompts N tokens a step (at most max_tokens_per_item; 32 gives the passes of 32 rows
+// that prompts took before prompt passes), for an A/B in one run.
 //
 // With a placement flag the engine is built as kestreld builds it (hybrid/placed_cuda_engine.h): the routed experts
 // the plan leaves on the host run on --threads CPU workers (0: one per physical core but two), the plan is printed, and
@@ -59,6 +63,8 @@ struct Args {
   bool placed = false;  // a placement flag was given
   PlacementFlags placement;
   int threads = 0;
+  int prompt_segment = MoeImmaTuning{}.prompt_segment_vectors;
+  int prompt_chunk = 0;  // 0: the engine's max_tokens_per_item
 };
 
 std::vector<int> int_list(const char* v) {
@@ -84,6 +90,10 @@ bool parse(int argc, char** argv, Args* a) {
       a->prompt = std::atoi(v);
     } else if (k == "--no-pdl") {
       a->programmatic = false;
+    } else if (k == "--prompt-chunk" && (v = val())) {
+      a->prompt_chunk = std::atoi(v);
+    } else if (k == "--prompt-segment" && (v = val())) {
+      a->prompt_segment = std::atoi(v);
     } else if (k == "--gpu-memory" && (v = val())) {
       a->placement.gpu_memory = v;
       a->placed = true;
@@ -110,10 +120,13 @@ bool parse(int argc, char** argv, Args* a) {
          std::all_of(a->pp.begin(), a->pp.end(), [](int n) { return n > 0; });
 }
 
-// Feeds `prompt` to `slot` in steps of the engine's max_tokens_per_item tokens (the last asks for the greedy token)
-// and returns the seconds from the first step to the last one's return; *passes receives the passes it took.
-Expected<double> feed_prompt(Engine& e, SlotId slot, const std::vector<int32_t>& prompt, int* passes) {
-  const size_t chunk = static_cast<size_t>(std::max(e.capabilities().max_tokens_per_item, 1));
+// Feeds `prompt` to `slot` in steps of the engine's max_tokens_per_item tokens, or of max_chunk when smaller (the last
+// asks for the greedy token) and returns the seconds from the first step to the last one's return; *passes receives
+// the passes it took.
+Expected<double> feed_prompt(Engine& e, SlotId slot, const std::vector<int32_t>& prompt, int* passes,
+                             int max_chunk = 0) {
+  size_t chunk = static_cast<size_t>(std::max(e.capabilities().max_tokens_per_item, 1));
+  if (max_chunk > 0) chunk = std::min(chunk, static_cast<size_t>(max_chunk));
   std::vector<EngineStepOutput> out(1);
   const auto t0 = std::chrono::steady_clock::now();
   int n = 0;
@@ -122,8 +135,7 @@ Expected<double> feed_prompt(Engine& e, SlotId slot, const std::vector<int32_t>&
     std::vector<EngineStepItem> item = {{slot, std::span<const int32_t>(prompt.data() + at, len), true}};
     e.step(item, out);
     KESTREL_TRY(out[0].status);
-    const size_t rows = static_cast<size_t>(std::max(e.capabilities().max_items_per_pass, 1));
-    n += static_cast<int>((len + rows - 1) / rows);
+    ++n;  // a step of one item is one pass (a prompt pass above max_items_per_pass tokens)
   }
   if (passes != nullptr) *passes = n;
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -136,26 +148,44 @@ std::vector<int32_t> prompt_tokens(int n, int seed, uint32_t n_vocab) {
 }
 
 Status prefill(CudaEngine& e, const Model& model, const Args& a, double bw) {
-  std::printf("\nprefill: one session, steps of %d prompt tokens (the engine's max_tokens_per_item)\n\n",
+  const int chunk = a.prompt_chunk > 0 ? std::min(a.prompt_chunk, e.capabilities().max_tokens_per_item)
+                                       : e.capabilities().max_tokens_per_item;
+  std::printf("\nprefill: one session, steps of %d prompt tokens (the engine's max_tokens_per_item: %d)\n\n", chunk,
               e.capabilities().max_tokens_per_item);
   std::printf(
       "| prompt tokens | ms | tokens/s | passes | roofline tokens/s | of roofline |\n|---|---|---|---|---|---|\n");
   KESTREL_TRY_ASSIGN(SlotId slot, e.slot_alloc(e.capabilities().max_slot_ctx));
+  std::vector<std::string> profiles;
   for (const int n : a.pp) {
     const std::vector<int32_t> prompt = prompt_tokens(n, 1, model.hparams().n_vocab);
     int passes = 0;
-    KESTREL_TRY(feed_prompt(e, slot, prompt, &passes));  // warm-up: the passes' graphs are captured here
+    KESTREL_TRY(feed_prompt(e, slot, prompt, &passes, chunk));  // warm-up: the passes' graphs are captured here
     e.slot_reset(slot);
-    KESTREL_TRY_ASSIGN(const double s, feed_prompt(e, slot, prompt, &passes));
+    KESTREL_TRY_ASSIGN(const double s, feed_prompt(e, slot, prompt, &passes, chunk));
     e.slot_reset(slot);
     double bytes = 0;
-    const int rows = std::max(e.capabilities().max_items_per_pass, 1);
-    for (int at = 0; at < n; at += rows) {
-      bytes += kestrel::bench::prompt_pass_bytes(model, std::min(rows, n - at), at);
-    }
+    for (int at = 0; at < n; at += chunk)
+      bytes += kestrel::bench::prompt_pass_bytes(model, std::min(chunk, n - at), at);
     const double roof = n / (bytes / bw);
     std::printf("| %d | %.1f | %.0f | %d | %.0f | %.1f%% |\n", n, s * 1e3, n / s, passes, roof, 100.0 * (n / s) / roof);
+    // Where the prompt's time goes: the same prompt again with event records between the sections.
+    KESTREL_TRY(e.set_profiling(true));
+    e.clear_profile();
+    KESTREL_TRY(feed_prompt(e, slot, prompt, nullptr, chunk));
+    KESTREL_TRY(e.set_profiling(false));
+    e.slot_reset(slot);
+    int prof_passes = 0;
+    std::string line = "  " + std::to_string(n) + " tokens:";
+    char buf[96];
+    for (const auto& p : e.profile(&prof_passes)) {
+      if (p.second <= 0) continue;
+      std::snprintf(buf, sizeof buf, " %s %.1f;", p.first.c_str(), p.second);
+      line += buf;
+    }
+    profiles.push_back(line + " (" + std::to_string(prof_passes) + " passes)");
   }
+  std::printf("\nprefill time by section, ms per prompt (event records between the sections, one profiled run):\n");
+  for (const std::string& p : profiles) std::printf("%s\n", p.c_str());
   e.slot_free(slot);
   return ok_status();
 }
@@ -240,6 +270,7 @@ Status run(const Args& a) {
   for (const int n : a.pp) o.n_ctx = std::max(o.n_ctx, n + 64);
   o.n_ctx = std::max(o.n_ctx, a.ttft + a.prompt + 3 * a.steps + 64);
   o.tuning.programmatic = a.programmatic;
+  o.tuning.moe_imma.prompt_segment_vectors = a.prompt_segment;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaEngine> e;
   std::vector<std::vector<uint8_t>> on_gpu;  // empty: every expert on the GPU
@@ -368,7 +399,7 @@ int main(int argc, char** argv) {
   if (!kestrel::gpu::bench::parse(argc, argv, &a)) {
     std::fprintf(stderr,
                  "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--pp 512,4096] "
-                 "[--ttft N] [--no-pdl]\n"
+                 "[--ttft N] [--no-pdl] [--prompt-segment C] [--prompt-chunk N]\n"
                  "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...\n"
                  "                    [--threads N]\n");
     return 2;

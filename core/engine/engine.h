@@ -67,8 +67,9 @@ struct PlacementPlan {
 struct EngineCapabilities {
   int32_t max_items_per_pass = 1;   // sessions advanced by one pass over the weights
   int32_t max_tokens_per_item = 0;  // tokens of one item a tick should carry (the Service cuts prompts to it); 0: any
-  // Tokens of a whole tick that fit one pass (the Service gives prompts what decoding sessions leave of it, so a
-  // prompt's chunk does not add a pass to their tick); 0: any. Decoding sessions always get their token.
+  // Tokens of a whole tick that fit one pass while sessions decode (the Service gives prompts what decoding sessions
+  // leave of it, so a prompt's chunk does not add a pass to their tick; with none decoding, prompts get up to
+  // max_tokens_per_item each); 0: any. Decoding sessions always get their token.
   int32_t max_tokens_per_tick = 0;
   // While sessions decode, prompts get at most max(this, the decoding sessions' tokens) tokens of a tick: the pass
   // then holds at most about twice the decoders' rows plus this floor, which keeps their inter-token latency within

@@ -209,10 +209,11 @@ void ServiceImpl::tick(std::vector<Outcome>* outcomes) {
     demands.push_back(per_item > 0 ? std::min(r->remaining(), per_item) : r->remaining());
     decoding += r->decoding ? 1 : 0;
   }
-  // An engine whose pass holds max_tokens_per_tick tokens gets prompts only what the decoding sessions leave of one
-  // pass (at least a token each): a prompt's chunk then shares the decoders' pass instead of adding one.
+  // While sessions decode, an engine whose pass holds max_tokens_per_tick tokens gets prompts only what the decoding
+  // sessions leave of one pass (at least a token each): a prompt's chunk then shares the decoders' pass instead of
+  // adding one. With no session decoding, prompts take up to max_tokens_per_item each (the engine's prompt passes).
   size_t budget = static_cast<size_t>(limits_.max_batch_tokens);
-  if (caps.max_tokens_per_tick > 0) {
+  if (caps.max_tokens_per_tick > 0 && decoding > 0) {
     const size_t prompts = active_.size() - decoding;
     budget = std::min(budget, std::max(static_cast<size_t>(caps.max_tokens_per_tick), decoding + prompts));
   }

@@ -4,8 +4,9 @@
 // Each tick the loop (ServiceImpl::engine_loop, scheduler.cpp) ends the requests that were aborted, cancelled or
 // timed out, asks every other request for its next piece of work — the rest of a step's or a prompt's tokens, or
 // the one token a generation fed back, a prompt's capped at the engine's max_tokens_per_item — shares
-// limits.max_batch_tokens (or, when the engine names one, its max_tokens_per_tick, raised to one token per request;
-// beside decoding sessions, prompts get at most the engine's prompt_tokens_beside_decode share) among them with
+// limits.max_batch_tokens (or, while some session decodes and the engine names one, its max_tokens_per_tick, raised to
+// one token per request; beside decoding sessions, prompts get at most the engine's prompt_tokens_beside_decode share)
+// among them with
 // allocate_tick_tokens(), runs
 // ONE Engine::step() over all of them, samples each finished prefill or decode, and delivers results through the
 // callbacks and sinks (on the loop thread, with no lock held).

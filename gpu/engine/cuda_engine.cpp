@@ -102,10 +102,11 @@ class CudaEngineImpl final : public CudaEngine {
   EngineCapabilities capabilities() const override {
     EngineCapabilities c;
     c.max_items_per_pass = kPassMaxTokens;
-    // With runs, a prompt's chunk fills what the tick's decode tokens leave of one pass (max_tokens_per_tick), so a
-    // prompt costs the decoding sessions a fuller pass, not another one. Without them a prompt runs a token per pass:
-    // 16 a tick bound the others' wait to 16 passes.
-    c.max_tokens_per_item = pass_->supports_runs() ? kPassMaxTokens : 16;
+    // With runs, a prompt alone runs as prompt passes of up to kPromptPassMaxTokens tokens (max_tokens_per_item);
+    // beside decoding sessions its chunk fills what their tokens leave of one pass (max_tokens_per_tick), so a prompt
+    // costs them a fuller pass, not another one. Without runs a prompt runs a token per pass: 16 a tick bound the
+    // others' wait to 16 passes.
+    c.max_tokens_per_item = pass_->supports_runs() ? kPromptPassMaxTokens : 16;
     c.max_tokens_per_tick = pass_->supports_runs() ? kPassMaxTokens : 0;
     // A pass of R rows costs about a fixed 2.2 ms plus 0.3 ms a row on the 35B-A3B shape (H100): 8 prompt rows beside
     // one decoding session keep its tick within 2x, and beside D sessions, D prompt rows do.
@@ -369,10 +370,23 @@ class CudaEngineImpl final : public CudaEngine {
       for (size_t i : ok) out[i].status = st;
       return;
     }
+    const bool runs = pass_->supports_runs();
+    // Items with more tokens than a pass's rows (prompts) run as prompt passes of their own, each layer's weights
+    // read once for up to kPromptPassMaxTokens of their tokens; the others share passes below.
+    if (runs) {
+      size_t kept = 0;
+      for (size_t i : ok) {
+        if (items[i].tokens.size() <= static_cast<size_t>(kPassMaxTokens)) {
+          ok[kept++] = i;
+          continue;
+        }
+        run_prompt_item(items[i], out[i], hidden != nullptr ? hidden->data() + i * layer_floats : nullptr);
+      }
+      ok.resize(kept);
+    }
     std::vector<PassRow> rows;
     std::vector<size_t> row_item;
     std::vector<float> pass_hidden;
-    const bool runs = pass_->supports_runs();
     for (size_t g0 = 0; g0 < ok.size(); g0 += kPassMaxTokens) {
       const size_t g1 = std::min(ok.size(), g0 + kPassMaxTokens);
       // Tokens of each item already passed, and those the next pass takes.
@@ -443,6 +457,28 @@ class CudaEngineImpl final : public CudaEngine {
         slot_info_[static_cast<size_t>(items[i].slot)].n_past += static_cast<int64_t>(items[i].tokens.size());
       }
     }
+  }
+
+  // An item's tokens as prompt passes of up to kPromptPassMaxTokens tokens; the last pass gives the logits (or the
+  // argmax) and, when hidden is not null, the last token's residual stream after every layer (f32 [n_layer, H]).
+  void run_prompt_item(const EngineStepItem& it, EngineStepOutput& out, float* hidden) {
+    SlotInfo& s = slot_info_[static_cast<size_t>(it.slot)];
+    Status st = ok_status();
+    for (size_t t0 = 0; t0 < it.tokens.size() && st; t0 += kPromptPassMaxTokens) {
+      const size_t n = std::min(it.tokens.size() - t0, static_cast<size_t>(kPromptPassMaxTokens));
+      const bool last = t0 + n == it.tokens.size();
+      st = pass_->run_prompt(it.slot, it.tokens.subspan(t0, n), static_cast<int32_t>(s.n_past + int64_t(t0)),
+                             last && !it.argmax_only ? out.logits.data() : nullptr, last ? &out.argmax : nullptr,
+                             last ? hidden : nullptr);
+    }
+    if (!st) {
+      out.status = make_error(st.error().code,
+                              "the CUDA engine's pass failed; this session's state on the device is no longer "
+                              "consistent, reset it: " +
+                                  st.error().message);
+      return;
+    }
+    s.n_past += static_cast<int64_t>(it.tokens.size());
   }
 
   const Model& model_;

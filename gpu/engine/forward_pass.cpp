@@ -18,13 +18,15 @@
 #include "gpu/kernels/moe_experts.h"
 #include "gpu/kernels/moe_hybrid.h"
 #include "gpu/kernels/moe_imma.h"
+#include "gpu/kernels/moe_imma_prompt.h"
 #include "gpu/kernels/rms_norm.h"
 #include "gpu/kernels/swiglu.h"
 
 namespace kestrel::gpu {
 namespace {
 
-constexpr int P = kPassMaxTokens;
+constexpr int P = kPassMaxTokens;        // rows of a graphed pass, of one kernel call, and of logits
+constexpr int R = kPromptPassMaxTokens;  // rows the row buffers hold (a prompt pass's)
 constexpr uint64_t kAlign = 256;
 
 uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -60,13 +62,14 @@ AttnDecodeDims attn_dims_of(const ModelHparams& hp) {
   return d;
 }
 
-// An upper bound of the MoE workspace before the weights are on the device: routing tables, per-entry activations
-// (gate, up, prepared) and outputs for P tokens × k experts plus the shared expert, with room to spare.
-uint64_t moe_workspace_estimate(const ModelHparams& hp) {
+// An upper bound of an MoE workspace for `tokens` tokens before the weights are on the device: routing tables,
+// per-entry activations (gate, up, prepared) and outputs for the tokens × k experts plus the shared expert, the
+// logits and the segment tables, with room to spare.
+uint64_t moe_workspace_estimate(const ModelHparams& hp, int tokens) {
   if (!hp.is_moe()) return 0;
-  const uint64_t entries = uint64_t{P} * (hp.n_expert_used + 1);
+  const uint64_t entries = uint64_t(tokens) * (hp.n_expert_used + 1);
   const uint64_t ff = std::max(hp.n_ff_expert, hp.n_ff_shared);
-  return entries * (4 * ff + 2 * hp.n_embd) * sizeof(float) + uint64_t{P} * hp.n_expert * 8 + (8u << 20);
+  return entries * (4 * ff + 2 * hp.n_embd + 3 * 80) * sizeof(float) + uint64_t(tokens) * hp.n_expert * 8 + (8u << 20);
 }
 
 // The hybrid layers' device buffers (host choices, host partial sums), carved for every MoE model.
@@ -172,8 +175,13 @@ Status ForwardPass::set_profiling(bool on) {
 
 Status ForwardPass::mark(PassSection section) {
   if (!profiling_ || n_marks_ >= events_.size()) return ok_status();
-  // Captured into the profiled graphs as event-record nodes (cudaEventRecordExternal).
-  KESTREL_CUDA_TRY(cudaEventRecordWithFlags(events_[n_marks_], stream_, cudaEventRecordExternal));
+  // Captured into the profiled graphs as event-record nodes (cudaEventRecordExternal); recorded plainly in passes
+  // launched one by one.
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  KESTREL_CUDA_TRY(cudaStreamIsCapturing(stream_, &capturing));
+  KESTREL_CUDA_TRY(cudaEventRecordWithFlags(
+      events_[n_marks_], stream_,
+      capturing == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault));
   sections_[n_marks_] = section;
   ++n_marks_;
   return ok_status();
@@ -181,15 +189,16 @@ Status ForwardPass::mark(PassSection section) {
 
 uint64_t ForwardPass::scratch_bytes(const ModelHparams& hp, int n_ctx) {
   const Widths w = widths_of(hp);
-  uint64_t b = 7 * align_up(P * sizeof(int32_t)) + align_up(uint64_t{hp.n_layer} * P * sizeof(GdnSlot));
-  for (int64_t width : {w.h, w.h, w.h, w.proj_a, w.proj_b, w.proj_c, w.proj_d, w.mixed, w.vocab}) {
-    b += align_up(static_cast<uint64_t>(width) * P * sizeof(float));
+  uint64_t b = 7 * align_up(R * sizeof(int32_t)) + align_up(uint64_t{hp.n_layer} * R * sizeof(GdnSlot));
+  for (int64_t width : {w.h, w.h, w.h, w.proj_a, w.proj_b, w.proj_c, w.proj_d, w.mixed}) {
+    b += align_up(static_cast<uint64_t>(width) * R * sizeof(float));
   }
-  b += align_up(imma_x_bytes(8192, P));
+  b += align_up(static_cast<uint64_t>(w.vocab) * P * sizeof(float));
+  b += align_up(imma_x_bytes(8192, R));
   if (hp.n_gdn_layers() > 0) b += align_up(gdn_decode_workspace_bytes(ref::GdnDims::from_hparams(hp), P));
   if (hp.n_attn_layers() > 0) b += align_up(attention_decode_workspace_bytes(attn_dims_of(hp), P, n_ctx));
-  return b + align_up(moe_workspace_estimate(hp)) + align_up(hp.n_rot * sizeof(float)) +
-         align_up(hybrid_choices_bytes(hp)) + align_up(hybrid_rows_bytes(hp));
+  return b + align_up(moe_workspace_estimate(hp, P)) + align_up(moe_workspace_estimate(hp, R)) +
+         align_up(hp.n_rot * sizeof(float)) + align_up(hybrid_choices_bytes(hp)) + align_up(hybrid_rows_bytes(hp));
 }
 
 Expected<std::unique_ptr<ForwardPass>> ForwardPass::create(const DeviceModel& model, const StateSlots& slots,
@@ -258,6 +267,12 @@ Status ForwardPass::allocate() {
     }
   }
   const ref::GdnDims& dims = model_.gdn_dims();
+  uint64_t moe_prompt_ws = 0;
+  for (const DeviceLayer& d : layers) {
+    if (d.ffn.moe && d.ffn.moe_tiled && !d.ffn.hybrid()) {
+      moe_prompt_ws = std::max<uint64_t>(moe_prompt_ws, moe_imma_prompt_workspace_bytes(d.ffn.moe_imma, R));
+    }
+  }
   const uint64_t gdn_ws = n_gdn_ > 0 ? gdn_decode_workspace_bytes(dims, P) : 0;
   attn_ws_bytes_ = hp.n_attn_layers() > 0 ? attention_decode_workspace_bytes(attn_dims_of(hp), P, slots_.n_ctx()) : 0;
   const int64_t prep_cols = std::max<int64_t>(model_.max_tiled_in(), 64);
@@ -269,27 +284,28 @@ Status ForwardPass::allocate() {
     off += align_up(std::max<uint64_t>(bytes, 1));
     return at;
   };
-  const uint64_t o_ids = take(7 * P * sizeof(int32_t) + uint64_t(n_gdn_) * P * sizeof(GdnSlot));
-  const uint64_t o_h = take(w.h * P * sizeof(float)), o_x = take(w.h * P * sizeof(float));
-  const uint64_t o_y = take(w.h * P * sizeof(float));
-  const uint64_t o_prep = take(imma_x_bytes(prep_cols, P));
-  const uint64_t o_a = take(w.proj_a * P * sizeof(float)), o_b = take(w.proj_b * P * sizeof(float));
-  const uint64_t o_c = take(w.proj_c * P * sizeof(float)), o_d = take(w.proj_d * P * sizeof(float));
-  const uint64_t o_m = take(w.mixed * P * sizeof(float)), o_l = take(w.vocab * P * sizeof(float));
+  const uint64_t o_ids = take(7 * R * sizeof(int32_t) + uint64_t(n_gdn_) * R * sizeof(GdnSlot));
+  const uint64_t o_h = take(w.h * R * sizeof(float)), o_x = take(w.h * R * sizeof(float));
+  const uint64_t o_y = take(w.h * R * sizeof(float));
+  const uint64_t o_prep = take(imma_x_bytes(prep_cols, R));
+  const uint64_t o_a = take(w.proj_a * R * sizeof(float)), o_b = take(w.proj_b * R * sizeof(float));
+  const uint64_t o_c = take(w.proj_c * R * sizeof(float)), o_d = take(w.proj_d * R * sizeof(float));
+  const uint64_t o_m = take(w.mixed * R * sizeof(float)), o_l = take(w.vocab * P * sizeof(float));
   const uint64_t o_am = take(P * sizeof(int32_t));
   const uint64_t o_gws = take(gdn_ws), o_aws = take(attn_ws_bytes_), o_mws = take(moe_ws);
+  const uint64_t o_mpws = take(moe_prompt_ws);
   const uint64_t o_rope = take(std::max<uint64_t>(hp.n_rot / 2, 1) * sizeof(float));
   const uint64_t o_hch = take(hybrid_choices_bytes(hp)), o_hy = take(hybrid_rows_bytes(hp));
   KESTREL_CUDA_TRY(cudaMalloc(&base_, off));
   auto at = [&](uint64_t o) { return static_cast<uint8_t*>(base_) + o; };
   ids_ = reinterpret_cast<int32_t*>(at(o_ids));
-  slot_ids_ = ids_ + P;
-  positions_ = ids_ + 2 * P;
-  row_pages_ = ids_ + 3 * P;
-  run_start_ = ids_ + 4 * P;
-  run_len_ = ids_ + 5 * P;
-  run_order_ = ids_ + 6 * P;
-  gdn_slots_ = reinterpret_cast<GdnSlot*>(ids_ + 7 * P);
+  slot_ids_ = ids_ + R;
+  positions_ = ids_ + 2 * R;
+  row_pages_ = ids_ + 3 * R;
+  run_start_ = ids_ + 4 * R;
+  run_len_ = ids_ + 5 * R;
+  run_order_ = ids_ + 6 * R;
+  gdn_slots_ = reinterpret_cast<GdnSlot*>(ids_ + 7 * R);
   h_ = reinterpret_cast<float*>(at(o_h));
   x_ = reinterpret_cast<float*>(at(o_x));
   y_ = reinterpret_cast<float*>(at(o_y));
@@ -304,11 +320,12 @@ Status ForwardPass::allocate() {
   gdn_ws_ = at(o_gws);
   attn_ws_ = at(o_aws);
   moe_ws_ = at(o_mws);
+  moe_prompt_ws_ = at(o_mpws);
   rope_inv_freq_ = reinterpret_cast<float*>(at(o_rope));
   host_choices_dev_ = reinterpret_cast<ExpertChoice*>(at(o_hch));
   host_y_dev_ = reinterpret_cast<float*>(at(o_hy));
 
-  upload_bytes_ = 7 * P * sizeof(int32_t) + size_t(n_gdn_) * P * sizeof(GdnSlot);
+  upload_bytes_ = 7 * R * sizeof(int32_t) + size_t(n_gdn_) * R * sizeof(GdnSlot);
   supports_runs_ = n_gdn_ == 0 || gdn_runs_supported(dims, tuning_.gdn_decode);
   KESTREL_CUDA_TRY(cudaMallocHost(&host_upload_, upload_bytes_));
   KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_logits_), w.vocab * P * sizeof(float)));
@@ -346,12 +363,28 @@ Status ForwardPass::prepare(const float* x, int64_t n_cols, int n) {
   return gemv_imma_prepare_x(x, n_cols, n, xprep_, stream_);
 }
 
-Status ForwardPass::matmul(const DeviceMatrix& m, const float* x, bool x_prepared, int n, float* y) {
-  if (m.tiled) {
-    if (!x_prepared) KESTREL_TRY(prepare(x, m.n_in, n));
-    return gemv_imma(m.tiled_view, xprep_, n, y, stream_, tuning_.programmatic, tuning_.gemv_imma);
+Status ForwardPass::gemv_prepared(const DeviceMatrix& m, int n, float* y, int row0) {
+  // gemv_imma takes up to P vectors a call; the prepared form of n vectors is n back-to-back vectors.
+  const uint64_t vec = imma_x_bytes(m.n_in, 1);
+  for (int c0 = 0; c0 < n; c0 += P) {
+    const auto* x = static_cast<const uint8_t*>(xprep_) + (uint64_t(row0) + uint64_t(c0)) * vec;
+    KESTREL_TRY(gemv_imma(m.tiled_view, x, std::min(P, n - c0), y + int64_t{c0} * m.n_out, stream_,
+                          tuning_.programmatic, tuning_.gemv_imma));
   }
-  return gemv(m.raw_view, x, n, y, stream_);
+  return ok_status();
+}
+
+Status ForwardPass::matmul(const DeviceMatrix& m, const float* x, bool x_prepared, int n, float* y, int row0) {
+  if (m.tiled) {
+    if (x_prepared) return gemv_prepared(m, n, y, row0);
+    KESTREL_TRY(prepare(x + int64_t{row0} * m.n_in, m.n_in, n));
+    return gemv_prepared(m, n, y, 0);
+  }
+  for (int c0 = 0; c0 < n; c0 += P) {
+    KESTREL_TRY(
+        gemv(m.raw_view, x + (int64_t{row0} + c0) * m.n_in, std::min(P, n - c0), y + int64_t{c0} * m.n_out, stream_));
+  }
+  return ok_status();
 }
 
 Status ForwardPass::norm(const float* delta, const float* w, int n, bool prepare_for) {
@@ -424,10 +457,10 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
 }
 
 Status ForwardPass::gdn_step_and_out(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n) {
-  GdnSlot* slots = gdn_slots_ + size_t(gdn_index) * P;
+  GdnSlot* slots = gdn_slots_ + size_t(gdn_index) * R;
   if (runs_) {
     KESTREL_TRY(gdn_runs(model_.gdn_dims(), g.projection, g.small, in, slots,
-                         GdnRunTable{run_start_, run_len_, run_order_}, n, mixed_, gdn_ws_, stream_,
+                         GdnRunTable{run_start_, run_len_, run_order_}, run_entries_, mixed_, gdn_ws_, stream_,
                          tuning_.gdn_decode));
     return matmul(g.out, mixed_, false, n, y_);
   }
@@ -472,8 +505,23 @@ Status ForwardPass::attn_layer(size_t l, int n) {
   // A tiled attn_output reads the attention's output prepared by its merge kernel, where the head size allows.
   const AttnDecodeDims dims = attn_dims_of(model_.hparams());
   const bool prepared = a.o.tiled && attention_prepares_out(dims);
-  args.out_prepared = prepared ? xprep_ : nullptr;
-  KESTREL_TRY(attention_decode_device(dims, table, args, n, position_bound_ - 1, stream_));
+  // Up to P rows a call. A prompt pass's rows are one slot's tokens in position order, so the calls before a row's
+  // have appended the K/V of every position before it.
+  const int64_t qg_stride = args.qg_stride > 0 ? args.qg_stride : int64_t{dims.n_head} * 2 * dims.head_dim;
+  const int64_t kv_stride = args.kv_stride > 0 ? args.kv_stride : int64_t{dims.n_head_kv} * dims.head_dim;
+  const int64_t out_w = int64_t{dims.n_head} * dims.head_dim;
+  const uint64_t prep_vec = imma_x_bytes(out_w, 1);
+  for (int c0 = 0; c0 < n; c0 += P) {
+    AttnDecodeArgs c = args;
+    c.qg = args.qg + c0 * qg_stride;
+    c.k = args.k + c0 * kv_stride;
+    c.v = args.v + c0 * kv_stride;
+    c.slot_ids = slot_ids_ + c0;
+    c.positions = positions_ + c0;
+    c.out = mixed_ + c0 * out_w;
+    c.out_prepared = prepared ? static_cast<uint8_t*>(xprep_) + uint64_t(c0) * prep_vec : nullptr;
+    KESTREL_TRY(attention_decode_device(dims, table, c, std::min(P, n - c0), position_bound_ - 1, stream_));
+  }
   return matmul(a.o, mixed_, prepared, n, y_);
 }
 
@@ -486,18 +534,26 @@ Status ForwardPass::hybrid_ffn_layer(size_t l, int n) {
   h.n_resident = f.n_resident;
   h.host_choices = host_choices_dev_;
   h.host_y = host_y_dev_;
-  MoeHybridHooks hooks;
-  hooks.after_route = [&]() -> Status {
-    return expert_handoff_publish(link_->handoff(), static_cast<int32_t>(l), x_, host_choices_dev_, n, H,
-                                  static_cast<int>(hp.n_expert_used), stream_);
-  };
-  hooks.before_combine = [&]() -> Status {
-    return expert_handoff_join(link_->handoff(), n, H, host_y_dev_, HostExpertLink::kJoinTimeoutNs, stream_);
-  };
-  if (f.moe_tiled) {
-    return moe_imma_forward_hybrid(f.moe_imma, h, x_, n, y_, moe_ws_, stream_, hooks, tuning_.moe_imma);
+  // The hand-off's buffers hold P rows: a longer pass hands its rows over P at a time.
+  for (int c0 = 0; c0 < n; c0 += P) {
+    const int cn = std::min(P, n - c0);
+    const float* x = x_ + int64_t{c0} * H;
+    MoeHybridHooks hooks;
+    hooks.after_route = [&]() -> Status {
+      return expert_handoff_publish(link_->handoff(), static_cast<int32_t>(l), x, host_choices_dev_, cn, H,
+                                    static_cast<int>(hp.n_expert_used), stream_);
+    };
+    hooks.before_combine = [&]() -> Status {
+      return expert_handoff_join(link_->handoff(), cn, H, host_y_dev_, HostExpertLink::kJoinTimeoutNs, stream_);
+    };
+    float* y = y_ + int64_t{c0} * H;
+    if (f.moe_tiled) {
+      KESTREL_TRY(moe_imma_forward_hybrid(f.moe_imma, h, x, cn, y, moe_ws_, stream_, hooks, tuning_.moe_imma));
+    } else {
+      KESTREL_TRY(moe_forward_hybrid(f.moe_raw, h, x, cn, y, moe_ws_, stream_, hooks));
+    }
   }
-  return moe_forward_hybrid(f.moe_raw, h, x_, n, y_, moe_ws_, stream_, hooks);
+  return ok_status();
 }
 
 Status ForwardPass::ffn_layer(size_t l, int n, const float* next_w, bool prepare_next) {
@@ -509,8 +565,20 @@ Status ForwardPass::ffn_sublayer(size_t l, int n) {
   const DeviceFfnLayer& f = model_.layers()[l].ffn;
   if (f.hybrid()) return hybrid_ffn_layer(l, n);
   if (f.moe) {
-    if (f.moe_tiled) return moe_imma_forward(f.moe_imma, x_, n, y_, moe_ws_, stream_, tuning_.moe_imma);
-    return moe_forward(f.moe_raw, x_, n, y_, moe_ws_, stream_);
+    if (f.moe_tiled && n > P) {  // a prompt pass: each expert read once for all the tokens that chose it
+      return moe_imma_forward_prompt(f.moe_imma, x_, n, y_, moe_prompt_ws_, stream_,
+                                     tuning_.moe_imma.prompt_segment_vectors, tuning_.moe_imma.grouped_gemv);
+    }
+    const int64_t H = model_.hparams().n_embd;
+    for (int c0 = 0; c0 < n; c0 += P) {  // up to P tokens a call
+      const int cn = std::min(P, n - c0);
+      if (f.moe_tiled) {
+        KESTREL_TRY(moe_imma_forward(f.moe_imma, x_ + c0 * H, cn, y_ + c0 * H, moe_ws_, stream_, tuning_.moe_imma));
+      } else {
+        KESTREL_TRY(moe_forward(f.moe_raw, x_ + c0 * H, cn, y_ + c0 * H, moe_ws_, stream_));
+      }
+    }
+    return ok_status();
   }
   const bool tiled = f.gate.tiled || f.up.tiled;
   if (tiled && !take_x_prepared()) KESTREL_TRY(prepare(x_, model_.hparams().n_embd, n));
@@ -518,10 +586,16 @@ Status ForwardPass::ffn_sublayer(size_t l, int n) {
   KESTREL_TRY(matmul(f.up, x_, tiled, n, proj_b_));
   if (f.down.tiled) {
     KESTREL_TRY(gemv_imma_prepare_swiglu(proj_a_, proj_b_, f.gate.n_out, n, xprep_, stream_, tuning_.programmatic));
-    return gemv_imma(f.down.tiled_view, xprep_, n, y_, stream_, tuning_.programmatic, tuning_.gemv_imma);
+    return gemv_prepared(f.down, n, y_, 0);
   }
   KESTREL_TRY(swiglu(proj_a_, proj_b_, f.gate.n_out * n, mixed_, stream_));
-  return gemv(f.down.raw_view, mixed_, n, y_, stream_);
+  return matmul(f.down, mixed_, false, n, y_);
+}
+
+void ForwardPass::set_position_bound(int max_pos) {
+  position_bound_ = 256;
+  while (position_bound_ <= max_pos) position_bound_ *= 2;
+  position_bound_ = std::min(position_bound_, slots_.n_ctx());
 }
 
 Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
@@ -535,18 +609,19 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
   int32_t* up = static_cast<int32_t*>(host_upload_);
   for (int i = 0; i < n; ++i) {
     up[i] = rows[size_t(i)].token;
-    up[P + i] = rows[size_t(i)].slot;
-    up[2 * P + i] = rows[size_t(i)].position;
-    KESTREL_TRY_ASSIGN(up[3 * P + i], slots_.page_at(rows[size_t(i)].slot, rows[size_t(i)].position));
+    up[R + i] = rows[size_t(i)].slot;
+    up[2 * R + i] = rows[size_t(i)].position;
+    KESTREL_TRY_ASSIGN(up[3 * R + i], slots_.page_at(rows[size_t(i)].slot, rows[size_t(i)].position));
   }
-  KESTREL_TRY(build_runs(rows, up + 4 * P, up + 5 * P, up + 6 * P, &runs_));
+  KESTREL_TRY(build_runs(rows, up + 4 * R, up + 5 * R, up + 6 * R, &runs_));
   if (runs_ && !supports_runs_) {
     return make_error(ErrorCode::kInvalidArgument,
                       "forward pass: a slot has several rows, and this model's GDN heads run a token per pass");
   }
-  GdnSlot* table = reinterpret_cast<GdnSlot*>(up + 7 * P);
+  run_entries_ = n;
+  GdnSlot* table = reinterpret_cast<GdnSlot*>(up + 7 * R);
   for (int g = 0; g < n_gdn_; ++g) {
-    for (int i = 0; i < n; ++i) table[size_t(g) * P + i] = slot_states_[size_t(rows[size_t(i)].slot) * n_gdn_ + g];
+    for (int i = 0; i < n; ++i) table[size_t(g) * R + i] = slot_states_[size_t(rows[size_t(i)].slot) * n_gdn_ + g];
   }
   int m = 0;
   bool want_logits = false;
@@ -558,10 +633,56 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
   const int mode = m == 0 ? 0 : want_logits ? 2 : 1;
   int max_pos = 0;
   for (const PassRow& r : rows) max_pos = std::max(max_pos, r.position);
-  position_bound_ = 256;
-  while (position_bound_ <= max_pos) position_bound_ *= 2;
-  position_bound_ = std::min(position_bound_, slots_.n_ctx());
+  set_position_bound(max_pos);
+  // Replayed from a graph unless the per-layer hidden states are asked for; lm_head over every row when any wants
+  // logits (one graph per logits mode).
+  KESTREL_TRY(execute(n, 0, mode > 0 ? n : 0, mode, hidden, 0, n, hidden == nullptr));
+  const size_t vocab = model_.hparams().n_vocab;
+  for (int i = 0; i < m; ++i) {
+    const PassRow& r = rows[size_t(i)];
+    if (r.logits != nullptr) std::memcpy(r.logits, host_logits_ + size_t(i) * vocab, vocab * sizeof(float));
+    if (r.argmax != nullptr) *r.argmax = host_argmax_[i];
+  }
+  return ok_status();
+}
 
+Status ForwardPass::run_prompt(int32_t slot, std::span<const int32_t> tokens, int32_t position, float* logits,
+                               int32_t* argmax, float* hidden) {
+  const int n = static_cast<int>(tokens.size());
+  if (n < 1 || n > R) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "prompt pass: " + std::to_string(n) + " tokens (1.." + std::to_string(R) + " per pass)");
+  }
+  if (n > 1 && !supports_runs_) {
+    return make_error(ErrorCode::kInvalidArgument, "prompt pass: this model's GDN heads run a token per pass");
+  }
+  int32_t* up = static_cast<int32_t*>(host_upload_);
+  for (int i = 0; i < n; ++i) {
+    up[i] = tokens[size_t(i)];
+    up[R + i] = slot;
+    up[2 * R + i] = position + i;
+    KESTREL_TRY_ASSIGN(up[3 * R + i], slots_.page_at(slot, position + i));
+    up[6 * R + i] = i;  // the run's rows in position order
+  }
+  // One GDN run of every row.
+  up[4 * R] = 0;
+  up[5 * R] = n;
+  runs_ = n > 1;
+  run_entries_ = 1;
+  GdnSlot* table = reinterpret_cast<GdnSlot*>(up + 7 * R);
+  for (int g = 0; g < n_gdn_; ++g) table[size_t(g) * R] = slot_states_[size_t(slot) * n_gdn_ + g];
+  set_position_bound(position + n - 1);
+  const int m = logits != nullptr || argmax != nullptr ? 1 : 0;
+  const int mode = m == 0 ? 0 : logits != nullptr ? 2 : 1;
+  // Launched one by one (no graph: prompt passes come in many lengths), lm_head for the last row only.
+  KESTREL_TRY(execute(n, n - 1, m, mode, hidden, n - 1, 1, false));
+  if (logits != nullptr) std::memcpy(logits, host_logits_, model_.hparams().n_vocab * sizeof(float));
+  if (argmax != nullptr) *argmax = host_argmax_[0];
+  return ok_status();
+}
+
+Status ForwardPass::execute(int n, int lm_row0, int m, int logits_mode, float* hidden, int hidden_row0, int hidden_rows,
+                            bool graphed) {
   // The hand-off's host thread spins on its mailbox while the pass is in flight (end_pass on every return below).
   struct LinkPass {
     HostExpertLink* link;
@@ -571,27 +692,28 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
     Status end() { return link != nullptr ? std::exchange(link, nullptr)->end_pass() : ok_status(); }
     ~LinkPass() { (void)end(); }
   } link_pass(link_.get());
-  if (hidden != nullptr) {
-    // Launched one by one: the per-layer copies of the residual stream sit between the kernels.
-    const Status enq = enqueue(n, m, mode, hidden);
+  if (!graphed) {
+    // Launched one by one (the per-layer copies of the residual stream, when asked for, sit between the kernels).
+    n_marks_ = 0;
+    const Status enq = enqueue(n, lm_row0, m, logits_mode, hidden, hidden_row0, hidden_rows);
     KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
     KESTREL_TRY(enq);
   } else {
-    // Replayed: one CUDA graph per (rows, logits mode) captured on first use, lm_head over every row when any wants
-    // logits. The kernels read everything that changes from the uploaded block, so a replay is the same launches.
-    // Profiling replays its own graphs, the same launches with event-record nodes between the sections.
-    cudaGraphExec_t& exec = graphs_[{profiling_, n, mode, position_bound_, runs_}];
-    if (exec == nullptr) KESTREL_TRY(capture(n, mode > 0 ? n : 0, mode, &exec));
+    // Replayed: one CUDA graph per (rows, logits mode, position bound, runs) captured on first use. The kernels read
+    // everything that changes from the uploaded block, so a replay is the same launches. Profiling replays its own
+    // graphs, the same launches with event-record nodes between the sections.
+    cudaGraphExec_t& exec = graphs_[{profiling_, n, logits_mode, position_bound_, runs_}];
+    if (exec == nullptr) KESTREL_TRY(capture(n, m, logits_mode, &exec));
     KESTREL_CUDA_TRY(cudaGraphLaunch(exec, stream_));
     KESTREL_CUDA_TRY(cudaStreamSynchronize(stream_));
-    if (profiling_ && n_marks_ > 1) {
-      for (size_t k = 1; k < n_marks_; ++k) {
-        float ms = 0.0f;
-        KESTREL_CUDA_TRY(cudaEventElapsedTime(&ms, events_[k - 1], events_[k]));
-        profile_.ms[static_cast<int>(sections_[k])] += ms;
-      }
-      ++profile_.passes;
+  }
+  if (profiling_ && hidden == nullptr && n_marks_ > 1) {
+    for (size_t k = 1; k < n_marks_; ++k) {
+      float ms = 0.0f;
+      KESTREL_CUDA_TRY(cudaEventElapsedTime(&ms, events_[k - 1], events_[k]));
+      profile_.ms[static_cast<int>(sections_[k])] += ms;
     }
+    ++profile_.passes;
   }
   // An expert backend's error, or a join that gave up on the host (the pass ran to its end without that layer's host
   // part).
@@ -601,12 +723,6 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
     profile_.host_batches += static_cast<int64_t>(t.batches);
     profile_.host_ms += static_cast<double>(t.host_ns) * 1e-6;
     profile_.host_wait_ms += static_cast<double>(t.device_wait_ns) * 1e-6;
-  }
-  const size_t vocab = model_.hparams().n_vocab;
-  for (int i = 0; i < m; ++i) {
-    const PassRow& r = rows[size_t(i)];
-    if (r.logits != nullptr) std::memcpy(r.logits, host_logits_ + size_t(i) * vocab, vocab * sizeof(float));
-    if (r.argmax != nullptr) *r.argmax = host_argmax_[i];
   }
   return ok_status();
 }
@@ -619,7 +735,7 @@ int ForwardPass::kernels_per_pass(int rows) const {
 Status ForwardPass::capture(int n, int m, int logits_mode, cudaGraphExec_t* exec) {
   n_marks_ = 0;  // every graph records the same sections in the same order
   KESTREL_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-  const Status enq = enqueue(n, m, logits_mode, nullptr);
+  const Status enq = enqueue(n, 0, m, logits_mode, nullptr, 0, 0);
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
   KESTREL_TRY(enq);
@@ -631,7 +747,8 @@ Status ForwardPass::capture(int n, int m, int logits_mode, cudaGraphExec_t* exec
   return ok_status();
 }
 
-Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
+Status ForwardPass::enqueue(int n, int lm_row0, int m, int logits_mode, float* hidden, int hidden_row0,
+                            int hidden_rows) {
   const ModelHparams& hp = model_.hparams();
   const int64_t H = hp.n_embd;
   KESTREL_TRY(mark(PassSection::kRest));
@@ -659,13 +776,13 @@ Status ForwardPass::enqueue(int n, int m, int logits_mode, float* hidden) {
                           last ? m > 0 && logits_mode > 0 && model_.output().tiled : mixer_input_tiled(l + 1)));
     KESTREL_TRY(mark(layers[l].ffn.moe ? PassSection::kMoe : PassSection::kDenseFfn));
     if (hidden != nullptr) {
-      KESTREL_CUDA_TRY(cudaMemcpyAsync(hidden + l * size_t(n) * H, h_, size_t(n) * H * sizeof(float),
-                                       cudaMemcpyDeviceToHost, stream_));
+      KESTREL_CUDA_TRY(cudaMemcpyAsync(hidden + l * size_t(hidden_rows) * H, h_ + size_t(hidden_row0) * H,
+                                       size_t(hidden_rows) * H * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
   }
   KESTREL_TRY(mark(PassSection::kRest));
   if (m > 0 && logits_mode > 0) {
-    KESTREL_TRY(matmul(model_.output(), x_, take_x_prepared(), m, logits_));
+    KESTREL_TRY(matmul(model_.output(), x_, take_x_prepared(), m, logits_, lm_row0));
     KESTREL_TRY(argmax_rows(logits_, m, hp.n_vocab, argmax_, stream_));
     KESTREL_CUDA_TRY(
         cudaMemcpyAsync(host_argmax_, argmax_, size_t(m) * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));

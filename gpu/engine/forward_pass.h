@@ -13,6 +13,11 @@
 //
 // A prompt's tokens share a pass as rows of one slot (PassRow): attention appends all their K/V before it attends,
 // and the GDN layers run them as one run per slot on gdn_runs instead of gdn_decode (the same bits per token).
+// A prompt pass (run_prompt) holds up to kPromptPassMaxTokens tokens of one slot: every layer runs over all of them
+// before the next layer starts, its kernels kPassMaxTokens rows a call (attention in position order, so each call's
+// rows see the K/V the calls before appended), the GDN layers as one run, the MoE layers as one moe_imma_prompt call
+// (each expert read once for every token that chose it), lm_head for the last token only — so a layer's weights come
+// from memory once per prompt pass rather than once per 32 tokens, with the bits run() gives each token.
 //
 // Every kernel is enqueued on one stream; a pass is one CUDA graph per row count, logits mode, position bound (the
 // smallest power of two from 256 above every position, capped at the slots' n_ctx, so attention's grid is never more
@@ -65,8 +70,11 @@
 
 namespace kestrel::gpu {
 
-// Rows of one pass: the MoE and GEMV kernels take up to 32 vectors.
+// Rows of one pass (run()): the MoE and GEMV kernels take up to 32 vectors a call.
 inline constexpr int kPassMaxTokens = 32;
+// Tokens of one prompt pass (run_prompt()): the row buffers hold this many rows, and each layer's kernels run over
+// them kPassMaxTokens rows a call, so a layer's weights are read from memory once for all of them.
+inline constexpr int kPromptPassMaxTokens = 512;
 
 // A pass's rows are tokens. Rows of one slot are that session's consecutive tokens (positions p, p + 1, … in any row
 // order) where supports_runs(): attention appends every row's K/V before any row attends, and the GDN layers run
@@ -119,6 +127,15 @@ class ForwardPass {
   // (host f32 [n_layer, rows, H]) it receives the residual stream after every layer (for the per-layer tests).
   Status run(std::span<const PassRow> rows, float* hidden = nullptr);
 
+  // Runs 1..kPromptPassMaxTokens consecutive tokens of one slot (positions position, position + 1, …; the slot holds
+  // their KV pages) as one pass, layer by layer, each layer's kernels kPassMaxTokens rows a call in position order,
+  // the GDN layers as one run. Every token's bits are those run() gives it (each kernel is batch-invariant and the
+  // run's arithmetic is gdn_decode's). logits (host f32 [n_vocab]) / argmax: of the last token, when not null;
+  // hidden (host f32 [n_layer, H]): the last token's residual stream after every layer. Launched kernel by kernel
+  // (prompt passes come in many lengths; the launches are few per token). Several tokens need supports_runs().
+  Status run_prompt(int32_t slot, std::span<const int32_t> tokens, int32_t position, float* logits, int32_t* argmax,
+                    float* hidden = nullptr);
+
   // Profiling: while on, passes replay graphs that record an event after each section, and the sections' times
   // add up in profile().
   Status set_profiling(bool on);
@@ -134,7 +151,18 @@ class ForwardPass {
       : model_(model), slots_(slots), tuning_(tuning), stream_(stream), backend_(backend) {}
   Status allocate();
   Status mark(PassSection section);
-  Status matmul(const DeviceMatrix& m, const float* x, bool x_prepared, int n, float* y);
+  // y = m · x for n rows: x's rows from row0 (f32, or xprep_'s vectors from row0 when x_prepared), y's from 0;
+  // kPassMaxTokens rows a GEMV call.
+  Status matmul(const DeviceMatrix& m, const float* x, bool x_prepared, int n, float* y, int row0 = 0);
+  // The same for a tiled m from xprep_'s vectors row0 … row0 + n − 1.
+  Status gemv_prepared(const DeviceMatrix& m, int n, float* y, int row0);
+  // position_bound_ for a pass whose largest position is max_pos.
+  void set_position_bound(int max_pos);
+  // The pass of n rows as the upload describes it: lm_head over rows [lm_row0, lm_row0 + m) (logits_mode as enqueue),
+  // hidden (when not null) the residual rows [hidden_row0, + hidden_rows) after every layer; graphed: replayed from the
+  // pass's CUDA graph (else launched one by one); then the profile and the hand-off's errors and times.
+  Status execute(int n, int lm_row0, int m, int logits_mode, float* hidden, int hidden_row0, int hidden_rows,
+                 bool graphed);
   Status prepare(const float* x, int64_t n_cols, int n);
   // The norm of h_ (after h_ += delta when delta is not null) with weight w into x_; when `prepare_for` (the next
   // sub-layer's first GEMV reads prepared activations) also x_'s prepared form into xprep_, in the same kernel, and
@@ -151,10 +179,10 @@ class ForwardPass {
   Status attn_layer(size_t l, int n);
   // The GDN step of layer gdn_index from its projections' outputs, then ssm_out into y_.
   Status gdn_step_and_out(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n);
-  // Every launch and copy of a pass of n rows with lm_head over the first m, on stream_ (marks and the per-layer
-  // hidden copies only when profiling / hidden ask for them).
+  // Every launch and copy of a pass of n rows with lm_head over rows [lm_row0, lm_row0 + m), on stream_ (marks and
+  // the per-layer hidden copies of rows [hidden_row0, + hidden_rows) only when profiling / hidden ask for them).
   // logits_mode: 0 no lm_head, 1 lm_head and argmax (ids copied back), 2 also the logits rows copied back.
-  Status enqueue(int n, int m, int logits_mode, float* hidden);
+  Status enqueue(int n, int lm_row0, int m, int logits_mode, float* hidden, int hidden_row0, int hidden_rows);
   Status capture(int n, int m, int logits_mode, cudaGraphExec_t* exec);
   // Layer l's FFN and the norm after it (weight next_w, prepared when prepare_next: rms_norm_prepare with the residual
   // add).
@@ -169,31 +197,32 @@ class ForwardPass {
   cudaStream_t stream_;
   ExpertBackend* backend_ = nullptr;
 
-  // Device scratch, one allocation; every buffer holds kPassMaxTokens rows.
+  // Device scratch, one allocation: R = kPromptPassMaxTokens rows, P = kPassMaxTokens rows.
   void* base_ = nullptr;
-  int32_t* ids_ = nullptr;        // int32 [P]  token ids, then slot ids, positions, row pages (one upload)
-  int32_t* slot_ids_ = nullptr;   // int32 [P]
-  int32_t* positions_ = nullptr;  // int32 [P]
-  int32_t* row_pages_ = nullptr;  // int32 [P]  the KV page holding each row's position
-  int32_t* run_start_ = nullptr;  // int32 [P]  the GDN run table (gdn_runs.h): entry starts, lengths, row order
-  int32_t* run_len_ = nullptr;    // int32 [P]
-  int32_t* run_order_ = nullptr;  // int32 [P]
-  GdnSlot* gdn_slots_ = nullptr;  // [n_gdn_layers][P]
-  float* h_ = nullptr;            // f32 [P, H] residual stream
-  float* x_ = nullptr;            // f32 [P, H] normed sub-layer input
-  float* y_ = nullptr;            // f32 [P, H] sub-layer output
+  int32_t* ids_ = nullptr;        // int32 [R]  token ids, then slot ids, positions, row pages (one upload)
+  int32_t* slot_ids_ = nullptr;   // int32 [R]
+  int32_t* positions_ = nullptr;  // int32 [R]
+  int32_t* row_pages_ = nullptr;  // int32 [R]  the KV page holding each row's position
+  int32_t* run_start_ = nullptr;  // int32 [R]  the GDN run table (gdn_runs.h): entry starts, lengths, row order
+  int32_t* run_len_ = nullptr;    // int32 [R]
+  int32_t* run_order_ = nullptr;  // int32 [R]
+  GdnSlot* gdn_slots_ = nullptr;  // [n_gdn_layers][R]
+  float* h_ = nullptr;            // f32 [R, H] residual stream
+  float* x_ = nullptr;            // f32 [R, H] normed sub-layer input
+  float* y_ = nullptr;            // f32 [R, H] sub-layer output
   void* xprep_ = nullptr;         // prepared activations of the current input (gemv_imma_prepare_x)
-  float* proj_a_ = nullptr;       // f32 [P, max(C + Vd, n_head·2·hd, I)]  qkv / q|gate / ffn gate
-  float* proj_b_ = nullptr;       // f32 [P, max(Vd, n_kv·hd, I)]          z / k / ffn up
-  float* proj_c_ = nullptr;       // f32 [P, max(2·Vh, n_kv·hd)]            b or ba / v
-  float* proj_d_ = nullptr;       // f32 [P, Vh]                            a
-  float* mixed_ = nullptr;        // f32 [P, max(Vd, n_head·hd, I)]         gdn / attention output, SwiGLU act
+  float* proj_a_ = nullptr;       // f32 [R, max(C + Vd, n_head·2·hd, I)]  qkv / q|gate / ffn gate
+  float* proj_b_ = nullptr;       // f32 [R, max(Vd, n_kv·hd, I)]          z / k / ffn up
+  float* proj_c_ = nullptr;       // f32 [R, max(2·Vh, n_kv·hd)]            b or ba / v
+  float* proj_d_ = nullptr;       // f32 [R, Vh]                            a
+  float* mixed_ = nullptr;        // f32 [R, max(Vd, n_head·hd, I)]         gdn / attention output, SwiGLU act
   float* logits_ = nullptr;       // f32 [P, n_vocab]
   int32_t* argmax_ = nullptr;     // int32 [P]
   void* gdn_ws_ = nullptr;
   void* attn_ws_ = nullptr;
   size_t attn_ws_bytes_ = 0;
   void* moe_ws_ = nullptr;
+  void* moe_prompt_ws_ = nullptr;   // moe_imma_forward_prompt's, for R tokens (tiled all-resident MoE layers)
   float* rope_inv_freq_ = nullptr;  // f32 [n_rot / 2]
   // Hybrid layers: the routing's host choices and the host partial sums, on the device.
   ExpertChoice* host_choices_dev_ = nullptr;  // [P, k]
@@ -217,6 +246,7 @@ class ForwardPass {
   std::map<int, int> kernels_by_rows_;  // kernel nodes of the last unprofiled graph captured, by rows
   int position_bound_ = 0;              // of the pass being enqueued: attention's grid covers positions below it
   bool runs_ = false;                   // of the pass being enqueued: some slot has several rows (GDN on gdn_runs)
+  int run_entries_ = 0;                 // of the pass being enqueued: entries of the GDN run table
   bool x_prepared_ = false;             // while enqueuing: xprep_ holds x_'s prepared rows (norm())
   bool supports_runs_ = false;
 

@@ -784,6 +784,34 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
 
 namespace {
 
+// Whether the router's logits and x's preparation share one launch (an f32 router).
+bool router_prepares_x(const MoeImmaWeights& w) {
+  return w.router.type == GgmlType::kF32 && w.n_embd % 4 == 0 && aligned16(w.router.data);
+}
+
+// The router's logits of n_tok <= kMoeMaxTokens tokens and, with an f32 router, x's prepared form, in one launch
+// (router_prepare_kernel); other routers: gpu::gemv alone (the caller prepares x).
+Status router_logits_and_prepare(const MoeImmaWeights& w, const float* x, int n_tok, float* logits, void* xprep,
+                                 cudaStream_t stream) {
+  const int E = static_cast<int>(w.n_expert);
+  const int H = static_cast<int>(w.n_embd);
+  if (!router_prepares_x(w)) return gemv(w.router, x, n_tok, logits, stream);
+  const int router_blocks = router_blocks_of(E, n_tok);
+  const imma_prep::XLayout lay = imma_prep::x_layout(H);
+  const int prep_blocks = n_tok * ((lay.n_groups + kRouterWarps - 1) / kRouterWarps);
+  const dim3 grid(static_cast<unsigned>(router_blocks + prep_blocks));
+  auto* const out = static_cast<uint8_t*>(xprep);
+  if (n_tok >= kRouterStageMinTokens) {
+    router_prepare_kernel<true><<<grid, kRouterWarps * 32, router_stage_bytes(n_tok), stream>>>(
+        static_cast<const float*>(w.router.data), x, H, E, n_tok, logits, router_blocks, lay, out);
+  } else {
+    router_prepare_kernel<false><<<grid, kRouterWarps * 32, 0, stream>>>(static_cast<const float*>(w.router.data), x, H,
+                                                                         E, n_tok, logits, router_blocks, lay, out);
+  }
+  KESTREL_CUDA_TRY(cudaGetLastError());
+  return ok_status();
+}
+
 // moe_imma_forward, and with `h` moe_imma_forward_hybrid (moe_hybrid.h's steps: the routing by
 // route_table_hybrid_kernel, the hooks, the GEMVs over the resident experts' and the shared expert's segments, the
 // hybrid combine).
@@ -822,23 +850,8 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
 
   // The layer's first kernel launches plainly: chained to the kernel before the layer it measured no faster, and
   // slower at 4-16 tokens.
-  const bool f32_router = w.router.type == GgmlType::kF32 && H % 4 == 0 && aligned16(w.router.data);
-  if (f32_router) {  // logits and x's preparation in one launch
-    const int router_blocks = router_blocks_of(E, n_tok);
-    const imma_prep::XLayout lay = imma_prep::x_layout(H);
-    const int prep_blocks = n_tok * ((lay.n_groups + kRouterWarps - 1) / kRouterWarps);
-    const dim3 grid(static_cast<unsigned>(router_blocks + prep_blocks));
-    if (n_tok >= kRouterStageMinTokens) {
-      router_prepare_kernel<true><<<grid, kRouterWarps * 32, router_stage_bytes(n_tok), stream>>>(
-          static_cast<const float*>(w.router.data), x, H, E, n_tok, l.logits, router_blocks, lay, l.xprep);
-    } else {
-      router_prepare_kernel<false><<<grid, kRouterWarps * 32, 0, stream>>>(
-          static_cast<const float*>(w.router.data), x, H, E, n_tok, l.logits, router_blocks, lay, l.xprep);
-    }
-    KESTREL_CUDA_TRY(cudaGetLastError());
-  } else {
-    KESTREL_TRY(gemv(w.router, x, n_tok, l.logits, stream));
-  }
+  const bool f32_router = router_prepares_x(w);
+  KESTREL_TRY(router_logits_and_prepare(w, x, n_tok, l.logits, l.xprep, stream));
   ++launches;
 
   TableArgs ta{};
@@ -983,6 +996,15 @@ Status moe_imma_forward_hybrid(const MoeImmaWeights& w, const MoeHybrid& h, cons
                                void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks,
                                const MoeImmaTuning& tuning, MoeLaunchInfo* info) {
   return forward(w, x, n_tok, out, workspace, stream, tuning, info, &h, &hooks);
+}
+
+Status moe_imma_route_inputs(const MoeImmaWeights& w, const float* x, int n_tok, float* logits, void* xprep,
+                             cudaStream_t stream) {
+  if (n_tok < 1 || n_tok > kMoeMaxTokens) {
+    return bad("n_tok " + std::to_string(n_tok) + " outside [1, " + std::to_string(kMoeMaxTokens) + "]");
+  }
+  KESTREL_TRY(router_logits_and_prepare(w, x, n_tok, logits, xprep, stream));
+  return router_prepares_x(w) ? ok_status() : gemv_imma_prepare_x(x, w.n_embd, n_tok, xprep, stream);
 }
 
 }  // namespace kestrel::gpu

@@ -118,6 +118,12 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
                         cudaStream_t stream, const MoeImmaTuning& tuning = {}, MoeLaunchInfo* info = nullptr);
 
+// The router's logits (f32 [n_tok, E]) and x's prepared form (imma_x_bytes(H, n_tok) bytes) of 1..kMoeMaxTokens
+// tokens, exactly as moe_imma_forward computes them (the same launches): the first phase of a layer, for callers that
+// group the tokens of several calls themselves (moe_imma_prompt.h). Enqueues on `stream`; returns without waiting.
+Status moe_imma_route_inputs(const MoeImmaWeights& w, const float* x, int n_tok, float* logits, void* xprep,
+                             cudaStream_t stream);
+
 // The hybrid layer (moe_hybrid.h): w's routed stacks hold only the resident experts (expert id e at slot
 // h.resident[e] of each stack; null when none is resident) while n_expert, the router and the routing cover all E;
 // the hooks run between the phases. The routing always takes the one-block form (route_table_kernel's, with the split

@@ -47,6 +47,9 @@ struct MoeImmaTuning {
   bool route_by_warp = true;
   // The layer's two grouped GEMVs (gemv_imma_segments).
   GemvImmaTuning grouped_gemv;
+  // Vectors per segment of a prompt pass's MoE calls (moe_imma_prompt.h), 1..kImmaSegmentVectors: there an expert has
+  // tens of tokens.
+  int prompt_segment_vectors = 2;
 };
 
 // The kernels of gdn_decode (gpu/kernels/gdn_decode.h).

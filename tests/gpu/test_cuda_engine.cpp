@@ -232,6 +232,45 @@ TEST_P(CudaEngineTest, PromptRunsGiveTheBitsOfTokenByToken) {
   EXPECT_EQ(mixed.logits[1], test::run_one(e, *q, long_prompt)) << "a prompt's logits depend on its tick";
 }
 
+// A prompt of more tokens than a pass's rows runs as prompt passes (ForwardPass::run_prompt: up to
+// kPromptPassMaxTokens tokens, each layer's kernels 32 rows a call, the GDN layers one run); fed 32 tokens a step it
+// runs as ordinary passes. Both must give the same bits (logits after the prompt, the whole state), and the
+// reference agrees within the tolerance. 600 tokens: two prompt passes, the second crossing many KV pages.
+TEST_P(CudaEngineTest, PromptPassesGiveTheBitsOfShortPasses) {
+  const int n_ctx = 640;
+  if (model_->hparams().n_ctx_train > 0 && model_->hparams().n_ctx_train < static_cast<uint32_t>(n_ctx)) {
+    GTEST_SKIP() << "the model's context is shorter than the prompt";
+  }
+  gpu::CudaEngineOptions o;
+  o.max_slots = 2;
+  o.n_ctx = n_ctx;
+  o.kv_page_tokens = kPage;
+  auto c = gpu::make_cuda_engine(*model_, o);
+  ASSERT_TRUE(c.has_value()) << c.error().to_string();
+  Engine& e = **c;
+  ASSERT_GT(e.capabilities().max_tokens_per_item, 32) << "the engine takes prompt chunks larger than a pass";
+  const std::vector<int32_t> prompt = test::iota_tokens(600, 5, 31);
+  auto a = e.slot_alloc(n_ctx);
+  auto b = e.slot_alloc(n_ctx);
+  ASSERT_TRUE(a && b);
+  const std::vector<float> whole = test::run_one(e, *a, prompt);
+  std::vector<float> pieces;
+  for (size_t t0 = 0; t0 < prompt.size(); t0 += 32) {
+    pieces =
+        test::run_one(e, *b, std::span<const int32_t>(prompt).subspan(t0, std::min<size_t>(32, prompt.size() - t0)));
+  }
+  EXPECT_EQ(whole, pieces) << "a prompt's logits depend on whether it ran as prompt passes";
+  auto sa = e.slot_snapshot(*a);
+  auto sb = e.slot_snapshot(*b);
+  ASSERT_TRUE(sa && sb);
+  EXPECT_TRUE(*sa == *sb) << "a prompt's state depends on whether it ran as prompt passes";
+  auto r = ref_->slot_alloc(n_ctx);
+  ASSERT_TRUE(r);
+  const double d = rel_diff(whole, test::run_one(*ref_, *r, prompt));
+  std::printf("[ %s ] 600-token prompt: logits max rel diff to the reference %.3g\n", GetParam().c_str(), d);
+  EXPECT_LE(d, kRelTol);
+}
+
 // A session crossing pages, a second session refused by a full pool while the first runs on, then served after the
 // first is freed; greedy tokens equal to the reference engine's throughout.
 TEST_P(CudaEngineTest, KvPagesGrowAndAFullPoolRefusesCleanly) {

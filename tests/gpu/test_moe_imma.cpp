@@ -32,6 +32,7 @@
 #include "core/reference/moe.h"
 #include "gpu/kernels/gemv_imma.h"  // kImmaSegmentVectors
 #include "gpu/kernels/moe_imma.h"
+#include "gpu/kernels/moe_imma_prompt.h"
 #include "gpu/memory/tiled_matrix.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/moe_test_util.h"
@@ -298,6 +299,63 @@ TEST(MoeImma, TokenBitsDoNotDependOnTheBatch) {
           << "the first " << n << " tokens alone differ from the same tokens in a batch of 32";
     }
   }
+}
+
+// moe_imma_forward_prompt (one call for up to kMoePromptMaxTokens tokens, each expert read once for all its tokens)
+// gives every token the bits moe_imma_forward gives it in calls of 32: 1, 33, 300 and 512 tokens, segments of 2 and 8
+// vectors, with and without a shared expert, an f32 and a quantized router, a Q6_K down stack.
+TEST(MoeImma, PromptCallGivesTheBitsOfCallsOf32) {
+  KESTREL_REQUIRE_DEVICE();
+  const std::vector<Shape> shapes = {
+      {"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_0},
+      {"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_K, GgmlType::kF32, GgmlType::kQ6_K},
+      {"small, no shared, q8_0 router", 256, 40, 3, 128, false, GgmlType::kQ4_0, GgmlType::kQ8_0},
+  };
+  for (const Shape& s : shapes) {
+    HostMoe m;
+    DeviceMoe d;
+    ASSERT_NO_FATAL_FAILURE(build_layer(s, m, d));
+    const MoeImmaWeights& w = d.layer->weights();
+    for (const int n_tok : {1, 33, 300, kMoePromptMaxTokens}) {
+      SCOPED_TRACE(describe(s, n_tok));
+      const std::vector<float> x = draw_x(m, n_tok, 5u + static_cast<unsigned>(n_tok));
+      std::vector<float> want;
+      for (int t0 = 0; t0 < n_tok; t0 += kMoeMaxTokens) {
+        const int n = std::min(kMoeMaxTokens, n_tok - t0);
+        const auto b = x.begin() + static_cast<std::ptrdiff_t>(t0) * s.h;
+        const DeviceRun part = run_device(w, std::vector<float>(b, b + static_cast<std::ptrdiff_t>(n) * s.h), n);
+        ASSERT_EQ(part.out.size(), static_cast<size_t>(n) * static_cast<size_t>(s.h));
+        want.insert(want.end(), part.out.begin(), part.out.end());
+      }
+      for (const int width : {2, 8}) {
+        DeviceBuffer dx(x.size() * 4), dout(x.size() * 4), ws(moe_imma_prompt_workspace_bytes(w, n_tok));
+        ASSERT_TRUE(dx.as() != nullptr && dout.as() != nullptr && ws.as() != nullptr);
+        ASSERT_EQ(memcpy_synced(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(memset_synced(dout.as(), 0xFF, x.size() * 4), cudaSuccess);  // NaN: an unwritten element fails
+        ASSERT_EQ(memset_synced(ws.as(), 0xA5, ws.bytes()), cudaSuccess);      // no reliance on zeroed scratch
+        const Status st = moe_imma_forward_prompt(w, dx.as<float>(), n_tok, dout.as<float>(), ws.as(), nullptr, width);
+        ASSERT_TRUE(st) << st.error().to_string();
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+        const std::vector<float> got = test::download<float>(dout.as(), x.size());
+        size_t n_diff = 0, first = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (std::memcmp(&got[i], &want[i], 4) != 0 && n_diff++ == 0) first = i;
+        }
+        EXPECT_EQ(n_diff, 0u) << "segments of " << width << ": " << n_diff << " of " << got.size()
+                              << " elements differ from calls of 32 (first: token " << first / size_t(s.h) << ", "
+                              << got[first] << " vs " << want[first] << ")";
+      }
+    }
+  }
+  const Shape s{"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_0};
+  HostMoe m;
+  DeviceMoe d;
+  ASSERT_NO_FATAL_FAILURE(build_layer(s, m, d));
+  EXPECT_EQ(moe_imma_prompt_workspace_bytes(d.layer->weights(), kMoePromptMaxTokens + 1), 0u);
+  DeviceBuffer ws(64);
+  EXPECT_FALSE(moe_imma_forward_prompt(d.layer->weights(), ws.as<float>(), kMoePromptMaxTokens + 1, ws.as<float>(),
+                                       ws.as(), nullptr, 2));
+  EXPECT_FALSE(moe_imma_forward_prompt(d.layer->weights(), ws.as<float>(), 4, ws.as<float>(), ws.as(), nullptr, 9));
 }
 
 // One workspace through calls of 32 tokens (the routing spread over a block per token) and of one token (the routing

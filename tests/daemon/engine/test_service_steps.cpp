@@ -284,6 +284,22 @@ TEST_F(ServiceCapabilities, PromptsAreCutToTheEnginesTokensPerItem) {
   EXPECT_EQ(r->token, want[0].token) << "cutting the prompt changes nothing of the result";
 }
 
+// max_tokens_per_tick bounds a tick only while sessions decode: a prompt alone gets max_tokens_per_item a tick (the
+// CUDA engine runs it as prompt passes), not the 2 tokens the tick would hold beside decoders.
+TEST_F(ServiceCapabilities, APromptAloneTakesTheTokensPerItem) {
+  capped->per_tick = 2;
+  ASSERT_NO_FATAL_FAILURE(start());
+  auto sess = service->create_session({});
+  ASSERT_TRUE(sess);
+  const std::vector<int32_t> prompt = iota_tokens(10);
+  auto r = step_tokens(*service, sess->id, prompt);
+  ASSERT_TRUE(r) << r.error().to_string();
+  ASSERT_FALSE(capped->largest_per_tick.empty());
+  EXPECT_EQ(capped->largest_per_tick[0], 4u) << "the prompt's first tick carries max_tokens_per_item tokens";
+  const std::vector<StepResult> want = direct_steps(*f.model, test_limits().default_sampling, {prompt}, 256);
+  EXPECT_EQ(r->token, want[0].token);
+}
+
 // The Service's stats carry the engine's shared pool as the engine reports it (none for the reference engine).
 TEST_F(ServiceCapabilities, StatsCarryTheEnginesCachePool) {
   EXPECT_EQ(f.service->stats().cache.tokens_total, 0) << "the reference engine's slots own their caches";

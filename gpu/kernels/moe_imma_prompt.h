@@ -1,0 +1,43 @@
+// moe_imma_prompt: the MoE FFN layer on GEMV v4 for the tokens of a prompt pass — up to kMoePromptMaxTokens tokens in
+// one call, each routed expert's matrices read from memory once for all the tokens that chose it (model-spec.md §5.1;
+// ref::moe_forward is the oracle; moe_imma.h is the same layer for up to kMoeMaxTokens tokens, whose bits it gives).
+//
+// One call, on one stream, no host synchronisation:
+//   the router's logits and x's prepared form, kMoeMaxTokens tokens a launch (moe_imma_route_inputs: moe_imma's own
+//   launch) → routing, a warp per token (moe_route's arithmetic) → grouping in one block: per expert a bit mask of its
+//   tokens (atomicOr, so the result does not depend on the order), counts and first entries by one scan, each entry
+//   at its expert's first + the tokens below it, and the segment tables (per active expert and chunk of up to C of its
+//   tokens a gate, an up and a down segment, plus the shared expert's chunks; counted) → gemv_imma_segments(gate+up) →
+//   gemv_imma_prepare_swiglu → gemv_imma_segments(down) → combine (moe_combine's order: Σ over each token's entries by
+//   ascending expert id of w·y from 0, then + sigmoid(shared gate · x) · shared y).
+// The entries, rows and tables have moe_imma_forward's layout and every per-token operation its arithmetic, and the
+// grouped GEMV's bits for a segment depend neither on the other segments nor on C: a token's output is bit-identical
+// to what moe_imma_forward gives it in a call of any size (test_moe_imma_prompt).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "core/base/expected.h"
+#include "gpu/kernels/moe_imma.h"  // MoeImmaWeights
+
+namespace kestrel::gpu {
+
+// Tokens of one moe_imma_forward_prompt call.
+inline constexpr int kMoePromptMaxTokens = 512;
+
+// Bytes of device scratch for calls of up to n_tok tokens (any segment width); 0 when n_tok is out of [1,
+// kMoePromptMaxTokens]. Needs no initialisation.
+size_t moe_imma_prompt_workspace_bytes(const MoeImmaWeights& w, int n_tok);
+
+// x: device f32 [n_tok, H], 16-byte aligned; out: device f32 [n_tok, H], not overlapping x; 1 <= n_tok <=
+// kMoePromptMaxTokens; w: all routed experts resident (moe_imma_check_weights). workspace: device,
+// >= moe_imma_prompt_workspace_bytes(w, n_tok), 16-byte aligned. segment_vectors: tokens per segment, 1..
+// kImmaSegmentVectors (an expert chosen by more tokens is read once per chunk of this many, the later reads mostly
+// from L2). Errors before anything is enqueued; otherwise the kernels are enqueued on `stream` (plain launches) and the
+// call returns without waiting. Thread-safe; the caller keeps every buffer alive until the stream has run.
+Status moe_imma_forward_prompt(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
+                               cudaStream_t stream, int segment_vectors, const GemvImmaTuning& grouped_gemv = {});
+
+}  // namespace kestrel::gpu
