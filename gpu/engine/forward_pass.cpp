@@ -74,9 +74,9 @@ uint64_t moe_workspace_estimate(const ModelHparams& hp, int tokens) {
 
 // The hybrid layers' device buffers (host choices, host partial sums), carved for every MoE model.
 uint64_t hybrid_choices_bytes(const ModelHparams& hp) {
-  return hp.is_moe() ? uint64_t{P} * hp.n_expert_used * sizeof(ExpertChoice) : 0;
+  return hp.is_moe() ? uint64_t{R} * hp.n_expert_used * sizeof(ExpertChoice) : 0;
 }
-uint64_t hybrid_rows_bytes(const ModelHparams& hp) { return hp.is_moe() ? uint64_t{P} * hp.n_embd * sizeof(float) : 0; }
+uint64_t hybrid_rows_bytes(const ModelHparams& hp) { return hp.is_moe() ? uint64_t{R} * hp.n_embd * sizeof(float) : 0; }
 
 bool any_hybrid(const DeviceModel& m) {
   for (const DeviceLayer& d : m.layers()) {
@@ -231,6 +231,11 @@ Expected<std::unique_ptr<ForwardPass>> ForwardPass::create(const DeviceModel& mo
       }
     }
   }
+  if (tuning.moe_imma.prompt_segment_vectors < 1 || tuning.moe_imma.prompt_segment_vectors > kImmaSegmentVectors) {
+    return make_error(ErrorCode::kInvalidArgument, "tuning: prompt_segment_vectors " +
+                                                       std::to_string(tuning.moe_imma.prompt_segment_vectors) +
+                                                       " is outside 1.." + std::to_string(kImmaSegmentVectors));
+  }
   std::unique_ptr<ForwardPass> p(new ForwardPass(model, slots, tuning, stream, any_hybrid(model) ? backend : nullptr));
   KESTREL_TRY(p->allocate());
   return p;
@@ -269,7 +274,7 @@ Status ForwardPass::allocate() {
   const ref::GdnDims& dims = model_.gdn_dims();
   uint64_t moe_prompt_ws = 0;
   for (const DeviceLayer& d : layers) {
-    if (d.ffn.moe && d.ffn.moe_tiled && !d.ffn.hybrid()) {
+    if (d.ffn.moe && d.ffn.moe_tiled) {
       moe_prompt_ws = std::max<uint64_t>(moe_prompt_ws, moe_imma_prompt_workspace_bytes(d.ffn.moe_imma, R));
     }
   }
@@ -332,7 +337,7 @@ Status ForwardPass::allocate() {
   KESTREL_CUDA_TRY(cudaMallocHost(reinterpret_cast<void**>(&host_argmax_), P * sizeof(int32_t)));
   if (backend_ != nullptr) {
     KESTREL_TRY_ASSIGN(
-        link_, HostExpertLink::create(*backend_, P, static_cast<int>(hp.n_embd), static_cast<int>(hp.n_expert_used)));
+        link_, HostExpertLink::create(*backend_, R, static_cast<int>(hp.n_embd), static_cast<int>(hp.n_expert_used)));
   }
 
   // Zeroed once: the GDN readers' counters and the MoE counters (every call leaves them zero).
@@ -534,7 +539,19 @@ Status ForwardPass::hybrid_ffn_layer(size_t l, int n) {
   h.n_resident = f.n_resident;
   h.host_choices = host_choices_dev_;
   h.host_y = host_y_dev_;
-  // The hand-off's buffers hold P rows: a longer pass hands its rows over P at a time.
+  if (f.moe_tiled && n > P) {  // a prompt pass: the host gets every row in one hand-off
+    MoeHybridHooks hooks;
+    hooks.after_route = [&]() -> Status {
+      return expert_handoff_publish(link_->handoff(), static_cast<int32_t>(l), x_, host_choices_dev_, n, H,
+                                    static_cast<int>(hp.n_expert_used), stream_);
+    };
+    hooks.before_combine = [&]() -> Status {
+      return expert_handoff_join(link_->handoff(), n, H, host_y_dev_, HostExpertLink::kJoinTimeoutNs, stream_);
+    };
+    return moe_imma_forward_prompt_hybrid(f.moe_imma, h, x_, n, y_, moe_prompt_ws_, stream_, hooks,
+                                          tuning_.moe_imma.prompt_segment_vectors, tuning_.moe_imma.grouped_gemv);
+  }
+  // Otherwise P rows a call.
   for (int c0 = 0; c0 < n; c0 += P) {
     const int cn = std::min(P, n - c0);
     const float* x = x_ + int64_t{c0} * H;

@@ -16,8 +16,9 @@
 // A prompt pass (run_prompt) holds up to kPromptPassMaxTokens tokens of one slot: every layer runs over all of them
 // before the next layer starts, its kernels kPassMaxTokens rows a call (attention in position order, so each call's
 // rows see the K/V the calls before appended), the GDN layers as one run, the MoE layers as one moe_imma_prompt call
-// (each expert read once for every token that chose it), lm_head for the last token only — so a layer's weights come
-// from memory once per prompt pass rather than once per 32 tokens, with the bits run() gives each token.
+// (each expert read once for every token that chose it; a hybrid layer hands all the rows to the host at once, so the
+// host too reads each of its experts once), lm_head for the last token only — so a layer's weights come from memory
+// once per prompt pass rather than once per 32 tokens, with the bits run() gives each token.
 //
 // Every kernel is enqueued on one stream; a pass is one CUDA graph per row count, logits mode, position bound (the
 // smallest power of two from 256 above every position, capped at the slots' n_ctx, so attention's grid is never more
@@ -46,8 +47,8 @@
 // model without host experts); layers with none launch no routed-expert kernel.
 //
 // Ownership: borrows the DeviceModel, the StateSlots and the ExpertBackend for its lifetime; owns its scratch (device
-// and pinned host memory, sized once for kPassMaxTokens rows). One pass at a time; not thread-safe (the link's thread
-// serves the hybrid layers while run() waits for the stream).
+// and pinned host memory, sized once for kPromptPassMaxTokens rows). One pass at a time; not thread-safe (the link's
+// thread serves the hybrid layers while run() waits for the stream).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -225,8 +226,8 @@ class ForwardPass {
   void* moe_prompt_ws_ = nullptr;   // moe_imma_forward_prompt's, for R tokens (tiled all-resident MoE layers)
   float* rope_inv_freq_ = nullptr;  // f32 [n_rot / 2]
   // Hybrid layers: the routing's host choices and the host partial sums, on the device.
-  ExpertChoice* host_choices_dev_ = nullptr;  // [P, k]
-  float* host_y_dev_ = nullptr;               // f32 [P, H]
+  ExpertChoice* host_choices_dev_ = nullptr;  // [R, k]
+  float* host_y_dev_ = nullptr;               // f32 [R, H]
 
   // Pinned host staging: the upload block (ids, slots, positions, row pages, gdn slot table) and the logits rows.
   void* host_upload_ = nullptr;

@@ -9,6 +9,7 @@
 #include "gpu/kernels/dequant.cuh"
 #include "gpu/kernels/gemv_imma.h"
 #include "gpu/kernels/moe_combine.cuh"
+#include "gpu/kernels/moe_hybrid.h"
 #include "gpu/kernels/moe_imma_prompt.h"
 #include "gpu/kernels/moe_route.cuh"
 #include "gpu/memory/scratch_carve.h"
@@ -112,6 +113,10 @@ struct TableArgs {
   ImmaSegment* seg_gu;
   ImmaSegment* seg_dn;
   int32_t* n_used;
+  // Hybrid layers: expert id → index in the compact stacks, < 0 for a host expert (no chunks; its entries' weights
+  // set to −1, its choices into host_choices); null when the stacks hold every expert.
+  const int32_t* resident;
+  ExpertChoice* host_choices;  // [T, k] in selection order (hybrid layers)
 };
 
 // Segment `s` ← matrix `data`, n vectors: vec(j) → out0 + j, stored in 16-byte pieces.
@@ -155,7 +160,8 @@ __global__ void __launch_bounds__(kGroupThreads) group_tables_kernel(TableArgs a
   if (tid < E) {
     for (int j = 0; j < W; ++j) count += __popc(mask[tid * W + j]);
   }
-  const int chunks = (count + a.chunk - 1) / a.chunk;
+  const bool here = tid < E && (a.resident == nullptr || a.resident[tid] >= 0);
+  const int chunks = here ? (count + a.chunk - 1) / a.chunk : 0;
   int packed = 0, total = 0;
   Scan(scan_tmp).ExclusiveSum(count | chunks << 16, packed, total);
   if (tid < E) {
@@ -171,8 +177,10 @@ __global__ void __launch_bounds__(kGroupThreads) group_tables_kernel(TableArgs a
     int below_t = __popc(mask[x * W + t / 32] & ((1u << (t % 32)) - 1u));
     for (int j = 0; j < t / 32; ++j) below_t += __popc(mask[x * W + j]);
     const int pos = first[x] + below_t;
+    const bool host = a.resident != nullptr && a.resident[x] < 0;
     a.entry_token[pos] = t;
-    a.entry_weight[pos] = a.sel_w[i];
+    a.entry_weight[pos] = host ? -1.0f : a.sel_w[i];
+    if (a.resident != nullptr) a.host_choices[i] = host ? ExpertChoice{x, a.sel_w[i]} : ExpertChoice{};
     int below = 0;
     for (int jj = 0; jj < k; ++jj) below += a.sel_id[t * k + jj] < x ? 1 : 0;
     a.token_entry[t * k + below] = pos;
@@ -207,11 +215,12 @@ __global__ void __launch_bounds__(kGroupThreads) group_tables_kernel(TableArgs a
     const int row0 = first[x] + (q - chunk0[x]) * a.chunk;
     const int end = x + 1 < E ? first[x + 1] : a.n_entries;
     const int n = min(a.chunk, end - row0);
+    const uint64_t at = static_cast<uint64_t>(a.resident != nullptr ? a.resident[x] : x);  // index in the stacks
     auto tok = [&](int j) { return a.entry_token[row0 + j]; };
     auto row = [&](int j) { return row0 + j; };
-    put_segment(a.seg_gu + 2 * c, a.gate + static_cast<uint64_t>(x) * a.gu_bytes, n, tok, row0);
-    put_segment(a.seg_gu + 2 * c + 1, a.up + static_cast<uint64_t>(x) * a.gu_bytes, n, tok, a.n_all + row0);
-    put_segment(a.seg_dn + c, a.down + static_cast<uint64_t>(x) * a.dn_bytes, n, row, row0);
+    put_segment(a.seg_gu + 2 * c, a.gate + at * a.gu_bytes, n, tok, row0);
+    put_segment(a.seg_gu + 2 * c + 1, a.up + at * a.gu_bytes, n, tok, a.n_all + row0);
+    put_segment(a.seg_dn + c, a.down + at * a.dn_bytes, n, row, row0);
   }
   if (tid == 0) {
     a.n_used[0] = 2 * used;
@@ -248,9 +257,15 @@ size_t moe_imma_prompt_workspace_bytes(const MoeImmaWeights& w, int n_tok) {
   return layout_of(w, sizes_of(w, n_tok), nullptr).bytes;
 }
 
-Status moe_imma_forward_prompt(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
-                               cudaStream_t stream, int segment_vectors, const GemvImmaTuning& grouped_gemv) {
-  KESTREL_TRY(moe_imma_check_weights(w));
+namespace {
+
+// moe_imma_forward_prompt, and with `h` its hybrid form.
+Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace, cudaStream_t stream,
+               int segment_vectors, const GemvImmaTuning& grouped_gemv, const MoeHybrid* h,
+               const MoeHybridHooks* hooks) {
+  if (h != nullptr) KESTREL_TRY(moe_hybrid_check(*h, w.n_expert));
+  // A hybrid layer with no resident expert has no routed stacks on the device.
+  if (h == nullptr || h->n_resident > 0) KESTREL_TRY(moe_imma_check_weights(w));
   if (n_tok < 1 || n_tok > kMoePromptMaxTokens) {
     return bad("n_tok " + std::to_string(n_tok) + " outside [1, " + std::to_string(kMoePromptMaxTokens) + "]");
   }
@@ -306,24 +321,47 @@ Status moe_imma_forward_prompt(const MoeImmaWeights& w, const float* x, int n_to
   ta.seg_gu = l.seg_gu;
   ta.seg_dn = l.seg_dn;
   ta.n_used = l.n_used;
+  ta.resident = h != nullptr ? h->resident : nullptr;
+  ta.host_choices = h != nullptr ? h->host_choices : nullptr;
   const size_t smem = group_smem_bytes(w, n_tok);
   KESTREL_CUDA_TRY(
       cudaFuncSetAttribute(group_tables_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   group_tables_kernel<<<1, kGroupThreads, smem, stream>>>(ta);
   KESTREL_CUDA_TRY(cudaGetLastError());
+  if (h != nullptr && hooks != nullptr && hooks->after_route) KESTREL_TRY(hooks->after_route());
 
-  const int seg_bound = std::min(n_tok, segment_vectors);
-  KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, 2 * sz.max_chunks, l.xprep, l.gu, I, stream, seg_bound,
-                                 false, l.n_used, false, grouped_gemv));
-  KESTREL_TRY(gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(sz.n_all) * I, I, sz.n_all, l.aprep, stream));
-  KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, sz.max_chunks, l.aprep, l.ye, H, stream, seg_bound, false,
-                                 l.n_used + 1, false, grouped_gemv));
+  // A hybrid layer with no resident expert and no shared expert has nothing for the GEMVs.
+  if (h == nullptr || h->n_resident > 0 || w.has_shared_expert()) {
+    const int seg_bound = std::min(n_tok, segment_vectors);
+    KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, 2 * sz.max_chunks, l.xprep, l.gu, I, stream,
+                                   seg_bound, false, l.n_used, false, grouped_gemv));
+    KESTREL_TRY(gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(sz.n_all) * I, I, sz.n_all, l.aprep, stream));
+    KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, sz.max_chunks, l.aprep, l.ye, H, stream, seg_bound,
+                                   false, l.n_used + 1, false, grouped_gemv));
+  }
+
+  if (h != nullptr) {
+    if (hooks != nullptr && hooks->before_combine) KESTREL_TRY(hooks->before_combine());
+    MoeHybridCombine hc;
+    hc.ye = l.ye;
+    hc.token_entry = l.token_entry;
+    hc.entry_weight = l.entry_weight;
+    hc.k = k;
+    hc.host_y = h->host_y;
+    hc.sh = w.has_shared_expert() ? l.ye + static_cast<size_t>(sz.n_entries) * H : nullptr;
+    hc.shared_gate_inp = w.shared_gate_inp;
+    hc.x = x;
+    hc.n_tok = n_tok;
+    hc.h = H;
+    hc.out = out;
+    return moe_hybrid_combine(hc, stream);
+  }
 
   const dim3 grid(static_cast<unsigned>((H + moe_combine::kThreads - 1) / moe_combine::kThreads),
                   static_cast<unsigned>(n_tok));
   if (w.has_shared_expert()) {
     const auto* gate_inp = static_cast<const uint8_t*>(w.shared_gate_inp.data);
-    KESTREL_TRY(dispatch_dequant_type(
+    return dispatch_dequant_type(
         w.shared_gate_inp.type,
         [&](auto tag) -> Status {
           constexpr GgmlType T = decltype(tag)::value;
@@ -332,13 +370,25 @@ Status moe_imma_forward_prompt(const MoeImmaWeights& w, const float* x, int n_to
           KESTREL_CUDA_TRY(cudaGetLastError());
           return ok_status();
         },
-        unsupported("ffn_gate_inp_shexp type " + std::string(ggml_type_name(w.shared_gate_inp.type)))));
-  } else {
-    combine_kernel<GgmlType::kF32, false><<<grid, moe_combine::kThreads, 0, stream>>>(
-        l.ye, l.token_entry, l.entry_weight, k, sz.n_entries, nullptr, x, H, out);
-    KESTREL_CUDA_TRY(cudaGetLastError());
+        unsupported("ffn_gate_inp_shexp type " + std::string(ggml_type_name(w.shared_gate_inp.type))));
   }
+  combine_kernel<GgmlType::kF32, false><<<grid, moe_combine::kThreads, 0, stream>>>(
+      l.ye, l.token_entry, l.entry_weight, k, sz.n_entries, nullptr, x, H, out);
+  KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
+}
+
+}  // namespace
+
+Status moe_imma_forward_prompt(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
+                               cudaStream_t stream, int segment_vectors, const GemvImmaTuning& grouped_gemv) {
+  return forward(w, x, n_tok, out, workspace, stream, segment_vectors, grouped_gemv, nullptr, nullptr);
+}
+
+Status moe_imma_forward_prompt_hybrid(const MoeImmaWeights& w, const MoeHybrid& h, const float* x, int n_tok,
+                                      float* out, void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks,
+                                      int segment_vectors, const GemvImmaTuning& grouped_gemv) {
+  return forward(w, x, n_tok, out, workspace, stream, segment_vectors, grouped_gemv, &h, &hooks);
 }
 
 }  // namespace kestrel::gpu

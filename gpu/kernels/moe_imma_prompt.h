@@ -20,7 +20,8 @@
 #include <cstddef>
 
 #include "core/base/expected.h"
-#include "gpu/kernels/moe_imma.h"  // MoeImmaWeights
+#include "gpu/kernels/moe_hybrid.h"  // MoeHybrid, MoeHybridHooks
+#include "gpu/kernels/moe_imma.h"    // MoeImmaWeights
 
 namespace kestrel::gpu {
 
@@ -39,5 +40,14 @@ size_t moe_imma_prompt_workspace_bytes(const MoeImmaWeights& w, int n_tok);
 // call returns without waiting. Thread-safe; the caller keeps every buffer alive until the stream has run.
 Status moe_imma_forward_prompt(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
                                cudaStream_t stream, int segment_vectors, const GemvImmaTuning& grouped_gemv = {});
+
+// The hybrid layer (moe_hybrid.h's steps, as moe_imma_forward_hybrid takes them) for up to kMoePromptMaxTokens tokens:
+// w's routed stacks hold only the resident experts (expert id e at slot h.resident[e]), the routing covers all E and
+// writes h.host_choices [n_tok, k]; hooks.after_route runs after the grouping (the host gets all n_tok rows in one
+// hand-off, so it reads each of its experts once for all the tokens that chose it), hooks.before_combine before the
+// hybrid combine. h.host_y holds n_tok rows. Same workspace as moe_imma_forward_prompt.
+Status moe_imma_forward_prompt_hybrid(const MoeImmaWeights& w, const MoeHybrid& h, const float* x, int n_tok,
+                                      float* out, void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks,
+                                      int segment_vectors, const GemvImmaTuning& grouped_gemv = {});
 
 }  // namespace kestrel::gpu
