@@ -9,6 +9,7 @@
 #include "gpu/cuda_check.h"
 #include "gpu/kernels/argmax.h"
 #include "gpu/kernels/attention_decode.h"
+#include "gpu/kernels/attention_prompt.h"
 #include "gpu/kernels/expert_handoff.h"
 #include "gpu/kernels/gdn_decode.h"
 #include "gpu/kernels/gdn_runs.h"
@@ -151,7 +152,8 @@ Status build_runs(std::span<const PassRow> rows, int32_t* start, int32_t* len, i
 const char* pass_section_name(PassSection s) {
   switch (s) {
     case PassSection::kRest: return "rest (embedding, norms, uploads)";
-    case PassSection::kGdn: return "gdn layers";
+    case PassSection::kGdnIn: return "gdn input projections";
+    case PassSection::kGdn: return "gdn step + ssm_out";
     case PassSection::kAttention: return "attention layers";
     case PassSection::kMoe: return "moe layers";
     case PassSection::kDenseFfn: return "dense ffn";
@@ -163,7 +165,7 @@ const char* pass_section_name(PassSection s) {
 
 Status ForwardPass::set_profiling(bool on) {
   if (on && events_.empty()) {
-    events_.resize(4 * model_.layers().size() + 8);
+    events_.resize(5 * model_.layers().size() + 8);
     for (cudaEvent_t& e : events_) KESTREL_CUDA_TRY(cudaEventCreate(&e));
     sections_.resize(events_.size());
   }
@@ -462,6 +464,7 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
 }
 
 Status ForwardPass::gdn_step_and_out(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n) {
+  KESTREL_TRY(mark(PassSection::kGdnIn));
   GdnSlot* slots = gdn_slots_ + size_t(gdn_index) * R;
   if (runs_) {
     KESTREL_TRY(gdn_runs(model_.gdn_dims(), g.projection, g.small, in, slots,
@@ -510,6 +513,15 @@ Status ForwardPass::attn_layer(size_t l, int n) {
   // A tiled attn_output reads the attention's output prepared by its merge kernel, where the head size allows.
   const AttnDecodeDims dims = attn_dims_of(model_.hparams());
   const bool prepared = a.o.tiled && attention_prepares_out(dims);
+  if (prompt_slot_ >= 0 && n > 1 && attention_prompt_supports(dims)) {
+    // A prompt pass: every row's K/V into the cache, then the rows attend in tiles that share each K/V row.
+    args.slot_ids = slot_ids_;
+    args.positions = positions_;
+    args.out_prepared = prepared ? xprep_ : nullptr;
+    KESTREL_TRY(attention_kv_append_device(dims, table, args, n, stream_));
+    KESTREL_TRY(attention_prompt(dims, table, args, n, prompt_slot_, prompt_pos0_, stream_));
+    return matmul(a.o, mixed_, prepared, n, y_);
+  }
   // Up to P rows a call. A prompt pass's rows are one slot's tokens in position order, so the calls before a row's
   // have appended the K/V of every position before it.
   const int64_t qg_stride = args.qg_stride > 0 ? args.qg_stride : int64_t{dims.n_head} * 2 * dims.head_dim;
@@ -636,6 +648,7 @@ Status ForwardPass::run(std::span<const PassRow> rows, float* hidden) {
                       "forward pass: a slot has several rows, and this model's GDN heads run a token per pass");
   }
   run_entries_ = n;
+  prompt_slot_ = -1;
   GdnSlot* table = reinterpret_cast<GdnSlot*>(up + 7 * R);
   for (int g = 0; g < n_gdn_; ++g) {
     for (int i = 0; i < n; ++i) table[size_t(g) * R + i] = slot_states_[size_t(rows[size_t(i)].slot) * n_gdn_ + g];
@@ -686,6 +699,8 @@ Status ForwardPass::run_prompt(int32_t slot, std::span<const int32_t> tokens, in
   up[5 * R] = n;
   runs_ = n > 1;
   run_entries_ = 1;
+  prompt_slot_ = slot;
+  prompt_pos0_ = position;
   GdnSlot* table = reinterpret_cast<GdnSlot*>(up + 7 * R);
   for (int g = 0; g < n_gdn_; ++g) table[size_t(g) * R] = slot_states_[size_t(slot) * n_gdn_ + g];
   set_position_bound(position + n - 1);

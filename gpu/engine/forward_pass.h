@@ -14,11 +14,12 @@
 // A prompt's tokens share a pass as rows of one slot (PassRow): attention appends all their K/V before it attends,
 // and the GDN layers run them as one run per slot on gdn_runs instead of gdn_decode (the same bits per token).
 // A prompt pass (run_prompt) holds up to kPromptPassMaxTokens tokens of one slot: every layer runs over all of them
-// before the next layer starts, its kernels kPassMaxTokens rows a call (attention in position order, so each call's
-// rows see the K/V the calls before appended), the GDN layers as one run, the MoE layers as one moe_imma_prompt call
-// (each expert read once for every token that chose it; a hybrid layer hands all the rows to the host at once, so the
-// host too reads each of its experts once), lm_head for the last token only — so a layer's weights come from memory
-// once per prompt pass rather than once per 32 tokens, with the bits run() gives each token.
+// before the next layer starts — the projections kPassMaxTokens rows a GEMV call, attention as one attention_prompt
+// call (every row's K/V appended first, then tiles of rows against shared K/V tiles), the GDN layers as one run, the
+// MoE layers as one moe_imma_prompt call (each expert read once for every token that chose it; a hybrid layer hands
+// all the rows to the host at once, so the host too reads each of its experts once), lm_head for the last token only
+// — so a layer's weights come from memory once per prompt pass rather than once per 32 tokens. Each token gets the
+// bits run() gives it but for attention's, whose prompt kernel splits the positions differently (f32 rounding).
 //
 // Every kernel is enqueued on one stream; a pass is one CUDA graph per row count, logits mode, position bound (the
 // smallest power of two from 256 above every position, capped at the slots' n_ctx, so attention's grid is never more
@@ -91,7 +92,9 @@ struct PassRow {
 };
 
 // Where a pass's time goes, summed over the passes run while profiling is on (CUDA events between the sections).
-enum class PassSection { kRest, kGdn, kAttention, kMoe, kDenseFfn, kLmHead, kCount };
+// kGdnIn: a GDN layer's input projections; kGdn: the rest of the layer (the conv, the delta rule, the gated norm and
+// ssm_out).
+enum class PassSection { kRest, kGdnIn, kGdn, kAttention, kMoe, kDenseFfn, kLmHead, kCount };
 const char* pass_section_name(PassSection s);
 
 struct PassProfile {
@@ -129,9 +132,8 @@ class ForwardPass {
   Status run(std::span<const PassRow> rows, float* hidden = nullptr);
 
   // Runs 1..kPromptPassMaxTokens consecutive tokens of one slot (positions position, position + 1, …; the slot holds
-  // their KV pages) as one pass, layer by layer, each layer's kernels kPassMaxTokens rows a call in position order,
-  // the GDN layers as one run. Every token's bits are those run() gives it (each kernel is batch-invariant and the
-  // run's arithmetic is gdn_decode's). logits (host f32 [n_vocab]) / argmax: of the last token, when not null;
+  // their KV pages) as one prompt pass (above); the results are run()'s up to attention_prompt's rounding, and
+  // bit-identical from run to run. logits (host f32 [n_vocab]) / argmax: of the last token, when not null;
   // hidden (host f32 [n_layer, H]): the last token's residual stream after every layer. Launched kernel by kernel
   // (prompt passes come in many lengths; the launches are few per token). Several tokens need supports_runs().
   Status run_prompt(int32_t slot, std::span<const int32_t> tokens, int32_t position, float* logits, int32_t* argmax,
@@ -248,6 +250,8 @@ class ForwardPass {
   int position_bound_ = 0;              // of the pass being enqueued: attention's grid covers positions below it
   bool runs_ = false;                   // of the pass being enqueued: some slot has several rows (GDN on gdn_runs)
   int run_entries_ = 0;                 // of the pass being enqueued: entries of the GDN run table
+  int prompt_slot_ = -1;                // of a prompt pass being enqueued: its slot (-1: not a prompt pass)
+  int prompt_pos0_ = 0;                 // and its first position
   bool x_prepared_ = false;             // while enqueuing: xprep_ holds x_'s prepared rows (norm())
   bool supports_runs_ = false;
 

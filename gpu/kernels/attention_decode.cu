@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "gpu/cuda_check.h"
+#include "gpu/kernels/attention_common.cuh"
 #include "gpu/kernels/attention_decode.h"
 #include "gpu/kernels/block_reduce.cuh"
 #include "gpu/kernels/gemv_imma.h"
@@ -16,63 +17,14 @@
 namespace kestrel::gpu {
 namespace {
 
+using attn_dev::load_tile;
+using attn_dev::norm_rope_head;
+using attn_dev::norm_rope_head_warp;
+using attn_dev::paged_row;
+using attn_dev::sigmoid_f;
+
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
-
-// Element i of the partial NeoX RoPE of a normed head at position pos (pairs (i, i + n_rot/2); dims from n_rot on
-// pass through): q·cos + rotate_half(q)·sin with rotate_half = [−x2, x1], written without FMA so the rounding is the
-// reference's: x_i' = a·c + (−b)·s, x_{i+half}' = b·c + a·s.
-__device__ __forceinline__ float rope_element(const float* normed, const float* __restrict__ inv_freq, int i, int n_rot,
-                                              float pos) {
-  if (i >= n_rot) return normed[i];
-  const int half = n_rot / 2;
-  const int p = i < half ? i : i - half;
-  const float theta = pos * inv_freq[p];
-  const float c = cosf(theta), s = sinf(theta);
-  const float a = normed[p], b = normed[p + half];
-  return i < half ? __fadd_rn(__fmul_rn(a, c), __fmul_rn(-b, s)) : __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-}
-
-// dst[i] = RoPE(rms_norm(src) · w)[i] for one head of hd values (ref::rms_norm then ref::rope_neox_partial).
-// normed: shared f32 [hd] scratch; dst may be global or shared, must not alias src or normed. Whole block calls.
-__device__ void norm_rope_head(const float* src, const float* __restrict__ w, const float* __restrict__ inv_freq,
-                               int hd, int n_rot, float eps, float pos, float* normed, float* dst, float* scratch) {
-  float ss = 0.0f;
-  for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) ss += src[i] * src[i];
-  ss = block_sum(ss, scratch);
-  const float mean = ss / static_cast<float>(hd);
-  const float scale = 1.0f / sqrtf(mean + eps);
-  for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) normed[i] = (src[i] * scale) * w[i];
-  __syncthreads();
-  for (int i = static_cast<int>(threadIdx.x); i < hd; i += blockDim.x) {
-    dst[i] = rope_element(normed, inv_freq, i, n_rot, pos);
-  }
-}
-
-// The same as norm_rope_head for one warp: dst = RoPE(rms_norm(src) · w) with the sum of squares reduced by the
-// warp. normed: hd floats of shared scratch private to the warp; dst is shared memory. Whole warp calls.
-__device__ void norm_rope_head_warp(const float* src, const float* __restrict__ w, const float* __restrict__ inv_freq,
-                                    int hd, int n_rot, float eps, float pos, float* normed, float* dst) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  float ss = 0.0f;
-  for (int i = lane; i < hd; i += 32) ss += src[i] * src[i];
-  ss = warp_sum(ss);
-  const float scale = 1.0f / sqrtf(ss / static_cast<float>(hd) + eps);
-  for (int i = lane; i < hd; i += 32) normed[i] = (src[i] * scale) * w[i];
-  __syncwarp();
-  for (int i = lane; i < hd; i += 32) {
-    dst[i] = rope_element(normed, inv_freq, i, n_rot, pos);
-  }
-  __syncwarp();
-}
-
-// Floats from the layer's page-0 base (KvPageTable::k or v) to the row of position p of the slot whose table entries
-// start at `pages` (kv head 0; kv head j is j · hd further).
-__device__ __forceinline__ int64_t paged_row(const KvPageTable& t, const int32_t* pages, int p) {
-  const int shift = __ffs(t.page_size) - 1;  // page_size is a power of two
-  const int64_t page = pages[p >> shift];
-  return page * t.page_stride + static_cast<int64_t>(p & (t.page_size - 1)) * t.n_head_kv * t.head_dim;
-}
 
 // grid (n_kv, n_seq): K[pos] = rope(norm(k)), V[pos] = v for kv head blockIdx.x of sequence blockIdx.y.
 __global__ void kv_append_kernel(AttnDecodeDims d, KvPageTable cache, const float* __restrict__ k,
@@ -106,8 +58,6 @@ __device__ __forceinline__ size_t chunk_record(int b, int h, int c, int n_head, 
          (static_cast<size_t>(hd) + 2);
 }
 
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
-
 // Positions a GQA block stages per tile: the largest of 32, 16, 8 whose shared memory (attend_smem_floats) stays
 // within kAttendSmemTarget, so several blocks share an SM and their tile loads overlap one another's compute.
 constexpr size_t kAttendSmemTarget = 64 * 1024;
@@ -124,40 +74,6 @@ int attend_tile_of(int group, int hd) {
     if (attend_smem_floats(group, hd, t) * sizeof(float) <= kAttendSmemTarget) return t;
   }
   return 8;
-}
-
-// Copies positions [p0, p0 + n) of one kv head's rows (base: the layer's K or V page-0 base plus the head's j · hd;
-// each position's row found through the slot's table entries `pages`) into a shared tile of rows of hd + 1 floats
-// (the pad keeps the score loop, one position per lane, free of bank conflicts). A tile no longer than a page (always
-// with the engine's 256-position pages) lies in at most two pages, whose bases are read once; with smaller pages
-// every row looks its page up. Either way the same rows land in the tile. Whole block calls.
-__device__ __forceinline__ void load_tile(const float* __restrict__ base, const KvPageTable& table,
-                                          const int32_t* __restrict__ pages, int p0, int n, int hd, float* tile) {
-  const int stride = hd + 1;
-  const int shift = __ffs(table.page_size) - 1;
-  const int64_t row_floats = static_cast<int64_t>(table.n_head_kv) * hd;
-  const bool two_pages = n <= table.page_size;
-  const int next = ((p0 >> shift) + 1) << shift;  // the first position of the page after p0's
-  const int64_t base0 = two_pages ? pages[p0 >> shift] * table.page_stride : 0;
-  const int64_t base1 = two_pages && p0 + n > next ? pages[next >> shift] * table.page_stride : base0;
-  const auto row = [&](int p) -> int64_t {
-    if (!two_pages) return paged_row(table, pages, p);
-    return (p < next ? base0 : base1) + static_cast<int64_t>(p & (table.page_size - 1)) * row_floats;
-  };
-  if ((hd & 3) == 0) {
-    const int per_row = hd / 4;
-    for (int e = static_cast<int>(threadIdx.x); e < n * per_row; e += blockDim.x) {
-      const int t = e / per_row, i = (e - t * per_row) * 4;
-      const float4 v = *reinterpret_cast<const float4*>(base + row(p0 + t) + i);
-      float* dst = tile + t * stride + i;
-      dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
-    }
-  } else {
-    for (int e = static_cast<int>(threadIdx.x); e < n * hd; e += blockDim.x) {
-      const int t = e / hd, i = e - t * hd;
-      tile[t * stride + i] = base[row(p0 + t) + i];
-    }
-  }
 }
 
 // grid (n_kv, n_seq, max_chunks): the G = n_head / n_kv query heads of kv head blockIdx.x of sequence blockIdx.y over
@@ -500,6 +416,24 @@ Status attention_decode_device(const AttnDecodeDims& d, const KvPageTable& cache
         imma_prep::x_layout(int64_t{d.n_head} * d.head_dim));
     KESTREL_CUDA_TRY(cudaGetLastError());
   }
+  return ok_status();
+}
+
+Status attention_kv_append_device(const AttnDecodeDims& d, const KvPageTable& cache, const AttnDecodeArgs& a, int n_seq,
+                                  cudaStream_t stream) {
+  if (n_seq < 1 || n_seq > 65535) {
+    return make_error(ErrorCode::kInvalidArgument, "attention_kv_append: " + std::to_string(n_seq) + " sequences");
+  }
+  KESTREL_TRY(check_page_table(cache, true));
+  const int64_t kv_packed = int64_t{d.n_head_kv} * d.head_dim;
+  const int64_t kv_stride = a.kv_stride == 0 ? kv_packed : a.kv_stride;
+  if (kv_stride < kv_packed) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "attention_kv_append: row stride " + std::to_string(kv_stride) + " is narrower than a k / v row");
+  }
+  kv_append_kernel<<<dim3(static_cast<unsigned>(d.n_head_kv), static_cast<unsigned>(n_seq)), kThreads, 0, stream>>>(
+      d, cache, a.k, a.v, kv_stride, a.k_norm, a.rope_inv_freq, a.slot_ids, a.positions);
+  KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
 

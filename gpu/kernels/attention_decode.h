@@ -112,6 +112,13 @@ Status attention_decode(const AttnDecodeDims& dims, const KvPageTable& cache, in
 Status attention_decode_device(const AttnDecodeDims& dims, const KvPageTable& cache, const AttnDecodeArgs& args,
                                int n_seq, int max_position, cudaStream_t stream);
 
+// The K/V append of attention_decode_device alone (its first kernel): K[pos] = RoPE(rms_norm(k) · k_norm), V[pos] = v
+// for each of the n_seq rows (a.k, a.v, a.kv_stride, a.k_norm, a.rope_inv_freq, a.slot_ids, a.positions; the rest of
+// a is not read), the same bits as that kernel. For attention_prompt (attention_prompt.h), which attends once every
+// row of a prompt pass is in the cache. One launch; returns without waiting.
+Status attention_kv_append_device(const AttnDecodeDims& dims, const KvPageTable& cache, const AttnDecodeArgs& args,
+                                  int n_seq, cudaStream_t stream);
+
 // Writes page_ids[b] into slot slot_ids[b]'s page table at the entry of positions[b] (table.pages[slot_ids[b] ·
 // max_pages + positions[b] / page_size]) for b < n_seq, all from device memory: the page a decode pass appends each
 // sequence's token to, published once per pass for every attention layer (they share the table). One launch of one

@@ -11,8 +11,8 @@
 //     per-layer residual streams (the per-layer pass, launched kernel by kernel outside a graph) within it;
 //   - the weights on the GPU are exactly the plan's bytes (PlacementDecision::gpu_bytes, alignment aside);
 //   - with the default int8 backend: bit-identical logits across runs and between a session alone and in a batch of
-//     8 with others at other positions; a prompt run as a prompt pass (all its rows in one hand-off) gives the bits
-//     of the same prompt fed 32 tokens a step;
+//     8 with others at other positions; a prompt run as a prompt pass (all its rows in one hand-off) repeats its
+//     bits and agrees with the same prompt fed 32 tokens a step within the tolerance;
 //   - an error of the backend on the hand-off thread fails that step with its message, and the engine steps again
 //     after it; a backend that holds the wrong experts, or none, is refused at creation;
 //   - hybrid::make_placed_cuda_engine (what kestreld builds): a budget too small for the dense weights is refused
@@ -251,9 +251,10 @@ TEST_P(CudaHybridTest, BitIdenticalAcrossRunsAndBatches) {
 }
 
 // A prompt longer than a pass runs as one prompt pass, each hybrid layer handing all its rows to the host at once
-// (moe_imma_prompt; raw-block layers 32 rows a hand-off): the same bits as the prompt fed 32 tokens a step (the
-// int8 backend), and logits within the tolerance of the reference (the f32 backend).
-TEST_P(CudaHybridTest, PromptPassesGiveTheBitsOfShortPasses) {
+// (moe_imma_prompt; raw-block layers 32 rows a hand-off): with the int8 backend, the same bits when repeated and within
+// the tolerance of the prompt fed 32 tokens a step (attention_prompt rounds differently); with the f32 backend,
+// within the tolerance of the reference.
+TEST_P(CudaHybridTest, PromptPassesMatchShortPasses) {
   const std::vector<int32_t> prompt = test::iota_tokens(150, 9, 17);
   {
     std::unique_ptr<gpu::CudaEngine> e =
@@ -261,18 +262,17 @@ TEST_P(CudaHybridTest, PromptPassesGiveTheBitsOfShortPasses) {
     ASSERT_NE(e, nullptr);
     auto a = e->slot_alloc(kCtx);
     auto b = e->slot_alloc(kCtx);
-    ASSERT_TRUE(a && b);
+    auto a2 = e->slot_alloc(kCtx);
+    ASSERT_TRUE(a && b && a2);
     const std::vector<float> whole = test::run_one(*e, *a, prompt);
+    EXPECT_EQ(test::run_one(*e, *a2, prompt), whole) << "a repeated prompt pass differs";
     std::vector<float> pieces;
     for (size_t t0 = 0; t0 < prompt.size(); t0 += 32) {
       pieces =
           test::run_one(*e, *b, std::span<const int32_t>(prompt).subspan(t0, std::min<size_t>(32, prompt.size() - t0)));
     }
-    EXPECT_EQ(whole, pieces) << "a prompt's logits depend on whether it ran as a prompt pass";
-    auto sa = e->slot_snapshot(*a);
-    auto sb = e->slot_snapshot(*b);
-    ASSERT_TRUE(sa && sb);
-    EXPECT_TRUE(*sa == *sb) << "a prompt's state depends on whether it ran as a prompt pass";
+    EXPECT_LE(rel_diff(whole, pieces), kRelTol) << "prompt pass against passes of 32";
+    EXPECT_EQ(test::argmax(whole), test::argmax(pieces));
   }
   std::unique_ptr<gpu::CudaEngine> e =
       make_engine(*model_, decision_, make_backend(*model_, decision_, cpu::CpuActivations::kF32));

@@ -66,7 +66,8 @@ for step in "$@"; do
       grep -E "^\[  (PASSED|FAILED) " "$OUT/test_cuda_engine.log" ;;
     gputests)
       for t in test_get_rows test_gemv test_gdn_decode test_gemv_imma test_weight_pool test_state_slots test_rms_norm \
-               test_argmax test_attention_decode test_moe test_moe_imma test_moe_hybrid test_gdn_runs test_cuda_engine \
+               test_argmax test_attention_decode test_attention_prompt test_moe test_moe_imma test_moe_hybrid test_gdn_runs \
+               test_cuda_engine \
                test_cuda_hybrid test_expert_handoff; do
         mkdir -p /tmp/gputests && log=/tmp/gputests/$t.log
         if $B/$t --gtest_brief=1 >"$log" 2>&1; then r=passed; else r=FAILED; status=1; fi
