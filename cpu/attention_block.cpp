@@ -7,26 +7,12 @@
 #include "core/reference/activations.h"
 #include "core/reference/norm.h"
 #include "core/reference/rope.h"
+#include "cpu/attend.h"
 
 namespace kestrel::cpu {
 namespace {
 
 size_t sz(int64_t v) { return static_cast<size_t>(v); }
-
-// ref::attend_head's operations in its order (so the scalar level stays the reference's arithmetic), with a
-// per-thread score buffer grown once instead of one allocated per call: nothing is allocated inside a step.
-void attend_one(const ref::KvCache& cache, int kv_head, int n_pos, const float* q, float scale, float* out) {
-  thread_local std::vector<float> p;  // f32 [n_pos]: scores, then probabilities
-  if (p.size() < sz(n_pos)) p.resize(sz(n_pos));
-  const int hd = cache.head_dim;
-  for (int pos = 0; pos < n_pos; ++pos) p[sz(pos)] = ref::dot_f32(q, cache.k_at(pos, kv_head), hd) * scale;
-  ref::softmax(p.data(), n_pos);
-  for (int i = 0; i < hd; ++i) out[i] = 0.0f;
-  for (int pos = 0; pos < n_pos; ++pos) {
-    const float* vp = cache.v_at(pos, kv_head);
-    for (int i = 0; i < hd; ++i) out[i] += p[sz(pos)] * vp[i];
-  }
-}
 
 // ref::rope_neox_partial's operations in its order, its cos/sin tables in a per-thread buffer grown once.
 void rope_rotate(float* x, int n_head, int head_dim, int n_rot, float freq_base, int64_t pos) {
@@ -94,6 +80,7 @@ void AttentionBlock::run(const Pass& pass, const ref::AttnWeights& w, uint32_t l
 
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
   const int group = d.n_head / d.n_head_kv;
+  const AttendFn attend = attend_kernel(pass.mm->isa(), d.head_dim);
   float* att = grow(att_, R * o_width);
   auto heads = [&](int64_t item) {
     const Segment& s = pass.segments[sz(item) / n_head];
@@ -101,7 +88,7 @@ void AttentionBlock::run(const Pass& pass, const ref::AttnWeights& w, uint32_t l
     const ref::KvCache& cache = s.state->kv(layer);
     for (int t = 0; t < s.n_tok; ++t) {
       const size_t off = sz(s.row0 + t) * o_width + sz(h) * hd;
-      attend_one(cache, h / group, static_cast<int>(s.n_past) + t + 1, q + off, scale, att + off);
+      attend(cache, h / group, static_cast<int>(s.n_past) + t + 1, q + off, scale, att + off);
       for (size_t i = 0; i < hd; ++i) att[off + i] = att[off + i] * ref::sigmoid(gate[off + i]);
     }
   };

@@ -1,7 +1,8 @@
 // The gated full-attention layer of one pass (model-spec.md §4; ref::attn_forward): Q/K/V and the output projection
-// over every row of the pass (one read of each matrix); per session the q/k norms, RoPE, the KV-cache append and
-// causal attention with core/reference's per-token operations (ref::attend_head and ref::rope_neox_partial in their
-// order, over per-thread buffers instead of the ones they allocate, so a step allocates nothing).
+// over every row of the pass (one read of each matrix); per session the q/k norms, RoPE (ref::rope_neox_partial's
+// operations, over per-thread buffers, so a step allocates nothing), the KV-cache append and causal attention per
+// (token, head) with the level's kernel (attend.h: the reference's arithmetic at the scalar level, FMA dot products
+// and register-blocked weighted sums above it).
 //
 // Parallel items: norms + RoPE + append one per segment; attention one per (segment, query head) pair.
 #pragma once
