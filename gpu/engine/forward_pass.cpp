@@ -70,7 +70,8 @@ uint64_t moe_workspace_estimate(const ModelHparams& hp, int tokens) {
   if (!hp.is_moe()) return 0;
   const uint64_t entries = uint64_t(tokens) * (hp.n_expert_used + 1);
   const uint64_t ff = std::max(hp.n_ff_expert, hp.n_ff_shared);
-  return entries * (4 * ff + 2 * hp.n_embd + 3 * 80) * sizeof(float) + uint64_t(tokens) * hp.n_expert * 8 + (8u << 20);
+  return entries * ((4 * ff + 2 * hp.n_embd) * sizeof(float) + 3 * sizeof(ImmaSegment)) +
+         uint64_t(tokens) * hp.n_expert * 8 + (8u << 20);
 }
 
 // The hybrid layers' device buffers (host choices, host partial sums), carved for every MoE model.
