@@ -40,6 +40,7 @@
 #include "core/quant/blocks.h"
 #include "cpu/act_q8.h"
 #include "cpu/gemv.h"
+#include "cpu/simd_f32.h"
 
 // The small loops over a tile's rows, vectors and chunks must unroll fully, and a format's unit / pair / tail must
 // inline into the tile, so that the accumulator and weight arrays live in registers (GCC's -O2 keeps them on the
@@ -79,15 +80,8 @@ inline __m512 lane_scales(__m512 table, int first) {
   return _mm512_permutexvar_ps(_mm512_add_epi32(step, _mm512_set1_epi32(first)), table);
 }
 
-// The sum of the 16 lanes in a fixed order: (lanes 0..7 + lanes 8..15), then the AVX2 order within the 8.
-inline float hsum16(__m512 v) {
-  const __m512 swapped = _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2));
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_castps512_ps256(swapped));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  return _mm_cvtss_f32(s);
-}
+// The sum of the 16 lanes in a fixed order (simd_f32.h: lanes 0..7 + lanes 8..15, then the 8-lane order).
+inline float hsum16(__m512 v) { return simd::F32x16::hsum(v); }
 
 // acc += float(vpdpbusd(corr, u, q)) · (ws · dl): one (row, vector) pair over 64 elements.
 inline __m512 dot64(__m512 acc, __m512i u, __m512i q, __m512i corr, __m512 ws, __m512 dl) {

@@ -1,7 +1,7 @@
-// f32 vector operations for the SIMD kernel templates (delta_rule_simd.h, attend_simd.h), one struct per level: Vec,
-// kLanes, zero(), set1(float), loadu(const float*), storeu(float*, Vec), add, sub, mul, fma(a, b, c) = a·b + c,
-// fnma(a, b, c) = c − a·b, and hsum(Vec), a horizontal sum in a fixed order. Each struct is compiled only where its
-// instructions are enabled: a file compiled with the AVX2 (AVX-512) flags of cpu/CMakeLists.txt defines
+// f32 vector operations for the SIMD kernel templates (gemv_simd.h, delta_rule_simd.h, attend_simd.h), one struct per
+// level: Vec, kLanes, zero(), set1(float), loadu(const float*), storeu(float*, Vec), add, sub, mul, fma(a, b, c) = a·b
+// + c, fnma(a, b, c) = c − a·b, and hsum(Vec), a horizontal sum in a fixed order. Each struct is compiled only where
+// its instructions are enabled: a file compiled with the AVX2 (AVX-512) flags of cpu/CMakeLists.txt defines
 // KESTREL_SIMD_AVX2 (KESTREL_SIMD_AVX512) before including this header, so no copy of these inline functions is
 // ever built with other flags.
 #pragma once
