@@ -4,9 +4,10 @@
 // (GDN, attention, MoE, dense FFN, lm_head with the logits copy, the rest), so the next speed work is chosen by it.
 //
 //   bench_engine --model M.gguf [--sessions 1,8,32] [--steps 64] [--prompt 32] [--pp 512,4096] [--ttft 2000]
-//                [--no-pdl] [--prompt-segment C] [--gpu-memory BYTES|auto] [--n-cpu-moe N]
+//                [--no-pdl] [--no-prompt-gemm] [--prompt-segment C] [--gpu-memory BYTES|auto] [--n-cpu-moe N]
 //                [--override-tensor REGEX=cpu|gpu]... [--threads N]
 //
+// --no-prompt-gemm: prompt passes on GEMV v4 instead of gemm_imma (GemvImmaTuning::prompt_gemm), for an A/B.
 // --prompt-segment: tokens per segment of the prompt passes' MoE GEMVs (MoeImmaTuning::prompt_segment_vectors).
 // --prompt-chunk N: --pp feeds prompts N tokens a step (at most max_tokens_per_item; 32 gives the passes of 32 rows
 // that prompts took before prompt passes), for an A/B in one run.
@@ -64,6 +65,7 @@ struct Args {
   PlacementFlags placement;
   int threads = 0;
   int prompt_segment = MoeImmaTuning{}.prompt_segment_vectors;
+  bool prompt_gemm = true;
   int prompt_chunk = 0;  // 0: the engine's max_tokens_per_item
 };
 
@@ -90,6 +92,8 @@ bool parse(int argc, char** argv, Args* a) {
       a->prompt = std::atoi(v);
     } else if (k == "--no-pdl") {
       a->programmatic = false;
+    } else if (k == "--no-prompt-gemm") {
+      a->prompt_gemm = false;
     } else if (k == "--prompt-chunk" && (v = val())) {
       a->prompt_chunk = std::atoi(v);
     } else if (k == "--prompt-segment" && (v = val())) {
@@ -271,6 +275,8 @@ Status run(const Args& a) {
   o.n_ctx = std::max(o.n_ctx, a.ttft + a.prompt + 3 * a.steps + 64);
   o.tuning.programmatic = a.programmatic;
   o.tuning.moe_imma.prompt_segment_vectors = a.prompt_segment;
+  o.tuning.gemv_imma.prompt_gemm = a.prompt_gemm;
+  o.tuning.moe_imma.grouped_gemv.prompt_gemm = a.prompt_gemm;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaEngine> e;
   std::vector<std::vector<uint8_t>> on_gpu;  // empty: every expert on the GPU
@@ -399,7 +405,7 @@ int main(int argc, char** argv) {
   if (!kestrel::gpu::bench::parse(argc, argv, &a)) {
     std::fprintf(stderr,
                  "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--pp 512,4096] "
-                 "[--ttft N] [--no-pdl] [--prompt-segment C] [--prompt-chunk N]\n"
+                 "[--ttft N] [--no-pdl] [--no-prompt-gemm] [--prompt-segment C] [--prompt-chunk N]\n"
                  "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...\n"
                  "                    [--threads N]\n");
     return 2;

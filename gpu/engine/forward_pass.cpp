@@ -13,6 +13,7 @@
 #include "gpu/kernels/expert_handoff.h"
 #include "gpu/kernels/gdn_decode.h"
 #include "gpu/kernels/gdn_runs.h"
+#include "gpu/kernels/gemm_imma.h"
 #include "gpu/kernels/gemv.h"
 #include "gpu/kernels/gemv_imma.h"
 #include "gpu/kernels/get_rows.h"
@@ -374,6 +375,9 @@ Status ForwardPass::prepare(const float* x, int64_t n_cols, int n) {
 Status ForwardPass::gemv_prepared(const DeviceMatrix& m, int n, float* y, int row0) {
   // gemv_imma takes up to P vectors a call; the prepared form of n vectors is n back-to-back vectors.
   const uint64_t vec = imma_x_bytes(m.n_in, 1);
+  if (n > P && tuning_.gemv_imma.prompt_gemm && gemm_imma_supports(m.tiled_view.type, m.n_in, m.n_out)) {
+    return gemm_imma(m.tiled_view, static_cast<const uint8_t*>(xprep_) + uint64_t(row0) * vec, n, y, stream_);
+  }
   for (int c0 = 0; c0 < n; c0 += P) {
     const auto* x = static_cast<const uint8_t*>(xprep_) + (uint64_t(row0) + uint64_t(c0)) * vec;
     KESTREL_TRY(gemv_imma(m.tiled_view, x, std::min(P, n - c0), y + int64_t{c0} * m.n_out, stream_,

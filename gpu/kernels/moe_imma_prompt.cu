@@ -7,6 +7,7 @@
 
 #include "gpu/cuda_check.h"
 #include "gpu/kernels/dequant.cuh"
+#include "gpu/kernels/gemm_imma.h"
 #include "gpu/kernels/gemv_imma.h"
 #include "gpu/kernels/moe_combine.cuh"
 #include "gpu/kernels/moe_hybrid.h"
@@ -333,11 +334,24 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
   // A hybrid layer with no resident expert and no shared expert has nothing for the GEMVs.
   if (h == nullptr || h->n_resident > 0 || w.has_shared_expert()) {
     const int seg_bound = std::min(n_tok, segment_vectors);
-    KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, 2 * sz.max_chunks, l.xprep, l.gu, I, stream,
-                                   seg_bound, false, l.n_used, false, grouped_gemv));
+    // gemm_imma where it takes the type: each expert tile decoded once for a segment's tokens and 64 rows a warp.
+    const bool gemm_gu = grouped_gemv.prompt_gemm && gemm_imma_supports(w.gate_up_type, H, I);
+    const bool gemm_dn = grouped_gemv.prompt_gemm && gemm_imma_supports(w.down_type, I, H);
+    if (gemm_gu) {
+      KESTREL_TRY(
+          gemm_imma_segments(w.gate_up_type, H, I, l.seg_gu, 2 * sz.max_chunks, l.xprep, l.gu, I, stream, l.n_used));
+    } else {
+      KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, 2 * sz.max_chunks, l.xprep, l.gu, I, stream,
+                                     seg_bound, false, l.n_used, false, grouped_gemv));
+    }
     KESTREL_TRY(gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(sz.n_all) * I, I, sz.n_all, l.aprep, stream));
-    KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, sz.max_chunks, l.aprep, l.ye, H, stream, seg_bound,
-                                   false, l.n_used + 1, false, grouped_gemv));
+    if (gemm_dn) {
+      KESTREL_TRY(
+          gemm_imma_segments(w.down_type, I, H, l.seg_dn, sz.max_chunks, l.aprep, l.ye, H, stream, l.n_used + 1));
+    } else {
+      KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, sz.max_chunks, l.aprep, l.ye, H, stream, seg_bound,
+                                     false, l.n_used + 1, false, grouped_gemv));
+    }
   }
 
   if (h != nullptr) {

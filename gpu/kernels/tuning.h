@@ -24,6 +24,10 @@ struct GemvImmaTuning {
   // offsets: about a sixth fewer instructions per MMA). false reads the count at run time everywhere, for the tests
   // that both give the same bits.
   bool compiled_groups = true;
+  // Prompt passes (ForwardPass::run_prompt: more than 32 vectors a projection, the MoE grouped over all tokens) run
+  // gemm_imma where it takes the type (Q4_0): each weight tile decoded once for 8 vectors and 64 rows a warp. false
+  // keeps GEMV v4 there, for A/B measurements (bench_engine --no-prompt-gemm).
+  bool prompt_gemm = true;
 };
 
 // The MoE layer on GEMV v4 (moe_imma_forward; gpu/kernels/moe_imma.h). No field changes a result bit.

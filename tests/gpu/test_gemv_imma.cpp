@@ -6,6 +6,8 @@
 // bits those of the run-time loop; grouped calls (segment tables) whose bits do not depend on the table's length, nor
 // on reading a settled table before the programmatic wait;
 // activation edge cases; shapes and arguments the kernel does not take are refused before anything runs.
+// gemm_imma (the same arithmetic for a prompt pass's many vectors) against the same reference and bound, its grouped
+// form against its dense calls bit for bit.
 //
 // Tolerance: |gpu - ref| <= 1e-5 · Σ|w_i · x_i| + 2^-27 · Σ_G max_G|x| · Σ_{i in G} |w_i| per output. The integer
 // sums are exact and the per-block scaling is f32, so the first term is the f32 summation-order room (as for ref's
@@ -26,6 +28,7 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "core/reference/matvec.h"
+#include "gpu/kernels/gemm_imma.h"
 #include "gpu/kernels/gemv_imma.h"
 #include "gpu/memory/tiled_matrix.h"
 #include "tests/gpu/block_test_util.h"
@@ -640,6 +643,147 @@ TEST(GemvImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ4_0, 64, 16, seg, 1, xp, y, 15, nullptr));   // y_stride < n_rows
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kQ6_K, 128, 16, seg, 1, xp, y, 16, nullptr));  // not whole super-blocks
   EXPECT_FALSE(gemv_imma_segments(GgmlType::kBF16, 64, 16, seg, 1, xp, y, 16, nullptr));
+}
+
+// ---- gemm_imma: the same arithmetic for many vectors (prompt passes) ------------------------------------------------
+
+// gemm_imma on n_vec vectors of x (prepared on the device); y filled with NaN bits first.
+std::vector<float> run_gemm(const DeviceTiled& w, const std::vector<float>& x, int n_vec) {
+  const size_t y_elems = static_cast<size_t>(n_vec) * static_cast<size_t>(w.view.n_rows);
+  DeviceBuffer d_x(x.size() * sizeof(float));
+  DeviceBuffer d_xp(imma_x_bytes(w.view.n_cols, n_vec));
+  DeviceBuffer d_y(y_elems * sizeof(float));
+  EXPECT_TRUE(test::upload(d_x, x));
+  EXPECT_EQ(memset_synced(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
+  EXPECT_TRUE(gemv_imma_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr));
+  const Status s = gemm_imma(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr);
+  EXPECT_TRUE(s) << s.error().to_string();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return test::download<float>(d_y.as<float>(), y_elems);
+}
+
+// Against ref::matvec_batch within test_gemv_imma's bound: rows ending inside a 256-row block tile (33 and 17 row
+// groups), 256 .. 8192 columns (one to 32 groups), vector counts inside one segment, across segments and blocks, and
+// a prompt pass's 512; bit-identical repeats; the first and last vectors alone give their bits inside the batch.
+TEST(GemmImma, Q4_0MatchesReference) {
+  KESTREL_REQUIRE_DEVICE();
+  std::mt19937 rng(4321);
+  const GgmlType t = GgmlType::kQ4_0;
+  for (const Shape sh : {Shape{256, 16}, Shape{2048, 528}, Shape{512, 2048}, Shape{4096, 272}, Shape{8192, 48}}) {
+    ASSERT_TRUE(gemm_imma_supports(t, sh.n_in, sh.n_out));
+    const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
+    const DeviceTiled w(t, m, sh.n_in, sh.n_out);
+    for (const int n_vec : {1, 7, 8, 9, 17, 63, sh.n_in == 512 ? 512 : 300}) {
+      const std::vector<float> x = random_vectors(n_vec, sh.n_in, rng);
+      std::vector<float> want(static_cast<size_t>(n_vec * sh.n_out));
+      const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(sh.n_in), static_cast<uint64_t>(sh.n_out)};
+      ASSERT_TRUE(ref::matvec_batch(qm, x.data(), n_vec, want.data()));
+      const std::string what =
+          "gemm " + std::to_string(sh.n_in) + "x" + std::to_string(sh.n_out) + " n_vec " + std::to_string(n_vec);
+      const std::vector<float> got = run_gemm(w, x, n_vec);
+      expect_within(what, got, want, bounds(t, m, sh.n_in, sh.n_out, x, n_vec), sh.n_out);
+      const std::vector<float> again = run_gemm(w, x, n_vec);
+      EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * sizeof(float)), 0) << what << ": repeat differs";
+      for (const int v : {0, n_vec - 1}) {
+        const std::vector<float> xv(x.begin() + v * sh.n_in, x.begin() + (v + 1) * sh.n_in);
+        const std::vector<float> alone = run_gemm(w, xv, 1);
+        EXPECT_EQ(std::memcmp(alone.data(), got.data() + v * sh.n_out, alone.size() * sizeof(float)), 0)
+            << what << ": vector " << v << " differs from the same vector alone";
+      }
+    }
+  }
+}
+
+// The grouped form: segments of 0 .. 8 vectors on two matrices (vectors repeated, outputs scattered), counted in use
+// with garbage after the count: each output row has the bits of a dense call on its vector alone, rows no segment
+// names stay untouched, and a count keeps the garbage unread. Expert shapes (2048 -> 512, 512 -> 2048).
+TEST(GemmImma, SegmentsGiveTheDenseCallsBits) {
+  KESTREL_REQUIRE_DEVICE();
+  std::mt19937 rng(888);
+  const GgmlType t = GgmlType::kQ4_0;
+  for (const Shape sh : {Shape{2048, 512}, Shape{512, 2048}}) {
+    const std::vector<uint8_t> ma = random_matrix(t, sh.n_in, sh.n_out, rng);
+    const std::vector<uint8_t> mb = random_matrix(t, sh.n_in, sh.n_out, rng);
+    const DeviceTiled wa(t, ma, sh.n_in, sh.n_out);
+    const DeviceTiled wb(t, mb, sh.n_in, sh.n_out);
+    constexpr int kVec = 20;
+    const std::vector<float> x = random_vectors(kVec, sh.n_in, rng);
+    DeviceBuffer d_x(x.size() * sizeof(float));
+    DeviceBuffer d_xp(imma_x_bytes(sh.n_in, kVec));
+    ASSERT_TRUE(test::upload(d_x, x));
+    ASSERT_TRUE(gemv_imma_prepare_x(d_x.as<float>(), sh.n_in, kVec, d_xp.as<unsigned char>(), nullptr));
+    struct Use {
+      const DeviceTiled* w;
+      std::vector<int> vec;
+    };
+    const std::vector<Use> uses = {
+        {&wa, {0, 1, 2, 3, 4, 5, 6, 7}}, {&wb, {8}},         {&wa, {}},
+        {&wb, {19, 3, 11, 12, 13}},      {&wa, {9, 10, 14}}, {&wb, {15, 16, 17, 18, 0, 1, 2}}};
+    std::vector<ImmaSegment> table(uses.size() + 3);
+    std::memset(static_cast<void*>(table.data() + uses.size()), 0x7F, 3 * sizeof(ImmaSegment));
+    int n_out = 0;
+    std::vector<std::pair<const Use*, int>> rows;  // y row -> (segment, vector)
+    for (size_t j = 0; j < uses.size(); ++j) {
+      table[j] = ImmaSegment{};
+      table[j].data = uses[j].w->view.data;
+      table[j].n_vec = static_cast<int32_t>(uses[j].vec.size());
+      for (size_t k = 0; k < uses[j].vec.size(); ++k) {
+        table[j].vec[k] = uses[j].vec[k];
+        table[j].out[k] = n_out + 1;  // row 0 and every other row stay untouched
+        rows.emplace_back(&uses[j], uses[j].vec[k]);
+        n_out += 2;
+      }
+    }
+    DeviceBuffer d_table(table.size() * sizeof(ImmaSegment));
+    ASSERT_TRUE(test::upload(d_table, table));
+    DeviceBuffer d_used(sizeof(int32_t));
+    ASSERT_TRUE(test::upload(d_used, std::vector<int32_t>{static_cast<int32_t>(uses.size())}));
+    const size_t y_elems = static_cast<size_t>(n_out + 1) * static_cast<size_t>(sh.n_out);
+    DeviceBuffer d_y(y_elems * sizeof(float));
+    ASSERT_EQ(memset_synced(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
+    const Status s =
+        gemm_imma_segments(t, sh.n_in, sh.n_out, d_table.as<ImmaSegment>(), static_cast<int>(table.size()),
+                           d_xp.as<unsigned char>(), d_y.as<float>(), sh.n_out, nullptr, d_used.as<int32_t>());
+    ASSERT_TRUE(s) << s.error().to_string();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<float> got = test::download<float>(d_y.as<float>(), y_elems);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int v = rows[i].second;
+      const std::vector<float> xv(x.begin() + v * sh.n_in, x.begin() + (v + 1) * sh.n_in);
+      const std::vector<float> dense = run_gemm(*rows[i].first->w, xv, 1);
+      EXPECT_EQ(std::memcmp(dense.data(), got.data() + (2 * i + 1) * static_cast<size_t>(sh.n_out),
+                            dense.size() * sizeof(float)),
+                0)
+          << sh.n_in << "x" << sh.n_out << " y row " << 2 * i + 1 << " (vector " << v << ")";
+    }
+    uint32_t untouched = 0xFFFFFFFFu;
+    for (int r = 0; r <= n_out; r += 2) {
+      for (int64_t c = 0; c < sh.n_out; ++c) {
+        uint32_t bits;
+        std::memcpy(&bits, &got[static_cast<size_t>(r) * static_cast<size_t>(sh.n_out) + static_cast<size_t>(c)], 4);
+        untouched &= bits;
+      }
+    }
+    EXPECT_EQ(untouched, 0xFFFFFFFFu) << "a row no segment names was written";
+  }
+}
+
+TEST(GemmImma, RefusesShapesAndArguments) {
+  EXPECT_FALSE(gemm_imma_supports(GgmlType::kQ4_K, 256, 16));  // Q4_0 only
+  EXPECT_FALSE(gemm_imma_supports(GgmlType::kQ4_0, 320, 16));  // not whole 256-column groups
+  EXPECT_TRUE(gemm_imma_supports(GgmlType::kQ4_0, 512, 2048));
+  alignas(16) static float y[16];
+  alignas(16) static uint8_t w[18 * 8 * 16];
+  alignas(16) static uint8_t xp[4096];
+  const TiledView view{GgmlType::kQ4_0, w, 256, 16};
+  EXPECT_FALSE(gemm_imma(view, xp, 0, y, nullptr));
+  EXPECT_FALSE(gemm_imma(view, xp + 4, 1, y, nullptr));                         // xprep not 16-byte aligned
+  EXPECT_FALSE(gemm_imma(view, xp, 1, reinterpret_cast<float*>(xp), nullptr));  // y overlaps xprep
+  const TiledView q4k{GgmlType::kQ4_K, w, 256, 16};
+  EXPECT_FALSE(gemm_imma(q4k, xp, 1, y, nullptr));
+  alignas(16) static ImmaSegment seg[1];
+  EXPECT_FALSE(gemm_imma_segments(GgmlType::kQ4_0, 256, 16, seg, 1, xp, y, 15, nullptr));  // y_stride < n_rows
+  EXPECT_FALSE(gemm_imma_segments(GgmlType::kQ4_0, 256, 16, nullptr, 1, xp, y, 16, nullptr));
 }
 
 }  // namespace

@@ -302,8 +302,10 @@ TEST(MoeImma, TokenBitsDoNotDependOnTheBatch) {
 }
 
 // moe_imma_forward_prompt (one call for up to kMoePromptMaxTokens tokens, each expert read once for all its tokens)
-// gives every token the bits moe_imma_forward gives it in calls of 32: 1, 33, 300 and 512 tokens, segments of 2 and 8
-// vectors, with and without a shared expert, an f32 and a quantized router, a Q6_K down stack.
+// on GEMV v4 (GemvImmaTuning::prompt_gemm off) gives every token the bits moe_imma_forward gives it in calls of 32: 1,
+// 33, 300 and 512 tokens, segments of 2 and 8 vectors, with and without a shared expert, an f32 and a quantized router,
+// a Q6_K down stack. On gemm_imma (the default, where it takes the type) each token is within the layer's tolerance
+// of the reference (ref::moe_forward) and the bits repeat.
 TEST(MoeImma, PromptCallGivesTheBitsOfCallsOf32) {
   KESTREL_REQUIRE_DEVICE();
   const std::vector<Shape> shapes = {
@@ -327,16 +329,34 @@ TEST(MoeImma, PromptCallGivesTheBitsOfCallsOf32) {
         ASSERT_EQ(part.out.size(), static_cast<size_t>(n) * static_cast<size_t>(s.h));
         want.insert(want.end(), part.out.begin(), part.out.end());
       }
-      for (const int width : {2, 8}) {
+      // One prompt call, NaN in the output and 0xA5 in the scratch first (an unwritten element or a read of stale
+      // scratch fails).
+      const auto prompt_call = [&](int width, bool gemm) {
         DeviceBuffer dx(x.size() * 4), dout(x.size() * 4), ws(moe_imma_prompt_workspace_bytes(w, n_tok));
-        ASSERT_TRUE(dx.as() != nullptr && dout.as() != nullptr && ws.as() != nullptr);
-        ASSERT_EQ(memcpy_synced(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_EQ(memset_synced(dout.as(), 0xFF, x.size() * 4), cudaSuccess);  // NaN: an unwritten element fails
-        ASSERT_EQ(memset_synced(ws.as(), 0xA5, ws.bytes()), cudaSuccess);      // no reliance on zeroed scratch
-        const Status st = moe_imma_forward_prompt(w, dx.as<float>(), n_tok, dout.as<float>(), ws.as(), nullptr, width);
-        ASSERT_TRUE(st) << st.error().to_string();
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
-        const std::vector<float> got = test::download<float>(dout.as(), x.size());
+        EXPECT_TRUE(dx.as() != nullptr && dout.as() != nullptr && ws.as() != nullptr);
+        EXPECT_EQ(memcpy_synced(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        EXPECT_EQ(memset_synced(dout.as(), 0xFF, x.size() * 4), cudaSuccess);
+        EXPECT_EQ(memset_synced(ws.as(), 0xA5, ws.bytes()), cudaSuccess);
+        GemvImmaTuning grouped;
+        grouped.prompt_gemm = gemm;
+        const Status st =
+            moe_imma_forward_prompt(w, dx.as<float>(), n_tok, dout.as<float>(), ws.as(), nullptr, width, grouped);
+        EXPECT_TRUE(st) << st.error().to_string();
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+        return test::download<float>(dout.as(), x.size());
+      };
+      {
+        std::vector<float> ref_out(x.size());
+        std::vector<int32_t> ref_sel(static_cast<size_t>(n_tok * s.k));
+        ASSERT_TRUE(ref::moe_forward(m.ref, x.data(), n_tok, ref_out.data(), ref_sel.data()));
+        const std::vector<float> got = prompt_call(8, true);
+        EXPECT_EQ(test::count_out_of_tolerance(got, ref_out, n_tok, s.h, kOutTol, describe(s, n_tok) + " gemm", 0, 0),
+                  0);
+        const std::vector<float> again = prompt_call(8, true);
+        EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * 4), 0) << "gemm: a repeated call differs";
+      }
+      for (const int width : {2, 8}) {
+        const std::vector<float> got = prompt_call(width, false);
         size_t n_diff = 0, first = 0;
         for (size_t i = 0; i < got.size(); ++i) {
           if (std::memcmp(&got[i], &want[i], 4) != 0 && n_diff++ == 0) first = i;

@@ -1,0 +1,43 @@
+// gemm_imma: GEMV v4's arithmetic (gemv_imma.h) for many vectors at once — a prompt pass's projections and its MoE
+// experts — on re-tiled Q4_0 weights and the same prepared activations (gemv_imma_prepare_x).
+//
+// gemv_imma serves up to 32 vectors a call in segments of 8, each warp holding one row group for one segment, so
+// 512 prompt rows read and decode every weight tile 64 times. Here a warp holds four row groups (64 rows) for one
+// segment of 8 vectors: each 64-column unit of weights is loaded and its nibbles split once for the four pairs, and
+// each pair's activation fragment once for the four row groups. Eight warps a block (four row tiles × two segments),
+// one block an SM; the blocks of one row tile are adjacent in the grid, so a tile comes from DRAM once and from L2 for
+// the others.
+//
+// Per output the operations are gemv_imma's with one slice (S = 1): exact integer block sums, the block's scale in
+// f32, the group scale once per 256 columns, the four digits joined at the end. So the result is within gemv_imma's
+// bound of the reference (test_gemv_imma holds it to the same one) but not bit-identical to a gemv_imma call that
+// splits the row over several warps. No atomics: runs are bit-identical and y[v] does not depend on n_vec or on the
+// other segments.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/base/expected.h"
+#include "core/gguf/ggml_type.h"
+#include "gpu/kernels/gemv_imma.h"    // ImmaSegment, imma_x_bytes, gemv_imma_prepare_x
+#include "gpu/memory/tiled_matrix.h"  // TiledView
+
+namespace kestrel::gpu {
+
+// True when gemm_imma and gemm_imma_segments take the shape: Q4_0, gemv_imma_supports, n_cols a multiple of 256.
+bool gemm_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
+
+// y[v] = W x[v] for v < n_vec (n_vec >= 1): xprep holds n_vec prepared vectors of w.n_cols (gemv_imma_prepare_x,
+// earlier on `stream`); y: device f32 [n_vec, w.n_rows], not overlapping xprep. Errors are found before the launch
+// and leave y untouched; otherwise one kernel is enqueued. Thread-safe.
+Status gemm_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream);
+
+// The grouped form, as gemv_imma_segments (same table, same contract for vec/out entries and n_used): each segment's
+// matrix times its up to kImmaSegmentVectors vectors, y[out[j] · y_stride + r]. One kernel; thread-safe.
+Status gemm_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
+                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream,
+                          const int32_t* n_used = nullptr);
+
+}  // namespace kestrel::gpu
