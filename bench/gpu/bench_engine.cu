@@ -4,10 +4,12 @@
 // (GDN, attention, MoE, dense FFN, lm_head with the logits copy, the rest), so the next speed work is chosen by it.
 //
 //   bench_engine --model M.gguf [--sessions 1,8,32] [--steps 64] [--prompt 32] [--pp 512,4096] [--ttft 2000]
-//                [--no-pdl] [--no-prompt-gemm] [--prompt-segment C] [--gpu-memory BYTES|auto] [--n-cpu-moe N]
+//                [--no-pdl] [--no-prompt-gemm] [--no-prompt-chunked] [--prompt-segment C] [--gpu-memory BYTES|auto]
+//                [--n-cpu-moe N]
 //                [--override-tensor REGEX=cpu|gpu]... [--threads N]
 //
 // --no-prompt-gemm: prompt passes on GEMV v4 instead of gemm_imma (GemvImmaTuning::prompt_gemm), for an A/B.
+// --no-prompt-chunked: prompt passes' GDN layers on gdn_runs instead of gdn_chunked (GdnDecodeTuning::prompt_chunked).
 // --prompt-segment: tokens per segment of the prompt passes' MoE GEMVs (MoeImmaTuning::prompt_segment_vectors).
 // --prompt-chunk N: --pp feeds prompts N tokens a step (at most max_tokens_per_item; 32 gives the passes of 32 rows
 // that prompts took before prompt passes), for an A/B in one run.
@@ -66,6 +68,7 @@ struct Args {
   int threads = 0;
   int prompt_segment = MoeImmaTuning{}.prompt_segment_vectors;
   bool prompt_gemm = true;
+  bool prompt_chunked = true;
   int prompt_chunk = 0;  // 0: the engine's max_tokens_per_item
 };
 
@@ -94,6 +97,8 @@ bool parse(int argc, char** argv, Args* a) {
       a->programmatic = false;
     } else if (k == "--no-prompt-gemm") {
       a->prompt_gemm = false;
+    } else if (k == "--no-prompt-chunked") {
+      a->prompt_chunked = false;
     } else if (k == "--prompt-chunk" && (v = val())) {
       a->prompt_chunk = std::atoi(v);
     } else if (k == "--prompt-segment" && (v = val())) {
@@ -277,6 +282,7 @@ Status run(const Args& a) {
   o.tuning.moe_imma.prompt_segment_vectors = a.prompt_segment;
   o.tuning.gemv_imma.prompt_gemm = a.prompt_gemm;
   o.tuning.moe_imma.grouped_gemv.prompt_gemm = a.prompt_gemm;
+  o.tuning.gdn_decode.prompt_chunked = a.prompt_chunked;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaEngine> e;
   std::vector<std::vector<uint8_t>> on_gpu;  // empty: every expert on the GPU
@@ -403,11 +409,12 @@ Status run(const Args& a) {
 int main(int argc, char** argv) {
   kestrel::gpu::bench::Args a;
   if (!kestrel::gpu::bench::parse(argc, argv, &a)) {
-    std::fprintf(stderr,
-                 "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--pp 512,4096] "
-                 "[--ttft N] [--no-pdl] [--no-prompt-gemm] [--prompt-segment C] [--prompt-chunk N]\n"
-                 "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...\n"
-                 "                    [--threads N]\n");
+    std::fprintf(
+        stderr,
+        "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--pp 512,4096] "
+        "[--ttft N] [--no-pdl] [--no-prompt-gemm] [--no-prompt-chunked] [--prompt-segment C] [--prompt-chunk N]\n"
+        "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...\n"
+        "                    [--threads N]\n");
     return 2;
   }
   return kestrel::gpu::bench::exit_status("bench_engine", kestrel::gpu::bench::run(a));

@@ -11,6 +11,7 @@
 #include "gpu/kernels/attention_decode.h"
 #include "gpu/kernels/attention_prompt.h"
 #include "gpu/kernels/expert_handoff.h"
+#include "gpu/kernels/gdn_chunked.h"
 #include "gpu/kernels/gdn_decode.h"
 #include "gpu/kernels/gdn_runs.h"
 #include "gpu/kernels/gemm_imma.h"
@@ -283,6 +284,9 @@ Status ForwardPass::allocate() {
     }
   }
   const uint64_t gdn_ws = n_gdn_ > 0 ? gdn_decode_workspace_bytes(dims, P) : 0;
+  const uint64_t gdn_chunk_ws = n_gdn_ > 0 && tuning_.gdn_decode.prompt_chunked && gdn_chunked_supported(dims)
+                                    ? gdn_chunked_workspace_bytes(dims, R)
+                                    : 0;
   attn_ws_bytes_ = hp.n_attn_layers() > 0 ? attention_decode_workspace_bytes(attn_dims_of(hp), P, slots_.n_ctx()) : 0;
   const int64_t prep_cols = std::max<int64_t>(model_.max_tiled_in(), 64);
 
@@ -303,6 +307,7 @@ Status ForwardPass::allocate() {
   const uint64_t o_am = take(P * sizeof(int32_t));
   const uint64_t o_gws = take(gdn_ws), o_aws = take(attn_ws_bytes_), o_mws = take(moe_ws);
   const uint64_t o_mpws = take(moe_prompt_ws);
+  const uint64_t o_gcws = take(gdn_chunk_ws);
   const uint64_t o_rope = take(std::max<uint64_t>(hp.n_rot / 2, 1) * sizeof(float));
   const uint64_t o_hch = take(hybrid_choices_bytes(hp)), o_hy = take(hybrid_rows_bytes(hp));
   KESTREL_CUDA_TRY(cudaMalloc(&base_, off));
@@ -330,6 +335,7 @@ Status ForwardPass::allocate() {
   attn_ws_ = at(o_aws);
   moe_ws_ = at(o_mws);
   moe_prompt_ws_ = at(o_mpws);
+  gdn_chunk_ws_ = gdn_chunk_ws > 0 ? at(o_gcws) : nullptr;
   rope_inv_freq_ = reinterpret_cast<float*>(at(o_rope));
   host_choices_dev_ = reinterpret_cast<ExpertChoice*>(at(o_hch));
   host_y_dev_ = reinterpret_cast<float*>(at(o_hy));
@@ -470,6 +476,12 @@ Status ForwardPass::gdn_layer(size_t l, int gdn_index, int n) {
 
 Status ForwardPass::gdn_step_and_out(const DeviceGdnLayer& g, const GdnDecodeInputs& in, int gdn_index, int n) {
   KESTREL_TRY(mark(PassSection::kGdnIn));
+  if (prompt_slot_ >= 0 && n > P && gdn_chunk_ws_ != nullptr) {
+    // A prompt pass: one session's tokens as chunks of the delta rule.
+    const GdnSlot& slot = slot_states_[size_t(prompt_slot_) * n_gdn_ + size_t(gdn_index)];
+    KESTREL_TRY(gdn_chunked(model_.gdn_dims(), g.projection, g.small, in, slot, n, mixed_, gdn_chunk_ws_, stream_));
+    return matmul(g.out, mixed_, false, n, y_);
+  }
   GdnSlot* slots = gdn_slots_ + size_t(gdn_index) * R;
   if (runs_) {
     KESTREL_TRY(gdn_runs(model_.gdn_dims(), g.projection, g.small, in, slots,

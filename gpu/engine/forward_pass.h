@@ -226,6 +226,7 @@ class ForwardPass {
   size_t attn_ws_bytes_ = 0;
   void* moe_ws_ = nullptr;
   void* moe_prompt_ws_ = nullptr;   // moe_imma_forward_prompt's, for R tokens (tiled all-resident MoE layers)
+  void* gdn_chunk_ws_ = nullptr;    // gdn_chunked's, for R tokens (null: prompt passes run gdn_runs)
   float* rope_inv_freq_ = nullptr;  // f32 [n_rot / 2]
   // Hybrid layers: the routing's host choices and the host partial sums, on the device.
   ExpertChoice* host_choices_dev_ = nullptr;  // [R, k]

@@ -69,6 +69,10 @@ struct GdnDecodeTuning {
   // at every batch size, so a session's bits do not depend on its batch. kTwoKernel runs the two-kernel path on every
   // shape (kPerHead where it serves: the automatic choice), so tests can run both kernels on one problem.
   GdnKernel kernel = GdnKernel::kAuto;
+  // Prompt passes (more than 32 tokens of one session) run the chunked delta rule (gdn_chunked.h): chunks of 64 tokens
+  // as matrix products instead of gdn_runs' token after token. false keeps gdn_runs there, for A/B measurements
+  // (bench_engine --no-prompt-chunked) and for bit-identity with token-by-token decode.
+  bool prompt_chunked = true;
 };
 
 // Everything the engine fixes for its life.

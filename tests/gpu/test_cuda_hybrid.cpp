@@ -12,7 +12,7 @@
 //   - the weights on the GPU are exactly the plan's bytes (PlacementDecision::gpu_bytes, alignment aside);
 //   - with the default int8 backend: bit-identical logits across runs and between a session alone and in a batch of
 //     8 with others at other positions; a prompt run as a prompt pass (all its rows in one hand-off) repeats its
-//     bits and agrees with the same prompt fed 32 tokens a step within the tolerance;
+//     bits and agrees with the same prompt fed 32 tokens a step within kInt8PassTol, with the same greedy token;
 //   - an error of the backend on the hand-off thread fails that step with its message, and the engine steps again
 //     after it; a backend that holds the wrong experts, or none, is refused at creation;
 //   - hybrid::make_placed_cuda_engine (what kestreld builds): a budget too small for the dense weights is refused
@@ -48,6 +48,11 @@ namespace kestrel {
 namespace {
 
 constexpr float kRelTol = 2e-3f;
+// The int8 backend rounds each activation to 1/127 of its 32-element block's largest: two runs whose inputs differ by
+// f32 rounding (a prompt pass's chunked delta rule and GEMM against passes of 32) put some activations on neighbouring
+// steps. Measured: 0.2-0.4% of the logits' scale with every expert on the host, against the int8 path's own 3-7% from
+// the reference (both on the golden fixtures); a wrong expert or join moves them by O(1).
+constexpr float kInt8PassTol = 1e-2f;
 constexpr int kCtx = 160;
 constexpr int kGreedySteps = 64;
 
@@ -252,8 +257,8 @@ TEST_P(CudaHybridTest, BitIdenticalAcrossRunsAndBatches) {
 
 // A prompt longer than a pass runs as one prompt pass, each hybrid layer handing all its rows to the host at once
 // (moe_imma_prompt; raw-block layers 32 rows a hand-off): with the int8 backend, the same bits when repeated and within
-// the tolerance of the prompt fed 32 tokens a step (attention_prompt rounds differently); with the f32 backend,
-// within the tolerance of the reference.
+// kInt8PassTol of the prompt fed 32 tokens a step (attention_prompt, gemm_imma and gdn_chunked round differently);
+// with the f32 backend, within the tolerance of the reference.
 TEST_P(CudaHybridTest, PromptPassesMatchShortPasses) {
   const std::vector<int32_t> prompt = test::iota_tokens(150, 9, 17);
   {
@@ -271,7 +276,13 @@ TEST_P(CudaHybridTest, PromptPassesMatchShortPasses) {
       pieces =
           test::run_one(*e, *b, std::span<const int32_t>(prompt).subspan(t0, std::min<size_t>(32, prompt.size() - t0)));
     }
-    EXPECT_LE(rel_diff(whole, pieces), kRelTol) << "prompt pass against passes of 32";
+    auto r8 = ref_->slot_alloc(kCtx);
+    ASSERT_TRUE(r8);
+    const float d_pieces = rel_diff(whole, pieces);
+    const float d_ref8 = rel_diff(whole, test::run_one(*ref_, *r8, prompt));
+    std::printf("[ %s ] int8 backend, 150-token prompt pass: %.3g to passes of 32, %.3g to the reference\n",
+                what().c_str(), d_pieces, d_ref8);
+    EXPECT_LE(d_pieces, kInt8PassTol) << "prompt pass against passes of 32";
     EXPECT_EQ(test::argmax(whole), test::argmax(pieces));
   }
   std::unique_ptr<gpu::CudaEngine> e =
