@@ -789,8 +789,8 @@ bool router_prepares_x(const MoeImmaWeights& w) {
   return w.router.type == GgmlType::kF32 && w.n_embd % 4 == 0 && aligned16(w.router.data);
 }
 
-// The router's logits of n_tok <= kMoeMaxTokens tokens and, with an f32 router, x's prepared form, in one launch
-// (router_prepare_kernel); other routers: gpu::gemv alone (the caller prepares x).
+// The router's logits and, with an f32 router, x's prepared form, in one launch (router_prepare_kernel: any n_tok);
+// other routers: gpu::gemv alone, n_tok <= kMoeMaxTokens (the caller prepares x).
 Status router_logits_and_prepare(const MoeImmaWeights& w, const float* x, int n_tok, float* logits, void* xprep,
                                  cudaStream_t stream) {
   const int E = static_cast<int>(w.n_expert);
@@ -1000,11 +1000,15 @@ Status moe_imma_forward_hybrid(const MoeImmaWeights& w, const MoeHybrid& h, cons
 
 Status moe_imma_route_inputs(const MoeImmaWeights& w, const float* x, int n_tok, float* logits, void* xprep,
                              cudaStream_t stream) {
-  if (n_tok < 1 || n_tok > kMoeMaxTokens) {
-    return bad("n_tok " + std::to_string(n_tok) + " outside [1, " + std::to_string(kMoeMaxTokens) + "]");
+  if (n_tok < 1 || n_tok > 65535) return bad("n_tok " + std::to_string(n_tok) + " outside [1, 65535]");
+  if (router_prepares_x(w)) return router_logits_and_prepare(w, x, n_tok, logits, xprep, stream);
+  const int64_t H = w.n_embd;
+  const int64_t E = w.n_expert;
+  for (int t0 = 0; t0 < n_tok; t0 += kMoeMaxTokens) {
+    const int n = std::min(kMoeMaxTokens, n_tok - t0);
+    KESTREL_TRY(router_logits_and_prepare(w, x + t0 * H, n, logits + t0 * E, nullptr, stream));
   }
-  KESTREL_TRY(router_logits_and_prepare(w, x, n_tok, logits, xprep, stream));
-  return router_prepares_x(w) ? ok_status() : gemv_imma_prepare_x(x, w.n_embd, n_tok, xprep, stream);
+  return gemv_imma_prepare_x(x, w.n_embd, n_tok, xprep, stream);
 }
 
 }  // namespace kestrel::gpu

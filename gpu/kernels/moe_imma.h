@@ -118,9 +118,11 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
                         cudaStream_t stream, const MoeImmaTuning& tuning = {}, MoeLaunchInfo* info = nullptr);
 
-// The router's logits (f32 [n_tok, E]) and x's prepared form (imma_x_bytes(H, n_tok) bytes) of 1..kMoeMaxTokens
-// tokens, exactly as moe_imma_forward computes them (the same launches): the first phase of a layer, for callers that
-// group the tokens of several calls themselves (moe_imma_prompt.h). Enqueues on `stream`; returns without waiting.
+// The router's logits (f32 [n_tok, E]) and x's prepared form (imma_x_bytes(H, n_tok) bytes) of 1..65535 tokens,
+// with moe_imma_forward's arithmetic (each logit and each prepared group does not depend on the other tokens): the
+// first phase of a layer, for callers that group the tokens of several calls themselves (moe_imma_prompt.h). An f32
+// router takes all the tokens in one launch; other routers run gpu::gemv kMoeMaxTokens tokens a call. Enqueues on
+// `stream`; returns without waiting.
 Status moe_imma_route_inputs(const MoeImmaWeights& w, const float* x, int n_tok, float* logits, void* xprep,
                              cudaStream_t stream);
 

@@ -282,14 +282,9 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
   const int k = w.n_expert_used;
   const Sizes sz = sizes_of(w, n_tok);
   const Layout l = layout_of(w, sz, workspace);
-  const uint64_t xvec = imma_x_bytes(H, 1);
 
-  // Logits and x's prepared form, moe_imma's launch kMoeMaxTokens tokens at a time.
-  for (int t0 = 0; t0 < n_tok; t0 += kMoeMaxTokens) {
-    const int n = std::min(kMoeMaxTokens, n_tok - t0);
-    KESTREL_TRY(moe_imma_route_inputs(w, x + static_cast<int64_t>(t0) * H, n, l.logits + static_cast<int64_t>(t0) * E,
-                                      l.xprep + static_cast<uint64_t>(t0) * xvec, stream));
-  }
+  // Logits and x's prepared form, with moe_imma's arithmetic (an f32 router: one launch for every token).
+  KESTREL_TRY(moe_imma_route_inputs(w, x, n_tok, l.logits, l.xprep, stream));
   KESTREL_TRY(moe_route_dev::with_route_per_lane(E, [&](auto per) -> Status {
     constexpr int kPer = decltype(per)::value;
     route_kernel<kPer><<<(n_tok + kRouteWarps - 1) / kRouteWarps, 32 * kRouteWarps, 0, stream>>>(l.logits, n_tok, E, k,

@@ -1,18 +1,19 @@
-// moe_imma_prompt: the MoE FFN layer on GEMV v4 for the tokens of a prompt pass — up to kMoePromptMaxTokens tokens in
-// one call, each routed expert's matrices read from memory once for all the tokens that chose it (model-spec.md §5.1;
-// ref::moe_forward is the oracle; moe_imma.h is the same layer for up to kMoeMaxTokens tokens, whose bits it gives).
+// moe_imma_prompt: the MoE FFN layer for the tokens of a prompt pass — up to kMoePromptMaxTokens tokens in one call,
+// each routed expert's matrices read from memory once for all the tokens that chose it (model-spec.md §5.1;
+// ref::moe_forward is the oracle; moe_imma.h is the same layer for up to kMoeMaxTokens tokens).
 //
 // One call, on one stream, no host synchronisation:
-//   the router's logits and x's prepared form, kMoeMaxTokens tokens a launch (moe_imma_route_inputs: moe_imma's own
-//   launch) → routing, a warp per token (moe_route's arithmetic) → grouping in one block: per expert a bit mask of its
+//   the router's logits and x's prepared form (moe_imma_route_inputs: moe_imma's arithmetic, one launch for an f32
+//   router) → routing, a warp per token (moe_route's arithmetic) → grouping in one block: per expert a bit mask of its
 //   tokens (atomicOr, so the result does not depend on the order), counts and first entries by one scan, each entry
 //   at its expert's first + the tokens below it, and the segment tables (per active expert and chunk of up to C of its
-//   tokens a gate, an up and a down segment, plus the shared expert's chunks; counted) → gemv_imma_segments(gate+up) →
-//   gemv_imma_prepare_swiglu → gemv_imma_segments(down) → combine (moe_combine's order: Σ over each token's entries by
-//   ascending expert id of w·y from 0, then + sigmoid(shared gate · x) · shared y).
-// The entries, rows and tables have moe_imma_forward's layout and every per-token operation its arithmetic, and the
-// grouped GEMV's bits for a segment depend neither on the other segments nor on C: a token's output is bit-identical
-// to what moe_imma_forward gives it in a call of any size (test_moe_imma_prompt).
+//   tokens a gate, an up and a down segment, plus the shared expert's chunks; counted) → the grouped gate+up product
+//   → gemv_imma_prepare_swiglu → the grouped down product → combine (moe_combine's order: Σ over each token's entries
+//   by ascending expert id of w·y from 0, then + sigmoid(shared gate · x) · shared y).
+// The grouped products run on gemm_imma_segments where it takes the experts' type (Q4_0) and GemvImmaTuning::
+// prompt_gemm is on, else on gemv_imma_segments. The entries, rows and tables have moe_imma_forward's layout and
+// every per-token operation its arithmetic; on gemv_imma_segments a token's output is bit-identical to what
+// moe_imma_forward gives it in a call of any size, on gemm_imma it agrees within f32 rounding (test_moe_imma).
 #pragma once
 
 #include <cuda_runtime.h>
