@@ -276,6 +276,18 @@ __global__ void __launch_bounds__(kThreads, 1) local_kernel(Geo g, Layout L, flo
   }
 }
 
+// acc[b] += Σ_{r < n} a[r] · m[r·kLs + b] for b < 8, r in order (m: 8 columns of a [.][kLs] tile, 16-byte aligned).
+__device__ __forceinline__ void row_times(const float* a, const float* m, int n, float (&acc)[8]) {
+  for (int r = 0; r < n; ++r) {
+    const float x = a[r];
+    const float4 m0 = *reinterpret_cast<const float4*>(m + r * kLs);
+    const float4 m1 = *reinterpret_cast<const float4*>(m + r * kLs + 4);
+    const float mv[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
+#pragma unroll
+    for (int b = 0; b < 8; ++b) acc[b] = __fmaf_rn(x, mv[b], acc[b]);
+  }
+}
+
 // (3) Block (V-head h, value columns j0 .. j0 + 31): the state's columns through the chunks in order, each chunk's
 // output rows of those columns into o.
 constexpr size_t kStateSmem = (kD * kLs + 3 * kC * kLd + kC * kLa + kC * kLs) * sizeof(float);
@@ -322,35 +334,14 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(Geo g, Layout L, Gdn
     __syncthreads();
 
     float acc[8] = {};
-    for (int e = 0; e < kD; ++e) {
-      const float wv = wsm[i * kLd + e];
-      const float4 s0 = *reinterpret_cast<const float4*>(ss + e * kLs + jq);
-      const float4 s1 = *reinterpret_cast<const float4*>(ss + e * kLs + jq + 4);
-      const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-#pragma unroll
-      for (int b = 0; b < 8; ++b) acc[b] = __fmaf_rn(wv, sv[b], acc[b]);
-    }
+    row_times(wsm + i * kLd, ss + jq, kD, acc);
 #pragma unroll
     for (int b = 0; b < 8; ++b) vp[i * kLs + jq + b] = __fsub_rn(vp[i * kLs + jq + b], acc[b]);
     __syncthreads();
 
     float o[8] = {};
-    for (int e = 0; e < kD; ++e) {
-      const float q = qg[i * kLd + e];
-      const float4 s0 = *reinterpret_cast<const float4*>(ss + e * kLs + jq);
-      const float4 s1 = *reinterpret_cast<const float4*>(ss + e * kLs + jq + 4);
-      const float sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-#pragma unroll
-      for (int b = 0; b < 8; ++b) o[b] = __fmaf_rn(q, sv[b], o[b]);
-    }
-    for (int m = 0; m <= i; ++m) {
-      const float p = pm[i * kLa + m];
-      const float4 v0 = *reinterpret_cast<const float4*>(vp + m * kLs + jq);
-      const float4 v1 = *reinterpret_cast<const float4*>(vp + m * kLs + jq + 4);
-      const float vv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-#pragma unroll
-      for (int b = 0; b < 8; ++b) o[b] = __fmaf_rn(p, vv[b], o[b]);
-    }
+    row_times(qg + i * kLd, ss + jq, kD, o);
+    row_times(pm + i * kLa, vp + jq, i + 1, o);
     const int t = c * kC + i;
     if (t < L.T) {
       float* orow = ws + L.o + (static_cast<size_t>(t) * g.n_v_heads + h) * g.d_v;
@@ -456,21 +447,7 @@ Status gdn_chunked(const ref::GdnDims& dims, ref::GdnProjection projection, cons
                                                    std::to_string(dims.conv_kernel) + ") are not served");
   }
   if (n_tok < 1 || n_tok > 65535) return invalid("n_tok " + std::to_string(n_tok) + " outside [1, 65535]");
-  if (w.conv1d == nullptr || w.dt_bias == nullptr || w.ssm_a == nullptr || w.ssm_norm == nullptr) {
-    return invalid("a layer weight (conv1d, dt_bias, ssm_a, ssm_norm) is null");
-  }
-  if (in.qkv == nullptr) return invalid("inputs.qkv is null");
-  switch (projection) {
-    case ref::GdnProjection::kQkvGateBetaAlpha:
-      if (in.z == nullptr || in.b == nullptr || in.a == nullptr) return invalid("inputs z, b or a is null");
-      break;
-    case ref::GdnProjection::kQkvGateBa:
-      if (in.z == nullptr || in.ba == nullptr) return invalid("inputs z or ba is null");
-      break;
-    case ref::GdnProjection::kSsmInBa:
-      if (in.ba == nullptr) return invalid("inputs.ba is null");
-      break;
-  }
+  if (const std::string m = missing_weights_or_inputs(w, in, projection); !m.empty()) return invalid(m);
   if (slot.s == nullptr || (slot.conv == nullptr && dims.conv_kernel > 1) || out == nullptr || workspace == nullptr) {
     return invalid("slot, out or workspace is null");
   }

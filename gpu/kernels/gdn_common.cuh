@@ -198,4 +198,26 @@ inline Geo make_geo(const ref::GdnDims& dims, ref::GdnProjection projection, int
   return g;
 }
 
+// What is missing among a layer's weights and a projection layout's inputs, as the text of an argument error (empty
+// when nothing is): the checks every GDN entry point makes before it enqueues anything.
+inline const char* missing_weights_or_inputs(const GdnDecodeWeights& w, const GdnDecodeInputs& in,
+                                             ref::GdnProjection projection) {
+  if (w.conv1d == nullptr || w.dt_bias == nullptr || w.ssm_a == nullptr || w.ssm_norm == nullptr) {
+    return "a layer weight (conv1d, dt_bias, ssm_a, ssm_norm) is null";
+  }
+  if (in.qkv == nullptr) return "inputs.qkv is null";
+  switch (projection) {
+    case ref::GdnProjection::kQkvGateBetaAlpha:
+      if (in.z == nullptr || in.b == nullptr || in.a == nullptr) return "inputs z, b or a is null";
+      break;
+    case ref::GdnProjection::kQkvGateBa:
+      if (in.z == nullptr || in.ba == nullptr) return "inputs z or ba is null";
+      break;
+    case ref::GdnProjection::kSsmInBa:
+      if (in.ba == nullptr) return "inputs.ba is null";
+      break;
+  }
+  return "";
+}
+
 }  // namespace kestrel::gpu::gdn_detail

@@ -526,21 +526,7 @@ Status gdn_decode(const ref::GdnDims& dims, ref::GdnProjection projection, const
   KESTREL_TRY(check_dims(dims));
   if (n_seq < 0 || n_seq > 65535) return invalid("n_seq " + std::to_string(n_seq) + " outside [0, 65535]");
   if (n_seq == 0) return ok_status();
-  if (w.conv1d == nullptr || w.dt_bias == nullptr || w.ssm_a == nullptr || w.ssm_norm == nullptr) {
-    return invalid("a layer weight (conv1d, dt_bias, ssm_a, ssm_norm) is null");
-  }
-  if (in.qkv == nullptr) return invalid("inputs.qkv is null");
-  switch (projection) {
-    case ref::GdnProjection::kQkvGateBetaAlpha:
-      if (in.z == nullptr || in.b == nullptr || in.a == nullptr) return invalid("inputs z, b or a is null");
-      break;
-    case ref::GdnProjection::kQkvGateBa:
-      if (in.z == nullptr || in.ba == nullptr) return invalid("inputs z or ba is null");
-      break;
-    case ref::GdnProjection::kSsmInBa:
-      if (in.ba == nullptr) return invalid("inputs.ba is null");
-      break;
-  }
+  if (const std::string m = missing_weights_or_inputs(w, in, projection); !m.empty()) return invalid(m);
   if (slots == nullptr || out == nullptr || workspace == nullptr) return invalid("slots, out or workspace is null");
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) return invalid("workspace is not 16-byte aligned");
   if (out_prepared != nullptr) {
