@@ -200,7 +200,10 @@ uint64_t ForwardPass::scratch_bytes(const ModelHparams& hp, int n_ctx) {
   }
   b += align_up(static_cast<uint64_t>(w.vocab) * P * sizeof(float));
   b += align_up(imma_x_bytes(8192, R));
-  if (hp.n_gdn_layers() > 0) b += align_up(gdn_decode_workspace_bytes(ref::GdnDims::from_hparams(hp), P));
+  if (hp.n_gdn_layers() > 0) {
+    const ref::GdnDims dims = ref::GdnDims::from_hparams(hp);
+    b += align_up(gdn_decode_workspace_bytes(dims, P)) + align_up(gdn_chunked_workspace_bytes(dims, R));
+  }
   if (hp.n_attn_layers() > 0) b += align_up(attention_decode_workspace_bytes(attn_dims_of(hp), P, n_ctx));
   return b + align_up(moe_workspace_estimate(hp, P)) + align_up(moe_workspace_estimate(hp, R)) +
          align_up(hp.n_rot * sizeof(float)) + align_up(hybrid_choices_bytes(hp)) + align_up(hybrid_rows_bytes(hp));
