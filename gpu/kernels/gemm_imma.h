@@ -4,9 +4,9 @@
 // gemv_imma serves up to 32 vectors a call in segments of 8, each warp holding one row group for one segment, so
 // 512 prompt rows read and decode every weight tile 64 times. Here a warp holds four row groups (64 rows) for one
 // segment of 8 vectors: each 64-column unit of weights is loaded and its nibbles split once for the four pairs, and
-// each pair's activation fragment once for the four row groups. Eight warps a block (four row tiles × two segments),
-// one block an SM; the blocks of one row tile are adjacent in the grid, so a tile comes from DRAM once and from L2 for
-// the others.
+// each pair's activation fragment once for the four row groups. Four warps a block (256 rows × one segment), two
+// blocks an SM; the blocks of one row tile are adjacent in the grid, so a tile comes from DRAM once and from L2 for the
+// other segments.
 //
 // Per output the operations are gemv_imma's with one slice (S = 1): exact integer block sums, the block's scale in
 // f32, the group scale once per 256 columns, the four digits joined at the end. So the result is within gemv_imma's
