@@ -1,5 +1,6 @@
-// gdn_chunked (see gdn_chunked.h): four kernels over one session's prompt tokens. Shared memory tiles hold rows of
-// up to kD = 128 elements padded to odd strides, so that a warp's column reads fall in distinct banks.
+// gdn_chunked (see gdn_chunked.h): four kernels over one session's prompt tokens. Shared-memory tiles hold rows of up
+// to kD = 128 elements: the [kC][kD] and [kC][kC] tiles at odd strides, so that a warp's column reads fall in distinct
+// banks; the 32-column tiles at 36 floats, so that a thread's 8 columns are two aligned float4 reads.
 #include <string>
 
 #include "gpu/cuda_check.h"
