@@ -1,6 +1,6 @@
 // AVX2 + AVX-VNNI GEMV kernels (gemv.h): the avx2 level's kernels (gemv_simd.h, gemv_q8_avx2.h) with the int8 dot
 // products on vpdpbusd / vpdpwssd instead of vpmaddubsw + vpmaddwd + vpaddd — the same int32 values, so the same
-// bits as avx2, in fewer instructions (docs/benchmarks.md). Compiled with -mavx2 -mfma -mf16c -mavxvnni
+// bits as avx2, in fewer instructions. Compiled with -mavx2 -mfma -mf16c -mavxvnni
 // -ffp-contract=off (cpu/CMakeLists.txt); called only when isa_supported(Isa::kAvxVnni).
 #define KESTREL_GEMV_NS avxvnni
 #include "cpu/gemv_simd.h"

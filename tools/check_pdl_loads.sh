@@ -4,7 +4,7 @@
 # (ld.global.nc.L1::no_allocate, gpu/kernels/ld_stream.cuh). What a kernel before wrote must be read with ordinary loads after
 # the wait (gpu/kernels/pdl.cuh, ld_dep): a non-coherent load promises data that is read-only for the kernel's whole lifetime,
 # so ptxas may schedule it ahead of the wait — on the H200 it did, and a grouped GEMV read its table's count before the
-# kernel before had written it (docs/benchmarks.md, "MoE layer: settled tables"). Text order stands in for "after";
+# kernel before had written it. Text order stands in for "after";
 # the PTX of gpu/ is straight-line enough for it. An argument may hold several files separated by ';' (a CMake list).
 # Exit status 1 with the offending kernels and lines listed.
 set -euo pipefail

@@ -11,7 +11,7 @@
 // while the one before runs and waits for it to complete before touching memory), for grids of 1 to 4 blocks an SM. The
 // limit: the size-matched read of 18 MB — one token's routed and shared expert weights at the qwen35moe-35b-a3b shape,
 // Q4_0 — plain and chained, so "% read" says what one link costs of that layer's read, and k links' floor can be set
-// against the 1.5x budget (docs/benchmarks.md, "Kernel diagnostics").
+// against the 1.5x budget (docs/benchmarks.md).
 //
 // Before timing, a chain of kCheckLinks touch links from zeros is run once per form and grid and its last buffer
 // checked (every element kCheckLinks), so a link that did not run or ran out of order cannot pass.

@@ -1,7 +1,7 @@
 // kestreld's malloc settings (glibc). Each thread that allocates gets a malloc arena of its own, up to 8 per core, and
 // kestreld has many such threads (one per shm client, gRPC's pollers and callback threads, the engine's workers); a
 // freed block stays in its arena, so under a soak of 64 clients RSS kept climbing for minutes after the working set
-// had stopped growing (docs/benchmarks.md "Soak"). configure_allocator() caps the arenas; MemoryTrimmer hands free
+// had stopped growing. configure_allocator() caps the arenas; MemoryTrimmer hands free
 // pages of every arena back to the kernel now and then (malloc_trim), which keeps RSS at the working set.
 //
 // configure_allocator() runs once in main() before threads exist; MemoryTrimmer's methods from its owner's thread.

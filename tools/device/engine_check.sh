@@ -23,7 +23,7 @@
 #           processes each, in loops for CONTEND_S seconds (default 150) while `gputests` runs
 #   model   only writes the Q4_0 35B-A3B file (/tmp/q4_0.gguf), so that `soak` fits the device's 600 s per command
 #   soak    bench_soak: kestreld --engine cuda on that file, 64 clients (gRPC, shm and HTTP in turn) for SOAK_S seconds
-#           (default 480), then SIGTERM (docs/benchmarks.md "Soak")
+#           (default 480), then SIGTERM (docs/benchmarks.md, the soak rows)
 # Outputs land in $OUT. The binaries carry this machine's build paths (/work/main/...), so the tree is linked there;
 # binaries built in another checkout (a worktree) name it in KESTREL_SOURCE_ROOT, which is linked too.
 set -uo pipefail
