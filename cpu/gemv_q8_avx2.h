@@ -10,7 +10,7 @@
 //
 // Why int8: the f32 kernels (gemv_simd.h) widen, convert, scale and FMA every 8 weights, far below the memory's
 // pace; here 32 weights are one register of bytes and one or two integer instructions multiply them by 32
-// activations (docs/benchmarks.md has both kernels' figures).
+// activations (docs/benchmarks.md: the int8 and f32 CPU GEMV rows).
 //
 // Q4_0 / Q8_0, per 32-element block and (row, vector) pair: p = dot(u, q) (+ 8·ns4 for Q4_0, whose nibbles are
 // w + 8; Q8_0 enters as |w| against sign(q, w)), then acc += float(p) · (d_w · d_x). The weight and activation

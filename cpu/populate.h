@@ -13,8 +13,9 @@
 // system caches files in large folios (the development VM's ext4 on Linux 6.18 does). That matters to the experts: a
 // MoE layer reads a few random 0.6 MB matrices out of gigabytes, and in 4 KiB pages every one of their ~150 pages is
 // its own TLB miss — on the development VM the experts took about twice the CPU time from a file cached in 4 KiB
-// pages (docs/benchmarks.md). Pages already in the page cache keep their size (a file written or copied shortly
-// before is often cached in 4 KiB pages); tensor_data_huge_page_share says how much of the mapping is in 2 MiB pages.
+// pages (measured 2026-12-05; git log of docs/benchmarks.md). Pages already in the page cache keep their size (a file
+// written or copied shortly before is often cached in 4 KiB pages); tensor_data_huge_page_share says how much of the
+// mapping is in 2 MiB pages.
 //
 // Threading: call from the pool's owner (it runs pool jobs).
 #pragma once
