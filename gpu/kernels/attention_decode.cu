@@ -13,6 +13,7 @@
 #include "gpu/kernels/block_reduce.cuh"
 #include "gpu/kernels/gemv_imma.h"
 #include "gpu/kernels/imma_prepare.cuh"
+#include "gpu/kernels/smem_optin.cuh"
 
 namespace kestrel::gpu {
 namespace {
@@ -390,22 +391,8 @@ Status attention_decode_device(const AttnDecodeDims& d, const KvPageTable& cache
   const int group = d.n_head / d.n_head_kv;
   const int tile = attend_tile_of(group, d.head_dim);
   const size_t smem = attend_smem_floats(group, d.head_dim, tile) * sizeof(float);
-  static const int smem_optin = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-      return 48 * 1024;
-    }
-    if (cudaFuncSetAttribute(attend_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v) != cudaSuccess) {
-      return 48 * 1024;
-    }
-    return v;
-  }();
-  if (smem > static_cast<size_t>(smem_optin)) {
-    return bad("a group of " + std::to_string(group) + " query heads of " + std::to_string(d.head_dim) +
-               " dims needs " + std::to_string(smem) + " bytes of shared memory per block (the device gives " +
-               std::to_string(smem_optin) + ")");
-  }
+  KESTREL_TRY(check_smem<attend_kernel>(smem, "attention_decode: a group of " + std::to_string(group) +
+                                                  " query heads of " + std::to_string(d.head_dim) + " dims"));
   attend_kernel<<<dim3(static_cast<unsigned>(d.n_head_kv), seqs, static_cast<unsigned>(max_chunks)), kThreads, smem,
                   stream>>>(d, cache, a.qg, qg_stride, a.q_norm, a.rope_inv_freq, a.slot_ids, a.positions, scale,
                             max_chunks, tile, a.workspace, a.out);

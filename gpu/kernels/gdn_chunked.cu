@@ -7,6 +7,7 @@
 #include "gpu/kernels/gdn_chunked.h"
 #include "gpu/kernels/gdn_common.cuh"
 #include "gpu/kernels/gdn_runs.h"
+#include "gpu/kernels/smem_optin.cuh"
 
 namespace kestrel::gpu {
 namespace {
@@ -122,17 +123,10 @@ __global__ void __launch_bounds__(kThreads)
   if (tid == 0) {
     float b;
     float a;
-    if (g.proj == 0) {
-      b = in.b[static_cast<size_t>(t) * g.ab_stride + h];
-      a = in.a[static_cast<size_t>(t) * g.ab_stride + h];
-    } else {
-      const float* ba = in.ba + static_cast<size_t>(t) * g.ba_stride + (h / g.r) * 2 * g.r;
-      b = ba[h % g.r];
-      a = ba[g.r + h % g.r];
-    }
+    head_ba(g, in, t, h, b, a);
     const size_t at = static_cast<size_t>(t) * g.n_v_heads + h;
     ws[L.bt + at] = sigmoid_rn(b);
-    ws[L.gl + at] = __fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h])));
+    ws[L.gl + at] = log_decay(w, a, h);
   }
 }
 
@@ -453,12 +447,8 @@ Status gdn_chunked(const ref::GdnDims& dims, ref::GdnProjection projection, cons
     return invalid("slot, out or workspace is null");
   }
   if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) return invalid("workspace is not 16-byte aligned");
-  static const cudaError_t attr_local =
-      cudaFuncSetAttribute(local_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kLocalSmem));
-  static const cudaError_t attr_state =
-      cudaFuncSetAttribute(state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kStateSmem));
-  KESTREL_CUDA_TRY(attr_local);
-  KESTREL_CUDA_TRY(attr_state);
+  KESTREL_TRY(check_smem<local_kernel>(kLocalSmem, "gdn_chunked: the chunk-local tiles"));
+  KESTREL_TRY(check_smem<state_kernel>(kStateSmem, "gdn_chunked: the recurrence's tiles"));
   const Geo g = make_geo(dims, projection, in.row_stride);
   const Layout L = layout_of(dims, n_tok);
   auto* ws = static_cast<float*>(workspace);

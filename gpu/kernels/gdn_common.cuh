@@ -103,11 +103,8 @@ __device__ __forceinline__ void inv_l2(const float* q_part, const float* k_part,
   inv_k = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ssk, 1e-6f)));
 }
 
-// The gates of V-head h of session n into gates[0..1]: beta = sigmoid(b), decay = exp(ssm_a·softplus(a + dt_bias)).
-__device__ __forceinline__ void head_gates(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, int n,
-                                           int h, float* gates) {
-  float b;
-  float a;
+// The gate inputs b and a of V-head h in row n of the inputs, as the projection layout keeps them.
+__device__ __forceinline__ void head_ba(const Geo& g, const GdnDecodeInputs& in, int n, int h, float& b, float& a) {
   if (g.proj == 0) {
     b = in.b[static_cast<size_t>(n) * g.ab_stride + h];
     a = in.a[static_cast<size_t>(n) * g.ab_stride + h];
@@ -116,8 +113,21 @@ __device__ __forceinline__ void head_gates(const Geo& g, const GdnDecodeWeights&
     b = ba[h % g.r];
     a = ba[g.r + h % g.r];
   }
+}
+
+// The log decay of V-head h: ssm_a · softplus(a + dt_bias) (<= 0; the decay is its exponential).
+__device__ __forceinline__ float log_decay(const GdnDecodeWeights& w, float a, int h) {
+  return __fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h])));
+}
+
+// The gates of V-head h of session n into gates[0..1]: beta = sigmoid(b), decay = exp(log_decay).
+__device__ __forceinline__ void head_gates(const Geo& g, const GdnDecodeWeights& w, const GdnDecodeInputs& in, int n,
+                                           int h, float* gates) {
+  float b;
+  float a;
+  head_ba(g, in, n, h, b, a);
   gates[0] = sigmoid_rn(b);
-  gates[1] = expf(__fmul_rn(w.ssm_a[h], softplus_rn(__fadd_rn(a, w.dt_bias[h]))));
+  gates[1] = expf(log_decay(w, a, h));
 }
 
 constexpr int kHeadWarps = 16;

@@ -17,6 +17,7 @@
 #include "gpu/kernels/gemm_imma.h"
 #include "gpu/kernels/imma_prepare.cuh"
 #include "gpu/kernels/imma_tile.cuh"
+#include "gpu/kernels/smem_optin.cuh"
 
 namespace kestrel::gpu {
 namespace {
@@ -256,10 +257,7 @@ GemmArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xp
 
 template <bool kTable>
 Status launch(const GemmArgs& a, cudaStream_t stream) {
-  // Set once per kernel (the attribute is per function, not per call); thread-safe as a static's initializer.
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      gemm_imma_q4_0_kernel<kTable>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
-  KESTREL_CUDA_TRY(attr);
+  KESTREL_TRY(check_smem<gemm_imma_q4_0_kernel<kTable>>(kSmemBytes, "gemm_imma: its operand stages"));
   const dim3 grid(static_cast<unsigned>(a.n_seg),
                   static_cast<unsigned>((a.n_rg + kTileRowGroups - 1) / kTileRowGroups));
   gemm_imma_q4_0_kernel<kTable><<<grid, kWarps * 32, kSmemBytes, stream>>>(a);
@@ -286,16 +284,7 @@ Status gemm_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cud
   if (n_vec < 1 || imma_x_bytes(w.n_cols, n_vec) == 0) {
     return make_error(ErrorCode::kInvalidArgument, "gemm_imma: n_vec " + std::to_string(n_vec) + " out of range");
   }
-  if (w.data == nullptr || xprep == nullptr || y == nullptr || !aligned(w.data, 16) || !aligned(xprep, 16) ||
-      !aligned(y, 4)) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "gemm_imma: null or misaligned pointer (w and xprep need 16 bytes, y 4)");
-  }
-  const auto x0 = reinterpret_cast<uintptr_t>(xprep);
-  const auto y0 = reinterpret_cast<uintptr_t>(y);
-  const auto x1 = x0 + imma_x_bytes(w.n_cols, n_vec);
-  const auto y1 = y0 + static_cast<uintptr_t>(n_vec) * static_cast<uintptr_t>(w.n_rows) * sizeof(float);
-  if (x0 < y1 && y0 < x1) return make_error(ErrorCode::kInvalidArgument, "gemm_imma: y overlaps xprep");
+  KESTREL_TRY(imma_dense_pointers_check("gemm_imma", w, xprep, n_vec, y));
   GemmArgs a = base_args(w.type, w.n_cols, w.n_rows, xprep, y, w.n_rows);
   a.base = w.data;
   a.n_vec = n_vec;

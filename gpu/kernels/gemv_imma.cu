@@ -808,6 +808,20 @@ Status gemv_imma_prepare_swiglu(const float* gate, const float* up, int64_t n_co
                  hold_dependents, stream);
 }
 
+Status imma_dense_pointers_check(const char* op, const TiledView& w, const void* xprep, int n_vec, const float* y) {
+  if (w.data == nullptr || xprep == nullptr || y == nullptr || !aligned(w.data, 16) || !aligned(xprep, 16) ||
+      !aligned(y, 4)) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      std::string(op) + ": null or misaligned pointer (w and xprep need 16 bytes, y 4)");
+  }
+  const auto x0 = reinterpret_cast<uintptr_t>(xprep);
+  const auto y0 = reinterpret_cast<uintptr_t>(y);
+  const auto x1 = x0 + imma_x_bytes(w.n_cols, n_vec);
+  const auto y1 = y0 + static_cast<uintptr_t>(n_vec) * static_cast<uintptr_t>(w.n_rows) * sizeof(float);
+  if (x0 < y1 && y0 < x1) return make_error(ErrorCode::kInvalidArgument, std::string(op) + ": y overlaps xprep");
+  return ok_status();
+}
+
 Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream, bool programmatic,
                  const GemvImmaTuning& tuning) {
   if (!gemv_imma_supports(w.type, w.n_cols, w.n_rows)) {
@@ -818,16 +832,7 @@ Status gemv_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cud
   if (n_vec < 1 || n_vec > kMaxVectors) {
     return make_error(ErrorCode::kInvalidArgument, "gemv_imma: n_vec " + std::to_string(n_vec) + " is outside [1, 32]");
   }
-  if (w.data == nullptr || xprep == nullptr || y == nullptr || !aligned(w.data, 16) || !aligned(xprep, 16) ||
-      !aligned(y, 4)) {
-    return make_error(ErrorCode::kInvalidArgument,
-                      "gemv_imma: null or misaligned pointer (w and xprep need 16 bytes, y 4)");
-  }
-  const auto x0 = reinterpret_cast<uintptr_t>(xprep);
-  const auto y0 = reinterpret_cast<uintptr_t>(y);
-  const auto x1 = x0 + imma_x_bytes(w.n_cols, n_vec);
-  const auto y1 = y0 + static_cast<uintptr_t>(n_vec) * static_cast<uintptr_t>(w.n_rows) * sizeof(float);
-  if (x0 < y1 && y0 < x1) return make_error(ErrorCode::kInvalidArgument, "gemv_imma: y overlaps xprep");
+  KESTREL_TRY(imma_dense_pointers_check("gemv_imma", w, xprep, n_vec, y));
   KernelArgs args = base_args(w.type, w.n_cols, w.n_rows, xprep, y, w.n_rows);
   args.table = false;
   args.n_used = nullptr;

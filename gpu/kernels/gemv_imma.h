@@ -93,6 +93,11 @@ Status gemv_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
                           const int32_t* n_used = nullptr, bool table_settled = false,
                           const GemvImmaTuning& tuning = {});
 
+// The pointer checks of a dense call on the prepared form (gemv_imma, gemm_imma): w.data and xprep non-null and 16-byte
+// aligned, y non-null and 4-byte aligned, and y's n_vec rows of w.n_rows floats not overlapping xprep's n_vec
+// prepared vectors. kInvalidArgument naming `op` otherwise.
+Status imma_dense_pointers_check(const char* op, const TiledView& w, const void* xprep, int n_vec, const float* y);
+
 // y[v] = W x[v] with x prepared by gemv_imma_prepare_x (same n_cols, at least n_vec vectors, earlier on `stream`).
 // y: device f32 [n_vec, n_rows], 4-byte aligned, not overlapping xprep; n_vec in [1, 32]. Errors are found before
 // the launch and leave y untouched; otherwise one kernel is enqueued and the call returns without waiting.

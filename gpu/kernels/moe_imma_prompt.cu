@@ -13,6 +13,7 @@
 #include "gpu/kernels/moe_hybrid.h"
 #include "gpu/kernels/moe_imma_prompt.h"
 #include "gpu/kernels/moe_route.cuh"
+#include "gpu/kernels/smem_optin.cuh"
 #include "gpu/memory/scratch_carve.h"
 #include "gpu/memory/tiled_matrix.h"
 
@@ -320,8 +321,8 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
   ta.resident = h != nullptr ? h->resident : nullptr;
   ta.host_choices = h != nullptr ? h->host_choices : nullptr;
   const size_t smem = group_smem_bytes(w, n_tok);
-  KESTREL_CUDA_TRY(
-      cudaFuncSetAttribute(group_tables_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  KESTREL_TRY(check_smem<group_tables_kernel>(smem, "moe_imma_prompt: the grouping of " + std::to_string(n_tok) +
+                                                        " tokens over " + std::to_string(E) + " experts"));
   group_tables_kernel<<<1, kGroupThreads, smem, stream>>>(ta);
   KESTREL_CUDA_TRY(cudaGetLastError());
   if (h != nullptr && hooks != nullptr && hooks->after_route) KESTREL_TRY(hooks->after_route());

@@ -1,0 +1,43 @@
+// smem_optin.cuh: a kernel's dynamic shared memory above the default 48 KiB. The limit is an attribute of the kernel
+// (cudaFuncAttributeMaxDynamicSharedMemorySize), so it is raised once per kernel to everything the device allows, and
+// each launch only compares its bytes with that limit — not one cudaFuncSetAttribute per launch on the host's path.
+// Host code; include from .cu files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+
+#include "core/base/expected.h"
+
+namespace kestrel::gpu {
+
+// The dynamic shared memory a block of kKernel may use: the device's opt-in maximum, set on the kernel by the first
+// call (thread-safe: a function-local static); 48 KiB when the query or the attribute fails.
+template <auto kKernel>
+int smem_optin() {
+  static const int limit = [] {
+    int dev = 0;
+    int v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v) != cudaSuccess) {
+      return 48 * 1024;
+    }
+    return v;
+  }();
+  return limit;
+}
+
+// kInvalidArgument naming `what` when a launch of kKernel needs more than smem_optin() bytes.
+template <auto kKernel>
+Status check_smem(size_t bytes, const std::string& what) {
+  const int limit = smem_optin<kKernel>();
+  if (bytes <= static_cast<size_t>(limit)) return ok_status();
+  return make_error(ErrorCode::kInvalidArgument, what + " needs " + std::to_string(bytes) +
+                                                     " bytes of shared memory per block (the device gives " +
+                                                     std::to_string(limit) + ")");
+}
+
+}  // namespace kestrel::gpu
