@@ -13,19 +13,28 @@
 
 namespace kestrel::gpu {
 
-// The dynamic shared memory a block of kKernel may use: the device's opt-in maximum, set on the kernel by the first
-// call (thread-safe: a function-local static); 48 KiB when the query or the attribute fails.
+// The dynamic shared memory a block of kKernel may use: the device's opt-in maximum less the kernel's static shared
+// memory, set on the kernel by the first call (thread-safe: a function-local static); 48 KiB less the static part when
+// a query or the attribute fails. A failed call's error is cleared here, so that the cudaGetLastError() after the
+// next launch reports that launch alone.
 template <auto kKernel>
 int smem_optin() {
   static const int limit = [] {
     int dev = 0;
     int v = 0;
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, kKernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 48 * 1024;  // no device, or no image of the kernel for it: the launch reports why
+    }
+    const int static_bytes = static_cast<int>(fa.sharedSizeBytes);
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v) != cudaSuccess) {
-      return 48 * 1024;
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v - static_bytes) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 48 * 1024 - static_bytes;
     }
-    return v;
+    return v - static_bytes;
   }();
   return limit;
 }
