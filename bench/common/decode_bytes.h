@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/model/model.h"
@@ -74,6 +75,37 @@ inline StepBytes decode_step_split(const Model& m, int B, int pos, const std::ve
   }
   s.gpu -= s.host;
   return s;
+}
+
+// The multiply-adds a prompt pass over n_tok tokens at positions from pos does with its weights and attention: every
+// matrix (2-D tensor) but the routed experts, the embedding table and lm_head once per token, n_expert_used of a
+// layer's routed experts per token, lm_head for the last token only (a prompt pass computes the logits of its last
+// token), and causal attention's Q·K and P·V over positions up to pos + t per token t. The GDN recurrence's own
+// products are left out (they are not weight products).
+inline double prompt_pass_macs(const Model& m, int n_tok, int pos = 0) {
+  const WeightCatalog& c = m.catalog();
+  const ModelHparams& hp = m.hparams();
+  const std::string& embd = c.globals().token_embd.name();
+  const std::string lm_head = c.globals().tied_output ? embd : c.globals().output.name();
+  double per_token = 0, routed = 0, lm = 0;
+  for (const CatalogEntry& e : c.entries()) {
+    if (e.skipped || e.info->ne.size() < 2 || e.info->ne[1] < 2) continue;
+    const double elems = static_cast<double>(e.info->n_elements);
+    if (e.info->name == lm_head) {
+      lm = elems;
+    } else if (e.info->name == embd) {
+      continue;
+    } else if (e.placement == PlacementClass::kRoutedExperts) {
+      routed += elems;
+    } else {
+      per_token += elems;
+    }
+  }
+  if (hp.is_moe()) per_token += routed * hp.n_expert_used / hp.n_expert;
+  // Token t attends to pos + t + 1 positions: Q·K and P·V, head_dim each, per query head.
+  const double positions = static_cast<double>(n_tok) * pos + 0.5 * n_tok * (n_tok + 1.0);
+  const double attn = 2.0 * hp.n_head * hp.head_dim * positions * hp.n_attn_layers();
+  return per_token * n_tok + lm + attn;
 }
 
 }  // namespace kestrel::bench

@@ -4,11 +4,13 @@
 // (GDN, attention, MoE, dense FFN, lm_head with the logits copy, the rest), so the next speed work is chosen by it.
 //
 //   bench_engine --model M.gguf [--sessions 1,8,32] [--steps 64] [--prompt 32] [--pp 512,4096] [--ttft 2000]
-//                [--no-pdl] [--no-prompt-gemm] [--no-prompt-chunked] [--prompt-segment C] [--gpu-memory BYTES|auto]
+//                [--no-pdl] [--no-prompt-gemm] [--prompt-digits 4|2] [--no-prompt-chunked] [--prompt-segment C]
+//                [--gpu-memory BYTES|auto]
 //                [--n-cpu-moe N]
 //                [--override-tensor REGEX=cpu|gpu]... [--threads N]
 //
 // --no-prompt-gemm: prompt passes on GEMV v4 instead of gemm_imma (GemvImmaTuning::prompt_gemm), for an A/B.
+// --prompt-digits: the activation digits gemm_imma multiplies in prompt passes (GemvImmaTuning::prompt_digits).
 // --no-prompt-chunked: prompt passes' GDN layers on gdn_runs instead of gdn_chunked (GdnDecodeTuning::prompt_chunked).
 // --prompt-segment: tokens per segment of the prompt passes' MoE GEMVs (MoeImmaTuning::prompt_segment_vectors).
 // --prompt-chunk N: --pp feeds prompts N tokens a step (at most max_tokens_per_item; 32 gives the passes of 32 rows
@@ -29,8 +31,10 @@
 //
 // Prefill (--pp): one session's prompt of N tokens fed as the Service feeds it, a step of the engine's
 // max_tokens_per_item tokens at a time, timed from the first step to the greedy token after the last; beside it the
-// roofline of those passes (prompt_pass_bytes per pass ÷ the read bandwidth). A warm-up prompt of the same length
-// comes first (its passes capture the graphs). --ttft: a prompt of N tokens fed as the Service feeds it beside 8
+// roofline of those passes (prompt_pass_bytes per pass ÷ the read bandwidth) and their tensor-core limit (the
+// multiply-adds of the passes, prompt_pass_macs, ÷ the int8 MMA rate measured in the same run, bench/gpu/mma_rate.cuh;
+// the kernels multiply 4-digit activations, so their own ceiling is a quarter of it). A warm-up prompt of the same
+// length comes first (its passes capture the graphs). --ttft: a prompt of N tokens fed as the Service feeds it beside 8
 // other sessions that decode a token each step (a step's prompt chunk is what they leave of max_tokens_per_tick, at
 // most the engine's prompt_tokens_beside_decode share, core/engine/engine.h): the
 // time to its first token, and the 8 sessions' time per token (mean and worst step) against the same steps without the
@@ -46,6 +50,7 @@
 
 #include "bench/common/decode_bytes.h"
 #include "bench/gpu/device_timing.cuh"
+#include "bench/gpu/mma_rate.cuh"
 #include "core/engine/engine.h"
 #include "core/engine/placement_planner.h"
 #include "core/model/model.h"
@@ -68,6 +73,7 @@ struct Args {
   int threads = 0;
   int prompt_segment = MoeImmaTuning{}.prompt_segment_vectors;
   bool prompt_gemm = true;
+  int prompt_digits = GemvImmaTuning{}.prompt_digits;
   bool prompt_chunked = true;
   int prompt_chunk = 0;  // 0: the engine's max_tokens_per_item
 };
@@ -97,6 +103,8 @@ bool parse(int argc, char** argv, Args* a) {
       a->programmatic = false;
     } else if (k == "--no-prompt-gemm") {
       a->prompt_gemm = false;
+    } else if (k == "--prompt-digits" && (v = val())) {
+      a->prompt_digits = std::atoi(v);
     } else if (k == "--no-prompt-chunked") {
       a->prompt_chunked = false;
     } else if (k == "--prompt-chunk" && (v = val())) {
@@ -150,21 +158,37 @@ Expected<double> feed_prompt(Engine& e, SlotId slot, const std::vector<int32_t>&
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The logits after `prompt` fed to `slot` (reset after) in steps of `chunk` tokens.
+Status prompt_logits(Engine& e, SlotId slot, const std::vector<int32_t>& prompt, size_t chunk, std::vector<float>* l) {
+  std::vector<EngineStepOutput> out(1);
+  out[0].logits = std::span<float>(*l);
+  for (size_t at = 0; at < prompt.size(); at += chunk) {
+    const size_t len = std::min(chunk, prompt.size() - at);
+    std::vector<EngineStepItem> item = {{slot, std::span<const int32_t>(prompt.data() + at, len), false}};
+    e.step(item, out);
+    KESTREL_TRY(out[0].status);
+  }
+  e.slot_reset(slot);
+  return ok_status();
+}
+
 std::vector<int32_t> prompt_tokens(int n, int seed, uint32_t n_vocab) {
   std::vector<int32_t> p(static_cast<size_t>(n));
   for (int t = 0; t < n; ++t) p[size_t(t)] = (1000 + 17 * t + 131 * seed) % int(n_vocab);
   return p;
 }
 
-Status prefill(CudaEngine& e, const Model& model, const Args& a, double bw) {
+Status prefill(CudaEngine& e, const Model& model, const Args& a, double bw, double mma_rate) {
   const int chunk = a.prompt_chunk > 0 ? std::min(a.prompt_chunk, e.capabilities().max_tokens_per_item)
                                        : e.capabilities().max_tokens_per_item;
   std::printf("\nprefill: one session, steps of %d prompt tokens (the engine's max_tokens_per_item: %d)\n\n", chunk,
               e.capabilities().max_tokens_per_item);
   std::printf(
-      "| prompt tokens | ms | tokens/s | passes | roofline tokens/s | of roofline |\n|---|---|---|---|---|---|\n");
+      "| prompt tokens | ms | tokens/s | passes | roofline tokens/s | of roofline | tensor-core limit tokens/s | of "
+      "limit |\n|---|---|---|---|---|---|---|---|\n");
   KESTREL_TRY_ASSIGN(SlotId slot, e.slot_alloc(e.capabilities().max_slot_ctx));
   std::vector<std::string> profiles;
+  std::vector<std::string> agreement;
   for (const int n : a.pp) {
     const std::vector<int32_t> prompt = prompt_tokens(n, 1, model.hparams().n_vocab);
     int passes = 0;
@@ -172,11 +196,15 @@ Status prefill(CudaEngine& e, const Model& model, const Args& a, double bw) {
     e.slot_reset(slot);
     KESTREL_TRY_ASSIGN(const double s, feed_prompt(e, slot, prompt, &passes, chunk));
     e.slot_reset(slot);
-    double bytes = 0;
-    for (int at = 0; at < n; at += chunk)
+    double bytes = 0, macs = 0;
+    for (int at = 0; at < n; at += chunk) {
       bytes += kestrel::bench::prompt_pass_bytes(model, std::min(chunk, n - at), at);
+      macs += kestrel::bench::prompt_pass_macs(model, std::min(chunk, n - at), at);
+    }
     const double roof = n / (bytes / bw);
-    std::printf("| %d | %.1f | %.0f | %d | %.0f | %.1f%% |\n", n, s * 1e3, n / s, passes, roof, 100.0 * (n / s) / roof);
+    const double mma_roof = n / (macs / mma_rate);
+    std::printf("| %d | %.1f | %.0f | %d | %.0f | %.1f%% | %.0f | %.1f%% |\n", n, s * 1e3, n / s, passes, roof,
+                100.0 * (n / s) / roof, mma_roof, 100.0 * (n / s) / mma_roof);
     // Where the prompt's time goes: the same prompt again with event records between the sections.
     KESTREL_TRY(e.set_profiling(true));
     e.clear_profile();
@@ -192,7 +220,24 @@ Status prefill(CudaEngine& e, const Model& model, const Args& a, double bw) {
       line += buf;
     }
     profiles.push_back(line + " (" + std::to_string(prof_passes) + " passes)");
+    // The prompt passes' last logits against passes of 32 rows (the decode path's arithmetic).
+    std::vector<float> lp(model.hparams().n_vocab), ls(model.hparams().n_vocab);
+    KESTREL_TRY(prompt_logits(e, slot, prompt, static_cast<size_t>(chunk), &lp));
+    KESTREL_TRY(prompt_logits(e, slot, prompt, 32, &ls));
+    double diff = 0, scale = 1;
+    for (size_t i = 0; i < lp.size(); ++i) {
+      diff = std::max(diff, static_cast<double>(std::fabs(lp[i] - ls[i])));
+      scale = std::max(scale, static_cast<double>(std::fabs(ls[i])));
+    }
+    const bool same =
+        std::max_element(lp.begin(), lp.end()) - lp.begin() == std::max_element(ls.begin(), ls.end()) - ls.begin();
+    char buf2[160];
+    std::snprintf(buf2, sizeof buf2, "  %d tokens: max |diff| %.3g of max |logit| %.3g (%.2e); greedy token %s", n,
+                  diff, scale, diff / scale, same ? "the same" : "DIFFERENT");
+    agreement.push_back(buf2);
   }
+  std::printf("\nprompt passes' last logits against passes of 32 rows:\n");
+  for (const std::string& l : agreement) std::printf("%s\n", l.c_str());
   std::printf("\nprefill time by section, ms per prompt (event records between the sections, one profiled run):\n");
   for (const std::string& p : profiles) std::printf("%s\n", p.c_str());
   e.slot_free(slot);
@@ -282,6 +327,8 @@ Status run(const Args& a) {
   o.tuning.moe_imma.prompt_segment_vectors = a.prompt_segment;
   o.tuning.gemv_imma.prompt_gemm = a.prompt_gemm;
   o.tuning.moe_imma.grouped_gemv.prompt_gemm = a.prompt_gemm;
+  o.tuning.gemv_imma.prompt_digits = a.prompt_digits;
+  o.tuning.moe_imma.grouped_gemv.prompt_digits = a.prompt_digits;
   o.tuning.gdn_decode.prompt_chunked = a.prompt_chunked;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaEngine> e;
@@ -398,7 +445,12 @@ Status run(const Args& a) {
   for (const std::string& s : splits) std::printf("%s\n", s.c_str());
   std::printf("\nkernel launches (the captured graph's kernel nodes):\n");
   for (const std::string& s : launches) std::printf("%s\n", s.c_str());
-  if (!a.pp.empty()) KESTREL_TRY(prefill(*e, *model, a, bw));
+  if (!a.pp.empty()) {
+    KESTREL_TRY_ASSIGN(const double mma_rate, measure_mma_macs_per_s(setup.sm_count, setup.stream));
+    std::printf("\ntensor cores: %.0f T int8 multiply-adds/s (mma.sync m16n8k32 u8 x s8, measured)\n",
+                mma_rate * 1e-12);
+    KESTREL_TRY(prefill(*e, *model, a, bw, mma_rate));
+  }
   if (a.ttft > 0) KESTREL_TRY(ttft_beside_decode(*e, *model, a));
   return ok_status();
 }
@@ -412,7 +464,8 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--pp 512,4096] "
-        "[--ttft N] [--no-pdl] [--no-prompt-gemm] [--no-prompt-chunked] [--prompt-segment C] [--prompt-chunk N]\n"
+        "[--ttft N] [--no-pdl] [--no-prompt-gemm] [--prompt-digits 4|2] [--no-prompt-chunked] [--prompt-segment C] "
+        "[--prompt-chunk N]\n"
         "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...\n"
         "                    [--threads N]\n");
     return 2;

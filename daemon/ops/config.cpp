@@ -332,6 +332,17 @@ const std::vector<ConfigKey> kKeys = {
      },
      [](const DaemonConfig& c) -> ConfigValue { return c.cuda.override_tensor; }},
     // [cpu]
+    {"cuda", "prompt_digits", "--prompt-digits", "4|2",
+     "CUDA engine: activation digits of the prompt passes' Q4_0 matrix products: 4 (default; the arithmetic of decode) "
+     "or 2 (about 20% faster prompts; each activation rounded to 13 bits below its 256-element group's largest)",
+     ConfigValueKind::kInteger,
+     [](DaemonConfig& c, const ConfigValue& v) -> Status {
+       KESTREL_TRY_ASSIGN(int64_t d, as_integer(v, 2, 4));
+       if (d != 2 && d != 4) return bad("prompt_digits must be 4 or 2 (got " + std::to_string(d) + ")");
+       c.cuda.prompt_digits = static_cast<uint32_t>(d);
+       return ok_status();
+     },
+     [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.prompt_digits}; }},
     {"cpu", "threads", "--threads", "N",
      "CPU engine (and the CUDA engine's routed experts on the CPU): compute threads, the engine loop's own included, "
      "pinned one per core (0-1024; default 0: one per physical core, two fewer for the CUDA engine's experts)",

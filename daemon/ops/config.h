@@ -7,7 +7,7 @@
 //   cache_dir = ""                   # empty = default_cache_dir() (default_paths.h)
 //   [listen]  socket, socket_mode, shm_socket, tcp, http
 //   [http]    api_key, api_key_file, served_model_name, max_body_bytes, max_concurrent_requests, max_connections
-//   [cuda]    slots, device, gpu_memory, n_cpu_moe, override_tensor
+//   [cuda]    slots, device, gpu_memory, n_cpu_moe, override_tensor, prompt_digits
 //   [cpu]     threads
 //   [limits]  max_sessions, max_queued_steps, default_n_ctx, max_session_ctx, max_batch_tokens, idle_ttl_s,
 //             max_idle_ttl_s                                  (daemon::ServiceLimits)
@@ -64,6 +64,9 @@ struct CudaConfig {
   std::string gpu_memory = "auto";
   uint32_t n_cpu_moe = 0;
   std::string override_tensor;
+  // Activation digits of the prompt passes' Q4_0 GEMMs (gpu/kernels/gemm_imma.h): 4 (decode's arithmetic) or 2 (half
+  // the tensor-core work; activations rounded to 13 bits below their 256-element group's bound).
+  uint32_t prompt_digits = 4;
 };
 
 // [cpu]: the CPU engine's workers (engine = cpu, or auto on a machine without a usable CUDA device).

@@ -1,14 +1,20 @@
-// gemm_imma (see gemm_imma.h): a warp multiplies 4 row groups × one segment of up to 8 vectors (4 MMA pairs), unit by
-// unit of 64 columns; the fragments, the C start value and the scaling are gemv_imma's (gemv_imma.cu's head derives
-// them; imma_tile.cuh's multiply_add is the one-row-group form of the loop below).
+// gemm_imma (see gemm_imma.h): a warp multiplies 4 row groups × one segment of up to 8 vectors, unit by unit of 64
+// columns; the fragments, the C start value and the scaling are gemv_imma's (gemv_imma.cu's head derives them;
+// imma_tile.cuh's multiply_add is the one-row-group form of the loop below).
 //
-// Loads: each lane copies its own A words (4 row groups: 16 bytes of quants, 8 of scales) and B words (4 pairs: 16
-// bytes of digits, 8 of digit sums) of a unit into its own shared-memory slots with cp.async, kStages - 1 units ahead
-// of the multiply, and reads back only what it copied (no barriers: the warps of a block run apart). The copies need
-// no registers while in flight, so the 200-odd registers of the accumulators and one unit's fragments leave room for
-// two blocks of four warps an SM (loading into registers one unit ahead, one block of eight warps, measured slower).
-// Every pair is multiplied even past a segment's n_vec: a branch per pair would put each MMA in its own basic block,
-// and nothing would overlap the MMAs' latency.
+// An MMA's 8 columns are the digits of its vectors: with four digits a pair of vectors (column 4v + digit; lane t's
+// two C columns are digits 2(t & 1), 2(t & 1) + 1 of vector t >> 1, joined across the lane pair at the end), with two
+// digits a quad (column 2v + digit; lane t's C columns are both digits of vector t, so a lane ends with its vector's
+// sums). Two digits read the prepared form's first two digit words and the digit sums of the first pair, which are
+// exactly the two-digit form's (imma_prepare.cuh: D = 128·Σd0 + Σd1).
+//
+// Loads: each lane copies its own A words (4 row groups: 16 bytes of quants, 8 of scales) and B words (per vector set:
+// 16 bytes of digits, 8 of digit sums) of a unit into its own shared-memory slots with cp.async, kStages - 1 units
+// ahead of the multiply, and reads back only what it copied (no barriers: the warps of a block run apart). The copies
+// need no registers while in flight, so the 200-odd registers of the accumulators and one unit's fragments leave room
+// for two blocks of four warps an SM (loading into registers one unit ahead, one block of eight warps, measured
+// slower). Every vector set is multiplied even past a segment's n_vec: a branch per set would put each MMA in its own
+// basic block, and nothing would overlap the MMAs' latency.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -26,6 +32,7 @@ using imma_prep::kUnitsPerSlice;
 using imma_prep::x_layout;
 using imma_prep::XLayout;
 using imma_tile::half_bits;
+using imma_tile::kDigitUnit0;
 using imma_tile::kMagic;
 using imma_tile::kMagicF;
 using imma_tile::kNibbles;
@@ -35,17 +42,28 @@ using imma_tile::mma_u8s8;
 using imma_tile::pair_sum;
 
 constexpr int kRG = 4;      // row groups a warp holds
-constexpr int kNP = 4;      // vector pairs a warp holds (one segment of kImmaSegmentVectors)
 constexpr int kWarps = 4;   // warps of a block, along rows: a block is 256 rows × one segment
 constexpr int kStages = 4;  // units in flight per warp (kStages - 1 ahead of the one multiplied)
 constexpr int kTileRowGroups = kWarps * kRG;
-static_assert(2 * kNP == kImmaSegmentVectors, "a warp holds one segment");
+constexpr int kMaxSets = 4;  // vector sets of a segment at four digits (pairs)
+
+// A warp's vector sets for kDigits digits: sets of 8 / kDigits vectors (one MMA's columns), a segment's worth.
+template <int kDigits>
+struct Sets {
+  static_assert(kDigits == 4 || kDigits == 2, "four or two digits");
+  static constexpr int kPerSet = 8 / kDigits;                   // vectors an MMA holds
+  static constexpr int kCount = kImmaSegmentVectors / kPerSet;  // sets a warp holds
+  static constexpr int kLanesPerVector = kDigits / 2;           // lanes t whose C columns are one vector's digits
+  static_assert(kCount * kPerSet == kImmaSegmentVectors && kCount <= kMaxSets, "a warp holds one segment");
+};
+
 // One warp's stage, structure of arrays by slot so that a warp's 16- and 8-byte reads hit distinct banks:
-// A quants [r][lane] 16 B, A scales [r][lane] 8 B, B digits [p][lane] 16 B, B digit sums [p][lane] 8 B.
+// A quants [r][lane] 16 B, A scales [r][lane] 8 B, B digits [p][lane] 16 B, B digit sums [p][lane] 8 B (room for
+// kMaxSets sets; two digits use half of B's).
 constexpr int kAScaleOff = kRG * 32 * 16;
 constexpr int kBOff = kAScaleOff + kRG * 32 * 8;
-constexpr int kBSumOff = kBOff + kNP * 32 * 16;
-constexpr int kStageBytes = kBSumOff + kNP * 32 * 8;
+constexpr int kBSumOff = kBOff + kMaxSets * 32 * 16;
+constexpr int kStageBytes = kBSumOff + kMaxSets * 32 * 8;
 constexpr size_t kSmemBytes = static_cast<size_t>(kWarps) * kStages * kStageBytes;  // 96 KiB: two blocks an SM
 
 struct GemmArgs {
@@ -74,10 +92,21 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
 
+// out[base + i] for a lane's i in [0, N), without indexing the array at run time (it stays in registers).
+template <int N>
+__device__ __forceinline__ int pick(const int (&v)[kImmaSegmentVectors], int base, int i) {
+  int r = v[base];
+#pragma unroll
+  for (int j = 1; j < N; ++j) r = i == j ? v[base + j] : r;
+  return r;
+}
+
 // Grid: x = segment, y = tile of 256 rows; the blocks of one row tile are adjacent, so the tile's weights come from
 // DRAM once and from L2 for the other segments.
-template <bool kTable>
+template <bool kTable, int kDigits>
 __global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs a) {
+  using S = Sets<kDigits>;
+  constexpr int kNS = S::kCount;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -94,39 +123,40 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs
   // The segment: its matrix, vectors and output rows (slots past n_vec repeat the last vector; not stored).
   const uint8_t* w;
   int n_vec;
-  int vec[2 * kNP];
-  int out[2 * kNP];
+  int vec[kImmaSegmentVectors];
+  int out[kImmaSegmentVectors];
   if constexpr (kTable) {
     const ImmaSegment* e = static_cast<const ImmaSegment*>(a.base) + seg;
     w = static_cast<const uint8_t*>(e->data);
-    n_vec = min(e->n_vec, 2 * kNP);
+    n_vec = min(e->n_vec, kImmaSegmentVectors);
 #pragma unroll
-    for (int j = 0; j < 2 * kNP; ++j) {
+    for (int j = 0; j < kImmaSegmentVectors; ++j) {
       vec[j] = e->vec[min(j, max(n_vec - 1, 0))];
       out[j] = e->out[min(j, max(n_vec - 1, 0))];
     }
   } else {
     w = static_cast<const uint8_t*>(a.base);
-    n_vec = min(2 * kNP, a.n_vec - seg * 2 * kNP);
+    n_vec = min(kImmaSegmentVectors, a.n_vec - seg * kImmaSegmentVectors);
 #pragma unroll
-    for (int j = 0; j < 2 * kNP; ++j) vec[j] = out[j] = seg * 2 * kNP + min(j, n_vec - 1);
+    for (int j = 0; j < kImmaSegmentVectors; ++j) vec[j] = out[j] = seg * kImmaSegmentVectors + min(j, n_vec - 1);
   }
   if (n_vec <= 0) return;
 
-  // Per pair p the lane's B vector (g < 4: the pair's first) and C vector (t < 2: the pair's first), as byte offsets
-  // from xprep: digits of unit 0 (+ 256 a unit), digit sums of unit 0 (+ 16 a unit); a group's scale lies at its
-  // digit-sum offset + sdelta + 4 per group.
+  // Per set p the lane's B vector and digit (column g) and its C vector and digit pair h (columns 2t, 2t + 1), as byte
+  // offsets from xprep: digits of unit 0 (+ 256 a unit), digit sums of unit 0 (+ 16 a unit); a group's scale lies at
+  // its digit-sum offset + sdelta + 4 per group.
   const uint32_t vb = static_cast<uint32_t>(a.lay.vec_bytes());
-  uint32_t xf[kNP];
-  uint32_t xd[kNP];
+  const int h = t % S::kLanesPerVector;
+  uint32_t xf[kNS];
+  uint32_t xd[kNS];
 #pragma unroll
-  for (int p = 0; p < kNP; ++p) {
-    const int vf = g < 4 ? vec[2 * p] : vec[2 * p + 1];
-    const int vd = t < 2 ? vec[2 * p] : vec[2 * p + 1];
-    xf[p] = static_cast<uint32_t>(vf) * vb + static_cast<uint32_t>((g % 4) * 4 + t) * 16;
-    xd[p] = static_cast<uint32_t>(vd) * vb + static_cast<uint32_t>(a.lay.frag_bytes()) + (t % 2) * 8;
+  for (int p = 0; p < kNS; ++p) {
+    const int vf = pick<S::kPerSet>(vec, p * S::kPerSet, g / kDigits);
+    const int vd = pick<S::kPerSet>(vec, p * S::kPerSet, t / S::kLanesPerVector);
+    xf[p] = static_cast<uint32_t>(vf) * vb + static_cast<uint32_t>((g % kDigits) * 4 + t) * 16;
+    xd[p] = static_cast<uint32_t>(vd) * vb + static_cast<uint32_t>(a.lay.frag_bytes()) + h * 8;
   }
-  const uint32_t sdelta = static_cast<uint32_t>(a.lay.dsum_bytes()) - (t % 2) * 8;
+  const uint32_t sdelta = static_cast<uint32_t>(a.lay.dsum_bytes()) - h * 8;
   // The lane's A words of unit 0 per row group, as byte offsets from w (rows past the last group repeat it; not
   // stored): quants + 512 a unit, scales + 64 a unit.
   uint32_t wq[kRG];
@@ -153,7 +183,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs
         cp_async8(st + kAScaleOff + (r * 32 + lane) * 8, mu + wm[r]);
       }
 #pragma unroll
-      for (int p = 0; p < kNP; ++p) {
+      for (int p = 0; p < kNS; ++p) {
         cp_async16(st + kBOff + (p * 32 + lane) * 16, xu + xf[p]);
         cp_async8(st + kBSumOff + (p * 32 + lane) * 8, du + xd[p]);
       }
@@ -161,30 +191,30 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs
     cp_async_commit();  // an empty group past the end keeps the wait count right
   };
 
-  float acc[kRG][kNP][2];  // the current group's block sums, rows g and g + 8, in units of digit 2h + 1
-  float sum[kRG][kNP][2];  // the groups before, scaled
+  float acc[kRG][kNS][2];  // the current group's block sums, rows g and g + 8, in units of the lane's second digit
+  float sum[kRG][kNS][2];  // the groups before, scaled
 #pragma unroll
   for (int r = 0; r < kRG; ++r) {
 #pragma unroll
-    for (int p = 0; p < kNP; ++p) acc[r][p][0] = acc[r][p][1] = sum[r][p][0] = sum[r][p][1] = 0.0f;
+    for (int p = 0; p < kNS; ++p) acc[r][p][0] = acc[r][p][1] = sum[r][p][0] = sum[r][p][1] = 0.0f;
   }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue(s);
-  float xs[kNP];
+  float xs[kNS];
   const uint8_t* smem_base = smem + warp * kStages * kStageBytes;
   for (int u = 0; u < a.n_units; ++u) {
     issue(u + kStages - 1);
     if (u % kUnitsPerSlice == 0) {  // the group's scale per vector, used at its end
       const uint8_t* sg = a.xprep + sdelta + static_cast<uint32_t>(u / kUnitsPerSlice) * 4;
 #pragma unroll
-      for (int p = 0; p < kNP; ++p) xs[p] = *reinterpret_cast<const float*>(sg + xd[p]);
+      for (int p = 0; p < kNS; ++p) xs[p] = *reinterpret_cast<const float*>(sg + xd[p]);
     }
     cp_async_wait<kStages - 1>();
     const uint8_t* st = smem_base + (u % kStages) * kStageBytes;
-    uint4 fb[kNP];
-    int2 dd[kNP];
+    uint4 fb[kNS];
+    int2 dd[kNS];
 #pragma unroll
-    for (int p = 0; p < kNP; ++p) {
+    for (int p = 0; p < kNS; ++p) {
       fb[p] = *reinterpret_cast<const uint4*>(st + kBOff + (p * 32 + lane) * 16);
       dd[p] = *reinterpret_cast<const int2*>(st + kBSumOff + (p * 32 + lane) * 8);
     }
@@ -193,18 +223,18 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs
       const uint4 q = *reinterpret_cast<const uint4*>(st + (r * 32 + lane) * 16);
       const uint2 d = *reinterpret_cast<const uint2*>(st + kAScaleOff + (r * 32 + lane) * 8);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t pw = h == 0 ? q.x : q.z;  // row g
-        const uint32_t qw = h == 0 ? q.y : q.w;  // row g + 8
+      for (int b = 0; b < 2; ++b) {              // the unit's two blocks
+        const uint32_t pw = b == 0 ? q.x : q.z;  // row g
+        const uint32_t qw = b == 0 ? q.y : q.w;  // row g + 8
         const uint32_t a0 = pw & kNibbles, a1 = qw & kNibbles, a2 = (pw >> 4) & kNibbles, a3 = (qw >> 4) & kNibbles;
-        const uint32_t sc = h == 0 ? d.x : d.y;
+        const uint32_t sc = b == 0 ? d.x : d.y;
         const float s_g = half_bits(sc & 0xFFFFu);
         const float s_g8 = half_bits(sc >> 16);
 #pragma unroll
-        for (int p = 0; p < kNP; ++p) {  // every pair, even past n_vec: no branch between the MMAs
+        for (int p = 0; p < kNS; ++p) {  // every set, even past n_vec: no branch between the MMAs
           int c[4];
-          mma_u8s8(c, a0, a1, a2, a3, h == 0 ? fb[p].x : fb[p].z, h == 0 ? fb[p].y : fb[p].w, 0,
-                   kMagic - 8 * (h == 0 ? dd[p].x : dd[p].y));
+          mma_u8s8(c, a0, a1, a2, a3, b == 0 ? fb[p].x : fb[p].z, b == 0 ? fb[p].y : fb[p].w, 0,
+                   kMagic - 8 * (b == 0 ? dd[p].x : dd[p].y));
           acc[r][p][0] = __fmaf_rn(__int_as_float(c[0] * 128 + c[1]) - kMagicF, s_g, acc[r][p][0]);
           acc[r][p][1] = __fmaf_rn(__int_as_float(c[2] * 128 + c[3]) - kMagicF, s_g8, acc[r][p][1]);
         }
@@ -212,7 +242,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs
     }
     if (u % kUnitsPerSlice == kUnitsPerSlice - 1) {  // a group's end: its scale per vector
 #pragma unroll
-      for (int p = 0; p < kNP; ++p) {
+      for (int p = 0; p < kNS; ++p) {
 #pragma unroll
         for (int r = 0; r < kRG; ++r) {
           sum[r][p][0] = __fadd_rn(sum[r][p][0], __fmul_rn(xs[p], acc[r][p][0]));
@@ -224,15 +254,21 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs
   }
   cp_async_wait<0>();
 
-  // The four digits of each vector joined (lanes t, t ^ 1), then rows g, g + 8 of the lane's vector stored.
+  // Four digits: a vector's digits joined over the lane pair t, t ^ 1, then lane t even stores; two digits: the sums
+  // are in units of digit 1 (128^−1 of the group scale) and every lane stores its own vector. Rows g, g + 8.
 #pragma unroll
   for (int r = 0; r < kRG; ++r) {
 #pragma unroll
-    for (int p = 0; p < kNP; ++p) {
-      pair_sum(sum[r][p], lane);
-      const int slot = 2 * p + t / 2;
-      const int o = t < 2 ? out[2 * p] : out[2 * p + 1];  // out[slot], without indexing the array at run time
-      if (t % 2 == 0 && slot < n_vec && rg0 + r < a.n_rg) {
+    for (int p = 0; p < kNS; ++p) {
+      if constexpr (kDigits == 4) {
+        pair_sum(sum[r][p], lane);
+      } else {
+        sum[r][p][0] = __fmul_rn(sum[r][p][0], kDigitUnit0);
+        sum[r][p][1] = __fmul_rn(sum[r][p][1], kDigitUnit0);
+      }
+      const int i = t / S::kLanesPerVector;
+      const int o = pick<S::kPerSet>(out, p * S::kPerSet, i);
+      if (h == 0 && p * S::kPerSet + i < n_vec && rg0 + r < a.n_rg) {
         float* yo = a.y + static_cast<int64_t>(o) * a.y_stride + static_cast<int64_t>(rg0 + r) * kTileRows;
         yo[g] = sum[r][p][0];
         yo[g + 8] = sum[r][p][1];
@@ -255,14 +291,26 @@ GemmArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xp
   return a;
 }
 
-template <bool kTable>
-Status launch(const GemmArgs& a, cudaStream_t stream) {
-  KESTREL_TRY(check_smem<gemm_imma_q4_0_kernel<kTable>>(kSmemBytes, "gemm_imma: its operand stages"));
+template <bool kTable, int kDigits>
+Status launch_digits(const GemmArgs& a, cudaStream_t stream) {
+  constexpr auto kernel = gemm_imma_q4_0_kernel<kTable, kDigits>;
+  KESTREL_TRY(check_smem<kernel>(kSmemBytes, "gemm_imma: its operand stages"));
   const dim3 grid(static_cast<unsigned>(a.n_seg),
                   static_cast<unsigned>((a.n_rg + kTileRowGroups - 1) / kTileRowGroups));
-  gemm_imma_q4_0_kernel<kTable><<<grid, kWarps * 32, kSmemBytes, stream>>>(a);
+  kernel<<<grid, kWarps * 32, kSmemBytes, stream>>>(a);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
+}
+
+template <bool kTable>
+Status launch(const GemmArgs& a, GemmDigits digits, cudaStream_t stream) {
+  if (digits == GemmDigits::kTwo) return launch_digits<kTable, 2>(a, stream);
+  return launch_digits<kTable, 4>(a, stream);
+}
+
+Status bad_digits(const char* what, GemmDigits digits) {
+  return make_error(ErrorCode::kInvalidArgument,
+                    std::string(what) + ": digits " + std::to_string(static_cast<int>(digits)) + " (4 or 2)");
 }
 
 std::string shape_text(GgmlType type, int64_t n_cols, int64_t n_rows) {
@@ -276,7 +324,8 @@ bool gemm_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
          gemv_imma_supports(type, n_cols, n_rows);
 }
 
-Status gemm_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream) {
+Status gemm_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream, GemmDigits digits) {
+  if (!gemm_digits_valid(digits)) return bad_digits("gemm_imma", digits);
   if (!gemm_imma_supports(w.type, w.n_cols, w.n_rows)) {
     return make_error(ErrorCode::kInvalidArgument,
                       "gemm_imma: " + shape_text(w.type, w.n_cols, w.n_rows) + " is not a shape it takes");
@@ -289,11 +338,13 @@ Status gemm_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cud
   a.base = w.data;
   a.n_vec = n_vec;
   a.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
-  return launch<false>(a, stream);
+  return launch<false>(a, digits, stream);
 }
 
 Status gemm_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
-                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, const int32_t* n_used) {
+                          const void* xprep, float* y, int64_t y_stride, cudaStream_t stream, const int32_t* n_used,
+                          GemmDigits digits) {
+  if (!gemm_digits_valid(digits)) return bad_digits("gemm_imma_segments", digits);
   if (!gemm_imma_supports(type, n_cols, n_rows)) {
     return make_error(ErrorCode::kInvalidArgument,
                       "gemm_imma_segments: " + shape_text(type, n_cols, n_rows) + " is not a shape it takes");
@@ -309,7 +360,7 @@ Status gemm_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
   a.base = segments;
   a.n_used = n_used;
   a.n_seg = n_segments;
-  return launch<true>(a, stream);
+  return launch<true>(a, digits, stream);
 }
 
 }  // namespace kestrel::gpu

@@ -13,6 +13,14 @@
 // bound of the reference (test_gemv_imma holds it to the same one) but not bit-identical to a gemv_imma call that
 // splits the row over several warps. No atomics: runs are bit-identical and y[v] does not depend on n_vec or on the
 // other segments.
+//
+// GemmDigits::kTwo multiplies only the prepared activations' first two digits: each activation is then x rounded to
+// the nearest multiple of 2^(e − 13), where 2^e bounds its 256-element group's largest magnitude (gemv_imma_prepare_x's
+// digits are successive roundings, so the first two are that rounding). An MMA then holds four vectors instead of
+// two: half the MMAs and half the scalings per output. The error against the exact product is at most
+// Σ_groups 2^(e_g − 14) · Σ_(k in g) |w_k| plus the f32 sums' rounding: a step of at most 1/4096 of the group's
+// largest magnitude (f16 activations' 11-bit significands round a group's large elements more coarsely; 8-bit
+// activations in blocks of 32 step by 1/127 of their block's largest).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,18 +34,23 @@
 
 namespace kestrel::gpu {
 
+// The activation digits gemm_imma multiplies (above).
+enum class GemmDigits { kFour = 4, kTwo = 2 };
+inline bool gemm_digits_valid(GemmDigits d) { return d == GemmDigits::kFour || d == GemmDigits::kTwo; }
+
 // True when gemm_imma and gemm_imma_segments take the shape: Q4_0, gemv_imma_supports, n_cols a multiple of 256.
 bool gemm_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
 
 // y[v] = W x[v] for v < n_vec (n_vec >= 1): xprep holds n_vec prepared vectors of w.n_cols (gemv_imma_prepare_x,
 // earlier on `stream`); y: device f32 [n_vec, w.n_rows], not overlapping xprep. Errors are found before the launch
 // and leave y untouched; otherwise one kernel is enqueued. Thread-safe.
-Status gemm_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream);
+Status gemm_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cudaStream_t stream,
+                 GemmDigits digits = GemmDigits::kFour);
 
 // The grouped form, as gemv_imma_segments (same table, same contract for vec/out entries and n_used): each segment's
 // matrix times its up to kImmaSegmentVectors vectors, y[out[j] · y_stride + r]. One kernel; thread-safe.
 Status gemm_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
                           const void* xprep, float* y, int64_t y_stride, cudaStream_t stream,
-                          const int32_t* n_used = nullptr);
+                          const int32_t* n_used = nullptr, GemmDigits digits = GemmDigits::kFour);
 
 }  // namespace kestrel::gpu

@@ -43,6 +43,16 @@ Sizes sizes_of(const MoeImmaWeights& w, int n_tok) {
   return s;
 }
 
+// The most segments a call can fill at segment width C: an expert with c > 0 entries has ⌈c/C⌉ <= ⌊c/C⌋ + 1 chunks,
+// so the routed ones are at most ⌊n_entries/C⌋ + min(E, n_entries), plus the shared expert's ⌈n_tok/C⌉. The GEMMs'
+// grids take this many segments, not the tables' max_chunks (width 1's): at 512 tokens, 8 a segment, 832 instead of
+// 4608, and blocks past the count in use still cost a launch and a read of it each.
+int chunk_bound(const Sizes& s, int n_expert, int width, bool shared) {
+  const int routed = s.n_entries / width + std::min(n_expert, s.n_entries);
+  const int sh = shared ? (s.n_tok + width - 1) / width : 0;
+  return std::min(s.max_chunks, routed + sh);
+}
+
 struct Layout {
   float* logits = nullptr;         // f32 [T, E]
   int32_t* sel_id = nullptr;       // [T, k] selections by descending p
@@ -333,20 +343,22 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
     // gemm_imma where it takes the type: each expert tile decoded once for a segment's tokens and 64 rows a warp.
     const bool gemm_gu = grouped_gemv.prompt_gemm && gemm_imma_supports(w.gate_up_type, H, I);
     const bool gemm_dn = grouped_gemv.prompt_gemm && gemm_imma_supports(w.down_type, I, H);
+    const int n_seg = chunk_bound(sz, E, segment_vectors, w.has_shared_expert());
+    const auto digits = static_cast<GemmDigits>(grouped_gemv.prompt_digits);
     if (gemm_gu) {
       KESTREL_TRY(
-          gemm_imma_segments(w.gate_up_type, H, I, l.seg_gu, 2 * sz.max_chunks, l.xprep, l.gu, I, stream, l.n_used));
+          gemm_imma_segments(w.gate_up_type, H, I, l.seg_gu, 2 * n_seg, l.xprep, l.gu, I, stream, l.n_used, digits));
     } else {
-      KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, 2 * sz.max_chunks, l.xprep, l.gu, I, stream,
-                                     seg_bound, false, l.n_used, false, grouped_gemv));
+      KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, 2 * n_seg, l.xprep, l.gu, I, stream, seg_bound,
+                                     false, l.n_used, false, grouped_gemv));
     }
     KESTREL_TRY(gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(sz.n_all) * I, I, sz.n_all, l.aprep, stream));
     if (gemm_dn) {
       KESTREL_TRY(
-          gemm_imma_segments(w.down_type, I, H, l.seg_dn, sz.max_chunks, l.aprep, l.ye, H, stream, l.n_used + 1));
+          gemm_imma_segments(w.down_type, I, H, l.seg_dn, n_seg, l.aprep, l.ye, H, stream, l.n_used + 1, digits));
     } else {
-      KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, sz.max_chunks, l.aprep, l.ye, H, stream, seg_bound,
-                                     false, l.n_used + 1, false, grouped_gemv));
+      KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, n_seg, l.aprep, l.ye, H, stream, seg_bound, false,
+                                     l.n_used + 1, false, grouped_gemv));
     }
   }
 

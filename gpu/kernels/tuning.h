@@ -28,6 +28,9 @@ struct GemvImmaTuning {
   // gemm_imma where it takes the type (Q4_0): each weight tile decoded once for 8 vectors and 64 rows a warp. false
   // keeps GEMV v4 there, for A/B measurements (bench_engine --no-prompt-gemm).
   bool prompt_gemm = true;
+  // The activation digits gemm_imma multiplies in prompt passes (gemm_imma.h: 4, or 2 for half the MMAs and scalings at
+  // 13 bits below each group's bound). Decode always multiplies four.
+  int prompt_digits = 4;
 };
 
 // The MoE layer on GEMV v4 (moe_imma_forward; gpu/kernels/moe_imma.h). No field changes a result bit.

@@ -109,9 +109,10 @@ std::vector<float> run(const DeviceTiled& w, const std::vector<float>& x, int n_
 }
 
 // The error bound per output, f64 [n_vec, n_out]: kRelTol · Σ|w_i x_i| from core's dequantize_row, plus the
-// representation term 2^-27 · Σ_G max_G|x| · Σ_{i in G} |w_i|.
+// representation term 2^-(7·digits − 1) · Σ_G max_G|x| · Σ_{i in G} |w_i| (an activation's last digit is 2^(e − 6 −
+// 7·(digits − 1)) with 2^(e − 1) <= max_G|x|, and rounding errs by half of it: 2^-27 at four digits, 2^-13 at two).
 std::vector<double> bounds(GgmlType t, const std::vector<uint8_t>& m, int64_t n_in, int64_t n_out,
-                           const std::vector<float>& x, int n_vec) {
+                           const std::vector<float>& x, int n_vec, int n_digits = 4) {
   const uint64_t row_bytes = *ggml_row_bytes(t, static_cast<uint64_t>(n_in));
   std::vector<float> row(static_cast<size_t>(n_in));
   std::vector<double> mag(static_cast<size_t>(n_vec * n_out), 0.0);
@@ -130,7 +131,7 @@ std::vector<double> bounds(GgmlType t, const std::vector<uint8_t>& m, int64_t n_
           xmax = std::max(xmax, std::fabs(xi));
           wsum += std::fabs(wi);
         }
-        digits += std::ldexp(xmax, -27) * wsum;
+        digits += std::ldexp(xmax, -(7 * n_digits - 1)) * wsum;
       }
       mag[static_cast<size_t>(v * n_out + o)] = kRelTol * sum + digits + 1e-30;
     }
@@ -648,7 +649,8 @@ TEST(GemvImma, RefusesShapesAndArguments) {
 // ---- gemm_imma: the same arithmetic for many vectors (prompt passes) ------------------------------------------------
 
 // gemm_imma on n_vec vectors of x (prepared on the device); y filled with NaN bits first.
-std::vector<float> run_gemm(const DeviceTiled& w, const std::vector<float>& x, int n_vec) {
+std::vector<float> run_gemm(const DeviceTiled& w, const std::vector<float>& x, int n_vec,
+                            GemmDigits digits = GemmDigits::kFour) {
   const size_t y_elems = static_cast<size_t>(n_vec) * static_cast<size_t>(w.view.n_rows);
   DeviceBuffer d_x(x.size() * sizeof(float));
   DeviceBuffer d_xp(imma_x_bytes(w.view.n_cols, n_vec));
@@ -656,15 +658,16 @@ std::vector<float> run_gemm(const DeviceTiled& w, const std::vector<float>& x, i
   EXPECT_TRUE(test::upload(d_x, x));
   EXPECT_EQ(memset_synced(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
   EXPECT_TRUE(gemv_imma_prepare_x(d_x.as<float>(), w.view.n_cols, n_vec, d_xp.as<unsigned char>(), nullptr));
-  const Status s = gemm_imma(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr);
+  const Status s = gemm_imma(w.view, d_xp.as<unsigned char>(), n_vec, d_y.as<float>(), nullptr, digits);
   EXPECT_TRUE(s) << s.error().to_string();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return test::download<float>(d_y.as<float>(), y_elems);
 }
 
-// Against ref::matvec_batch within test_gemv_imma's bound: rows ending inside a 256-row block tile (33 and 17 row
-// groups), 256 .. 8192 columns (one to 32 groups), vector counts inside one segment, across segments and blocks, and
-// a prompt pass's 512; bit-identical repeats; the first and last vectors alone give their bits inside the batch.
+// Against ref::matvec_batch within test_gemv_imma's bound (at four digits and at two): rows ending inside a 256-row
+// block tile (33 and 17 row groups), 256 .. 8192 columns (one to 32 groups), vector counts inside one segment, across
+// segments and blocks, and a prompt pass's 512; bit-identical repeats; the first and last vectors alone give their
+// bits inside the batch. Two digits must also differ from four somewhere (they drop a real part of x).
 TEST(GemmImma, Q4_0MatchesReference) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(4321);
@@ -678,17 +681,27 @@ TEST(GemmImma, Q4_0MatchesReference) {
       std::vector<float> want(static_cast<size_t>(n_vec * sh.n_out));
       const ref::QuantMatrix qm{t, m.data(), static_cast<uint64_t>(sh.n_in), static_cast<uint64_t>(sh.n_out)};
       ASSERT_TRUE(ref::matvec_batch(qm, x.data(), n_vec, want.data()));
-      const std::string what =
-          "gemm " + std::to_string(sh.n_in) + "x" + std::to_string(sh.n_out) + " n_vec " + std::to_string(n_vec);
-      const std::vector<float> got = run_gemm(w, x, n_vec);
-      expect_within(what, got, want, bounds(t, m, sh.n_in, sh.n_out, x, n_vec), sh.n_out);
-      const std::vector<float> again = run_gemm(w, x, n_vec);
-      EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * sizeof(float)), 0) << what << ": repeat differs";
-      for (const int v : {0, n_vec - 1}) {
-        const std::vector<float> xv(x.begin() + v * sh.n_in, x.begin() + (v + 1) * sh.n_in);
-        const std::vector<float> alone = run_gemm(w, xv, 1);
-        EXPECT_EQ(std::memcmp(alone.data(), got.data() + v * sh.n_out, alone.size() * sizeof(float)), 0)
-            << what << ": vector " << v << " differs from the same vector alone";
+      std::vector<float> four;
+      for (const GemmDigits digits : {GemmDigits::kFour, GemmDigits::kTwo}) {
+        const int nd = static_cast<int>(digits);
+        const std::string what = "gemm " + std::to_string(sh.n_in) + "x" + std::to_string(sh.n_out) + " n_vec " +
+                                 std::to_string(n_vec) + ", " + std::to_string(nd) + " digits";
+        const std::vector<float> got = run_gemm(w, x, n_vec, digits);
+        expect_within(what, got, want, bounds(t, m, sh.n_in, sh.n_out, x, n_vec, nd), sh.n_out);
+        const std::vector<float> again = run_gemm(w, x, n_vec, digits);
+        EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * sizeof(float)), 0) << what << ": repeat differs";
+        for (const int v : {0, n_vec - 1}) {
+          const std::vector<float> xv(x.begin() + v * sh.n_in, x.begin() + (v + 1) * sh.n_in);
+          const std::vector<float> alone = run_gemm(w, xv, 1, digits);
+          EXPECT_EQ(std::memcmp(alone.data(), got.data() + v * sh.n_out, alone.size() * sizeof(float)), 0)
+              << what << ": vector " << v << " differs from the same vector alone";
+        }
+        if (digits == GemmDigits::kFour) {
+          four = got;
+        } else {
+          EXPECT_NE(std::memcmp(four.data(), got.data(), got.size() * sizeof(float)), 0)
+              << what << ": the same bits as four digits";
+        }
       }
     }
   }
@@ -701,7 +714,9 @@ TEST(GemmImma, SegmentsGiveTheDenseCallsBits) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(888);
   const GgmlType t = GgmlType::kQ4_0;
-  for (const Shape sh : {Shape{2048, 512}, Shape{512, 2048}}) {
+  for (const auto& [sh, digits] :
+       {std::pair{Shape{2048, 512}, GemmDigits::kFour}, std::pair{Shape{512, 2048}, GemmDigits::kFour},
+        std::pair{Shape{2048, 512}, GemmDigits::kTwo}, std::pair{Shape{512, 2048}, GemmDigits::kTwo}}) {
     const std::vector<uint8_t> ma = random_matrix(t, sh.n_in, sh.n_out, rng);
     const std::vector<uint8_t> mb = random_matrix(t, sh.n_in, sh.n_out, rng);
     const DeviceTiled wa(t, ma, sh.n_in, sh.n_out);
@@ -743,18 +758,19 @@ TEST(GemmImma, SegmentsGiveTheDenseCallsBits) {
     ASSERT_EQ(memset_synced(d_y.as<unsigned char>(), 0xFF, y_elems * sizeof(float)), cudaSuccess);
     const Status s =
         gemm_imma_segments(t, sh.n_in, sh.n_out, d_table.as<ImmaSegment>(), static_cast<int>(table.size()),
-                           d_xp.as<unsigned char>(), d_y.as<float>(), sh.n_out, nullptr, d_used.as<int32_t>());
+                           d_xp.as<unsigned char>(), d_y.as<float>(), sh.n_out, nullptr, d_used.as<int32_t>(), digits);
     ASSERT_TRUE(s) << s.error().to_string();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const std::vector<float> got = test::download<float>(d_y.as<float>(), y_elems);
     for (size_t i = 0; i < rows.size(); ++i) {
       const int v = rows[i].second;
       const std::vector<float> xv(x.begin() + v * sh.n_in, x.begin() + (v + 1) * sh.n_in);
-      const std::vector<float> dense = run_gemm(*rows[i].first->w, xv, 1);
+      const std::vector<float> dense = run_gemm(*rows[i].first->w, xv, 1, digits);
       EXPECT_EQ(std::memcmp(dense.data(), got.data() + (2 * i + 1) * static_cast<size_t>(sh.n_out),
                             dense.size() * sizeof(float)),
                 0)
-          << sh.n_in << "x" << sh.n_out << " y row " << 2 * i + 1 << " (vector " << v << ")";
+          << sh.n_in << "x" << sh.n_out << " y row " << 2 * i + 1 << " (vector " << v << "), "
+          << static_cast<int>(digits) << " digits";
     }
     uint32_t untouched = 0xFFFFFFFFu;
     for (int r = 0; r <= n_out; r += 2) {
@@ -781,6 +797,7 @@ TEST(GemmImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemm_imma(view, xp, 1, reinterpret_cast<float*>(xp), nullptr));  // y overlaps xprep
   const TiledView q4k{GgmlType::kQ4_K, w, 256, 16};
   EXPECT_FALSE(gemm_imma(q4k, xp, 1, y, nullptr));
+  EXPECT_FALSE(gemm_imma(view, xp, 1, y, nullptr, static_cast<GemmDigits>(3)));
   alignas(16) static ImmaSegment seg[1];
   EXPECT_FALSE(gemm_imma_segments(GgmlType::kQ4_0, 256, 16, seg, 1, xp, y, 15, nullptr));  // y_stride < n_rows
   EXPECT_FALSE(gemm_imma_segments(GgmlType::kQ4_0, 256, 16, nullptr, 1, xp, y, 16, nullptr));

@@ -30,6 +30,7 @@
 #include "core/quant/blocks.h"
 #include "core/quant/quant.h"
 #include "core/reference/moe.h"
+#include "gpu/kernels/gemm_imma.h"
 #include "gpu/kernels/gemv_imma.h"  // kImmaSegmentVectors
 #include "gpu/kernels/moe_imma.h"
 #include "gpu/kernels/moe_imma_prompt.h"
@@ -44,6 +45,10 @@ using test::DeviceBuffer;
 using test::random_weights;
 
 constexpr double kOutTol = 3e-5;
+// gemm_imma at two digits (gemm_imma.h): each activation rounded to 2^-13 of its group's bound, about 2^-14 · 3 of an
+// element's group's spread for Gaussian-like rows, through two GEMMs and the SwiGLU between: ~1e-4 of a row's largest
+// output. The bound leaves a factor ~10 and stays far below a wrong vector or digit (O(1) of the row).
+constexpr double kOutTolTwoDigits = 1e-3;
 
 struct Shape {
   std::string name;
@@ -305,7 +310,7 @@ TEST(MoeImma, TokenBitsDoNotDependOnTheBatch) {
 // on GEMV v4 (GemvImmaTuning::prompt_gemm off) gives every token the bits moe_imma_forward gives it in calls of 32: 1,
 // 33, 300 and 512 tokens, segments of 2 and 8 vectors, with and without a shared expert, an f32 and a quantized router,
 // a Q6_K down stack. On gemm_imma (the default, where it takes the type) each token is within the layer's tolerance
-// of the reference (ref::moe_forward) and the bits repeat.
+// of the reference (ref::moe_forward) and the bits repeat; at two digits within kOutTolTwoDigits.
 TEST(MoeImma, PromptCallGivesTheBitsOfCallsOf32) {
   KESTREL_REQUIRE_DEVICE();
   const std::vector<Shape> shapes = {
@@ -331,7 +336,7 @@ TEST(MoeImma, PromptCallGivesTheBitsOfCallsOf32) {
       }
       // One prompt call, NaN in the output and 0xA5 in the scratch first (an unwritten element or a read of stale
       // scratch fails).
-      const auto prompt_call = [&](int width, bool gemm) {
+      const auto prompt_call = [&](int width, bool gemm, GemmDigits digits = GemmDigits::kFour) {
         DeviceBuffer dx(x.size() * 4), dout(x.size() * 4), ws(moe_imma_prompt_workspace_bytes(w, n_tok));
         EXPECT_TRUE(dx.as() != nullptr && dout.as() != nullptr && ws.as() != nullptr);
         EXPECT_EQ(memcpy_synced(dx.as(), x.data(), x.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
@@ -339,6 +344,7 @@ TEST(MoeImma, PromptCallGivesTheBitsOfCallsOf32) {
         EXPECT_EQ(memset_synced(ws.as(), 0xA5, ws.bytes()), cudaSuccess);
         GemvImmaTuning grouped;
         grouped.prompt_gemm = gemm;
+        grouped.prompt_digits = static_cast<int>(digits);
         const Status st =
             moe_imma_forward_prompt(w, dx.as<float>(), n_tok, dout.as<float>(), ws.as(), nullptr, width, grouped);
         EXPECT_TRUE(st) << st.error().to_string();
@@ -354,6 +360,10 @@ TEST(MoeImma, PromptCallGivesTheBitsOfCallsOf32) {
                   0);
         const std::vector<float> again = prompt_call(8, true);
         EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * 4), 0) << "gemm: a repeated call differs";
+        const std::vector<float> two = prompt_call(8, true, GemmDigits::kTwo);
+        EXPECT_EQ(test::count_out_of_tolerance(two, ref_out, n_tok, s.h, kOutTolTwoDigits,
+                                               describe(s, n_tok) + " gemm, two digits", 0, 0),
+                  0);
       }
       for (const int width : {2, 8}) {
         const std::vector<float> got = prompt_call(width, false);

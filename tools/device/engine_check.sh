@@ -19,6 +19,8 @@
 #           SAN_RUNS="tool test;tool test" replaces the whole list; SAN_FILTER is passed as --gtest_filter
 #   ncu     Nsight Compute's per-kernel durations over whole decode steps of bench_engine on the Q4_0 file at
 #           NCU_SESSIONS (default 1,32) sessions; tools/device/ncu_step.py sums them per kernel and per step
+#   ncu-pp  the same over prompt passes of NCU_PP tokens (default 512; decode graphs profiled whole): the last prompt
+#           pass's kernels by name
 #   contend  the gpu tests beside other GPU processes: test_gemv_imma, test_gdn_decode and test_moe_imma, two
 #           processes each, in loops for CONTEND_S seconds (default 150) while `gputests` runs
 #   model   only writes the Q4_0 35B-A3B file (/tmp/q4_0.gguf), so that `soak` fits the device's 600 s per command
@@ -193,6 +195,15 @@ for step in "$@"; do
         echo "ncu at $s sessions: rc $?"
         python3 tools/device/ncu_step.py "$OUT/ncu_$s.csv" | tee "$OUT/ncu_step_$s.txt"
       done ;;
+    ncu-pp)
+      make_q4 || { status=1; continue; }
+      nc=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+      pp=${NCU_PP:-512}
+      timeout "${NCU_S:-300}" "$nc" --clock-control none --graph-profiling graph --metrics gpu__time_duration.sum --csv \
+        --log-file "$OUT/ncu_pp$pp.csv" --launch-count "${NCU_N:-5000}" \
+        $B/bench_engine --model $model_q4 --sessions 1 --steps 1 --prompt 1 --pp "$pp" --ttft 0 >"$OUT/ncu_bench_pp$pp.txt" 2>&1
+      echo "ncu over pp$pp: rc $?"
+      python3 tools/device/ncu_step.py "$OUT/ncu_pp$pp.csv" | tee "$OUT/ncu_step_pp$pp.txt" ;;
     soak)
       make_q4 || { status=1; continue; }
       $B/bench_soak --kestreld $B/kestreld --engine cuda --model $model_q4 --clients 64 --duration "${SOAK_S:-480}" \

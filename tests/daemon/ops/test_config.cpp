@@ -155,6 +155,8 @@ TEST(DaemonConfig, EveryBadValueNamesKeyAndLine) {
       {"cuda", "gpu_memory = \"twelve\""},
       {"cuda", "n_cpu_moe = -1"},
       {"cuda", "override_tensor = \"blk=tpu\""},
+      {"cuda", "prompt_digits = 3"},
+      {"cuda", "prompt_digits = 8"},
       {"cpu", "threads = -1"},
       {"limits", "max_sessions = 0"},
       {"limits", "max_queued_steps = \"many\""},
