@@ -1,6 +1,6 @@
 // The CUDA engine against the reference engine, on the golden fixtures and on every tiny preset (written here with
 // kestrel-mkmodel's library), plus a Q4_0 tiny model whose projections and MoE layers all take the tiled GEMV v4 /
-// moe_imma path:
+// moe_imma path, and its H-256 form whose prompt passes run every projection and expert on gemm_imma:
 //   - logits after a prompt and per-layer residual streams agree within the tolerance below;
 //   - greedy tokens are identical for 64 steps;
 //   - a session's logits are bit-identical alone or in a batch of 8 with others at other positions;
@@ -448,7 +448,8 @@ TEST_P(CudaEngineTest, CloneAndRestoreAcrossPagesContinueBitIdentically) {
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaEngineTest,
                          ::testing::Values("golden-qwen35moe", "golden-qwen35", "golden-qwen3next", "tiny",
-                                           "tiny-qwen3next", "tiny-qwen35", "tiny-qwen3next-legacy", "tiny-imma"),
+                                           "tiny-qwen3next", "tiny-qwen35", "tiny-qwen3next-legacy", "tiny-imma",
+                                           "tiny-wide"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            std::string n = i.param;
                            std::replace(n.begin(), n.end(), '-', '_');
