@@ -73,7 +73,7 @@ struct Args {
   int threads = 0;
   int prompt_segment = MoeImmaTuning{}.prompt_segment_vectors;
   bool prompt_gemm = true;
-  int prompt_digits = GemvImmaTuning{}.prompt_digits;
+  GemmDigits prompt_digits = GemvImmaTuning{}.prompt_digits;
   bool prompt_chunked = true;
   int prompt_chunk = 0;  // 0: the engine's max_tokens_per_item
 };
@@ -104,7 +104,9 @@ bool parse(int argc, char** argv, Args* a) {
     } else if (k == "--no-prompt-gemm") {
       a->prompt_gemm = false;
     } else if (k == "--prompt-digits" && (v = val())) {
-      a->prompt_digits = std::atoi(v);
+      const int d = std::atoi(v);
+      if (d != 4 && d != 2) return false;
+      a->prompt_digits = static_cast<GemmDigits>(d);
     } else if (k == "--no-prompt-chunked") {
       a->prompt_chunked = false;
     } else if (k == "--prompt-chunk" && (v = val())) {
@@ -137,39 +139,26 @@ bool parse(int argc, char** argv, Args* a) {
          std::all_of(a->pp.begin(), a->pp.end(), [](int n) { return n > 0; });
 }
 
-// Feeds `prompt` to `slot` in steps of the engine's max_tokens_per_item tokens, or of max_chunk when smaller (the last
-// asks for the greedy token) and returns the seconds from the first step to the last one's return; *passes receives
-// the passes it took.
-Expected<double> feed_prompt(Engine& e, SlotId slot, const std::vector<int32_t>& prompt, int* passes,
-                             int max_chunk = 0) {
+// Feeds `prompt` to `slot` in steps of the engine's max_tokens_per_item tokens, or of max_chunk when smaller, and
+// returns the seconds from the first step to the last one's return; *passes receives the passes it took. The steps
+// ask for the greedy token only, or, when `logits` is given, for the logits into it.
+Expected<double> feed_prompt(Engine& e, SlotId slot, const std::vector<int32_t>& prompt, int* passes, int max_chunk = 0,
+                             std::span<float> logits = {}) {
   size_t chunk = static_cast<size_t>(std::max(e.capabilities().max_tokens_per_item, 1));
   if (max_chunk > 0) chunk = std::min(chunk, static_cast<size_t>(max_chunk));
   std::vector<EngineStepOutput> out(1);
+  out[0].logits = logits;
   const auto t0 = std::chrono::steady_clock::now();
   int n = 0;
   for (size_t at = 0; at < prompt.size(); at += chunk) {
     const size_t len = std::min(chunk, prompt.size() - at);
-    std::vector<EngineStepItem> item = {{slot, std::span<const int32_t>(prompt.data() + at, len), true}};
+    std::vector<EngineStepItem> item = {{slot, std::span<const int32_t>(prompt.data() + at, len), logits.empty()}};
     e.step(item, out);
     KESTREL_TRY(out[0].status);
     ++n;  // a step of one item is one pass (a prompt pass above max_items_per_pass tokens)
   }
   if (passes != nullptr) *passes = n;
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// The logits after `prompt` fed to `slot` (reset after) in steps of `chunk` tokens.
-Status prompt_logits(Engine& e, SlotId slot, const std::vector<int32_t>& prompt, size_t chunk, std::vector<float>* l) {
-  std::vector<EngineStepOutput> out(1);
-  out[0].logits = std::span<float>(*l);
-  for (size_t at = 0; at < prompt.size(); at += chunk) {
-    const size_t len = std::min(chunk, prompt.size() - at);
-    std::vector<EngineStepItem> item = {{slot, std::span<const int32_t>(prompt.data() + at, len), false}};
-    e.step(item, out);
-    KESTREL_TRY(out[0].status);
-  }
-  e.slot_reset(slot);
-  return ok_status();
 }
 
 std::vector<int32_t> prompt_tokens(int n, int seed, uint32_t n_vocab) {
@@ -222,8 +211,10 @@ Status prefill(CudaEngine& e, const Model& model, const Args& a, double bw, doub
     profiles.push_back(line + " (" + std::to_string(prof_passes) + " passes)");
     // The prompt passes' last logits against passes of 32 rows (the decode path's arithmetic).
     std::vector<float> lp(model.hparams().n_vocab), ls(model.hparams().n_vocab);
-    KESTREL_TRY(prompt_logits(e, slot, prompt, static_cast<size_t>(chunk), &lp));
-    KESTREL_TRY(prompt_logits(e, slot, prompt, 32, &ls));
+    KESTREL_TRY(feed_prompt(e, slot, prompt, nullptr, chunk, lp));
+    e.slot_reset(slot);
+    KESTREL_TRY(feed_prompt(e, slot, prompt, nullptr, 32, ls));
+    e.slot_reset(slot);
     double diff = 0, scale = 1;
     for (size_t i = 0; i < lp.size(); ++i) {
       diff = std::max(diff, static_cast<double>(std::fabs(lp[i] - ls[i])));

@@ -331,7 +331,6 @@ const std::vector<ConfigKey> kKeys = {
        return ok_status();
      },
      [](const DaemonConfig& c) -> ConfigValue { return c.cuda.override_tensor; }},
-    // [cpu]
     {"cuda", "prompt_digits", "--prompt-digits", "4|2",
      "CUDA engine: activation digits of the prompt passes' Q4_0 matrix products: 4 (default; the arithmetic of decode) "
      "or 2 (about 20% faster prompts; each activation rounded to 13 bits below its 256-element group's largest)",
@@ -343,6 +342,7 @@ const std::vector<ConfigKey> kKeys = {
        return ok_status();
      },
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.prompt_digits}; }},
+    // [cpu]
     {"cpu", "threads", "--threads", "N",
      "CPU engine (and the CUDA engine's routed experts on the CPU): compute threads, the engine loop's own included, "
      "pinned one per core (0-1024; default 0: one per physical core, two fewer for the CUDA engine's experts)",

@@ -72,8 +72,8 @@ Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const 
   o.max_slots = static_cast<int32_t>(std::min<uint32_t>(config.cuda.slots, limits->max_sessions));
   o.kv_cache_bytes = config.cuda.kv_cache_bytes;
   o.device = static_cast<int>(config.cuda.device);
-  o.tuning.gemv_imma.prompt_digits = static_cast<int>(config.cuda.prompt_digits);
-  o.tuning.moe_imma.grouped_gemv.prompt_digits = static_cast<int>(config.cuda.prompt_digits);
+  o.tuning.gemv_imma.prompt_digits = static_cast<gpu::GemmDigits>(config.cuda.prompt_digits);
+  o.tuning.moe_imma.grouped_gemv.prompt_digits = o.tuning.gemv_imma.prompt_digits;
   int last = -1;
   o.progress = [&](uint64_t done, uint64_t total) {
     const int percent = total > 0 ? static_cast<int>(done * 100 / total) : 100;

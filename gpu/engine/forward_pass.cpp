@@ -386,7 +386,7 @@ Status ForwardPass::gemv_prepared(const DeviceMatrix& m, int n, float* y, int ro
   const uint64_t vec = imma_x_bytes(m.n_in, 1);
   if (n > P && tuning_.gemv_imma.prompt_gemm && gemm_imma_supports(m.tiled_view.type, m.n_in, m.n_out)) {
     return gemm_imma(m.tiled_view, static_cast<const uint8_t*>(xprep_) + uint64_t(row0) * vec, n, y, stream_,
-                     static_cast<GemmDigits>(tuning_.gemv_imma.prompt_digits));
+                     tuning_.gemv_imma.prompt_digits);
   }
   for (int c0 = 0; c0 < n; c0 += P) {
     const auto* x = static_cast<const uint8_t*>(xprep_) + (uint64_t(row0) + uint64_t(c0)) * vec;

@@ -391,8 +391,10 @@ Status attention_decode_device(const AttnDecodeDims& d, const KvPageTable& cache
   const int group = d.n_head / d.n_head_kv;
   const int tile = attend_tile_of(group, d.head_dim);
   const size_t smem = attend_smem_floats(group, d.head_dim, tile) * sizeof(float);
-  KESTREL_TRY(check_smem<attend_kernel>(smem, "attention_decode: a group of " + std::to_string(group) +
-                                                  " query heads of " + std::to_string(d.head_dim) + " dims"));
+  KESTREL_TRY(check_smem<attend_kernel>(smem, [&] {
+    return "attention_decode: a group of " + std::to_string(group) + " query heads of " + std::to_string(d.head_dim) +
+           " dims";
+  }));
   attend_kernel<<<dim3(static_cast<unsigned>(d.n_head_kv), seqs, static_cast<unsigned>(max_chunks)), kThreads, smem,
                   stream>>>(d, cache, a.qg, qg_stride, a.q_norm, a.rope_inv_freq, a.slot_ids, a.positions, scale,
                             max_chunks, tile, a.workspace, a.out);

@@ -210,7 +210,8 @@ Status attention_prompt(const AttnDecodeDims& d, const KvPageTable& cache, const
   const int group = d.n_head / d.n_head_kv;
   const int qr = rows_per_block(group);
   const size_t smem = smem_floats(d.head_dim, qr * group) * sizeof(float);
-  KESTREL_TRY(check_smem<attend_prompt_kernel>(smem, "attention_prompt: head_dim " + std::to_string(d.head_dim)));
+  KESTREL_TRY(check_smem<attend_prompt_kernel>(
+      smem, [&] { return "attention_prompt: head_dim " + std::to_string(d.head_dim); }));
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));  // the reference's
   const dim3 grid(static_cast<unsigned>(d.n_head_kv), static_cast<unsigned>((n_rows + qr - 1) / qr));
   attend_prompt_kernel<<<grid, kThreads, smem, stream>>>(

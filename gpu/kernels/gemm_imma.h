@@ -34,8 +34,7 @@
 
 namespace kestrel::gpu {
 
-// The activation digits gemm_imma multiplies (above).
-enum class GemmDigits { kFour = 4, kTwo = 2 };
+// GemmDigits (gpu/kernels/tuning.h) is the activation digits gemm_imma multiplies (above).
 inline bool gemm_digits_valid(GemmDigits d) { return d == GemmDigits::kFour || d == GemmDigits::kTwo; }
 
 // True when gemm_imma and gemm_imma_segments take the shape: Q4_0, gemv_imma_supports, n_cols a multiple of 256.

@@ -331,8 +331,10 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
   ta.resident = h != nullptr ? h->resident : nullptr;
   ta.host_choices = h != nullptr ? h->host_choices : nullptr;
   const size_t smem = group_smem_bytes(w, n_tok);
-  KESTREL_TRY(check_smem<group_tables_kernel>(smem, "moe_imma_prompt: the grouping of " + std::to_string(n_tok) +
-                                                        " tokens over " + std::to_string(E) + " experts"));
+  KESTREL_TRY(check_smem<group_tables_kernel>(smem, [&] {
+    return "moe_imma_prompt: the grouping of " + std::to_string(n_tok) + " tokens over " + std::to_string(E) +
+           " experts";
+  }));
   group_tables_kernel<<<1, kGroupThreads, smem, stream>>>(ta);
   KESTREL_CUDA_TRY(cudaGetLastError());
   if (h != nullptr && hooks != nullptr && hooks->after_route) KESTREL_TRY(hooks->after_route());
@@ -344,18 +346,17 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
     const bool gemm_gu = grouped_gemv.prompt_gemm && gemm_imma_supports(w.gate_up_type, H, I);
     const bool gemm_dn = grouped_gemv.prompt_gemm && gemm_imma_supports(w.down_type, I, H);
     const int n_seg = chunk_bound(sz, E, segment_vectors, w.has_shared_expert());
-    const auto digits = static_cast<GemmDigits>(grouped_gemv.prompt_digits);
     if (gemm_gu) {
-      KESTREL_TRY(
-          gemm_imma_segments(w.gate_up_type, H, I, l.seg_gu, 2 * n_seg, l.xprep, l.gu, I, stream, l.n_used, digits));
+      KESTREL_TRY(gemm_imma_segments(w.gate_up_type, H, I, l.seg_gu, 2 * n_seg, l.xprep, l.gu, I, stream, l.n_used,
+                                     grouped_gemv.prompt_digits));
     } else {
       KESTREL_TRY(gemv_imma_segments(w.gate_up_type, H, I, l.seg_gu, 2 * n_seg, l.xprep, l.gu, I, stream, seg_bound,
                                      false, l.n_used, false, grouped_gemv));
     }
     KESTREL_TRY(gemv_imma_prepare_swiglu(l.gu, l.gu + static_cast<size_t>(sz.n_all) * I, I, sz.n_all, l.aprep, stream));
     if (gemm_dn) {
-      KESTREL_TRY(
-          gemm_imma_segments(w.down_type, I, H, l.seg_dn, n_seg, l.aprep, l.ye, H, stream, l.n_used + 1, digits));
+      KESTREL_TRY(gemm_imma_segments(w.down_type, I, H, l.seg_dn, n_seg, l.aprep, l.ye, H, stream, l.n_used + 1,
+                                     grouped_gemv.prompt_digits));
     } else {
       KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, n_seg, l.aprep, l.ye, H, stream, seg_bound, false,
                                      l.n_used + 1, false, grouped_gemv));

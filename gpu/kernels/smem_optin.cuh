@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 #include "core/base/expected.h"
 
@@ -39,14 +40,21 @@ int smem_optin() {
   return limit;
 }
 
-// kInvalidArgument naming `what` when a launch of kKernel needs more than smem_optin() bytes.
-template <auto kKernel>
-Status check_smem(size_t bytes, const std::string& what) {
+// kInvalidArgument naming what() when a launch of kKernel needs more than smem_optin() bytes. `what` returns the
+// message's subject and is called only then, so a launch that fits builds no string.
+template <auto kKernel, class What>
+requires std::is_invocable_r_v<std::string, What> Status check_smem(size_t bytes, What&& what) {
   const int limit = smem_optin<kKernel>();
   if (bytes <= static_cast<size_t>(limit)) return ok_status();
-  return make_error(ErrorCode::kInvalidArgument, what + " needs " + std::to_string(bytes) +
+  return make_error(ErrorCode::kInvalidArgument, what() + " needs " + std::to_string(bytes) +
                                                      " bytes of shared memory per block (the device gives " +
                                                      std::to_string(limit) + ")");
+}
+
+// The same with a fixed subject.
+template <auto kKernel>
+Status check_smem(size_t bytes, const char* what) {
+  return check_smem<kKernel>(bytes, [what] { return std::string(what); });
 }
 
 }  // namespace kestrel::gpu

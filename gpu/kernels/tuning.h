@@ -10,6 +10,9 @@
 
 namespace kestrel::gpu {
 
+// The activation digits gemm_imma multiplies (gpu/kernels/gemm_imma.h): all four, or the first two.
+enum class GemmDigits { kFour = 4, kTwo = 2 };
+
 // GEMV v4 (gemv_imma, gemv_imma_segments; gpu/kernels/gemv_imma.h).
 struct GemvImmaTuning {
   // Warps per row group (S, the slices a row is split into). 0: the split by shape (gemv_imma.cu's pick_split), which
@@ -30,7 +33,7 @@ struct GemvImmaTuning {
   bool prompt_gemm = true;
   // The activation digits gemm_imma multiplies in prompt passes (gemm_imma.h: 4, or 2 for half the MMAs and scalings at
   // 13 bits below each group's bound). Decode always multiplies four.
-  int prompt_digits = 4;
+  GemmDigits prompt_digits = GemmDigits::kFour;
 };
 
 // The MoE layer on GEMV v4 (moe_imma_forward; gpu/kernels/moe_imma.h). No field changes a result bit.

@@ -345,7 +345,7 @@ TEST(MoeImma, PromptCallGivesTheBitsOfCallsOf32) {
         EXPECT_EQ(memset_synced(ws.as(), 0xA5, ws.bytes()), cudaSuccess);
         GemvImmaTuning grouped;
         grouped.prompt_gemm = gemm;
-        grouped.prompt_digits = static_cast<int>(digits);
+        grouped.prompt_digits = digits;
         const Status st =
             moe_imma_forward_prompt(w, dx.as<float>(), n_tok, dout.as<float>(), ws.as(), nullptr, width, grouped);
         EXPECT_TRUE(st) << st.error().to_string();
