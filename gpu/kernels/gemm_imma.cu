@@ -1,6 +1,7 @@
 // gemm_imma (see gemm_imma.h): a warp multiplies 4 row groups × one segment of up to 8 vectors, unit by unit of 64
 // columns; the fragments, the C start value and the scaling are gemv_imma's (gemv_imma.cu's head derives them;
-// imma_tile.cuh's multiply_add is the one-row-group form of the loop below).
+// imma_tile.cuh's multiply_add is the one-row-group form of the loop below): Q4_0 scales each block's exact sum in
+// f32, Q4_K sums a super-block's sub-blocks times their scales (and mins times digit sums) in int32 and scales once.
 //
 // An MMA's 8 columns are the digits of its vectors: with four digits a pair of vectors (column 4v + digit; lane t's
 // two C columns are digits 2(t & 1), 2(t & 1) + 1 of vector t >> 1, joined across the lane pair at the end), with two
@@ -32,6 +33,7 @@ using imma_prep::kUnitsPerSlice;
 using imma_prep::x_layout;
 using imma_prep::XLayout;
 using imma_tile::half_bits;
+using imma_tile::k_field;
 using imma_tile::kDigitUnit0;
 using imma_tile::kMagic;
 using imma_tile::kMagicF;
@@ -64,7 +66,14 @@ constexpr int kAScaleOff = kRG * 32 * 16;
 constexpr int kBOff = kAScaleOff + kRG * 32 * 8;
 constexpr int kBSumOff = kBOff + kMaxSets * 32 * 16;
 constexpr int kStageBytes = kBSumOff + kMaxSets * 32 * 8;
-constexpr size_t kSmemBytes = static_cast<size_t>(kWarps) * kStages * kStageBytes;  // 96 KiB: two blocks an SM
+// Q4_K: a warp's super-block heads (rows g and g + 8 of each row group: d, dmin and the packed scales and mins, 32
+// bytes) for the current group and the next, in a ring of two slots after its stages: [slot][r][g] 32 bytes, copied
+// by lane t = 0 of each g with the group's first unit and read by its four lanes.
+constexpr int kHeadSlotBytes = kRG * 8 * 32;
+constexpr int kWarpBytes = kStages * kStageBytes + 2 * kHeadSlotBytes;
+template <GgmlType T>
+constexpr size_t kSmemBytes = static_cast<size_t>(kWarps) *
+                              (T == GgmlType::kQ4_K ? kWarpBytes : kStages * kStageBytes);  // 104 / 96 KiB: 2 an SM
 
 struct GemmArgs {
   const void* base;  // dense: the tiled matrix (segment s holds vectors 8s ..); table: the ImmaSegment table
@@ -102,11 +111,15 @@ __device__ __forceinline__ int pick(const int (&v)[kImmaSegmentVectors], int bas
 }
 
 // Grid: x = segment, y = tile of 256 rows; the blocks of one row tile are adjacent, so the tile's weights come from
-// DRAM once and from L2 for the other segments.
-template <bool kTable, int kDigits>
-__global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs a) {
+// DRAM once and from L2 for the other segments. T: Q4_0 (per 32-element block an f16 scale: the exact float trick
+// per MMA) or Q4_K (per 256-column super-block d and dmin, per 32-element sub-block 6-bit scale and min: integer sums
+// over the super-block, gemv_imma's Q4_K arithmetic).
+template <bool kTable, int kDigits, GgmlType T>
+__global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_kernel(GemmArgs a) {
   using S = Sets<kDigits>;
   constexpr int kNS = S::kCount;
+  constexpr bool kK = T == GgmlType::kQ4_K;
+  static_assert(T == GgmlType::kQ4_0 || kK, "Q4_0 or Q4_K");
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -158,18 +171,18 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs
   }
   const uint32_t sdelta = static_cast<uint32_t>(a.lay.dsum_bytes()) - h * 8;
   // The lane's A words of unit 0 per row group, as byte offsets from w (rows past the last group repeat it; not
-  // stored): quants + 512 a unit, scales + 64 a unit.
+  // stored): quants + 512 a unit; Q4_0 scales + 64 a unit, Q4_K row g's super-block head + 256 a group (+ 64 a unit).
   uint32_t wq[kRG];
   uint32_t wm[kRG];
 #pragma unroll
   for (int r = 0; r < kRG; ++r) {
     const uint32_t tile0 = static_cast<uint32_t>(min(rg0 + r, a.n_rg - 1)) * static_cast<uint32_t>(a.n_units);
     wq[r] = tile0 * 512 + lane * 16;
-    wm[r] = a.meta_off + tile0 * 64 + g * 8;
+    wm[r] = a.meta_off + tile0 * 64 + g * (kK ? 16 : 8);
   }
 
-  const uint32_t mine =
-      static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + static_cast<uint32_t>(warp * kStages * kStageBytes);
+  const uint32_t mine = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) +
+                        static_cast<uint32_t>(warp * (kK ? kWarpBytes : kStages * kStageBytes));
   auto issue = [&](int u) {
     if (u < a.n_units) {
       const uint32_t st = mine + static_cast<uint32_t>((u % kStages) * kStageBytes);
@@ -180,7 +193,18 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs
 #pragma unroll
       for (int r = 0; r < kRG; ++r) {
         cp_async16(st + (r * 32 + lane) * 16, wu + wq[r]);
-        cp_async8(st + kAScaleOff + (r * 32 + lane) * 8, mu + wm[r]);
+        if constexpr (!kK) cp_async8(st + kAScaleOff + (r * 32 + lane) * 8, mu + wm[r]);
+      }
+      if constexpr (kK) {
+        if (u % kUnitsPerSlice == 0 && t == 0) {  // the group's heads, rows g and g + 8
+          const uint32_t slot =
+              mine + static_cast<uint32_t>(kStages * kStageBytes + ((u / kUnitsPerSlice) % 2) * kHeadSlotBytes);
+#pragma unroll
+          for (int r = 0; r < kRG; ++r) {
+            cp_async16(slot + (r * 8 + g) * 32, mu + wm[r]);
+            cp_async16(slot + (r * 8 + g) * 32 + 16, mu + wm[r] + 128);
+          }
+        }
       }
 #pragma unroll
       for (int p = 0; p < kNS; ++p) {
@@ -191,17 +215,29 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs
     cp_async_commit();  // an empty group past the end keeps the wait count right
   };
 
-  float acc[kRG][kNS][2];  // the current group's block sums, rows g and g + 8, in units of the lane's second digit
-  float sum[kRG][kNS][2];  // the groups before, scaled
+  // Q4_0: acc holds the current group's block sums (f32, scaled per block); Q4_K: isum the sub-block sums times their
+  // scales and msum the mins times the digit sums (int32, over the super-block). Rows g and g + 8, in units of the
+  // lane's second digit; sum: the groups before, scaled.
+  [[maybe_unused]] float acc[kRG][kNS][2];
+  [[maybe_unused]] int isum[kRG][kNS][2];
+  [[maybe_unused]] int msum[kRG][kNS][2];
+  float sum[kRG][kNS][2];
 #pragma unroll
   for (int r = 0; r < kRG; ++r) {
 #pragma unroll
-    for (int p = 0; p < kNS; ++p) acc[r][p][0] = acc[r][p][1] = sum[r][p][0] = sum[r][p][1] = 0.0f;
+    for (int p = 0; p < kNS; ++p) {
+      sum[r][p][0] = sum[r][p][1] = 0.0f;
+      if constexpr (kK) {
+        isum[r][p][0] = isum[r][p][1] = msum[r][p][0] = msum[r][p][1] = 0;
+      } else {
+        acc[r][p][0] = acc[r][p][1] = 0.0f;
+      }
+    }
   }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue(s);
   float xs[kNS];
-  const uint8_t* smem_base = smem + warp * kStages * kStageBytes;
+  const uint8_t* smem_base = smem + warp * (kK ? kWarpBytes : kStages * kStageBytes);
   for (int u = 0; u < a.n_units; ++u) {
     issue(u + kStages - 1);
     if (u % kUnitsPerSlice == 0) {  // the group's scale per vector, used at its end
@@ -210,7 +246,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs
       for (int p = 0; p < kNS; ++p) xs[p] = *reinterpret_cast<const float*>(sg + xd[p]);
     }
     cp_async_wait<kStages - 1>();
+    // Q4_K: the heads lane t = 0 copied become visible to the other lanes of its g (and every lane is past the reads
+    // of the slot the next group's copy overwrites).
+    if constexpr (kK) {
+      if (u % kUnitsPerSlice == 0) __syncwarp();
+    }
     const uint8_t* st = smem_base + (u % kStages) * kStageBytes;
+    [[maybe_unused]] const uint8_t* heads =
+        smem_base + kStages * kStageBytes + ((u / kUnitsPerSlice) % 2) * kHeadSlotBytes;
     uint4 fb[kNS];
     int2 dd[kNS];
 #pragma unroll
@@ -221,33 +264,76 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemm_imma_q4_0_kernel(GemmArgs
 #pragma unroll
     for (int r = 0; r < kRG; ++r) {
       const uint4 q = *reinterpret_cast<const uint4*>(st + (r * 32 + lane) * 16);
-      const uint2 d = *reinterpret_cast<const uint2*>(st + kAScaleOff + (r * 32 + lane) * 8);
+      if constexpr (kK) {
+        // The unit's two sub-blocks (low nibbles: 2j, high: 2j + 1), each scale and min 6 bits of the unit's field.
+        const uint4 hg = *reinterpret_cast<const uint4*>(heads + (r * 8 + g) * 32);
+        const uint4 hg8 = *reinterpret_cast<const uint4*>(heads + (r * 8 + g) * 32 + 16);
+        const uint32_t f0 = k_field(hg, u % kUnitsPerSlice);
+        const uint32_t f8 = k_field(hg8, u % kUnitsPerSlice);
 #pragma unroll
-      for (int b = 0; b < 2; ++b) {              // the unit's two blocks
-        const uint32_t pw = b == 0 ? q.x : q.z;  // row g
-        const uint32_t qw = b == 0 ? q.y : q.w;  // row g + 8
-        const uint32_t a0 = pw & kNibbles, a1 = qw & kNibbles, a2 = (pw >> 4) & kNibbles, a3 = (qw >> 4) & kNibbles;
-        const uint32_t sc = b == 0 ? d.x : d.y;
-        const float s_g = half_bits(sc & 0xFFFFu);
-        const float s_g8 = half_bits(sc >> 16);
+        for (int b = 0; b < 2; ++b) {
+          const int sh = 4 * b;
+          const uint32_t a0 = (q.x >> sh) & kNibbles, a1 = (q.y >> sh) & kNibbles, a2 = (q.z >> sh) & kNibbles,
+                         a3 = (q.w >> sh) & kNibbles;
+          const int sc0 = static_cast<int>((f0 >> (6 * b)) & 63u), mn0 = static_cast<int>((f0 >> (12 + 6 * b)) & 63u);
+          const int sc8 = static_cast<int>((f8 >> (6 * b)) & 63u), mn8 = static_cast<int>((f8 >> (12 + 6 * b)) & 63u);
 #pragma unroll
-        for (int p = 0; p < kNS; ++p) {  // every set, even past n_vec: no branch between the MMAs
-          int c[4];
-          mma_u8s8(c, a0, a1, a2, a3, b == 0 ? fb[p].x : fb[p].z, b == 0 ? fb[p].y : fb[p].w, 0,
-                   kMagic - 8 * (b == 0 ? dd[p].x : dd[p].y));
-          acc[r][p][0] = __fmaf_rn(__int_as_float(c[0] * 128 + c[1]) - kMagicF, s_g, acc[r][p][0]);
-          acc[r][p][1] = __fmaf_rn(__int_as_float(c[2] * 128 + c[3]) - kMagicF, s_g8, acc[r][p][1]);
+          for (int p = 0; p < kNS; ++p) {  // every set, even past n_vec: no branch between the MMAs
+            int c[4];
+            mma_u8s8(c, a0, a1, a2, a3, b == 0 ? fb[p].x : fb[p].z, b == 0 ? fb[p].y : fb[p].w, 0, 0);
+            const int dsum = b == 0 ? dd[p].x : dd[p].y;
+            // |128·c0 + c1| < 2^22, times sc < 64, over 8 sub-blocks: < 2^31.
+            isum[r][p][0] += (c[0] * 128 + c[1]) * sc0;
+            isum[r][p][1] += (c[2] * 128 + c[3]) * sc8;
+            msum[r][p][0] += mn0 * dsum;
+            msum[r][p][1] += mn8 * dsum;
+          }
+        }
+      } else {
+        const uint2 d = *reinterpret_cast<const uint2*>(st + kAScaleOff + (r * 32 + lane) * 8);
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {              // the unit's two blocks
+          const uint32_t pw = b == 0 ? q.x : q.z;  // row g
+          const uint32_t qw = b == 0 ? q.y : q.w;  // row g + 8
+          const uint32_t a0 = pw & kNibbles, a1 = qw & kNibbles, a2 = (pw >> 4) & kNibbles, a3 = (qw >> 4) & kNibbles;
+          const uint32_t sc = b == 0 ? d.x : d.y;
+          const float s_g = half_bits(sc & 0xFFFFu);
+          const float s_g8 = half_bits(sc >> 16);
+#pragma unroll
+          for (int p = 0; p < kNS; ++p) {  // every set, even past n_vec: no branch between the MMAs
+            int c[4];
+            mma_u8s8(c, a0, a1, a2, a3, b == 0 ? fb[p].x : fb[p].z, b == 0 ? fb[p].y : fb[p].w, 0,
+                     kMagic - 8 * (b == 0 ? dd[p].x : dd[p].y));
+            acc[r][p][0] = __fmaf_rn(__int_as_float(c[0] * 128 + c[1]) - kMagicF, s_g, acc[r][p][0]);
+            acc[r][p][1] = __fmaf_rn(__int_as_float(c[2] * 128 + c[3]) - kMagicF, s_g8, acc[r][p][1]);
+          }
         }
       }
     }
     if (u % kUnitsPerSlice == kUnitsPerSlice - 1) {  // a group's end: its scale per vector
 #pragma unroll
-      for (int p = 0; p < kNS; ++p) {
+      for (int r = 0; r < kRG; ++r) {
+        [[maybe_unused]] float dg[2], dm[2];
+        if constexpr (kK) {
+          const uint32_t d0 = *reinterpret_cast<const uint32_t*>(heads + (r * 8 + g) * 32);
+          const uint32_t d8 = *reinterpret_cast<const uint32_t*>(heads + (r * 8 + g) * 32 + 16);
+          dg[0] = half_bits(d0 & 0xFFFFu), dm[0] = half_bits(d0 >> 16);
+          dg[1] = half_bits(d8 & 0xFFFFu), dm[1] = half_bits(d8 >> 16);
+        }
 #pragma unroll
-        for (int r = 0; r < kRG; ++r) {
-          sum[r][p][0] = __fadd_rn(sum[r][p][0], __fmul_rn(xs[p], acc[r][p][0]));
-          sum[r][p][1] = __fadd_rn(sum[r][p][1], __fmul_rn(xs[p], acc[r][p][1]));
-          acc[r][p][0] = acc[r][p][1] = 0.0f;
+        for (int p = 0; p < kNS; ++p) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            if constexpr (kK) {
+              const float v = __fmaf_rn(dg[i], static_cast<float>(isum[r][p][i]),
+                                        -__fmul_rn(dm[i], static_cast<float>(msum[r][p][i])));
+              sum[r][p][i] = __fadd_rn(sum[r][p][i], __fmul_rn(xs[p], v));
+              isum[r][p][i] = msum[r][p][i] = 0;
+            } else {
+              sum[r][p][i] = __fadd_rn(sum[r][p][i], __fmul_rn(xs[p], acc[r][p][i]));
+              acc[r][p][i] = 0.0f;
+            }
+          }
         }
       }
     }
@@ -291,21 +377,26 @@ GemmArgs base_args(GgmlType type, int64_t n_cols, int64_t n_rows, const void* xp
   return a;
 }
 
-template <bool kTable, int kDigits>
-Status launch_digits(const GemmArgs& a, cudaStream_t stream) {
-  constexpr auto kernel = gemm_imma_q4_0_kernel<kTable, kDigits>;
-  KESTREL_TRY(check_smem<kernel>(kSmemBytes, "gemm_imma: its operand stages"));
+template <bool kTable, int kDigits, GgmlType T>
+Status launch_kernel(const GemmArgs& a, cudaStream_t stream) {
+  constexpr auto kernel = gemm_imma_kernel<kTable, kDigits, T>;
+  KESTREL_TRY(check_smem<kernel>(kSmemBytes<T>, "gemm_imma: its operand stages"));
   const dim3 grid(static_cast<unsigned>(a.n_seg),
                   static_cast<unsigned>((a.n_rg + kTileRowGroups - 1) / kTileRowGroups));
-  kernel<<<grid, kWarps * 32, kSmemBytes, stream>>>(a);
+  kernel<<<grid, kWarps * 32, kSmemBytes<T>, stream>>>(a);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
 
 template <bool kTable>
-Status launch(const GemmArgs& a, GemmDigits digits, cudaStream_t stream) {
-  if (digits == GemmDigits::kTwo) return launch_digits<kTable, 2>(a, stream);
-  return launch_digits<kTable, 4>(a, stream);
+Status launch(const GemmArgs& a, GgmlType type, GemmDigits digits, cudaStream_t stream) {
+  const bool two = digits == GemmDigits::kTwo;
+  if (type == GgmlType::kQ4_K) {
+    return two ? launch_kernel<kTable, 2, GgmlType::kQ4_K>(a, stream)
+               : launch_kernel<kTable, 4, GgmlType::kQ4_K>(a, stream);
+  }
+  return two ? launch_kernel<kTable, 2, GgmlType::kQ4_0>(a, stream)
+             : launch_kernel<kTable, 4, GgmlType::kQ4_0>(a, stream);
 }
 
 Status bad_digits(const char* what, GemmDigits digits) {
@@ -320,7 +411,7 @@ std::string shape_text(GgmlType type, int64_t n_cols, int64_t n_rows) {
 }  // namespace
 
 bool gemm_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
-  return type == GgmlType::kQ4_0 && n_cols % (kUnitElems * kUnitsPerSlice) == 0 &&
+  return (type == GgmlType::kQ4_0 || type == GgmlType::kQ4_K) && n_cols % (kUnitElems * kUnitsPerSlice) == 0 &&
          gemv_imma_supports(type, n_cols, n_rows);
 }
 
@@ -338,7 +429,7 @@ Status gemm_imma(const TiledView& w, const void* xprep, int n_vec, float* y, cud
   a.base = w.data;
   a.n_vec = n_vec;
   a.n_seg = (n_vec + kImmaSegmentVectors - 1) / kImmaSegmentVectors;
-  return launch<false>(a, digits, stream);
+  return launch<false>(a, w.type, digits, stream);
 }
 
 Status gemm_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const ImmaSegment* segments, int n_segments,
@@ -360,7 +451,7 @@ Status gemm_imma_segments(GgmlType type, int64_t n_cols, int64_t n_rows, const I
   a.base = segments;
   a.n_used = n_used;
   a.n_seg = n_segments;
-  return launch<true>(a, digits, stream);
+  return launch<true>(a, type, digits, stream);
 }
 
 }  // namespace kestrel::gpu

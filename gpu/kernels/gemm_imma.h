@@ -1,5 +1,5 @@
 // gemm_imma: GEMV v4's arithmetic (gemv_imma.h) for many vectors at once — a prompt pass's projections and its MoE
-// experts — on re-tiled Q4_0 weights and the same prepared activations (gemv_imma_prepare_x).
+// experts — on re-tiled Q4_0 and Q4_K weights and the same prepared activations (gemv_imma_prepare_x).
 //
 // gemv_imma serves up to 32 vectors a call in segments of 8, each warp holding one row group for one segment, so
 // 512 prompt rows read and decode every weight tile 64 times. Here a warp holds four row groups (64 rows) for one
@@ -37,7 +37,8 @@ namespace kestrel::gpu {
 // GemmDigits (gpu/kernels/tuning.h) is the activation digits gemm_imma multiplies (above).
 inline bool gemm_digits_valid(GemmDigits d) { return d == GemmDigits::kFour || d == GemmDigits::kTwo; }
 
-// True when gemm_imma and gemm_imma_segments take the shape: Q4_0, gemv_imma_supports, n_cols a multiple of 256.
+// True when gemm_imma and gemm_imma_segments take the shape: Q4_0 or Q4_K, gemv_imma_supports, n_cols a multiple of
+// 256.
 bool gemm_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
 
 // y[v] = W x[v] for v < n_vec (n_vec >= 1): xprep holds n_vec prepared vectors of w.n_cols (gemv_imma_prepare_x,

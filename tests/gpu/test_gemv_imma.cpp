@@ -664,15 +664,19 @@ std::vector<float> run_gemm(const DeviceTiled& w, const std::vector<float>& x, i
   return test::download<float>(d_y.as<float>(), y_elems);
 }
 
-// Against ref::matvec_batch within test_gemv_imma's bound (at four digits and at two): rows ending inside a 256-row
-// block tile (33 and 17 row groups), 256 .. 8192 columns (one to 32 groups), vector counts inside one segment, across
-// segments and blocks, and a prompt pass's 512; bit-identical repeats; the first and last vectors alone give their
-// bits inside the batch. Two digits must also differ from four somewhere (they drop a real part of x).
-TEST(GemmImma, Q4_0MatchesReference) {
+// Q4_0 and Q4_K against ref::matvec_batch within test_gemv_imma's bound (at four digits and at two): rows ending inside
+// a 256-row block tile (33 and 17 row groups), 256 .. 8192 columns (one to 32 groups), vector counts inside one
+// segment, across segments and blocks, and a prompt pass's 512; bit-identical repeats; the first and last vectors alone
+// give their bits inside the batch. Two digits must also differ from four somewhere (they drop a real part of x).
+TEST(GemmImma, MatchesReference) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(4321);
-  const GgmlType t = GgmlType::kQ4_0;
-  for (const Shape sh : {Shape{256, 16}, Shape{2048, 528}, Shape{512, 2048}, Shape{4096, 272}, Shape{8192, 48}}) {
+  for (const auto& [t, sh] :
+       {std::pair{GgmlType::kQ4_0, Shape{256, 16}}, std::pair{GgmlType::kQ4_0, Shape{2048, 528}},
+        std::pair{GgmlType::kQ4_0, Shape{512, 2048}}, std::pair{GgmlType::kQ4_0, Shape{4096, 272}},
+        std::pair{GgmlType::kQ4_0, Shape{8192, 48}}, std::pair{GgmlType::kQ4_K, Shape{256, 16}},
+        std::pair{GgmlType::kQ4_K, Shape{2048, 528}}, std::pair{GgmlType::kQ4_K, Shape{512, 2048}},
+        std::pair{GgmlType::kQ4_K, Shape{8192, 48}}}) {
     ASSERT_TRUE(gemm_imma_supports(t, sh.n_in, sh.n_out));
     const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
     const DeviceTiled w(t, m, sh.n_in, sh.n_out);
@@ -684,8 +688,9 @@ TEST(GemmImma, Q4_0MatchesReference) {
       std::vector<float> four;
       for (const GemmDigits digits : {GemmDigits::kFour, GemmDigits::kTwo}) {
         const int nd = static_cast<int>(digits);
-        const std::string what = "gemm " + std::to_string(sh.n_in) + "x" + std::to_string(sh.n_out) + " n_vec " +
-                                 std::to_string(n_vec) + ", " + std::to_string(nd) + " digits";
+        const std::string what = "gemm " + std::string(ggml_type_name(t)) + " " + std::to_string(sh.n_in) + "x" +
+                                 std::to_string(sh.n_out) + " n_vec " + std::to_string(n_vec) + ", " +
+                                 std::to_string(nd) + " digits";
         const std::vector<float> got = run_gemm(w, x, n_vec, digits);
         expect_within(what, got, want, bounds(t, m, sh.n_in, sh.n_out, x, n_vec, nd), sh.n_out);
         const std::vector<float> again = run_gemm(w, x, n_vec, digits);
@@ -769,8 +774,8 @@ TEST(GemmImma, SegmentsGiveTheDenseCallsBits) {
       EXPECT_EQ(std::memcmp(dense.data(), got.data() + (2 * i + 1) * static_cast<size_t>(sh.n_out),
                             dense.size() * sizeof(float)),
                 0)
-          << sh.n_in << "x" << sh.n_out << " y row " << 2 * i + 1 << " (vector " << v << "), "
-          << static_cast<int>(digits) << " digits";
+          << ggml_type_name(t) << " " << sh.n_in << "x" << sh.n_out << " y row " << 2 * i + 1 << " (vector " << v
+          << "), " << static_cast<int>(digits) << " digits";
     }
     uint32_t untouched = 0xFFFFFFFFu;
     for (int r = 0; r <= n_out; r += 2) {
@@ -785,7 +790,8 @@ TEST(GemmImma, SegmentsGiveTheDenseCallsBits) {
 }
 
 TEST(GemmImma, RefusesShapesAndArguments) {
-  EXPECT_FALSE(gemm_imma_supports(GgmlType::kQ4_K, 256, 16));  // Q4_0 only
+  EXPECT_FALSE(gemm_imma_supports(GgmlType::kQ5_K, 256, 16));  // Q4_0 and Q4_K only
+  EXPECT_TRUE(gemm_imma_supports(GgmlType::kQ4_K, 256, 16));
   EXPECT_FALSE(gemm_imma_supports(GgmlType::kQ4_0, 320, 16));  // not whole 256-column groups
   EXPECT_TRUE(gemm_imma_supports(GgmlType::kQ4_0, 512, 2048));
   alignas(16) static float y[16];
@@ -795,8 +801,8 @@ TEST(GemmImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemm_imma(view, xp, 0, y, nullptr));
   EXPECT_FALSE(gemm_imma(view, xp + 4, 1, y, nullptr));                         // xprep not 16-byte aligned
   EXPECT_FALSE(gemm_imma(view, xp, 1, reinterpret_cast<float*>(xp), nullptr));  // y overlaps xprep
-  const TiledView q4k{GgmlType::kQ4_K, w, 256, 16};
-  EXPECT_FALSE(gemm_imma(q4k, xp, 1, y, nullptr));
+  const TiledView q5k{GgmlType::kQ5_K, w, 256, 16};
+  EXPECT_FALSE(gemm_imma(q5k, xp, 1, y, nullptr));
   EXPECT_FALSE(gemm_imma(view, xp, 1, y, nullptr, static_cast<GemmDigits>(3)));
   alignas(16) static ImmaSegment seg[1];
   EXPECT_FALSE(gemm_imma_segments(GgmlType::kQ4_0, 256, 16, seg, 1, xp, y, 15, nullptr));  // y_stride < n_rows
