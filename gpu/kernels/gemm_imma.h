@@ -1,5 +1,6 @@
 // gemm_imma: GEMV v4's arithmetic (gemv_imma.h) for many vectors at once — a prompt pass's projections and its MoE
-// experts — on re-tiled Q4_0 and Q4_K weights and the same prepared activations (gemv_imma_prepare_x).
+// experts — on re-tiled Q4_0, Q4_K, Q5_K, Q6_K and Q8_0 weights and the same prepared activations
+// (gemv_imma_prepare_x).
 //
 // gemv_imma serves up to 32 vectors a call in segments of 8, each warp holding one row group for one segment, so
 // 512 prompt rows read and decode every weight tile 64 times. Here a warp holds four row groups (64 rows) for one
@@ -8,11 +9,11 @@
 // blocks an SM; the blocks of one row tile are adjacent in the grid, so a tile comes from DRAM once and from L2 for the
 // other segments.
 //
-// Per output the operations are gemv_imma's with one slice (S = 1): exact integer block sums, the block's scale in
-// f32, the group scale once per 256 columns, the four digits joined at the end. So the result is within gemv_imma's
-// bound of the reference (test_gemv_imma holds it to the same one) but not bit-identical to a gemv_imma call that
-// splits the row over several warps. No atomics: runs are bit-identical and y[v] does not depend on n_vec or on the
-// other segments.
+// Per output the operations are gemv_imma's with one slice (S = 1): integer block sums, the block's or super-block's
+// scales in f32, the group scale once per 256 columns, the four digits joined at the end. So the result is within
+// gemv_imma's bound of the reference (test_gemv_imma holds it to the same one) but not bit-identical to a gemv_imma
+// call that splits the row over several warps. No atomics: runs are bit-identical and y[v] does not depend on n_vec or
+// on the other segments.
 //
 // GemmDigits::kTwo multiplies only the prepared activations' first two digits: each activation is then x rounded to
 // the nearest multiple of 2^(e − 13), where 2^e bounds its 256-element group's largest magnitude (gemv_imma_prepare_x's
@@ -37,8 +38,8 @@ namespace kestrel::gpu {
 // GemmDigits (gpu/kernels/tuning.h) is the activation digits gemm_imma multiplies (above).
 inline bool gemm_digits_valid(GemmDigits d) { return d == GemmDigits::kFour || d == GemmDigits::kTwo; }
 
-// True when gemm_imma and gemm_imma_segments take the shape: Q4_0 or Q4_K, gemv_imma_supports, n_cols a multiple of
-// 256.
+// True when gemm_imma and gemm_imma_segments take the shape: Q4_0, Q4_K, Q5_K, Q6_K or Q8_0, gemv_imma_supports, n_cols
+// a multiple of 256.
 bool gemm_imma_supports(GgmlType type, int64_t n_cols, int64_t n_rows);
 
 // y[v] = W x[v] for v < n_vec (n_vec >= 1): xprep holds n_vec prepared vectors of w.n_cols (gemv_imma_prepare_x,

@@ -22,6 +22,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -664,19 +665,22 @@ std::vector<float> run_gemm(const DeviceTiled& w, const std::vector<float>& x, i
   return test::download<float>(d_y.as<float>(), y_elems);
 }
 
-// Q4_0 and Q4_K against ref::matvec_batch within test_gemv_imma's bound (at four digits and at two): rows ending inside
-// a 256-row block tile (33 and 17 row groups), 256 .. 8192 columns (one to 32 groups), vector counts inside one
-// segment, across segments and blocks, and a prompt pass's 512; bit-identical repeats; the first and last vectors alone
-// give their bits inside the batch. Two digits must also differ from four somewhere (they drop a real part of x).
+// Every type gemm_imma takes against ref::matvec_batch within test_gemv_imma's bound (at four digits and at two): rows
+// ending inside a 256-row block tile (33 and 17 row groups), 256 .. 8192 columns (one to 32 groups), vector counts
+// inside one segment, across segments and blocks, and a prompt pass's 512; bit-identical repeats; the first and last
+// vectors alone give their bits inside the batch. Two digits must also differ from four somewhere (they drop a real
+// part of x).
 TEST(GemmImma, MatchesReference) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(4321);
-  for (const auto& [t, sh] :
-       {std::pair{GgmlType::kQ4_0, Shape{256, 16}}, std::pair{GgmlType::kQ4_0, Shape{2048, 528}},
-        std::pair{GgmlType::kQ4_0, Shape{512, 2048}}, std::pair{GgmlType::kQ4_0, Shape{4096, 272}},
-        std::pair{GgmlType::kQ4_0, Shape{8192, 48}}, std::pair{GgmlType::kQ4_K, Shape{256, 16}},
-        std::pair{GgmlType::kQ4_K, Shape{2048, 528}}, std::pair{GgmlType::kQ4_K, Shape{512, 2048}},
-        std::pair{GgmlType::kQ4_K, Shape{8192, 48}}}) {
+  std::vector<std::pair<GgmlType, Shape>> cases;
+  for (const GgmlType t : kImmaTypes) {
+    for (const Shape sh : {Shape{256, 16}, Shape{2048, 528}, Shape{512, 2048}, Shape{4096, 272}, Shape{8192, 48}}) {
+      if (t != GgmlType::kQ4_0 && sh.n_in == 4096) continue;  // the other types: four shapes each
+      cases.emplace_back(t, sh);
+    }
+  }
+  for (const auto& [t, sh] : cases) {
     ASSERT_TRUE(gemm_imma_supports(t, sh.n_in, sh.n_out));
     const std::vector<uint8_t> m = random_matrix(t, sh.n_in, sh.n_out, rng);
     const DeviceTiled w(t, m, sh.n_in, sh.n_out);
@@ -714,14 +718,18 @@ TEST(GemmImma, MatchesReference) {
 
 // The grouped form: segments of 0 .. 8 vectors on two matrices (vectors repeated, outputs scattered), counted in use
 // with garbage after the count: each output row has the bits of a dense call on its vector alone, rows no segment
-// names stay untouched, and a count keeps the garbage unread. Expert shapes (2048 -> 512, 512 -> 2048).
+// names stay untouched, and a count keeps the garbage unread. Every type gemm_imma takes, both digit counts, expert
+// shapes (2048 -> 512, 512 -> 2048).
 TEST(GemmImma, SegmentsGiveTheDenseCallsBits) {
   KESTREL_REQUIRE_DEVICE();
   std::mt19937 rng(888);
-  const GgmlType t = GgmlType::kQ4_0;
-  for (const auto& [sh, digits] :
-       {std::pair{Shape{2048, 512}, GemmDigits::kFour}, std::pair{Shape{512, 2048}, GemmDigits::kFour},
-        std::pair{Shape{2048, 512}, GemmDigits::kTwo}, std::pair{Shape{512, 2048}, GemmDigits::kTwo}}) {
+  std::vector<std::tuple<GgmlType, Shape, GemmDigits>> cases;
+  for (const GgmlType t : kImmaTypes) {
+    for (const GemmDigits digits : {GemmDigits::kFour, GemmDigits::kTwo}) {
+      for (const Shape sh : {Shape{2048, 512}, Shape{512, 2048}}) cases.emplace_back(t, sh, digits);
+    }
+  }
+  for (const auto& [t, sh, digits] : cases) {
     const std::vector<uint8_t> ma = random_matrix(t, sh.n_in, sh.n_out, rng);
     const std::vector<uint8_t> mb = random_matrix(t, sh.n_in, sh.n_out, rng);
     const DeviceTiled wa(t, ma, sh.n_in, sh.n_out);
@@ -790,8 +798,8 @@ TEST(GemmImma, SegmentsGiveTheDenseCallsBits) {
 }
 
 TEST(GemmImma, RefusesShapesAndArguments) {
-  EXPECT_FALSE(gemm_imma_supports(GgmlType::kQ5_K, 256, 16));  // Q4_0 and Q4_K only
-  EXPECT_TRUE(gemm_imma_supports(GgmlType::kQ4_K, 256, 16));
+  EXPECT_FALSE(gemm_imma_supports(GgmlType::kF16, 256, 16));  // the types gemv_imma tiles only
+  for (const GgmlType t : kImmaTypes) EXPECT_TRUE(gemm_imma_supports(t, 256, 16)) << ggml_type_name(t);
   EXPECT_FALSE(gemm_imma_supports(GgmlType::kQ4_0, 320, 16));  // not whole 256-column groups
   EXPECT_TRUE(gemm_imma_supports(GgmlType::kQ4_0, 512, 2048));
   alignas(16) static float y[16];
@@ -801,8 +809,8 @@ TEST(GemmImma, RefusesShapesAndArguments) {
   EXPECT_FALSE(gemm_imma(view, xp, 0, y, nullptr));
   EXPECT_FALSE(gemm_imma(view, xp + 4, 1, y, nullptr));                         // xprep not 16-byte aligned
   EXPECT_FALSE(gemm_imma(view, xp, 1, reinterpret_cast<float*>(xp), nullptr));  // y overlaps xprep
-  const TiledView q5k{GgmlType::kQ5_K, w, 256, 16};
-  EXPECT_FALSE(gemm_imma(q5k, xp, 1, y, nullptr));
+  const TiledView f16{GgmlType::kF16, w, 256, 16};
+  EXPECT_FALSE(gemm_imma(f16, xp, 1, y, nullptr));
   EXPECT_FALSE(gemm_imma(view, xp, 1, y, nullptr, static_cast<GemmDigits>(3)));
   alignas(16) static ImmaSegment seg[1];
   EXPECT_FALSE(gemm_imma_segments(GgmlType::kQ4_0, 256, 16, seg, 1, xp, y, 15, nullptr));  // y_stride < n_rows

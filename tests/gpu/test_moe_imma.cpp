@@ -310,14 +310,15 @@ TEST(MoeImma, TokenBitsDoNotDependOnTheBatch) {
 // moe_imma_forward_prompt (one call for up to kMoePromptMaxTokens tokens, each expert read once for all its tokens)
 // on GEMV v4 (GemvImmaTuning::prompt_gemm off) gives every token the bits moe_imma_forward gives it in calls of 32: 1,
 // 33, 300 and 512 tokens, segments of 2 and 8 vectors, with and without a shared expert, an f32 and a quantized router,
-// a Q6_K down stack. On gemm_imma (the default, where it takes the type) each token is within the layer's tolerance
-// of the reference (ref::moe_forward) and the bits repeat; at two digits within kOutTolTwoDigits.
+// Q6_K and Q8_0 down stacks, Q5_K gate/up. On gemm_imma (the default, where it takes the type) each token is within the
+// layer's tolerance of the reference (ref::moe_forward) and the bits repeat; at two digits within kOutTolTwoDigits.
 TEST(MoeImma, PromptCallGivesTheBitsOfCallsOf32) {
   KESTREL_REQUIRE_DEVICE();
   const std::vector<Shape> shapes = {
       {"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_0},
       {"35B-A3B-like", 2048, 256, 8, 512, true, GgmlType::kQ4_K, GgmlType::kF32, GgmlType::kQ6_K},
       {"small, no shared, q8_0 router", 256, 40, 3, 128, false, GgmlType::kQ4_0, GgmlType::kQ8_0},
+      {"Q5_K gate/up, Q8_0 down", 512, 24, 3, 256, true, GgmlType::kQ5_K, GgmlType::kF32, GgmlType::kQ8_0},
   };
   for (const Shape& s : shapes) {
     HostMoe m;
