@@ -10,9 +10,9 @@
 //   tokens a gate, an up and a down segment, plus the shared expert's chunks; counted) → the grouped gate+up product
 //   → gemv_imma_prepare_swiglu → the grouped down product → combine (moe_combine's order: Σ over each token's entries
 //   by ascending expert id of w·y from 0, then + sigmoid(shared gate · x) · shared y).
-// The grouped products run on gemm_imma_segments where it takes the experts' type (every type gemv_imma tiles) and GemvImmaTuning::
-// prompt_gemm is on, else on gemv_imma_segments. The entries, rows and tables have moe_imma_forward's layout and
-// every per-token operation its arithmetic; on gemv_imma_segments a token's output is bit-identical to what
+// The grouped products run on gemm_imma_segments where it takes the experts' type (every type gemv_imma tiles) and
+// GemvImmaTuning:: prompt_gemm is on, else on gemv_imma_segments. The entries, rows and tables have moe_imma_forward's
+// layout and every per-token operation its arithmetic; on gemv_imma_segments a token's output is bit-identical to what
 // moe_imma_forward gives it in a call of any size, on gemm_imma it agrees within f32 rounding (test_moe_imma).
 #pragma once
 

@@ -28,8 +28,8 @@ struct GemvImmaTuning {
   // that both give the same bits.
   bool compiled_groups = true;
   // Prompt passes (ForwardPass::run_prompt: more than 32 vectors a projection, the MoE grouped over all tokens) run
-  // gemm_imma where it takes the type (every type gemv_imma tiles): each weight tile decoded once for 8 vectors and 64 rows a warp.
-  // false keeps GEMV v4 there, for A/B measurements (bench_engine --no-prompt-gemm).
+  // gemm_imma where it takes the type (every type gemv_imma tiles): each weight tile decoded once for 8 vectors and 64
+  // rows a warp. false keeps GEMV v4 there, for A/B measurements (bench_engine --no-prompt-gemm).
   bool prompt_gemm = true;
   // The activation digits gemm_imma multiplies in prompt passes (gemm_imma.h: 4, or 2 for half the MMAs and scalings at
   // 13 bits below each group's bound). Decode always multiplies four.
