@@ -158,7 +158,9 @@ const char* pass_section_name(PassSection s) {
     case PassSection::kGdnIn: return "gdn input projections";
     case PassSection::kGdn: return "gdn step + ssm_out";
     case PassSection::kAttention: return "attention layers";
-    case PassSection::kMoe: return "moe layers";
+    case PassSection::kMoeRoute: return "moe routing";
+    case PassSection::kMoeExperts: return "moe experts";
+    case PassSection::kMoe: return "moe combine + norm";
     case PassSection::kDenseFfn: return "dense ffn";
     case PassSection::kLmHead: return "lm_head + logits copy";
     case PassSection::kCount: break;
@@ -168,7 +170,7 @@ const char* pass_section_name(PassSection s) {
 
 Status ForwardPass::set_profiling(bool on) {
   if (on && events_.empty()) {
-    events_.resize(5 * model_.layers().size() + 8);
+    events_.resize(7 * model_.layers().size() + 8);
     for (cudaEvent_t& e : events_) KESTREL_CUDA_TRY(cudaEventCreate(&e));
     sections_.resize(events_.size());
   }
@@ -573,7 +575,7 @@ Status ForwardPass::hybrid_ffn_layer(size_t l, int n) {
   h.host_choices = host_choices_dev_;
   h.host_y = host_y_dev_;
   if (f.moe_tiled && n > P) {  // a prompt pass: the host gets every row in one hand-off
-    MoeHybridHooks hooks;
+    MoePhaseHooks hooks;
     hooks.after_route = [&]() -> Status {
       return expert_handoff_publish(link_->handoff(), static_cast<int32_t>(l), x_, host_choices_dev_, n, H,
                                     static_cast<int>(hp.n_expert_used), stream_);
@@ -588,7 +590,7 @@ Status ForwardPass::hybrid_ffn_layer(size_t l, int n) {
   for (int c0 = 0; c0 < n; c0 += P) {
     const int cn = std::min(P, n - c0);
     const float* x = x_ + int64_t{c0} * H;
-    MoeHybridHooks hooks;
+    MoePhaseHooks hooks;
     hooks.after_route = [&]() -> Status {
       return expert_handoff_publish(link_->handoff(), static_cast<int32_t>(l), x, host_choices_dev_, cn, H,
                                     static_cast<int>(hp.n_expert_used), stream_);
@@ -615,15 +617,21 @@ Status ForwardPass::ffn_sublayer(size_t l, int n) {
   const DeviceFfnLayer& f = model_.layers()[l].ffn;
   if (f.hybrid()) return hybrid_ffn_layer(l, n);
   if (f.moe) {
+    // While profiling, the routing and the experts are sections of their own.
+    MoePhaseHooks marks;
+    marks.after_route = [this] { return mark(PassSection::kMoeRoute); };
+    marks.before_combine = [this] { return mark(PassSection::kMoeExperts); };
+    const MoePhaseHooks* hooks = profiling_ ? &marks : nullptr;
     if (f.moe_tiled && n > P) {  // a prompt pass: each expert read once for all the tokens that chose it
       return moe_imma_forward_prompt(f.moe_imma, x_, n, y_, moe_prompt_ws_, stream_,
-                                     tuning_.moe_imma.prompt_segment_vectors, tuning_.moe_imma.grouped_gemv);
+                                     tuning_.moe_imma.prompt_segment_vectors, tuning_.moe_imma.grouped_gemv, hooks);
     }
     const int64_t H = model_.hparams().n_embd;
     for (int c0 = 0; c0 < n; c0 += P) {  // up to P tokens a call
       const int cn = std::min(P, n - c0);
       if (f.moe_tiled) {
-        KESTREL_TRY(moe_imma_forward(f.moe_imma, x_ + c0 * H, cn, y_ + c0 * H, moe_ws_, stream_, tuning_.moe_imma));
+        KESTREL_TRY(moe_imma_forward(f.moe_imma, x_ + c0 * H, cn, y_ + c0 * H, moe_ws_, stream_, tuning_.moe_imma,
+                                     nullptr, hooks));
       } else {
         KESTREL_TRY(moe_forward(f.moe_raw, x_ + c0 * H, cn, y_ + c0 * H, moe_ws_, stream_));
       }

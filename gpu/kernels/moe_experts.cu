@@ -356,7 +356,7 @@ namespace {
 // moe_forward, and with `h` moe_forward_hybrid (moe_hybrid.h's steps: the split after the routing, the hooks, the
 // resident experts through the map, the hybrid combine).
 Status forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* out, void* workspace, cudaStream_t stream,
-               MoeLaunchInfo* info, const MoeHybrid* h, const MoeHybridHooks* hooks) {
+               MoeLaunchInfo* info, const MoeHybrid* h, const MoePhaseHooks* hooks) {
   KESTREL_TRY(h != nullptr ? check_weights(w, h->n_resident) : moe_check_weights(w));
   if (h != nullptr) KESTREL_TRY(moe_hybrid_check(*h, w.router.n_rows));
   if (n_tok < 1 || n_tok > kMoeMaxTokens) {
@@ -485,7 +485,7 @@ Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* 
 }
 
 Status moe_forward_hybrid(const MoeDeviceWeights& w, const MoeHybrid& h, const float* x, int n_tok, float* out,
-                          void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks, MoeLaunchInfo* info) {
+                          void* workspace, cudaStream_t stream, const MoePhaseHooks& hooks, MoeLaunchInfo* info) {
   return forward(w, x, n_tok, out, workspace, stream, info, &h, &hooks);
 }
 

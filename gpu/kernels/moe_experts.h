@@ -76,7 +76,7 @@ Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* 
 // expert id e at h.resident[e]; null data when none is resident) while the router and the routing cover all E; the
 // hooks run between the phases. Same workspace as moe_forward; the same checks plus moe_hybrid_check.
 Status moe_forward_hybrid(const MoeDeviceWeights& w, const MoeHybrid& h, const float* x, int n_tok, float* out,
-                          void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks,
+                          void* workspace, cudaStream_t stream, const MoePhaseHooks& hooks,
                           MoeLaunchInfo* info = nullptr);
 
 }  // namespace kestrel::gpu

@@ -816,7 +816,7 @@ Status router_logits_and_prepare(const MoeImmaWeights& w, const float* x, int n_
 // route_table_hybrid_kernel, the hooks, the GEMVs over the resident experts' and the shared expert's segments, the
 // hybrid combine).
 Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace, cudaStream_t stream,
-               const MoeImmaTuning& tuning, MoeLaunchInfo* info, const MoeHybrid* h, const MoeHybridHooks* hooks) {
+               const MoeImmaTuning& tuning, MoeLaunchInfo* info, const MoeHybrid* h, const MoePhaseHooks* hooks) {
   KESTREL_TRY(check_weights(w, h != nullptr && h->n_resident == 0));
   if (h != nullptr) KESTREL_TRY(moe_hybrid_check(*h, w.n_expert));
   if (n_tok < 1 || n_tok > kMoeMaxTokens) {
@@ -906,7 +906,7 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
     KESTREL_TRY(gemv_imma_prepare_x(x, H, n_tok, l.xprep, stream));
     ++launches;
   }
-  if (h != nullptr && hooks != nullptr && hooks->after_route) KESTREL_TRY(hooks->after_route());
+  if (hooks != nullptr && hooks->after_route) KESTREL_TRY(hooks->after_route());
 
   // A hybrid layer with no resident expert and no shared expert has nothing for the GEMVs.
   const bool gemvs = h == nullptr || h->n_resident > 0 || w.has_shared_expert();
@@ -935,8 +935,8 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
     ++launches;
   }
 
+  if (hooks != nullptr && hooks->before_combine) KESTREL_TRY(hooks->before_combine());
   if (h != nullptr) {
-    if (hooks != nullptr && hooks->before_combine) KESTREL_TRY(hooks->before_combine());
     MoeHybridCombine hc;
     hc.ye = l.ye;
     hc.token_entry = r.token_entry;
@@ -988,12 +988,13 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
 }  // namespace
 
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
-                        cudaStream_t stream, const MoeImmaTuning& tuning, MoeLaunchInfo* info) {
-  return forward(w, x, n_tok, out, workspace, stream, tuning, info, nullptr, nullptr);
+                        cudaStream_t stream, const MoeImmaTuning& tuning, MoeLaunchInfo* info,
+                        const MoePhaseHooks* hooks) {
+  return forward(w, x, n_tok, out, workspace, stream, tuning, info, nullptr, hooks);
 }
 
 Status moe_imma_forward_hybrid(const MoeImmaWeights& w, const MoeHybrid& h, const float* x, int n_tok, float* out,
-                               void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks,
+                               void* workspace, cudaStream_t stream, const MoePhaseHooks& hooks,
                                const MoeImmaTuning& tuning, MoeLaunchInfo* info) {
   return forward(w, x, n_tok, out, workspace, stream, tuning, info, &h, &hooks);
 }

@@ -113,10 +113,12 @@ Status moe_imma_workspace_init(const MoeImmaWeights& w, void* workspace, cudaStr
 // anything is enqueued; otherwise the kernels are enqueued on `stream` and the call returns without waiting.
 // tuning: the launch forms, segment width and routing kernels (gpu/kernels/tuning.h; they change no bit of the output,
 // a forced split of the grouped GEMVs may); its segment_vectors must be in [1, kImmaSegmentVectors]. info (host,
-// optional) receives the launch count and the routing views (into the workspace). Thread-safe (no shared state); the
-// caller keeps every buffer alive until the stream has run.
+// optional) receives the launch count and the routing views (into the workspace). hooks (optional): run after the
+// routing and before the combine (profiling records events there). Thread-safe (no shared state); the caller keeps
+// every buffer alive until the stream has run.
 Status moe_imma_forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
-                        cudaStream_t stream, const MoeImmaTuning& tuning = {}, MoeLaunchInfo* info = nullptr);
+                        cudaStream_t stream, const MoeImmaTuning& tuning = {}, MoeLaunchInfo* info = nullptr,
+                        const MoePhaseHooks* hooks = nullptr);
 
 // The router's logits (f32 [n_tok, E]) and x's prepared form (imma_x_bytes(H, n_tok) bytes) of 1..65535 tokens,
 // with moe_imma_forward's arithmetic (each logit and each prepared group does not depend on the other tokens): the
@@ -132,7 +134,7 @@ Status moe_imma_route_inputs(const MoeImmaWeights& w, const float* x, int n_tok,
 // and the resident map); the rest is moe_imma_forward's launches over the resident experts' and the shared expert's
 // segments (none when neither exists), then the hybrid combine. Same workspace as moe_imma_forward.
 Status moe_imma_forward_hybrid(const MoeImmaWeights& w, const MoeHybrid& h, const float* x, int n_tok, float* out,
-                               void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks,
+                               void* workspace, cudaStream_t stream, const MoePhaseHooks& hooks,
                                const MoeImmaTuning& tuning = {}, MoeLaunchInfo* info = nullptr);
 
 }  // namespace kestrel::gpu

@@ -274,7 +274,7 @@ namespace {
 // moe_imma_forward_prompt, and with `h` its hybrid form.
 Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace, cudaStream_t stream,
                int segment_vectors, const GemvImmaTuning& grouped_gemv, const MoeHybrid* h,
-               const MoeHybridHooks* hooks) {
+               const MoePhaseHooks* hooks) {
   if (h != nullptr) KESTREL_TRY(moe_hybrid_check(*h, w.n_expert));
   // A hybrid layer with no resident expert has no routed stacks on the device.
   if (h == nullptr || h->n_resident > 0) KESTREL_TRY(moe_imma_check_weights(w));
@@ -337,7 +337,7 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
   }));
   group_tables_kernel<<<1, kGroupThreads, smem, stream>>>(ta);
   KESTREL_CUDA_TRY(cudaGetLastError());
-  if (h != nullptr && hooks != nullptr && hooks->after_route) KESTREL_TRY(hooks->after_route());
+  if (hooks != nullptr && hooks->after_route) KESTREL_TRY(hooks->after_route());
 
   // A hybrid layer with no resident expert and no shared expert has nothing for the GEMVs.
   if (h == nullptr || h->n_resident > 0 || w.has_shared_expert()) {
@@ -363,8 +363,8 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
     }
   }
 
+  if (hooks != nullptr && hooks->before_combine) KESTREL_TRY(hooks->before_combine());
   if (h != nullptr) {
-    if (hooks != nullptr && hooks->before_combine) KESTREL_TRY(hooks->before_combine());
     MoeHybridCombine hc;
     hc.ye = l.ye;
     hc.token_entry = l.token_entry;
@@ -404,12 +404,13 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
 }  // namespace
 
 Status moe_imma_forward_prompt(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
-                               cudaStream_t stream, int segment_vectors, const GemvImmaTuning& grouped_gemv) {
-  return forward(w, x, n_tok, out, workspace, stream, segment_vectors, grouped_gemv, nullptr, nullptr);
+                               cudaStream_t stream, int segment_vectors, const GemvImmaTuning& grouped_gemv,
+                               const MoePhaseHooks* hooks) {
+  return forward(w, x, n_tok, out, workspace, stream, segment_vectors, grouped_gemv, nullptr, hooks);
 }
 
 Status moe_imma_forward_prompt_hybrid(const MoeImmaWeights& w, const MoeHybrid& h, const float* x, int n_tok,
-                                      float* out, void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks,
+                                      float* out, void* workspace, cudaStream_t stream, const MoePhaseHooks& hooks,
                                       int segment_vectors, const GemvImmaTuning& grouped_gemv) {
   return forward(w, x, n_tok, out, workspace, stream, segment_vectors, grouped_gemv, &h, &hooks);
 }

@@ -21,7 +21,7 @@
 #include <cstddef>
 
 #include "core/base/expected.h"
-#include "gpu/kernels/moe_hybrid.h"  // MoeHybrid, MoeHybridHooks
+#include "gpu/kernels/moe_hybrid.h"  // MoeHybrid, MoePhaseHooks
 #include "gpu/kernels/moe_imma.h"    // MoeImmaWeights
 
 namespace kestrel::gpu {
@@ -38,9 +38,11 @@ size_t moe_imma_prompt_workspace_bytes(const MoeImmaWeights& w, int n_tok);
 // >= moe_imma_prompt_workspace_bytes(w, n_tok), 16-byte aligned. segment_vectors: tokens per segment, 1..
 // kImmaSegmentVectors (an expert chosen by more tokens is read once per chunk of this many, the later reads mostly
 // from L2). Errors before anything is enqueued; otherwise the kernels are enqueued on `stream` (plain launches) and the
-// call returns without waiting. Thread-safe; the caller keeps every buffer alive until the stream has run.
+// call returns without waiting. hooks (optional): run after the grouping and before the combine (profiling records
+// events there). Thread-safe; the caller keeps every buffer alive until the stream has run.
 Status moe_imma_forward_prompt(const MoeImmaWeights& w, const float* x, int n_tok, float* out, void* workspace,
-                               cudaStream_t stream, int segment_vectors, const GemvImmaTuning& grouped_gemv = {});
+                               cudaStream_t stream, int segment_vectors, const GemvImmaTuning& grouped_gemv = {},
+                               const MoePhaseHooks* hooks = nullptr);
 
 // The hybrid layer (moe_hybrid.h's steps, as moe_imma_forward_hybrid takes them) for up to kMoePromptMaxTokens tokens:
 // w's routed stacks hold only the resident experts (expert id e at slot h.resident[e]), the routing covers all E and
@@ -48,7 +50,7 @@ Status moe_imma_forward_prompt(const MoeImmaWeights& w, const float* x, int n_to
 // hand-off, so it reads each of its experts once for all the tokens that chose it), hooks.before_combine before the
 // hybrid combine. h.host_y holds n_tok rows. Same workspace as moe_imma_forward_prompt.
 Status moe_imma_forward_prompt_hybrid(const MoeImmaWeights& w, const MoeHybrid& h, const float* x, int n_tok,
-                                      float* out, void* workspace, cudaStream_t stream, const MoeHybridHooks& hooks,
+                                      float* out, void* workspace, cudaStream_t stream, const MoePhaseHooks& hooks,
                                       int segment_vectors, const GemvImmaTuning& grouped_gemv = {});
 
 }  // namespace kestrel::gpu

@@ -239,7 +239,7 @@ Run run(const HostMoe& m, const DeviceLayer& d, const std::vector<float>& x, int
   h.n_resident = d.n_resident;
   h.host_choices = dch.as<ExpertChoice>();
   h.host_y = dy.as<float>();
-  MoeHybridHooks hooks;
+  MoePhaseHooks hooks;
   hooks.after_route = [&]() -> Status {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     r.choices = test::download<ExpertChoice>(dch.as(), static_cast<size_t>(n_tok * s.k));
