@@ -16,27 +16,50 @@ namespace {
 // The lowest CPU listed in a sysfs list such as "0,64" or "0-1".
 int first_cpu_of(const std::string& list) { return std::stoi(list); }
 
+// The allowed CPUs (ascending) and each one's core representative: its first sibling when that is allowed, else
+// itself. core_of is empty when the topology cannot be read.
+void topology(std::vector<int>* allowed, std::vector<int>* core_of) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) allowed->push_back(c);
+    }
+  }
+  for (int c : *allowed) {
+    std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list");
+    std::string list;
+    if (!(f >> list)) {
+      core_of->clear();
+      return;
+    }
+    const int first = first_cpu_of(list);
+    core_of->push_back(CPU_ISSET(first, &set) ? first : c);
+  }
+}
+
 }  // namespace
 
 std::vector<int> physical_core_cpus() {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  std::vector<int> all;
-  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &allowed)) all.push_back(c);
-    }
-  }
-  std::set<int> firsts;
-  for (int c : all) {
-    std::ifstream f("/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/thread_siblings_list");
-    std::string list;
-    if (!(f >> list)) return all;
-    const int first = first_cpu_of(list);
-    // A core whose first sibling is outside the allowed set is represented by its first allowed sibling.
-    firsts.insert(CPU_ISSET(first, &allowed) ? first : c);
-  }
+  std::vector<int> allowed, core_of;
+  topology(&allowed, &core_of);
+  if (core_of.empty()) return allowed;
+  const std::set<int> firsts(core_of.begin(), core_of.end());
   return std::vector<int>(firsts.begin(), firsts.end());
+}
+
+std::vector<int> pin_order_of(const std::vector<int>& allowed, const std::vector<int>& core_of) {
+  if (core_of.size() != allowed.size()) return allowed;
+  std::vector<int> order, rest;
+  for (size_t i = 0; i < allowed.size(); ++i) (allowed[i] == core_of[i] ? order : rest).push_back(allowed[i]);
+  order.insert(order.end(), rest.begin(), rest.end());
+  return order;
+}
+
+std::vector<int> pin_order() {
+  std::vector<int> allowed, core_of;
+  topology(&allowed, &core_of);
+  return pin_order_of(allowed, core_of);
 }
 
 Expected<std::unique_ptr<WorkerPool>> WorkerPool::create(int n_threads, bool pin) {
@@ -44,7 +67,7 @@ Expected<std::unique_ptr<WorkerPool>> WorkerPool::create(int n_threads, bool pin
     return make_error(ErrorCode::kInvalidArgument, "worker pool: negative thread count " + std::to_string(n_threads));
   }
   std::unique_ptr<WorkerPool> pool(new WorkerPool(static_cast<size_t>(n_threads) + 1));
-  const std::vector<int> cpus = pin ? physical_core_cpus() : std::vector<int>();
+  const std::vector<int> cpus = pin ? pin_order() : std::vector<int>();
   for (int i = 0; i < n_threads; ++i) {
     pool->threads_.emplace_back([p = pool.get(), i] { p->worker_loop(i); });
     if (!cpus.empty()) {

@@ -36,8 +36,8 @@ struct Job {
 class WorkerPool {
  public:
   // n_threads >= 0 workers (0: run() uses the calling thread alone). With `pin`, worker i is bound to CPU i + 1
-  // (mod their count) of physical_core_cpus(), leaving the first to the caller of run() (a failure to pin is ignored:
-  // the thread runs unbound). kInvalidArgument for n < 0.
+  // (mod their count) of pin_order(), leaving the first to the caller of run() (a failure to pin is ignored: the
+  // thread runs unbound). kInvalidArgument for n < 0.
   static Expected<std::unique_ptr<WorkerPool>> create(int n_threads, bool pin);
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
@@ -89,5 +89,14 @@ class WorkerPool {
 // The logical CPUs this process may run on, one per physical core (the first hyper-thread sibling of each core,
 // read from /sys), in ascending order; every allowed CPU when the topology cannot be read.
 std::vector<int> physical_core_cpus();
+
+// Every logical CPU this process may run on, in the order threads are pinned: one per physical core first
+// (physical_core_cpus()), then the cores' other hyper-threads, so that threads beyond the core count take idle
+// hardware threads before two threads share one CPU.
+std::vector<int> pin_order();
+
+// pin_order() for a given topology: allowed CPUs (ascending) and, for each, the CPU that stands for its core (the
+// first allowed sibling; itself when alone). Pure.
+std::vector<int> pin_order_of(const std::vector<int>& allowed, const std::vector<int>& core_of);
 
 }  // namespace kestrel::cpu

@@ -3,6 +3,7 @@
 // through the pool gives the same bits at 1, 2 and hardware_concurrency threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -117,6 +118,24 @@ TEST(WorkerPool, NoWorkersRunsOnTheCaller) {
   EXPECT_EQ(count, 17);
   EXPECT_EQ(WorkerPool::create(-1, false).error().code, ErrorCode::kInvalidArgument);
   EXPECT_FALSE(physical_core_cpus().empty());
+}
+
+// Threads beyond the core count go to the cores' other hyper-threads before two share a CPU: one CPU per core first,
+// whatever the sibling numbering, then the rest; the machine's own order is a permutation of its allowed CPUs that
+// starts with physical_core_cpus().
+TEST(WorkerPool, PinOrderTakesEachCoreBeforeItsSiblings) {
+  const std::vector<int> eight = {0, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_EQ(pin_order_of(eight, {0, 1, 2, 3, 0, 1, 2, 3}), eight);  // siblings n apart (c, c + 4)
+  EXPECT_EQ(pin_order_of(eight, {0, 0, 2, 2, 4, 4, 6, 6}), (std::vector<int>{0, 2, 4, 6, 1, 3, 5, 7}));  // adjacent
+  EXPECT_EQ(pin_order_of(eight, eight), eight);                                                          // no SMT
+  EXPECT_EQ(pin_order_of({2, 3, 6, 7}, {2, 3, 2, 3}), (std::vector<int>{2, 3, 6, 7}));  // an affinity mask's subset
+  EXPECT_EQ(pin_order_of(eight, {0, 1}), eight);  // no topology: the allowed CPUs as they are
+  const std::vector<int> order = pin_order(), cores = physical_core_cpus();
+  ASSERT_GE(order.size(), cores.size());
+  EXPECT_TRUE(std::equal(cores.begin(), cores.end(), order.begin()));
+  std::vector<int> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_TRUE(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end()) << "a CPU twice";
 }
 
 TEST(WorkerPool, MatmulBitsDoNotDependOnThreadCount) {

@@ -105,6 +105,10 @@ for step in "$@"; do
       done ;;
     cpubench)
       make_q4 || { status=1; continue; }
+      # The host's topology: whether its 16 CPUs are cores or hyper-threads decides what "16 threads" means.
+      lscpu | grep -E "^CPU\(s\)|Thread\(s\) per core|Core\(s\) per socket|Socket|Model name|L3" | tee "$OUT/lscpu.txt"
+      echo "siblings (cpu:list): $(grep -H . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list |
+        sed 's|.*/cpu\([0-9]*\)/topology/thread_siblings_list:|\1:|' | tr '\n' ' ')"
       $B/bench_cpu_gemv --benchmark_min_time=0.3 2>&1 | tee "$OUT/bench_cpu_gemv.txt" | grep -E "BM_|Run on|CPU Caches" | head -60
       $B/bench_cpu_engine --model $model_q4 --sessions 1,8 --steps 8 --pp 512 --profile 2>&1 |
         tee "$OUT/bench_cpu_engine_q4_0.txt" || status=1
