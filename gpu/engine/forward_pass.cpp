@@ -158,6 +158,7 @@ const char* pass_section_name(PassSection s) {
     case PassSection::kGdnIn: return "gdn input projections";
     case PassSection::kGdn: return "gdn step + ssm_out";
     case PassSection::kAttention: return "attention layers";
+    case PassSection::kMoeRouter: return "moe router";
     case PassSection::kMoeRoute: return "moe routing";
     case PassSection::kMoeExperts: return "moe experts";
     case PassSection::kMoe: return "moe combine + norm";
@@ -170,7 +171,7 @@ const char* pass_section_name(PassSection s) {
 
 Status ForwardPass::set_profiling(bool on) {
   if (on && events_.empty()) {
-    events_.resize(7 * model_.layers().size() + 8);
+    events_.resize(8 * model_.layers().size() + 8);
     for (cudaEvent_t& e : events_) KESTREL_CUDA_TRY(cudaEventCreate(&e));
     sections_.resize(events_.size());
   }
@@ -617,8 +618,9 @@ Status ForwardPass::ffn_sublayer(size_t l, int n) {
   const DeviceFfnLayer& f = model_.layers()[l].ffn;
   if (f.hybrid()) return hybrid_ffn_layer(l, n);
   if (f.moe) {
-    // While profiling, the routing and the experts are sections of their own.
+    // While profiling, the router, the routing and the experts are sections of their own.
     MoePhaseHooks marks;
+    marks.after_logits = [this] { return mark(PassSection::kMoeRouter); };
     marks.after_route = [this] { return mark(PassSection::kMoeRoute); };
     marks.before_combine = [this] { return mark(PassSection::kMoeExperts); };
     const MoePhaseHooks* hooks = profiling_ ? &marks : nullptr;

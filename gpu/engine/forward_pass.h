@@ -93,10 +93,22 @@ struct PassRow {
 
 // Where a pass's time goes, summed over the passes run while profiling is on (CUDA events between the sections).
 // kGdnIn: a GDN layer's input projections; kGdn: the rest of the layer (the conv, the delta rule, the gated norm and
-// ssm_out). A device MoE layer (moe_imma) in three: kMoeRoute (the router, the routing and the expert tables),
-// kMoeExperts (the grouped gate+up product, SwiGLU, the grouped down product), kMoe (the combine and the norm after
-// it; a hybrid layer or a raw-layout MoE layer all in kMoe).
-enum class PassSection { kRest, kGdnIn, kGdn, kAttention, kMoeRoute, kMoeExperts, kMoe, kDenseFfn, kLmHead, kCount };
+// ssm_out). A device MoE layer (moe_imma) in four: kMoeRouter (the router's logits and x's prepared form), kMoeRoute
+// (the routing and the expert tables), kMoeExperts (the grouped gate+up product, SwiGLU, the grouped down product),
+// kMoe (the combine and the norm after it; a hybrid layer or a raw-layout MoE layer all in kMoe).
+enum class PassSection {
+  kRest,
+  kGdnIn,
+  kGdn,
+  kAttention,
+  kMoeRouter,
+  kMoeRoute,
+  kMoeExperts,
+  kMoe,
+  kDenseFfn,
+  kLmHead,
+  kCount
+};
 const char* pass_section_name(PassSection s);
 
 struct PassProfile {

@@ -46,10 +46,12 @@ struct MoeHybrid {
   const float* host_y = nullptr;         // device f32 [n_tok, H]: read by the combine (step 5)
 };
 
-// Callbacks between a MoE layer's phases: after the routing (step 2 of a hybrid layer: the hand-off to the host) and
-// before the combine (step 4: the join). Each enqueues on the layer's stream and returns an error to abort the layer
-// (nothing after it is enqueued). Either may be empty. Profiling passes record events there (forward_pass.h).
+// Callbacks between a MoE layer's phases: after the router's logits (and x's prepared form), after the routing (step 2
+// of a hybrid layer: the hand-off to the host) and before the combine (step 4: the join). Each enqueues on the layer's
+// stream and returns an error to abort the layer (nothing after it is enqueued). Any may be empty. Profiling passes
+// record events there (forward_pass.h).
 struct MoePhaseHooks {
+  std::function<Status()> after_logits;
   std::function<Status()> after_route;
   std::function<Status()> before_combine;
 };

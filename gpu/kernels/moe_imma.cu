@@ -853,6 +853,7 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
   const bool f32_router = router_prepares_x(w);
   KESTREL_TRY(router_logits_and_prepare(w, x, n_tok, l.logits, l.xprep, stream));
   ++launches;
+  if (hooks != nullptr && hooks->after_logits) KESTREL_TRY(hooks->after_logits());
 
   TableArgs ta{};
   ta.r = r;

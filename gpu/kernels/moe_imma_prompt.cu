@@ -296,6 +296,7 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
 
   // Logits and x's prepared form, with moe_imma's arithmetic (an f32 router: one launch for every token).
   KESTREL_TRY(moe_imma_route_inputs(w, x, n_tok, l.logits, l.xprep, stream));
+  if (hooks != nullptr && hooks->after_logits) KESTREL_TRY(hooks->after_logits());
   KESTREL_TRY(moe_route_dev::with_route_per_lane(E, [&](auto per) -> Status {
     constexpr int kPer = decltype(per)::value;
     route_kernel<kPer><<<(n_tok + kRouteWarps - 1) / kRouteWarps, 32 * kRouteWarps, 0, stream>>>(l.logits, n_tok, E, k,
