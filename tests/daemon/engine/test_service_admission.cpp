@@ -184,7 +184,13 @@ TEST(ServiceAdmission, IdleSessionsExpire) {
 }
 
 TEST(ServiceAdmission, CloseOwnedBy) {
-  auto f = ServiceFixture::make(kModel, test_limits());
+  // Contexts of 8192 tokens: the generations below must still be running when close_owned_by comes however the
+  // threads are scheduled (a 256-token context filled in ~0.3 s on this model, and a busy machine once let one end
+  // with kContextFull first).
+  ServiceLimits limits = test_limits();
+  limits.default_n_ctx = 8192;
+  limits.max_session_ctx = 8192;
+  auto f = ServiceFixture::make(kModel, limits);
   ASSERT_TRUE(f.service);
   SessionOptions mine;
   mine.owner = 7;
