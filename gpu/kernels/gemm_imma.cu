@@ -78,9 +78,11 @@ struct Sets {
 };
 
 // Where a type's bytes lie (tiled_matrix.h) and how a warp stages them. A unit's A quants of a row group lie at
-// (u / 4) · kGroupQ + (u % 4) · kUnitQ + lane · 16 from the row group's start (Q8_0: two words, + 512); its per-unit
-// extra (kExtra bytes a lane) at kExtraAt from the unit's super-block start (+ kExtraStep a unit, Q4_0 and Q8_0: from
-// the scales part, + 64 a unit); a super-block's heads at the scales part + kHeadStep a super-block.
+// (u / 4) · kGroupQ + (u % 4) · kUnitQ + lane · 16 from the row group's start (Q8_0: two words, + 512). Its per-unit
+// extra, kExtra bytes a lane: Q4_0 and Q8_0 the rows' d's in the scales part (+ 64 a unit); Q5_K the unit's word of the
+// super-block's fifth bits (at 2048 + lane · 16 + 4 · (u % 4) from the super-block's start); Q6_K the unit's half of
+// its pair's high bits (at 2048 + 512 · ((u % 4) / 2) + lane · 16 + 8 · (u % 2)). A super-block's heads lie in the
+// scales part, kGroupMeta bytes a super-block (the kernel's wm offsets).
 template <GgmlType T>
 struct Layout {
   static constexpr bool kQ4_0 = T == GgmlType::kQ4_0, kQ4_K = T == GgmlType::kQ4_K, kQ5_K = T == GgmlType::kQ5_K,
