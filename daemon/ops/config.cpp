@@ -332,8 +332,9 @@ const std::vector<ConfigKey> kKeys = {
      },
      [](const DaemonConfig& c) -> ConfigValue { return c.cuda.override_tensor; }},
     {"cuda", "prompt_digits", "--prompt-digits", "4|2",
-     "CUDA engine: activation digits of the prompt passes' Q4_0 matrix products: 4 (default; the arithmetic of decode) "
-     "or 2 (about 20% faster prompts; each activation rounded to 13 bits below its 256-element group's largest)",
+     "CUDA engine: activation digits of the prompt passes' quantized matrix products: 4 (default; the arithmetic of "
+     "decode) or 2 (about 20% faster prompts; each activation rounded to 13 bits below its 256-element group's "
+     "largest)",
      ConfigValueKind::kInteger,
      [](DaemonConfig& c, const ConfigValue& v) -> Status {
        KESTREL_TRY_ASSIGN(int64_t d, as_integer(v, 2, 4));

@@ -64,8 +64,8 @@ struct CudaConfig {
   std::string gpu_memory = "auto";
   uint32_t n_cpu_moe = 0;
   std::string override_tensor;
-  // Activation digits of the prompt passes' Q4_0 GEMMs (gpu/kernels/gemm_imma.h): 4 (decode's arithmetic) or 2 (half
-  // the tensor-core work; activations rounded to 13 bits below their 256-element group's bound).
+  // Activation digits of the prompt passes' quantized GEMMs (gpu/kernels/gemm_imma.h): 4 (decode's arithmetic) or 2
+  // (half the tensor-core work; activations rounded to 13 bits below their 256-element group's bound).
   uint32_t prompt_digits = 4;
 };
 

@@ -620,9 +620,11 @@ Status ForwardPass::ffn_sublayer(size_t l, int n) {
   if (f.moe) {
     // While profiling, the router, the routing and the experts are sections of their own.
     MoePhaseHooks marks;
-    marks.after_logits = [this] { return mark(PassSection::kMoeRouter); };
-    marks.after_route = [this] { return mark(PassSection::kMoeRoute); };
-    marks.before_combine = [this] { return mark(PassSection::kMoeExperts); };
+    if (profiling_) {
+      marks.after_logits = [this] { return mark(PassSection::kMoeRouter); };
+      marks.after_route = [this] { return mark(PassSection::kMoeRoute); };
+      marks.before_combine = [this] { return mark(PassSection::kMoeExperts); };
+    }
     const MoePhaseHooks* hooks = profiling_ ? &marks : nullptr;
     if (f.moe_tiled && n > P) {  // a prompt pass: each expert read once for all the tokens that chose it
       return moe_imma_forward_prompt(f.moe_imma, x_, n, y_, moe_prompt_ws_, stream_,

@@ -133,12 +133,6 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src));
 }
-template <int N>
-__device__ __forceinline__ void cp_async(uint32_t dst, const void* src) {
-  if constexpr (N == 16) cp_async16(dst, src);
-  if constexpr (N == 8) cp_async8(dst, src);
-  if constexpr (N == 4) cp_async4(dst, src);
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
