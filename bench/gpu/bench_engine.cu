@@ -5,6 +5,7 @@
 //
 //   bench_engine --model M.gguf [--sessions 1,8,32] [--steps 64] [--prompt 32] [--pp 512,4096] [--ttft 2000]
 //                [--no-pdl] [--no-prompt-gemm] [--prompt-digits 4|2] [--no-prompt-chunked] [--prompt-segment C]
+//                [--prompt-chunk N] [--kernels N]
 //                [--gpu-memory BYTES|auto]
 //                [--n-cpu-moe N]
 //                [--override-tensor REGEX=cpu|gpu]... [--threads N]
@@ -13,6 +14,9 @@
 // --prompt-digits: the activation digits gemm_imma multiplies in prompt passes (GemvImmaTuning::prompt_digits).
 // --no-prompt-chunked: prompt passes' GDN layers on gdn_runs instead of gdn_chunked (GdnDecodeTuning::prompt_chunked).
 // --prompt-segment: tokens per segment of the prompt passes' MoE GEMVs (MoeImmaTuning::prompt_segment_vectors).
+// --kernels N: after each profiled run, the same prompt (or 8 decode steps) once more under a CUPTI kernel trace
+// (bench/gpu/kernel_trace.h): the N kernels that took the most GPU time, their calls and time, for choosing what to
+// work on inside a section; needs a toolkit with CUPTI.
 // --prompt-chunk N: --pp feeds prompts N tokens a step (at most max_tokens_per_item; 32 gives the passes of 32 rows
 // that prompts took before prompt passes), for an A/B in one run.
 //
@@ -50,6 +54,7 @@
 
 #include "bench/common/decode_bytes.h"
 #include "bench/gpu/device_timing.cuh"
+#include "bench/gpu/kernel_trace.h"
 #include "bench/gpu/mma_rate.cuh"
 #include "core/engine/engine.h"
 #include "core/engine/placement_planner.h"
@@ -76,6 +81,7 @@ struct Args {
   GemmDigits prompt_digits = GemvImmaTuning{}.prompt_digits;
   bool prompt_chunked = true;
   int prompt_chunk = 0;  // 0: the engine's max_tokens_per_item
+  int kernels = 0;       // --kernels N: the N largest kernels of a traced prompt and decode step (0: no trace)
 };
 
 std::vector<int> int_list(const char* v) {
@@ -111,6 +117,8 @@ bool parse(int argc, char** argv, Args* a) {
       a->prompt_chunked = false;
     } else if (k == "--prompt-chunk" && (v = val())) {
       a->prompt_chunk = std::atoi(v);
+    } else if (k == "--kernels" && (v = val())) {
+      a->kernels = std::atoi(v);
     } else if (k == "--prompt-segment" && (v = val())) {
       a->prompt_segment = std::atoi(v);
     } else if (k == "--gpu-memory" && (v = val())) {
@@ -178,6 +186,7 @@ Status prefill(CudaEngine& e, const Model& model, const Args& a, double bw, doub
   KESTREL_TRY_ASSIGN(SlotId slot, e.slot_alloc(e.capabilities().max_slot_ctx));
   std::vector<std::string> profiles;
   std::vector<std::string> agreement;
+  std::vector<std::string> traces;
   for (const int n : a.pp) {
     const std::vector<int32_t> prompt = prompt_tokens(n, 1, model.hparams().n_vocab);
     int passes = 0;
@@ -209,6 +218,14 @@ Status prefill(CudaEngine& e, const Model& model, const Args& a, double bw, doub
       line += buf;
     }
     profiles.push_back(line + " (" + std::to_string(prof_passes) + " passes)");
+    if (a.kernels > 0) {  // the same prompt again, each kernel's time from CUPTI's records
+      KESTREL_TRY(kernel_trace_start());
+      KESTREL_TRY(feed_prompt(e, slot, prompt, nullptr, chunk));
+      KESTREL_TRY_ASSIGN(const KernelTraceResult tr, kernel_trace_stop());
+      e.slot_reset(slot);
+      traces.push_back("\nkernels of a " + std::to_string(n) + "-token prompt (ms a prompt):\n" +
+                       kernel_trace_table(tr, 1.0, a.kernels));
+    }
     // The prompt passes' last logits against passes of 32 rows (the decode path's arithmetic).
     std::vector<float> lp(model.hparams().n_vocab), ls(model.hparams().n_vocab);
     KESTREL_TRY(feed_prompt(e, slot, prompt, nullptr, chunk, lp));
@@ -231,6 +248,7 @@ Status prefill(CudaEngine& e, const Model& model, const Args& a, double bw, doub
   for (const std::string& l : agreement) std::printf("%s\n", l.c_str());
   std::printf("\nprefill time by section, ms per prompt (event records between the sections, one profiled run):\n");
   for (const std::string& p : profiles) std::printf("%s\n", p.c_str());
+  for (const std::string& t : traces) std::printf("%s", t.c_str());
   e.slot_free(slot);
   return ok_status();
 }
@@ -349,6 +367,7 @@ Status run(const Args& a) {
       "with logits copied |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
   std::vector<std::string> splits;
+  std::vector<std::string> traces;    // --kernels
   std::vector<std::string> launches;  // kernels a pass, and the step's time per kernel
   std::vector<float> logits(size_t(max_b) * hp.n_vocab);
   for (int B : a.sessions) {
@@ -417,6 +436,15 @@ Status run(const Args& a) {
       line += buf;
     }
     splits.push_back(line);
+    if (a.kernels > 0) {  // the step again, each kernel's time from CUPTI's records
+      constexpr int kTraced = 8;
+      KESTREL_TRY(kernel_trace_start());
+      KESTREL_TRY_ASSIGN(const double traced_s, decode(kTraced));
+      (void)traced_s;
+      KESTREL_TRY_ASSIGN(const KernelTraceResult tr, kernel_trace_stop());
+      traces.push_back("\nkernels of a " + std::to_string(B) + "-session decode step (ms a step, " +
+                       std::to_string(kTraced) + " steps traced):\n" + kernel_trace_table(tr, kTraced, a.kernels));
+    }
     if (const CudaEngine::HostExpertProfile hx = e->host_expert_profile(); hx.batches > 0 && passes > 0) {
       // The host's time that the device did not wait for ran beside the device's own work.
       char hb[200];
@@ -436,6 +464,7 @@ Status run(const Args& a) {
   for (const std::string& s : splits) std::printf("%s\n", s.c_str());
   std::printf("\nkernel launches (the captured graph's kernel nodes):\n");
   for (const std::string& s : launches) std::printf("%s\n", s.c_str());
+  for (const std::string& t : traces) std::printf("%s", t.c_str());
   if (!a.pp.empty()) {
     KESTREL_TRY_ASSIGN(const double mma_rate, measure_mma_macs_per_s(setup.sm_count, setup.stream));
     std::printf("\ntensor cores: %.0f T int8 multiply-adds/s (mma.sync m16n8k32 u8 x s8, measured)\n",
@@ -456,7 +485,7 @@ int main(int argc, char** argv) {
         stderr,
         "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--pp 512,4096] "
         "[--ttft N] [--no-pdl] [--no-prompt-gemm] [--prompt-digits 4|2] [--no-prompt-chunked] [--prompt-segment C] "
-        "[--prompt-chunk N]\n"
+        "[--prompt-chunk N] [--kernels N]\n"
         "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...\n"
         "                    [--threads N]\n");
     return 2;
