@@ -46,9 +46,13 @@ constexpr int kCombineThreads = moe_combine::kThreads;
 using moe_router_logits::kRouterStageMinTokens;
 using moe_router_logits::kRouterTokens;
 using moe_router_logits::kRouterWarps;
+using moe_router_logits::kTileStageBytes;
 using moe_router_logits::router_blocks_of;
 using moe_router_logits::router_logits_block;
+using moe_router_logits::router_logits_tile;
 using moe_router_logits::router_stage_bytes;
+using moe_router_logits::router_tile_blocks_of;
+using moe_router_logits::router_tile_takes;
 
 // From this many tokens the segment tables are counted: the table writer leaves how many segments each holds and the
 // grouped GEMVs read only those (n_used); below, it fills the tables' unused tail with empty segments, which the GEMVs
@@ -555,6 +559,25 @@ __global__ void __launch_bounds__(kRouterWarps * 32)
   imma_prep::prepare_group(imma_prep::PlainRows{x}, h, lay, xprep, vec, grp, static_cast<int>(threadIdx.x) % 32);
 }
 
+// The same for many tokens with router_logits_tile's tiles (router_tile_blocks_of router blocks; kTileStageBytes of
+// dynamic shared memory), two blocks an SM.
+__global__ void __launch_bounds__(kRouterWarps * 32, 2)
+    router_tile_prepare_kernel(const float* __restrict__ w, const float* __restrict__ x, int h, int n_expert, int n_tok,
+                               float* __restrict__ logits, int router_blocks, imma_prep::XLayout lay,
+                               uint8_t* __restrict__ xprep) {
+  extern __shared__ float4 router_xs[];
+  pdl_trigger();  // as router_prepare_kernel
+  const int b = static_cast<int>(blockIdx.x);
+  if (b < router_blocks) {
+    router_logits_tile(w, x, h, n_expert, n_tok, logits, b, router_xs);
+    return;
+  }
+  const int per_tok = (lay.n_groups + kRouterWarps - 1) / kRouterWarps;
+  const int vec = (b - router_blocks) / per_tok;
+  const int grp = (b - router_blocks) % per_tok * kRouterWarps + static_cast<int>(threadIdx.x) / 32;
+  imma_prep::prepare_group(imma_prep::PlainRows{x}, h, lay, xprep, vec, grp, static_cast<int>(threadIdx.x) % 32);
+}
+
 // The combine kernel's part before its wait: token t's entries and weights into ent_s / wt_s and, with kShared, its
 // shared-expert gate sigmoid(gate_inp · x[t]) (returned; 0 without), then a barrier so the block sees the entries.
 template <GgmlType T, bool kShared>
@@ -789,19 +812,24 @@ bool router_prepares_x(const MoeImmaWeights& w) {
   return w.router.type == GgmlType::kF32 && w.n_embd % 4 == 0 && aligned16(w.router.data);
 }
 
-// The router's logits and, with an f32 router, x's prepared form, in one launch (router_prepare_kernel: any n_tok);
+// The router's logits and, with an f32 router, x's prepared form, in one launch (router_prepare_kernel: any n_tok;
+// from kTileMinTokens tokens in router_logits_tile's tiles, the same bits);
 // other routers: gpu::gemv alone, n_tok <= kMoeMaxTokens (the caller prepares x).
 Status router_logits_and_prepare(const MoeImmaWeights& w, const float* x, int n_tok, float* logits, void* xprep,
                                  cudaStream_t stream) {
   const int E = static_cast<int>(w.n_expert);
   const int H = static_cast<int>(w.n_embd);
   if (!router_prepares_x(w)) return gemv(w.router, x, n_tok, logits, stream);
-  const int router_blocks = router_blocks_of(E, n_tok);
+  const bool tile = router_tile_takes(E, H, n_tok);
+  const int router_blocks = tile ? router_tile_blocks_of(E, n_tok) : router_blocks_of(E, n_tok);
   const imma_prep::XLayout lay = imma_prep::x_layout(H);
   const int prep_blocks = n_tok * ((lay.n_groups + kRouterWarps - 1) / kRouterWarps);
   const dim3 grid(static_cast<unsigned>(router_blocks + prep_blocks));
   auto* const out = static_cast<uint8_t*>(xprep);
-  if (n_tok >= kRouterStageMinTokens) {
+  if (tile) {
+    router_tile_prepare_kernel<<<grid, kRouterWarps * 32, kTileStageBytes, stream>>>(
+        static_cast<const float*>(w.router.data), x, H, E, n_tok, logits, router_blocks, lay, out);
+  } else if (n_tok >= kRouterStageMinTokens) {
     router_prepare_kernel<true><<<grid, kRouterWarps * 32, router_stage_bytes(n_tok), stream>>>(
         static_cast<const float*>(w.router.data), x, H, E, n_tok, logits, router_blocks, lay, out);
   } else {
