@@ -125,6 +125,7 @@ Expected<KernelTraceResult> kernel_trace_stop() {
 }
 
 std::string kernel_trace_table(const KernelTraceResult& r, double per, int top) {
+  if (r.kernels.empty() || per <= 0) return "no kernels recorded\n";
   std::string s = "| kernel | calls | ms | us a call | share |\n|---|---|---|---|---|\n";
   char buf[256];
   double rest_us = 0;

@@ -36,7 +36,7 @@ Status kernel_trace_start();
 Expected<KernelTraceResult> kernel_trace_stop();
 
 // The table: each kernel's calls, total ms divided by `per` (e.g. the number of passes traced), mean us a call, and
-// its share of the sum; the `top` largest, then the rest as one line.
+// its share of the sum; the `top` largest, then the rest as one line ("no kernels recorded" when there are none).
 std::string kernel_trace_table(const KernelTraceResult& r, double per, int top);
 
 }  // namespace kestrel::gpu::bench
