@@ -15,6 +15,7 @@
 
 #include "core/reference/activations.h"
 #include "cpu/attend.h"
+#include "cpu/simd_f32.h"
 
 namespace kestrel::cpu::KESTREL_ATTEND_NS {
 
@@ -40,15 +41,21 @@ void attend(const ref::KvCache& cache, int kv_head, int n_pos, const float* q, f
   ref::softmax(p.data(), n_pos);
   // out = Σ_p prob_p · V[p], B vectors of the head's dims at a time, positions in order.
   for (int j0 = 0; j0 < hd; j0 += B * L) {
-    const int nb = std::min(B, (hd - j0) / L);
-    Vec acc[B];
-    for (int b = 0; b < B; ++b) acc[b] = S::zero();
-    for (int pos = 0; pos < n_pos; ++pos) {
-      const Vec w = S::set1(p[static_cast<size_t>(pos)]);
-      const float* v = cache.v_at(pos, kv_head) + j0;
-      for (int b = 0; b < nb; ++b) acc[b] = S::fma(w, S::loadu(v + b * L), acc[b]);
-    }
-    for (int b = 0; b < nb; ++b) S::storeu(out + j0 + b * L, acc[b]);
+    simd::with_vecs<B>(
+        std::min(B, (hd - j0) / L), [&](auto nbc) __attribute__((always_inline)) {
+          constexpr int nb = decltype(nbc)::value;
+          Vec acc[nb];
+          KESTREL_SIMD_UNROLL
+          for (int b = 0; b < nb; ++b) acc[b] = S::zero();
+          for (int pos = 0; pos < n_pos; ++pos) {
+            const Vec w = S::set1(p[static_cast<size_t>(pos)]);
+            const float* v = cache.v_at(pos, kv_head) + j0;
+            KESTREL_SIMD_UNROLL
+            for (int b = 0; b < nb; ++b) acc[b] = S::fma(w, S::loadu(v + b * L), acc[b]);
+          }
+          KESTREL_SIMD_UNROLL
+          for (int b = 0; b < nb; ++b) S::storeu(out + j0 + b * L, acc[b]);
+        });
   }
 }
 

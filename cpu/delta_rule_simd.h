@@ -15,32 +15,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "cpu/delta_rule.h"
+#include "cpu/simd_f32.h"
 
 namespace kestrel::cpu::KESTREL_DR_NS {
 
 inline constexpr int C = kDeltaRuleChunk;
 inline constexpr int kRows = 4;  // output rows per register block
-
-// The loops over a block's vectors, rows and accumulators must unroll with compile-time bounds: with a run-time
-// vector count GCC keeps the Vec arrays on the stack (copying blocks in and out with memcpy), and every FMA waits on a
-// store and a load — measured ~10x slower on the development VM.
-#define KESTREL_DR_UNROLL _Pragma("GCC unroll 16")
-
-// f(std::integral_constant<int, n>) for the run-time n in 1..kMax: a block's vector count as a compile-time constant.
-template <int kMax, class F>
-__attribute__((always_inline)) inline void with_vecs(int n, F&& f) {
-  if constexpr (kMax >= 1) {
-    if (n == kMax) {
-      f(std::integral_constant<int, kMax>{});
-    } else {
-      with_vecs<kMax - 1>(n, f);
-    }
-  }
-}
 
 // One token: m = Σ_i (e^g·S[i])·k_i; δ = (v − m)·β; S[i] ← e^g·S[i] + k_i·δ; o = Σ_i S[i]·q_i — two passes over
 // the state, kBlockVecs vectors of each row at a time.
@@ -51,32 +34,32 @@ void step(const float* q, const float* k, const float* v, float g, float beta, i
   const Vec decay = S::set1(std::exp(g));
   const Vec vbeta = S::set1(beta);
   for (int j0 = 0; j0 < d_v; j0 += B * L) {
-    with_vecs<B>(
+    simd::with_vecs<B>(
         std::min(B, (d_v - j0) / L), [&](auto nbc) __attribute__((always_inline)) {
           constexpr int nb = decltype(nbc)::value;
           Vec m[nb], acc[nb];
-          KESTREL_DR_UNROLL
+          KESTREL_SIMD_UNROLL
           for (int b = 0; b < nb; ++b) m[b] = acc[b] = S::zero();
           for (int i = 0; i < d_k; ++i) {
             const Vec ki = S::set1(k[i]);
             const float* row = s + static_cast<int64_t>(i) * d_v + j0;
-            KESTREL_DR_UNROLL
+            KESTREL_SIMD_UNROLL
             for (int b = 0; b < nb; ++b) m[b] = S::fma(S::mul(decay, S::loadu(row + b * L)), ki, m[b]);
           }
           Vec delta[nb];
-          KESTREL_DR_UNROLL
+          KESTREL_SIMD_UNROLL
           for (int b = 0; b < nb; ++b) delta[b] = S::mul(S::sub(S::loadu(v + j0 + b * L), m[b]), vbeta);
           for (int i = 0; i < d_k; ++i) {
             const Vec ki = S::set1(k[i]), qi = S::set1(q[i]);
             float* row = s + static_cast<int64_t>(i) * d_v + j0;
-            KESTREL_DR_UNROLL
+            KESTREL_SIMD_UNROLL
             for (int b = 0; b < nb; ++b) {
               const Vec sn = S::fma(ki, delta[b], S::mul(decay, S::loadu(row + b * L)));
               S::storeu(row + b * L, sn);
               acc[b] = S::fma(sn, qi, acc[b]);
             }
           }
-          KESTREL_DR_UNROLL
+          KESTREL_SIMD_UNROLL
           for (int b = 0; b < nb; ++b) S::storeu(o + j0 + b * L, acc[b]);
         });
   }
@@ -104,29 +87,29 @@ void lower_matmul_inplace(const float* T, float* X, int w) {
   constexpr int L = S::kLanes, B = S::kBlockVecs;
   for (int t0 = C - kRows; t0 >= 0; t0 -= kRows) {
     for (int j0 = 0; j0 < w; j0 += B * L) {
-      with_vecs<B>(
+      simd::with_vecs<B>(
           std::min(B, (w - j0) / L), [&](auto nbc) __attribute__((always_inline)) {
             constexpr int nb = decltype(nbc)::value;
             Vec acc[kRows][nb];
-            KESTREL_DR_UNROLL
+            KESTREL_SIMD_UNROLL
             for (int r = 0; r < kRows; ++r) {
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) acc[r][b] = S::zero();
             }
             for (int u = 0; u < t0 + kRows; ++u) {
               Vec x[nb];
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) x[b] = S::loadu(X + static_cast<int64_t>(u) * w + j0 + b * L);
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int r = 0; r < kRows; ++r) {
                 const Vec c = S::set1(T[(t0 + r) * C + u]);
-                KESTREL_DR_UNROLL
+                KESTREL_SIMD_UNROLL
                 for (int b = 0; b < nb; ++b) acc[r][b] = S::fma(c, x[b], acc[r][b]);
               }
             }
-            KESTREL_DR_UNROLL
+            KESTREL_SIMD_UNROLL
             for (int r = 0; r < kRows; ++r) {
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) S::storeu(X + static_cast<int64_t>(t0 + r) * w + j0 + b * L, acc[r][b]);
             }
           });
@@ -175,14 +158,14 @@ void chunk(const DeltaRuleChunk& c, int d_k, int d_v, float* s) {
   // entries at and right of the diagonal stay 0. Then T = A + I.
   for (int i = 1; i < C; ++i) {
     Vec r[C / L];
-    KESTREL_DR_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int b = 0; b < C / L; ++b) r[b] = S::loadu(T + i * C + b * L);
     for (int m = 0; m < i; ++m) {
       const Vec a = S::set1(T[i * C + m]);
-      KESTREL_DR_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int b = 0; b < C / L; ++b) r[b] = S::fma(a, S::loadu(T + m * C + b * L), r[b]);
     }
-    KESTREL_DR_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int b = 0; b < C / L; ++b) S::storeu(T + i * C + b * L, r[b]);
   }
   for (int t = 0; t < C; ++t) T[t * C + t] += 1.0f;
@@ -202,29 +185,29 @@ void chunk(const DeltaRuleChunk& c, int d_k, int d_v, float* s) {
   // V' = U − W S.
   for (int t0 = 0; t0 < C; t0 += kRows) {
     for (int64_t j0 = 0; j0 < dv; j0 += B * L) {
-      with_vecs<B>(
+      simd::with_vecs<B>(
           static_cast<int>(std::min<int64_t>(B, (dv - j0) / L)), [&](auto nbc) __attribute__((always_inline)) {
             constexpr int nb = decltype(nbc)::value;
             Vec a[kRows][nb];
-            KESTREL_DR_UNROLL
+            KESTREL_SIMD_UNROLL
             for (int r = 0; r < kRows; ++r) {
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) a[r][b] = S::loadu(U + (t0 + r) * dv + j0 + b * L);
             }
             for (int64_t i = 0; i < dk; ++i) {
               Vec sv[nb];
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) sv[b] = S::loadu(s + i * dv + j0 + b * L);
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int r = 0; r < kRows; ++r) {
                 const Vec w = S::set1(W[(t0 + r) * dk + i]);
-                KESTREL_DR_UNROLL
+                KESTREL_SIMD_UNROLL
                 for (int b = 0; b < nb; ++b) a[r][b] = S::fnma(w, sv[b], a[r][b]);
               }
             }
-            KESTREL_DR_UNROLL
+            KESTREL_SIMD_UNROLL
             for (int r = 0; r < kRows; ++r) {
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) S::storeu(U + (t0 + r) * dv + j0 + b * L, a[r][b]);
             }
           });
@@ -234,47 +217,47 @@ void chunk(const DeltaRuleChunk& c, int d_k, int d_v, float* s) {
   // O = e^G ⊙ (Q̂ S) + lower_incl_diag(Q̂ K̂ᵀ ⊙ Γ) V', from the incoming state.
   for (int t0 = 0; t0 < C; t0 += kRows) {
     for (int64_t j0 = 0; j0 < dv; j0 += B * L) {
-      with_vecs<B>(
+      simd::with_vecs<B>(
           static_cast<int>(std::min<int64_t>(B, (dv - j0) / L)), [&](auto nbc) __attribute__((always_inline)) {
             constexpr int nb = decltype(nbc)::value;
             Vec a[kRows][nb];
-            KESTREL_DR_UNROLL
+            KESTREL_SIMD_UNROLL
             for (int r = 0; r < kRows; ++r) {
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) a[r][b] = S::zero();
             }
             for (int64_t i = 0; i < dk; ++i) {
               Vec sv[nb];
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) sv[b] = S::loadu(s + i * dv + j0 + b * L);
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int r = 0; r < kRows; ++r) {
                 const Vec qi = S::set1(q(t0 + r)[i]);
-                KESTREL_DR_UNROLL
+                KESTREL_SIMD_UNROLL
                 for (int b = 0; b < nb; ++b) a[r][b] = S::fma(qi, sv[b], a[r][b]);
               }
             }
-            KESTREL_DR_UNROLL
+            KESTREL_SIMD_UNROLL
             for (int r = 0; r < kRows; ++r) {
               const Vec e = S::set1(eG[t0 + r]);
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) a[r][b] = S::mul(a[r][b], e);
             }
             for (int u = 0; u < t0 + kRows; ++u) {
               Vec x[nb];
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) x[b] = S::loadu(U + u * dv + j0 + b * L);
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int r = 0; r < kRows; ++r) {
                 const Vec w = S::set1(QK[(t0 + r) * C + u]);
-                KESTREL_DR_UNROLL
+                KESTREL_SIMD_UNROLL
                 for (int b = 0; b < nb; ++b) a[r][b] = S::fma(w, x[b], a[r][b]);
               }
             }
-            KESTREL_DR_UNROLL
+            KESTREL_SIMD_UNROLL
             for (int r = 0; r < kRows; ++r) {
               float* o = c.o + (t0 + r) * c.o_stride;
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) S::storeu(o + j0 + b * L, a[r][b]);
             }
           });
@@ -291,29 +274,29 @@ void chunk(const DeltaRuleChunk& c, int d_k, int d_v, float* s) {
   const Vec e_last = S::set1(std::exp(g_last));
   for (int64_t i0 = 0; i0 < dk; i0 += kRows) {
     for (int64_t j0 = 0; j0 < dv; j0 += B * L) {
-      with_vecs<B>(
+      simd::with_vecs<B>(
           static_cast<int>(std::min<int64_t>(B, (dv - j0) / L)), [&](auto nbc) __attribute__((always_inline)) {
             constexpr int nb = decltype(nbc)::value;
             Vec a[kRows][nb];
-            KESTREL_DR_UNROLL
+            KESTREL_SIMD_UNROLL
             for (int r = 0; r < kRows; ++r) {
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) a[r][b] = S::mul(S::loadu(s + (i0 + r) * dv + j0 + b * L), e_last);
             }
             for (int t = 0; t < C; ++t) {
               Vec x[nb];
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) x[b] = S::loadu(U + t * dv + j0 + b * L);
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int r = 0; r < kRows; ++r) {
                 const Vec w = S::set1(W[t * dk + i0 + r]);
-                KESTREL_DR_UNROLL
+                KESTREL_SIMD_UNROLL
                 for (int b = 0; b < nb; ++b) a[r][b] = S::fma(w, x[b], a[r][b]);
               }
             }
-            KESTREL_DR_UNROLL
+            KESTREL_SIMD_UNROLL
             for (int r = 0; r < kRows; ++r) {
-              KESTREL_DR_UNROLL
+              KESTREL_SIMD_UNROLL
               for (int b = 0; b < nb; ++b) S::storeu(s + (i0 + r) * dv + j0 + b * L, a[r][b]);
             }
           });
@@ -327,5 +310,3 @@ constexpr DeltaRuleKernels make_kernels() {
 }
 
 }  // namespace kestrel::cpu::KESTREL_DR_NS
-
-#undef KESTREL_DR_UNROLL

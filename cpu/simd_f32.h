@@ -8,7 +8,27 @@
 
 #include <immintrin.h>
 
+#include <type_traits>
+
+// The loops over a register block's vectors, rows and accumulators must unroll with compile-time bounds: with a
+// run-time vector count GCC keeps the Vec arrays on the stack (copying blocks in and out with memcpy), and every FMA
+// waits on a store and a load (the delta rule's chunk measured 2-5x slower so on the development VM).
+#define KESTREL_SIMD_UNROLL _Pragma("GCC unroll 16")
+
 namespace kestrel::cpu::simd {
+
+// f(std::integral_constant<int, n>) for the run-time n in 1..kMax: a register block's vector count as a compile-time
+// constant, so its arrays stay in registers.
+template <int kMax, class F>
+__attribute__((always_inline)) inline void with_vecs(int n, F&& f) {
+  if constexpr (kMax >= 1) {
+    if (n == kMax) {
+      f(std::integral_constant<int, kMax>{});
+    } else {
+      with_vecs<kMax - 1>(n, f);
+    }
+  }
+}
 
 #ifdef KESTREL_SIMD_AVX2
 struct F32x8 {
