@@ -25,6 +25,70 @@ namespace kestrel::cpu::KESTREL_DR_NS {
 inline constexpr int C = kDeltaRuleChunk;
 inline constexpr int kRows = 4;  // output rows per register block
 
+#define KESTREL_DR_INLINE __attribute__((always_inline)) inline
+
+// f(j0, nb) for the column blocks j0 = 0, kVecs·L, … of a row of `width` floats; nb, the block's vectors, as a
+// compile-time constant (simd::with_vecs), so the block's arrays stay in registers.
+template <class S, int kVecs, class F>
+KESTREL_DR_INLINE void for_col_blocks(int64_t width, F&& f) {
+  constexpr int L = S::kLanes;
+  for (int64_t j0 = 0; j0 < width; j0 += kVecs * L) {
+    simd::with_vecs<kVecs>(
+        static_cast<int>(std::min<int64_t>(kVecs, (width - j0) / L)), [&](auto nb) __attribute__((always_inline)) {
+          f(j0, nb);
+        });
+  }
+}
+
+// A register block of kRows rows × nb vectors: a[r][b] holds p[r·ld + b·L ..].
+template <class S, int nb>
+using Block = typename S::Vec[kRows][nb];
+
+template <class S, int nb>
+KESTREL_DR_INLINE void zero_block(Block<S, nb>& a) {
+  KESTREL_SIMD_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    KESTREL_SIMD_UNROLL
+    for (int b = 0; b < nb; ++b) a[r][b] = S::zero();
+  }
+}
+
+template <class S, int nb>
+KESTREL_DR_INLINE void load_block(Block<S, nb>& a, const float* p, int64_t ld) {
+  KESTREL_SIMD_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    KESTREL_SIMD_UNROLL
+    for (int b = 0; b < nb; ++b) a[r][b] = S::loadu(p + r * ld + b * S::kLanes);
+  }
+}
+
+template <class S, int nb>
+KESTREL_DR_INLINE void store_block(const Block<S, nb>& a, float* p, int64_t ld) {
+  KESTREL_SIMD_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    KESTREL_SIMD_UNROLL
+    for (int b = 0; b < nb; ++b) S::storeu(p + r * ld + b * S::kLanes, a[r][b]);
+  }
+}
+
+// a[r][b] ← a[r][b] + coef(r, i)·X[i·ld + b·L ..] (kSub: − ) for i = 0 .. n − 1 in order: the block's rank-1 updates
+// from n rows of X, each row of X loaded once for the kRows rows.
+template <class S, bool kSub, int nb, class Coef>
+KESTREL_DR_INLINE void accumulate_rows(Block<S, nb>& a, const float* X, int64_t ld, int64_t n, Coef&& coef) {
+  using Vec = typename S::Vec;
+  for (int64_t i = 0; i < n; ++i) {
+    Vec x[nb];
+    KESTREL_SIMD_UNROLL
+    for (int b = 0; b < nb; ++b) x[b] = S::loadu(X + i * ld + b * S::kLanes);
+    KESTREL_SIMD_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const Vec w = S::set1(coef(r, i));
+      KESTREL_SIMD_UNROLL
+      for (int b = 0; b < nb; ++b) a[r][b] = kSub ? S::fnma(w, x[b], a[r][b]) : S::fma(w, x[b], a[r][b]);
+    }
+  }
+}
+
 // One token: m = Σ_i (e^g·S[i])·k_i; δ = (v − m)·β; S[i] ← e^g·S[i] + k_i·δ; o = Σ_i S[i]·q_i — two passes over
 // the state, kBlockVecs vectors of each row at a time.
 template <class S>
@@ -33,36 +97,34 @@ void step(const float* q, const float* k, const float* v, float g, float beta, i
   constexpr int L = S::kLanes, B = 2 * S::kBlockVecs;
   const Vec decay = S::set1(std::exp(g));
   const Vec vbeta = S::set1(beta);
-  for (int j0 = 0; j0 < d_v; j0 += B * L) {
-    simd::with_vecs<B>(
-        std::min(B, (d_v - j0) / L), [&](auto nbc) __attribute__((always_inline)) {
-          constexpr int nb = decltype(nbc)::value;
-          Vec m[nb], acc[nb];
+  for_col_blocks<S, B>(
+      d_v, [&](int64_t j0, auto nbc) __attribute__((always_inline)) {
+        constexpr int nb = decltype(nbc)::value;
+        Vec m[nb], acc[nb];
+        KESTREL_SIMD_UNROLL
+        for (int b = 0; b < nb; ++b) m[b] = acc[b] = S::zero();
+        for (int i = 0; i < d_k; ++i) {
+          const Vec ki = S::set1(k[i]);
+          const float* row = s + static_cast<int64_t>(i) * d_v + j0;
           KESTREL_SIMD_UNROLL
-          for (int b = 0; b < nb; ++b) m[b] = acc[b] = S::zero();
-          for (int i = 0; i < d_k; ++i) {
-            const Vec ki = S::set1(k[i]);
-            const float* row = s + static_cast<int64_t>(i) * d_v + j0;
-            KESTREL_SIMD_UNROLL
-            for (int b = 0; b < nb; ++b) m[b] = S::fma(S::mul(decay, S::loadu(row + b * L)), ki, m[b]);
+          for (int b = 0; b < nb; ++b) m[b] = S::fma(S::mul(decay, S::loadu(row + b * L)), ki, m[b]);
+        }
+        Vec delta[nb];
+        KESTREL_SIMD_UNROLL
+        for (int b = 0; b < nb; ++b) delta[b] = S::mul(S::sub(S::loadu(v + j0 + b * L), m[b]), vbeta);
+        for (int i = 0; i < d_k; ++i) {
+          const Vec ki = S::set1(k[i]), qi = S::set1(q[i]);
+          float* row = s + static_cast<int64_t>(i) * d_v + j0;
+          KESTREL_SIMD_UNROLL
+          for (int b = 0; b < nb; ++b) {
+            const Vec sn = S::fma(ki, delta[b], S::mul(decay, S::loadu(row + b * L)));
+            S::storeu(row + b * L, sn);
+            acc[b] = S::fma(sn, qi, acc[b]);
           }
-          Vec delta[nb];
-          KESTREL_SIMD_UNROLL
-          for (int b = 0; b < nb; ++b) delta[b] = S::mul(S::sub(S::loadu(v + j0 + b * L), m[b]), vbeta);
-          for (int i = 0; i < d_k; ++i) {
-            const Vec ki = S::set1(k[i]), qi = S::set1(q[i]);
-            float* row = s + static_cast<int64_t>(i) * d_v + j0;
-            KESTREL_SIMD_UNROLL
-            for (int b = 0; b < nb; ++b) {
-              const Vec sn = S::fma(ki, delta[b], S::mul(decay, S::loadu(row + b * L)));
-              S::storeu(row + b * L, sn);
-              acc[b] = S::fma(sn, qi, acc[b]);
-            }
-          }
-          KESTREL_SIMD_UNROLL
-          for (int b = 0; b < nb; ++b) S::storeu(o + j0 + b * L, acc[b]);
-        });
-  }
+        }
+        KESTREL_SIMD_UNROLL
+        for (int b = 0; b < nb; ++b) S::storeu(o + j0 + b * L, acc[b]);
+      });
 }
 
 template <class S>
@@ -83,37 +145,16 @@ float dot(const float* a, const float* b, int n) {
 // diagonal): descending 4-row blocks, so each block reads only rows not yet overwritten.
 template <class S>
 void lower_matmul_inplace(const float* T, float* X, int w) {
-  using Vec = typename S::Vec;
-  constexpr int L = S::kLanes, B = S::kBlockVecs;
   for (int t0 = C - kRows; t0 >= 0; t0 -= kRows) {
-    for (int j0 = 0; j0 < w; j0 += B * L) {
-      simd::with_vecs<B>(
-          std::min(B, (w - j0) / L), [&](auto nbc) __attribute__((always_inline)) {
-            constexpr int nb = decltype(nbc)::value;
-            Vec acc[kRows][nb];
-            KESTREL_SIMD_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) acc[r][b] = S::zero();
-            }
-            for (int u = 0; u < t0 + kRows; ++u) {
-              Vec x[nb];
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) x[b] = S::loadu(X + static_cast<int64_t>(u) * w + j0 + b * L);
-              KESTREL_SIMD_UNROLL
-              for (int r = 0; r < kRows; ++r) {
-                const Vec c = S::set1(T[(t0 + r) * C + u]);
-                KESTREL_SIMD_UNROLL
-                for (int b = 0; b < nb; ++b) acc[r][b] = S::fma(c, x[b], acc[r][b]);
-              }
-            }
-            KESTREL_SIMD_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) S::storeu(X + static_cast<int64_t>(t0 + r) * w + j0 + b * L, acc[r][b]);
-            }
-          });
-    }
+    for_col_blocks<S, S::kBlockVecs>(
+        w, [&](int64_t j0, auto nbc) __attribute__((always_inline)) {
+          constexpr int nb = decltype(nbc)::value;
+          Block<S, nb> acc;
+          zero_block<S, nb>(acc);
+          accumulate_rows<S, false, nb>(acc, X + j0, w, t0 + kRows,
+                                        [&](int r, int64_t u) { return T[(t0 + r) * C + u]; });
+          store_block<S, nb>(acc, X + static_cast<int64_t>(t0) * w + j0, w);
+        });
   }
 }
 
@@ -184,84 +225,34 @@ void chunk(const DeltaRuleChunk& c, int d_k, int d_v, float* s) {
 
   // V' = U − W S.
   for (int t0 = 0; t0 < C; t0 += kRows) {
-    for (int64_t j0 = 0; j0 < dv; j0 += B * L) {
-      simd::with_vecs<B>(
-          static_cast<int>(std::min<int64_t>(B, (dv - j0) / L)), [&](auto nbc) __attribute__((always_inline)) {
-            constexpr int nb = decltype(nbc)::value;
-            Vec a[kRows][nb];
-            KESTREL_SIMD_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) a[r][b] = S::loadu(U + (t0 + r) * dv + j0 + b * L);
-            }
-            for (int64_t i = 0; i < dk; ++i) {
-              Vec sv[nb];
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) sv[b] = S::loadu(s + i * dv + j0 + b * L);
-              KESTREL_SIMD_UNROLL
-              for (int r = 0; r < kRows; ++r) {
-                const Vec w = S::set1(W[(t0 + r) * dk + i]);
-                KESTREL_SIMD_UNROLL
-                for (int b = 0; b < nb; ++b) a[r][b] = S::fnma(w, sv[b], a[r][b]);
-              }
-            }
-            KESTREL_SIMD_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) S::storeu(U + (t0 + r) * dv + j0 + b * L, a[r][b]);
-            }
-          });
-    }
+    for_col_blocks<S, B>(
+        dv, [&](int64_t j0, auto nbc) __attribute__((always_inline)) {
+          constexpr int nb = decltype(nbc)::value;
+          Block<S, nb> a;
+          load_block<S, nb>(a, U + t0 * dv + j0, dv);
+          accumulate_rows<S, true, nb>(a, s + j0, dv, dk, [&](int r, int64_t i) { return W[(t0 + r) * dk + i]; });
+          store_block<S, nb>(a, U + t0 * dv + j0, dv);
+        });
   }
 
   // O = e^G ⊙ (Q̂ S) + lower_incl_diag(Q̂ K̂ᵀ ⊙ Γ) V', from the incoming state.
   for (int t0 = 0; t0 < C; t0 += kRows) {
-    for (int64_t j0 = 0; j0 < dv; j0 += B * L) {
-      simd::with_vecs<B>(
-          static_cast<int>(std::min<int64_t>(B, (dv - j0) / L)), [&](auto nbc) __attribute__((always_inline)) {
-            constexpr int nb = decltype(nbc)::value;
-            Vec a[kRows][nb];
+    for_col_blocks<S, B>(
+        dv, [&](int64_t j0, auto nbc) __attribute__((always_inline)) {
+          constexpr int nb = decltype(nbc)::value;
+          Block<S, nb> a;
+          zero_block<S, nb>(a);
+          accumulate_rows<S, false, nb>(a, s + j0, dv, dk, [&](int r, int64_t i) { return q(t0 + r)[i]; });
+          KESTREL_SIMD_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            const Vec e = S::set1(eG[t0 + r]);
             KESTREL_SIMD_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) a[r][b] = S::zero();
-            }
-            for (int64_t i = 0; i < dk; ++i) {
-              Vec sv[nb];
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) sv[b] = S::loadu(s + i * dv + j0 + b * L);
-              KESTREL_SIMD_UNROLL
-              for (int r = 0; r < kRows; ++r) {
-                const Vec qi = S::set1(q(t0 + r)[i]);
-                KESTREL_SIMD_UNROLL
-                for (int b = 0; b < nb; ++b) a[r][b] = S::fma(qi, sv[b], a[r][b]);
-              }
-            }
-            KESTREL_SIMD_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              const Vec e = S::set1(eG[t0 + r]);
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) a[r][b] = S::mul(a[r][b], e);
-            }
-            for (int u = 0; u < t0 + kRows; ++u) {
-              Vec x[nb];
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) x[b] = S::loadu(U + u * dv + j0 + b * L);
-              KESTREL_SIMD_UNROLL
-              for (int r = 0; r < kRows; ++r) {
-                const Vec w = S::set1(QK[(t0 + r) * C + u]);
-                KESTREL_SIMD_UNROLL
-                for (int b = 0; b < nb; ++b) a[r][b] = S::fma(w, x[b], a[r][b]);
-              }
-            }
-            KESTREL_SIMD_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              float* o = c.o + (t0 + r) * c.o_stride;
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) S::storeu(o + j0 + b * L, a[r][b]);
-            }
-          });
-    }
+            for (int b = 0; b < nb; ++b) a[r][b] = S::mul(a[r][b], e);
+          }
+          accumulate_rows<S, false, nb>(a, U + j0, dv, t0 + kRows,
+                                        [&](int r, int64_t u) { return QK[(t0 + r) * C + u]; });
+          store_block<S, nb>(a, c.o + t0 * c.o_stride + j0, c.o_stride);
+        });
   }
 
   // S ← e^{G_last} S + (K̂ ⊙ e^{G_last − G})ᵀ V'.
@@ -273,34 +264,19 @@ void chunk(const DeltaRuleChunk& c, int d_k, int d_v, float* s) {
   }
   const Vec e_last = S::set1(std::exp(g_last));
   for (int64_t i0 = 0; i0 < dk; i0 += kRows) {
-    for (int64_t j0 = 0; j0 < dv; j0 += B * L) {
-      simd::with_vecs<B>(
-          static_cast<int>(std::min<int64_t>(B, (dv - j0) / L)), [&](auto nbc) __attribute__((always_inline)) {
-            constexpr int nb = decltype(nbc)::value;
-            Vec a[kRows][nb];
+    for_col_blocks<S, B>(
+        dv, [&](int64_t j0, auto nbc) __attribute__((always_inline)) {
+          constexpr int nb = decltype(nbc)::value;
+          Block<S, nb> a;
+          load_block<S, nb>(a, s + i0 * dv + j0, dv);
+          KESTREL_SIMD_UNROLL
+          for (int r = 0; r < kRows; ++r) {
             KESTREL_SIMD_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) a[r][b] = S::mul(S::loadu(s + (i0 + r) * dv + j0 + b * L), e_last);
-            }
-            for (int t = 0; t < C; ++t) {
-              Vec x[nb];
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) x[b] = S::loadu(U + t * dv + j0 + b * L);
-              KESTREL_SIMD_UNROLL
-              for (int r = 0; r < kRows; ++r) {
-                const Vec w = S::set1(W[t * dk + i0 + r]);
-                KESTREL_SIMD_UNROLL
-                for (int b = 0; b < nb; ++b) a[r][b] = S::fma(w, x[b], a[r][b]);
-              }
-            }
-            KESTREL_SIMD_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-              KESTREL_SIMD_UNROLL
-              for (int b = 0; b < nb; ++b) S::storeu(s + (i0 + r) * dv + j0 + b * L, a[r][b]);
-            }
-          });
-    }
+            for (int b = 0; b < nb; ++b) a[r][b] = S::mul(a[r][b], e_last);
+          }
+          accumulate_rows<S, false, nb>(a, U + j0, dv, C, [&](int r, int64_t t) { return W[t * dk + i0 + r]; });
+          store_block<S, nb>(a, s + i0 * dv + j0, dv);
+        });
   }
 }
 
@@ -310,3 +286,5 @@ constexpr DeltaRuleKernels make_kernels() {
 }
 
 }  // namespace kestrel::cpu::KESTREL_DR_NS
+
+#undef KESTREL_DR_INLINE

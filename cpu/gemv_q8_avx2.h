@@ -39,10 +39,11 @@
 #include "core/quant/blocks.h"
 #include "cpu/act_q8.h"
 #include "cpu/gemv.h"
+#include "cpu/simd_f32.h"
 
-// The small loops over a tile's rows, vectors and chunks must unroll fully, and a format's unit / block / tail must
-// inline into the tile, so that the accumulators stay in registers rather than pass through memory every unit.
-#define KESTREL_UNROLL _Pragma("GCC unroll 16")
+// The small loops over a tile's rows, vectors and chunks must unroll fully (KESTREL_SIMD_UNROLL, simd_f32.h), and a
+// format's unit / block / tail must inline into the tile, so that the accumulators stay in registers rather than pass
+// through memory every unit.
 #define KESTREL_INLINE __attribute__((always_inline)) inline
 
 namespace kestrel::cpu::KESTREL_GEMV_NS {
@@ -88,7 +89,7 @@ struct FmtBlock32 {
     const uint64_t off = static_cast<uint64_t>(base / 32) * kBlockBytes;
     __m256i w[R];  // Q4_0: the nibbles, unsigned (w + 8); Q8_0: the signed weights
     float ws[R];   // the blocks' scales
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
       ws[r] = half_at(row[r] + off);
       if constexpr (kQ8) {
@@ -98,11 +99,11 @@ struct FmtBlock32 {
         w[r] = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
       }
     }
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int v = 0; v < V; ++v) {
       const __m256i q = load32(x[v].q + base);
       const float dx = x[v].dl[base / 4];
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) {
         __m256i p;
         if constexpr (kQ8) {
@@ -162,23 +163,23 @@ struct FmtK45 {
     const uint8_t* blk[R];
     __m128i sm[R];  // scales in bytes 0..7, mins in 8..15
     __m256i sc[R];  // the scales as int16 in lanes 0..7 of both halves
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
       blk[r] = row[r] + sb * kBlockBytes;
       sm[r] = k4_scales_mins_bytes(blk[r] + 4);
       sc[r] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm[r]));
     }
     __m256i sumi[R][V];
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int v = 0; v < V; ++v) sumi[r][v] = _mm256_setzero_si256();
     }
     const uint64_t qs_off = kFive ? 48 : 16;
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int c = 0; c < 4; ++c) {
       __m256i ulo[R], uhi[R];
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) {
         const __m256i y = load32(blk[r] + qs_off + 32 * c);
         ulo[r] = _mm256_and_si256(y, m4);
@@ -192,11 +193,11 @@ struct FmtK45 {
           uhi[r] = _mm256_or_si256(uhi[r], _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(qh, s_hi), one), 4));
         }
       }
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int v = 0; v < V; ++v) {
         const __m256i qlo = load32(x[v].qk + base + 64 * c);
         const __m256i qhi = load32(x[v].qk + base + 64 * c + 32);
-        KESTREL_UNROLL
+        KESTREL_SIMD_UNROLL
         for (int r = 0; r < R; ++r) {
           sumi[r][v] = Dot::i16(sumi[r][v], _mm256_maddubs_epi16(ulo[r], qlo), broadcast_i16_lane(sc[r], 2 * c));
           sumi[r][v] = Dot::i16(sumi[r][v], _mm256_maddubs_epi16(uhi[r], qhi), broadcast_i16_lane(sc[r], 2 * c + 1));
@@ -205,11 +206,11 @@ struct FmtK45 {
     }
     // Mins: m_j against the sub-block's two bsums, (m0, m0, m1, m1, ...) as int16.
     const __m128i dup = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
       const float d = half_at(blk[r]), dmin = half_at(blk[r] + 2);
       const __m256i mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm[r], dup));
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int v = 0; v < V; ++v) {
         const float dk = x[v].dk[sb];
         const __m256i mb = _mm256_madd_epi16(load32(x[v].bsum + base / 16), mins);
@@ -235,7 +236,7 @@ struct FmtQ6_K {
     const __m256i m2 = _mm256_set1_epi8(0x03);
     const uint8_t* blk[R];
     __m256i sc[R][2];  // half h's 8 scales as int16 in lanes 0..7 of both 128-bit halves
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
       blk[r] = row[r] + sb * kBlockBytes;
       const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[r] + 192));
@@ -243,19 +244,19 @@ struct FmtQ6_K {
       sc[r][1] = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(s8, 8)));
     }
     __m256i sumi[R][V];
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int v = 0; v < V; ++v) sumi[r][v] = _mm256_setzero_si256();
     }
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int h = 0; h < 2; ++h) {
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int j = 0; j < 4; ++j) {
         // Group j of half h: elements 128h + 32j + l, low 4 bits from ql (byte 64h + 32(j & 1) + l, low nibble for
         // j < 2), high 2 bits from qh[32h + l] bits 2j..2j+1; scales 8h + 2j (l < 16) and 8h + 2j + 1.
         __m256i u[R], s[R];
-        KESTREL_UNROLL
+        KESTREL_SIMD_UNROLL
         for (int r = 0; r < R; ++r) {
           const __m256i l = load32(blk[r] + 64 * h + 32 * (j & 1));
           const __m256i hb = load32(blk[r] + 128 + 32 * h);
@@ -277,20 +278,20 @@ struct FmtQ6_K {
                                static_cast<char>(4 * j + 2), static_cast<char>(4 * j + 3));
           s[r] = _mm256_shuffle_epi8(sc[r][h], idx);
         }
-        KESTREL_UNROLL
+        KESTREL_SIMD_UNROLL
         for (int v = 0; v < V; ++v) {
           const __m256i q = load32(x[v].qk + base + 128 * h + 32 * j);
-          KESTREL_UNROLL
+          KESTREL_SIMD_UNROLL
           for (int r = 0; r < R; ++r) sumi[r][v] = Dot::i16(sumi[r][v], _mm256_maddubs_epi16(u[r], q), s[r]);
         }
       }
     }
     // The offset: −32 · Σ_g sc_g · bsum_g, in the same int32 lanes.
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
       const float d = half_at(blk[r] + 208);
       const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[r] + 192)));
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int v = 0; v < V; ++v) {
         const __m256i off = _mm256_madd_epi16(load32(x[v].bsum + base / 16), s16);
         const __m256i total = _mm256_sub_epi32(sumi[r][v], _mm256_slli_epi32(off, 5));
@@ -304,10 +305,10 @@ struct FmtQ6_K {
 template <class Fmt, int R, int V>
 void q8_tile(const GemvTask& t, int64_t o, int64_t v0) {
   const uint8_t* row[R];
-  KESTREL_UNROLL
+  KESTREL_SIMD_UNROLL
   for (int r = 0; r < R; ++r) row[r] = t.w + static_cast<uint64_t>(o + r) * t.row_bytes;
   Q8Vec x[V];
-  KESTREL_UNROLL
+  KESTREL_SIMD_UNROLL
   for (int v = 0; v < V; ++v) {
     const int64_t vv = gemv_x_row(t, v0 + v);
     const ActQ8View& a = t.xq;
@@ -319,9 +320,9 @@ void q8_tile(const GemvTask& t, int64_t o, int64_t v0) {
                  a.bsum != nullptr ? a.bsum + vv * (t.n_in / kActQ8KSum) : nullptr};
   }
   __m256 acc[R][V];
-  KESTREL_UNROLL
+  KESTREL_SIMD_UNROLL
   for (int r = 0; r < R; ++r) {
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int v = 0; v < V; ++v) acc[r][v] = _mm256_setzero_ps();
   }
   const uint64_t ahead = static_cast<uint64_t>(R) * t.row_bytes;
@@ -329,7 +330,7 @@ void q8_tile(const GemvTask& t, int64_t o, int64_t v0) {
   int64_t base = 0;
   for (; base + Fmt::kUnit <= t.n_in; base += Fmt::kUnit) {
     const uint64_t off = static_cast<uint64_t>(base / Fmt::kBlockElems) * Fmt::kBlockBytes;
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
       for (uint64_t b = 0; b < unit_bytes; b += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(row[r] + off + ahead + b), _MM_HINT_T0);
@@ -340,9 +341,9 @@ void q8_tile(const GemvTask& t, int64_t o, int64_t v0) {
   if constexpr (requires { Fmt::template tail<R, V>(row, base, t.n_in, x, acc); }) {
     if (base < t.n_in) Fmt::template tail<R, V>(row, base, t.n_in, x, acc);  // Q4_0/Q8_0 rows of odd length
   }
-  KESTREL_UNROLL
+  KESTREL_SIMD_UNROLL
   for (int r = 0; r < R; ++r) {
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int v = 0; v < V; ++v) t.y[(v0 + v) * t.n_out + o + r] = hsum8(acc[r][v]);
   }
 }
@@ -377,5 +378,4 @@ void add_q8_kernels(GemvKernels& k) {
 
 }  // namespace kestrel::cpu::KESTREL_GEMV_NS
 
-#undef KESTREL_UNROLL
 #undef KESTREL_INLINE

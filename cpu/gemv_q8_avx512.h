@@ -42,10 +42,10 @@
 #include "cpu/gemv.h"
 #include "cpu/simd_f32.h"
 
-// The small loops over a tile's rows, vectors and chunks must unroll fully, and a format's unit / pair / tail must
-// inline into the tile, so that the accumulator and weight arrays live in registers (GCC's -O2 keeps them on the
-// stack otherwise, or passes them to an out-of-line unit through memory, and every FMA waits on a store and a load).
-#define KESTREL_UNROLL _Pragma("GCC unroll 16")
+// The small loops over a tile's rows, vectors and chunks must unroll fully (KESTREL_SIMD_UNROLL, simd_f32.h), and a
+// format's unit / pair / tail must inline into the tile, so that the accumulator and weight arrays live in registers
+// (GCC's -O2 keeps them on the stack otherwise, or passes them to an out-of-line unit through memory, and every FMA
+// waits on a store and a load).
 #define KESTREL_INLINE __attribute__((always_inline)) inline
 
 namespace kestrel::cpu::KESTREL_GEMV_NS {
@@ -146,12 +146,12 @@ struct FmtBlock32 {
                                   __m512 (&acc)[R][V]) {
     const __mmask64 kq = kPair ? ~0ull : 0xFFFFFFFFull;
     const __mmask16 kl = kPair ? 0xFFFF : 0x00FF;
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int v = 0; v < V; ++v) {
       const __m512i q = _mm512_maskz_loadu_epi8(kq, x[v].q + base);
       const __m512i corr = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(kl, x[v].ns4 + base / 4), kOffsetShift);
       const __m512 dl = _mm512_maskz_loadu_ps(kl, x[v].dl + base / 4);
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], u[r], q, corr, ws[r], dl);
     }
   }
@@ -160,13 +160,13 @@ struct FmtBlock32 {
   KESTREL_INLINE static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
     const uint64_t off = static_cast<uint64_t>(base / 32) * kBlockBytes;
     __m512 scales[R];
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) scales[r] = block_scales<kBlockBytes, kGroup>(row[r] + off);
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int k = 0; k < kGroup / 2; ++k) {
       __m512i u[R];
       __m512 ws[R];
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) {
         u[r] = weights<true>(row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes);
         ws[r] = lane_scales<8>(scales[r], 2 * k);
@@ -183,7 +183,7 @@ struct FmtBlock32 {
     __m512 ws[R];
     for (; base + 64 <= n_in; base += 64) {
       const uint64_t off = static_cast<uint64_t>(base / 32) * kBlockBytes;
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) {
         u[r] = weights<true>(row[r] + off);
         ws[r] = halves_ps(row[r] + off, row[r] + off + kBlockBytes);
@@ -192,7 +192,7 @@ struct FmtBlock32 {
     }
     if (base < n_in) {
       const uint64_t off = static_cast<uint64_t>(base / 32) * kBlockBytes;
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) {
         u[r] = weights<false>(row[r] + off);
         ws[r] = halves_ps(row[r] + off, kZeroHalf);
@@ -238,7 +238,7 @@ struct FmtK45 {
     const uint8_t* blk[R];
     __m512 dsc[R], dmn[R];  // d·sc_j and dmin·m_j in lanes 0..7 (zero above)
     __m512i qh[R];          // Q5_K: the 32 high-bit bytes in both halves
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
       blk[r] = row[r] + sb * kBlockBytes;
       __m256 sc, mn;
@@ -250,11 +250,11 @@ struct FmtK45 {
       }
     }
     const uint64_t qs_off = kFive ? 48 : 16;
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int c = 0; c < 4; ++c) {
       __m512i u[R];
       __m512 ws[R];
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) {
         // [qs | qs] by a broadcast load; the low half keeps the low nibbles (sub-block 2c), the high half the high.
         const __m512i y =
@@ -269,19 +269,19 @@ struct FmtK45 {
         u[r] = z;
         ws[r] = lane_scales<8>(dsc[r], 2 * c);
       }
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int v = 0; v < V; ++v) {
         const int64_t e = base + 64 * c;
         const __m512i q = _mm512_loadu_si512(x[v].q + e);
         const __m512 dl = _mm512_loadu_ps(x[v].dl + e / 4);
-        KESTREL_UNROLL
+        KESTREL_SIMD_UNROLL
         for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], u[r], q, _mm512_setzero_si512(), ws[r], dl);
       }
     }
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int v = 0; v < V; ++v) {
       const __m512 ds = _mm512_zextps256_ps512(_mm256_loadu_ps(x[v].ds + base / 32));
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) acc[r][v] = _mm512_fnmadd_ps(dmn[r], ds, acc[r][v]);
     }
   }
@@ -301,16 +301,16 @@ struct FmtQ6_K {
     const __m512i m2 = _mm512_set1_epi8(0x03);
     const uint8_t* blk[R];
     __m512 dsc[R];  // d·sc_g for the 16 groups of 16
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
       blk[r] = row[r] + sb * kBlockBytes;
       const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[r] + 192)));
       dsc[r] = _mm512_mul_ps(_mm512_set1_ps(half_at(blk[r] + 208)), _mm512_cvtepi32_ps(sc));
     }
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int h = 0; h < 2; ++h) {
       __m512i ua[R], ub[R];
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) {
         // ql[64h + l] for l < 64; qh[32h + l] for l < 32 in the low half, shifted right by 2 in the high half.
         const __m512i L = _mm512_loadu_si512(blk[r] + 64 * h);
@@ -321,19 +321,19 @@ struct FmtQ6_K {
         ub[r] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m4),
                                 _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(H, 4), m2), 4));
       }
-      KESTREL_UNROLL
+      KESTREL_SIMD_UNROLL
       for (int k = 0; k < 2; ++k) {
         const int chunk = 2 * h + k;  // elements 64·chunk .. 64·chunk + 63 of the super-block
         __m512 ws[R];
-        KESTREL_UNROLL
+        KESTREL_SIMD_UNROLL
         for (int r = 0; r < R; ++r) ws[r] = lane_scales<4>(dsc[r], 4 * chunk);
-        KESTREL_UNROLL
+        KESTREL_SIMD_UNROLL
         for (int v = 0; v < V; ++v) {
           const int64_t e = base + 64 * chunk;
           const __m512i q = _mm512_loadu_si512(x[v].q + e);
           const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(x[v].ns4 + e / 4), 5);
           const __m512 dl = _mm512_loadu_ps(x[v].dl + e / 4);
-          KESTREL_UNROLL
+          KESTREL_SIMD_UNROLL
           for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], k == 0 ? ua[r] : ub[r], q, corr, ws[r], dl);
         }
       }
@@ -345,19 +345,19 @@ struct FmtQ6_K {
 template <class Fmt, int R, int V>
 void q8_tile(const GemvTask& t, int64_t o, int64_t v0) {
   const uint8_t* row[R];
-  KESTREL_UNROLL
+  KESTREL_SIMD_UNROLL
   for (int r = 0; r < R; ++r) row[r] = t.w + static_cast<uint64_t>(o + r) * t.row_bytes;
   Q8Vec x[V];
-  KESTREL_UNROLL
+  KESTREL_SIMD_UNROLL
   for (int v = 0; v < V; ++v) {
     const int64_t vv = gemv_x_row(t, v0 + v);
     x[v] = Q8Vec{t.xq.q + vv * t.n_in, t.xq.dl + vv * (t.n_in / 4), t.xq.ns4 + vv * (t.n_in / 4),
                  t.xq.ds + vv * (t.n_in / 32)};
   }
   __m512 acc[R][V];
-  KESTREL_UNROLL
+  KESTREL_SIMD_UNROLL
   for (int r = 0; r < R; ++r) {
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int v = 0; v < V; ++v) acc[r][v] = _mm512_setzero_ps();
   }
   // The rows of the tile R rows on, at the same offset: rows are contiguous, so this runs one tile ahead of the
@@ -367,7 +367,7 @@ void q8_tile(const GemvTask& t, int64_t o, int64_t v0) {
   int64_t base = 0;
   for (; base + Fmt::kUnit <= t.n_in; base += Fmt::kUnit) {
     const uint64_t off = static_cast<uint64_t>(base / Fmt::kBlockElems) * Fmt::kBlockBytes;
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
       for (uint64_t b = 0; b < unit_bytes; b += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(row[r] + off + ahead + b), _MM_HINT_T0);
@@ -378,9 +378,9 @@ void q8_tile(const GemvTask& t, int64_t o, int64_t v0) {
   if constexpr (requires { Fmt::template tail<R, V>(row, base, t.n_in, x, acc); }) {
     if (base < t.n_in) Fmt::template tail<R, V>(row, base, t.n_in, x, acc);  // Q4_0/Q8_0 rows of odd length
   }
-  KESTREL_UNROLL
+  KESTREL_SIMD_UNROLL
   for (int r = 0; r < R; ++r) {
-    KESTREL_UNROLL
+    KESTREL_SIMD_UNROLL
     for (int v = 0; v < V; ++v) t.y[(v0 + v) * t.n_out + o + r] = hsum16(acc[r][v]);
   }
 }
@@ -424,5 +424,4 @@ void gemv_q8(const GemvTask& t, int64_t row_begin, int64_t row_end) {
 
 }  // namespace kestrel::cpu::KESTREL_GEMV_NS
 
-#undef KESTREL_UNROLL
 #undef KESTREL_INLINE

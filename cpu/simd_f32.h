@@ -10,9 +10,10 @@
 
 #include <type_traits>
 
-// The loops over a register block's vectors, rows and accumulators must unroll with compile-time bounds: with a
-// run-time vector count GCC keeps the Vec arrays on the stack (copying blocks in and out with memcpy), and every FMA
-// waits on a store and a load (the delta rule's chunk measured 2-5x slower so on the development VM).
+// The loops over a register block's vectors, rows and accumulators (the GEMV tiles, the delta rule's and attention's
+// blocks) must unroll with compile-time bounds: with a run-time vector count GCC keeps the Vec arrays on the stack
+// (copying blocks in and out with memcpy), and every FMA waits on a store and a load (the delta rule's chunk measured
+// 2-5x slower so on the development VM).
 #define KESTREL_SIMD_UNROLL _Pragma("GCC unroll 16")
 
 namespace kestrel::cpu::simd {
