@@ -33,12 +33,6 @@ void block_quants(const BlockQ6_K& blk, uint8_t* q) {
 
 }  // namespace
 
-void q6_k_quants(const void* block, uint8_t* q) {
-  BlockQ6_K blk;
-  std::memcpy(&blk, block, sizeof(blk));
-  block_quants(blk, q);
-}
-
 void dequantize_q6_k(const void* src, float* dst, int64_t nb) {
   const auto* bytes = static_cast<const unsigned char*>(src);
   uint8_t q[kQK_K];

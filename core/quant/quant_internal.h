@@ -40,9 +40,6 @@ Status check_finite(const float* x, int64_t n, std::string_view type_name);
 // kOutOfRange when a block scale rounded to f16 is not finite (the block's values are too large for the format).
 Status check_scale_finite(uint16_t scale_f16, int64_t block, std::string_view type_name);
 
-// The 256 6-bit quants (0..63, before the −32 offset) of one Q6_K block, in element order (q6_k.cpp has the layout);
-// dequantize_q6_k and GEMV v4's re-tiling (gpu/tiled_matrix) read blocks through it.
-void q6_k_quants(const void* block, uint8_t* q);
 
 // v clamped to [lo, hi] (NaN -> lo), then rounded to nearest, ties to even.
 int round_clamped(float v, int lo, int hi);
