@@ -40,7 +40,6 @@ Status check_finite(const float* x, int64_t n, std::string_view type_name);
 // kOutOfRange when a block scale rounded to f16 is not finite (the block's values are too large for the format).
 Status check_scale_finite(uint16_t scale_f16, int64_t block, std::string_view type_name);
 
-
 // v clamped to [lo, hi] (NaN -> lo), then rounded to nearest, ties to even.
 int round_clamped(float v, int lo, int hi);
 
