@@ -81,65 +81,119 @@ __device__ __forceinline__ float conv_at(const Geo& g, const float* __restrict__
   return silu_rn(y);
 }
 
-// (1) Block (token t, y): y < Kh the q and k of K-head y (threads 0..127 q, 128..255 k: gdn_runs' warps), else the
-// v of V-head y − Kh and its gates (β, and the log decay g = ssm_a · softplus(a + dt_bias)).
+// dst[r·ld + e] = src[r·stride + e] for r < rows and e < cols, zero for the rest of the kRows × kCols tile, by the
+// block's kThreads threads. With cols and stride multiples of 4 the rows are read as float4 (every source here is then
+// 16-byte aligned: the workspace is, and its arrays and records start at multiples of 4 floats), each thread's loads
+// all issued before its stores, so a tile costs about one L2 round trip rather than one per element a thread.
+// kN threads take part, tid in [0, kN).
+template <int kRows, int kCols, int kN = kThreads>
+__device__ __forceinline__ void stage_tile(float* dst, int ld, const float* src, size_t stride, int rows, int cols,
+                                           int tid) {
+  constexpr int kQuads = kCols / 4;
+  constexpr int kPer = (kRows * kQuads + kN - 1) / kN;
+  static_assert(kCols % 4 == 0, "whole quads");
+  if (cols % 4 == 0 && stride % 4 == 0) {
+    float4 v[kPer];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int idx = tid + u * kN;
+      const int r = idx / kQuads;
+      const int e = (idx % kQuads) * 4;
+      v[u] = r < rows && e < cols ? *reinterpret_cast<const float4*>(src + static_cast<size_t>(r) * stride + e)
+                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int idx = tid + u * kN;
+      if (kRows * kQuads % kN != 0 && idx >= kRows * kQuads) break;
+      float* d = dst + (idx / kQuads) * ld + (idx % kQuads) * 4;
+      d[0] = v[u].x;
+      d[1] = v[u].y;
+      d[2] = v[u].z;
+      d[3] = v[u].w;
+    }
+    return;
+  }
+  for (int idx = tid; idx < kRows * kCols; idx += kN) {
+    const int r = idx / kCols;
+    const int e = idx % kCols;
+    dst[r * ld + e] = r < rows && e < cols ? src[static_cast<size_t>(r) * stride + e] : 0.0f;
+  }
+}
+
+// (1) Block (tokens kPrepTokens·x .., y): y < Kh the q and k of K-head y (threads 0..127 q, 128..255 k: gdn_runs'
+// warps), else the v of V-head y − Kh and its gates (β, and the log decay g = ssm_a · softplus(a + dt_bias)), the
+// block's halves taking alternate tokens. Several tokens a block: a block of one token's few hundred operations cost
+// about as much to schedule as to run.
+constexpr int kPrepTokens = 8;
+
 __global__ void __launch_bounds__(kThreads)
     prep_kernel(Geo g, GdnDecodeWeights w, GdnDecodeInputs in, GdnSlot slot, Layout L, float* __restrict__ ws) {
-  __shared__ float sq_part[2][kD / 32];
-  const int t = static_cast<int>(blockIdx.x);
+  __shared__ float sq_part[2][2][kD / 32];  // [token parity][q, k][warp]
   const int y = static_cast<int>(blockIdx.y);
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid / 32;
   const int lane = tid % 32;
+  const int t_begin = static_cast<int>(blockIdx.x) * kPrepTokens;
+  const int t_end = min(L.T, t_begin + kPrepTokens);
   if (y < g.n_k_heads) {
     const int part = tid / kD;
     const int e = tid % kD;
     const int ch = e < g.d_k ? (part == 1 ? g.key_dim : 0) + y * g.d_k + e : -1;
-    const float u = ch >= 0 ? conv_at(g, w.conv1d, slot.conv, in.qkv, t, ch) : 0.0f;
-    float sq = __fmul_rn(u, u);
+    for (int t = t_begin; t < t_end; ++t) {
+      float(*sp)[kD / 32] = sq_part[t & 1];  // a thread reaches token t + 2 only after all have read token t's
+      const float u = ch >= 0 ? conv_at(g, w.conv1d, slot.conv, in.qkv, t, ch) : 0.0f;
+      float sq = __fmul_rn(u, u);
 #pragma unroll
-    for (int off = 16; off > 0; off /= 2) sq = __fadd_rn(sq, __shfl_xor_sync(kFullMask, sq, off));
-    if (lane == 0) sq_part[part][warp % (kD / 32)] = sq;
-    __syncthreads();
-    float inv_q;
-    float inv_k;
-    inv_l2<kD / 32>(sq_part[0], sq_part[1], inv_q, inv_k);
-    if (ch >= 0) {
-      const size_t at = (static_cast<size_t>(t) * g.n_k_heads + y) * g.d_k + e;
-      if (part == 0) {
-        ws[L.qn + at] = __fmul_rn(__fmul_rn(u, inv_q), g.q_scale);
-      } else {
-        ws[L.kn + at] = __fmul_rn(u, inv_k);
+      for (int off = 16; off > 0; off /= 2) sq = __fadd_rn(sq, __shfl_xor_sync(kFullMask, sq, off));
+      if (lane == 0) sp[part][warp % (kD / 32)] = sq;
+      __syncthreads();
+      float inv_q;
+      float inv_k;
+      inv_l2<kD / 32>(sp[0], sp[1], inv_q, inv_k);
+      if (ch >= 0) {
+        const size_t at = (static_cast<size_t>(t) * g.n_k_heads + y) * g.d_k + e;
+        if (part == 0) {
+          ws[L.qn + at] = __fmul_rn(__fmul_rn(u, inv_q), g.q_scale);
+        } else {
+          ws[L.kn + at] = __fmul_rn(u, inv_k);
+        }
       }
     }
     return;
   }
   const int h = y - g.n_k_heads;
-  if (tid < g.d_v) {
-    const int ch = 2 * g.key_dim + h * g.d_v + tid;
-    ws[L.vv + (static_cast<size_t>(t) * g.n_v_heads + h) * g.d_v + tid] =
-        conv_at(g, w.conv1d, slot.conv, in.qkv, t, ch);
-  }
-  if (tid == 0) {
-    float b;
-    float a;
-    head_ba(g, in, t, h, b, a);
-    const size_t at = static_cast<size_t>(t) * g.n_v_heads + h;
-    ws[L.bt + at] = sigmoid_rn(b);
-    ws[L.gl + at] = log_decay(w, a, h);
+  const int c = tid % kD;
+  for (int t = t_begin + tid / kD; t < t_end; t += kThreads / kD) {
+    if (c < g.d_v) {
+      const int ch = 2 * g.key_dim + h * g.d_v + c;
+      ws[L.vv + (static_cast<size_t>(t) * g.n_v_heads + h) * g.d_v + c] =
+          conv_at(g, w.conv1d, slot.conv, in.qkv, t, ch);
+    }
+    if (c == 0) {
+      float b;
+      float a;
+      head_ba(g, in, t, h, b, a);
+      const size_t at = static_cast<size_t>(t) * g.n_v_heads + h;
+      ws[L.bt + at] = sigmoid_rn(b);
+      ws[L.gl + at] = log_decay(w, a, h);
+    }
   }
 }
 
 // (2) Block (chunk c, V-head h): the chunk-local matrices into the record of (c, h). Padding rows (past T) are zeros
-// with β = 0 and g = 0: they change nothing.
-constexpr size_t kLocalSmem = (3 * kC * kLd + kC * kLa + 4 * kC) * sizeof(float);
+// with β = 0 and g = 0: they change nothing. V takes Q's tile once Q's products are out (while one warp runs the
+// forward substitution), so the tiles fit two blocks an SM.
+constexpr size_t kLocalSmem = (2 * kC * kLd + kC * kLa + 4 * kC) * sizeof(float);
+constexpr int kSideThreads = kThreads - 32;  // the warps beside the forward substitution
+constexpr int kSideBarrier = 1;              // their named barrier (0 is __syncthreads')
 
-__global__ void __launch_bounds__(kThreads, 1) local_kernel(Geo g, Layout L, float* __restrict__ ws) {
+__global__ void __launch_bounds__(kThreads, 2) local_kernel(Geo g, Layout L, float* __restrict__ ws) {
   extern __shared__ float sm[];
   float* ks = sm;             // [kC][kLd]
-  float* qs = ks + kC * kLd;  // [kC][kLd]
-  float* vs = qs + kC * kLd;  // [kC][kLd]
-  float* am = vs + kC * kLd;  // [kC][kLa]: A, then T − I
+  float* qs = ks + kC * kLd;  // [kC][kLd]: Q, then V
+  float* vs = qs;             // V's tile, from the side warps' staging on
+  float* am = qs + kC * kLd;  // [kC][kLa]: A, then T − I
   float* gc = am + kC * kLa;  // G (inclusive cumulative log decay)
   float* bet = gc + kC;       // β
   float* eg = bet + kC;       // e^{G}
@@ -151,15 +205,12 @@ __global__ void __launch_bounds__(kThreads, 1) local_kernel(Geo g, Layout L, flo
   const int t0 = c * kC;
   float* rec = ws + L.rec + (static_cast<size_t>(c) * g.n_v_heads + h) * L.rec_floats;
 
-  for (int idx = tid; idx < kC * kD; idx += kThreads) {
-    const int i = idx / kD;
-    const int e = idx % kD;
-    const int t = t0 + i;
-    const bool ok = t < L.T;
-    const size_t kq = (static_cast<size_t>(t) * g.n_k_heads + kh) * g.d_k + e;
-    ks[i * kLd + e] = ok && e < g.d_k ? ws[L.kn + kq] : 0.0f;
-    qs[i * kLd + e] = ok && e < g.d_k ? ws[L.qn + kq] : 0.0f;
-    vs[i * kLd + e] = ok && e < g.d_v ? ws[L.vv + (static_cast<size_t>(t) * g.n_v_heads + h) * g.d_v + e] : 0.0f;
+  {
+    const int rows = min(kC, L.T - t0);
+    const size_t kq = (static_cast<size_t>(t0) * g.n_k_heads + kh) * g.d_k;
+    const size_t k_stride = static_cast<size_t>(g.n_k_heads) * g.d_k;
+    stage_tile<kC, kD>(ks, kLd, ws + L.kn + kq, k_stride, rows, g.d_k, tid);
+    stage_tile<kC, kD>(qs, kLd, ws + L.qn + kq, k_stride, rows, g.d_k, tid);
   }
   if (tid < kC) {
     const int t = t0 + tid;
@@ -216,7 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1) local_kernel(Geo g, Layout L, flo
   }
   __syncthreads();
 
-  // Forward substitution, rows in order (one warp): row i += Σ_m row_i[m] · row_m, with row i as it was.
+  // Forward substitution, rows in order (warp 0): row i += Σ_m row_i[m] · row_m, with row i as it was.
   if (tid < 32) {
     for (int i = 1; i < kC; ++i) {
       float v[2];
@@ -238,21 +289,31 @@ __global__ void __launch_bounds__(kThreads, 1) local_kernel(Geo g, Layout L, flo
       }
       __syncwarp();
     }
-  }
-
-  // Q⊙e^G and K⊙e^{G_last − G} out; then K becomes β⊙K⊙e^G and V becomes β⊙V in place (each element by one thread).
-  for (int idx = tid; idx < kC * kD; idx += kThreads) {
-    const int i = idx / kD;
-    const int e = idx % kD;
-    const float k = ks[i * kLd + e];
-    if (e < g.d_k) {
-      rec[L.r_qg + static_cast<size_t>(i) * g.d_k + e] = __fmul_rn(qs[i * kLd + e], eg[i]);
-      rec[L.r_kd + static_cast<size_t>(i) * g.d_k + e] = __fmul_rn(k, el[i]);
+  } else {
+    // Meanwhile the other warps: Q⊙e^G and K⊙e^{G_last − G} out, K becomes β⊙K⊙e^G in place (each element by one
+    // thread); then V into Q's tile as β⊙V.
+    const int st = tid - 32;
+    for (int idx = st; idx < kC * kD; idx += kSideThreads) {
+      const int i = idx / kD;
+      const int e = idx % kD;
+      const float k = ks[i * kLd + e];
+      if (e < g.d_k) {
+        rec[L.r_qg + static_cast<size_t>(i) * g.d_k + e] = __fmul_rn(qs[i * kLd + e], eg[i]);
+        rec[L.r_kd + static_cast<size_t>(i) * g.d_k + e] = __fmul_rn(k, el[i]);
+      }
+      ks[i * kLd + e] = __fmul_rn(__fmul_rn(bet[i], k), eg[i]);
     }
-    ks[i * kLd + e] = __fmul_rn(__fmul_rn(bet[i], k), eg[i]);
-    vs[i * kLd + e] = __fmul_rn(bet[i], vs[i * kLd + e]);
+    asm volatile("bar.sync %0, %1;" ::"n"(kSideBarrier), "n"(kSideThreads) : "memory");  // Q's tile is read
+    stage_tile<kC, kD, kSideThreads>(vs, kLd, ws + L.vv + (static_cast<size_t>(t0) * g.n_v_heads + h) * g.d_v,
+                                     static_cast<size_t>(g.n_v_heads) * g.d_v, min(kC, L.T - t0), g.d_v, st);
+    asm volatile("bar.sync %0, %1;" ::"n"(kSideBarrier), "n"(kSideThreads) : "memory");
+    for (int idx = st; idx < kC * kD; idx += kSideThreads) {
+      const int i = idx / kD;
+      const int e = idx % kD;
+      vs[i * kLd + e] = __fmul_rn(bet[i], vs[i * kLd + e]);
+    }
+    if (st == 0) rec[L.r_last] = expf(gc[kC - 1]);
   }
-  if (tid == 0) rec[L.r_last] = expf(gc[kC - 1]);
   __syncthreads();
 
   // U = T (β⊙V), W = T (β⊙K⊙e^G), T = I + the substituted strict lower triangle: column e per thread, rows
@@ -310,21 +371,11 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(Geo g, Layout L, Gdn
   const int jh = (tid % 2) * 16;
   for (int c = 0; c < L.n_chunks; ++c) {
     const float* rec = ws + L.rec + (static_cast<size_t>(c) * g.n_v_heads + h) * L.rec_floats;
-    for (int idx = tid; idx < kC * kD; idx += kThreads) {
-      const int r = idx / kD;
-      const int e = idx % kD;
-      const bool ok = e < g.d_k;
-      const size_t at = static_cast<size_t>(r) * g.d_k + e;
-      wsm[r * kLd + e] = ok ? rec[at] : 0.0f;
-      qg[r * kLd + e] = ok ? rec[L.r_qg + at] : 0.0f;
-      kd[r * kLd + e] = ok ? rec[L.r_kd + at] : 0.0f;
-    }
-    for (int idx = tid; idx < kC * kC; idx += kThreads) pm[(idx / kC) * kLa + idx % kC] = rec[L.r_p + idx];
-    for (int idx = tid; idx < kC * kSliceCols; idx += kThreads) {
-      const int r = idx / kSliceCols;
-      const int j = idx % kSliceCols;
-      vp[r * kLs + j] = j0 + j < g.d_v ? rec[L.r_u + static_cast<size_t>(r) * g.d_v + j0 + j] : 0.0f;
-    }
+    stage_tile<kC, kD>(wsm, kLd, rec, g.d_k, kC, g.d_k, tid);
+    stage_tile<kC, kD>(qg, kLd, rec + L.r_qg, g.d_k, kC, g.d_k, tid);
+    stage_tile<kC, kD>(kd, kLd, rec + L.r_kd, g.d_k, kC, g.d_k, tid);
+    stage_tile<kC, kC>(pm, kLa, rec + L.r_p, kC, kC, kC, tid);
+    stage_tile<kC, kSliceCols>(vp, kLs, rec + L.r_u + j0, g.d_v, kC, min(kSliceCols, g.d_v - j0), tid);
     const float last = rec[L.r_last];
     __syncthreads();
 
@@ -372,38 +423,45 @@ __global__ void __launch_bounds__(kThreads, 1) state_kernel(Geo g, Layout L, Gdn
   }
 }
 
-// (4) Block (token t, V-head h), kD threads: the gated RMSNorm of o (gdn_runs' arithmetic); the blocks of token 0
-// also write the conv history after the prompt (v channels of head h; q and k channels of K-head h for h < Kh).
+// (4) Block (tokens kPostTokens·x .., V-head h), kD threads: the gated RMSNorm of o (gdn_runs' arithmetic); the blocks
+// of the first tokens also write the conv history after the prompt (v channels of head h; q and k channels of K-head
+// h for h < Kh).
+constexpr int kPostTokens = 8;
+
 __global__ void __launch_bounds__(kD) post_kernel(Geo g, GdnDecodeWeights w, GdnDecodeInputs in, GdnSlot slot, Layout L,
                                                   const float* __restrict__ ws, float* __restrict__ out) {
-  __shared__ float sq_part[kD / 32];
-  const int t = static_cast<int>(blockIdx.x);
+  __shared__ float sq_part[2][kD / 32];  // [token parity][warp]
   const int h = static_cast<int>(blockIdx.y);
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
-  float oj = 0.0f;
-  float zs = 0.0f;
-  if (tid < g.d_v) {
-    oj = ws[L.o + (static_cast<size_t>(t) * g.n_v_heads + h) * g.d_v + tid];
-    const float* row = in.qkv + static_cast<size_t>(t) * g.qkv_stride;
-    zs = silu_rn(g.proj == 2 ? row[z_index(g, h, tid)]
-                             : in.z[static_cast<size_t>(t) * g.z_stride + static_cast<size_t>(h) * g.d_v + tid]);
-  }
-  float sq_o = tid < g.d_v ? __fmul_rn(oj, oj) : 0.0f;
+  const int t_begin = static_cast<int>(blockIdx.x) * kPostTokens;
+  const int t_end = min(L.T, t_begin + kPostTokens);
+  for (int t = t_begin; t < t_end; ++t) {
+    float* sp = sq_part[t & 1];  // a thread reaches token t + 2 only after all have read token t's
+    float oj = 0.0f;
+    float zs = 0.0f;
+    if (tid < g.d_v) {
+      oj = ws[L.o + (static_cast<size_t>(t) * g.n_v_heads + h) * g.d_v + tid];
+      const float* row = in.qkv + static_cast<size_t>(t) * g.qkv_stride;
+      zs = silu_rn(g.proj == 2 ? row[z_index(g, h, tid)]
+                               : in.z[static_cast<size_t>(t) * g.z_stride + static_cast<size_t>(h) * g.d_v + tid]);
+    }
+    float sq_o = tid < g.d_v ? __fmul_rn(oj, oj) : 0.0f;
 #pragma unroll
-  for (int off = 16; off > 0; off /= 2) sq_o = __fadd_rn(sq_o, __shfl_xor_sync(kFullMask, sq_o, off));
-  if (lane == 0) sq_part[tid / 32] = sq_o;
-  __syncthreads();
-  if (tid < g.d_v) {
-    float ss = 0.0f;
+    for (int off = 16; off > 0; off /= 2) sq_o = __fadd_rn(sq_o, __shfl_xor_sync(kFullMask, sq_o, off));
+    if (lane == 0) sp[tid / 32] = sq_o;
+    __syncthreads();
+    if (tid < g.d_v) {
+      float ss = 0.0f;
 #pragma unroll
-    for (int w4 = 0; w4 < kD / 32; ++w4) ss = __fadd_rn(ss, sq_part[w4]);
-    const float mean = __fdiv_rn(ss, static_cast<float>(g.d_v));
-    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, g.eps)));
-    out[static_cast<size_t>(t) * g.value_dim + static_cast<size_t>(h) * g.d_v + tid] =
-        __fmul_rn(__fmul_rn(__fmul_rn(oj, scale), w.ssm_norm[tid]), zs);
+      for (int w4 = 0; w4 < kD / 32; ++w4) ss = __fadd_rn(ss, sp[w4]);
+      const float mean = __fdiv_rn(ss, static_cast<float>(g.d_v));
+      const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, g.eps)));
+      out[static_cast<size_t>(t) * g.value_dim + static_cast<size_t>(h) * g.d_v + tid] =
+          __fmul_rn(__fmul_rn(__fmul_rn(oj, scale), w.ssm_norm[tid]), zs);
+    }
   }
-  if (t != 0) return;
+  if (blockIdx.x != 0) return;
   // The history after the prompt: the last K − 1 inputs of (history, prompt). Index i reads position T − nh + i, an
   // input row or history entry nh + p > i: never one this loop wrote.
   const int nh = g.kernel - 1;
@@ -453,8 +511,8 @@ Status gdn_chunked(const ref::GdnDims& dims, ref::GdnProjection projection, cons
   const Layout L = layout_of(dims, n_tok);
   auto* ws = static_cast<float*>(workspace);
   const unsigned T = static_cast<unsigned>(n_tok);
-  prep_kernel<<<dim3(T, static_cast<unsigned>(g.n_k_heads + g.n_v_heads)), kThreads, 0, stream>>>(g, w, in, slot, L,
-                                                                                                  ws);
+  prep_kernel<<<dim3((T + kPrepTokens - 1) / kPrepTokens, static_cast<unsigned>(g.n_k_heads + g.n_v_heads)), kThreads,
+                0, stream>>>(g, w, in, slot, L, ws);
   KESTREL_CUDA_TRY(cudaGetLastError());
   local_kernel<<<dim3(static_cast<unsigned>(L.n_chunks), static_cast<unsigned>(g.n_v_heads)), kThreads, kLocalSmem,
                  stream>>>(g, L, ws);
@@ -462,7 +520,8 @@ Status gdn_chunked(const ref::GdnDims& dims, ref::GdnProjection projection, cons
   state_kernel<<<dim3(static_cast<unsigned>(g.n_v_heads), static_cast<unsigned>((g.d_v + kSliceCols - 1) / kSliceCols)),
                  kThreads, kStateSmem, stream>>>(g, L, slot, ws);
   KESTREL_CUDA_TRY(cudaGetLastError());
-  post_kernel<<<dim3(T, static_cast<unsigned>(g.n_v_heads)), kD, 0, stream>>>(g, w, in, slot, L, ws, out);
+  post_kernel<<<dim3((T + kPostTokens - 1) / kPostTokens, static_cast<unsigned>(g.n_v_heads)), kD, 0, stream>>>(
+      g, w, in, slot, L, ws, out);
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }
