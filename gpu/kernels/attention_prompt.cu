@@ -31,21 +31,47 @@ size_t smem_floats(int hd, int nq) {
          static_cast<size_t>(nq) * kTile + 3 * static_cast<size_t>(nq);
 }
 
-// Positions [p0, p0 + n) of one kv head's rows (base: the layer's K or V page-0 base plus the head's j · hd) into a
-// shared tile of rows `stride` floats apart, float4 by float4; rows [n, kTile) are zeroed. Whole block calls.
-__device__ __forceinline__ void stage_rows(const float* __restrict__ base, const KvPageTable& table,
-                                           const int32_t* __restrict__ pages, int p0, int n, int hd, int stride,
-                                           float* tile) {
+// Positions [p0, p0 + n) of one kv head's K and V rows (kbase, vbase: the layer's K or V page-0 base plus the head's
+// j · hd) into the shared tiles kt (rows ks floats apart) and vt (hd apart), float4 by float4; rows [n, kTile) are
+// zeroed. A thread copies up to kTile · 256 / 4 / kThreads = 8 float4s of each, in rounds of kStagePer of each with
+// all of a round's loads issued before its stores: two memory round trips a tile rather than one per load, in the
+// registers that leave two blocks an SM. Whole block calls.
+constexpr int kStagePer = 4;
+constexpr int kStageRounds = kTile * 256 / 4 / kThreads / kStagePer;
+
+__device__ __forceinline__ void stage_kv(const float* __restrict__ kbase, const float* __restrict__ vbase,
+                                         const KvPageTable& table, const int32_t* __restrict__ pages, int p0, int n,
+                                         int hd, int ks, float* kt, float* vt) {
   const int per_row = hd / 4;
-  for (int e = static_cast<int>(threadIdx.x); e < kTile * per_row; e += blockDim.x) {
-    const int t = e / per_row, i = (e - t * per_row) * 4;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (t < n) v = *reinterpret_cast<const float4*>(base + attn_dev::paged_row(table, pages, p0 + t) + i);
-    *reinterpret_cast<float4*>(tile + t * stride + i) = v;
+  const int total = kTile * per_row;
+#pragma unroll 1
+  for (int round = 0; round < kStageRounds; ++round) {
+    const int e0 = static_cast<int>(threadIdx.x) + round * kStagePer * kThreads;
+    if (e0 >= total) break;
+    float4 kv[kStagePer], vv[kStagePer];
+#pragma unroll
+    for (int u = 0; u < kStagePer; ++u) {
+      const int e = e0 + u * kThreads;
+      kv[u] = vv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const int t = e / per_row, i = (e - t * per_row) * 4;
+      if (e < total && t < n) {
+        const int64_t row = attn_dev::paged_row(table, pages, p0 + t);
+        kv[u] = *reinterpret_cast<const float4*>(kbase + row + i);
+        vv[u] = *reinterpret_cast<const float4*>(vbase + row + i);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kStagePer; ++u) {
+      const int e = e0 + u * kThreads;
+      if (e >= total) break;
+      const int t = e / per_row, i = (e - t * per_row) * 4;
+      *reinterpret_cast<float4*>(kt + t * ks + i) = kv[u];
+      *reinterpret_cast<float4*>(vt + t * hd + i) = vv[u];
+    }
   }
 }
 
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     attend_prompt_kernel(AttnDecodeDims d, KvPageTable cache, const float* __restrict__ qg, int64_t qg_stride,
                          const float* __restrict__ q_norm, const float* __restrict__ inv_freq, int slot, int pos0,
                          int n_rows, float scale, float* __restrict__ out, uint8_t* __restrict__ xprep,
@@ -94,8 +120,7 @@ __global__ void __launch_bounds__(kThreads)
   const int sq = tid >> 3, sp = tid & 7;
   for (int p0 = 0; p0 <= last; p0 += kTile) {
     const int n = min(kTile, last + 1 - p0);
-    stage_rows(kbase, cache, pages, p0, n, hd, ks, kt);
-    stage_rows(vbase, cache, pages, p0, n, hd, hd, vt);
+    stage_kv(kbase, vbase, cache, pages, p0, n, hd, ks, kt, vt);
     __syncthreads();
     if (sq < nq) {
       const float* qv = q + sq * hd;
