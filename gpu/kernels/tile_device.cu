@@ -27,9 +27,9 @@ __global__ void __launch_bounds__(kThreads)
     const uint8_t* s = raw + static_cast<uint64_t>(slice) * slice_bytes;
     uint8_t* o = out + static_cast<uint64_t>(slice) * slice_bytes;
     if (j < n_pieces) {
-      tile_pieces::write_qs_piece(kType, s, n_cols, rg, j, o);
+      tile_pieces::write_qs_piece<kType>(s, n_cols, rg, j, o);
     } else {
-      tile_pieces::write_meta_item(kType, s, n_cols, n_rg, rg, j - n_pieces, o);
+      tile_pieces::write_meta_item<kType>(s, n_cols, n_rg, rg, j - n_pieces, o);
     }
   }
 }

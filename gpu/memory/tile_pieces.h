@@ -69,16 +69,15 @@ KESTREL_TILE_FN void lane_words(uint8_t* dst, const uint8_t* a0, const uint8_t* 
   store_u32(dst + 12, load_u32(b1 + 4 * t));
 }
 
-// Element e's 6-bit quant (0..63) of a Q6_K block (ggml's layout, core/quant/q6_k.cpp), and four consecutive ones
-// (e % 4 == 0) as one word, byte i holding element e + i.
-KESTREL_TILE_FN uint32_t q6_quant(const uint8_t* blk, int e) {
+// Of four consecutive elements e .. e + 3 (e % 4 == 0) of a Q6_K block (ggml's layout, core/quant/q6_k.cpp), one word
+// each, byte i for element e + i: the quants' low four bits, and their top two bits.
+KESTREL_TILE_FN uint32_t q6_low4(const uint8_t* blk, int e) {
   const int half = e / 128, k = (e % 128) / 32, l = e % 32;
-  const uint32_t ql = blk[offsetof(BlockQ6_K, ql) + 64 * half + 32 * (k % 2) + l];
-  const uint32_t qh = blk[offsetof(BlockQ6_K, qh) + 32 * half + l];
-  return ((ql >> (k / 2 * 4)) & 15) | (((qh >> (2 * k)) & 3) << 4);
+  return (load_u32(blk + offsetof(BlockQ6_K, ql) + 64 * half + 32 * (k % 2) + l) >> (k / 2 * 4)) & 0x0F0F0F0Fu;
 }
-KESTREL_TILE_FN uint32_t q6_word(const uint8_t* blk, int e) {
-  return q6_quant(blk, e) | q6_quant(blk, e + 1) << 8 | q6_quant(blk, e + 2) << 16 | q6_quant(blk, e + 3) << 24;
+KESTREL_TILE_FN uint32_t q6_high2(const uint8_t* blk, int e) {
+  const int half = e / 128, k = (e % 128) / 32, l = e % 32;
+  return (load_u32(blk + offsetof(BlockQ6_K, qh) + 32 * half + l) >> (2 * k)) & 0x03030303u;
 }
 
 // Sub-block j's 6-bit scale and min from a K-quant's 12 packed bytes (ggml's get_scale_min_k4).
@@ -108,9 +107,10 @@ KESTREL_TILE_FN void pack_k_head(const uint8_t* block, uint8_t* m) {
   }
 }
 
-// Quant piece p of row group rg. type, n_cols as tiled_supports takes them; n_rows the matrix's.
-KESTREL_TILE_FN void write_qs_piece(GgmlType type, const uint8_t* src, int64_t n_cols, int64_t rg, int64_t p,
-                                    uint8_t* out) {
+// Quant piece p of row group rg. type, n_cols as tiled_supports takes them; n_rows the matrix's. The type is a
+// template argument, so the callers' loops compile to one format's code.
+template <GgmlType type>
+KESTREL_TILE_FN void write_qs_piece(const uint8_t* src, int64_t n_cols, int64_t rg, int64_t p, uint8_t* out) {
   const uint64_t bb = block_bytes(type);
   const int64_t row_bytes =
       k_quant(type) ? n_cols / 256 * static_cast<int64_t>(bb) : n_cols / 32 * static_cast<int64_t>(bb);
@@ -170,10 +170,10 @@ KESTREL_TILE_FN void write_qs_piece(GgmlType type, const uint8_t* src, int64_t n
         uint32_t v = 0;
         if (q < 128) {  // unit j's low nibbles: sub-blocks s, s + 1 with s = 2 (w / 2)
           const int e = 64 * static_cast<int>(q / 32) + 16 * (2 * (w / 2)) + 4 * t;
-          v = (q6_word(blk, e) & 0x0F0F0F0Fu) | ((q6_word(blk, e + 16) & 0x0F0F0F0Fu) << 4);
+          v = q6_low4(blk, e) | (q6_low4(blk, e + 16) << 4);
         } else {  // high bits: word w of pair pr belongs to unit 2 pr + w / 2
           const int unit = 2 * static_cast<int>((q - 128) / 32) + w / 2;
-          for (int s = 0; s < 4; ++s) v |= ((q6_word(blk, 64 * unit + 16 * s + 4 * t) >> 4) & 0x03030303u) << (2 * s);
+          for (int s = 0; s < 4; ++s) v |= q6_high2(blk, 64 * unit + 16 * s + 4 * t) << (2 * s);
         }
         store_u32(dst + 4 * w, v);
       }
@@ -183,8 +183,9 @@ KESTREL_TILE_FN void write_qs_piece(GgmlType type, const uint8_t* src, int64_t n
 }
 
 // Meta item i of row group rg; n_rg the matrix's row groups (the meta part follows all of its quants).
-KESTREL_TILE_FN void write_meta_item(GgmlType type, const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg,
-                                     int64_t i, uint8_t* out) {
+template <GgmlType type>
+KESTREL_TILE_FN void write_meta_item(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg, int64_t i,
+                                     uint8_t* out) {
   const uint64_t bb = block_bytes(type);
   const int64_t row_bytes =
       k_quant(type) ? n_cols / 256 * static_cast<int64_t>(bb) : n_cols / 32 * static_cast<int64_t>(bb);

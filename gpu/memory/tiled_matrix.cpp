@@ -19,6 +19,16 @@ constexpr int kUnitElems = tile_pieces::kUnitElems;
 constexpr int64_t kMaxCols = 8192;
 constexpr uint64_t kParallelBytes = uint64_t{4} << 20;  // output bytes per worker thread, at least
 
+// Row groups [rg0, rg1) of one matrix (src: its raw rows, out: its tiled bytes), piece by piece.
+template <GgmlType kType>
+void tile_row_groups(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg0, int64_t rg1, uint8_t* out) {
+  const int64_t n_pieces = tile_pieces::qs_pieces(kType, n_cols), n_meta = tile_pieces::meta_items(kType, n_cols);
+  for (int64_t rg = rg0; rg < rg1; ++rg) {
+    for (int64_t p = 0; p < n_pieces; ++p) tile_pieces::write_qs_piece<kType>(src, n_cols, rg, p, out);
+    for (int64_t i = 0; i < n_meta; ++i) tile_pieces::write_meta_item<kType>(src, n_cols, n_rg, rg, i, out);
+  }
+}
+
 }  // namespace
 
 bool tiled_supports(GgmlType type, int64_t n_cols, int64_t n_rows) {
@@ -64,7 +74,6 @@ Status tile_matrix_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t
   const auto* src = static_cast<const uint8_t*>(raw);
   const int64_t n_rg = n_rows / kTileRows;
   const int64_t total = n_rg * n_slices;  // row groups of the whole stack
-  const int64_t n_pieces = tile_pieces::qs_pieces(type, n_cols), n_meta = tile_pieces::meta_items(type, n_cols);
   // Item k = row group k % n_rg of slice k / n_rg; a worker takes a contiguous range of items.
   auto work = [&](int64_t k0, int64_t k1) {
     while (k0 < k1) {
@@ -73,9 +82,12 @@ Status tile_matrix_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t
       const int64_t rg1 = std::min(n_rg, rg0 + (k1 - k0));
       const uint8_t* s = src + static_cast<uint64_t>(slice) * slice_bytes;
       uint8_t* o = out.data() + static_cast<uint64_t>(slice) * slice_bytes;
-      for (int64_t rg = rg0; rg < rg1; ++rg) {
-        for (int64_t p = 0; p < n_pieces; ++p) tile_pieces::write_qs_piece(type, s, n_cols, rg, p, o);
-        for (int64_t i = 0; i < n_meta; ++i) tile_pieces::write_meta_item(type, s, n_cols, n_rg, rg, i, o);
+      switch (type) {
+        case GgmlType::kQ4_0: tile_row_groups<GgmlType::kQ4_0>(s, n_cols, n_rg, rg0, rg1, o); break;
+        case GgmlType::kQ8_0: tile_row_groups<GgmlType::kQ8_0>(s, n_cols, n_rg, rg0, rg1, o); break;
+        case GgmlType::kQ4_K: tile_row_groups<GgmlType::kQ4_K>(s, n_cols, n_rg, rg0, rg1, o); break;
+        case GgmlType::kQ5_K: tile_row_groups<GgmlType::kQ5_K>(s, n_cols, n_rg, rg0, rg1, o); break;
+        default: tile_row_groups<GgmlType::kQ6_K>(s, n_cols, n_rg, rg0, rg1, o); break;
       }
       k0 += rg1 - rg0;
     }
