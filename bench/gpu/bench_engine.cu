@@ -7,7 +7,7 @@
 //                [--no-pdl] [--no-prompt-gemm] [--prompt-digits 4|2] [--no-prompt-chunked] [--prompt-segment C]
 //                [--prompt-chunk N] [--kernels N]
 //                [--gpu-memory BYTES|auto]
-//                [--n-cpu-moe N]
+//                [--n-cpu-moe N] [--expert-upload N]
 //                [--override-tensor REGEX=cpu|gpu]... [--threads N]
 //
 // --no-prompt-gemm: prompt passes on GEMV v4 instead of gemm_imma (GemvImmaTuning::prompt_gemm), for an A/B.
@@ -17,6 +17,8 @@
 // --kernels N: after each profiled run, the same prompt (or 8 decode steps) once more under a CUPTI kernel trace
 // (bench/gpu/kernel_trace.h): the N kernels that took the most GPU time, their calls and time, for choosing what to
 // work on inside a section; needs a toolkit with CUPTI.
+// --expert-upload N: prompt passes of at least N tokens copy the host experts to the GPU (GpuTuning::
+// expert_upload_min_tokens; 0: never, the host computes its experts' rows), for an A/B with a placement flag.
 // --prompt-chunk N: --pp feeds prompts N tokens a step (at most max_tokens_per_item; 32 gives the passes of 32 rows
 // that prompts took before prompt passes), for an A/B in one run.
 //
@@ -82,6 +84,7 @@ struct Args {
   bool prompt_chunked = true;
   int prompt_chunk = 0;  // 0: the engine's max_tokens_per_item
   int kernels = 0;       // --kernels N: the N largest kernels of a traced prompt and decode step (0: no trace)
+  int expert_upload = GpuTuning{}.expert_upload_min_tokens;
 };
 
 std::vector<int> int_list(const char* v) {
@@ -124,6 +127,8 @@ bool parse(int argc, char** argv, Args* a) {
     } else if (k == "--gpu-memory" && (v = val())) {
       a->placement.gpu_memory = v;
       a->placed = true;
+    } else if (k == "--expert-upload" && (v = val())) {
+      a->expert_upload = std::atoi(v);
     } else if (k == "--n-cpu-moe" && (v = val())) {
       a->placement.n_cpu_moe = std::atoi(v);
       a->placed = true;
@@ -339,6 +344,7 @@ Status run(const Args& a) {
   o.tuning.gemv_imma.prompt_digits = a.prompt_digits;
   o.tuning.moe_imma.grouped_gemv.prompt_digits = a.prompt_digits;
   o.tuning.gdn_decode.prompt_chunked = a.prompt_chunked;
+  o.tuning.expert_upload_min_tokens = a.expert_upload;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaEngine> e;
   std::vector<std::vector<uint8_t>> on_gpu;  // empty: every expert on the GPU
@@ -486,7 +492,8 @@ int main(int argc, char** argv) {
         "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--pp 512,4096] "
         "[--ttft N] [--no-pdl] [--no-prompt-gemm] [--prompt-digits 4|2] [--no-prompt-chunked] [--prompt-segment C] "
         "[--prompt-chunk N] [--kernels N]\n"
-        "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--override-tensor REGEX=cpu|gpu]...\n"
+        "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--expert-upload N] [--override-tensor "
+        "REGEX=cpu|gpu]...\n"
         "                    [--threads N]\n");
     return 2;
   }

@@ -9,11 +9,13 @@
 #include <atomic>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/engine/placement_planner.h"
 #include "core/reference/session_state.h"
 #include "gpu/cuda_check.h"
 #include "gpu/engine/device_model.h"
@@ -272,7 +274,10 @@ class CudaEngineImpl final : public CudaEngine {
            " MoE layers on moe_imma" +
            (dm_->n_hybrid_layers() > 0
                 ? "; " + std::to_string(dm_->n_hybrid_layers()) + " MoE layers with routed experts on the host (" +
-                      std::to_string(dm_->n_host_expert_layers()) + " with none on the GPU)"
+                      std::to_string(dm_->n_host_expert_layers()) +
+                      " with none on the GPU); their experts' upload "
+                      "for prompt passes: " +
+                      pass_->expert_upload_summary()
                 : std::string());
   }
 
@@ -527,14 +532,29 @@ Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const CudaEngineO
   const uint64_t state = StateSlots::bytes_for(hp, options.n_ctx, options.max_slots,
                                                KvPoolConfig{options.kv_page_tokens, std::max<int64_t>(kv_pages, 1)});
   const uint64_t scratch = ForwardPass::scratch_bytes(hp, options.n_ctx);
-  const uint64_t reserved = state + scratch + kCudaHeadroomBytes;
+  uint64_t reserved = state + scratch + kCudaHeadroomBytes;
+  // When the weights will not all fit, some experts stay on the host, and long prompt passes stage them on the GPU
+  // (expert_upload.h): three of the largest MoE layer's expert stacks.
+  const PlannerModel pm = planner_model(model.catalog());
+  uint64_t weights = 0;
+  std::map<int32_t, uint64_t> experts_by_layer;
+  for (const PlannerTensor& t : pm.tensors) {
+    weights += t.bytes;
+    if (t.placement == PlacementClass::kRoutedExperts) experts_by_layer[t.layer] += t.bytes;
+  }
+  if (options.tuning.expert_upload_min_tokens > 0 && reserved < mem.free && weights > mem.free - reserved) {
+    uint64_t largest = 0;
+    for (const auto& [layer, bytes] : experts_by_layer) largest = std::max(largest, bytes);
+    reserved += 3 * (largest + 3 * kPoolAlignment);
+  }
   if (reserved >= mem.free) {
     return make_error(ErrorCode::kResourceExhausted,
                       "no GPU memory is left for weights: the device has " + std::to_string(mem.free) +
                           " bytes free, and the sessions' state (" + std::to_string(state) + " bytes for " +
                           std::to_string(options.max_slots) + " slots of " + std::to_string(options.n_ctx) +
-                          " tokens), the pass scratch (" + std::to_string(scratch) + ") and the headroom (" +
-                          std::to_string(kCudaHeadroomBytes) + ") take " + std::to_string(reserved));
+                          " tokens), the pass scratch (" + std::to_string(scratch) + "), the headroom (" +
+                          std::to_string(kCudaHeadroomBytes) + ") and any expert staging take " +
+                          std::to_string(reserved));
   }
   return mem.free - reserved;
 }

@@ -425,6 +425,9 @@ Status DeviceModel::build_views(const WeightCatalog& catalog, const std::vector<
       o.resident_host.assign(maps.begin() + static_cast<ptrdiff_t>(map_at),
                              maps.begin() + static_cast<ptrdiff_t>(map_at + hp_.n_expert));
       map_at += hp_.n_expert;
+      o.host_gate_exps = host_experts(f.gate_exps);
+      o.host_up_exps = host_experts(f.up_exps);
+      o.host_down_exps = host_experts(f.down_exps);
       ++n_hybrid_;
       if (n_res == 0) ++n_host_only_;
     }

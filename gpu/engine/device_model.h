@@ -80,6 +80,9 @@ struct DeviceFfnLayer {
   int32_t n_resident = 0;
   const int32_t* resident = nullptr;   // device int32 [n_expert]: slot or kExpertNotHere; null unless hybrid()
   std::vector<int32_t> resident_host;  // the same map on the host (empty unless hybrid())
+  // A hybrid layer's three raw expert stacks as the file holds them (host memory, every expert: the file mapping the
+  // DeviceModel was created from), for the prompt passes that copy them to the GPU (gpu/engine/expert_upload.h).
+  DeviceExpertsView host_gate_exps, host_up_exps, host_down_exps;
   bool hybrid() const { return moe && n_resident < n_expert; }
 };
 

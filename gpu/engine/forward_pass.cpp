@@ -2,6 +2,7 @@
 #include "gpu/engine/forward_pass.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -162,6 +163,7 @@ const char* pass_section_name(PassSection s) {
     case PassSection::kMoeRoute: return "moe routing";
     case PassSection::kMoeExperts: return "moe experts";
     case PassSection::kMoe: return "moe combine + norm";
+    case PassSection::kExpertUpload: return "expert upload (wait, tile)";
     case PassSection::kDenseFfn: return "dense ffn";
     case PassSection::kLmHead: return "lm_head + logits copy";
     case PassSection::kCount: break;
@@ -354,6 +356,16 @@ Status ForwardPass::allocate() {
   if (backend_ != nullptr) {
     KESTREL_TRY_ASSIGN(
         link_, HostExpertLink::create(*backend_, R, static_cast<int>(hp.n_embd), static_cast<int>(hp.n_expert_used)));
+    // Without the upload (no memory to stage in, pages that cannot be pinned) prompt passes hand the host its experts'
+    // tokens like decode steps do: slower, the same results up to the host's rounding.
+    if (tuning_.expert_upload_min_tokens > 0) {
+      Expected<std::unique_ptr<ExpertUpload>> u = ExpertUpload::create(model_);
+      if (u) {
+        upload_ = std::move(*u);
+      } else {
+        upload_note_ = u.error().message;
+      }
+    }
   }
 
   // Zeroed once: the GDN readers' counters and the MoE counters (every call leaves them zero).
@@ -616,7 +628,9 @@ Status ForwardPass::ffn_layer(size_t l, int n, const float* next_w, bool prepare
 
 Status ForwardPass::ffn_sublayer(size_t l, int n) {
   const DeviceFfnLayer& f = model_.layers()[l].ffn;
-  if (f.hybrid()) return hybrid_ffn_layer(l, n);
+  // A hybrid layer of a long prompt pass runs on its staged experts as an all-resident layer (expert_upload.h).
+  const bool staged = upload_pass_ && f.hybrid() && f.moe_tiled && n > P;
+  if (f.hybrid() && !staged) return hybrid_ffn_layer(l, n);
   if (f.moe) {
     // While profiling, the router, the routing and the experts are sections of their own.
     MoePhaseHooks marks;
@@ -627,8 +641,13 @@ Status ForwardPass::ffn_sublayer(size_t l, int n) {
     }
     const MoePhaseHooks* hooks = profiling_ ? &marks : nullptr;
     if (f.moe_tiled && n > P) {  // a prompt pass: each expert read once for all the tokens that chose it
-      return moe_imma_forward_prompt(f.moe_imma, x_, n, y_, moe_prompt_ws_, stream_,
-                                     tuning_.moe_imma.prompt_segment_vectors, tuning_.moe_imma.grouped_gemv, hooks);
+      MoeImmaWeights w = f.moe_imma;
+      if (staged) {
+        KESTREL_TRY_ASSIGN(w, upload_->stage(l, stream_));
+        KESTREL_TRY(mark(PassSection::kExpertUpload));
+      }
+      return moe_imma_forward_prompt(w, x_, n, y_, moe_prompt_ws_, stream_, tuning_.moe_imma.prompt_segment_vectors,
+                                     tuning_.moe_imma.grouped_gemv, hooks);
     }
     const int64_t H = model_.hparams().n_embd;
     for (int c0 = 0; c0 < n; c0 += P) {  // up to P tokens a call
@@ -739,8 +758,12 @@ Status ForwardPass::run_prompt(int32_t slot, std::span<const int32_t> tokens, in
   set_position_bound(position + n - 1);
   const int m = logits != nullptr || argmax != nullptr ? 1 : 0;
   const int mode = m == 0 ? 0 : logits != nullptr ? 2 : 1;
+  upload_pass_ = upload_ != nullptr && n > P && n >= tuning_.expert_upload_min_tokens;
+  if (upload_pass_) KESTREL_TRY(upload_->begin(stream_));
   // Launched one by one (no graph: prompt passes come in many lengths), lm_head for the last row only.
-  KESTREL_TRY(execute(n, n - 1, m, mode, hidden, n - 1, 1, false));
+  const Status pass = execute(n, n - 1, m, mode, hidden, n - 1, 1, false);
+  upload_pass_ = false;
+  KESTREL_TRY(pass);
   if (logits != nullptr) std::memcpy(logits, host_logits_, model_.hparams().n_vocab * sizeof(float));
   if (argmax != nullptr) *argmax = host_argmax_[0];
   return ok_status();
@@ -790,6 +813,19 @@ Status ForwardPass::execute(int n, int lm_row0, int m, int logits_mode, float* h
     profile_.host_wait_ms += static_cast<double>(t.device_wait_ns) * 1e-6;
   }
   return ok_status();
+}
+
+std::string ForwardPass::expert_upload_summary() const {
+  if (upload_ != nullptr) {
+    char gb[64];
+    std::snprintf(gb, sizeof gb, "%.2f GB a pass over %.2f GB of staging",
+                  static_cast<double>(upload_->host_bytes_per_pass()) * 1e-9,
+                  static_cast<double>(upload_->device_bytes()) * 1e-9);
+    return "from " + std::to_string(tuning_.expert_upload_min_tokens) +
+           " tokens: " + std::to_string(upload_->layers()) + " layers, " + gb;
+  }
+  if (!upload_note_.empty()) return "unavailable: " + upload_note_;
+  return "off";
 }
 
 int ForwardPass::kernels_per_pass(int rows) const {

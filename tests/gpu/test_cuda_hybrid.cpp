@@ -121,11 +121,14 @@ std::unique_ptr<cpu::CpuExpertBackend> make_backend(const Model& m, const Placem
   return b ? std::move(*b) : nullptr;
 }
 
+// upload_min_tokens: prompt passes from this many tokens stage the host experts on the GPU (0: never, so the tests of
+// the host hand-off see it in prompt passes too).
 std::unique_ptr<gpu::CudaEngine> make_engine(const Model& m, const PlacementDecision& d,
-                                             std::shared_ptr<ExpertBackend> backend) {
+                                             std::shared_ptr<ExpertBackend> backend, int upload_min_tokens = 0) {
   gpu::CudaEngineOptions o;
   o.max_slots = 10;
   o.n_ctx = kCtx;
+  o.tuning.expert_upload_min_tokens = upload_min_tokens;
   o.placement = d;
   o.expert_backend = std::move(backend);
   auto e = gpu::make_cuda_engine(m, o);
@@ -294,6 +297,39 @@ TEST_P(CudaHybridTest, PromptPassesMatchShortPasses) {
   const float d = rel_diff(test::run_one(*e, *c, prompt), test::run_one(*ref_, *r, prompt));
   std::printf("[ %s ] 150-token prompt pass: logits max rel diff %.3g\n", what().c_str(), d);
   EXPECT_LE(d, kRelTol);
+}
+
+// A prompt pass long enough to upload (expert_upload.h): the hybrid layers run on their experts copied and tiled on
+// the GPU, so the prompt's logits are bit-identical to an engine with every expert on the GPU; shorter passes still
+// hand the host its experts' rows.
+TEST_P(CudaHybridTest, UploadedPromptPassesMatchTheAllGpuEngine) {
+  const std::vector<int32_t> prompt = test::iota_tokens(150, 9, 17);
+  std::unique_ptr<gpu::CudaEngine> e =
+      make_engine(*model_, decision_, make_backend(*model_, decision_, cpu::CpuActivations::kInt8), 100);
+  ASSERT_NE(e, nullptr);
+  const std::string layout = e->layout_summary();
+  std::printf("[ %s ] %s\n", what().c_str(), layout.c_str());
+  if (layout.find("no hybrid layer runs on moe_imma") != std::string::npos) {
+    GTEST_SKIP() << "raw-block MoE layers: their prompt passes hand the host its rows (PromptPassesMatchShortPasses)";
+  }
+  ASSERT_NE(layout.find("prompt passes: from 100 tokens"), std::string::npos) << layout;
+  std::unique_ptr<gpu::CudaEngine> all_gpu = make_engine(*model_, make_placement(*model_, "gpu"), nullptr);
+  ASSERT_NE(all_gpu, nullptr);
+  auto a = e->slot_alloc(kCtx);
+  auto a2 = e->slot_alloc(kCtx);
+  auto g = all_gpu->slot_alloc(kCtx);
+  ASSERT_TRUE(a && a2 && g);
+  const std::vector<float> uploaded = test::run_one(*e, *a, prompt);
+  EXPECT_EQ(uploaded, test::run_one(*all_gpu, *g, prompt)) << "uploaded experts against the all-GPU engine";
+  EXPECT_EQ(test::run_one(*e, *a2, prompt), uploaded) << "a repeated uploaded prompt pass differs";
+  // 99 tokens: below the threshold, the host's rows (int8 activations), near but not equal.
+  auto b = e->slot_alloc(kCtx);
+  auto h = all_gpu->slot_alloc(kCtx);
+  ASSERT_TRUE(b && h);
+  const std::span<const int32_t> short_prompt = std::span<const int32_t>(prompt).first(99);
+  const float d = rel_diff(test::run_one(*e, *b, short_prompt), test::run_one(*all_gpu, *h, short_prompt));
+  std::printf("[ %s ] 99-token prompt pass on the host experts: %.3g to the all-GPU engine\n", what().c_str(), d);
+  EXPECT_GT(d, 0.0f) << "a pass below the threshold ran on uploaded experts";
 }
 
 TEST_P(CudaHybridTest, BackendErrorsFailTheStepAndTheEngineRecovers) {
