@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "core/reference/rope.h"
 #include "gpu/cuda_check.h"
@@ -356,10 +357,12 @@ Status ForwardPass::allocate() {
   if (backend_ != nullptr) {
     KESTREL_TRY_ASSIGN(
         link_, HostExpertLink::create(*backend_, R, static_cast<int>(hp.n_embd), static_cast<int>(hp.n_expert_used)));
-    // Without the upload (no memory to stage in, pages that cannot be pinned) prompt passes hand the host its experts'
-    // tokens like decode steps do: slower, the same results up to the host's rounding.
+    // Without the upload (no memory to stage in) prompt passes hand the host its experts' tokens like decode steps
+    // do: slower, the same results up to the host's rounding. Its memcpy threads: half the host's, at most 8 (a few
+    // saturate the host's read; the pass's CPU experts are idle while it uploads).
     if (tuning_.expert_upload_min_tokens > 0) {
-      Expected<std::unique_ptr<ExpertUpload>> u = ExpertUpload::create(model_);
+      const int copy_threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 2, 1u, 8u));
+      Expected<std::unique_ptr<ExpertUpload>> u = ExpertUpload::create(model_, copy_threads);
       if (u) {
         upload_ = std::move(*u);
       } else {
@@ -762,8 +765,10 @@ Status ForwardPass::run_prompt(int32_t slot, std::span<const int32_t> tokens, in
   if (upload_pass_) KESTREL_TRY(upload_->begin(stream_));
   // Launched one by one (no graph: prompt passes come in many lengths), lm_head for the last row only.
   const Status pass = execute(n, n - 1, m, mode, hidden, n - 1, 1, false);
+  const Status upload_end = upload_pass_ ? upload_->end() : ok_status();
   upload_pass_ = false;
   KESTREL_TRY(pass);
+  KESTREL_TRY(upload_end);
   if (logits != nullptr) std::memcpy(logits, host_logits_, model_.hparams().n_vocab * sizeof(float));
   if (argmax != nullptr) *argmax = host_argmax_[0];
   return ok_status();
@@ -817,9 +822,10 @@ Status ForwardPass::execute(int n, int lm_row0, int m, int logits_mode, float* h
 
 std::string ForwardPass::expert_upload_summary() const {
   if (upload_ != nullptr) {
-    char gb[64];
-    std::snprintf(gb, sizeof gb, "%.2f GB a pass over %.2f GB of staging",
+    char gb[128];
+    std::snprintf(gb, sizeof gb, "%.2f GB a pass through %.2f GB of pinned and %.2f GB of device staging",
                   static_cast<double>(upload_->host_bytes_per_pass()) * 1e-9,
+                  static_cast<double>(upload_->pinned_bytes()) * 1e-9,
                   static_cast<double>(upload_->device_bytes()) * 1e-9);
     return "from " + std::to_string(tuning_.expert_upload_min_tokens) +
            " tokens: " + std::to_string(upload_->layers()) + " layers, " + gb;
