@@ -92,9 +92,10 @@ struct GpuTuning {
   GdnDecodeTuning gdn_decode;
   // Prompt passes of at least this many tokens copy the routed experts hybrid layers keep in host memory to the GPU
   // and run those layers there (gpu/engine/expert_upload.h); shorter ones hand the host its experts' tokens. 0: never.
-  // At 128 tokens a 35B-A3B layer's prompt pass routes ~1000 (token, expert) pairs to ~250 experts: the host's
-  // compute (about 7 µs a pair on the 16-core H100 host at pp512) is past the copy (~450 MB at the link's ~50 GB/s).
-  int expert_upload_min_tokens = 128;
+  // Off until it has run on the 35B-A3B file on the lent box (bench_engine --expert-upload 128 --n-cpu-moe 40): at
+  // 128 tokens a layer's prompt pass routes ~1000 (token, expert) pairs to ~250 experts, and the host's compute (about
+  // 7 µs a pair on the 16-core H100 host at pp512) would pass the copy (~450 MB at a PCIe 5 link's ~50 GB/s).
+  int expert_upload_min_tokens = 0;
 };
 
 }  // namespace kestrel::gpu
