@@ -12,6 +12,9 @@
 #   hybrid  routed experts on the CPU (issue 32): test_moe_hybrid, test_cuda_hybrid, the CPU expert backend's tests,
 #           then bench_engine on the Q4_0 35B-A3B file at 1 and 32 sessions with --n-cpu-moe 40 (every layer's
 #           experts on the CPU), --n-cpu-moe 20 (half) and --gpu-memory 12G (the planner's choice)
+#   upload  long prompt passes with host experts uploaded (gpu/engine/expert_upload.h): test_tile_device, the upload
+#           test of test_cuda_hybrid, then bench_engine pp512 on the Q4_0 35B-A3B file with --n-cpu-moe 40 and with
+#           --gpu-memory 12G, each with --expert-upload 128 and 0 (UPLOAD_S caps each bench, default 150 s)
 #   hybrid-daemon  kestreld --engine cuda --gpu-memory 12G on the Q4_0 35B-A3B file: the plan it logs, status,
 #           a generation over gRPC and over shm
 #   sanitize  compute-sanitizer memcheck and racecheck over the kernel tests (SAN_TESTS overrides the list), then
@@ -69,7 +72,7 @@ for step in "$@"; do
     gputests)
       for t in test_get_rows test_gemv test_gdn_decode test_gemv_imma test_weight_pool test_state_slots test_rms_norm \
                test_argmax test_attention_decode test_attention_prompt test_moe test_moe_imma test_moe_hybrid test_gdn_runs \
-               test_cuda_engine \
+               test_tile_device test_cuda_engine \
                test_cuda_hybrid test_expert_handoff; do
         mkdir -p /tmp/gputests && log=/tmp/gputests/$t.log
         if $B/$t --gtest_brief=1 >"$log" 2>&1; then r=passed; else r=FAILED; status=1; fi
@@ -143,6 +146,22 @@ for step in "$@"; do
       for p in "--n-cpu-moe 40" "--n-cpu-moe 20" "--gpu-memory 12G"; do
         echo "-- bench_engine $p"
         $B/bench_engine --model $model_q4 --sessions 1,32 --pp 512 --ttft 0 $p 2>&1 | tee "$OUT/bench_hybrid_${p// /_}.txt" || status=1
+      done ;;
+    upload)
+      $B/test_tile_device --gtest_brief=1 2>&1 | tail -2
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      $B/test_cuda_hybrid --gtest_brief=1 --gtest_filter='*Upload*' 2>&1 | tee "$OUT/test_cuda_hybrid_upload.log" |
+        grep -E "prompt pass|Failure|FAILED|PASSED|SKIPPED" | head -40
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      make_q4 || { status=1; continue; }
+      for p in "--n-cpu-moe 40" "--gpu-memory 12G"; do
+        for u in 128 0; do
+          echo "-- bench_engine $p --expert-upload $u"
+          # Line-buffered, so a run cut short by the cap still shows how far it came.
+          timeout "${UPLOAD_S:-150}" stdbuf -oL $B/bench_engine --model $model_q4 --sessions 1 --steps 4 --pp 512 \
+            --ttft 0 $p --expert-upload $u 2>&1 | tee "$OUT/bench_upload_${p// /_}_$u.txt" | grep -vE "^\s*$" | tail -40
+          [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+        done
       done ;;
     hybrid-daemon)
       make_q4 || { status=1; continue; }

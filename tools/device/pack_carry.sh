@@ -11,7 +11,7 @@ bin=build/release/bin
 rm -rf dev/carry && mkdir -p dev/carry/bin dev/carry/lib
 gpu_tests=(test_get_rows test_gemv test_gdn_decode test_gemv_imma test_weight_pool test_state_slots test_rms_norm
            test_argmax test_attention_decode test_attention_prompt test_moe test_moe_imma test_moe_hybrid test_gdn_runs
-           test_cuda_engine test_cuda_hybrid test_expert_handoff)
+           test_tile_device test_cuda_engine test_cuda_hybrid test_expert_handoff)
 progs=("${gpu_tests[@]}" test_cpu_act_q8 test_cpu_gemv test_cpu_delta_rule test_cpu_worker_pool test_cpu_populate
        test_cpu_blocks test_cpu_engine test_cpu_expert_backend test_cpu_expert_backend_threads bench_cpu_gemv
        bench_cpu_engine bench_cpu_expert_backend
