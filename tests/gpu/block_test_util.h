@@ -1,10 +1,11 @@
 // block_test_util.h: what the gpu tests' random weight generators share about raw GGUF blocks — where a block keeps
-// its f16 scales, and how one value of a plain type is written. Host code only.
+// its f16 scales, random blocks with finite scales, and how one value of a plain type is written. Host code only.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "core/gguf/ggml_type.h"
@@ -23,6 +24,22 @@ inline std::vector<size_t> scale_offsets(GgmlType t) {
     case GgmlType::kQ6_K: return {offsetof(BlockQ6_K, d)};
     default: return {};
   }
+}
+
+// n bytes of random blocks of type t whose f16 scales are finite, in [-2, 2] (a re-tiling moves bytes; any scale bits
+// would do, finite ones read better in a failure).
+inline std::vector<uint8_t> random_blocks(GgmlType t, uint64_t n, std::mt19937& rng) {
+  std::vector<uint8_t> m(n);
+  for (auto& b : m) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(-2.0f, 2.0f);
+  const size_t block_bytes = ggml_type_traits(t).block_bytes;
+  for (size_t blk = 0; blk < m.size() / block_bytes; ++blk) {
+    for (size_t off : scale_offsets(t)) {
+      const uint16_t h = f32_to_fp16(scale(rng));
+      std::memcpy(&m[blk * block_bytes + off], &h, sizeof(h));
+    }
+  }
+  return m;
 }
 
 // Writes f as element i of a row of plain type t (F32, F16 or BF16) starting at m.

@@ -13,6 +13,8 @@
 //   - with the default int8 backend: bit-identical logits across runs and between a session alone and in a batch of
 //     8 with others at other positions; a prompt run as a prompt pass (all its rows in one hand-off) repeats its
 //     bits and agrees with the same prompt fed 32 tokens a step within kInt8PassTol, with the same greedy token;
+//   - a prompt pass long enough to upload the host experts (gpu/engine/expert_upload.h) gives the all-GPU engine's
+//     bits (moe_imma models; raw-block ones skip), a shorter one the host's;
 //   - an error of the backend on the hand-off thread fails that step with its message, and the engine steps again
 //     after it; a backend that holds the wrong experts, or none, is refused at creation;
 //   - hybrid::make_placed_cuda_engine (what kestreld builds): a budget too small for the dense weights is refused

@@ -18,21 +18,6 @@
 namespace kestrel::gpu {
 namespace {
 
-// n bytes of random blocks of type t with finite f16 scales.
-std::vector<uint8_t> random_blocks(GgmlType t, uint64_t n, std::mt19937& rng) {
-  std::vector<uint8_t> m(n);
-  for (auto& b : m) b = static_cast<uint8_t>(rng());
-  std::uniform_real_distribution<float> scale(-2.0f, 2.0f);
-  const size_t block_bytes = ggml_type_traits(t).block_bytes;
-  for (size_t blk = 0; blk < m.size() / block_bytes; ++blk) {
-    for (size_t off : test::scale_offsets(t)) {
-      const uint16_t h = f32_to_fp16(scale(rng));
-      std::memcpy(&m[blk * block_bytes + off], &h, sizeof(h));
-    }
-  }
-  return m;
-}
-
 struct Shape {
   GgmlType type;
   int64_t n_cols, n_rows;
@@ -55,7 +40,7 @@ TEST(TileDevice, MatchesHostTilerOnEveryType) {
                  std::to_string(s.n_rows) + "}");
     constexpr int64_t kSlices = 3;
     const uint64_t slice = tiled_bytes(s.type, s.n_cols, s.n_rows);
-    const std::vector<uint8_t> raw = random_blocks(s.type, slice * kSlices, rng);
+    const std::vector<uint8_t> raw = test::random_blocks(s.type, slice * kSlices, rng);
     std::vector<uint8_t> want(raw.size());
     ASSERT_TRUE(tile_matrix_stack(s.type, raw.data(), s.n_cols, s.n_rows, kSlices, want, 1).has_value());
 

@@ -18,19 +18,9 @@
 namespace kestrel::gpu {
 namespace {
 
-// Random blocks with finite f16 scales (the tiling moves bytes; any scale bits would do, finite ones read better).
+// Random blocks of an n_rows × n_cols matrix.
 std::vector<uint8_t> random_matrix(GgmlType t, int64_t n_cols, int64_t n_rows, std::mt19937& rng) {
-  std::vector<uint8_t> m(tiled_bytes(t, n_cols, n_rows));
-  for (auto& b : m) b = static_cast<uint8_t>(rng());
-  std::uniform_real_distribution<float> scale(-2.0f, 2.0f);
-  const size_t block_bytes = ggml_type_traits(t).block_bytes;
-  for (size_t blk = 0; blk < m.size() / block_bytes; ++blk) {
-    for (size_t off : test::scale_offsets(t)) {
-      const uint16_t h = f32_to_fp16(scale(rng));
-      std::memcpy(&m[blk * block_bytes + off], &h, sizeof(h));
-    }
-  }
-  return m;
+  return test::random_blocks(t, tiled_bytes(t, n_cols, n_rows), rng);
 }
 
 // Sets element e's 6-bit quant v in a Q6_K block, following ggml's layout (core/quant/q6_k.cpp's head).
