@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cstdio>
 #include <limits>
-#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -19,6 +18,7 @@
 #include "core/reference/session_state.h"
 #include "gpu/cuda_check.h"
 #include "gpu/engine/device_model.h"
+#include "gpu/engine/expert_upload.h"
 #include "gpu/engine/forward_pass.h"
 #include "gpu/memory/state_slots.h"
 
@@ -533,19 +533,12 @@ Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const CudaEngineO
                                                KvPoolConfig{options.kv_page_tokens, std::max<int64_t>(kv_pages, 1)});
   const uint64_t scratch = ForwardPass::scratch_bytes(hp, options.n_ctx);
   uint64_t reserved = state + scratch + kCudaHeadroomBytes;
-  // When the weights will not all fit, some experts stay on the host, and long prompt passes stage them on the GPU
-  // (expert_upload.h): three of the largest MoE layer's expert stacks.
-  const PlannerModel pm = planner_model(model.catalog());
-  uint64_t weights = 0;
-  std::map<int32_t, uint64_t> experts_by_layer;
-  for (const PlannerTensor& t : pm.tensors) {
-    weights += t.bytes;
-    if (t.placement == PlacementClass::kRoutedExperts) experts_by_layer[t.layer] += t.bytes;
-  }
-  if (options.tuning.expert_upload_min_tokens > 0 && reserved < mem.free && weights > mem.free - reserved) {
-    uint64_t largest = 0;
-    for (const auto& [layer, bytes] : experts_by_layer) largest = std::max(largest, bytes);
-    reserved += 3 * (largest + 3 * kPoolAlignment);
+  // When the weights will not all fit, some experts stay on the host, and long prompt passes stage them on the GPU.
+  if (options.tuning.expert_upload_min_tokens > 0 && reserved < mem.free) {
+    const PlannerModel pm = planner_model(model.catalog());
+    uint64_t weights = 0;
+    for (const PlannerTensor& t : pm.tensors) weights += t.bytes;
+    if (weights > mem.free - reserved) reserved += ExpertUpload::device_bytes_for(pm);
   }
   if (reserved >= mem.free) {
     return make_error(ErrorCode::kResourceExhausted,

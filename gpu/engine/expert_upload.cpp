@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "core/engine/expert_backend.h"
@@ -17,6 +18,17 @@ namespace {
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
+
+uint64_t ExpertUpload::device_bytes_for(const PlannerModel& model) {
+  // A staging buffer holds a layer's stacks each from a kPoolAlignment boundary, as create() lays them out.
+  std::map<int32_t, uint64_t> by_layer;
+  for (const PlannerTensor& t : model.tensors) {
+    if (t.placement == PlacementClass::kRoutedExperts) by_layer[t.layer] += align_up(t.bytes, kPoolAlignment);
+  }
+  uint64_t largest = 0;
+  for (const auto& [layer, bytes] : by_layer) largest = std::max(largest, bytes);
+  return 3 * largest;
+}
 
 Expected<std::unique_ptr<ExpertUpload>> ExpertUpload::create(const DeviceModel& model, int copy_threads) {
   if (copy_threads < 1) {

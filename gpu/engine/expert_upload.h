@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "core/base/expected.h"
+#include "core/engine/placement_planner.h"
 #include "gpu/engine/device_model.h"
 #include "gpu/kernels/moe_imma.h"
 
@@ -54,6 +55,10 @@ class ExpertUpload {
   Expected<MoeImmaWeights> stage(size_t l, cudaStream_t stream);
   // Ends the pass (also after an error, before every layer was staged): stops the filler, waits for the transfers.
   Status end();
+
+  // The device staging an upload over `model`'s MoE layers takes (the largest layer's three expert stacks, three
+  // times), for memory budgets made before anything is loaded.
+  static uint64_t device_bytes_for(const PlannerModel& model);
 
   // Host bytes copied per pass, device and pinned host bytes of the staging, layers.
   uint64_t host_bytes_per_pass() const { return host_bytes_; }

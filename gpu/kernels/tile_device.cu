@@ -58,23 +58,9 @@ Status tile_stack_device(GgmlType type, const void* raw, int64_t n_cols, int64_t
   auto* o = static_cast<uint8_t*>(out);
   const uint64_t slice_bytes = tiled_bytes(type, n_cols, n_rows);
   const dim3 grid(static_cast<unsigned>(blocks));
-  switch (type) {
-    case GgmlType::kQ4_0:
-      tile_stack_kernel<GgmlType::kQ4_0><<<grid, kThreads, 0, stream>>>(r, n_cols, n_rg, first, count, slice_bytes, o);
-      break;
-    case GgmlType::kQ8_0:
-      tile_stack_kernel<GgmlType::kQ8_0><<<grid, kThreads, 0, stream>>>(r, n_cols, n_rg, first, count, slice_bytes, o);
-      break;
-    case GgmlType::kQ4_K:
-      tile_stack_kernel<GgmlType::kQ4_K><<<grid, kThreads, 0, stream>>>(r, n_cols, n_rg, first, count, slice_bytes, o);
-      break;
-    case GgmlType::kQ5_K:
-      tile_stack_kernel<GgmlType::kQ5_K><<<grid, kThreads, 0, stream>>>(r, n_cols, n_rg, first, count, slice_bytes, o);
-      break;
-    default:
-      tile_stack_kernel<GgmlType::kQ6_K><<<grid, kThreads, 0, stream>>>(r, n_cols, n_rg, first, count, slice_bytes, o);
-      break;
-  }
+  tile_pieces::with_tiled_type(type, [&](auto t) {
+    tile_stack_kernel<decltype(t)::value><<<grid, kThreads, 0, stream>>>(r, n_cols, n_rg, first, count, slice_bytes, o);
+  });
   KESTREL_CUDA_TRY(cudaGetLastError());
   return ok_status();
 }

@@ -13,16 +13,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "core/gguf/ggml_type.h"
 #include "core/quant/blocks.h"
 #include "gpu/memory/tiled_matrix.h"
 
-#if defined(__CUDACC__)
-#define KESTREL_TILE_FN __host__ __device__ inline
-#else
-#define KESTREL_TILE_FN inline
-#endif
+#define KESTREL_TILE_FN KESTREL_TILED_HD inline
 
 namespace kestrel::gpu::tile_pieces {
 
@@ -45,8 +42,23 @@ KESTREL_TILE_FN uint64_t block_bytes(GgmlType type) {
     default: return sizeof(BlockQ4_0);
   }
 }
-KESTREL_TILE_FN bool k_quant(GgmlType type) {
-  return type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+// Bytes of one raw GGUF row of n_cols elements.
+KESTREL_TILE_FN int64_t row_bytes_of(GgmlType type, int64_t n_cols) {
+  const bool k_quant = type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K;
+  return n_cols / (k_quant ? 256 : 32) * static_cast<int64_t>(block_bytes(type));
+}
+
+// Calls fn(std::integral_constant<GgmlType, T>{}) for the tiled format T == type (one of those tiled_supports takes),
+// so a caller's loop over pieces compiles to one format's code: the one dispatch from a run-time type (host code).
+template <class Fn>
+inline void with_tiled_type(GgmlType type, Fn&& fn) {
+  switch (type) {
+    case GgmlType::kQ4_0: fn(std::integral_constant<GgmlType, GgmlType::kQ4_0>{}); return;
+    case GgmlType::kQ8_0: fn(std::integral_constant<GgmlType, GgmlType::kQ8_0>{}); return;
+    case GgmlType::kQ4_K: fn(std::integral_constant<GgmlType, GgmlType::kQ4_K>{}); return;
+    case GgmlType::kQ5_K: fn(std::integral_constant<GgmlType, GgmlType::kQ5_K>{}); return;
+    default: fn(std::integral_constant<GgmlType, GgmlType::kQ6_K>{}); return;
+  }
 }
 
 // Quant pieces (16 bytes) and meta items of one row group.
@@ -112,8 +124,7 @@ KESTREL_TILE_FN void pack_k_head(const uint8_t* block, uint8_t* m) {
 template <GgmlType type>
 KESTREL_TILE_FN void write_qs_piece(const uint8_t* src, int64_t n_cols, int64_t rg, int64_t p, uint8_t* out) {
   const uint64_t bb = block_bytes(type);
-  const int64_t row_bytes =
-      k_quant(type) ? n_cols / 256 * static_cast<int64_t>(bb) : n_cols / 32 * static_cast<int64_t>(bb);
+  const int64_t row_bytes = row_bytes_of(type, n_cols);
   uint8_t* dst = out + (rg * qs_pieces(type, n_cols) + p) * 16;
   const int lane = static_cast<int>(p % 32);
   const int g = lane / 4, t = lane % 4;
@@ -187,8 +198,7 @@ template <GgmlType type>
 KESTREL_TILE_FN void write_meta_item(const uint8_t* src, int64_t n_cols, int64_t n_rg, int64_t rg, int64_t i,
                                      uint8_t* out) {
   const uint64_t bb = block_bytes(type);
-  const int64_t row_bytes =
-      k_quant(type) ? n_cols / 256 * static_cast<int64_t>(bb) : n_cols / 32 * static_cast<int64_t>(bb);
+  const int64_t row_bytes = row_bytes_of(type, n_cols);
   uint8_t* meta = out + tiled_meta_offset(type, n_cols, n_rg * kTileRows);
   const int64_t rows0 = rg * kTileRows;
   if (type == GgmlType::kQ4_0 ||

@@ -82,13 +82,8 @@ Status tile_matrix_stack(GgmlType type, const void* raw, int64_t n_cols, int64_t
       const int64_t rg1 = std::min(n_rg, rg0 + (k1 - k0));
       const uint8_t* s = src + static_cast<uint64_t>(slice) * slice_bytes;
       uint8_t* o = out.data() + static_cast<uint64_t>(slice) * slice_bytes;
-      switch (type) {
-        case GgmlType::kQ4_0: tile_row_groups<GgmlType::kQ4_0>(s, n_cols, n_rg, rg0, rg1, o); break;
-        case GgmlType::kQ8_0: tile_row_groups<GgmlType::kQ8_0>(s, n_cols, n_rg, rg0, rg1, o); break;
-        case GgmlType::kQ4_K: tile_row_groups<GgmlType::kQ4_K>(s, n_cols, n_rg, rg0, rg1, o); break;
-        case GgmlType::kQ5_K: tile_row_groups<GgmlType::kQ5_K>(s, n_cols, n_rg, rg0, rg1, o); break;
-        default: tile_row_groups<GgmlType::kQ6_K>(s, n_cols, n_rg, rg0, rg1, o); break;
-      }
+      tile_pieces::with_tiled_type(type,
+                                   [&](auto t) { tile_row_groups<decltype(t)::value>(s, n_cols, n_rg, rg0, rg1, o); });
       k0 += rg1 - rg0;
     }
   };

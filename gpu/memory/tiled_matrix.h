@@ -36,11 +36,11 @@
 #include "core/base/expected.h"
 #include "core/gguf/ggml_type.h"
 
-// The size helpers below are constexpr on both sides of nvcc (device code tiles too: gpu/kernels/tile_device.h).
+// Functions of the layout that device code calls too (gpu/kernels/tile_device.h, gpu/memory/tile_pieces.h).
 #if defined(__CUDACC__)
-#define KESTREL_TILED_SIZE __host__ __device__ constexpr
+#define KESTREL_TILED_HD __host__ __device__
 #else
-#define KESTREL_TILED_SIZE constexpr
+#define KESTREL_TILED_HD
 #endif
 
 namespace kestrel::gpu {
@@ -56,11 +56,11 @@ struct TiledView {
 // The layout's sizes, one place for the host tiler and the device kernels (gpu/kernels/imma_tile.cuh): quant bytes per
 // 64-column unit of a row group (a K-quant's four units share its super-block's group: the group's bytes / 4) and scale
 // bytes likewise; all quants of a matrix come first, its scales from tiled_meta_offset() on.
-KESTREL_TILED_SIZE int tiled_unit_quant_bytes(GgmlType type) {
+KESTREL_TILED_HD constexpr int tiled_unit_quant_bytes(GgmlType type) {
   return type == GgmlType::kQ5_K ? 640 : type == GgmlType::kQ6_K ? 768 : type == GgmlType::kQ8_0 ? 1024 : 512;
 }
-KESTREL_TILED_SIZE int tiled_unit_meta_bytes(GgmlType type) { return type == GgmlType::kQ6_K ? 72 : 64; }
-KESTREL_TILED_SIZE uint64_t tiled_meta_offset(GgmlType type, int64_t n_cols, int64_t n_rows) {
+KESTREL_TILED_HD constexpr int tiled_unit_meta_bytes(GgmlType type) { return type == GgmlType::kQ6_K ? 72 : 64; }
+KESTREL_TILED_HD constexpr uint64_t tiled_meta_offset(GgmlType type, int64_t n_cols, int64_t n_rows) {
   return static_cast<uint64_t>(n_rows / 16) * static_cast<uint64_t>(n_cols / 64) *
          static_cast<uint64_t>(tiled_unit_quant_bytes(type));
 }
