@@ -163,6 +163,9 @@ constexpr double kHuge = 1e30;  // penalties: any finite float
 SamplingParams& sampling(DaemonConfig& c) { return c.limits.default_sampling; }
 const SamplingParams& sampling(const DaemonConfig& c) { return c.limits.default_sampling; }
 
+// The help of [cuda] expert_upload names the engine's default.
+static_assert(gpu::GpuTuning{}.expert_upload_min_tokens == 0);
+
 const std::vector<ConfigKey> kKeys = {
     // Top level.
     {"", "model", "--model", "PATH",
@@ -343,6 +346,15 @@ const std::vector<ConfigKey> kKeys = {
        return ok_status();
      },
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.prompt_digits}; }},
+    {"cuda", "expert_upload", "--expert-upload", "N",
+     "CUDA engine with routed experts on the CPU: prompt passes of at least N tokens copy those experts to the GPU "
+     "layer by layer and run them there, bit-identical to an all-GPU model (0: the CPU computes them; 0-1000000; "
+     "default 0)",
+     ConfigValueKind::kInteger,
+     [](DaemonConfig& c, const ConfigValue& v) {
+       return set_int_field(c.cuda.expert_upload_min_tokens, v, 0, 1000000);
+     },
+     [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.expert_upload_min_tokens}; }},
     // [cpu]
     {"cpu", "threads", "--threads", "N",
      "CPU engine (and the CUDA engine's routed experts on the CPU): compute threads, the engine loop's own included, "

@@ -7,7 +7,7 @@
 //   cache_dir = ""                   # empty = default_cache_dir() (default_paths.h)
 //   [listen]  socket, socket_mode, shm_socket, tcp, http
 //   [http]    api_key, api_key_file, served_model_name, max_body_bytes, max_concurrent_requests, max_connections
-//   [cuda]    slots, device, gpu_memory, n_cpu_moe, override_tensor, prompt_digits
+//   [cuda]    slots, device, gpu_memory, n_cpu_moe, override_tensor, prompt_digits, expert_upload
 //   [cpu]     threads
 //   [limits]  max_sessions, max_queued_steps, default_n_ctx, max_session_ctx, max_batch_tokens, idle_ttl_s,
 //             max_idle_ttl_s                                  (daemon::ServiceLimits)
@@ -31,6 +31,7 @@
 #include "core/base/expected.h"
 #include "daemon/engine/service.h"
 #include "daemon/ops/default_paths.h"
+#include "gpu/kernels/tuning.h"
 
 namespace kestrel::daemon::ops {
 
@@ -67,6 +68,9 @@ struct CudaConfig {
   // Activation digits of the prompt passes' quantized GEMMs (gpu/kernels/gemm_imma.h): 4 (decode's arithmetic) or 2
   // (half the tensor-core work; activations rounded to 13 bits below their 256-element group's bound).
   uint32_t prompt_digits = 4;
+  // Prompt passes of at least this many tokens copy the host-resident routed experts to the GPU, layer by layer, and
+  // run them there (gpu/engine/expert_upload.h); 0: the host computes them.
+  int32_t expert_upload_min_tokens = gpu::GpuTuning{}.expert_upload_min_tokens;
 };
 
 // [cpu]: the CPU engine's workers (engine = cpu, or auto on a machine without a usable CUDA device).

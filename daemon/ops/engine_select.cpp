@@ -74,6 +74,7 @@ Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const 
   o.device = static_cast<int>(config.cuda.device);
   o.tuning.gemv_imma.prompt_digits = static_cast<gpu::GemmDigits>(config.cuda.prompt_digits);
   o.tuning.moe_imma.grouped_gemv.prompt_digits = o.tuning.gemv_imma.prompt_digits;
+  o.tuning.expert_upload_min_tokens = config.cuda.expert_upload_min_tokens;
   int last = -1;
   o.progress = [&](uint64_t done, uint64_t total) {
     const int percent = total > 0 ? static_cast<int>(done * 100 / total) : 100;
