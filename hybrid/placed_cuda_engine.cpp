@@ -46,9 +46,10 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
   req.has_gpu = true;
   req.n_cpu_moe = choice.n_cpu_moe;
   req.overrides = choice.overrides;
+  const PlannerModel planner = planner_model(model.catalog());
   std::string budget_text;
   if (choice.auto_budget) {
-    KESTREL_TRY_ASSIGN(req.gpu_budget, gpu::cuda_auto_weight_budget(model, options.cuda));
+    KESTREL_TRY_ASSIGN(req.gpu_budget, gpu::cuda_auto_weight_budget(model, planner, options.cuda));
     budget_text = format_byte_size(req.gpu_budget) + " (auto: free GPU memory less the sessions' state, the scratch " +
                   "and " + format_byte_size(gpu::kCudaHeadroomBytes) + " of headroom)";
   } else {
@@ -58,7 +59,6 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
   KESTREL_TRY_ASSIGN(req.gpu_read_bytes_per_s, gpu::cuda_read_bandwidth(options.cuda.device));
   const int32_t threads = backend_threads(options.cpu_threads);
   KESTREL_TRY_ASSIGN(req.host_read_bytes_per_s, host_read(threads));
-  const PlannerModel planner = planner_model(model.catalog());
   PlacedEngine out;
   KESTREL_TRY_ASSIGN(out.decision, plan_placement(planner, req));
 

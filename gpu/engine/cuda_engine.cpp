@@ -520,7 +520,8 @@ Expected<CudaMemory> cuda_memory(int device) {
   return CudaMemory{free_b, total_b};
 }
 
-Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const CudaEngineOptions& options) {
+Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const PlannerModel& planner,
+                                           const CudaEngineOptions& options) {
   KESTREL_TRY_ASSIGN(const CudaMemory mem, cuda_memory(options.device));
   const ModelHparams& hp = model.hparams();
   // The KV term is every slot at n_ctx, the most the automatic pool takes (cuda_engine.h).
@@ -535,10 +536,9 @@ Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const CudaEngineO
   uint64_t reserved = state + scratch + kCudaHeadroomBytes;
   // When the weights will not all fit, some experts stay on the host, and long prompt passes stage them on the GPU.
   if (options.tuning.expert_upload_min_tokens > 0 && reserved < mem.free) {
-    const PlannerModel pm = planner_model(model.catalog());
     uint64_t weights = 0;
-    for (const PlannerTensor& t : pm.tensors) weights += t.bytes;
-    if (weights > mem.free - reserved) reserved += ExpertUpload::device_bytes_for(pm);
+    for (const PlannerTensor& t : planner.tensors) weights += t.bytes;
+    if (weights > mem.free - reserved) reserved += ExpertUpload::device_bytes_for(planner);
   }
   if (reserved >= mem.free) {
     return make_error(ErrorCode::kResourceExhausted,

@@ -130,11 +130,13 @@ Expected<CudaMemory> cuda_memory(int device);
 // context's growth, the allocator's rounding.
 inline constexpr uint64_t kCudaHeadroomBytes = uint64_t{768} << 20;
 
-// What `--gpu-memory auto` gives the weights of `model` under `options` (max_slots, n_ctx, device): the device's free
-// bytes less the sessions' state slots, the pass scratch and kCudaHeadroomBytes, and — when the weights do not all fit
-// and prompt passes upload host experts (GpuTuning::expert_upload_min_tokens) — the upload's staging (three of the
-// largest MoE layer's expert stacks). kResourceExhausted naming those bytes when they alone exceed what is free.
-Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const CudaEngineOptions& options);
+// What `--gpu-memory auto` gives the weights of `model` (`planner`: its planner_model) under `options` (max_slots,
+// n_ctx, device): the device's free bytes less the sessions' state slots, the pass scratch and kCudaHeadroomBytes,
+// and — when the weights do not all fit and prompt passes upload host experts (GpuTuning::expert_upload_min_tokens) —
+// the upload's staging (three of the largest MoE layer's expert stacks). kResourceExhausted naming those bytes when
+// they alone exceed what is free.
+Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const PlannerModel& planner,
+                                           const CudaEngineOptions& options);
 
 // The device's plain read bandwidth in bytes/s (a streaming read of a 512 MiB buffer, best of three; for the
 // placement planner's cost model). Allocates and frees the buffer.
