@@ -8,6 +8,7 @@
 
 #include "core/base/byte_size.h"
 #include "core/engine/expert_backend.h"
+#include "core/reference/model_weights.h"
 #include "cpu/expert_backend.h"
 #include "cpu/read_bandwidth.h"
 #include "cpu/worker_pool.h"
@@ -66,11 +67,45 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
   cuda.placement = out.decision;
   const ExpertSet host = ExpertSet::on_device(out.decision, WeightDevice::kHost);
   std::string backend_text;
+  std::string pinned_text;
   if (host.count() > 0) {
+    // Prompt passes that upload the host's experts read them at the link's rate only from page-locked memory: the
+    // hybrid layers' stacks are then copied there once, and the backend reads that copy too. Without the room for it
+    // the backend reads the file mapping and uploads bounce through pinned buffers.
+    KESTREL_TRY_ASSIGN(ref::RefModelWeights weights, ref::RefModelWeights::from_catalog(model.catalog()));
+    std::vector<ref::MoeWeights> layers(weights.layers.size());
+    for (size_t l = 0; l < layers.size(); ++l) {
+      if (weights.layers[l].is_moe) layers[l] = weights.layers[l].moe;
+    }
+    if (options.cuda.tuning.expert_upload_min_tokens > 0) {
+      std::vector<bool> hybrid(layers.size(), false);
+      for (size_t l = 0; l < hybrid.size() && l < host.held.size(); ++l) {
+        hybrid[l] = std::any_of(host.held[l].begin(), host.held[l].end(), [](uint8_t h) { return h != 0; });
+      }
+      Expected<std::unique_ptr<gpu::PinnedExperts>> pinned = gpu::PinnedExperts::create(model, hybrid, threads);
+      if (pinned) {
+        for (size_t l = 0; l < layers.size(); ++l) {
+          const gpu::PinnedExperts::Layer& p = (*pinned)->layer(l);
+          if (p.gate == nullptr) continue;
+          layers[l].gate_exps.data = p.gate;
+          layers[l].up_exps.data = p.up;
+          layers[l].down_exps.data = p.down;
+        }
+        char line[160];
+        std::snprintf(line, sizeof line, "  host experts page-locked for prompt uploads: %s in %.1f s",
+                      format_byte_size((*pinned)->bytes()).c_str(), (*pinned)->seconds());
+        pinned_text = line;
+        cuda.pinned_experts = std::move(*pinned);
+      } else {
+        pinned_text =
+            "  host experts not page-locked (prompt uploads bounce through pinned buffers): " + pinned.error().message;
+      }
+    }
     cpu::CpuExpertBackendOptions bo;
     bo.threads = threads;
     bo.activations = options.activations;
-    KESTREL_TRY_ASSIGN(std::unique_ptr<cpu::CpuExpertBackend> backend, cpu::make_cpu_expert_backend(model, host, bo));
+    KESTREL_TRY_ASSIGN(std::unique_ptr<cpu::CpuExpertBackend> backend,
+                       cpu::make_cpu_expert_backend(std::move(layers), host, bo));
     backend_text = "  expert backend (the host's routed experts): cpu, " + backend->summary();
     cuda.expert_backend = std::move(backend);
   }
@@ -82,6 +117,7 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
   out.plan.emplace_back(head);
   for (std::string& line : describe_placement(planner, out.decision, true)) out.plan.push_back(std::move(line));
   if (!backend_text.empty()) out.plan.push_back(backend_text);
+  if (!pinned_text.empty()) out.plan.push_back(pinned_text);
   return out;
 }
 

@@ -80,8 +80,9 @@ class CudaEngineImpl final : public CudaEngine {
     slots_.emplace(std::move(s));
     const std::vector<std::vector<uint8_t>> no_plan;
     const std::vector<std::vector<uint8_t>>& on_gpu = o.placement ? o.placement->expert_on_gpu : no_plan;
+    pinned_ = o.pinned_experts;
     KESTREL_TRY_ASSIGN(dm_, DeviceModel::create(model_, ForwardPass::scratch_bytes(hp, o.n_ctx), state_bytes(),
-                                                o.progress, stream_, on_gpu));
+                                                o.progress, stream_, on_gpu, pinned_.get()));
     backend_ = o.expert_backend;
     KESTREL_TRY_ASSIGN(pass_, ForwardPass::create(*dm_, *slots_, o.tuning, stream_, backend_.get()));
     slot_info_.resize(static_cast<size_t>(o.max_slots));
@@ -490,6 +491,7 @@ class CudaEngineImpl final : public CudaEngine {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   int32_t n_ctx_ = 0;
+  std::shared_ptr<const PinnedExperts> pinned_;  // outlives dm_ and backend_, whose host views point into it
   std::unique_ptr<DeviceModel> dm_;
   std::optional<StateSlots> slots_;
   std::unique_ptr<ForwardPass> pass_;

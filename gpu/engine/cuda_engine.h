@@ -44,6 +44,7 @@
 #include "core/engine/placement_planner.h"
 #include "core/model/model.h"
 #include "gpu/kernels/tuning.h"
+#include "gpu/memory/pinned_experts.h"
 
 namespace kestrel::gpu {
 
@@ -66,6 +67,10 @@ struct CudaEngineOptions {
   // Required when the placement leaves experts on the host; its experts() must be exactly those (kInvalidArgument
   // otherwise) and its hidden() the model's n_embd.
   std::shared_ptr<ExpertBackend> expert_backend;
+  // A page-locked copy of the hybrid layers' expert stacks (gpu/memory/pinned_experts.h), which prompt passes then
+  // upload directly (the expert backend should read the same copy); none: the file mapping's, uploaded through a
+  // pinned bounce buffer. Kept for the engine's life.
+  std::shared_ptr<const PinnedExperts> pinned_experts;
 };
 
 // The KV page pool: its geometry and how much of it the sessions hold now.

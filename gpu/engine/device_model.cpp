@@ -149,7 +149,8 @@ DeviceModel::~DeviceModel() {
 Expected<std::unique_ptr<DeviceModel>> DeviceModel::create(const Model& model, uint64_t scratch_bytes,
                                                            uint64_t state_bytes, const LoadProgress& progress,
                                                            cudaStream_t stream,
-                                                           const std::vector<std::vector<uint8_t>>& expert_on_gpu) {
+                                                           const std::vector<std::vector<uint8_t>>& expert_on_gpu,
+                                                           const PinnedExperts* pinned) {
   const WeightCatalog& catalog = model.catalog();
   const ModelHparams& hp = catalog.hparams();
   KESTREL_TRY_ASSIGN(const Residency res, residency_of(catalog, expert_on_gpu));
@@ -260,7 +261,7 @@ Expected<std::unique_ptr<DeviceModel>> DeviceModel::create(const Model& model, u
     for (const PoolTensorDesc& d : batch) done += d.data.size();
     if (progress) progress(done, total);
   }
-  KESTREL_TRY(dm->build_views(catalog, expert_on_gpu));
+  KESTREL_TRY(dm->build_views(catalog, expert_on_gpu, pinned));
   return dm;
 }
 
@@ -300,7 +301,8 @@ Expected<DeviceMatrix> DeviceModel::stacked(uint32_t layer) {
   return m;
 }
 
-Status DeviceModel::build_views(const WeightCatalog& catalog, const std::vector<std::vector<uint8_t>>& expert_on_gpu) {
+Status DeviceModel::build_views(const WeightCatalog& catalog, const std::vector<std::vector<uint8_t>>& expert_on_gpu,
+                                const PinnedExperts* pinned) {
   KESTREL_TRY_ASSIGN(const Residency res, residency_of(catalog, expert_on_gpu));
   auto f32 = [&](const TensorRef& t) -> Expected<const float*> {
     if (!t.present()) return static_cast<const float*>(nullptr);
@@ -428,6 +430,12 @@ Status DeviceModel::build_views(const WeightCatalog& catalog, const std::vector<
       o.host_gate_exps = host_experts(f.gate_exps);
       o.host_up_exps = host_experts(f.up_exps);
       o.host_down_exps = host_experts(f.down_exps);
+      if (pinned != nullptr && l < pinned->n_layer() && pinned->layer(l).gate != nullptr) {
+        o.host_gate_exps.data = pinned->layer(l).gate;
+        o.host_up_exps.data = pinned->layer(l).up;
+        o.host_down_exps.data = pinned->layer(l).down;
+        o.host_pinned = true;
+      }
       ++n_hybrid_;
       if (n_res == 0) ++n_host_only_;
     }

@@ -32,6 +32,7 @@
 #include "gpu/kernels/get_rows.h"
 #include "gpu/kernels/moe_experts.h"
 #include "gpu/kernels/moe_imma.h"
+#include "gpu/memory/pinned_experts.h"
 #include "gpu/memory/tiled_matrix.h"
 #include "gpu/memory/weight_pool.h"
 
@@ -81,8 +82,10 @@ struct DeviceFfnLayer {
   const int32_t* resident = nullptr;   // device int32 [n_expert]: slot or kExpertNotHere; null unless hybrid()
   std::vector<int32_t> resident_host;  // the same map on the host (empty unless hybrid())
   // A hybrid layer's three raw expert stacks as the file holds them (host memory, every expert: the file mapping the
-  // DeviceModel was created from), for the prompt passes that copy them to the GPU (gpu/engine/expert_upload.h).
+  // DeviceModel was created from, or a page-locked copy of it when host_pinned), for the prompt passes that copy them
+  // to the GPU (gpu/engine/expert_upload.h).
   DeviceExpertsView host_gate_exps, host_up_exps, host_down_exps;
+  bool host_pinned = false;
   bool hybrid() const { return moe && n_resident < n_expert; }
 };
 
@@ -109,10 +112,13 @@ class DeviceModel {
   // each of its three expert stacks is registered compact — the resident experts' slices in ascending id, {ne0, ne1,
   // n_resident}, tiled per expert as the full stack would be — and the layer gets a resident map; with none, its
   // routed experts are not registered at all. So the pool holds exactly the plan's GPU bytes (plus alignment).
-  // kInvalidArgument when the rows do not match the model's MoE layers.
+  // kInvalidArgument when the rows do not match the model's MoE layers. A hybrid layer's host stacks
+  // (DeviceFfnLayer::host_*_exps) are `pinned`'s copy where it holds the layer (borrowed: it must outlive the
+  // DeviceModel), else the file mapping's.
   static Expected<std::unique_ptr<DeviceModel>> create(const Model& model, uint64_t scratch_bytes, uint64_t state_bytes,
                                                        const LoadProgress& progress, cudaStream_t stream,
-                                                       const std::vector<std::vector<uint8_t>>& expert_on_gpu = {});
+                                                       const std::vector<std::vector<uint8_t>>& expert_on_gpu = {},
+                                                       const PinnedExperts* pinned = nullptr);
   ~DeviceModel();
   DeviceModel(const DeviceModel&) = delete;
   DeviceModel& operator=(const DeviceModel&) = delete;
@@ -141,7 +147,8 @@ class DeviceModel {
 
  private:
   explicit DeviceModel(WeightPool pool) : pool_(std::move(pool)) {}
-  Status build_views(const WeightCatalog& catalog, const std::vector<std::vector<uint8_t>>& expert_on_gpu);
+  Status build_views(const WeightCatalog& catalog, const std::vector<std::vector<uint8_t>>& expert_on_gpu,
+                     const PinnedExperts* pinned);
   Expected<DeviceMatrix> matrix(const TensorRef& t);
   // Layer `layer`'s stacked input projections (registered tiled under its stacked key).
   Expected<DeviceMatrix> stacked(uint32_t layer);

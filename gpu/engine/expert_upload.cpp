@@ -41,6 +41,7 @@ Expected<std::unique_ptr<ExpertUpload>> ExpertUpload::create(const DeviceModel& 
     if (!f.hybrid() || !f.moe_tiled) continue;
     Layer layer;
     layer.index = l;
+    u->direct_ = u->direct_ && f.host_pinned;
     layer.weights = f.moe_imma;
     const DeviceExpertsView host[3] = {f.host_gate_exps, f.host_up_exps, f.host_down_exps};
     const void* resident[3] = {f.moe_imma.gate_exps, f.moe_imma.up_exps, f.moe_imma.down_exps};
@@ -76,9 +77,11 @@ Expected<std::unique_ptr<ExpertUpload>> ExpertUpload::create(const DeviceModel& 
   auto* d = static_cast<uint8_t*>(u->device_);
   u->raw_ = {d, d + u->raw_bytes_};
   u->tiled_ = d + 2 * u->raw_bytes_;
-  KESTREL_CUDA_TRY(cudaMallocHost(&u->pinned_base_, 2 * u->raw_bytes_));
-  auto* h = static_cast<uint8_t*>(u->pinned_base_);
-  u->pinned_ = {h, h + u->raw_bytes_};
+  if (!u->direct_) {
+    KESTREL_CUDA_TRY(cudaMallocHost(&u->pinned_base_, 2 * u->raw_bytes_));
+    auto* h = static_cast<uint8_t*>(u->pinned_base_);
+    u->pinned_ = {h, h + u->raw_bytes_};
+  }
   KESTREL_CUDA_TRY(cudaStreamCreateWithFlags(&u->copy_stream_, cudaStreamNonBlocking));
   for (size_t b = 0; b < 2; ++b) {
     KESTREL_CUDA_TRY(cudaEventCreateWithFlags(&u->moved_[b], cudaEventDisableTiming));
@@ -91,8 +94,8 @@ Expected<std::unique_ptr<ExpertUpload>> ExpertUpload::create(const DeviceModel& 
     layer.weights.down_exps = u->tiled_ + layer.stacks[2].offset;
     KESTREL_TRY(moe_imma_check_weights(layer.weights));
   }
-  u->copy_threads_ = copy_threads;
-  for (int i = 1; i < copy_threads; ++i) u->copiers_.emplace_back(&ExpertUpload::copy_worker, u.get(), i);
+  u->copy_threads_ = u->direct_ ? 1 : copy_threads;
+  for (int i = 1; i < u->copy_threads_; ++i) u->copiers_.emplace_back(&ExpertUpload::copy_worker, u.get(), i);
   u->filler_ = std::thread(&ExpertUpload::fill_loop, u.get());
   return u;
 }
@@ -168,22 +171,28 @@ Status ExpertUpload::fill(size_t i) {
   }
   const Layer& layer = layers_[i];
   const size_t b = i % 2;
-  // pinned_[b] and raw_[b] last held layer i − 2: its transfer must be done before the buffer is overwritten, and the
-  // pass's stream must have tiled it (stage() recorded freed_[b] before this layer was let through).
-  if (i >= 2) KESTREL_CUDA_TRY(cudaEventSynchronize(moved_[b]));
-  for (const Stack& st : layer.stacks) {
-    for (const auto& [first, end] : layer.host_runs) {
-      const uint64_t at = st.offset + st.slice * static_cast<uint64_t>(first);
-      parallel_copy(pinned_[b] + at,
-                    static_cast<const uint8_t*>(st.host.data) + st.slice * static_cast<uint64_t>(first),
-                    st.slice * static_cast<uint64_t>(end - first));
+  // Bounced: pinned_[b] and raw_[b] last held layer i − 2, whose transfer must be done before the buffer is
+  // overwritten. Either way raw_[b] must have been tiled by the pass's stream (stage() recorded freed_[b] before this
+  // layer was let through).
+  if (!direct_) {
+    if (i >= 2) KESTREL_CUDA_TRY(cudaEventSynchronize(moved_[b]));
+    for (const Stack& st : layer.stacks) {
+      for (const auto& [first, end] : layer.host_runs) {
+        const uint64_t at = st.offset + st.slice * static_cast<uint64_t>(first);
+        parallel_copy(pinned_[b] + at,
+                      static_cast<const uint8_t*>(st.host.data) + st.slice * static_cast<uint64_t>(first),
+                      st.slice * static_cast<uint64_t>(end - first));
+      }
     }
   }
   if (i >= 2) KESTREL_CUDA_TRY(cudaStreamWaitEvent(copy_stream_, freed_[b]));
   for (const Stack& st : layer.stacks) {
     for (const auto& [first, end] : layer.host_runs) {
       const uint64_t at = st.offset + st.slice * static_cast<uint64_t>(first);
-      KESTREL_CUDA_TRY(cudaMemcpyAsync(raw_[b] + at, pinned_[b] + at, st.slice * static_cast<uint64_t>(end - first),
+      const uint8_t* from = direct_
+                                ? static_cast<const uint8_t*>(st.host.data) + st.slice * static_cast<uint64_t>(first)
+                                : pinned_[b] + at;
+      KESTREL_CUDA_TRY(cudaMemcpyAsync(raw_[b] + at, from, st.slice * static_cast<uint64_t>(end - first),
                                        cudaMemcpyHostToDevice, copy_stream_));
     }
   }

@@ -4,14 +4,14 @@
 // with many tokens each: the host would compute every (token, expert) pair, while the copy moves each expert once over
 // PCIe and the GPU's tensor cores do the rest. Decode steps (a few tokens) keep the host experts on the host.
 //
-// The host stacks are the model's file mapping (DeviceFfnLayer::host_*_exps). They are not pinned in place:
-// cudaHostRegister over a large file mapping did not finish in minutes on the lent H100 box (one core busy in the
-// driver). Instead a filler thread copies each layer's host experts into one of two pinned buffers with a few memcpy
-// threads, and a copy stream moves the buffer into one of two raw staging buffers on the GPU; the pass's stream tiles
-// the layer into one staging stack (its resident experts copied in from the pool). The filler runs two layers ahead,
-// so the host copies, the transfers and the pass's other work overlap. The staged stacks are byte for byte what the
-// pool holds for an all-resident layer, so a staged layer's results are bit-identical to a model with every expert on
-// the GPU.
+// The host stacks (DeviceFfnLayer::host_*_exps) are a page-locked copy (gpu/memory/pinned_experts.h) or the model's
+// file mapping. A filler thread enqueues each layer's transfer on a copy stream into one of two raw staging buffers on
+// the GPU — straight from page-locked stacks; from a file mapping (which is not registered: cudaHostRegister over a
+// large file mapping did not finish in minutes on the lent H100 box) after a few memcpy threads copy the layer into
+// one of two pinned bounce buffers. The pass's stream tiles the layer into one staging stack (its resident experts
+// copied in from the pool). The filler runs two layers ahead, so the copies, the transfers and the pass's other work
+// overlap. The staged stacks are byte for byte what the pool holds for an all-resident layer, so a staged layer's
+// results are bit-identical to a model with every expert on the GPU.
 //
 // Ownership: borrows the DeviceModel (and through it the file mapping); owns its staging memory (pinned host and
 // device), threads, stream and events. One pass at a time, from the thread that runs the pass: begin(), stage() per
@@ -63,13 +63,15 @@ class ExpertUpload {
   // Host bytes copied per pass, device and pinned host bytes of the staging, layers.
   uint64_t host_bytes_per_pass() const { return host_bytes_; }
   uint64_t device_bytes() const { return 3 * raw_bytes_; }
-  uint64_t pinned_bytes() const { return 2 * raw_bytes_; }
+  uint64_t pinned_bytes() const { return direct_ ? 0 : 2 * raw_bytes_; }
+  // Whether every layer's stacks are page-locked (transfers without the bounce buffers).
+  bool direct() const { return direct_; }
   int layers() const { return static_cast<int>(layers_.size()); }
 
  private:
   ExpertUpload() = default;
   struct Stack {
-    DeviceExpertsView host;  // every expert, raw (file mapping)
+    DeviceExpertsView host;  // every expert, raw (page-locked copy or file mapping)
     const void* resident;    // the pool's compact tiled stack (slot s at s · slice), null when none is resident
     uint64_t offset = 0;     // of this stack in a staging buffer
     uint64_t slice = 0;      // bytes of one expert's matrix (raw = tiled)
@@ -91,6 +93,7 @@ class ExpertUpload {
 
   std::vector<Layer> layers_;
   uint64_t raw_bytes_ = 0;  // one staging buffer (the largest layer's three stacks)
+  bool direct_ = true;      // every layer's host stacks are page-locked: no bounce buffers, no memcpy threads
   uint64_t host_bytes_ = 0;
   void* device_ = nullptr;  // raw_[0], raw_[1], tiled_
   std::array<uint8_t*, 2> raw_{};

@@ -822,11 +822,17 @@ Status ForwardPass::execute(int n, int lm_row0, int m, int logits_mode, float* h
 
 std::string ForwardPass::expert_upload_summary() const {
   if (upload_ != nullptr) {
-    char gb[128];
-    std::snprintf(gb, sizeof gb, "%.2f GB a pass through %.2f GB of pinned and %.2f GB of device staging",
-                  static_cast<double>(upload_->host_bytes_per_pass()) * 1e-9,
-                  static_cast<double>(upload_->pinned_bytes()) * 1e-9,
-                  static_cast<double>(upload_->device_bytes()) * 1e-9);
+    char gb[160];
+    if (upload_->direct()) {
+      std::snprintf(gb, sizeof gb, "%.2f GB a pass from page-locked host experts through %.2f GB of device staging",
+                    static_cast<double>(upload_->host_bytes_per_pass()) * 1e-9,
+                    static_cast<double>(upload_->device_bytes()) * 1e-9);
+    } else {
+      std::snprintf(gb, sizeof gb, "%.2f GB a pass through %.2f GB of pinned and %.2f GB of device staging",
+                    static_cast<double>(upload_->host_bytes_per_pass()) * 1e-9,
+                    static_cast<double>(upload_->pinned_bytes()) * 1e-9,
+                    static_cast<double>(upload_->device_bytes()) * 1e-9);
+    }
     return "from " + std::to_string(tuning_.expert_upload_min_tokens) +
            " tokens: " + std::to_string(upload_->layers()) + " layers, " + gb;
   }

@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,7 @@
 #include "core/reference/model_weights.h"
 #include "cpu/expert_backend.h"
 #include "gpu/engine/cuda_engine.h"
+#include "gpu/memory/pinned_experts.h"
 #include "hybrid/placed_cuda_engine.h"
 #include "tests/core/engine/engine_test_util.h"
 #include "tests/core/engine/tiny_models.h"
@@ -126,13 +128,15 @@ std::unique_ptr<cpu::CpuExpertBackend> make_backend(const Model& m, const Placem
 // upload_min_tokens: prompt passes from this many tokens stage the host experts on the GPU (0: never, so the tests of
 // the host hand-off see it in prompt passes too).
 std::unique_ptr<gpu::CudaEngine> make_engine(const Model& m, const PlacementDecision& d,
-                                             std::shared_ptr<ExpertBackend> backend, int upload_min_tokens = 0) {
+                                             std::shared_ptr<ExpertBackend> backend, int upload_min_tokens = 0,
+                                             std::shared_ptr<const gpu::PinnedExperts> pinned = nullptr) {
   gpu::CudaEngineOptions o;
   o.max_slots = 10;
   o.n_ctx = kCtx;
   o.tuning.expert_upload_min_tokens = upload_min_tokens;
   o.placement = d;
   o.expert_backend = std::move(backend);
+  o.pinned_experts = std::move(pinned);
   auto e = gpu::make_cuda_engine(m, o);
   EXPECT_TRUE(e.has_value()) << (e ? "" : e.error().to_string());
   return e ? std::move(*e) : nullptr;
@@ -332,6 +336,62 @@ TEST_P(CudaHybridTest, UploadedPromptPassesMatchTheAllGpuEngine) {
   const float d = rel_diff(test::run_one(*e, *b, short_prompt), test::run_one(*all_gpu, *h, short_prompt));
   std::printf("[ %s ] 99-token prompt pass on the host experts: %.3g to the all-GPU engine\n", what().c_str(), d);
   EXPECT_GT(d, 0.0f) << "a pass below the threshold ran on uploaded experts";
+}
+
+// The hybrid layers' stacks copied to page-locked memory (what make_placed_cuda_engine does when uploads are on): the
+// copy holds the file's bytes, prompt passes upload straight from it and the backend reads it, with the results of
+// the engine that reads the file mapping — bit for bit, above the upload threshold and below it.
+TEST_P(CudaHybridTest, PageLockedExpertsGiveTheMappedEnginesResults) {
+  const WeightCatalog& catalog = model_->catalog();
+  const ExpertSet host = ExpertSet::on_device(decision_, WeightDevice::kHost);
+  std::vector<bool> layers(catalog.hparams().n_layer, false);
+  for (size_t l = 0; l < layers.size() && l < host.held.size(); ++l) {
+    layers[l] = std::any_of(host.held[l].begin(), host.held[l].end(), [](uint8_t h) { return h != 0; });
+  }
+  auto made = gpu::PinnedExperts::create(*model_, layers, 3);
+  ASSERT_TRUE(made.has_value()) << made.error().to_string();
+  std::shared_ptr<const gpu::PinnedExperts> pinned = std::move(*made);
+  ASSERT_GT(pinned->bytes(), 0u);
+  auto views = ref::RefModelWeights::from_catalog(catalog);
+  ASSERT_TRUE(views.has_value());
+  std::vector<ref::MoeWeights> moe(layers.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (!views->layers[l].is_moe) continue;
+    moe[l] = views->layers[l].moe;
+    if (!layers[l]) continue;
+    const FfnWeights& f = catalog.layer(static_cast<uint32_t>(l)).ffn;
+    const gpu::PinnedExperts::Layer& p = pinned->layer(l);
+    ASSERT_NE(p.gate, nullptr) << "layer " << l;
+    EXPECT_EQ(std::memcmp(p.gate, f.gate_exps.data.data(), f.gate_exps.data.size()), 0) << "layer " << l;
+    EXPECT_EQ(std::memcmp(p.up, f.up_exps.data.data(), f.up_exps.data.size()), 0) << "layer " << l;
+    EXPECT_EQ(std::memcmp(p.down, f.down_exps.data.data(), f.down_exps.data.size()), 0) << "layer " << l;
+    moe[l].gate_exps.data = p.gate;
+    moe[l].up_exps.data = p.up;
+    moe[l].down_exps.data = p.down;
+  }
+  cpu::CpuExpertBackendOptions bo;
+  bo.threads = 2;
+  bo.pin = false;
+  auto backend = cpu::make_cpu_expert_backend(std::move(moe), host, bo);
+  ASSERT_TRUE(backend.has_value()) << backend.error().to_string();
+  std::unique_ptr<gpu::CudaEngine> locked = make_engine(*model_, decision_, std::move(*backend), 100, pinned);
+  std::unique_ptr<gpu::CudaEngine> mapped =
+      make_engine(*model_, decision_, make_backend(*model_, decision_, cpu::CpuActivations::kInt8), 100);
+  ASSERT_NE(locked, nullptr);
+  ASSERT_NE(mapped, nullptr);
+  const std::string layout = locked->layout_summary();
+  std::printf("[ %s ] %s\n", what().c_str(), layout.c_str());
+  if (layout.find("no hybrid layer runs on moe_imma") == std::string::npos) {
+    EXPECT_NE(layout.find("from page-locked host experts"), std::string::npos) << layout;
+  }
+  const std::vector<int32_t> prompt = test::iota_tokens(150, 9, 17);
+  for (size_t n : {size_t{150}, size_t{99}, size_t{3}}) {
+    auto a = locked->slot_alloc(kCtx);
+    auto b = mapped->slot_alloc(kCtx);
+    ASSERT_TRUE(a && b);
+    const std::span<const int32_t> part = std::span<const int32_t>(prompt).first(n);
+    EXPECT_EQ(test::run_one(*locked, *a, part), test::run_one(*mapped, *b, part)) << n << "-token prompt";
+  }
 }
 
 TEST_P(CudaHybridTest, BackendErrorsFailTheStepAndTheEngineRecovers) {

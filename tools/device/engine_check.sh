@@ -13,7 +13,7 @@
 #           then bench_engine on the Q4_0 35B-A3B file at 1 and 32 sessions with --n-cpu-moe 40 (every layer's
 #           experts on the CPU), --n-cpu-moe 20 (half) and --gpu-memory 12G (the planner's choice)
 #   upload  long prompt passes with host experts uploaded (gpu/engine/expert_upload.h): test_tile_device, the upload
-#           test of test_cuda_hybrid, then bench_engine pp128 and pp512 on the Q4_0 35B-A3B file with --n-cpu-moe 40
+#           tests of test_cuda_hybrid, then bench_engine pp128/256/512 on the Q4_0 35B-A3B file with --n-cpu-moe 40
 #           and with --gpu-memory 12G, each with --expert-upload 1 (every prompt pass) and 0 (UPLOAD_S caps each
 #           bench, default 150 s)
 #   hybrid-daemon  kestreld --engine cuda --gpu-memory 12G on the Q4_0 35B-A3B file: the plan it logs, status,
@@ -151,16 +151,16 @@ for step in "$@"; do
     upload)
       $B/test_tile_device --gtest_brief=1 2>&1 | tail -2
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-      $B/test_cuda_hybrid --gtest_brief=1 --gtest_filter='*Upload*' 2>&1 | tee "$OUT/test_cuda_hybrid_upload.log" |
+      $B/test_cuda_hybrid --gtest_brief=1 --gtest_filter='*Upload*:*PageLocked*' 2>&1 | tee "$OUT/test_cuda_hybrid_upload.log" |
         grep -E "prompt pass|Failure|FAILED|PASSED|SKIPPED" | head -40
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       make_q4 || { status=1; continue; }
       for p in "--n-cpu-moe 40" "--gpu-memory 12G"; do
         for u in 1 0; do
           echo "-- bench_engine $p --expert-upload $u"
-          # Line-buffered, so a run cut short by the cap still shows how far it came. 128 and 512 tokens: where the
-          # upload should start to pay (tuning.h) and the figure.
-          timeout "${UPLOAD_S:-150}" stdbuf -oL $B/bench_engine --model $model_q4 --sessions 1 --steps 2 --pp 128,512 \
+          # Line-buffered, so a run cut short by the cap still shows how far it came. 128, 256 and 512 tokens: around
+          # where the upload starts to pay (tuning.h), and the figure.
+          timeout "${UPLOAD_S:-150}" stdbuf -oL $B/bench_engine --model $model_q4 --sessions 1 --steps 2 --pp 128,256,512 \
             --ttft 0 $p --expert-upload $u 2>&1 | tee "$OUT/bench_upload_${p// /_}_$u.txt" | grep -vE "^\s*$" | tail -40
           [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
         done
