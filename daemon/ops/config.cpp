@@ -164,7 +164,7 @@ SamplingParams& sampling(DaemonConfig& c) { return c.limits.default_sampling; }
 const SamplingParams& sampling(const DaemonConfig& c) { return c.limits.default_sampling; }
 
 // The help of [cuda] expert_upload names the engine's default.
-static_assert(gpu::GpuTuning{}.expert_upload_min_tokens == 0);
+static_assert(gpu::GpuTuning{}.expert_upload_min_tokens == 160);
 
 const std::vector<ConfigKey> kKeys = {
     // Top level.
@@ -349,7 +349,7 @@ const std::vector<ConfigKey> kKeys = {
     {"cuda", "expert_upload", "--expert-upload", "N",
      "CUDA engine with routed experts on the CPU: prompt passes of at least N tokens copy those experts to the GPU "
      "layer by layer and run them there, bit-identical to an all-GPU model (0: the CPU computes them; 0-1000000; "
-     "default 0)",
+     "default 160)",
      ConfigValueKind::kInteger,
      [](DaemonConfig& c, const ConfigValue& v) {
        return set_int_field(c.cuda.expert_upload_min_tokens, v, 0, 1000000);

@@ -92,10 +92,11 @@ struct GpuTuning {
   GdnDecodeTuning gdn_decode;
   // Prompt passes of at least this many tokens copy the routed experts hybrid layers keep in host memory to the GPU
   // and run those layers there (gpu/engine/expert_upload.h); shorter ones hand the host its experts' tokens. 0: never.
-  // Off until it has run on the 35B-A3B file on the lent box (bench_engine --expert-upload 128 --n-cpu-moe 40): at
-  // 128 tokens a layer's prompt pass routes ~1000 (token, expert) pairs to ~250 experts, and the host's compute (about
-  // 7 µs a pair on the 16-core H100 host at pp512) would pass the copy (~450 MB at a PCIe 5 link's ~50 GB/s).
-  int expert_upload_min_tokens = 0;
+  // 160: where the two cross on the lent H100 box with page-locked host experts (bench_engine --pp 128,256,512 with
+  // --expert-upload 1 and 0, 2026-12-07): every expert on the CPU 387 / 774 / 1544 against 459 / 494 / 523 tokens/s,
+  // under a 12 GiB budget 931 / 1778 / 3205 against 1075 / 1177 / 1267 — an upload costs a fixed ~330 (~137) ms,
+  // the host ~1.9 (~0.8) ms a token, so both cross near 155 tokens.
+  int expert_upload_min_tokens = 160;
 };
 
 }  // namespace kestrel::gpu
