@@ -2,6 +2,8 @@
 #include "hybrid/placed_cuda_engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -36,6 +38,66 @@ Expected<double> host_read(int32_t threads) {
   return cpu::measure_read_bandwidth(*pool, uint64_t{512} << 20, 2);
 }
 
+// The upload's cost model (kExpertUploadAuto): a prompt pass that uploads moves every host expert of the hybrid
+// layers at the measured page-locked copy rate; one that does not has the host compute each prompt token's choices
+// that land on its experts (n_expert_used × the layer's share of host experts, uniform routing assumed), at the rate
+// one batch of kCostTokens tokens on the fullest host layer measures. Uploads pay from where the two cross.
+struct UploadCost {
+  uint64_t bytes = 0;           // a pass's upload
+  double upload_s = 0;          // at the measured copy rate
+  double host_s_per_token = 0;  // the host's time per prompt token over all hybrid layers
+  int min_tokens = 0;           // where they cross
+};
+
+constexpr int kCostTokens = 128;
+
+Expected<UploadCost> upload_cost(const Model& model, const ExpertSet& host, ExpertBackend& backend,
+                                 double copy_bytes_per_s) {
+  const ModelHparams& hp = model.hparams();
+  UploadCost c;
+  double pairs_per_token = 0;
+  int32_t fullest = -1;
+  std::vector<int32_t> ids;  // the fullest layer's host experts
+  for (size_t l = 0; l < host.held.size(); ++l) {
+    const std::vector<uint8_t>& row = host.held[l];
+    std::vector<int32_t> held;
+    for (size_t e = 0; e < row.size(); ++e) {
+      if (row[e] != 0) held.push_back(static_cast<int32_t>(e));
+    }
+    if (held.empty()) continue;
+    const FfnWeights& f = model.catalog().layer(static_cast<uint32_t>(l)).ffn;
+    const uint64_t per_expert = (f.gate_exps.n_bytes() + f.up_exps.n_bytes() + f.down_exps.n_bytes()) / row.size();
+    c.bytes += per_expert * held.size();
+    pairs_per_token +=
+        static_cast<double>(hp.n_expert_used) * static_cast<double>(held.size()) / static_cast<double>(row.size());
+    if (held.size() > ids.size()) {
+      ids = std::move(held);
+      fullest = static_cast<int32_t>(l);
+    }
+  }
+  if (fullest < 0) return make_error(ErrorCode::kFailedPrecondition, "upload cost: no expert on the host");
+  const int k = static_cast<int>(std::min<size_t>(hp.n_expert_used, ids.size()));
+  const int hidden = backend.hidden();
+  std::vector<float> x(static_cast<size_t>(kCostTokens) * static_cast<size_t>(hidden));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(static_cast<int>(i % 17) - 8) * 0.01f;
+  std::vector<float> y(x.size());
+  std::vector<ExpertChoice> choices(static_cast<size_t>(kCostTokens * k));
+  for (size_t i = 0; i < choices.size(); ++i) choices[i] = {ids[i % ids.size()], 1.0f / static_cast<float>(k)};
+  const ExpertBatch batch{fullest, kCostTokens, hidden, k, x.data(), choices.data(), y.data()};
+  double best = 0;
+  for (int r = 0; r < 3; ++r) {  // the first run warms up
+    const auto t0 = std::chrono::steady_clock::now();
+    KESTREL_TRY(backend.run(batch));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0 && (best == 0 || s < best)) best = s;
+  }
+  c.host_s_per_token = best / static_cast<double>(kCostTokens * k) * pairs_per_token;
+  c.upload_s = static_cast<double>(c.bytes) / copy_bytes_per_s;
+  const double cross = c.host_s_per_token > 0 ? std::ceil(c.upload_s / c.host_s_per_token) : 1e6;
+  c.min_tokens = static_cast<int>(std::clamp(cross, 1.0, 1e6));
+  return c;
+}
+
 }  // namespace
 
 Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedEngineOptions& options) {
@@ -67,7 +129,7 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
   cuda.placement = out.decision;
   const ExpertSet host = ExpertSet::on_device(out.decision, WeightDevice::kHost);
   std::string backend_text;
-  std::string pinned_text;
+  std::string pinned_text, upload_text;
   if (host.count() > 0) {
     // Prompt passes that upload the host's experts read them at the link's rate only from page-locked memory: the
     // hybrid layers' stacks are then copied there once, and the backend reads that copy too. Without the room for it
@@ -77,7 +139,7 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
     for (size_t l = 0; l < layers.size(); ++l) {
       if (weights.layers[l].is_moe) layers[l] = weights.layers[l].moe;
     }
-    if (options.cuda.tuning.expert_upload_min_tokens > 0) {
+    if (options.cuda.tuning.expert_upload_min_tokens != 0) {
       std::vector<bool> hybrid(layers.size(), false);
       for (size_t l = 0; l < hybrid.size() && l < host.held.size(); ++l) {
         hybrid[l] = std::any_of(host.held[l].begin(), host.held[l].end(), [](uint8_t h) { return h != 0; });
@@ -107,6 +169,23 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
     KESTREL_TRY_ASSIGN(std::unique_ptr<cpu::CpuExpertBackend> backend,
                        cpu::make_cpu_expert_backend(std::move(layers), host, bo));
     backend_text = "  expert backend (the host's routed experts): cpu, " + backend->summary();
+    int& min_tokens = cuda.tuning.expert_upload_min_tokens;
+    if (min_tokens == gpu::kExpertUploadAuto) {
+      KESTREL_TRY_ASSIGN(const double copy, gpu::cuda_pinned_copy_bandwidth(options.cuda.device));
+      KESTREL_TRY_ASSIGN(const UploadCost c, upload_cost(model, host, *backend, copy));
+      min_tokens = c.min_tokens;
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "  prompt passes upload the host's experts from %d tokens (cost model: %.2f GB a pass at %.1f GB/s "
+                    "page-locked copy, %.0f ms, against %.2f ms a prompt token on the host, measured)",
+                    min_tokens, static_cast<double>(c.bytes) * 1e-9, copy * 1e-9, c.upload_s * 1e3,
+                    c.host_s_per_token * 1e3);
+      upload_text = line;
+    } else {
+      upload_text = min_tokens > 0 ? "  prompt passes upload the host's experts from " + std::to_string(min_tokens) +
+                                         " tokens (set)"
+                                   : "  prompt passes leave the host's experts on the host (uploads off)";
+    }
     cuda.expert_backend = std::move(backend);
   }
   KESTREL_TRY_ASSIGN(out.engine, gpu::make_cuda_engine(model, cuda));
@@ -118,6 +197,7 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
   for (std::string& line : describe_placement(planner, out.decision, true)) out.plan.push_back(std::move(line));
   if (!backend_text.empty()) out.plan.push_back(backend_text);
   if (!pinned_text.empty()) out.plan.push_back(pinned_text);
+  if (!upload_text.empty()) out.plan.push_back(upload_text);
   return out;
 }
 

@@ -18,7 +18,8 @@
 // (bench/gpu/kernel_trace.h): the N kernels that took the most GPU time, their calls and time, for choosing what to
 // work on inside a section; needs a toolkit with CUPTI.
 // --expert-upload N: prompt passes of at least N tokens copy the host experts to the GPU (GpuTuning::
-// expert_upload_min_tokens; 0: never, the host computes its experts' rows), for an A/B with a placement flag.
+// expert_upload_min_tokens; 0: never, the host computes its experts' rows; -1, the default: the placed engine's cost
+// model chooses), for an A/B with a placement flag.
 // --prompt-chunk N: --pp feeds prompts N tokens a step (at most max_tokens_per_item; 32 gives the passes of 32 rows
 // that prompts took before prompt passes), for an A/B in one run.
 //

@@ -164,7 +164,7 @@ SamplingParams& sampling(DaemonConfig& c) { return c.limits.default_sampling; }
 const SamplingParams& sampling(const DaemonConfig& c) { return c.limits.default_sampling; }
 
 // The help of [cuda] expert_upload names the engine's default.
-static_assert(gpu::GpuTuning{}.expert_upload_min_tokens == 160);
+static_assert(gpu::GpuTuning{}.expert_upload_min_tokens == gpu::kExpertUploadAuto && gpu::kExpertUploadAuto == -1);
 
 const std::vector<ConfigKey> kKeys = {
     // Top level.
@@ -348,11 +348,12 @@ const std::vector<ConfigKey> kKeys = {
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.prompt_digits}; }},
     {"cuda", "expert_upload", "--expert-upload", "N",
      "CUDA engine with routed experts on the CPU: prompt passes of at least N tokens copy those experts to the GPU "
-     "layer by layer and run them there, bit-identical to an all-GPU model (0: the CPU computes them; 0-1000000; "
-     "default 160)",
+     "layer by layer and run them there, bit-identical to an all-GPU model (0: the CPU computes them; -1: from where "
+     "the start-up cost model, the measured copy rate against the host's measured time per token, says it pays; "
+     "-1-1000000; default -1)",
      ConfigValueKind::kInteger,
      [](DaemonConfig& c, const ConfigValue& v) {
-       return set_int_field(c.cuda.expert_upload_min_tokens, v, 0, 1000000);
+       return set_int_field(c.cuda.expert_upload_min_tokens, v, -1, 1000000);
      },
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.expert_upload_min_tokens}; }},
     // [cpu]

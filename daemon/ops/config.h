@@ -69,7 +69,8 @@ struct CudaConfig {
   // (half the tensor-core work; activations rounded to 13 bits below their 256-element group's bound).
   uint32_t prompt_digits = 4;
   // Prompt passes of at least this many tokens copy the host-resident routed experts to the GPU, layer by layer, and
-  // run them there (gpu/engine/expert_upload.h); 0: the host computes them.
+  // run them there (gpu/engine/expert_upload.h); 0: the host computes them; -1 (gpu::kExpertUploadAuto): from where
+  // the placed engine's cost model says the upload pays.
   int32_t expert_upload_min_tokens = gpu::GpuTuning{}.expert_upload_min_tokens;
 };
 

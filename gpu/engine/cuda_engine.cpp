@@ -537,7 +537,7 @@ Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const PlannerMode
   const uint64_t scratch = ForwardPass::scratch_bytes(hp, options.n_ctx);
   uint64_t reserved = state + scratch + kCudaHeadroomBytes;
   // When the weights will not all fit, some experts stay on the host, and long prompt passes stage them on the GPU.
-  if (options.tuning.expert_upload_min_tokens > 0 && reserved < mem.free) {
+  if (options.tuning.expert_upload_min_tokens != 0 && reserved < mem.free) {
     uint64_t weights = 0;
     for (const PlannerTensor& t : planner.tensors) weights += t.bytes;
     if (weights > mem.free - reserved) reserved += ExpertUpload::device_bytes_for(planner);

@@ -146,6 +146,9 @@ Expected<uint64_t> cuda_auto_weight_budget(const Model& model, const PlannerMode
 // The device's plain read bandwidth in bytes/s (a streaming read of a 512 MiB buffer, best of three; for the
 // placement planner's cost model). Allocates and frees the buffer.
 Expected<double> cuda_read_bandwidth(int device);
+// The host-to-device copy rate from page-locked memory in bytes/s (a 256 MiB copy, best of three; the expert
+// upload's cost model). Allocates and frees both buffers.
+Expected<double> cuda_pinned_copy_bandwidth(int device);
 
 // Loads the model onto the device. kResourceExhausted naming the bytes needed and free when it does not fit;
 // kUnsupported for a tensor type the kernels lack; kFailedPrecondition when there is no usable device.

@@ -81,6 +81,9 @@ struct GdnDecodeTuning {
   bool prompt_chunked = true;
 };
 
+// GpuTuning::expert_upload_min_tokens: chosen by the placed engine's cost model.
+inline constexpr int kExpertUploadAuto = -1;
+
 // Everything the engine fixes for its life.
 struct GpuTuning {
   // The projections (gemv_imma, gemv_imma_prepare_swiglu) and the GDN step launch as programmatic dependents of the
@@ -92,11 +95,12 @@ struct GpuTuning {
   GdnDecodeTuning gdn_decode;
   // Prompt passes of at least this many tokens copy the routed experts hybrid layers keep in host memory to the GPU
   // and run those layers there (gpu/engine/expert_upload.h); shorter ones hand the host its experts' tokens. 0: never.
-  // 160: where the two cross on the lent H100 box with page-locked host experts (bench_engine --pp 128,256,512 with
-  // --expert-upload 1 and 0, 2026-12-07): every expert on the CPU 387 / 774 / 1544 against 459 / 494 / 523 tokens/s,
-  // under a 12 GiB budget 931 / 1778 / 3205 against 1075 / 1177 / 1267 — an upload costs a fixed ~330 (~137) ms,
-  // the host ~1.9 (~0.8) ms a token, so both cross near 155 tokens.
-  int expert_upload_min_tokens = 160;
+  // kExpertUploadAuto: hybrid/placed_cuda_engine.h sets it from its cost model (a pass's upload at the measured
+  // page-locked copy rate against the host's measured time per prompt token); an engine made directly never uploads.
+  // On the lent H100 box (bench_engine --pp 128,256,512 with --expert-upload 1 and 0, 2026-12-07) every expert on the
+  // CPU gave 387 / 774 / 1544 against 459 / 494 / 523 tokens/s and a 12 GiB budget 931 / 1778 / 3205 against 1075 /
+  // 1177 / 1267: an upload cost a fixed ~330 (~137) ms, the host ~1.9 (~0.8) ms a token, crossing near 155 tokens.
+  int expert_upload_min_tokens = kExpertUploadAuto;
 };
 
 }  // namespace kestrel::gpu

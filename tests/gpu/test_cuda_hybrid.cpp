@@ -18,7 +18,8 @@
 //   - an error of the backend on the hand-off thread fails that step with its message, and the engine steps again
 //     after it; a backend that holds the wrong experts, or none, is refused at creation;
 //   - hybrid::make_placed_cuda_engine (what kestreld builds): a budget too small for the dense weights is refused
-//     with their bytes; --n-cpu-moe over every MoE layer gives an engine that matches the reference.
+//     with their bytes; --n-cpu-moe over every MoE layer gives an engine that matches the reference, its experts
+//     page-locked and its upload threshold from the cost model.
 // Tolerance: the CUDA engine's (test_cuda_engine.cpp): max|Δ| ≤ 2e-3 · max(1, max|ref|) per row. The hybrid layer adds
 // to the all-GPU engine's differences the CPU GEMVs' summation order (~1e-7 relative per product, f32 activations)
 // and one more f32 rounding where the host partial joins the device's (moe_hybrid.h) — the same order of magnitude,
@@ -486,7 +487,18 @@ TEST(PlacedCudaEngine, NCpuMoeOverEveryLayerMatchesTheReference) {
   o.activations = cpu::CpuActivations::kF32;
   auto placed = hybrid::make_placed_cuda_engine(**m, o);
   ASSERT_TRUE(placed.has_value()) << placed.error().to_string();
-  for (const std::string& line : placed->plan) std::printf("%s\n", line.c_str());
+  // The default upload setting: the host's experts page-locked, and the threshold from the measured cost model.
+  int upload_from = 0;
+  bool page_locked = false;
+  for (const std::string& line : placed->plan) {
+    std::printf("%s\n", line.c_str());
+    page_locked = page_locked || line.find("host experts page-locked for prompt uploads") != std::string::npos;
+    if (line.find("(cost model: ") != std::string::npos) {
+      std::sscanf(line.c_str(), " prompt passes upload the host's experts from %d tokens", &upload_from);
+    }
+  }
+  EXPECT_TRUE(page_locked);
+  EXPECT_GE(upload_from, 1) << "no cost-model threshold in the plan";
   gpu::CudaEngine& e = *placed->engine;
   EXPECT_EQ(e.host_expert_layers(), e.hybrid_layers());
   EXPECT_EQ(e.routed_expert_bytes(), 0u);

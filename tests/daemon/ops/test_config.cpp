@@ -157,7 +157,7 @@ TEST(DaemonConfig, EveryBadValueNamesKeyAndLine) {
       {"cuda", "override_tensor = \"blk=tpu\""},
       {"cuda", "prompt_digits = 3"},
       {"cuda", "prompt_digits = 8"},
-      {"cuda", "expert_upload = -1"},
+      {"cuda", "expert_upload = -2"},
       {"cpu", "threads = -1"},
       {"limits", "max_sessions = 0"},
       {"limits", "max_queued_steps = \"many\""},
