@@ -50,6 +50,8 @@ struct UploadCost {
 };
 
 constexpr int kCostTokens = 128;
+// The threshold when the cost model cannot measure: the crossover measured on the lent H100 box (gpu/kernels/tuning.h).
+constexpr int kUploadFallbackTokens = 160;
 
 Expected<UploadCost> upload_cost(const Model& model, const ExpertSet& host, ExpertBackend& backend,
                                  double copy_bytes_per_s) {
@@ -171,15 +173,24 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
     backend_text = "  expert backend (the host's routed experts): cpu, " + backend->summary();
     int& min_tokens = cuda.tuning.expert_upload_min_tokens;
     if (min_tokens == gpu::kExpertUploadAuto) {
-      KESTREL_TRY_ASSIGN(const double copy, gpu::cuda_pinned_copy_bandwidth(options.cuda.device));
-      KESTREL_TRY_ASSIGN(const UploadCost c, upload_cost(model, host, *backend, copy));
-      min_tokens = c.min_tokens;
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "  prompt passes upload the host's experts from %d tokens (cost model: %.2f GB a pass at %.1f GB/s "
-                    "page-locked copy, %.0f ms, against %.2f ms a prompt token on the host, measured)",
-                    min_tokens, static_cast<double>(c.bytes) * 1e-9, copy * 1e-9, c.upload_s * 1e3,
-                    c.host_s_per_token * 1e3);
+      Expected<double> copy = gpu::cuda_pinned_copy_bandwidth(options.cuda.device);
+      Expected<UploadCost> c = copy ? upload_cost(model, host, *backend, *copy) : Expected<UploadCost>(copy.error());
+      char line[320];
+      if (c) {
+        min_tokens = c->min_tokens;
+        std::snprintf(
+            line, sizeof line,
+            "  prompt passes upload the host's experts from %d tokens (cost model: %.2f GB a pass at %.1f GB/s "
+            "page-locked copy, %.0f ms, against %.2f ms a prompt token on the host, measured)",
+            min_tokens, static_cast<double>(c->bytes) * 1e-9, *copy * 1e-9, c->upload_s * 1e3,
+            c->host_s_per_token * 1e3);
+      } else {
+        min_tokens = kUploadFallbackTokens;
+        std::snprintf(line, sizeof line,
+                      "  prompt passes upload the host's experts from %d tokens (the H100 box's measured crossover: "
+                      "the cost model could not measure: %s)",
+                      min_tokens, c.error().message.c_str());
+      }
       upload_text = line;
     } else {
       upload_text = min_tokens > 0 ? "  prompt passes upload the host's experts from " + std::to_string(min_tokens) +
