@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "gpu/cuda_check.h"
@@ -32,6 +33,32 @@ __global__ void __launch_bounds__(kThreads) read_kernel(const uint4* __restrict_
   if (threadIdx.x % 32 == 0) atomicAdd(out + blockIdx.x, acc);  // an integer sum: its order does not matter
 }
 
+// The shortest of kRepeats timings of `enqueue`'s work on `stream` (events around it), after one untimed run that
+// warms up. kInternal when it took no measurable time.
+Expected<float> best_ms(cudaStream_t stream, const std::function<Status()>& enqueue) {
+  cudaEvent_t t0 = nullptr, t1 = nullptr;
+  auto time = [&]() -> Expected<float> {
+    KESTREL_CUDA_TRY(cudaEventCreate(&t0));
+    KESTREL_CUDA_TRY(cudaEventCreate(&t1));
+    float best = 0.0f;
+    for (int r = 0; r <= kRepeats; ++r) {
+      KESTREL_CUDA_TRY(cudaEventRecord(t0, stream));
+      KESTREL_TRY(enqueue());
+      KESTREL_CUDA_TRY(cudaEventRecord(t1, stream));
+      KESTREL_CUDA_TRY(cudaEventSynchronize(t1));
+      float ms = 0.0f;
+      KESTREL_CUDA_TRY(cudaEventElapsedTime(&ms, t0, t1));
+      if (r > 0 && (best == 0.0f || ms < best)) best = ms;
+    }
+    if (!(best > 0.0f)) return make_error(ErrorCode::kInternal, "the measurement took no measurable time");
+    return best;
+  };
+  Expected<float> ms = time();
+  if (t0 != nullptr) (void)cudaEventDestroy(t0);
+  if (t1 != nullptr) (void)cudaEventDestroy(t1);
+  return ms;
+}
+
 }  // namespace
 
 Expected<double> cuda_read_bandwidth(int device) {
@@ -44,36 +71,21 @@ Expected<double> cuda_read_bandwidth(int device) {
   const int blocks = std::max(sms, 1) * 8;
   void* buf = nullptr;
   unsigned* out = nullptr;
-  cudaEvent_t t0 = nullptr, t1 = nullptr;
-  auto release = [&] {
-    if (buf != nullptr) (void)cudaFree(buf);
-    if (out != nullptr) (void)cudaFree(out);
-    if (t0 != nullptr) (void)cudaEventDestroy(t0);
-    if (t1 != nullptr) (void)cudaEventDestroy(t1);
-  };
   auto measure = [&]() -> Expected<double> {
     KESTREL_CUDA_TRY(cudaMalloc(&buf, kBytes));
     KESTREL_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&out), static_cast<size_t>(blocks) * sizeof(unsigned)));
     KESTREL_CUDA_TRY(cudaMemset(buf, 1, kBytes));
     KESTREL_CUDA_TRY(cudaMemset(out, 0, static_cast<size_t>(blocks) * sizeof(unsigned)));
-    KESTREL_CUDA_TRY(cudaEventCreate(&t0));
-    KESTREL_CUDA_TRY(cudaEventCreate(&t1));
-    float best_ms = 0.0f;
-    for (int r = 0; r <= kRepeats; ++r) {  // the first pass warms up
-      KESTREL_CUDA_TRY(cudaEventRecord(t0));
-      read_kernel<<<blocks, kThreads>>>(static_cast<const uint4*>(buf), kBytes / 16, out);
-      KESTREL_CUDA_TRY(cudaGetLastError());
-      KESTREL_CUDA_TRY(cudaEventRecord(t1));
-      KESTREL_CUDA_TRY(cudaEventSynchronize(t1));
-      float ms = 0.0f;
-      KESTREL_CUDA_TRY(cudaEventElapsedTime(&ms, t0, t1));
-      if (r > 0 && (best_ms == 0.0f || ms < best_ms)) best_ms = ms;
-    }
-    if (!(best_ms > 0.0f)) return make_error(ErrorCode::kInternal, "the GPU read took no measurable time");
-    return static_cast<double>(kBytes) / (static_cast<double>(best_ms) * 1e-3);
+    KESTREL_TRY_ASSIGN(const float ms, best_ms(nullptr, [&]() -> Status {
+                         read_kernel<<<blocks, kThreads>>>(static_cast<const uint4*>(buf), kBytes / 16, out);
+                         KESTREL_CUDA_TRY(cudaGetLastError());
+                         return ok_status();
+                       }));
+    return static_cast<double>(kBytes) / (static_cast<double>(ms) * 1e-3);
   };
   Expected<double> bw = measure();
-  release();
+  if (buf != nullptr) (void)cudaFree(buf);
+  if (out != nullptr) (void)cudaFree(out);
   return bw;
 }
 
@@ -86,36 +98,21 @@ Expected<double> cuda_pinned_copy_bandwidth(int device) {
   void* host = nullptr;
   void* dev = nullptr;
   cudaStream_t stream = nullptr;
-  cudaEvent_t t0 = nullptr, t1 = nullptr;
-  auto release = [&] {
-    if (host != nullptr) (void)cudaFreeHost(host);
-    if (dev != nullptr) (void)cudaFree(dev);
-    if (stream != nullptr) (void)cudaStreamDestroy(stream);
-    if (t0 != nullptr) (void)cudaEventDestroy(t0);
-    if (t1 != nullptr) (void)cudaEventDestroy(t1);
-  };
   auto measure = [&]() -> Expected<double> {
     KESTREL_CUDA_TRY(cudaMallocHost(&host, kCopyBytes));
     KESTREL_CUDA_TRY(cudaMalloc(&dev, kCopyBytes));
     std::memset(host, 1, kCopyBytes);
     KESTREL_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    KESTREL_CUDA_TRY(cudaEventCreate(&t0));
-    KESTREL_CUDA_TRY(cudaEventCreate(&t1));
-    float best_ms = 0.0f;
-    for (int r = 0; r <= kRepeats; ++r) {  // the first copy warms up
-      KESTREL_CUDA_TRY(cudaEventRecord(t0, stream));
-      KESTREL_CUDA_TRY(cudaMemcpyAsync(dev, host, kCopyBytes, cudaMemcpyHostToDevice, stream));
-      KESTREL_CUDA_TRY(cudaEventRecord(t1, stream));
-      KESTREL_CUDA_TRY(cudaEventSynchronize(t1));
-      float ms = 0.0f;
-      KESTREL_CUDA_TRY(cudaEventElapsedTime(&ms, t0, t1));
-      if (r > 0 && (best_ms == 0.0f || ms < best_ms)) best_ms = ms;
-    }
-    if (!(best_ms > 0.0f)) return make_error(ErrorCode::kInternal, "the pinned copy took no measurable time");
-    return static_cast<double>(kCopyBytes) / (static_cast<double>(best_ms) * 1e-3);
+    KESTREL_TRY_ASSIGN(const float ms, best_ms(stream, [&]() -> Status {
+                         KESTREL_CUDA_TRY(cudaMemcpyAsync(dev, host, kCopyBytes, cudaMemcpyHostToDevice, stream));
+                         return ok_status();
+                       }));
+    return static_cast<double>(kCopyBytes) / (static_cast<double>(ms) * 1e-3);
   };
   Expected<double> bw = measure();
-  release();
+  if (host != nullptr) (void)cudaFreeHost(host);
+  if (dev != nullptr) (void)cudaFree(dev);
+  if (stream != nullptr) (void)cudaStreamDestroy(stream);
   return bw;
 }
 
