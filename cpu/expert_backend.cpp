@@ -162,13 +162,18 @@ Expected<std::unique_ptr<CpuExpertBackend>> make_cpu_expert_backend(std::vector<
       std::move(layers), std::move(experts), static_cast<int32_t>(H), std::move(pool), isa, act));
 }
 
-Expected<std::unique_ptr<CpuExpertBackend>> make_cpu_expert_backend(const Model& model, ExpertSet experts,
-                                                                    const CpuExpertBackendOptions& options) {
+Expected<std::vector<ref::MoeWeights>> expert_weight_views(const Model& model) {
   KESTREL_TRY_ASSIGN(const ref::RefModelWeights weights, ref::RefModelWeights::from_catalog(model.catalog()));
   std::vector<ref::MoeWeights> layers(weights.layers.size());
   for (size_t l = 0; l < layers.size(); ++l) {
     if (weights.layers[l].is_moe) layers[l] = weights.layers[l].moe;
   }
+  return layers;
+}
+
+Expected<std::unique_ptr<CpuExpertBackend>> make_cpu_expert_backend(const Model& model, ExpertSet experts,
+                                                                    const CpuExpertBackendOptions& options) {
+  KESTREL_TRY_ASSIGN(std::vector<ref::MoeWeights> layers, expert_weight_views(model));
   return make_cpu_expert_backend(std::move(layers), std::move(experts), options);
 }
 

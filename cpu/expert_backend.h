@@ -57,6 +57,11 @@ Expected<std::unique_ptr<CpuExpertBackend>> make_cpu_expert_backend(std::vector<
                                                                     ExpertSet experts,
                                                                     const CpuExpertBackendOptions& options);
 
+// The views make_cpu_expert_backend takes, over a Model's file mapping: layer l's ref::MoeWeights for a MoE layer,
+// empty otherwise. A caller may point the expert tensors' data at a copy of the same bytes
+// (gpu/memory/pinned_experts.h).
+Expected<std::vector<ref::MoeWeights>> expert_weight_views(const Model& model);
+
 // The same over a Model's file mapping (borrowed for the backend's lifetime).
 Expected<std::unique_ptr<CpuExpertBackend>> make_cpu_expert_backend(const Model& model, ExpertSet experts,
                                                                     const CpuExpertBackendOptions& options);

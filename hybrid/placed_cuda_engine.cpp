@@ -10,7 +10,6 @@
 
 #include "core/base/byte_size.h"
 #include "core/engine/expert_backend.h"
-#include "core/reference/model_weights.h"
 #include "cpu/expert_backend.h"
 #include "cpu/read_bandwidth.h"
 #include "cpu/worker_pool.h"
@@ -50,8 +49,6 @@ struct UploadCost {
 };
 
 constexpr int kCostTokens = 128;
-// The threshold when the cost model cannot measure: the crossover measured on the lent H100 box (gpu/kernels/tuning.h).
-constexpr int kUploadFallbackTokens = 160;
 
 Expected<UploadCost> upload_cost(const Model& model, const ExpertSet& host, ExpertBackend& backend,
                                  double copy_bytes_per_s) {
@@ -136,17 +133,9 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
     // Prompt passes that upload the host's experts read them at the link's rate only from page-locked memory: the
     // hybrid layers' stacks are then copied there once, and the backend reads that copy too. Without the room for it
     // the backend reads the file mapping and uploads bounce through pinned buffers.
-    KESTREL_TRY_ASSIGN(ref::RefModelWeights weights, ref::RefModelWeights::from_catalog(model.catalog()));
-    std::vector<ref::MoeWeights> layers(weights.layers.size());
-    for (size_t l = 0; l < layers.size(); ++l) {
-      if (weights.layers[l].is_moe) layers[l] = weights.layers[l].moe;
-    }
+    KESTREL_TRY_ASSIGN(std::vector<ref::MoeWeights> layers, cpu::expert_weight_views(model));
     if (options.cuda.tuning.expert_upload_min_tokens != 0) {
-      std::vector<bool> hybrid(layers.size(), false);
-      for (size_t l = 0; l < hybrid.size() && l < host.held.size(); ++l) {
-        hybrid[l] = std::any_of(host.held[l].begin(), host.held[l].end(), [](uint8_t h) { return h != 0; });
-      }
-      Expected<std::unique_ptr<gpu::PinnedExperts>> pinned = gpu::PinnedExperts::create(model, hybrid, threads);
+      Expected<std::unique_ptr<gpu::PinnedExperts>> pinned = gpu::PinnedExperts::create(model, host.layers(), threads);
       if (pinned) {
         for (size_t l = 0; l < layers.size(); ++l) {
           const gpu::PinnedExperts::Layer& p = (*pinned)->layer(l);
@@ -185,7 +174,7 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
             min_tokens, static_cast<double>(c->bytes) * 1e-9, *copy * 1e-9, c->upload_s * 1e3,
             c->host_s_per_token * 1e3);
       } else {
-        min_tokens = kUploadFallbackTokens;
+        min_tokens = gpu::kExpertUploadMeasuredTokens;
         std::snprintf(line, sizeof line,
                       "  prompt passes upload the host's experts from %d tokens (the H100 box's measured crossover: "
                       "the cost model could not measure: %s)",

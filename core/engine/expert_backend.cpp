@@ -33,6 +33,14 @@ uint64_t ExpertSet::count() const {
   return n;
 }
 
+std::vector<bool> ExpertSet::layers() const {
+  std::vector<bool> out(held.size(), false);
+  for (size_t l = 0; l < held.size(); ++l) {
+    out[l] = std::any_of(held[l].begin(), held[l].end(), [](uint8_t h) { return h != 0; });
+  }
+  return out;
+}
+
 ExpertSet ExpertSet::all(const ModelHparams& hp) {
   ExpertSet s;
   s.held.assign(hp.n_layer, hp.is_moe() ? std::vector<uint8_t>(hp.n_expert, 1) : std::vector<uint8_t>());

@@ -65,7 +65,8 @@ struct ExpertSet {
   std::vector<std::vector<uint8_t>> held;  // [n_layer][n_expert or 0]
 
   bool holds(int32_t layer, int32_t expert) const;
-  uint64_t count() const;  // experts held over all layers
+  uint64_t count() const;            // experts held over all layers
+  std::vector<bool> layers() const;  // [n_layer]: whether layer l holds at least one expert
 
   // Every expert of every MoE layer of a model with these hyper-parameters.
   static ExpertSet all(const ModelHparams& hp);

@@ -81,8 +81,10 @@ struct GdnDecodeTuning {
   bool prompt_chunked = true;
 };
 
-// GpuTuning::expert_upload_min_tokens: chosen by the placed engine's cost model.
+// GpuTuning::expert_upload_min_tokens: chosen by the placed engine's cost model; and the threshold that model falls
+// back to when it cannot measure, the crossover measured on the lent H100 box (GpuTuning below).
 inline constexpr int kExpertUploadAuto = -1;
+inline constexpr int kExpertUploadMeasuredTokens = 160;
 
 // Everything the engine fixes for its life.
 struct GpuTuning {

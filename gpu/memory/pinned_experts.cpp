@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <span>
 #include <string>
 #include <thread>
 
@@ -21,19 +22,29 @@ constexpr uint64_t kHugePage = uint64_t{2} << 20;
 
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-// Copies n bytes from src to dst with `threads` threads, each a contiguous part.
-void parallel_copy(uint8_t* dst, const uint8_t* src, uint64_t n, int threads) {
+// One stack's bytes in the file and its place in the copy.
+struct Piece {
+  std::span<const uint8_t> source;
+  uint64_t offset;
+};
+
+// Copies every piece to base + offset with `threads` threads started once, thread i taking the i-th of `threads`
+// contiguous parts of each piece.
+void copy_pieces(const std::vector<Piece>& pieces, uint8_t* base, int threads) {
   const auto t = static_cast<uint64_t>(threads);
+  auto part = [&](uint64_t i) {
+    for (const Piece& p : pieces) {
+      const uint64_t n = p.source.size(), from = n * i / t;
+      std::memcpy(base + p.offset + from, p.source.data() + from, n * (i + 1) / t - from);
+    }
+  };
   std::vector<std::thread> workers;
-  for (uint64_t i = 1; i < t; ++i) {
-    workers.emplace_back([=] { std::memcpy(dst + n * i / t, src + n * i / t, n * (i + 1) / t - n * i / t); });
-  }
-  std::memcpy(dst, src, n / t);
+  for (uint64_t i = 1; i < t; ++i) workers.emplace_back(part, i);
+  part(0);
   for (std::thread& w : workers) w.join();
 }
 
-}  // namespace
-
+// The host's MemAvailable (/proc/meminfo) in bytes; 0 when it cannot be read.
 uint64_t host_available_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string key, unit;
@@ -43,6 +54,8 @@ uint64_t host_available_bytes() {
   }
   return 0;
 }
+
+}  // namespace
 
 Expected<std::unique_ptr<PinnedExperts>> PinnedExperts::create(const Model& model, const std::vector<bool>& layers,
                                                                int threads) {
@@ -60,12 +73,8 @@ Expected<std::unique_ptr<PinnedExperts>> PinnedExperts::create(const Model& mode
   std::unique_ptr<PinnedExperts> p(new PinnedExperts());
   p->layers_.resize(n_layer);
   // Where each chosen stack goes: 2 MiB apart (kernel-friendly alignment, whole huge pages).
-  struct Piece {
-    std::span<const uint8_t> source;
-    uint64_t offset;
-    const uint8_t** into;
-  };
   std::vector<Piece> pieces;
+  std::vector<const uint8_t**> into;
   uint64_t size = 0;
   for (uint32_t l = 0; l < n_layer; ++l) {
     if (!layers[l]) continue;
@@ -75,8 +84,9 @@ Expected<std::unique_ptr<PinnedExperts>> PinnedExperts::create(const Model& mode
                         "pinned experts: layer " + std::to_string(l) + " has no routed experts");
     }
     Layer& out = p->layers_[l];
-    for (auto [t, into] : {std::pair{&f.gate_exps, &out.gate}, {&f.up_exps, &out.up}, {&f.down_exps, &out.down}}) {
-      pieces.push_back({t->data, size, into});
+    for (auto [t, view] : {std::pair{&f.gate_exps, &out.gate}, {&f.up_exps, &out.up}, {&f.down_exps, &out.down}}) {
+      pieces.push_back({t->data, size});
+      into.push_back(view);
       p->bytes_ += t->data.size();
       size = align_up(size + t->data.size(), kHugePage);
     }
@@ -98,10 +108,8 @@ Expected<std::unique_ptr<PinnedExperts>> PinnedExperts::create(const Model& mode
   p->mapped_ = size;
   (void)madvise(base, size, MADV_HUGEPAGE);  // a hint: without transparent huge pages the copy is the same
   auto* at = static_cast<uint8_t*>(base);
-  for (const Piece& piece : pieces) {
-    parallel_copy(at + piece.offset, piece.source.data(), piece.source.size(), threads);
-    *piece.into = at + piece.offset;
-  }
+  copy_pieces(pieces, at, threads);
+  for (size_t i = 0; i < pieces.size(); ++i) *into[i] = at + pieces[i].offset;
   KESTREL_CUDA_TRY(cudaHostRegister(base, size, cudaHostRegisterDefault));
   p->registered_ = true;
   p->seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -63,7 +63,4 @@ class PinnedExperts {
   double seconds_ = 0;
 };
 
-// The host's MemAvailable (/proc/meminfo) in bytes; 0 when it cannot be read.
-uint64_t host_available_bytes();
-
 }  // namespace kestrel::gpu

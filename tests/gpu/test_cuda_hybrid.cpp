@@ -345,20 +345,15 @@ TEST_P(CudaHybridTest, UploadedPromptPassesMatchTheAllGpuEngine) {
 TEST_P(CudaHybridTest, PageLockedExpertsGiveTheMappedEnginesResults) {
   const WeightCatalog& catalog = model_->catalog();
   const ExpertSet host = ExpertSet::on_device(decision_, WeightDevice::kHost);
-  std::vector<bool> layers(catalog.hparams().n_layer, false);
-  for (size_t l = 0; l < layers.size() && l < host.held.size(); ++l) {
-    layers[l] = std::any_of(host.held[l].begin(), host.held[l].end(), [](uint8_t h) { return h != 0; });
-  }
+  const std::vector<bool> layers = host.layers();
   auto made = gpu::PinnedExperts::create(*model_, layers, 3);
   ASSERT_TRUE(made.has_value()) << made.error().to_string();
   std::shared_ptr<const gpu::PinnedExperts> pinned = std::move(*made);
   ASSERT_GT(pinned->bytes(), 0u);
-  auto views = ref::RefModelWeights::from_catalog(catalog);
+  auto views = cpu::expert_weight_views(*model_);
   ASSERT_TRUE(views.has_value());
-  std::vector<ref::MoeWeights> moe(layers.size());
+  std::vector<ref::MoeWeights> moe = std::move(*views);
   for (size_t l = 0; l < layers.size(); ++l) {
-    if (!views->layers[l].is_moe) continue;
-    moe[l] = views->layers[l].moe;
     if (!layers[l]) continue;
     const FfnWeights& f = catalog.layer(static_cast<uint32_t>(l)).ffn;
     const gpu::PinnedExperts::Layer& p = pinned->layer(l);
