@@ -34,10 +34,12 @@ ActQ8View ActQ8Buffer::reserve(int64_t n_vec, int64_t n_in, ActQ8Forms forms) {
     if (dl_.size() < n / 4) dl_.resize(n / 4);
     if (ns4_.size() < n / 4) ns4_.resize(n / 4);
     if (ds_.size() < n / 32) ds_.resize(n / 32);
+    if (d_.size() < n / 32) d_.resize(n / 32);
     view.q = q_.data();
     view.dl = dl_.data();
     view.ns4 = ns4_.data();
     view.ds = ds_.data();
+    view.d = d_.data();
   }
   if (forms.block256) {
     if (qk_.size() < n) qk_.resize(n);
@@ -58,6 +60,7 @@ void act_q8_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_en
     float* dl = out.dl() + v * (n_in / 4);
     int32_t* ns4 = out.ns4() + v * (n_in / 4);
     float* ds = out.ds() + v * nb;
+    float* db = out.d() + v * nb;
     for (int64_t b = 0; b < nb; ++b) {
       int8_t* qb = q + b * kActQ8Block;
       const float d = quantize_block(xv + b * kActQ8Block, kActQ8Block, qb);
@@ -70,6 +73,7 @@ void act_q8_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_en
         sum += s4;
       }
       ds[b] = d * static_cast<float>(sum);
+      db[b] = d;
     }
   }
 }

@@ -10,6 +10,8 @@
 //   ns4: int32 [n_in / 4]   −(q_4l + q_4l+1 + q_4l+2 + q_4l+3): with a weight format stored as unsigned u = w + c,
 //                            Σ u·q + c·ns4 = Σ w·q per lane, exactly (Q4_0 c = 8, Q6_K 32, Q8_0 128)
 //   ds:  f32   [n_in / 32]  d_b · Σ_block q
+//   d:   f32   [n_in / 32]  d_b itself, one per block (the AVX-512 kernels at one vector multiply 8 blocks' weight
+//                            scales by 8 of these with one multiply, not one per pair of blocks)
 //
 // kQ8K, per 256-element super-block (the K-quants: Q4_K, Q5_K, Q6_K, whose sub-block scales are small integers, so
 // with one activation scale per super-block a kernel sums Σ sc_j · Σ_{i∈j} u_i·q_i in integers and converts once
@@ -42,6 +44,7 @@ struct ActQ8View {
   const float* dl = nullptr;      // kQ8: f32 [n_vec, n_in / 4]
   const int32_t* ns4 = nullptr;   // kQ8: int32 [n_vec, n_in / 4]
   const float* ds = nullptr;      // kQ8: f32 [n_vec, n_in / 32]
+  const float* d = nullptr;       // kQ8: f32 [n_vec, n_in / 32]
   const int8_t* qk = nullptr;     // kQ8K: int8 [n_vec, n_in]
   const float* dk = nullptr;      // kQ8K: f32 [n_vec, n_in / 256]
   const int16_t* bsum = nullptr;  // kQ8K: int16 [n_vec, n_in / 16]
@@ -63,6 +66,7 @@ class ActQ8Buffer {
   float* dl() { return dl_.data(); }
   int32_t* ns4() { return ns4_.data(); }
   float* ds() { return ds_.data(); }
+  float* d() { return d_.data(); }
   int8_t* qk() { return qk_.data(); }
   float* dk() { return dk_.data(); }
   int16_t* bsum() { return bsum_.data(); }
@@ -72,6 +76,7 @@ class ActQ8Buffer {
   std::vector<float> dl_;
   std::vector<int32_t> ns4_;
   std::vector<float> ds_;
+  std::vector<float> d_;
   std::vector<int8_t> qk_;
   std::vector<float> dk_;
   std::vector<int16_t> bsum_;

@@ -56,6 +56,7 @@ struct Q8Vec {
   const float* dl;
   const int32_t* ns4;
   const float* ds;
+  const float* d;  // one scale per block of 32
 };
 
 inline uint16_t u16_at(const uint8_t* p) {
@@ -87,6 +88,17 @@ inline float hsum16(__m512 v) { return simd::F32x16::hsum(v); }
 inline __m512 dot64(__m512 acc, __m512i u, __m512i q, __m512i corr, __m512 ws, __m512 dl) {
   const __m512i p = _mm512_dpbusd_epi32(corr, u, q);
   return _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(ws, dl), acc);
+}
+
+// acc += float(vpdpbusd(corr, u, q)) · s, s = ws · dl formed beforehand: the same value as dot64's.
+inline __m512 dot64_scaled(__m512 acc, __m512i u, __m512i q, __m512i corr, __m512 s) {
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, u, q)), s, acc);
+}
+
+// The activation's scales of kN consecutive blocks from block b in lanes 0..kN−1 (zero above).
+template <int kN>
+inline __m512 act_block_scales(const float* d, int64_t b) {
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << kN) - 1), d + b);
 }
 
 inline constexpr uint8_t kZeroHalf[2] = {0, 0};
@@ -162,6 +174,25 @@ struct FmtBlock32 {
     __m512 scales[R];
     KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) scales[r] = block_scales<kBlockBytes, kGroup>(row[r] + off);
+    if constexpr (V == 1) {
+      // One vector: the weight scales times the activation's, once per unit (ws · dl per block, the same products
+      // pair() forms per pair of blocks).
+      const __m512 d = act_block_scales<kGroup>(x[0].d, base / 32);
+      KESTREL_SIMD_UNROLL
+      for (int r = 0; r < R; ++r) scales[r] = _mm512_mul_ps(scales[r], d);
+      KESTREL_SIMD_UNROLL
+      for (int k = 0; k < kGroup / 2; ++k) {
+        const int64_t e = base + 64 * k;
+        const __m512i q = _mm512_loadu_si512(x[0].q + e);
+        const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(x[0].ns4 + e / 4), kOffsetShift);
+        KESTREL_SIMD_UNROLL
+        for (int r = 0; r < R; ++r) {
+          const __m512i u = weights<true>(row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes);
+          acc[r][0] = dot64_scaled(acc[r][0], u, q, corr, lane_scales<8>(scales[r], 2 * k));
+        }
+      }
+      return;
+    }
     KESTREL_SIMD_UNROLL
     for (int k = 0; k < kGroup / 2; ++k) {
       __m512i u[R];
@@ -205,19 +236,24 @@ struct FmtBlock32 {
 using FmtQ4_0 = FmtBlock32<false>;
 using FmtQ8_0 = FmtBlock32<true>;
 
-// The 8 six-bit scales and 8 mins of a Q4_K/Q5_K super-block as f32 (ggml's get_scale_min_k4 for j = 0..7).
-inline void k4_scales_mins(const uint8_t* packed, __m256* sc, __m256* mn) {
-  uint32_t w[4];
-  std::memcpy(w, packed, 12);
-  constexpr uint32_t kLow6 = 0x3F3F3F3F, kLow4 = 0x0F0F0F0F, kTop2 = 0x03030303;
-  w[3] = ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kTop2) << 4);  // mins 4..7
-  const uint32_t mins_lo = w[1] & kLow6;                        // mins 0..3
-  w[1] = (w[2] & kLow4) | (((w[0] >> 6) & kTop2) << 4);         // scales 4..7
-  w[2] = mins_lo;
-  w[0] &= kLow6;  // scales 0..3
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
-  *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-  *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+// d·sc_j in lanes 0..7 and dmin·m_j in lanes 8..15 of a Q4_K/Q5_K super-block (ggml's get_scale_min_k4 for
+// j = 0..7, times the block's d and dmin) from its first 16 bytes, in vector lanes: with packed bytes b[0..11],
+//   sc_j = b[j] & 63,  m_j = b[j + 4] & 63                                  (j < 4)
+//   sc_j = (b[j + 4] & 15) | (b[j − 4] >> 6) << 4,  m_j = (b[j + 4] >> 4) | (b[j] >> 6) << 4   (j >= 4)
+// Two byte shuffles bring each lane's low and high sources into place; no scalar words pass through memory.
+inline __m512 k4_scales_mins(const uint8_t* blk) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));  // b[0..11] and 4 bytes of qs
+  // Low sources: sc 0..3 ← b[0..3], sc 4..7 ← b[8..11], m 0..3 ← b[4..7], m 4..7 ← b[8..11] (high nibbles).
+  const __m128i lo = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  // High sources (bits 6, 7): sc 4..7 ← b[0..3], m 4..7 ← b[4..7]; other lanes are masked below.
+  const __m128i hi = _mm_shuffle_epi8(b, _mm_setr_epi8(0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0, 0, 4, 5, 6, 7));
+  const __m128i lo_nib = _mm_mask_blend_epi8(0xF000, lo, _mm_srli_epi16(lo, 4));
+  const __m128i lo_bits =
+      _mm_and_si128(lo_nib, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15));
+  const __m128i hi_bits = _mm_and_si128(
+      _mm_srli_epi16(hi, 2), _mm_setr_epi8(0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30, 0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30));
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_or_si128(lo_bits, hi_bits)));
+  return _mm512_mul_ps(halves_ps(blk, blk + 2), v);
 }
 
 // Q4_K and Q5_K: a unit is a super-block of 256 (four chunks of 64 = sub-blocks 2c and 2c + 1).
@@ -241,10 +277,12 @@ struct FmtK45 {
     KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
       blk[r] = row[r] + sb * kBlockBytes;
-      __m256 sc, mn;
-      k4_scales_mins(blk[r] + 4, &sc, &mn);
-      dsc[r] = _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_set1_ps(half_at(blk[r])), sc));
-      dmn[r] = _mm512_zextps256_ps512(_mm256_mul_ps(_mm256_set1_ps(half_at(blk[r] + 2)), mn));
+      const __m512 both = k4_scales_mins(blk[r]);
+      dsc[r] = _mm512_maskz_mov_ps(0x00FF, both);
+      // One vector: d·sc_j times the activation's scale of sub-block j, once per super-block (the products dot64
+      // forms per pair of sub-blocks otherwise).
+      if constexpr (V == 1) dsc[r] = _mm512_mul_ps(dsc[r], act_block_scales<8>(x[0].d, base / 32));
+      dmn[r] = _mm512_zextps256_ps512(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(both), 1)));
       if constexpr (kFive) {
         qh[r] = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 16)));
       }
@@ -273,9 +311,14 @@ struct FmtK45 {
       for (int v = 0; v < V; ++v) {
         const int64_t e = base + 64 * c;
         const __m512i q = _mm512_loadu_si512(x[v].q + e);
-        const __m512 dl = _mm512_loadu_ps(x[v].dl + e / 4);
-        KESTREL_SIMD_UNROLL
-        for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], u[r], q, _mm512_setzero_si512(), ws[r], dl);
+        if constexpr (V == 1) {
+          KESTREL_SIMD_UNROLL
+          for (int r = 0; r < R; ++r) acc[r][0] = dot64_scaled(acc[r][0], u[r], q, _mm512_setzero_si512(), ws[r]);
+        } else {
+          const __m512 dl = _mm512_loadu_ps(x[v].dl + e / 4);
+          KESTREL_SIMD_UNROLL
+          for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], u[r], q, _mm512_setzero_si512(), ws[r], dl);
+        }
       }
     }
     KESTREL_SIMD_UNROLL
@@ -307,6 +350,14 @@ struct FmtQ6_K {
       const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[r] + 192)));
       dsc[r] = _mm512_mul_ps(_mm512_set1_ps(half_at(blk[r] + 208)), _mm512_cvtepi32_ps(sc));
     }
+    if constexpr (V == 1) {
+      // One vector: each group's d·sc_g times the activation's scale of its block of 32 (groups 2b and 2b + 1), once
+      // per super-block (the products dot64 forms per chunk otherwise).
+      const __m512 d8 = act_block_scales<8>(x[0].d, base / 32);
+      const __m512 d16 = _mm512_permutexvar_ps(_mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0), d8);
+      KESTREL_SIMD_UNROLL
+      for (int r = 0; r < R; ++r) dsc[r] = _mm512_mul_ps(dsc[r], d16);
+    }
     KESTREL_SIMD_UNROLL
     for (int h = 0; h < 2; ++h) {
       __m512i ua[R], ub[R];
@@ -332,9 +383,14 @@ struct FmtQ6_K {
           const int64_t e = base + 64 * chunk;
           const __m512i q = _mm512_loadu_si512(x[v].q + e);
           const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(x[v].ns4 + e / 4), 5);
-          const __m512 dl = _mm512_loadu_ps(x[v].dl + e / 4);
-          KESTREL_SIMD_UNROLL
-          for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], k == 0 ? ua[r] : ub[r], q, corr, ws[r], dl);
+          if constexpr (V == 1) {
+            KESTREL_SIMD_UNROLL
+            for (int r = 0; r < R; ++r) acc[r][0] = dot64_scaled(acc[r][0], k == 0 ? ua[r] : ub[r], q, corr, ws[r]);
+          } else {
+            const __m512 dl = _mm512_loadu_ps(x[v].dl + e / 4);
+            KESTREL_SIMD_UNROLL
+            for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], k == 0 ? ua[r] : ub[r], q, corr, ws[r], dl);
+          }
         }
       }
     }
@@ -352,7 +408,7 @@ void q8_tile(const GemvTask& t, int64_t o, int64_t v0) {
   for (int v = 0; v < V; ++v) {
     const int64_t vv = gemv_x_row(t, v0 + v);
     x[v] = Q8Vec{t.xq.q + vv * t.n_in, t.xq.dl + vv * (t.n_in / 4), t.xq.ns4 + vv * (t.n_in / 4),
-                 t.xq.ds + vv * (t.n_in / 32)};
+                 t.xq.ds + vv * (t.n_in / 32), t.xq.d + vv * (t.n_in / 32)};
   }
   __m512 acc[R][V];
   KESTREL_SIMD_UNROLL

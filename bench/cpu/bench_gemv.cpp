@@ -23,6 +23,11 @@
 //   BM_GemvInCache/<type>/<n_in>/<batch>   the kernel alone (no pool, no items) on 256 KiB of the same random rows,
 //                                          which stay in L2, one thread: its compute rate, counter GB/s = weight
 //                                          bytes per second of the thread's CPU time (median of the iterations)
+//   BM_GemvInCacheAll/<type>/<n_in>/<batch>/<threads>   the same kernel on every pool thread at once, each on its
+//                                          own 256 KiB copy: counter GB/s = all threads' weight bytes per second of
+//                                          wall time. Against BM_Gemv at the same threads it says whether the
+//                                          many-thread GEMV is bound by memory (in-cache rate far above) or by
+//                                          compute with every core busy (frequency licences: rate near it)
 //
 // KESTREL_CPU_ISA=scalar|avx2|avxvnni lowers the instruction set.
 #include <benchmark/benchmark.h>
@@ -266,6 +271,67 @@ BENCHMARK(BM_GemvInCache)
     ->ArgsProduct({{0, 1, 2, 3, 4}, {512, 2048}, {1, 2, 3, 8}})
     ->ArgNames({"type", "n_in", "batch"})
     ->Unit(benchmark::kMillisecond);
+
+void BM_GemvInCacheAll(benchmark::State& state) {
+  const GgmlType type = kTypes[state.range(0)];
+  const int64_t n_in = state.range(1), batch = state.range(2);
+  const int threads = static_cast<int>(state.range(3));
+  const uint64_t row_bytes = *ggml_row_bytes(type, static_cast<uint64_t>(n_in));
+  const uint64_t n_out = (256 * 1024 / row_bytes) / 4 * 4;
+  const GemvKernel k = gemv_kernel(isa_selected(), type, GemvInput::kQ8);
+  std::vector<float> x(static_cast<size_t>(batch * n_in));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 1000) / 500.0f - 1.0f;
+  // One copy of the weights, the output and the quantized input per thread.
+  struct Copy {
+    std::vector<uint8_t> w;
+    std::vector<float> y;
+    ActQ8Buffer buf;
+    GemvTask t;
+  };
+  std::vector<Copy> copies(static_cast<size_t>(threads));
+  for (Copy& c : copies) {
+    c.w.resize(n_out * row_bytes);
+    fill_blocks(type, c.w.data(), c.w.size());
+    c.y.resize(static_cast<size_t>(batch) * n_out);
+    const ref::QuantMatrix m{type, c.w.data(), static_cast<uint64_t>(n_in), n_out};
+    c.t = task_of(m, x.data(), batch, c.y.data());
+    c.t.xq = c.buf.reserve(batch, n_in, ActQ8Forms{k.input == GemvInput::kQ8, k.input == GemvInput::kQ8K});
+    if (k.input == GemvInput::kQ8) act_q8_quantize(x.data(), n_in, 0, batch, c.buf);
+    if (k.input == GemvInput::kQ8K) act_q8k_quantize(x.data(), n_in, 0, batch, c.buf);
+  }
+  const int64_t rows = static_cast<int64_t>(n_out);
+  int reps = 10;
+  auto body = [&](int64_t i) {
+    Copy& c = copies[static_cast<size_t>(i)];
+    for (int r = 0; r < reps; ++r) k.fn(c.t, 0, rows);
+  };
+  WorkerPool& pool = pool_for(threads);
+  pool.for_each(threads, body);  // into each core's L2
+  reps = 20;
+  std::vector<double> gbps;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.for_each(threads, body);
+    const double g = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    gbps.push_back(static_cast<double>(threads) * reps * static_cast<double>(rows * row_bytes) / g / 1e9);
+  }
+  state.counters["GB/s"] = median(gbps);
+  state.SetLabel(std::string(ggml_type_name(type)) + " n_in " + std::to_string(n_in) + " batch " +
+                 std::to_string(batch) + " " + std::to_string(threads) + " threads " +
+                 std::string(isa_name(isa_selected())) + (k.input != GemvInput::kF32 ? " int8" : " f32"));
+}
+
+void in_cache_all_args(benchmark::internal::Benchmark* b) {
+  const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int64_t type : {0, 1, 4}) {
+    for (int64_t batch : {1, 8}) {
+      for (int t : {1, hw}) b->Args({type, 2048, batch, t});
+    }
+  }
+  b->ArgNames({"type", "n_in", "batch", "threads"});
+}
+
+BENCHMARK(BM_GemvInCacheAll)->Apply(in_cache_all_args)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace kestrel::cpu
