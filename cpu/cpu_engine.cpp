@@ -104,8 +104,11 @@ class CpuEngineImpl final : public CpuEngine {
         huge_page_share_(huge_page_share) {
     placement_ = placement_all_on(model_.catalog(), "cpu");
     if (o.profile) profile_.emplace();
+    if (o.count_routing) routing_counts_.assign(sz(model_.hparams().n_layer) * sz(model_.hparams().n_expert), 0);
     in_tick_.assign(slots_.size(), false);
   }
+
+  std::vector<uint64_t> routing_counts() const override { return routing_counts_; }
 
   std::string name() const override { return "cpu"; }
   std::string profile_report() const override { return profile_ ? profile_->report() : std::string(); }
@@ -201,7 +204,8 @@ class CpuEngineImpl final : public CpuEngine {
   int32_t max_ctx_;
   double huge_page_share_;  // tensor_data_huge_page_share after populating; −1: not known or not populated
   PlacementPlan placement_;
-  std::optional<StepProfile> profile_;  // CpuEngineOptions::profile
+  std::optional<StepProfile> profile_;    // CpuEngineOptions::profile
+  std::vector<uint64_t> routing_counts_;  // CpuEngineOptions::count_routing: [n_layer][n_expert]; empty: not counted
 
   GdnBlock gdn_;
   AttentionBlock attn_;
@@ -261,7 +265,8 @@ void CpuEngineImpl::run_layers(const Pass& pass) {
       norm_rows(lw.post_attention_norm);
     }
     if (lw.is_moe) {
-      ffn_.run_moe(pass, lw.moe, x, y);
+      const size_t E = sz(model_.hparams().n_expert);
+      ffn_.run_moe(pass, lw.moe, x, y, routing_counts_.empty() ? nullptr : routing_counts_.data() + l * E);
     } else {
       const SectionTimer t(pass.profile, StepSection::kDenseFfn);
       ffn_.run_dense(pass, lw.dense, x, y);

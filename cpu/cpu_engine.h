@@ -45,9 +45,10 @@ struct CpuEngineOptions {
   bool pin = true;      // bind worker threads to cores
   int32_t max_ctx = 0;  // the largest n_ctx slot_alloc accepts (0: the model's training context)
   CpuActivations activations = CpuActivations::kInt8;
-  bool populate = true;    // map every weight page at start (cpu/populate.h): no page faults inside steps
-  bool profile = false;    // time each step's sections (cpu/step_profile.h; a clock read around each)
-  std::optional<Isa> isa;  // the instruction-set level (lowered to what the CPU has); default isa_selected()
+  bool populate = true;        // map every weight page at start (cpu/populate.h): no page faults inside steps
+  bool profile = false;        // time each step's sections (cpu/step_profile.h; a clock read around each)
+  bool count_routing = false;  // count each MoE layer's chosen experts over every row computed (routing_counts)
+  std::optional<Isa> isa;      // the instruction-set level (lowered to what the CPU has); default isa_selected()
 };
 
 class CpuEngine : public Engine {
@@ -58,6 +59,10 @@ class CpuEngine : public Engine {
   // With CpuEngineOptions::profile: where the steps since the last reset spent their time (a Markdown table);
   // empty otherwise.
   virtual std::string profile_report() const = 0;
+  // With CpuEngineOptions::count_routing: how many rows chose each expert of each layer since the engine was made,
+  // [n_layer][n_expert] flattened (zero rows for layers without routed experts; PlacementRequest::expert_counts'
+  // layout); empty otherwise. Call between steps.
+  virtual std::vector<uint64_t> routing_counts() const = 0;
   virtual void profile_reset() = 0;
 };
 

@@ -33,7 +33,8 @@ void FfnBlock::route(const float* logits, size_t E, size_t k, ExpertChoice* choi
   for (size_t j = 0; j < k; ++j) choices[j].weight = choices[j].weight / denom;
 }
 
-void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* x, float* out) {
+void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* x, float* out,
+                       uint64_t* expert_counts) {
   const size_t R = sz(pass.n_rows);
   const size_t E = sz(static_cast<int64_t>(w.router.n_out)), k = sz(w.n_expert_used);
   const bool shared = w.has_shared_expert();
@@ -48,6 +49,9 @@ void FfnBlock::run_moe(const Pass& pass, const ref::MoeWeights& w, const float* 
   pass.mm->run(tasks_);
   if (choices_.size() < R * k) choices_.resize(R * k);
   for (size_t r = 0; r < R; ++r) route(logits + r * E, E, k, choices_.data() + r * k);
+  if (expert_counts != nullptr) {
+    for (size_t i = 0; i < R * k; ++i) ++expert_counts[static_cast<size_t>(choices_[i].expert)];
+  }
   timer.reset();
 
   experts_.run(*pass.mm, w, x, n, choices_.data(), static_cast<int>(k), shared ? sgate : nullptr, out, pass.profile);

@@ -24,8 +24,10 @@ namespace kestrel::cpu {
 class FfnBlock {
  public:
   // x: f32 [n_rows, H] normed input; out: f32 [n_rows, H] (may not alias x). Weights must have passed the
-  // reference's checks (ref::moe_check_weights, ref::swiglu_check).
-  void run_moe(const Pass& pass, const ref::MoeWeights& w, const float* x, float* out);
+  // reference's checks (ref::moe_check_weights, ref::swiglu_check). expert_counts: nullptr, or [n_expert] counters
+  // each row's chosen experts are added to (the placement planner's routing counts).
+  void run_moe(const Pass& pass, const ref::MoeWeights& w, const float* x, float* out,
+               uint64_t* expert_counts = nullptr);
   void run_dense(const Pass& pass, const ref::DenseFfnWeights& w, const float* x, float* out);
 
  private:

@@ -10,8 +10,10 @@
 
 #include "core/base/byte_size.h"
 #include "core/engine/expert_backend.h"
+#include "core/engine/routing_counts.h"
 #include "cpu/expert_backend.h"
 #include "cpu/read_bandwidth.h"
+#include "cpu/routing_calibration.h"
 #include "cpu/worker_pool.h"
 
 namespace kestrel::hybrid {
@@ -97,6 +99,51 @@ Expected<UploadCost> upload_cost(const Model& model, const ExpertSet& host, Expe
   return c;
 }
 
+// Whether routing counts can change the plan: the flags leave the routed experts to the budget (no --n-cpu-moe, no
+// override) and the budget splits them between the devices.
+bool counts_matter(const PlacementChoice& choice, const PlacementDecision& decision) {
+  return choice.n_cpu_moe == 0 && choice.overrides.empty() &&
+         ExpertSet::on_device(decision, WeightDevice::kHost).count() > 0 &&
+         ExpertSet::on_device(decision, WeightDevice::kGpu).count() > 0;
+}
+
+// The routing counts for the plan (PlacedEngineOptions::routing_calibration, routing_counts_dir) and the plan's line
+// saying where they came from.
+Expected<RoutingCounts> routing_counts_for(const Model& model, const PlacedEngineOptions& options, std::string* text) {
+  const ModelHparams& hp = model.hparams();
+  const uint64_t key = routing_key(model);
+  std::string path, earlier;
+  if (!options.routing_counts_dir.empty()) {
+    char name[40];
+    std::snprintf(name, sizeof name, "/routing-%016llx.txt", static_cast<unsigned long long>(key));
+    path = options.routing_counts_dir + name;
+    Expected<RoutingCounts> kept = load_routing_counts(path, key, hp.n_layer, hp.n_expert);
+    if (kept) {
+      *text = "  routing counts: kept from an earlier run, " + std::to_string(kept->tokens) + " tokens (" + path + ")";
+      return kept;
+    }
+    if (kept.error().code != ErrorCode::kNotFound) earlier = "; the kept file was not used: " + kept.error().message;
+  }
+  if (options.routing_calibration <= 0) {
+    return make_error(ErrorCode::kFailedPrecondition, "no kept counts and calibration off" + earlier);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  KESTREL_TRY_ASSIGN(const std::vector<int32_t> tokens, cpu::calibration_tokens(model, options.routing_calibration));
+  KESTREL_TRY_ASSIGN(RoutingCounts counts, cpu::calibrate_routing(model, tokens, 0));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::string kept_text = "not kept";
+  if (!path.empty()) {
+    const Status saved = save_routing_counts(path, key, hp.n_layer, hp.n_expert, counts);
+    kept_text = saved ? "kept in " + path : "not kept: " + saved.error().message;
+  }
+  char line[160];
+  std::snprintf(line, sizeof line,
+                "  routing counts: a calibration prompt of %lld tokens through the CPU engine in %.1f s",
+                static_cast<long long>(counts.tokens), s);
+  *text = line + (" (" + kept_text + ")") + earlier;
+  return counts;
+}
+
 }  // namespace
 
 Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedEngineOptions& options) {
@@ -123,6 +170,16 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
   KESTREL_TRY_ASSIGN(req.host_read_bytes_per_s, host_read(threads));
   PlacedEngine out;
   KESTREL_TRY_ASSIGN(out.decision, plan_placement(planner, req));
+  std::string routing_text;
+  if (counts_matter(choice, out.decision)) {
+    Expected<RoutingCounts> counts = routing_counts_for(model, options, &routing_text);
+    if (counts) {
+      req.expert_counts = std::move(counts->counts);
+      KESTREL_TRY_ASSIGN(out.decision, plan_placement(planner, req));
+    } else {
+      routing_text = "  routing counts: none (" + counts.error().message + "): every expert equally likely";
+    }
+  }
 
   gpu::CudaEngineOptions cuda = options.cuda;
   cuda.placement = out.decision;
@@ -195,6 +252,7 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
                 budget_text.c_str(), req.gpu_read_bytes_per_s / 1e9, req.host_read_bytes_per_s / 1e9);
   out.plan.emplace_back(head);
   for (std::string& line : describe_placement(planner, out.decision, true)) out.plan.push_back(std::move(line));
+  if (!routing_text.empty()) out.plan.push_back(routing_text);
   if (!backend_text.empty()) out.plan.push_back(backend_text);
   if (!pinned_text.empty()) out.plan.push_back(pinned_text);
   if (!upload_text.empty()) out.plan.push_back(upload_text);

@@ -37,6 +37,13 @@ struct PlacedEngineOptions {
   // free: placed_cuda_engine.cpp).
   int32_t cpu_threads = 0;
   cpu::CpuActivations activations = cpu::CpuActivations::kInt8;
+  // Routing counts for a budget the flags leave to the planner and that splits the routed experts between the
+  // devices (the planner then fills the GPU hottest expert first): read from routing_counts_dir when it holds this
+  // model's (routing-<key>.txt, core/engine/routing_counts.h), else counted over a calibration prompt of
+  // routing_calibration tokens through the CPU engine (cpu/routing_calibration.h) and written there. Empty dir: not
+  // kept; 0 tokens: no calibration (every expert equally likely unless the directory has counts).
+  int32_t routing_calibration = 256;
+  std::string routing_counts_dir;
 };
 
 struct PlacedEngine {

@@ -7,7 +7,7 @@
 //                [--no-pdl] [--no-prompt-gemm] [--prompt-digits 4|2] [--no-prompt-chunked] [--prompt-segment C]
 //                [--prompt-chunk N] [--kernels N]
 //                [--gpu-memory BYTES|auto]
-//                [--n-cpu-moe N] [--expert-upload N]
+//                [--n-cpu-moe N] [--expert-upload N] [--routing-calibration N]
 //                [--override-tensor REGEX=cpu|gpu]... [--threads N]
 //
 // --no-prompt-gemm: prompt passes on GEMV v4 instead of gemm_imma (GemvImmaTuning::prompt_gemm), for an A/B.
@@ -20,6 +20,9 @@
 // --expert-upload N: prompt passes of at least N tokens copy the host experts to the GPU (GpuTuning::
 // expert_upload_min_tokens; 0: never, the host computes its experts' rows; -1, the default: the placed engine's cost
 // model chooses), for an A/B with a placement flag.
+// --routing-calibration N: a budget that splits the routed experts fills the GPU hottest first, by counts from an
+// N-token calibration prompt through the CPU engine (PlacedEngineOptions::routing_calibration; default 256, 0: every
+// expert equally likely), for an A/B under --gpu-memory. The bench keeps no counts between runs.
 // --prompt-chunk N: --pp feeds prompts N tokens a step (at most max_tokens_per_item; 32 gives the passes of 32 rows
 // that prompts took before prompt passes), for an A/B in one run.
 //
@@ -86,6 +89,7 @@ struct Args {
   int prompt_chunk = 0;  // 0: the engine's max_tokens_per_item
   int kernels = 0;       // --kernels N: the N largest kernels of a traced prompt and decode step (0: no trace)
   int expert_upload = GpuTuning{}.expert_upload_min_tokens;
+  int routing_calibration = kestrel::hybrid::PlacedEngineOptions{}.routing_calibration;
 };
 
 std::vector<int> int_list(const char* v) {
@@ -130,6 +134,8 @@ bool parse(int argc, char** argv, Args* a) {
       a->placed = true;
     } else if (k == "--expert-upload" && (v = val())) {
       a->expert_upload = std::atoi(v);
+    } else if (k == "--routing-calibration" && (v = val())) {
+      a->routing_calibration = std::atoi(v);
     } else if (k == "--n-cpu-moe" && (v = val())) {
       a->placement.n_cpu_moe = std::atoi(v);
       a->placed = true;
@@ -355,6 +361,7 @@ Status run(const Args& a) {
     po.cuda = o;
     po.placement = a.placement;
     po.cpu_threads = a.threads;
+    po.routing_calibration = a.routing_calibration;
     KESTREL_TRY_ASSIGN(hybrid::PlacedEngine placed, hybrid::make_placed_cuda_engine(*model, po));
     for (const std::string& line : placed.plan) std::printf("%s\n", line.c_str());
     e = std::move(placed.engine);
@@ -493,8 +500,8 @@ int main(int argc, char** argv) {
         "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--pp 512,4096] "
         "[--ttft N] [--no-pdl] [--no-prompt-gemm] [--prompt-digits 4|2] [--no-prompt-chunked] [--prompt-segment C] "
         "[--prompt-chunk N] [--kernels N]\n"
-        "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--expert-upload N] [--override-tensor "
-        "REGEX=cpu|gpu]...\n"
+        "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--expert-upload N] [--routing-calibration N]\n"
+        "                    [--override-tensor REGEX=cpu|gpu]...\n"
         "                    [--threads N]\n");
     return 2;
   }

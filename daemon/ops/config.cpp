@@ -356,6 +356,14 @@ const std::vector<ConfigKey> kKeys = {
        return set_int_field(c.cuda.expert_upload_min_tokens, v, -1, 1000000);
      },
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.expert_upload_min_tokens}; }},
+    {"cuda", "routing_calibration", "--routing-calibration", "N",
+     "CUDA engine whose GPU budget splits the routed experts (no n_cpu_moe or override_tensor): the planner fills "
+     "the GPU with the most-chosen experts first, counted over an N-token calibration prompt through the CPU engine "
+     "at start-up and kept in cache_dir for the next start with the same model (0: no calibration, every expert "
+     "equally likely unless cache_dir has counts; 0-65536; default 256)",
+     ConfigValueKind::kInteger,
+     [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cuda.routing_calibration, v, 0, 65536); },
+     [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.routing_calibration}; }},
     // [cpu]
     {"cpu", "threads", "--threads", "N",
      "CPU engine (and the CUDA engine's routed experts on the CPU): compute threads, the engine loop's own included, "

@@ -7,7 +7,8 @@
 //   cache_dir = ""                   # empty = default_cache_dir() (default_paths.h)
 //   [listen]  socket, socket_mode, shm_socket, tcp, http
 //   [http]    api_key, api_key_file, served_model_name, max_body_bytes, max_concurrent_requests, max_connections
-//   [cuda]    slots, device, gpu_memory, n_cpu_moe, override_tensor, prompt_digits, expert_upload
+//   [cuda]    slots, device, gpu_memory, n_cpu_moe, override_tensor, prompt_digits, expert_upload,
+//             routing_calibration
 //   [cpu]     threads
 //   [limits]  max_sessions, max_queued_steps, default_n_ctx, max_session_ctx, max_batch_tokens, idle_ttl_s,
 //             max_idle_ttl_s                                  (daemon::ServiceLimits)
@@ -72,6 +73,9 @@ struct CudaConfig {
   // run them there (gpu/engine/expert_upload.h); 0: the host computes them; -1 (gpu::kExpertUploadAuto): from where
   // the placed engine's cost model says the upload pays.
   int32_t expert_upload_min_tokens = gpu::GpuTuning{}.expert_upload_min_tokens;
+  // Tokens of the routing calibration prompt for a budget that splits the routed experts (hybrid/placed_cuda_engine.h;
+  // counts kept in cache_dir); 0: none.
+  int32_t routing_calibration = 256;
 };
 
 // [cpu]: the CPU engine's workers (engine = cpu, or auto on a machine without a usable CUDA device).

@@ -64,6 +64,8 @@ Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const 
   po.placement.n_cpu_moe = static_cast<int32_t>(config.cuda.n_cpu_moe);
   po.placement.overrides = split_tensor_overrides(config.cuda.override_tensor);
   po.cpu_threads = static_cast<int32_t>(config.cpu.threads);
+  po.routing_calibration = config.cuda.routing_calibration;
+  po.routing_counts_dir = config.cache_dir;
   gpu::CudaEngineOptions& o = po.cuda;
   const ModelHparams& hp = model.hparams();
   int32_t ctx = limits->max_session_ctx;

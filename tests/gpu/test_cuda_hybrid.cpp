@@ -19,18 +19,22 @@
 //     after it; a backend that holds the wrong experts, or none, is refused at creation;
 //   - hybrid::make_placed_cuda_engine (what kestreld builds): a budget too small for the dense weights is refused
 //     with their bytes; --n-cpu-moe over every MoE layer gives an engine that matches the reference, its experts
-//     page-locked and its upload threshold from the cost model.
+//     page-locked and its upload threshold from the cost model; a budget that splits the experts takes routing
+//     counts from a calibration prompt (the GPU holding the most-chosen ones), keeps them and reads them back on the
+//     next start.
 // Tolerance: the CUDA engine's (test_cuda_engine.cpp): max|Δ| ≤ 2e-3 · max(1, max|ref|) per row. The hybrid layer adds
 // to the all-GPU engine's differences the CPU GEMVs' summation order (~1e-7 relative per product, f32 activations)
 // and one more f32 rounding where the host partial joins the device's (moe_hybrid.h) — the same order of magnitude,
 // far below what a wrong expert, weight or join gives (O(1) of the row's scale).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +42,7 @@
 #include "core/engine/expert_backend.h"
 #include "core/engine/placement_planner.h"
 #include "core/engine/reference_engine.h"
+#include "core/engine/routing_counts.h"
 #include "core/model/model.h"
 #include "core/reference/forward.h"
 #include "core/reference/model_weights.h"
@@ -512,6 +517,88 @@ TEST(PlacedCudaEngine, NCpuMoeOverEveryLayerMatchesTheReference) {
     rl = test::run_one(**ref, *rs, tok);
     cl = test::run_one(e, *cs, tok);
   }
+}
+
+// A budget that splits the routed experts with nothing pinning them: the plan takes routing counts from a
+// calibration prompt, keeps them in the given directory and reads them back on the next start; the GPU holds the
+// most-chosen experts, and the engine on that plan gives the reference's greedy tokens.
+TEST(PlacedCudaEngine, ASplitBudgetTakesTheHottestExpertsByCalibratedCounts) {
+  if (!have_device()) GTEST_SKIP() << gpu::cuda_unavailable_reason();
+  auto m = Model::open(test::fixture_model_path("golden-qwen35moe"));
+  ASSERT_TRUE(m.has_value());
+  const Model& model = **m;
+  const ModelHparams& hp = model.hparams();
+  uint64_t dense = 0, routed = 0;
+  for (const PlannerTensor& t : planner_model(model.catalog()).tensors) {
+    (t.placement == PlacementClass::kRoutedExperts ? routed : dense) += t.bytes;
+  }
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("kestrel-routing-gpu-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  hybrid::PlacedEngineOptions o;
+  o.cuda.max_slots = 2;
+  o.cuda.n_ctx = kCtx;
+  o.placement.gpu_memory = std::to_string(dense + routed / 2);
+  o.cpu_threads = 2;
+  o.activations = cpu::CpuActivations::kF32;
+  o.routing_calibration = 64;
+  o.routing_counts_dir = dir.string();
+  auto plan_has = [](const hybrid::PlacedEngine& p, const std::string& text) {
+    for (const std::string& line : p.plan) {
+      if (line.find(text) != std::string::npos) return true;
+    }
+    return false;
+  };
+  auto first = hybrid::make_placed_cuda_engine(model, o);
+  ASSERT_TRUE(first.has_value()) << first.error().to_string();
+  for (const std::string& line : first->plan) std::printf("%s\n", line.c_str());
+  EXPECT_TRUE(plan_has(*first, "routing counts: a calibration prompt of 64 tokens")) << "no calibration line";
+  EXPECT_TRUE(plan_has(*first, "(kept in " + dir.string())) << "counts not kept";
+  const std::string kept = std::filesystem::directory_iterator(dir)->path().string();
+  auto counts = load_routing_counts(kept, routing_key(model), hp.n_layer, hp.n_expert);
+  ASSERT_TRUE(counts.has_value()) << counts.error().to_string();
+  EXPECT_EQ(counts->tokens, 64);
+  // Every expert on the GPU was chosen at least as often as every expert left on the host.
+  uint64_t gpu_min = UINT64_MAX, host_max = 0;
+  size_t on_gpu = 0, on_host = 0;
+  for (uint32_t l = 0; l < hp.n_layer; ++l) {
+    const std::vector<uint8_t>& row = first->decision.expert_on_gpu[l];
+    for (uint32_t e = 0; e < row.size(); ++e) {
+      const uint64_t c = counts->counts[static_cast<size_t>(l) * hp.n_expert + e];
+      if (row[e] != 0) {
+        gpu_min = std::min(gpu_min, c);
+        ++on_gpu;
+      } else {
+        host_max = std::max(host_max, c);
+        ++on_host;
+      }
+    }
+  }
+  ASSERT_GT(on_gpu, 0u);
+  ASSERT_GT(on_host, 0u);
+  EXPECT_GE(gpu_min, host_max);
+  first->engine.reset();
+
+  auto second = hybrid::make_placed_cuda_engine(model, o);
+  ASSERT_TRUE(second.has_value()) << second.error().to_string();
+  EXPECT_TRUE(plan_has(*second, "routing counts: kept from an earlier run, 64 tokens")) << "the kept counts not read";
+  EXPECT_EQ(second->decision.expert_on_gpu, first->decision.expert_on_gpu);
+  gpu::CudaEngine& e = *second->engine;
+  auto ref = make_reference_engine(model, 1);
+  ASSERT_TRUE(ref.has_value());
+  const std::vector<int32_t> prompt = test::iota_tokens(10);
+  auto rs = (*ref)->slot_alloc(kCtx);
+  auto cs = e.slot_alloc(kCtx);
+  ASSERT_TRUE(rs && cs);
+  std::vector<float> rl = test::run_one(**ref, *rs, prompt);
+  std::vector<float> cl = test::run_one(e, *cs, prompt);
+  for (int step = 0; step < kGreedySteps; ++step) {
+    ASSERT_EQ(test::argmax(cl), test::argmax(rl)) << "greedy token " << step;
+    const int32_t tok[1] = {test::argmax(rl)};
+    rl = test::run_one(**ref, *rs, tok);
+    cl = test::run_one(e, *cs, tok);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
