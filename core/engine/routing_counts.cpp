@@ -5,6 +5,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -69,6 +70,11 @@ Status save_routing_counts(const std::string& path, uint64_t key, uint32_t n_lay
     s << "\n";
   }
   const std::string tmp = path + ".tmp";
+  std::error_code ec;
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty() && !std::filesystem::create_directories(dir, ec) && ec) {
+    return make_error(ErrorCode::kIo, "routing counts: cannot create " + dir.string() + ": " + ec.message());
+  }
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f << s.str();

@@ -9,7 +9,7 @@
 // The key is routing_key(model): a hash of the architecture, the routing hparams, every used tensor's name and size
 // (so its type and shape) and every router tensor's bytes, so counts are used only with the model layout and routers
 // that produced them (another quantization, another architecture or a fine-tune with other routers has another).
-// Writes go to PATH.tmp, then a rename, so a reader sees a whole file or none.
+// Writes go to PATH.tmp (its directory made if missing), then a rename, so a reader sees a whole file or none.
 //
 // Thread-safety: pure functions over their arguments and the file system.
 #pragma once

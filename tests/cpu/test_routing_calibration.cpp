@@ -124,7 +124,7 @@ class RoutingCountsFileTest : public ::testing::Test {
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() / ("kestrel-routing-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
-    path_ = (dir_ / "counts.txt").string();
+    path_ = (dir_ / "made" / "counts.txt").string();  // save makes the missing directory
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
   void write(const std::string& text) { std::ofstream(path_, std::ios::binary) << text; }
