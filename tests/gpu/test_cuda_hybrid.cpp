@@ -457,6 +457,25 @@ INSTANTIATE_TEST_SUITE_P(Placements, CudaHybridTest, ::testing::ValuesIn(cases()
                            return n;
                          });
 
+// A placed engine's greedy tokens and logits against the reference's after a 10-token prompt, for kGreedySteps steps.
+void follows_the_reference(const Model& model, Engine& e) {
+  auto ref = make_reference_engine(model, 1);
+  ASSERT_TRUE(ref.has_value());
+  const std::vector<int32_t> prompt = test::iota_tokens(10);
+  auto rs = (*ref)->slot_alloc(kCtx);
+  auto cs = e.slot_alloc(kCtx);
+  ASSERT_TRUE(rs && cs);
+  std::vector<float> rl = test::run_one(**ref, *rs, prompt);
+  std::vector<float> cl = test::run_one(e, *cs, prompt);
+  for (int step = 0; step < kGreedySteps; ++step) {
+    ASSERT_EQ(test::argmax(cl), test::argmax(rl)) << "greedy token " << step;
+    EXPECT_LE(rel_diff(cl, rl), kRelTol) << "step " << step;
+    const int32_t tok[1] = {test::argmax(rl)};
+    rl = test::run_one(**ref, *rs, tok);
+    cl = test::run_one(e, *cs, tok);
+  }
+}
+
 // What kestreld builds: a budget below the dense weights is refused with their bytes.
 TEST(PlacedCudaEngine, RefusesABudgetBelowTheDenseWeights) {
   if (!have_device()) GTEST_SKIP() << gpu::cuda_unavailable_reason();
@@ -502,21 +521,7 @@ TEST(PlacedCudaEngine, NCpuMoeOverEveryLayerMatchesTheReference) {
   gpu::CudaEngine& e = *placed->engine;
   EXPECT_EQ(e.host_expert_layers(), e.hybrid_layers());
   EXPECT_EQ(e.routed_expert_bytes(), 0u);
-  auto ref = make_reference_engine(**m, 1);
-  ASSERT_TRUE(ref.has_value());
-  const std::vector<int32_t> prompt = test::iota_tokens(10);
-  auto rs = (*ref)->slot_alloc(kCtx);
-  auto cs = e.slot_alloc(kCtx);
-  ASSERT_TRUE(rs && cs);
-  std::vector<float> rl = test::run_one(**ref, *rs, prompt);
-  std::vector<float> cl = test::run_one(e, *cs, prompt);
-  for (int step = 0; step < kGreedySteps; ++step) {
-    ASSERT_EQ(test::argmax(cl), test::argmax(rl)) << "greedy token " << step;
-    EXPECT_LE(rel_diff(cl, rl), kRelTol) << "step " << step;
-    const int32_t tok[1] = {test::argmax(rl)};
-    rl = test::run_one(**ref, *rs, tok);
-    cl = test::run_one(e, *cs, tok);
-  }
+  follows_the_reference(**m, e);
 }
 
 // A budget that splits the routed experts with nothing pinning them: the plan takes routing counts from a
@@ -584,20 +589,7 @@ TEST(PlacedCudaEngine, ASplitBudgetTakesTheHottestExpertsByCalibratedCounts) {
   EXPECT_TRUE(plan_has(*second, "routing counts: kept from an earlier run, 64 tokens")) << "the kept counts not read";
   EXPECT_EQ(second->decision.expert_on_gpu, first->decision.expert_on_gpu);
   gpu::CudaEngine& e = *second->engine;
-  auto ref = make_reference_engine(model, 1);
-  ASSERT_TRUE(ref.has_value());
-  const std::vector<int32_t> prompt = test::iota_tokens(10);
-  auto rs = (*ref)->slot_alloc(kCtx);
-  auto cs = e.slot_alloc(kCtx);
-  ASSERT_TRUE(rs && cs);
-  std::vector<float> rl = test::run_one(**ref, *rs, prompt);
-  std::vector<float> cl = test::run_one(e, *cs, prompt);
-  for (int step = 0; step < kGreedySteps; ++step) {
-    ASSERT_EQ(test::argmax(cl), test::argmax(rl)) << "greedy token " << step;
-    const int32_t tok[1] = {test::argmax(rl)};
-    rl = test::run_one(**ref, *rs, tok);
-    cl = test::run_one(e, *cs, tok);
-  }
+  follows_the_reference(model, e);
   std::filesystem::remove_all(dir);
 }
 
