@@ -172,7 +172,7 @@ for step in "$@"; do
         --cache-dir $d/cache --log-format text >"$OUT/kestreld_hybrid.log" 2>&1 &
       pid=$!
       for _ in $(seq 1 600); do grep -q "serving" "$OUT/kestreld_hybrid.log" && break; sleep 0.5; done
-      grep -E "placement|cuda:|expert backend|routed experts|predicted" "$OUT/kestreld_hybrid.log" | head -30
+      grep -E "placement|cuda:|expert backend|routed experts|predicted|routing counts" "$OUT/kestreld_hybrid.log" | head -30
       $B/kestrel status --connect unix://$d/k.sock 2>&1 | tee "$OUT/status_hybrid.txt"
       $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_hybrid.txt"
       $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee -a "$OUT/generate_hybrid.txt"
