@@ -101,6 +101,22 @@ inline __m512 act_block_scales(const float* d, int64_t b) {
   return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << kN) - 1), d + b);
 }
 
+// Vector v's products over one chunk of 64 elements for R rows: acc[r][v] += float(vpdpbusd(corr, u[r], q)) · s_r,
+// with s_r = ws[r] when kScaled (one vector: the unit's scales already hold the activation's, multiplied once per
+// unit) and ws[r] · dl otherwise (dl: the vector's lane scales at dl_lanes, lanes outside kl zero).
+template <bool kScaled, int R, int V>
+KESTREL_INLINE void dot_chunk(const __m512i (&u)[R], const __m512 (&ws)[R], __m512i q, __m512i corr,
+                              const float* dl_lanes, __mmask16 kl, int v, __m512 (&acc)[R][V]) {
+  if constexpr (kScaled) {
+    KESTREL_SIMD_UNROLL
+    for (int r = 0; r < R; ++r) acc[r][v] = dot64_scaled(acc[r][v], u[r], q, corr, ws[r]);
+  } else {
+    const __m512 dl = _mm512_maskz_loadu_ps(kl, dl_lanes);
+    KESTREL_SIMD_UNROLL
+    for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], u[r], q, corr, ws[r], dl);
+  }
+}
+
 inline constexpr uint8_t kZeroHalf[2] = {0, 0};
 
 // The f16 scales of n consecutive blocks of kStride bytes at p (the scale first in each block; all within
@@ -152,8 +168,9 @@ struct FmtBlock32 {
     }
   }
 
-  // One pair (or a single block) at element `base` for every (row, vector), given each row's weights and scales.
-  template <int R, int V, bool kPair>
+  // One pair (or a single block) at element `base` for every (row, vector), given each row's weights and scales
+  // (kScaled: scales that already hold the activation's, dot_chunk).
+  template <int R, int V, bool kPair, bool kScaled = false>
   KESTREL_INLINE static void pair(const __m512i (&u)[R], const __m512 (&ws)[R], int64_t base, const Q8Vec* x,
                                   __m512 (&acc)[R][V]) {
     const __mmask64 kq = kPair ? ~0ull : 0xFFFFFFFFull;
@@ -162,9 +179,7 @@ struct FmtBlock32 {
     for (int v = 0; v < V; ++v) {
       const __m512i q = _mm512_maskz_loadu_epi8(kq, x[v].q + base);
       const __m512i corr = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(kl, x[v].ns4 + base / 4), kOffsetShift);
-      const __m512 dl = _mm512_maskz_loadu_ps(kl, x[v].dl + base / 4);
-      KESTREL_SIMD_UNROLL
-      for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], u[r], q, corr, ws[r], dl);
+      dot_chunk<kScaled>(u, ws, q, corr, x[v].dl + base / 4, kl, v, acc);
     }
   }
 
@@ -176,22 +191,10 @@ struct FmtBlock32 {
     for (int r = 0; r < R; ++r) scales[r] = block_scales<kBlockBytes, kGroup>(row[r] + off);
     if constexpr (V == 1) {
       // One vector: the weight scales times the activation's, once per unit (ws · dl per block, the same products
-      // pair() forms per pair of blocks).
+      // pair() forms per pair of blocks otherwise).
       const __m512 d = act_block_scales<kGroup>(x[0].d, base / 32);
       KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) scales[r] = _mm512_mul_ps(scales[r], d);
-      KESTREL_SIMD_UNROLL
-      for (int k = 0; k < kGroup / 2; ++k) {
-        const int64_t e = base + 64 * k;
-        const __m512i q = _mm512_loadu_si512(x[0].q + e);
-        const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(x[0].ns4 + e / 4), kOffsetShift);
-        KESTREL_SIMD_UNROLL
-        for (int r = 0; r < R; ++r) {
-          const __m512i u = weights<true>(row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes);
-          acc[r][0] = dot64_scaled(acc[r][0], u, q, corr, lane_scales<8>(scales[r], 2 * k));
-        }
-      }
-      return;
     }
     KESTREL_SIMD_UNROLL
     for (int k = 0; k < kGroup / 2; ++k) {
@@ -202,7 +205,7 @@ struct FmtBlock32 {
         u[r] = weights<true>(row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes);
         ws[r] = lane_scales<8>(scales[r], 2 * k);
       }
-      pair<R, V, true>(u, ws, base + 64 * k, x, acc);
+      pair<R, V, true, V == 1>(u, ws, base + 64 * k, x, acc);
     }
   }
 
@@ -311,14 +314,7 @@ struct FmtK45 {
       for (int v = 0; v < V; ++v) {
         const int64_t e = base + 64 * c;
         const __m512i q = _mm512_loadu_si512(x[v].q + e);
-        if constexpr (V == 1) {
-          KESTREL_SIMD_UNROLL
-          for (int r = 0; r < R; ++r) acc[r][0] = dot64_scaled(acc[r][0], u[r], q, _mm512_setzero_si512(), ws[r]);
-        } else {
-          const __m512 dl = _mm512_loadu_ps(x[v].dl + e / 4);
-          KESTREL_SIMD_UNROLL
-          for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], u[r], q, _mm512_setzero_si512(), ws[r], dl);
-        }
+        dot_chunk<V == 1>(u, ws, q, _mm512_setzero_si512(), x[v].dl + e / 4, 0xFFFF, v, acc);
       }
     }
     KESTREL_SIMD_UNROLL
@@ -383,14 +379,7 @@ struct FmtQ6_K {
           const int64_t e = base + 64 * chunk;
           const __m512i q = _mm512_loadu_si512(x[v].q + e);
           const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(x[v].ns4 + e / 4), 5);
-          if constexpr (V == 1) {
-            KESTREL_SIMD_UNROLL
-            for (int r = 0; r < R; ++r) acc[r][0] = dot64_scaled(acc[r][0], k == 0 ? ua[r] : ub[r], q, corr, ws[r]);
-          } else {
-            const __m512 dl = _mm512_loadu_ps(x[v].dl + e / 4);
-            KESTREL_SIMD_UNROLL
-            for (int r = 0; r < R; ++r) acc[r][v] = dot64(acc[r][v], k == 0 ? ua[r] : ub[r], q, corr, ws[r], dl);
-          }
+          dot_chunk<V == 1>(k == 0 ? ua : ub, ws, q, corr, x[v].dl + e / 4, 0xFFFF, v, acc);
         }
       }
     }

@@ -114,9 +114,7 @@ Expected<RoutingCounts> routing_counts_for(const Model& model, const PlacedEngin
   const uint64_t key = routing_key(model);
   std::string path, earlier;
   if (!options.routing_counts_dir.empty()) {
-    char name[40];
-    std::snprintf(name, sizeof name, "/routing-%016llx.txt", static_cast<unsigned long long>(key));
-    path = options.routing_counts_dir + name;
+    path = routing_counts_path(options.routing_counts_dir, key);
     Expected<RoutingCounts> kept = load_routing_counts(path, key, hp.n_layer, hp.n_expert);
     if (kept) {
       *text = "  routing counts: kept from an earlier run, " + std::to_string(kept->tokens) + " tokens (" + path + ")";

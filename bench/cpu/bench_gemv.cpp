@@ -235,36 +235,59 @@ double thread_cpu_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
+// One in-cache GEMV of the int8 kernel for `type`: 256 KiB of random rows of n_in elements, `batch` fixed vectors
+// quantized as the kernel reads them, and the output.
+struct InCacheGemv {
+  GemvKernel kernel;
+  int64_t rows = 0;
+  uint64_t row_bytes = 0;
+  std::vector<uint8_t> w;
+  std::vector<float> x, y;
+  ActQ8Buffer buf;
+  GemvTask task;
+
+  InCacheGemv(GgmlType type, int64_t n_in, int64_t batch) : kernel(gemv_kernel(isa_selected(), type, GemvInput::kQ8)) {
+    row_bytes = *ggml_row_bytes(type, static_cast<uint64_t>(n_in));
+    const uint64_t n_out = (256 * 1024 / row_bytes) / 4 * 4;
+    rows = static_cast<int64_t>(n_out);
+    w.resize(n_out * row_bytes);
+    fill_blocks(type, w.data(), w.size());
+    x.resize(static_cast<size_t>(batch * n_in));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 1000) / 500.0f - 1.0f;
+    y.resize(static_cast<size_t>(batch) * n_out);
+    task = task_of(ref::QuantMatrix{type, w.data(), static_cast<uint64_t>(n_in), n_out}, x.data(), batch, y.data());
+    const GemvInput in = kernel.input;
+    task.xq = buf.reserve(batch, n_in, ActQ8Forms{in == GemvInput::kQ8, in == GemvInput::kQ8K});
+    if (in == GemvInput::kQ8) act_q8_quantize(x.data(), n_in, 0, batch, buf);
+    if (in == GemvInput::kQ8K) act_q8k_quantize(x.data(), n_in, 0, batch, buf);
+  }
+  InCacheGemv(const InCacheGemv&) = delete;
+  InCacheGemv& operator=(const InCacheGemv&) = delete;
+
+  void run(int times) {
+    for (int i = 0; i < times; ++i) kernel.fn(task, 0, rows);
+    benchmark::DoNotOptimize(y.data());
+  }
+  double bytes() const { return static_cast<double>(rows) * static_cast<double>(row_bytes); }
+  std::string label(GgmlType type, int64_t n_in, int64_t batch) const {
+    return std::string(ggml_type_name(type)) + " n_in " + std::to_string(n_in) + " batch " + std::to_string(batch) +
+           " " + std::string(isa_name(isa_selected())) + (kernel.input != GemvInput::kF32 ? " int8" : " f32");
+  }
+};
+
 void BM_GemvInCache(benchmark::State& state) {
   const GgmlType type = kTypes[state.range(0)];
   const int64_t n_in = state.range(1), batch = state.range(2);
-  const uint64_t row_bytes = *ggml_row_bytes(type, static_cast<uint64_t>(n_in));
-  const uint64_t n_out = (256 * 1024 / row_bytes) / 4 * 4;
-  std::vector<uint8_t> w(n_out * row_bytes);
-  fill_blocks(type, w.data(), w.size());
-  const ref::QuantMatrix m{type, w.data(), static_cast<uint64_t>(n_in), n_out};
-  std::vector<float> x(static_cast<size_t>(batch * n_in));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 1000) / 500.0f - 1.0f;
-  std::vector<float> y(static_cast<size_t>(batch) * m.n_out);
-  GemvTask t = task_of(m, x.data(), batch, y.data());
-  const GemvKernel k = gemv_kernel(isa_selected(), type, GemvInput::kQ8);
-  ActQ8Buffer buf;
-  t.xq = buf.reserve(batch, n_in, ActQ8Forms{k.input == GemvInput::kQ8, k.input == GemvInput::kQ8K});
-  if (k.input == GemvInput::kQ8) act_q8_quantize(x.data(), n_in, 0, batch, buf);
-  if (k.input == GemvInput::kQ8K) act_q8k_quantize(x.data(), n_in, 0, batch, buf);
-  const int64_t rows = static_cast<int64_t>(m.n_out);
-  for (int i = 0; i < 10; ++i) k.fn(t, 0, rows);  // into L1/L2
+  InCacheGemv g(type, n_in, batch);
+  g.run(10);  // into L1/L2
   std::vector<double> gbps;
   for (auto _ : state) {
     const double c0 = thread_cpu_seconds();
-    for (int i = 0; i < 20; ++i) k.fn(t, 0, rows);
-    benchmark::DoNotOptimize(y.data());
-    gbps.push_back(20.0 * static_cast<double>(rows * row_bytes) / (thread_cpu_seconds() - c0) / 1e9);
+    g.run(20);
+    gbps.push_back(20.0 * g.bytes() / (thread_cpu_seconds() - c0) / 1e9);
   }
   state.counters["GB/s"] = median(gbps);
-  state.SetLabel(std::string(ggml_type_name(type)) + " n_in " + std::to_string(n_in) + " batch " +
-                 std::to_string(batch) + " " + std::string(isa_name(isa_selected())) +
-                 (k.input != GemvInput::kF32 ? " int8" : " f32"));
+  state.SetLabel(g.label(type, n_in, batch));
 }
 
 BENCHMARK(BM_GemvInCache)
@@ -276,35 +299,10 @@ void BM_GemvInCacheAll(benchmark::State& state) {
   const GgmlType type = kTypes[state.range(0)];
   const int64_t n_in = state.range(1), batch = state.range(2);
   const int threads = static_cast<int>(state.range(3));
-  const uint64_t row_bytes = *ggml_row_bytes(type, static_cast<uint64_t>(n_in));
-  const uint64_t n_out = (256 * 1024 / row_bytes) / 4 * 4;
-  const GemvKernel k = gemv_kernel(isa_selected(), type, GemvInput::kQ8);
-  std::vector<float> x(static_cast<size_t>(batch * n_in));
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 1000) / 500.0f - 1.0f;
-  // One copy of the weights, the output and the quantized input per thread.
-  struct Copy {
-    std::vector<uint8_t> w;
-    std::vector<float> y;
-    ActQ8Buffer buf;
-    GemvTask t;
-  };
-  std::vector<Copy> copies(static_cast<size_t>(threads));
-  for (Copy& c : copies) {
-    c.w.resize(n_out * row_bytes);
-    fill_blocks(type, c.w.data(), c.w.size());
-    c.y.resize(static_cast<size_t>(batch) * n_out);
-    const ref::QuantMatrix m{type, c.w.data(), static_cast<uint64_t>(n_in), n_out};
-    c.t = task_of(m, x.data(), batch, c.y.data());
-    c.t.xq = c.buf.reserve(batch, n_in, ActQ8Forms{k.input == GemvInput::kQ8, k.input == GemvInput::kQ8K});
-    if (k.input == GemvInput::kQ8) act_q8_quantize(x.data(), n_in, 0, batch, c.buf);
-    if (k.input == GemvInput::kQ8K) act_q8k_quantize(x.data(), n_in, 0, batch, c.buf);
-  }
-  const int64_t rows = static_cast<int64_t>(n_out);
+  std::vector<std::unique_ptr<InCacheGemv>> copies;  // one per thread
+  for (int i = 0; i < threads; ++i) copies.push_back(std::make_unique<InCacheGemv>(type, n_in, batch));
   int reps = 10;
-  auto body = [&](int64_t i) {
-    Copy& c = copies[static_cast<size_t>(i)];
-    for (int r = 0; r < reps; ++r) k.fn(c.t, 0, rows);
-  };
+  auto body = [&](int64_t i) { copies[static_cast<size_t>(i)]->run(reps); };
   WorkerPool& pool = pool_for(threads);
   pool.for_each(threads, body);  // into each core's L2
   reps = 20;
@@ -313,12 +311,10 @@ void BM_GemvInCacheAll(benchmark::State& state) {
     const auto t0 = std::chrono::steady_clock::now();
     pool.for_each(threads, body);
     const double g = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    gbps.push_back(static_cast<double>(threads) * reps * static_cast<double>(rows * row_bytes) / g / 1e9);
+    gbps.push_back(static_cast<double>(threads) * reps * copies[0]->bytes() / g / 1e9);
   }
   state.counters["GB/s"] = median(gbps);
-  state.SetLabel(std::string(ggml_type_name(type)) + " n_in " + std::to_string(n_in) + " batch " +
-                 std::to_string(batch) + " " + std::to_string(threads) + " threads " +
-                 std::string(isa_name(isa_selected())) + (k.input != GemvInput::kF32 ? " int8" : " f32"));
+  state.SetLabel(copies[0]->label(type, n_in, batch) + ", " + std::to_string(threads) + " threads");
 }
 
 void in_cache_all_args(benchmark::internal::Benchmark* b) {

@@ -34,6 +34,13 @@ uint64_t fnv1a_u64(uint64_t h, uint64_t v) {
   return fnv1a(h, b, 8);
 }
 
+// The key as the file writes it: 16 lowercase hex digits.
+std::string key_hex(uint64_t key) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016" PRIx64, key);
+  return text;
+}
+
 }  // namespace
 
 uint64_t routing_key(const Model& model) {
@@ -51,6 +58,10 @@ uint64_t routing_key(const Model& model) {
   return h;
 }
 
+std::string routing_counts_path(const std::string& dir, uint64_t key) {
+  return dir + "/routing-" + key_hex(key) + ".txt";
+}
+
 Status save_routing_counts(const std::string& path, uint64_t key, uint32_t n_layer, uint32_t n_expert,
                            const RoutingCounts& counts) {
   if (counts.counts.size() != static_cast<size_t>(n_layer) * n_expert) {
@@ -59,10 +70,8 @@ Status save_routing_counts(const std::string& path, uint64_t key, uint32_t n_lay
                                                        std::to_string(n_expert) + " experts");
   }
   std::ostringstream s;
-  char key_hex[17];
-  std::snprintf(key_hex, sizeof key_hex, "%016" PRIx64, key);
-  s << "kestrel-routing-counts 1\nkey " << key_hex << " layers " << n_layer << " experts " << n_expert << " tokens "
-    << counts.tokens << "\n";
+  s << "kestrel-routing-counts 1\nkey " << key_hex(key) << " layers " << n_layer << " experts " << n_expert
+    << " tokens " << counts.tokens << "\n";
   for (uint32_t l = 0; l < n_layer; ++l) {
     for (uint32_t e = 0; e < n_expert; ++e) {
       s << (e ? " " : "") << counts.counts[static_cast<size_t>(l) * n_expert + e];
@@ -96,21 +105,21 @@ Expected<RoutingCounts> load_routing_counts(const std::string& path, uint64_t ke
   auto bad = [&](const std::string& why) {
     return make_error(ErrorCode::kInvalidArgument, "routing counts " + path + ": " + why);
   };
-  std::string magic, key_word, key_hex, w_layers, w_experts, w_tokens;
+  std::string magic, key_word, key_text, w_layers, w_experts, w_tokens;
   int version = 0;
   uint64_t layers = 0, experts = 0;
   RoutingCounts out;
   if (!(f >> magic >> version) || magic != "kestrel-routing-counts" || version != 1) {
     return bad("not a routing counts file (version 1)");
   }
-  if (!(f >> key_word >> key_hex >> w_layers >> layers >> w_experts >> experts >> w_tokens >> out.tokens) ||
+  if (!(f >> key_word >> key_text >> w_layers >> layers >> w_experts >> experts >> w_tokens >> out.tokens) ||
       key_word != "key" || w_layers != "layers" || w_experts != "experts" || w_tokens != "tokens" ||
-      key_hex.size() != 16 || out.tokens < 0) {
+      key_text.size() != 16 || out.tokens < 0) {
     return bad("malformed header");
   }
-  char want[17];
-  std::snprintf(want, sizeof want, "%016" PRIx64, key);
-  if (key_hex != want) return bad("counted with other router weights (key " + key_hex + ", this model " + want + ")");
+  if (const std::string want = key_hex(key); key_text != want) {
+    return bad("counted with other router weights (key " + key_text + ", this model " + want + ")");
+  }
   if (layers != n_layer || experts != n_expert) {
     return bad(std::to_string(layers) + " layers of " + std::to_string(experts) + " experts, the model has " +
                std::to_string(n_layer) + " of " + std::to_string(n_expert));

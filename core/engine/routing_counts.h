@@ -32,6 +32,9 @@ struct RoutingCounts {
 // file, and every MoE layer's router bytes.
 uint64_t routing_key(const Model& model);
 
+// The counts file of `key` in directory `dir`: DIR/routing-<the key's 16 hex digits>.txt.
+std::string routing_counts_path(const std::string& dir, uint64_t key);
+
 Status save_routing_counts(const std::string& path, uint64_t key, uint32_t n_layer, uint32_t n_expert,
                            const RoutingCounts& counts);
 

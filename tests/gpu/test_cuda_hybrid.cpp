@@ -559,8 +559,8 @@ TEST(PlacedCudaEngine, ASplitBudgetTakesTheHottestExpertsByCalibratedCounts) {
   for (const std::string& line : first->plan) std::printf("%s\n", line.c_str());
   EXPECT_TRUE(plan_has(*first, "routing counts: a calibration prompt of 64 tokens")) << "no calibration line";
   EXPECT_TRUE(plan_has(*first, "(kept in " + dir.string())) << "counts not kept";
-  const std::string kept = std::filesystem::directory_iterator(dir)->path().string();
-  auto counts = load_routing_counts(kept, routing_key(model), hp.n_layer, hp.n_expert);
+  const uint64_t key = routing_key(model);
+  auto counts = load_routing_counts(routing_counts_path(dir.string(), key), key, hp.n_layer, hp.n_expert);
   ASSERT_TRUE(counts.has_value()) << counts.error().to_string();
   EXPECT_EQ(counts->tokens, 64);
   // Every expert on the GPU was chosen at least as often as every expert left on the host.
