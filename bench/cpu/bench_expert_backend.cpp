@@ -2,15 +2,18 @@
 // H = 2048, I = 512 — with every expert on the host, as a ratio to a plain read of the bytes the batch's tokens touch,
 // measured in the same run:
 //
-//   BM_ExpertBackend/<type>/<tokens>/<threads>/<act>
+//   BM_ExpertBackend/<type>/<tokens>/<threads>/<act>/<warm>
 //
 // type 0: Q4_0, 1: Q4_K (gate, up and down alike; 453 MB of experts either way). tokens: 1, 8, 32 (a decode tick of
 // that many sessions). act 1: int8 activations (the default), 0: f32. Each batch goes through run() on the calling
-// thread, as the hybrid engine's hand-off thread calls it.
+// thread, as the hybrid engine's hand-off thread calls it. warm 0: the backend's workers are asleep when the batch
+// starts (a batch after an idle pause); warm 1: the timed batch follows another batch (other experts) by ~60 µs,
+// the backend's workers still spinning, as a decode step's layers follow one another in the hybrid engine.
 //
 // Each iteration draws a fresh routing (8 distinct experts per token, uniform over the 256, positive weights summing
-// to 1), evicts the caches (a 96 MiB read, three times L3 here), sleeps 1 ms (so every pool's workers are asleep, as
-// neither phase then shares the cores with the other's spinning) and times the batch; then evicts, sleeps and times
+// to 1), evicts the caches (a 96 MiB read, three times L3 here), sleeps 5 ms (so every pool's workers are asleep, as
+// neither phase then shares the cores with the other's spinning; with warm 1 it then runs an untimed batch of another
+// routing) and times the batch; then evicts, sleeps and times
 // a plain read of the touched experts' gate, up and down slices — the bytes the batch must read — by a pool of the
 // same thread count in the same 16 KiB items (uint64 words summed). Counters are medians over 30 iterations:
 // read_ratio (read time / batch time, pair by pair; 1.0 = the batch runs at the speed of reading its weights),
@@ -128,7 +131,7 @@ void read_regions(const std::vector<const uint8_t*>& regions, uint64_t region_by
 void evict_and_settle(WorkerPool& pool) {
   static std::vector<uint8_t> junk(kEvictBytes, 1);
   read_regions({junk.data()}, kEvictBytes, pool);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
 }
 
 void BM_ExpertBackend(benchmark::State& state) {
@@ -136,6 +139,7 @@ void BM_ExpertBackend(benchmark::State& state) {
   const int32_t tokens = static_cast<int32_t>(state.range(1));
   const int threads = static_cast<int>(state.range(2));
   const CpuActivations act = state.range(3) == 1 ? CpuActivations::kInt8 : CpuActivations::kF32;
+  const bool warm = state.range(4) == 1;
   const Layer& layer = layer_for(type);
 
   ref::MoeWeights w;
@@ -200,9 +204,19 @@ void BM_ExpertBackend(benchmark::State& state) {
   const uint64_t slice = layer.gate.expert_bytes;  // gate, up and down slices are the same size here
   std::vector<double> ratio, cpu_ratio, gbps, read_gbps, us, mb, experts;
   for (auto _ : state) {
-    route();
+    if (warm) {
+      route();
+      evict_and_settle(pool);
+      compute();  // wakes the workers; the timed batch below reads other experts
+      const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(60);
+      route();
+      while (std::chrono::steady_clock::now() < spin_until) {
+      }
+    } else {
+      route();
+      evict_and_settle(pool);
+    }
     const double bytes = static_cast<double>(regions.size() * slice);
-    evict_and_settle(pool);
     const double c0 = cpu_seconds();
     const auto t0 = std::chrono::steady_clock::now();
     compute();
@@ -242,12 +256,15 @@ void backend_args(benchmark::internal::Benchmark* b) {
   for (int64_t type = 0; type < static_cast<int64_t>(std::size(kTypes)); ++type) {
     for (int64_t tokens : {1, 8, 32}) {
       for (int t : sweep) {
-        b->Args({type, tokens, t, 1});
-        if (t == hw) b->Args({type, tokens, t, 0});
+        b->Args({type, tokens, t, 1, 0});
+        if (t == hw) b->Args({type, tokens, t, 0, 0});
+      }
+      for (int t : {hw - 2, hw}) {  // the hybrid engine's backend leaves two cores to the engine and hand-off threads
+        if (t > 0) b->Args({type, tokens, t, 1, 1});
       }
     }
   }
-  b->ArgNames({"type", "tokens", "threads", "act"});
+  b->ArgNames({"type", "tokens", "threads", "act", "warm"});
 }
 
 BENCHMARK(BM_ExpertBackend)->Apply(backend_args)->Unit(benchmark::kMillisecond)->UseManualTime()->Iterations(30);
