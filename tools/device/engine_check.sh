@@ -16,8 +16,9 @@
 #           tests of test_cuda_hybrid, then bench_engine pp128/256/512 on the Q4_0 35B-A3B file with --n-cpu-moe 40
 #           and with --gpu-memory 12G, each with --expert-upload 1 (every prompt pass) and 0 (UPLOAD_S caps each
 #           bench, default 150 s)
-#   hybrid-daemon  kestreld --engine cuda --gpu-memory 12G on the Q4_0 35B-A3B file: the plan it logs, status,
-#           a generation over gRPC and over shm
+#   hybrid-daemon  kestreld --engine cuda --gpu-memory 12G (HD_PLACEMENT replaces the placement flags, e.g.
+#           "--n-cpu-moe 40") on the Q4_0 35B-A3B file: the plan it logs, status, a generation over gRPC and over shm
+#   cpu-daemon  kestreld --engine cpu on the same file: status, a generation over gRPC and over shm
 #   sanitize  compute-sanitizer memcheck and racecheck over the kernel tests (SAN_TESTS overrides the list), then
 #           memcheck over test_cuda_engine and test_cuda_hybrid; each run capped at SAN_S seconds (default 150);
 #           SAN_RUNS="tool test;tool test" replaces the whole list; SAN_FILTER is passed as --gtest_filter
@@ -168,14 +169,26 @@ for step in "$@"; do
     hybrid-daemon)
       make_q4 || { status=1; continue; }
       d=/tmp/kdh && mkdir -p $d
-      $B/kestreld --engine cuda --gpu-memory 12G --model $model_q4 --socket $d/k.sock --shm-socket $d/k-shm.sock \
-        --cache-dir $d/cache --log-format text >"$OUT/kestreld_hybrid.log" 2>&1 &
+      $B/kestreld --engine cuda ${HD_PLACEMENT:---gpu-memory 12G} --model $model_q4 --socket $d/k.sock \
+        --shm-socket $d/k-shm.sock --cache-dir $d/cache --log-format text >"$OUT/kestreld_hybrid.log" 2>&1 &
       pid=$!
       for _ in $(seq 1 600); do grep -q "serving" "$OUT/kestreld_hybrid.log" && break; sleep 0.5; done
       grep -E "placement|cuda:|expert backend|routed experts|predicted|routing counts" "$OUT/kestreld_hybrid.log" | head -30
       $B/kestrel status --connect unix://$d/k.sock 2>&1 | tee "$OUT/status_hybrid.txt"
       $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_hybrid.txt"
       $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee -a "$OUT/generate_hybrid.txt"
+      kill -TERM $pid; wait $pid; echo "kestreld exited $?" ;;
+    cpu-daemon)
+      make_q4 || { status=1; continue; }
+      d=/tmp/kdc && mkdir -p $d
+      $B/kestreld --engine cpu --model $model_q4 --socket $d/k.sock --shm-socket $d/k-shm.sock --cache-dir $d/cache \
+        --log-format text >"$OUT/kestreld_cpu.log" 2>&1 &
+      pid=$!
+      for _ in $(seq 1 600); do grep -q "serving" "$OUT/kestreld_cpu.log" && break; sleep 0.5; done
+      grep -E "engine|cpu|serving" "$OUT/kestreld_cpu.log" | head -12
+      $B/kestrel status --connect unix://$d/k.sock 2>&1 | tee "$OUT/status_cpu.txt"
+      $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_cpu.txt"
+      $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee -a "$OUT/generate_cpu.txt"
       kill -TERM $pid; wait $pid; echo "kestreld exited $?" ;;
     sanitize)
       cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
