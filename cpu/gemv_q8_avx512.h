@@ -16,8 +16,10 @@
 // q the activations, p one exact int32 per 4 elements — then acc += float(p) · (weight scale · activation scale),
 // one scale per 8-lane block (Q4_0/Q8_0) or sub-block (Q4_K/Q5_K), or 4-lane group (Q6_K). Q4_K/Q5_K's mins enter
 // once per super-block: acc −= dmin·m_j · ds_j over the 8 sub-blocks. The integer part is exact, so a result
-// differs from ref::matvec_batch(W, x̃) (x̃ the dequantized activations) by f32 rounding only. Q4_0/Q8_0 read the
-// f16 scales of 8 (4) blocks with one word permute (block_scales) rather than one broadcast per block.
+// differs from ref::matvec_batch(W, x̃) (x̃ the dequantized activations) by f32 rounding only. Q4_0's units keep each
+// block's high nibbles in place (16× their value, c = 128 and the scale / 16 in those lanes: the same products).
+// Q4_0/Q8_0 read the f16 scales of 8 (4) blocks with one word permute (block_scales) rather than one broadcast per
+// block.
 //
 // Tiles: R rows (4, or 1 for the rest; 8 for Q4_0 / Q4_K rows of at most 512 bytes at one vector) × V vectors (1..3);
 // each (row, vector) accumulator sees the same operations in the same order whatever R and V are, and the 16 lanes are
@@ -168,9 +170,39 @@ struct FmtBlock32 {
     }
   }
 
+  // Q4_0 blocks A and B as weights() lays them out, but each block's high nibbles left in place: lanes 16..31 and
+  // 48..63 hold 16 × (element + 8). One AND instead of a 16-bit shift and an AND (the shift runs on one port only);
+  // the caller scales those lanes by 1/16 and takes 16× their offset (pair's kHighBy16).
+  template <bool kPair>
+  static __m512i weights_high_in_place(const uint8_t* A) {
+    static_assert(!kQ8);
+    const __m512i qa = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 2)));
+    const __m512i w = kPair ? _mm512_mask_broadcast_i32x4(
+                                  qa, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(A + kBlockBytes + 2)))
+                            : _mm512_maskz_mov_epi32(0x00FF, qa);
+    const int64_t lo = 0x0F0F0F0F0F0F0F0F, hi = static_cast<int64_t>(0xF0F0F0F0F0F0F0F0ull);
+    return _mm512_and_si512(w, _mm512_set_epi64(hi, hi, lo, lo, hi, hi, lo, lo));
+  }
+
+  // A unit's scale table (blocks 0..7 in lanes 0..7) with the same scales / 16 in lanes 8..15, for the high
+  // nibbles' 16× (weights_high_in_place).
+  static __m512 with_scales_by_16(__m512 table) {
+    const __m512 both = _mm512_shuffle_f32x4(table, table, 0x44);
+    return _mm512_mask_mul_ps(both, 0xFF00, both, _mm512_set1_ps(0.0625f));
+  }
+
+  // Lanes 0..3 ← the scale of block j, 4..7 ← of block j / 16, 8..11 ← of block j + 1, 12..15 ← of block j + 1 / 16
+  // from with_scales_by_16's table: weights_high_in_place's lanes.
+  static __m512 lane_scales_high_by_16(__m512 table, int j) {
+    const __m512i idx =
+        _mm512_add_epi32(_mm512_set_epi32(9, 9, 9, 9, 1, 1, 1, 1, 8, 8, 8, 8, 0, 0, 0, 0), _mm512_set1_epi32(j));
+    return _mm512_permutexvar_ps(idx, table);
+  }
+
   // One pair (or a single block) at element `base` for every (row, vector), given each row's weights and scales
   // (kScaled: scales that already hold the activation's, dot_chunk).
-  template <int R, int V, bool kPair, bool kScaled = false>
+  // kHighBy16: u from weights_high_in_place, whose high-nibble lanes (4..7, 12..15) take the offset 16 × 8.
+  template <int R, int V, bool kPair, bool kScaled = false, bool kHighBy16 = false>
   KESTREL_INLINE static void pair(const __m512i (&u)[R], const __m512 (&ws)[R], int64_t base, const Q8Vec* x,
                                   __m512 (&acc)[R][V]) {
     const __mmask64 kq = kPair ? ~0ull : 0xFFFFFFFFull;
@@ -178,7 +210,10 @@ struct FmtBlock32 {
     KESTREL_SIMD_UNROLL
     for (int v = 0; v < V; ++v) {
       const __m512i q = _mm512_maskz_loadu_epi8(kq, x[v].q + base);
-      const __m512i corr = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(kl, x[v].ns4 + base / 4), kOffsetShift);
+      const __m512i ns4 = _mm512_maskz_loadu_epi32(kl, x[v].ns4 + base / 4);
+      const __m512i corr =
+          kHighBy16 ? _mm512_sllv_epi32(ns4, _mm512_set_epi32(7, 7, 7, 7, 3, 3, 3, 3, 7, 7, 7, 7, 3, 3, 3, 3))
+                    : _mm512_slli_epi32(ns4, kOffsetShift);
       dot_chunk<kScaled>(u, ws, q, corr, x[v].dl + base / 4, kl, v, acc);
     }
   }
@@ -196,16 +231,34 @@ struct FmtBlock32 {
       KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) scales[r] = _mm512_mul_ps(scales[r], d);
     }
-    KESTREL_SIMD_UNROLL
-    for (int k = 0; k < kGroup / 2; ++k) {
-      __m512i u[R];
-      __m512 ws[R];
+    if constexpr (kQ8) {
       KESTREL_SIMD_UNROLL
-      for (int r = 0; r < R; ++r) {
-        u[r] = weights<true>(row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes);
-        ws[r] = lane_scales<8>(scales[r], 2 * k);
+      for (int k = 0; k < kGroup / 2; ++k) {
+        __m512i u[R];
+        __m512 ws[R];
+        KESTREL_SIMD_UNROLL
+        for (int r = 0; r < R; ++r) {
+          u[r] = weights<true>(row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes);
+          ws[r] = lane_scales<8>(scales[r], 2 * k);
+        }
+        pair<R, V, true, V == 1>(u, ws, base + 64 * k, x, acc);
       }
-      pair<R, V, true, V == 1>(u, ws, base + 64 * k, x, acc);
+    } else {
+      // The high nibbles in place: their lanes' products are 16× and their scales 1/16 of the shifted form's, which
+      // gives the same values (float(16p) · s/16 = float(p) · s exactly: powers of two, scales far above underflow).
+      KESTREL_SIMD_UNROLL
+      for (int r = 0; r < R; ++r) scales[r] = with_scales_by_16(scales[r]);
+      KESTREL_SIMD_UNROLL
+      for (int k = 0; k < kGroup / 2; ++k) {
+        __m512i u[R];
+        __m512 ws[R];
+        KESTREL_SIMD_UNROLL
+        for (int r = 0; r < R; ++r) {
+          u[r] = weights_high_in_place<true>(row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes);
+          ws[r] = lane_scales_high_by_16(scales[r], 2 * k);
+        }
+        pair<R, V, true, V == 1, true>(u, ws, base + 64 * k, x, acc);
+      }
     }
   }
 
