@@ -1,5 +1,6 @@
-// Int8 quantization of activations per 32- and per 256-element block (act_q8.h). Compiled with -ffp-contract=off
-// like the scalar kernels, so the bytes do not depend on the compiler fusing a multiply-add.
+// Int8 quantization of activations per 32- and per 256-element block (act_q8.h): the scalar level, and the dispatch
+// to act_q8_avx512.cpp. Compiled with -ffp-contract=off like the scalar kernels, so the bytes do not depend on the
+// compiler fusing a multiply-add.
 #include "cpu/act_q8.h"
 
 #include <algorithm>
@@ -52,7 +53,9 @@ ActQ8View ActQ8Buffer::reserve(int64_t n_vec, int64_t n_in, ActQ8Forms forms) {
   return view;
 }
 
-void act_q8_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out) {
+namespace {
+
+void quantize_scalar(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out) {
   const int64_t nb = n_in / kActQ8Block;
   for (int64_t v = v_begin; v < v_end; ++v) {
     const float* xv = x + v * n_in;
@@ -78,7 +81,7 @@ void act_q8_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_en
   }
 }
 
-void act_q8k_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out) {
+void quantize_k_scalar(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out) {
   const int64_t nb = n_in / kActQ8KBlock;
   for (int64_t v = v_begin; v < v_end; ++v) {
     const float* xv = x + v * n_in;
@@ -91,6 +94,27 @@ void act_q8k_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_e
       for (int64_t i = 0; i < kActQ8KSum; ++i) s += q[g * kActQ8KSum + i];
       bsum[g] = static_cast<int16_t>(s);
     }
+  }
+}
+
+}  // namespace
+
+void act_q8_quantize_avx512(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out);
+void act_q8k_quantize_avx512(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out);
+
+void act_q8_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out, Isa isa) {
+  if (isa == Isa::kAvx512 && isa_supported(Isa::kAvx512)) {
+    act_q8_quantize_avx512(x, n_in, v_begin, v_end, out);
+  } else {
+    quantize_scalar(x, n_in, v_begin, v_end, out);
+  }
+}
+
+void act_q8k_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out, Isa isa) {
+  if (isa == Isa::kAvx512 && isa_supported(Isa::kAvx512)) {
+    act_q8k_quantize_avx512(x, n_in, v_begin, v_end, out);
+  } else {
+    quantize_k_scalar(x, n_in, v_begin, v_end, out);
   }
 }
 

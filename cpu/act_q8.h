@@ -31,6 +31,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/isa.h"
+
 namespace kestrel::cpu {
 
 inline constexpr int64_t kActQ8Block = 32;
@@ -83,10 +85,13 @@ class ActQ8Buffer {
 };
 
 // Quantizes vectors [v_begin, v_end) of x: f32 [n_vec, n_in] into `out`'s kQ8 arrays (sized by reserve for n_vec,
-// n_in), with the plain scalar operations above; every level's kernels read the same bytes.
-void act_q8_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out);
+// n_in), with the plain scalar operations above. `isa` picks the code (AVX-512: 16 lanes at a time; the other
+// levels: scalar); every level writes the same bytes, so every level's kernels read the same activations.
+void act_q8_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out,
+                     Isa isa = isa_selected());
 
 // The same into the kQ8K arrays (n_in a multiple of 256).
-void act_q8k_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out);
+void act_q8k_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out,
+                      Isa isa = isa_selected());
 
 }  // namespace kestrel::cpu

@@ -81,8 +81,8 @@ void MatmulRunner::run(std::span<const GemvTask> tasks) {
   auto quantize = [this](int64_t i) {
     const auto [index, v] = quant_items_[static_cast<size_t>(i)];
     const Quantized& q = quantized_[index];
-    if (q.forms.block32) act_q8_quantize(q.x, q.n_in, v, v + 1, *buffers_[index]);
-    if (q.forms.block256) act_q8k_quantize(q.x, q.n_in, v, v + 1, *buffers_[index]);
+    if (q.forms.block32) act_q8_quantize(q.x, q.n_in, v, v + 1, *buffers_[index], isa_);
+    if (q.forms.block256) act_q8k_quantize(q.x, q.n_in, v, v + 1, *buffers_[index], isa_);
   };
   const int64_t n_quant = static_cast<int64_t>(quant_items_.size());
   if (quant_elements_ > kInlineQuantElements) {

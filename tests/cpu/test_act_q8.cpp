@@ -1,7 +1,8 @@
 // act_q8_quantize / act_q8k_quantize (cpu/act_q8.h): each 32-element block (256-element super-block) rounds to int8
 // with d = max|x| / 127, so the largest element maps to ±127 and every element to within d/2 of its value, ties to
 // even; the derived arrays (lane scales, negated lane sums, block sums; the 16-element sums) match the quants; an
-// all-zero block is all zeros; only the asked vectors and forms are written.
+// all-zero block is all zeros; only the asked vectors and forms are written; every instruction-set level writes the
+// scalar level's bytes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "cpu/act_q8.h"
+#include "cpu/isa.h"
 
 namespace kestrel::cpu {
 namespace {
@@ -123,6 +125,53 @@ TEST(ActQ8, TiesRoundToEven) {
   EXPECT_EQ(q.dl[0], 1.0f);
   EXPECT_EQ(q.q[0], 127);
   for (size_t i = 0; i < std::size(halves); ++i) EXPECT_EQ(q.q[1 + i], expect[i]) << halves[i];
+}
+
+// Random blocks with the odd ones mixed in (all zero, an outlier, values far below and far above 1, exact ties, a
+// single nonzero element), at block counts that are odd, even, one, and not a multiple of a vector pair.
+TEST(ActQ8, EveryLevelWritesTheScalarBytes) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  for (const int64_t n_in : {32, 96, 256, 768, 2048, 4352}) {
+    const int64_t n_vec = 3;
+    std::vector<float> x(static_cast<size_t>(n_in * n_vec));
+    for (float& v : x) v = dist(rng);
+    auto at = [&](int64_t i) -> float& { return x[static_cast<size_t>(i % (n_in * n_vec))]; };
+    for (int64_t i = 0; i < 32; ++i) at(n_in + i) = 0.0f;                  // an all-zero block
+    at(2 * n_in + 3) = -3e4f;                                              // an outlier
+    for (int64_t i = 0; i < 32; ++i) at(n_in * n_vec - 32 + i) *= 1e-30f;  // tiny values
+    for (int64_t i = 0; i < 16; ++i) at(n_in / 2 + i) *= 1e20f;            // huge ones
+    at(64) = 127.0f;                                                       // ties in the block of 64..95
+    for (int64_t i = 1; i < 8; ++i) at(64 + i) = static_cast<float>(i) - 3.5f;
+    for (int64_t i = 0; i < 32; ++i) at(2 * n_in + 32 + i) = i == 7 ? -1.25f : 0.0f;  // one nonzero element
+    const bool k = n_in % 256 == 0;
+    ActQ8Buffer want;
+    const ActQ8View w = want.reserve(n_vec, n_in, ActQ8Forms{true, k});
+    act_q8_quantize(x.data(), n_in, 0, n_vec, want, Isa::kScalar);
+    if (k) act_q8k_quantize(x.data(), n_in, 0, n_vec, want, Isa::kScalar);
+    for (const Isa isa : kAllIsas) {
+      if (!isa_supported(isa)) continue;
+      ActQ8Buffer got;
+      const ActQ8View g = got.reserve(n_vec, n_in, ActQ8Forms{true, k});
+      act_q8_quantize(x.data(), n_in, 0, n_vec, got, isa);
+      if (k) act_q8k_quantize(x.data(), n_in, 0, n_vec, got, isa);
+      const std::string at_what = std::string(isa_name(isa)) + ", n_in " + std::to_string(n_in) + ", element ";
+      const int64_t n = n_in * n_vec;
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(g.q[i], w.q[i]) << at_what << i;
+      for (int64_t i = 0; i < n / 4; ++i) {
+        ASSERT_EQ(g.dl[i], w.dl[i]) << at_what << 4 * i;
+        ASSERT_EQ(g.ns4[i], w.ns4[i]) << at_what << 4 * i;
+      }
+      for (int64_t i = 0; i < n / 32; ++i) {
+        ASSERT_EQ(g.ds[i], w.ds[i]) << at_what << 32 * i;
+        ASSERT_EQ(g.d[i], w.d[i]) << at_what << 32 * i;
+      }
+      if (!k) continue;
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(g.qk[i], w.qk[i]) << at_what << i;
+      for (int64_t i = 0; i < n / 256; ++i) ASSERT_EQ(g.dk[i], w.dk[i]) << at_what << 256 * i;
+      for (int64_t i = 0; i < n / 16; ++i) ASSERT_EQ(g.bsum[i], w.bsum[i]) << at_what << 16 * i;
+    }
+  }
 }
 
 }  // namespace
