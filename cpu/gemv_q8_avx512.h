@@ -231,34 +231,28 @@ struct FmtBlock32 {
       KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) scales[r] = _mm512_mul_ps(scales[r], d);
     }
-    if constexpr (kQ8) {
-      KESTREL_SIMD_UNROLL
-      for (int k = 0; k < kGroup / 2; ++k) {
-        __m512i u[R];
-        __m512 ws[R];
-        KESTREL_SIMD_UNROLL
-        for (int r = 0; r < R; ++r) {
-          u[r] = weights<true>(row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes);
-          ws[r] = lane_scales<8>(scales[r], 2 * k);
-        }
-        pair<R, V, true, V == 1>(u, ws, base + 64 * k, x, acc);
-      }
-    } else {
-      // The high nibbles in place: their lanes' products are 16× and their scales 1/16 of the shifted form's, which
+    if constexpr (!kQ8) {
+      // Q4_0: the high nibbles in place, their lanes' products 16× and their scales 1/16 of the shifted form's, which
       // gives the same values (float(16p) · s/16 = float(p) · s exactly: powers of two, scales far above underflow).
       KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) scales[r] = with_scales_by_16(scales[r]);
+    }
+    KESTREL_SIMD_UNROLL
+    for (int k = 0; k < kGroup / 2; ++k) {
+      __m512i u[R];
+      __m512 ws[R];
       KESTREL_SIMD_UNROLL
-      for (int k = 0; k < kGroup / 2; ++k) {
-        __m512i u[R];
-        __m512 ws[R];
-        KESTREL_SIMD_UNROLL
-        for (int r = 0; r < R; ++r) {
-          u[r] = weights_high_in_place<true>(row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes);
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blocks = row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes;
+        if constexpr (kQ8) {
+          u[r] = weights<true>(blocks);
+          ws[r] = lane_scales<8>(scales[r], 2 * k);
+        } else {
+          u[r] = weights_high_in_place<true>(blocks);
           ws[r] = lane_scales_high_by_16(scales[r], 2 * k);
         }
-        pair<R, V, true, V == 1, true>(u, ws, base + 64 * k, x, acc);
       }
+      pair<R, V, true, V == 1, !kQ8>(u, ws, base + 64 * k, x, acc);
     }
   }
 

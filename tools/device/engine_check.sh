@@ -58,6 +58,24 @@ make_q4() {
   $B/kestrel-mkmodel --preset qwen35moe-35b-a3b --types q4_0 -o $model_q4 -q || return 1
   echo "wrote $model_q4 in $((SECONDS - t0)) s"
 }
+# kestreld with the given engine flags on the Q4_0 file in folder $2, logging to $OUT/kestreld_$1.log: the lines of
+# its log matching $3, status, one generation over gRPC and one over shm ($OUT/status_$1.txt, generate_$1.txt).
+serve_once() {
+  local name=$1 d=$2 pattern=$3
+  shift 3
+  mkdir -p "$d"
+  $B/kestreld "$@" --model $model_q4 --socket $d/k.sock --shm-socket $d/k-shm.sock --cache-dir $d/cache \
+    --log-format text >"$OUT/kestreld_$name.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 600); do grep -q "serving" "$OUT/kestreld_$name.log" && break; sleep 0.5; done
+  grep -E "$pattern" "$OUT/kestreld_$name.log" | head -30
+  $B/kestrel status --connect unix://$d/k.sock 2>&1 | tee "$OUT/status_$name.txt"
+  $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_$name.txt"
+  $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee -a "$OUT/generate_$name.txt"
+  kill -TERM $pid
+  wait $pid
+  echo "kestreld exited $?"
+}
 for step in "$@"; do
   echo "== $step"
   case $step in
@@ -168,28 +186,12 @@ for step in "$@"; do
       done ;;
     hybrid-daemon)
       make_q4 || { status=1; continue; }
-      d=/tmp/kdh && mkdir -p $d
-      $B/kestreld --engine cuda ${HD_PLACEMENT:---gpu-memory 12G} --model $model_q4 --socket $d/k.sock \
-        --shm-socket $d/k-shm.sock --cache-dir $d/cache --log-format text >"$OUT/kestreld_hybrid.log" 2>&1 &
-      pid=$!
-      for _ in $(seq 1 600); do grep -q "serving" "$OUT/kestreld_hybrid.log" && break; sleep 0.5; done
-      grep -E "placement|cuda:|expert backend|routed experts|predicted|routing counts" "$OUT/kestreld_hybrid.log" | head -30
-      $B/kestrel status --connect unix://$d/k.sock 2>&1 | tee "$OUT/status_hybrid.txt"
-      $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_hybrid.txt"
-      $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee -a "$OUT/generate_hybrid.txt"
-      kill -TERM $pid; wait $pid; echo "kestreld exited $?" ;;
+      # shellcheck disable=SC2086  # HD_PLACEMENT holds several flags
+      serve_once hybrid /tmp/kdh "placement|cuda:|expert backend|routed experts|predicted|routing counts" \
+        --engine cuda ${HD_PLACEMENT:---gpu-memory 12G} ;;
     cpu-daemon)
       make_q4 || { status=1; continue; }
-      d=/tmp/kdc && mkdir -p $d
-      $B/kestreld --engine cpu --model $model_q4 --socket $d/k.sock --shm-socket $d/k-shm.sock --cache-dir $d/cache \
-        --log-format text >"$OUT/kestreld_cpu.log" 2>&1 &
-      pid=$!
-      for _ in $(seq 1 600); do grep -q "serving" "$OUT/kestreld_cpu.log" && break; sleep 0.5; done
-      grep -E "engine|cpu|serving" "$OUT/kestreld_cpu.log" | head -12
-      $B/kestrel status --connect unix://$d/k.sock 2>&1 | tee "$OUT/status_cpu.txt"
-      $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_cpu.txt"
-      $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee -a "$OUT/generate_cpu.txt"
-      kill -TERM $pid; wait $pid; echo "kestreld exited $?" ;;
+      serve_once cpu /tmp/kdc "engine|cpu|serving" --engine cpu ;;
     sanitize)
       cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
       kernel_tests="test_get_rows test_gemv test_gdn_decode test_gdn_runs test_gemv_imma test_rms_norm test_argmax \
