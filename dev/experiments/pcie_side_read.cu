@@ -16,13 +16,13 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                            \
-  do {                                                                                   \
-    cudaError_t e = (x);                                                                 \
-    if (e != cudaSuccess) {                                                              \
+#define CK(x)                                                                                \
+  do {                                                                                       \
+    cudaError_t e = (x);                                                                     \
+    if (e != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+      std::exit(1);                                                                          \
+    }                                                                                        \
   } while (0)
 
 __global__ void sum_words(const uint4* __restrict__ p, size_t n, unsigned long long* out) {
@@ -119,7 +119,8 @@ int main(int argc, char** argv) {
   stop = true;
   for (auto& th : ts) th.join();
   const double c_both = cpu_bytes.load() / (now_s() - t0) / 1e9;
-  std::printf("gpu over the bus alone %.1f GB/s; cpu %d threads alone %.1f GB/s; together gpu %.1f + cpu %.1f = %.1f GB/s\n",
-              g_alone, threads, c_alone, g_both, c_both, g_both + c_both);
+  std::printf(
+      "gpu over the bus alone %.1f GB/s; cpu %d threads alone %.1f GB/s; together gpu %.1f + cpu %.1f = %.1f GB/s\n",
+      g_alone, threads, c_alone, g_both, c_both, g_both + c_both);
   return 0;
 }
