@@ -48,10 +48,7 @@ inline void block32(const float* xv, int8_t* q, float* dl, int32_t* ns4, float* 
   const __m256i s4 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qb);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(ns4 + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), s4));
   _mm256_storeu_ps(dl + 8 * b, _mm256_set1_ps(d));
-  const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s4), _mm256_extracti128_si256(s4, 1));
-  const __m128i h2 = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
-  const int32_t sum = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 1)));
-  ds[b] = d * static_cast<float>(sum);
+  ds[b] = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_zextsi256_si512(s4)));
   db[b] = d;
 }
 

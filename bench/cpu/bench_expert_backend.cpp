@@ -204,17 +204,14 @@ void BM_ExpertBackend(benchmark::State& state) {
   const uint64_t slice = layer.gate.expert_bytes;  // gate, up and down slices are the same size here
   std::vector<double> ratio, cpu_ratio, gbps, read_gbps, us, mb, experts;
   for (auto _ : state) {
+    route();
+    evict_and_settle(pool);
     if (warm) {
-      route();
-      evict_and_settle(pool);
       compute();  // wakes the workers; the timed batch below reads other experts
       const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(60);
       route();
       while (std::chrono::steady_clock::now() < spin_until) {
       }
-    } else {
-      route();
-      evict_and_settle(pool);
     }
     const double bytes = static_cast<double>(regions.size() * slice);
     const double c0 = cpu_seconds();

@@ -59,21 +59,24 @@ make_q4() {
   echo "wrote $model_q4 in $((SECONDS - t0)) s"
 }
 # kestreld with the given engine flags on the Q4_0 file in folder $2, logging to $OUT/kestreld_$1.log: the lines of
-# its log matching $3, status, one generation over gRPC and one over shm ($OUT/status_$1.txt, generate_$1.txt).
-serve_once() {
+# its log matching $3, status, one generation over gRPC and one over shm ($OUT/status_$1.txt, generate_$1.txt); it
+# keeps serving (its pid in $served) until serve_stop.
+serve_start() {
   local name=$1 d=$2 pattern=$3
   shift 3
   mkdir -p "$d"
   $B/kestreld "$@" --model $model_q4 --socket $d/k.sock --shm-socket $d/k-shm.sock --cache-dir $d/cache \
     --log-format text >"$OUT/kestreld_$name.log" 2>&1 &
-  local pid=$!
+  served=$!
   for _ in $(seq 1 600); do grep -q "serving" "$OUT/kestreld_$name.log" && break; sleep 0.5; done
   grep -E "$pattern" "$OUT/kestreld_$name.log" | head -30
   $B/kestrel status --connect unix://$d/k.sock 2>&1 | tee "$OUT/status_$name.txt"
   $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_$name.txt"
   $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee -a "$OUT/generate_$name.txt"
-  kill -TERM $pid
-  wait $pid
+}
+serve_stop() {
+  kill -TERM $served
+  wait $served
   echo "kestreld exited $?"
 }
 for step in "$@"; do
@@ -142,17 +145,10 @@ for step in "$@"; do
       rm -f /tmp/q4_k_m.gguf ;;
     daemon)
       make_q4 || { status=1; continue; }
-      d=/tmp/kd && mkdir -p $d
-      $B/kestreld --engine cuda --model $model_q4 --socket $d/k.sock --shm-socket $d/k-shm.sock \
-        --cache-dir $d/cache --log-format text >"$OUT/kestreld.log" 2>&1 &
-      pid=$!
-      for _ in $(seq 1 600); do grep -q "serving" "$OUT/kestreld.log" && break; sleep 0.5; done
-      tail -12 "$OUT/kestreld.log"
-      $B/kestrel status --connect unix://$d/k.sock 2>&1 | tee "$OUT/status.txt"
-      $B/kestrel generate --connect unix://$d/k.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_grpc.txt"
-      $B/kestrel generate --connect shm://$d/k-shm.sock --prompt "Hello" -n 24 --temp 0 2>&1 | tee "$OUT/generate_shm.txt"
-      $B/kestrel bench --connect unix://$d/k.sock --shm shm://$d/k-shm.sock 2>&1 | tail -8 | tee "$OUT/bench_roundtrip.txt"
-      kill -TERM $pid; wait $pid; echo "kestreld exited $?"
+      serve_start cuda /tmp/kd "engine|placement|cuda:|serving" --engine cuda
+      $B/kestrel bench --connect unix:///tmp/kd/k.sock --shm shm:///tmp/kd/k-shm.sock 2>&1 | tail -8 |
+        tee "$OUT/bench_roundtrip.txt"
+      serve_stop
       KESTREL_ITEST_ENGINE=cuda $B/test_daemon_integration 2>&1 | tee "$OUT/integration.log" | tail -30
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     hybrid)
@@ -187,11 +183,13 @@ for step in "$@"; do
     hybrid-daemon)
       make_q4 || { status=1; continue; }
       # shellcheck disable=SC2086  # HD_PLACEMENT holds several flags
-      serve_once hybrid /tmp/kdh "placement|cuda:|expert backend|routed experts|predicted|routing counts" \
-        --engine cuda ${HD_PLACEMENT:---gpu-memory 12G} ;;
+      serve_start hybrid /tmp/kdh "placement|cuda:|expert backend|routed experts|predicted|routing counts" \
+        --engine cuda ${HD_PLACEMENT:---gpu-memory 12G}
+      serve_stop ;;
     cpu-daemon)
       make_q4 || { status=1; continue; }
-      serve_once cpu /tmp/kdc "engine|cpu|serving" --engine cpu ;;
+      serve_start cpu /tmp/kdc "engine|cpu|serving" --engine cpu
+      serve_stop ;;
     sanitize)
       cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
       kernel_tests="test_get_rows test_gemv test_gdn_decode test_gdn_runs test_gemv_imma test_rms_norm test_argmax \
