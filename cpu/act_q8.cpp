@@ -97,19 +97,13 @@ void quantize_k_scalar(const float* x, int64_t n_in, int64_t v_begin, int64_t v_
   }
 }
 
-// Whether `isa` asks for the AVX-512 code and this CPU runs it: CPUID is read once, not per quantized vector.
-bool use_avx512(Isa isa) {
-  static const bool supported = isa_supported(Isa::kAvx512);
-  return isa == Isa::kAvx512 && supported;
-}
-
 }  // namespace
 
 void act_q8_quantize_avx512(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out);
 void act_q8k_quantize_avx512(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out);
 
 void act_q8_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out, Isa isa) {
-  if (use_avx512(isa)) {
+  if (isa == Isa::kAvx512 && isa_supported(Isa::kAvx512)) {
     act_q8_quantize_avx512(x, n_in, v_begin, v_end, out);
   } else {
     quantize_scalar(x, n_in, v_begin, v_end, out);
@@ -117,7 +111,7 @@ void act_q8_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_en
 }
 
 void act_q8k_quantize(const float* x, int64_t n_in, int64_t v_begin, int64_t v_end, ActQ8Buffer& out, Isa isa) {
-  if (use_avx512(isa)) {
+  if (isa == Isa::kAvx512 && isa_supported(Isa::kAvx512)) {
     act_q8k_quantize_avx512(x, n_in, v_begin, v_end, out);
   } else {
     quantize_k_scalar(x, n_in, v_begin, v_end, out);

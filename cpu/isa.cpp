@@ -1,7 +1,9 @@
 // Instruction-set detection and the process-wide choice (isa.h).
 #include "cpu/isa.h"
 
+#include <cstddef>
 #include <cstdlib>
+#include <iterator>
 
 namespace kestrel::cpu {
 
@@ -22,18 +24,31 @@ std::optional<Isa> isa_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-bool isa_supported(Isa isa) {
+namespace {
+
+bool features_of(Isa isa) {
   switch (isa) {
     case Isa::kScalar: return true;
     case Isa::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    case Isa::kAvxVnni: return isa_supported(Isa::kAvx2) && __builtin_cpu_supports("avxvnni");
+    case Isa::kAvxVnni: return features_of(Isa::kAvx2) && __builtin_cpu_supports("avxvnni");
     case Isa::kAvx512:
-      return isa_supported(Isa::kAvx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      return features_of(Isa::kAvx2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
              __builtin_cpu_supports("avx512bf16");
   }
   return false;
+}
+
+}  // namespace
+
+bool isa_supported(Isa isa) {
+  // Each level's feature checks once per process: callers on hot paths (the activation quantizer, per vector) ask
+  // this on every call.
+  static const bool supported[] = {features_of(Isa::kScalar), features_of(Isa::kAvx2), features_of(Isa::kAvxVnni),
+                                   features_of(Isa::kAvx512)};
+  const auto i = static_cast<size_t>(isa);
+  return i < std::size(supported) && supported[i];
 }
 
 Isa isa_choose(std::string_view request) {

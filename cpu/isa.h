@@ -1,9 +1,10 @@
 // Instruction-set levels of the CPU kernels and the one run-time choice among them.
 //
 // Each level is one translation unit compiled with its own flags (gemv_scalar.cpp, gemv_avx2.cpp, gemv_avxvnni.cpp,
-// gemv_avx512.cpp); isa_supported() reads CPUID (__builtin_cpu_supports) and isa_selected() picks the best supported
-// level once per process, lowered by the environment variable KESTREL_CPU_ISA=scalar|avx2|avxvnni|avx512 (to the best
-// level the CPU has at or below the one named; an unknown value is ignored). Pure and thread-safe.
+// gemv_avx512.cpp); isa_supported() checks the CPU's features (__builtin_cpu_supports, once per level and process) and
+// isa_selected() picks the best supported level once per process, lowered by the environment variable
+// KESTREL_CPU_ISA=scalar|avx2|avxvnni|avx512 (to the best level the CPU has at or below the one named; an unknown value
+// is ignored). Pure and thread-safe.
 #pragma once
 
 #include <optional>
