@@ -142,6 +142,36 @@ Expected<RoutingCounts> routing_counts_for(const Model& model, const PlacedEngin
   return counts;
 }
 
+// Fixes cuda.tuning.expert_side_read and returns the plan's line about it: 0 without a page-locked copy (the GPU reads
+// only registered host memory); from kSideReadAuto the share at which both sides would finish together, bus ÷ (bus +
+// host) of the two rates measured alone (the lent H100 box: 51 and 93 GB/s, 0.35; beside the bus the host's 14
+// threads kept ~90% of their rate, dev/experiments/pcie_side_read.cu); a set share as it is.
+std::string resolve_side_read(gpu::CudaEngineOptions& cuda, double host_read_bytes_per_s) {
+  float& share = cuda.tuning.expert_side_read;
+  if (share == 0.0f) return "  side read off: the host's workers read every host expert (set)";
+  if (cuda.pinned_experts == nullptr) {
+    share = 0.0f;
+    return "  side read off: the host experts are not page-locked";
+  }
+  char line[256];
+  if (share != gpu::kSideReadAuto) {
+    std::snprintf(line, sizeof line,
+                  "  side read: the GPU reads %.0f%% of each token's host experts over the bus (set)", 100.0 * share);
+    return line;
+  }
+  Expected<double> bus = gpu::cuda_mapped_read_bandwidth(cuda.device);
+  if (!bus || !(host_read_bytes_per_s > 0.0)) {
+    share = 0.0f;
+    return "  side read off: the bus's rate could not be measured" + (bus ? std::string() : ": " + bus.error().message);
+  }
+  share = static_cast<float>(*bus / (*bus + host_read_bytes_per_s));
+  std::snprintf(line, sizeof line,
+                "  side read: the GPU reads %.0f%% of each token's host experts over the bus (cost model: "
+                "%.1f GB/s over the bus against %.1f GB/s host read, measured)",
+                100.0 * share, *bus * 1e-9, host_read_bytes_per_s * 1e-9);
+  return line;
+}
+
 }  // namespace
 
 Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedEngineOptions& options) {
@@ -183,13 +213,14 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
   cuda.placement = out.decision;
   const ExpertSet host = ExpertSet::on_device(out.decision, WeightDevice::kHost);
   std::string backend_text;
-  std::string pinned_text, upload_text;
+  std::string pinned_text, upload_text, side_read_text;
   if (host.count() > 0) {
     // Prompt passes that upload the host's experts read them at the link's rate only from page-locked memory: the
     // hybrid layers' stacks are then copied there once, and the backend reads that copy too. Without the room for it
     // the backend reads the file mapping and uploads bounce through pinned buffers.
     KESTREL_TRY_ASSIGN(std::vector<ref::MoeWeights> layers, cpu::expert_weight_views(model));
-    if (options.cuda.tuning.expert_upload_min_tokens != 0) {
+    const gpu::GpuTuning& tuning = options.cuda.tuning;
+    if (tuning.expert_upload_min_tokens != 0 || tuning.expert_side_read != 0.0f) {
       Expected<std::unique_ptr<gpu::PinnedExperts>> pinned = gpu::PinnedExperts::create(model, host.layers(), threads);
       if (pinned) {
         for (size_t l = 0; l < layers.size(); ++l) {
@@ -200,7 +231,7 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
           layers[l].down_exps.data = p.down;
         }
         char line[160];
-        std::snprintf(line, sizeof line, "  host experts page-locked for prompt uploads: %s in %.1f s",
+        std::snprintf(line, sizeof line, "  host experts page-locked (prompt uploads, side read): %s in %.1f s",
                       format_byte_size((*pinned)->bytes()).c_str(), (*pinned)->seconds());
         pinned_text = line;
         cuda.pinned_experts = std::move(*pinned);
@@ -242,6 +273,7 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
                                    : "  prompt passes leave the host's experts on the host (uploads off)";
     }
     cuda.expert_backend = std::move(backend);
+    side_read_text = resolve_side_read(cuda, req.host_read_bytes_per_s);
   }
   KESTREL_TRY_ASSIGN(out.engine, gpu::make_cuda_engine(model, cuda));
 
@@ -254,6 +286,7 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
   if (!backend_text.empty()) out.plan.push_back(backend_text);
   if (!pinned_text.empty()) out.plan.push_back(pinned_text);
   if (!upload_text.empty()) out.plan.push_back(upload_text);
+  if (!side_read_text.empty()) out.plan.push_back(side_read_text);
   return out;
 }
 

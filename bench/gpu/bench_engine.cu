@@ -7,7 +7,7 @@
 //                [--no-pdl] [--no-prompt-gemm] [--prompt-digits 4|2] [--no-prompt-chunked] [--prompt-segment C]
 //                [--prompt-chunk N] [--kernels N]
 //                [--gpu-memory BYTES|auto]
-//                [--n-cpu-moe N] [--expert-upload N] [--routing-calibration N]
+//                [--n-cpu-moe N] [--expert-upload N] [--side-read PCT] [--routing-calibration N]
 //                [--override-tensor REGEX=cpu|gpu]... [--threads N]
 //
 // --no-prompt-gemm: prompt passes on GEMV v4 instead of gemm_imma (GemvImmaTuning::prompt_gemm), for an A/B.
@@ -20,6 +20,9 @@
 // --expert-upload N: prompt passes of at least N tokens copy the host experts to the GPU (GpuTuning::
 // expert_upload_min_tokens; 0: never, the host computes its experts' rows; -1, the default: the placed engine's cost
 // model chooses), for an A/B with a placement flag.
+// --side-read PCT: decode steps have the GPU read PCT% of each token's host experts over the bus (GpuTuning::
+// expert_side_read; 0: never; -1, the default: the placed engine's cost model chooses), for an A/B with a placement
+// flag.
 // --routing-calibration N: a budget that splits the routed experts fills the GPU hottest first, by counts from an
 // N-token calibration prompt through the CPU engine (PlacedEngineOptions::routing_calibration; default 256, 0: every
 // expert equally likely), for an A/B under --gpu-memory. The bench keeps no counts between runs.
@@ -89,6 +92,7 @@ struct Args {
   int prompt_chunk = 0;  // 0: the engine's max_tokens_per_item
   int kernels = 0;       // --kernels N: the N largest kernels of a traced prompt and decode step (0: no trace)
   int expert_upload = GpuTuning{}.expert_upload_min_tokens;
+  int side_read = -1;  // percent; -1: the cost model's
   int routing_calibration = kestrel::hybrid::PlacedEngineOptions{}.routing_calibration;
 };
 
@@ -134,6 +138,9 @@ bool parse(int argc, char** argv, Args* a) {
       a->placed = true;
     } else if (k == "--expert-upload" && (v = val())) {
       a->expert_upload = std::atoi(v);
+    } else if (k == "--side-read" && (v = val())) {
+      a->side_read = std::atoi(v);
+      if (a->side_read < -1 || a->side_read > 100) return false;
     } else if (k == "--routing-calibration" && (v = val())) {
       a->routing_calibration = std::atoi(v);
     } else if (k == "--n-cpu-moe" && (v = val())) {
@@ -352,6 +359,7 @@ Status run(const Args& a) {
   o.tuning.moe_imma.grouped_gemv.prompt_digits = a.prompt_digits;
   o.tuning.gdn_decode.prompt_chunked = a.prompt_chunked;
   o.tuning.expert_upload_min_tokens = a.expert_upload;
+  o.tuning.expert_side_read = a.side_read < 0 ? kSideReadAuto : static_cast<float>(a.side_read) / 100.0f;
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<CudaEngine> e;
   std::vector<std::vector<uint8_t>> on_gpu;  // empty: every expert on the GPU
@@ -500,7 +508,8 @@ int main(int argc, char** argv) {
         "usage: bench_engine --model M.gguf [--sessions 1,8,32] [--steps N] [--prompt N] [--pp 512,4096] "
         "[--ttft N] [--no-pdl] [--no-prompt-gemm] [--prompt-digits 4|2] [--no-prompt-chunked] [--prompt-segment C] "
         "[--prompt-chunk N] [--kernels N]\n"
-        "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--expert-upload N] [--routing-calibration N]\n"
+        "                    [--gpu-memory BYTES|auto] [--n-cpu-moe N] [--expert-upload N] [--side-read PCT]\n"
+        "                    [--routing-calibration N]\n"
         "                    [--override-tensor REGEX=cpu|gpu]...\n"
         "                    [--threads N]\n");
     return 2;

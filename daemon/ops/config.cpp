@@ -356,6 +356,13 @@ const std::vector<ConfigKey> kKeys = {
        return set_int_field(c.cuda.expert_upload_min_tokens, v, -1, 1000000);
      },
      [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.expert_upload_min_tokens}; }},
+    {"cuda", "side_read", "--side-read", "PCT",
+     "CUDA engine with routed experts on the CPU: decode steps have the GPU read PCT% of each token's host experts "
+     "itself, over the bus from their page-locked copy, while the CPU's workers read the rest (0: off; -1: "
+     "the share at which both would finish together by the rates measured at start-up; -1-100; default -1)",
+     ConfigValueKind::kInteger,
+     [](DaemonConfig& c, const ConfigValue& v) { return set_int_field(c.cuda.side_read_percent, v, -1, 100); },
+     [](const DaemonConfig& c) -> ConfigValue { return int64_t{c.cuda.side_read_percent}; }},
     {"cuda", "routing_calibration", "--routing-calibration", "N",
      "CUDA engine whose GPU budget splits the routed experts (no n_cpu_moe or override_tensor): the planner fills "
      "the GPU with the most-chosen experts first, counted over an N-token calibration prompt through the CPU engine "

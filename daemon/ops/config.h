@@ -73,6 +73,8 @@ struct CudaConfig {
   // run them there (gpu/engine/expert_upload.h); 0: the host computes them; -1 (gpu::kExpertUploadAuto): from where
   // the placed engine's cost model says the upload pays.
   int32_t expert_upload_min_tokens = gpu::GpuTuning{}.expert_upload_min_tokens;
+  // The side read's share of the host experts in percent (gpu/kernels/tuning.h expert_side_read); -1: automatic.
+  int32_t side_read_percent = -1;
   // Tokens of the routing calibration prompt for a budget that splits the routed experts (hybrid/placed_cuda_engine.h;
   // counts kept in cache_dir); 0: none.
   int32_t routing_calibration = 256;

@@ -77,6 +77,9 @@ Expected<std::unique_ptr<Engine>> make_engine(const DaemonConfig& config, const 
   o.tuning.gemv_imma.prompt_digits = static_cast<gpu::GemmDigits>(config.cuda.prompt_digits);
   o.tuning.moe_imma.grouped_gemv.prompt_digits = o.tuning.gemv_imma.prompt_digits;
   o.tuning.expert_upload_min_tokens = config.cuda.expert_upload_min_tokens;
+  o.tuning.expert_side_read = config.cuda.side_read_percent < 0
+                                  ? gpu::kSideReadAuto
+                                  : static_cast<float>(config.cuda.side_read_percent) / 100.0f;
   int last = -1;
   o.progress = [&](uint64_t done, uint64_t total) {
     const int percent = total > 0 ? static_cast<int>(done * 100 / total) : 100;

@@ -278,7 +278,7 @@ class CudaEngineImpl final : public CudaEngine {
                       std::to_string(dm_->n_host_expert_layers()) +
                       " with none on the GPU); their experts' upload "
                       "for prompt passes: " +
-                      pass_->expert_upload_summary()
+                      pass_->expert_upload_summary() + "; side read: " + pass_->side_read_summary()
                 : std::string());
   }
 

@@ -150,6 +150,10 @@ Expected<double> cuda_read_bandwidth(int device);
 // upload's cost model). Allocates and frees both buffers.
 Expected<double> cuda_pinned_copy_bandwidth(int device);
 
+// The rate in bytes/s at which a kernel reads mapped page-locked host memory over the bus (a streaming read of
+// 256 MiB, best of three): the hybrid layers' side read (gpu/kernels/moe_hybrid.h step 3b).
+Expected<double> cuda_mapped_read_bandwidth(int device);
+
 // Loads the model onto the device. kResourceExhausted naming the bytes needed and free when it does not fit;
 // kUnsupported for a tensor type the kernels lack; kFailedPrecondition when there is no usable device.
 Expected<std::unique_ptr<CudaEngine>> make_cuda_engine(const Model& model, const CudaEngineOptions& options);

@@ -435,6 +435,13 @@ Status DeviceModel::build_views(const WeightCatalog& catalog, const std::vector<
         o.host_up_exps.data = pinned->layer(l).up;
         o.host_down_exps.data = pinned->layer(l).down;
         o.host_pinned = true;
+        const PinnedExperts::Layer& dev = pinned->device_layer(l);
+        o.bus.gate = o.host_gate_exps;
+        o.bus.up = o.host_up_exps;
+        o.bus.down = o.host_down_exps;
+        o.bus.gate.data = dev.gate;
+        o.bus.up.data = dev.up;
+        o.bus.down.data = dev.down;
       }
       ++n_hybrid_;
       if (n_res == 0) ++n_host_only_;

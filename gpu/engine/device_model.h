@@ -86,6 +86,8 @@ struct DeviceFfnLayer {
   // to the GPU (gpu/engine/expert_upload.h).
   DeviceExpertsView host_gate_exps, host_up_exps, host_down_exps;
   bool host_pinned = false;
+  // When host_pinned: the same stacks at their mapped device addresses, for the side read (moe_hybrid.h step 3b).
+  MoeBusStacks bus;
   bool hybrid() const { return moe && n_resident < n_expert; }
 };
 

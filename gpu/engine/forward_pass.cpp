@@ -602,7 +602,11 @@ Status ForwardPass::hybrid_ffn_layer(size_t l, int n) {
     return moe_imma_forward_prompt_hybrid(f.moe_imma, h, x_, n, y_, moe_prompt_ws_, stream_, hooks,
                                           tuning_.moe_imma.prompt_segment_vectors, tuning_.moe_imma.grouped_gemv);
   }
-  // Otherwise P rows a call.
+  // Otherwise P rows a call; the tiled layers' decode calls read their share of the host experts over the bus.
+  if (f.moe_tiled && tuning_.expert_side_read > 0.0f) {
+    h.bus = f.bus;
+    h.bus_share = tuning_.expert_side_read;
+  }
   for (int c0 = 0; c0 < n; c0 += P) {
     const int cn = std::min(P, n - c0);
     const float* x = x_ + int64_t{c0} * H;
@@ -818,6 +822,19 @@ Status ForwardPass::execute(int n, int lm_row0, int m, int logits_mode, float* h
     profile_.host_wait_ms += static_cast<double>(t.device_wait_ns) * 1e-6;
   }
   return ok_status();
+}
+
+std::string ForwardPass::side_read_summary() const {
+  if (!(tuning_.expert_side_read > 0.0f)) return "off";
+  int layers = 0;
+  for (const DeviceLayer& d : model_.layers()) {
+    if (d.ffn.hybrid() && d.ffn.moe_tiled && d.ffn.bus.gate.data != nullptr) ++layers;
+  }
+  if (layers == 0) return "off (no hybrid moe_imma layer has page-locked experts)";
+  char line[128];
+  std::snprintf(line, sizeof line, "%d layers read %.0f%% of each token's host choices over the bus", layers,
+                100.0 * tuning_.expert_side_read);
+  return line;
 }
 
 std::string ForwardPass::expert_upload_summary() const {

@@ -163,6 +163,8 @@ class ForwardPass {
   // How prompt passes treat the hybrid layers' host experts: "off", "from 128 tokens: 40 layers, 18.1 GB a pass over
   // 1.36 GB of staging", or why they cannot be uploaded.
   std::string expert_upload_summary() const;
+  // The hybrid layers' side read in decode steps (GpuTuning::expert_side_read): "off", or its layers and share.
+  std::string side_read_summary() const;
   void clear_profile() { profile_ = PassProfile{}; }
   // Kernel launches in the last graph captured for passes of `rows` rows (without profiling), 0 before one is; -1
   // when the runtime could not list the graph's nodes.

@@ -1,5 +1,6 @@
-// cuda_read_bandwidth and cuda_pinned_copy_bandwidth (cuda_engine.h): a streaming read of a device buffer and a copy
-// from page-locked host memory, timed with events.
+// cuda_read_bandwidth, cuda_pinned_copy_bandwidth and cuda_mapped_read_bandwidth (cuda_engine.h): a streaming read of
+// a device buffer, a copy from page-locked host memory and a kernel's read of mapped page-locked host memory, timed
+// with events.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -113,6 +114,38 @@ Expected<double> cuda_pinned_copy_bandwidth(int device) {
   if (host != nullptr) (void)cudaFreeHost(host);
   if (dev != nullptr) (void)cudaFree(dev);
   if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  return bw;
+}
+
+Expected<double> cuda_mapped_read_bandwidth(int device) {
+  if (std::string why = cuda_unavailable_reason(); !why.empty()) {
+    return make_error(ErrorCode::kFailedPrecondition, "no CUDA device to measure: " + why);
+  }
+  constexpr uint64_t kMappedBytes = uint64_t{256} << 20;
+  KESTREL_CUDA_TRY(cudaSetDevice(device));
+  int sms = 0;
+  KESTREL_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // Many loads in flight: each is a round trip over the bus.
+  const int blocks = std::max(sms, 1) * 8;
+  void* host = nullptr;
+  unsigned* out = nullptr;
+  auto measure = [&]() -> Expected<double> {
+    KESTREL_CUDA_TRY(cudaHostAlloc(&host, kMappedBytes, cudaHostAllocMapped));
+    std::memset(host, 1, kMappedBytes);
+    void* mapped = nullptr;
+    KESTREL_CUDA_TRY(cudaHostGetDevicePointer(&mapped, host, 0));
+    KESTREL_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&out), static_cast<size_t>(blocks) * sizeof(unsigned)));
+    KESTREL_CUDA_TRY(cudaMemset(out, 0, static_cast<size_t>(blocks) * sizeof(unsigned)));
+    KESTREL_TRY_ASSIGN(const float ms, best_ms(nullptr, [&]() -> Status {
+                         read_kernel<<<blocks, kThreads>>>(static_cast<const uint4*>(mapped), kMappedBytes / 16, out);
+                         KESTREL_CUDA_TRY(cudaGetLastError());
+                         return ok_status();
+                       }));
+    return static_cast<double>(kMappedBytes) / (static_cast<double>(ms) * 1e-3);
+  };
+  Expected<double> bw = measure();
+  if (host != nullptr) (void)cudaFreeHost(host);
+  if (out != nullptr) (void)cudaFree(out);
   return bw;
 }
 

@@ -11,7 +11,7 @@
 
 #include "core/base/expected.h"
 #include "core/gguf/ggml_type.h"
-#include "gpu/kernels/get_rows.h"  // DeviceMatrixView
+#include "gpu/kernels/device_views.h"
 
 namespace kestrel::gpu::detail {
 

@@ -16,17 +16,9 @@
 
 #include "core/base/expected.h"
 #include "core/gguf/ggml_type.h"
+#include "gpu/kernels/device_views.h"
 
 namespace kestrel::gpu {
-
-// A matrix on the device: n_rows rows of n_cols elements (ggml ne0 = n_cols, ne1 = n_rows), each row
-// ggml_row_bytes(type, n_cols) bytes, rows back to back. Not owned.
-struct DeviceMatrixView {
-  GgmlType type = GgmlType::kF32;
-  const void* data = nullptr;  // device; 2-byte aligned (4 for F32)
-  int64_t n_cols = 0;
-  int64_t n_rows = 0;
-};
 
 bool get_rows_supports(GgmlType type);
 

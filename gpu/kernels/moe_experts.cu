@@ -52,8 +52,9 @@ struct Groups {
   const int32_t* active_offset;  // [max_active + 1]
   const int32_t* entry_token;    // [entries]
   int n_tok;
-  const int32_t* resident = nullptr;  // hybrid layers: expert id → index in the compact stack, < 0: not here (the
-                                      // block returns); null: the stack holds every expert
+  const int32_t* resident = nullptr;    // hybrid layers: expert id → index in the compact stack, < 0: not here (the
+                                        // block returns); null: the stack holds every expert
+  const int32_t* active_end = nullptr;  // [max_active]: one past each slot's last entry; null: active_offset[slot + 1]
 };
 
 std::string tname(GgmlType t) { return std::string(ggml_type_name(t)); }
@@ -81,6 +82,7 @@ struct Job {
   Groups gr;
   const float* x;
   float* out;
+  const int32_t* out_row = nullptr;  // entry → its row of out; null: the entry itself
 };
 
 // Grid y: the routed job's active-expert slots, plus (when j1_slot >= 0) one slot j1_slot for a second job (the
@@ -102,9 +104,11 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(Job j0, Job j1, int j
                   s2 ? j1.gr.active_offset : j0.gr.active_offset,
                   s2 ? j1.gr.entry_token : j0.gr.entry_token,
                   s2 ? j1.gr.n_tok : j0.gr.n_tok,
-                  s2 ? j1.gr.resident : j0.gr.resident};
+                  s2 ? j1.gr.resident : j0.gr.resident,
+                  s2 ? j1.gr.active_end : j0.gr.active_end};
   const float* __restrict__ x = s2 ? j1.x : j0.x;
   float* __restrict__ out = s2 ? j1.out : j0.out;
+  const int32_t* __restrict__ out_row = s2 ? j1.out_row : j0.out_row;
   int expert = 0;
   int first = 0;
   int last = gr.n_tok;
@@ -116,7 +120,7 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(Job j0, Job j1, int j
       if (expert < 0) return;  // whole block: a host expert
     }
     first = gr.active_offset[slot];
-    last = gr.active_offset[slot + 1];
+    last = gr.active_end != nullptr ? gr.active_end[slot] : gr.active_offset[slot + 1];
   }
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -182,7 +186,8 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(Job j0, Job j1, int j
     for (int v = 0; v < kEntryTile; ++v) {
       if (v < nv && lane == v) {
         const float val = kGateUp ? __fmul_rn(silu_rn(acc_a[v]), acc_b[v]) : acc_a[v];
-        out[static_cast<int64_t>(c0 + v) * a.n_rows + row] = val;
+        const int at = out_row != nullptr ? out_row[c0 + v] : c0 + v;
+        out[static_cast<int64_t>(at) * a.n_rows + row] = val;
       }
     }
   }
@@ -478,6 +483,34 @@ Status forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* out,
 }
 
 }  // namespace
+
+Status moe_expert_groups(const MoeExpertGroups& g, cudaStream_t stream) {
+  const MoeBusStacks& st = g.stacks;
+  const int64_t H = st.gate.n_cols, I = st.gate.n_rows, E = st.gate.n_expert;
+  if (st.gate.data == nullptr || st.up.data == nullptr || st.down.data == nullptr || g.n_groups == nullptr ||
+      g.expert == nullptr || g.first == nullptr || g.end == nullptr || g.entry_token == nullptr ||
+      g.out_entry == nullptr || g.x == nullptr || g.h == nullptr || g.ye == nullptr || g.max_groups < 1 ||
+      g.n_tok < 1 || H < 1 || I < 1 || E < 1) {
+    return make_error(ErrorCode::kInvalidArgument, "moe expert groups: a null table or buffer, or an empty shape");
+  }
+  if (st.up.n_cols != H || st.up.n_rows != I || st.up.n_expert != E || st.down.n_cols != I || st.down.n_rows != H ||
+      st.down.n_expert != E || st.gate.type != st.up.type) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "moe expert groups: the stacks are not gate/up {H, I, E} of one type and down {I, H, E}");
+  }
+  if (!has_dequant(st.gate.type) || !has_dequant(st.down.type) ||
+      !ggml_row_bytes(st.gate.type, static_cast<uint64_t>(H)) ||
+      !ggml_row_bytes(st.down.type, static_cast<uint64_t>(I))) {
+    return make_error(ErrorCode::kUnsupported, "moe expert groups: types " + tname(st.gate.type) + " / " +
+                                                   tname(st.down.type) + " at these shapes");
+  }
+  Groups gr{g.n_groups, g.expert, g.first, g.entry_token, g.n_tok};
+  gr.active_end = g.end;
+  const Job gate_up{stack_of(st.gate), stack_of(st.up), gr, g.x, g.h};
+  const Job down{stack_of(st.down), stack_of(st.down), gr, g.h, g.ye, g.out_entry};
+  KESTREL_TRY(launch_grouped(st.gate.type, true, gate_up, g.max_groups, nullptr, stream));
+  return launch_grouped(st.down.type, false, down, g.max_groups, nullptr, stream);
+}
 
 Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* out, void* workspace,
                    cudaStream_t stream, MoeLaunchInfo* info) {

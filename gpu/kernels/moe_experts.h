@@ -19,21 +19,11 @@
 
 #include "core/base/expected.h"
 #include "core/gguf/ggml_type.h"
-#include "gpu/kernels/get_rows.h"  // DeviceMatrixView
+#include "gpu/kernels/device_views.h"
 #include "gpu/kernels/moe_hybrid.h"
 #include "gpu/kernels/moe_router.h"
 
 namespace kestrel::gpu {
-
-// A stack of n_expert matrices of n_rows rows of n_cols elements on the device, expert-major (ggml ne0 = n_cols,
-// ne1 = n_rows, ne2 = n_expert), each row ggml_row_bytes(type, n_cols) bytes. Not owned.
-struct DeviceExpertsView {
-  GgmlType type = GgmlType::kF32;
-  const void* data = nullptr;  // device; 2-byte aligned (4 for F32)
-  int64_t n_cols = 0;
-  int64_t n_rows = 0;
-  int64_t n_expert = 0;
-};
 
 // One MoE layer's weights on the device (the roles of ref::MoeWeights).
 struct MoeDeviceWeights {
@@ -78,5 +68,29 @@ Status moe_forward(const MoeDeviceWeights& w, const float* x, int n_tok, float* 
 Status moe_forward_hybrid(const MoeDeviceWeights& w, const MoeHybrid& h, const float* x, int n_tok, float* out,
                           void* workspace, cudaStream_t stream, const MoePhaseHooks& hooks,
                           MoeLaunchInfo* info = nullptr);
+
+// Groups of entries of a list, each group one expert of full raw stacks (every expert of a layer, at device-usable
+// addresses: the hybrid layer's side read, moe_hybrid.h step 3b, reads them from mapped page-locked host memory),
+// computed as moe_forward computes its routed experts: for each list position p of group g (first[g] <= p < end[g]),
+// h[p] = silu(gate_x · x[token[p]]) · (up_x · x[token[p]]) and ye[out_entry[p]] = down_x · h[p], x = expert[g];
+// each expert row is read once for all the group's positions. The groups' count is read on the device (*n_groups <=
+// max_groups; the tables are written by a kernel before, e.g. moe_imma's hybrid routing). Rows of ye that no position
+// names are not written. Two launches on `stream`, plain; errors (kInvalidArgument, kUnsupported) before anything is
+// enqueued.
+struct MoeExpertGroups {
+  MoeBusStacks stacks;
+  const int32_t* n_groups = nullptr;     // device [1]
+  const int32_t* expert = nullptr;       // device [max_groups]
+  const int32_t* first = nullptr;        // device [max_groups]
+  const int32_t* end = nullptr;          // device [max_groups]
+  const int32_t* entry_token = nullptr;  // device [positions]: x's row of each position
+  const int32_t* out_entry = nullptr;    // device [positions]: ye's row of each position
+  int max_groups = 0;
+  int n_tok = 0;
+  const float* x = nullptr;  // device f32 [n_tok, H], 16-byte aligned
+  float* h = nullptr;        // device f32 [positions, I]
+  float* ye = nullptr;       // device f32 [rows, H]
+};
+Status moe_expert_groups(const MoeExpertGroups& g, cudaStream_t stream);
 
 }  // namespace kestrel::gpu

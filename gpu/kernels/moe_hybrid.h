@@ -13,10 +13,19 @@
 //   3. the resident experts (read from compact stacks: expert id → resident[id]) and the shared expert, as the
 //      all-resident layer computes them, skipping host experts (no launch at all when nothing is resident and there
 //      is no shared expert);
+//      3b. with the side read (MoeHybrid::bus set; moe_imma_forward_hybrid only): of each token's h host choices in
+//      selection order, the last round(h · bus_share) are read by the device itself, in place, from the page-locked
+//      host copy over the bus (moe_experts.h's raw-block grouped kernel on mapped pointers: moe_expert_groups) while
+//      the host's workers read the others from DRAM — the host's memory serves both at once
+//      (dev/notes/hybrid-next.md: ~49 GB/s over the bus beside ~85 from 14 threads on the lent H100 box). The rule is
+//      the token's own, so its bits do not depend on its batch. Step 1 gives those choices to nobody on the host
+//      (kExpertNotHere) and keeps their entry weights, so the combine reads their rows as a resident expert's. An
+//      expert with bus entries is read over the bus once for all of them;
 //   4. hooks.before_combine(): the caller's join (the engine's: expert_handoff_join, which waits for the host's
 //      answer and copies its partial sums into host_y);
 //   5. the combine, in this fixed order per token t and column c:
-//        y  = 0;  for each of t's device entries by ascending expert id:  y += ye_entry · w_entry
+//        y  = 0;  for each of t's device entries (resident or read over the bus) by ascending expert id:
+//                   y += ye_entry · w_entry
 //        y += host_y[t]                       (the backend's Σ over t's host experts by ascending id, from 0)
 //        y += sigmoid(shared_gate · x_t) · shared_t      (with a shared expert)
 //      The reference sums all k experts by ascending id in one sum: the split differs from it by the rounding of one
@@ -32,10 +41,17 @@
 
 #include "core/base/expected.h"
 #include "core/engine/expert_backend.h"
-#include "gpu/kernels/get_rows.h"  // DeviceMatrixView
+#include "gpu/kernels/device_views.h"
 #include "gpu/kernels/moe_router.h"
 
 namespace kestrel::gpu {
+
+// A layer's three routed-expert stacks in raw GGUF blocks, expert-major ([n_expert][n_rows][n_cols]), device-usable.
+struct MoeBusStacks {
+  DeviceExpertsView gate;  // {H, I, E}
+  DeviceExpertsView up;    // {H, I, E}
+  DeviceExpertsView down;  // {I, H, E}
+};
 
 // Which routed experts of a layer the device holds, and the device buffers of the host hand-off.
 struct MoeHybrid {
@@ -44,6 +60,11 @@ struct MoeHybrid {
   int32_t n_resident = 0;                // experts in the compact stacks (0: none; the stacks may then be null)
   ExpertChoice* host_choices = nullptr;  // device [n_tok, k]: written by step 1
   const float* host_y = nullptr;         // device f32 [n_tok, H]: read by the combine (step 5)
+  // Step 3b: the layer's full raw expert stacks (every expert, as the file holds them) at device-usable mapped
+  // addresses of page-locked host memory (gpu/memory/pinned_experts.h); data null: no side read.
+  MoeBusStacks bus;
+  float bus_share = 0.0f;  // in [0, 1]: the share of each token's host choices read over the bus (0: none)
+  bool side_read() const { return bus.gate.data != nullptr && bus_share > 0.0f; }
 };
 
 // Callbacks between a MoE layer's phases: after the router's logits (and x's prepared form), after the routing (step 2

@@ -17,6 +17,7 @@
 // Σ ⌈c_e/C⌉ <= Σ (1 + ⌊c_e/C⌋) <= n_active + ⌊n_entries/C⌋, and <= n_entries (the workspace holds C = 1's).
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <cub/block/block_scan.cuh>
@@ -31,6 +32,7 @@
 #include "gpu/kernels/gemv_imma.h"
 #include "gpu/kernels/imma_prepare.cuh"
 #include "gpu/kernels/moe_combine.cuh"
+#include "gpu/kernels/moe_experts.h"
 #include "gpu/kernels/moe_hybrid.h"
 #include "gpu/kernels/moe_imma.h"
 #include "gpu/kernels/moe_route.cuh"
@@ -105,6 +107,11 @@ struct Layout {
   uint8_t* aprep = nullptr;       // n_all prepared vectors of I
   float* ye = nullptr;            // f32 [n_all, H]
   int32_t* n_used = nullptr;      // [2]: the tables' segments in use (gate+up, down)
+  int32_t* bus = nullptr;         // hybrid layers' side read (moe_hybrid.h step 3b): [1 + 3 · max_active + 2 ·
+                                  // n_entries + 2 · E]: the groups' count; their experts, first and end list
+                                  // positions; each list position's token and routing entry; the routing kernel's
+                                  // per-expert words (bus mask, list offset)
+  float* bus_h = nullptr;         // f32 [n_entries, I]: the side read's SwiGLU activations, by list position
   size_t bytes = 0;
 };
 
@@ -123,6 +130,8 @@ Layout layout_of(const MoeImmaWeights& w, const Counts& c, void* base) {
   l.aprep = sc.take(all * imma_x_bytes(w.n_ff, 1));
   l.ye = sc.take<float>(all * H * 4);
   l.n_used = sc.take<int32_t>(2 * sizeof(int32_t));
+  l.bus = sc.take<int32_t>((1 + 3 * static_cast<size_t>(c.max_active) + 2 * all + 2 * E) * sizeof(int32_t));
+  l.bus_h = sc.take<float>(static_cast<size_t>(c.n_entries) * I * 4);
   l.bytes = sc.bytes();
   return l;
 }
@@ -152,6 +161,16 @@ struct TableArgs {
   int32_t* n_used;     // [2]: segments the tables hold, gate+up and down (counted tables; else null: empties written)
   const int32_t* resident;  // hybrid layers (route_table_hybrid_kernel): expert id → index in the compact stacks,
                             // < 0: a host expert (no chunks); null: the stacks hold every expert
+  float bus_share;          // hybrid layers' side read (moe_hybrid.h step 3b): the share of each token's host
+                            // choices read over the bus; 0: none (the bus tables are not written)
+  int32_t* bus_n;           // [1]: the side read's groups (one per expert with bus entries)
+  int32_t* bus_expert;      // [max_active]: each group's expert, ascending
+  int32_t* bus_first;       // [max_active]: its first position in the bus list (entries by expert, then token)
+  int32_t* bus_end;         // [max_active]: one past its last
+  int32_t* bus_token;       // [n_entries]: each list position's token
+  int32_t* bus_entry;       // [n_entries]: each list position's routing entry (the combine's row of ye)
+  unsigned* bus_mask;       // [n_expert]: the routing kernel's own words (moe_imma_forward_hybrid's workspace)
+  int32_t* bus_off;         // [n_expert]
 };
 
 // A segment in 16-byte pieces (the tables are 16-byte aligned: scratch_carve).
@@ -337,28 +356,80 @@ __global__ void __launch_bounds__(moe_route_dev::kThreads)
   write_tables<moe_route_dev::kThreads>(a, rt, n_expert);
 }
 
-// route_table_kernel for a hybrid layer (moe_hybrid.h step 1; a.resident set): after the routing, entry (t, j) of a
-// host expert is written to host_choices (the device's experts as kExpertNotHere) and its routing entry's weight set
-// to −1 (its place: the expert's first entry + the tokens below t in its mask, as group_entries placed it); then the
-// tables, whose chunks skip the host experts and address the compact stacks.
+// route_table_kernel for a hybrid layer (moe_hybrid.h step 1; a.resident set). After the routing, entry (t, j) of
+// a host expert (not resident) goes to the host or, with the side read (a.bus_share > 0), to the bus: of token t's
+// h_t host choices in selection order the last round(h_t · share) are the bus's — a rule of the token alone, so a
+// token's results do not depend on the batch it runs in. The bus entries form a list sorted by expert, then token
+// (two block scans over the experts: list offsets and group slots), each position with its token and routing entry,
+// and one group (expert, first, end position) per expert with bus entries. A host entry is written to host_choices
+// (the device's and the bus's as kExpertNotHere) and its routing entry's weight set to −1 (its place: the expert's
+// first entry + the tokens below t in its mask, as group_entries placed it); a bus entry keeps its weight, so the
+// combine reads its row of ye like a resident expert's. Then the tables, whose chunks skip the host experts (bus or
+// not) and address the compact stacks.
 template <int kPer>
 __global__ void __launch_bounds__(moe_route_dev::kThreads)
     route_table_hybrid_kernel(const float* __restrict__ logits, int n_expert, int k, TableArgs a,
                               ExpertChoice* __restrict__ host_choices) {
+  // The tables' writer and the routing fill the static shared memory: the side read's per-expert words live in the
+  // workspace (a.bus_mask, a.bus_off; ordered within the block by its barriers) and its scans take the warp-scan
+  // form, whose temporary storage is a word per warp.
+  using Scan = cub::BlockScan<int, moe_route_dev::kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
+  __shared__ typename Scan::TempStorage bus_scan;
   pdl_trigger();
   pdl_wait();
   const moe_route_dev::BlockRoute rt = moe_route_dev::route_block<kPer>(logits, a.n_tok, n_expert, k, a.r);
-  __syncthreads();  // the routing's results (shared and global) are visible to the whole block
   const int tid = static_cast<int>(threadIdx.x);
-  if (tid < a.n_entries) {
-    const int t = tid / k;
-    const int x = a.r.ids[tid];  // written by this block before the barrier
-    const bool here = a.resident[x] >= 0;
+  const bool side_read = a.bus_share > 0.0f;
+  unsigned* const bus_mask = a.bus_mask;  // [n_expert] bit t: token t's choice of the expert is the bus's
+  int32_t* const bus_off = a.bus_off;     // [n_expert] the expert's first list position
+  if (side_read && tid < n_expert) bus_mask[tid] = 0u;
+  __syncthreads();  // the routing's results (shared and global) are visible to the whole block
+  const bool entry = tid < a.n_entries;
+  const int t = tid / k;
+  const int x = entry ? a.r.ids[tid] : 0;  // written by this block before the barrier
+  const bool host = entry && a.resident[x] < 0;
+  bool bus = false;
+  if (side_read) {
+    if (host) {
+      int rank = 0, h_t = 0;  // this choice's rank among the token's host choices, and their count
+      for (int j = 0; j < k; ++j) {
+        const bool hj = a.resident[a.r.ids[t * k + j]] < 0;
+        h_t += hj ? 1 : 0;
+        rank += (hj && t * k + j < tid) ? 1 : 0;
+      }
+      const int m = min(h_t, static_cast<int>(floorf(__fmaf_rn(static_cast<float>(h_t), a.bus_share, 0.5f))));
+      bus = rank >= h_t - m;
+      if (bus) atomicOr(&bus_mask[x], 1u << t);
+    }
+    __syncthreads();  // bus_mask
+    const int e = tid;
+    const int count = e < n_expert ? __popc(__ldcg(&bus_mask[e])) : 0;
+    int off = 0, slot = 0, n_groups = 0, total = 0;
+    Scan(bus_scan).ExclusiveSum(count, off, total);
+    __syncthreads();  // bus_scan is reused
+    Scan(bus_scan).ExclusiveSum(count > 0 ? 1 : 0, slot, n_groups);
+    if (e < n_expert) bus_off[e] = off;
+    if (count > 0) {
+      a.bus_expert[slot] = e;
+      a.bus_first[slot] = off;
+      a.bus_end[slot] = off + count;
+    }
+    if (tid == 0) *a.bus_n = n_groups;
+    __syncthreads();  // bus_off
+  }
+  if (entry) {
+    const int routing_entry = host ? rt.first[x] + __popc(rt.mask[x] & ((1u << t) - 1u)) : 0;
+    if (bus) {
+      const int p = __ldcg(&bus_off[x]) + __popc(__ldcg(&bus_mask[x]) & ((1u << t) - 1u));
+      a.bus_token[p] = t;
+      a.bus_entry[p] = routing_entry;
+    }
+    const bool to_host = host && !bus;
     ExpertChoice c;
-    c.expert = here ? kExpertNotHere : x;
-    c.weight = here ? 0.0f : a.r.weights[tid];
+    c.expert = to_host ? x : kExpertNotHere;
+    c.weight = to_host ? a.r.weights[tid] : 0.0f;
     host_choices[tid] = c;
-    if (!here) a.r.entry_weight[rt.first[x] + __popc(rt.mask[x] & ((1u << t) - 1u))] = -1.0f;
+    if (to_host) a.r.entry_weight[routing_entry] = -1.0f;
   }
   write_tables<moe_route_dev::kThreads>(a, rt, n_expert);
 }
@@ -909,6 +980,19 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
   const int32_t* const used_dn = counted ? l.n_used + 1 : nullptr;
   ta.arrivals = route_arrivals;
   ta.resident = h != nullptr ? h->resident : nullptr;
+  const bool side_read = h != nullptr && h->side_read();
+  if (side_read) {
+    if (!(h->bus_share <= 1.0f)) return bad("bus_share " + std::to_string(h->bus_share) + " outside [0, 1]");
+    ta.bus_share = h->bus_share;
+    ta.bus_n = l.bus;
+    ta.bus_expert = l.bus + 1;
+    ta.bus_first = ta.bus_expert + c.max_active;
+    ta.bus_end = ta.bus_first + c.max_active;
+    ta.bus_token = ta.bus_end + c.max_active;
+    ta.bus_entry = ta.bus_token + c.n_entries;
+    ta.bus_mask = reinterpret_cast<unsigned*>(ta.bus_entry + c.n_entries);
+    ta.bus_off = ta.bus_entry + c.n_entries + E;
+  }
   const bool spread = n_tok >= tuning.route_spread_min_tokens;
   const bool by_warp = c.n_entries <= 32 && !spread && tuning.route_by_warp;
   KESTREL_TRY(moe_route_dev::with_route_per_lane(E, [&](auto per) {
@@ -962,6 +1046,27 @@ Status forward(const MoeImmaWeights& w, const float* x, int n_tok, float* out, v
     KESTREL_TRY(gemv_imma_segments(w.down_type, I, H, l.seg_dn, c.n_seg_dn(), l.aprep, l.ye, H, stream, seg_bound, true,
                                    used_dn, true, tuning.grouped_gemv));
     ++launches;
+  }
+
+  // The side read's experts, while the host's workers compute theirs; their rows of ye are the routing entries'.
+  if (side_read) {
+    MoeExpertGroups g;
+    g.stacks = h->bus;
+    g.n_groups = ta.bus_n;
+    g.expert = ta.bus_expert;
+    g.first = ta.bus_first;
+    g.end = ta.bus_end;
+    g.entry_token = ta.bus_token;
+    g.out_entry = ta.bus_entry;
+    // A token gives the bus at most round(k · share) choices (the routing's rounding, + 1 to spare), each an expert.
+    const int per_token = static_cast<int>(std::floor(std::fmaf(static_cast<float>(k), h->bus_share, 0.5f))) + 1;
+    g.max_groups = std::min(c.max_active, n_tok * std::min(k, per_token));
+    g.n_tok = n_tok;
+    g.x = x;
+    g.h = l.bus_h;
+    g.ye = l.ye;
+    KESTREL_TRY(moe_expert_groups(g, stream));
+    launches += 2;
   }
 
   if (hooks != nullptr && hooks->before_combine) KESTREL_TRY(hooks->before_combine());

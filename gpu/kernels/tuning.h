@@ -86,6 +86,9 @@ struct GdnDecodeTuning {
 inline constexpr int kExpertUploadAuto = -1;
 inline constexpr int kExpertUploadMeasuredTokens = 160;
 
+// GpuTuning::expert_side_read: chosen by the placed engine's cost model.
+inline constexpr float kSideReadAuto = -1.0f;
+
 // Everything the engine fixes for its life.
 struct GpuTuning {
   // The projections (gemv_imma, gemv_imma_prepare_swiglu) and the GDN step launch as programmatic dependents of the
@@ -103,6 +106,11 @@ struct GpuTuning {
   // CPU gave 387 / 774 / 1544 against 459 / 494 / 523 tokens/s and a 12 GiB budget 931 / 1778 / 3205 against 1075 /
   // 1177 / 1267: an upload cost a fixed ~330 (~137) ms, the host ~1.9 (~0.8) ms a token, crossing near 155 tokens.
   int expert_upload_min_tokens = kExpertUploadAuto;
+  // Decode steps of hybrid layers whose host experts are page-locked read this share of each token's host choices
+  // over the bus themselves (the side read, gpu/kernels/moe_hybrid.h step 3b) while the host's workers read the
+  // rest; 0: never. kSideReadAuto: hybrid/placed_cuda_engine.h sets it from the measured rates (the GPU's read of
+  // mapped page-locked memory against the host's read); an engine made directly never reads over the bus.
+  float expert_side_read = kSideReadAuto;
 };
 
 }  // namespace kestrel::gpu

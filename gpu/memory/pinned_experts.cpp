@@ -72,6 +72,7 @@ Expected<std::unique_ptr<PinnedExperts>> PinnedExperts::create(const Model& mode
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<PinnedExperts> p(new PinnedExperts());
   p->layers_.resize(n_layer);
+  p->device_layers_.resize(n_layer);
   // Where each chosen stack goes: 2 MiB apart (kernel-friendly alignment, whole huge pages).
   std::vector<Piece> pieces;
   std::vector<const uint8_t**> into;
@@ -110,8 +111,17 @@ Expected<std::unique_ptr<PinnedExperts>> PinnedExperts::create(const Model& mode
   auto* at = static_cast<uint8_t*>(base);
   copy_pieces(pieces, at, threads);
   for (size_t i = 0; i < pieces.size(); ++i) *into[i] = at + pieces[i].offset;
-  KESTREL_CUDA_TRY(cudaHostRegister(base, size, cudaHostRegisterDefault));
+  KESTREL_CUDA_TRY(cudaHostRegister(base, size, cudaHostRegisterMapped));
   p->registered_ = true;
+  void* dev = nullptr;
+  KESTREL_CUDA_TRY(cudaHostGetDevicePointer(&dev, base, 0));
+  auto device_of = [&](const uint8_t* host) {
+    return host == nullptr ? nullptr : static_cast<const uint8_t*>(dev) + (host - static_cast<const uint8_t*>(base));
+  };
+  for (uint32_t l = 0; l < n_layer; ++l) {
+    const Layer& h = p->layers_[l];
+    p->device_layers_[l] = Layer{device_of(h.gate), device_of(h.up), device_of(h.down)};
+  }
   p->seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return p;
 }

@@ -7,9 +7,12 @@
 // besides the transfer's read; on the lent H100 box that bounce moved 18 GB in 650 ms (28 GB/s) with the host's
 // memory busy. The CPU expert backend reads the same copy for decode steps, so the experts are held once.
 //
+// The hybrid layers' side read (gpu/kernels/moe_hybrid.h step 3b) has GPU kernels read some of each step's host
+// experts from this copy in place over the bus, through its mapped device addresses (device_layer()).
+//
 // Memory: one anonymous mapping (transparent huge pages asked for, as the CPU kernels read it), filled by `threads`
-// copy threads, then registered with cudaHostRegister. The file mapping itself is never registered: over the 35B
-// file that did not finish in minutes (one core busy in the driver), while registering anonymous memory that is
+// copy threads, then registered (mapped) with cudaHostRegister. The file mapping itself is never registered: over the
+// 35B file that did not finish in minutes (one core busy in the driver), while registering anonymous memory that is
 // already faulted in only pins it.
 //
 // Ownership: owns its memory; borrows nothing after create(). Thread-safe for reading.
@@ -48,6 +51,8 @@ class PinnedExperts {
 
   // Layer l's stacks (l < n_layer).
   const Layer& layer(size_t l) const { return layers_[l]; }
+  // The same stacks at their mapped device addresses, for kernels (l < n_layer).
+  const Layer& device_layer(size_t l) const { return device_layers_[l]; }
   size_t n_layer() const { return layers_.size(); }
   // Bytes held, and seconds create() took (copy and registration).
   uint64_t bytes() const { return bytes_; }
@@ -56,6 +61,7 @@ class PinnedExperts {
  private:
   PinnedExperts() = default;
   std::vector<Layer> layers_;
+  std::vector<Layer> device_layers_;
   void* base_ = nullptr;
   uint64_t mapped_ = 0;
   uint64_t bytes_ = 0;

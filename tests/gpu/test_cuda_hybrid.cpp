@@ -15,13 +15,15 @@
 //     bits and agrees with the same prompt fed 32 tokens a step within kInt8PassTol, with the same greedy token;
 //   - a prompt pass long enough to upload the host experts (gpu/engine/expert_upload.h) gives the all-GPU engine's
 //     bits (moe_imma models; raw-block ones skip), a shorter one the host's;
+//   - the side read (moe_hybrid.h step 3b; moe_imma models), at shares 1 and 0.5 of each token's host choices over the
+//     bus: greedy tokens and logits as above, bit-identical across runs and batches;
 //   - an error of the backend on the hand-off thread fails that step with its message, and the engine steps again
 //     after it; a backend that holds the wrong experts, or none, is refused at creation;
 //   - hybrid::make_placed_cuda_engine (what kestreld builds): a budget too small for the dense weights is refused
 //     with their bytes; --n-cpu-moe over every MoE layer gives an engine that matches the reference, its experts
-//     page-locked and its upload threshold from the cost model; a budget that splits the experts takes routing
-//     counts from a calibration prompt (the GPU holding the most-chosen ones), keeps them and reads them back on the
-//     next start.
+//     page-locked, its upload threshold and side-read share from the cost model; a budget that splits the experts takes
+//     routing counts from a calibration prompt (the GPU holding the most-chosen ones), keeps them and reads them back
+//     on the next start.
 // Tolerance: the CUDA engine's (test_cuda_engine.cpp): max|Δ| ≤ 2e-3 · max(1, max|ref|) per row. The hybrid layer adds
 // to the all-GPU engine's differences the CPU GEMVs' summation order (~1e-7 relative per product, f32 activations)
 // and one more f32 rounding where the host partial joins the device's (moe_hybrid.h) — the same order of magnitude,
@@ -133,13 +135,16 @@ std::unique_ptr<cpu::CpuExpertBackend> make_backend(const Model& m, const Placem
 
 // upload_min_tokens: prompt passes from this many tokens stage the host experts on the GPU (0: never, so the tests of
 // the host hand-off see it in prompt passes too).
+// side_read: GpuTuning::expert_side_read (it needs `pinned`).
 std::unique_ptr<gpu::CudaEngine> make_engine(const Model& m, const PlacementDecision& d,
                                              std::shared_ptr<ExpertBackend> backend, int upload_min_tokens = 0,
-                                             std::shared_ptr<const gpu::PinnedExperts> pinned = nullptr) {
+                                             std::shared_ptr<const gpu::PinnedExperts> pinned = nullptr,
+                                             float side_read = 0.0f) {
   gpu::CudaEngineOptions o;
   o.max_slots = 10;
   o.n_ctx = kCtx;
   o.tuning.expert_upload_min_tokens = upload_min_tokens;
+  o.tuning.expert_side_read = side_read;
   o.placement = d;
   o.expert_backend = std::move(backend);
   o.pinned_experts = std::move(pinned);
@@ -395,6 +400,76 @@ TEST_P(CudaHybridTest, PageLockedExpertsGiveTheMappedEnginesResults) {
   }
 }
 
+// The side read (moe_hybrid.h step 3b): the hybrid moe_imma layers read a share of each token's host choices over the
+// bus from the page-locked copy (share 1: all of them, the host computes nothing; 0.5: both sides). The greedy tokens
+// and logits follow the reference within the tolerance (the bus experts' arithmetic is moe_forward's, f32 against
+// dequantized weights), repeated runs give the same bits, and a session's bits do not depend on its batch (the split
+// is a rule of each token's own choices). Raw-block layers (moe_forward) have no side read: their models skip.
+TEST_P(CudaHybridTest, SideReadFollowsTheReferenceAndStaysBatchInvariant) {
+  const ExpertSet host = ExpertSet::on_device(decision_, WeightDevice::kHost);
+  auto made = gpu::PinnedExperts::create(*model_, host.layers(), 3);
+  ASSERT_TRUE(made.has_value()) << made.error().to_string();
+  std::shared_ptr<const gpu::PinnedExperts> pinned = std::move(*made);
+  for (float share : {1.0f, 0.5f}) {
+    std::unique_ptr<gpu::CudaEngine> e =
+        make_engine(*model_, decision_, make_backend(*model_, decision_, cpu::CpuActivations::kF32), 0, pinned, share);
+    ASSERT_NE(e, nullptr);
+    const std::string layout = e->layout_summary();
+    if (layout.find("side read: off (no hybrid moe_imma layer") != std::string::npos) {
+      GTEST_SKIP() << "raw-block MoE layers: no side read (" << layout << ")";
+    }
+    ASSERT_NE(layout.find("of each token's host choices over the bus"), std::string::npos) << layout;
+    std::printf("[ %s ] share %.1f: %s\n", what().c_str(), share, layout.c_str());
+
+    const std::vector<int32_t> prompt = test::iota_tokens(12);
+    auto rs = ref_->slot_alloc(kCtx);
+    auto cs = e->slot_alloc(kCtx);
+    ASSERT_TRUE(rs && cs);
+    std::vector<float> rl = test::run_one(*ref_, *rs, prompt);
+    std::vector<float> cl = test::run_one(*e, *cs, prompt);
+    float worst = rel_diff(cl, rl);
+    for (int step = 0; step < kGreedySteps; ++step) {
+      const int32_t rt = test::argmax(rl);
+      ASSERT_EQ(test::argmax(cl), rt) << "share " << share << ": greedy token " << step << " differs";
+      const int32_t tok[1] = {rt};
+      rl = test::run_one(*ref_, *rs, tok);
+      cl = test::run_one(*e, *cs, tok);
+      worst = std::max(worst, rel_diff(cl, rl));
+    }
+    EXPECT_LE(worst, kRelTol) << "share " << share;
+    std::printf("[ %s ] share %.1f: %d greedy tokens equal; logits max rel diff %.3g\n", what().c_str(), share,
+                kGreedySteps, worst);
+    ref_->slot_free(*rs);
+
+    // The int8 backend (the default; BitIdenticalAcrossRunsAndBatches) for the bits.
+    e = make_engine(*model_, decision_, make_backend(*model_, decision_, cpu::CpuActivations::kInt8), 0, pinned, share);
+    ASSERT_NE(e, nullptr);
+    const std::vector<int32_t> p7 = test::iota_tokens(7, 5, 13);
+    const int32_t next[1] = {42};
+    auto a = e->slot_alloc(kCtx);
+    ASSERT_TRUE(a);
+    test::run_one(*e, *a, p7);
+    const std::vector<float> alone = test::run_one(*e, *a, next);
+    e->slot_reset(*a);
+    test::run_one(*e, *a, p7);
+    EXPECT_EQ(test::run_one(*e, *a, next), alone) << "share " << share << ": a repeated run differs";
+    e->slot_reset(*a);
+    std::vector<EngineStepItem> items = {{*a, p7}};
+    const int32_t other_tok[1] = {77};
+    for (int i = 0; i < 7; ++i) {
+      auto o = e->slot_alloc(kCtx);
+      ASSERT_TRUE(o);
+      test::run_one(*e, *o, test::iota_tokens(1 + i, 100 + i, 3));
+      items.push_back({*o, other_tok});
+    }
+    ASSERT_TRUE(test::run_tick(*e, items).status[0]);
+    items[0].tokens = next;
+    test::TickResult batch = test::run_tick(*e, items);
+    ASSERT_TRUE(batch.status[0]);
+    EXPECT_EQ(batch.logits[0], alone) << "share " << share << ": a session's logits depend on the batch";
+  }
+}
+
 TEST_P(CudaHybridTest, BackendErrorsFailTheStepAndTheEngineRecovers) {
   auto inner = make_backend(*model_, decision_, cpu::CpuActivations::kF32);
   ASSERT_NE(inner, nullptr);
@@ -506,18 +581,25 @@ TEST(PlacedCudaEngine, NCpuMoeOverEveryLayerMatchesTheReference) {
   o.activations = cpu::CpuActivations::kF32;
   auto placed = hybrid::make_placed_cuda_engine(**m, o);
   ASSERT_TRUE(placed.has_value()) << placed.error().to_string();
-  // The default upload setting: the host's experts page-locked, and the threshold from the measured cost model.
+  // The default upload and side-read settings: the host's experts page-locked, the upload threshold and the side
+  // read's share from the measured rates.
   int upload_from = 0;
   bool page_locked = false;
+  float side_read = -1.0f;
   for (const std::string& line : placed->plan) {
     std::printf("%s\n", line.c_str());
-    page_locked = page_locked || line.find("host experts page-locked for prompt uploads") != std::string::npos;
+    page_locked = page_locked || line.find("host experts page-locked (prompt uploads, side read)") != std::string::npos;
+    if (line.find("side read: the GPU reads") != std::string::npos && line.find("(cost model: ") != std::string::npos) {
+      std::sscanf(line.c_str(), " side read: the GPU reads %f%%", &side_read);
+    }
     if (line.find("(cost model: ") != std::string::npos) {
       std::sscanf(line.c_str(), " prompt passes upload the host's experts from %d tokens", &upload_from);
     }
   }
   EXPECT_TRUE(page_locked);
   EXPECT_GE(upload_from, 1) << "no cost-model threshold in the plan";
+  EXPECT_GT(side_read, 0.0f) << "no cost-model side read in the plan";
+  EXPECT_LT(side_read, 100.0f);
   gpu::CudaEngine& e = *placed->engine;
   EXPECT_EQ(e.host_expert_layers(), e.hybrid_layers());
   EXPECT_EQ(e.routed_expert_bytes(), 0u);

@@ -158,6 +158,7 @@ TEST(DaemonConfig, EveryBadValueNamesKeyAndLine) {
       {"cuda", "prompt_digits = 3"},
       {"cuda", "prompt_digits = 8"},
       {"cuda", "expert_upload = -2"},
+      {"cuda", "side_read = 101"},
       {"cuda", "routing_calibration = -1"},
       {"cpu", "threads = -1"},
       {"limits", "max_sessions = 0"},
