@@ -60,6 +60,17 @@ Expected<float> best_ms(cudaStream_t stream, const std::function<Status()>& enqu
   return ms;
 }
 
+// Bytes/s of read_kernel over `bytes` at device-usable `src` with `blocks` blocks (an `out` word each).
+Expected<double> kernel_read_rate(const void* src, uint64_t bytes, int blocks, unsigned* out) {
+  KESTREL_CUDA_TRY(cudaMemset(out, 0, static_cast<size_t>(blocks) * sizeof(unsigned)));
+  KESTREL_TRY_ASSIGN(const float ms, best_ms(nullptr, [&]() -> Status {
+                       read_kernel<<<blocks, kThreads>>>(static_cast<const uint4*>(src), bytes / 16, out);
+                       KESTREL_CUDA_TRY(cudaGetLastError());
+                       return ok_status();
+                     }));
+  return static_cast<double>(bytes) / (static_cast<double>(ms) * 1e-3);
+}
+
 }  // namespace
 
 Expected<double> cuda_read_bandwidth(int device) {
@@ -76,13 +87,7 @@ Expected<double> cuda_read_bandwidth(int device) {
     KESTREL_CUDA_TRY(cudaMalloc(&buf, kBytes));
     KESTREL_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&out), static_cast<size_t>(blocks) * sizeof(unsigned)));
     KESTREL_CUDA_TRY(cudaMemset(buf, 1, kBytes));
-    KESTREL_CUDA_TRY(cudaMemset(out, 0, static_cast<size_t>(blocks) * sizeof(unsigned)));
-    KESTREL_TRY_ASSIGN(const float ms, best_ms(nullptr, [&]() -> Status {
-                         read_kernel<<<blocks, kThreads>>>(static_cast<const uint4*>(buf), kBytes / 16, out);
-                         KESTREL_CUDA_TRY(cudaGetLastError());
-                         return ok_status();
-                       }));
-    return static_cast<double>(kBytes) / (static_cast<double>(ms) * 1e-3);
+    return kernel_read_rate(buf, kBytes, blocks, out);
   };
   Expected<double> bw = measure();
   if (buf != nullptr) (void)cudaFree(buf);
@@ -135,13 +140,7 @@ Expected<double> cuda_mapped_read_bandwidth(int device) {
     void* mapped = nullptr;
     KESTREL_CUDA_TRY(cudaHostGetDevicePointer(&mapped, host, 0));
     KESTREL_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&out), static_cast<size_t>(blocks) * sizeof(unsigned)));
-    KESTREL_CUDA_TRY(cudaMemset(out, 0, static_cast<size_t>(blocks) * sizeof(unsigned)));
-    KESTREL_TRY_ASSIGN(const float ms, best_ms(nullptr, [&]() -> Status {
-                         read_kernel<<<blocks, kThreads>>>(static_cast<const uint4*>(mapped), kMappedBytes / 16, out);
-                         KESTREL_CUDA_TRY(cudaGetLastError());
-                         return ok_status();
-                       }));
-    return static_cast<double>(kMappedBytes) / (static_cast<double>(ms) * 1e-3);
+    return kernel_read_rate(mapped, kMappedBytes, blocks, out);
   };
   Expected<double> bw = measure();
   if (host != nullptr) (void)cudaFreeHost(host);

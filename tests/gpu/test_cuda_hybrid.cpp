@@ -242,37 +242,39 @@ TEST_P(CudaHybridTest, PerLayerHiddenStatesMatchTheReference) {
   std::printf("[ %s ] per-layer hidden max rel diff %.3g\n", what().c_str(), worst);
 }
 
+// A session's logits after a 7-token prompt and one more token: the same bits from a reset slot, and in a batch of 8
+// with sessions at other positions.
+void expect_bits_repeat_and_ignore_the_batch(Engine& e, const std::string& what) {
+  const std::vector<int32_t> prompt = test::iota_tokens(7, 5, 13);
+  const int32_t next[1] = {42};
+  auto a = e.slot_alloc(kCtx);
+  ASSERT_TRUE(a);
+  test::run_one(e, *a, prompt);
+  const std::vector<float> alone = test::run_one(e, *a, next);
+  e.slot_reset(*a);
+  test::run_one(e, *a, prompt);
+  EXPECT_EQ(test::run_one(e, *a, next), alone) << what << ": a repeated run differs";
+  e.slot_reset(*a);
+  std::vector<EngineStepItem> items = {{*a, prompt}};
+  const int32_t other_tok[1] = {77};
+  for (int i = 0; i < 7; ++i) {
+    auto s = e.slot_alloc(kCtx);
+    ASSERT_TRUE(s);
+    test::run_one(e, *s, test::iota_tokens(1 + i, 100 + i, 3));
+    items.push_back({*s, other_tok});
+  }
+  ASSERT_TRUE(test::run_tick(e, items).status[0]);
+  items[0].tokens = next;
+  test::TickResult batch = test::run_tick(e, items);
+  ASSERT_TRUE(batch.status[0]);
+  EXPECT_EQ(batch.logits[0], alone) << what << ": a session's logits depend on the batch";
+}
+
 TEST_P(CudaHybridTest, BitIdenticalAcrossRunsAndBatches) {
   std::unique_ptr<gpu::CudaEngine> e =
       make_engine(*model_, decision_, make_backend(*model_, decision_, cpu::CpuActivations::kInt8));
   ASSERT_NE(e, nullptr);
-  const std::vector<int32_t> prompt = test::iota_tokens(7, 5, 13);
-  const int32_t next[1] = {42};
-  auto a = e->slot_alloc(kCtx);
-  ASSERT_TRUE(a);
-  test::run_one(*e, *a, prompt);
-  const std::vector<float> alone = test::run_one(*e, *a, next);
-  // Again from a reset slot: the same bits.
-  e->slot_reset(*a);
-  test::run_one(*e, *a, prompt);
-  EXPECT_EQ(test::run_one(*e, *a, next), alone) << "a repeated run differs";
-  // In a batch of 8 with sessions at other positions.
-  e->slot_reset(*a);
-  std::vector<SlotId> others;
-  for (int i = 0; i < 7; ++i) {
-    auto s = e->slot_alloc(kCtx);
-    ASSERT_TRUE(s);
-    others.push_back(*s);
-    test::run_one(*e, *s, test::iota_tokens(1 + i, 100 + i, 3));
-  }
-  std::vector<EngineStepItem> items = {{*a, prompt}};
-  const int32_t other_tok[1] = {77};
-  for (SlotId s : others) items.push_back({s, other_tok});
-  ASSERT_TRUE(test::run_tick(*e, items).status[0]);
-  items[0].tokens = next;
-  test::TickResult batch = test::run_tick(*e, items);
-  ASSERT_TRUE(batch.status[0]);
-  EXPECT_EQ(batch.logits[0], alone) << "a session's logits depend on the batch";
+  expect_bits_repeat_and_ignore_the_batch(*e, what());
 }
 
 // A prompt longer than a pass runs as one prompt pass, each hybrid layer handing all its rows to the host at once
@@ -444,29 +446,7 @@ TEST_P(CudaHybridTest, SideReadFollowsTheReferenceAndStaysBatchInvariant) {
     // The int8 backend (the default; BitIdenticalAcrossRunsAndBatches) for the bits.
     e = make_engine(*model_, decision_, make_backend(*model_, decision_, cpu::CpuActivations::kInt8), 0, pinned, share);
     ASSERT_NE(e, nullptr);
-    const std::vector<int32_t> p7 = test::iota_tokens(7, 5, 13);
-    const int32_t next[1] = {42};
-    auto a = e->slot_alloc(kCtx);
-    ASSERT_TRUE(a);
-    test::run_one(*e, *a, p7);
-    const std::vector<float> alone = test::run_one(*e, *a, next);
-    e->slot_reset(*a);
-    test::run_one(*e, *a, p7);
-    EXPECT_EQ(test::run_one(*e, *a, next), alone) << "share " << share << ": a repeated run differs";
-    e->slot_reset(*a);
-    std::vector<EngineStepItem> items = {{*a, p7}};
-    const int32_t other_tok[1] = {77};
-    for (int i = 0; i < 7; ++i) {
-      auto o = e->slot_alloc(kCtx);
-      ASSERT_TRUE(o);
-      test::run_one(*e, *o, test::iota_tokens(1 + i, 100 + i, 3));
-      items.push_back({*o, other_tok});
-    }
-    ASSERT_TRUE(test::run_tick(*e, items).status[0]);
-    items[0].tokens = next;
-    test::TickResult batch = test::run_tick(*e, items);
-    ASSERT_TRUE(batch.status[0]);
-    EXPECT_EQ(batch.logits[0], alone) << "share " << share << ": a session's logits depend on the batch";
+    expect_bits_repeat_and_ignore_the_batch(*e, what() + ", share " + std::to_string(share));
   }
 }
 
