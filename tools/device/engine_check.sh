@@ -183,7 +183,7 @@ for step in "$@"; do
     hybrid-daemon)
       make_q4 || { status=1; continue; }
       # shellcheck disable=SC2086  # HD_PLACEMENT holds several flags
-      serve_start hybrid /tmp/kdh "placement|cuda:|expert backend|routed experts|predicted|routing counts" \
+      serve_start hybrid /tmp/kdh "placement|cuda:|expert backend|routed experts|predicted|routing counts|side read" \
         --engine cuda ${HD_PLACEMENT:---gpu-memory 12G}
       serve_stop ;;
     cpu-daemon)
