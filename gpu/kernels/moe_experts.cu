@@ -1,4 +1,4 @@
-// moe_forward (see moe_experts.h).
+// moe_forward and moe_expert_groups (see moe_experts.h).
 //
 // Grouped expert kernel, grid (⌈rows/4⌉, max_active = min(E, n_tok·k)), 4 warps: block (x, a) takes active expert
 // a (blocks past *n_active return at once) and warp w row 4x + w of that expert's matrix (of both gate and up in
@@ -12,6 +12,8 @@
 // 0) with every token as its entries, in one extra grid-y slot of the routed launch when its type matches (else in a
 // launch of its own). Combine, grid (⌈H/256⌉, n_tok): out[t] = Σ over t's entries by ascending expert id of ye·w (from
 // 0, as the reference), then + sigmoid(shared gate logit, computed in each block) · shared output.
+// moe_expert_groups runs the same two passes over groups of a list (Groups::active_end: a group's entries need not
+// reach the next group's; Job::out_row: the down pass writes each entry's row where its caller's combine reads it).
 #include <algorithm>
 #include <cstdint>
 #include <string>

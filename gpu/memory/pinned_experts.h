@@ -7,7 +7,7 @@
 // besides the transfer's read; on the lent H100 box that bounce moved 18 GB in 650 ms (28 GB/s) with the host's
 // memory busy. The CPU expert backend reads the same copy for decode steps, so the experts are held once.
 //
-// The hybrid layers' side read (gpu/kernels/moe_hybrid.h step 3b) has GPU kernels read some of each step's host
+// The hybrid layers' side read (gpu/kernels/moe_hybrid.h step 3b) has GPU kernels read some of each token's host
 // experts from this copy in place over the bus, through its mapped device addresses (device_layer()).
 //
 // Memory: one anonymous mapping (transparent huge pages asked for, as the CPU kernels read it), filled by `threads`
