@@ -142,33 +142,37 @@ Expected<RoutingCounts> routing_counts_for(const Model& model, const PlacedEngin
   return counts;
 }
 
-// Fixes cuda.tuning.expert_side_read and returns the plan's line about it: 0 without a page-locked copy (the GPU reads
-// only registered host memory); from kSideReadAuto the share at which both sides would finish together, bus ÷ (bus +
-// host) of the two rates measured alone (the lent H100 box: 51 and 93 GB/s, 0.35; beside the bus the host's 14
-// threads kept ~90% of their rate, dev/experiments/pcie_side_read.cu); a set share as it is.
-std::string resolve_side_read(gpu::CudaEngineOptions& cuda, double host_read_bytes_per_s) {
+// Fixes cuda.tuning.expert_side_read, and the decision's side-read fields for its cost model, and returns the plan's
+// line about it: 0 without a page-locked copy (the GPU reads only registered host memory); from kSideReadAuto the
+// share at which both sides would finish together, bus ÷ (bus + host) of the two rates measured alone (the lent H100
+// box: 51 and 93–110 GB/s, 0.32–0.36; beside the bus the host's 14 threads kept ~90% of their rate,
+// dev/experiments/pcie_side_read.cu); a set share as it is.
+std::string resolve_side_read(gpu::CudaEngineOptions& cuda, PlacementDecision& decision) {
   float& share = cuda.tuning.expert_side_read;
   if (share == 0.0f) return "  side read off: the host's workers read every host expert (set)";
   if (cuda.pinned_experts == nullptr) {
     share = 0.0f;
     return "  side read off: the host experts are not page-locked";
   }
-  char line[256];
-  if (share != gpu::kSideReadAuto) {
-    std::snprintf(line, sizeof line,
-                  "  side read: the GPU reads %.0f%% of each token's host experts over the bus (set)", 100.0 * share);
-    return line;
-  }
+  const double host = decision.host_read_bytes_per_s;
   Expected<double> bus = gpu::cuda_mapped_read_bandwidth(cuda.device);
-  if (!bus || !(host_read_bytes_per_s > 0.0)) {
+  if (!bus || !(host > 0.0)) {
     share = 0.0f;
     return "  side read off: the bus's rate could not be measured" + (bus ? std::string() : ": " + bus.error().message);
   }
-  share = static_cast<float>(*bus / (*bus + host_read_bytes_per_s));
+  const bool set = share != gpu::kSideReadAuto;
+  if (!set) share = static_cast<float>(*bus / (*bus + host));
+  decision.side_read_share = share;
+  decision.bus_read_bytes_per_s = *bus;
+  if (cuda.placement) {
+    cuda.placement->side_read_share = share;
+    cuda.placement->bus_read_bytes_per_s = *bus;
+  }
+  char line[256];
   std::snprintf(line, sizeof line,
-                "  side read: the GPU reads %.0f%% of each token's host experts over the bus (cost model: "
-                "%.1f GB/s over the bus against %.1f GB/s host read, measured)",
-                100.0 * share, *bus * 1e-9, host_read_bytes_per_s * 1e-9);
+                "  side read: the GPU reads %.0f%% of each token's host experts over the bus (%s: %.1f GB/s over the "
+                "bus against %.1f GB/s host read, measured)",
+                100.0 * share, set ? "set" : "cost model", *bus * 1e-9, host * 1e-9);
   return line;
 }
 
@@ -273,7 +277,7 @@ Expected<PlacedEngine> make_placed_cuda_engine(const Model& model, const PlacedE
                                    : "  prompt passes leave the host's experts on the host (uploads off)";
     }
     cuda.expert_backend = std::move(backend);
-    side_read_text = resolve_side_read(cuda, req.host_read_bytes_per_s);
+    side_read_text = resolve_side_read(cuda, out.decision);
   }
   KESTREL_TRY_ASSIGN(out.engine, gpu::make_cuda_engine(model, cuda));
 

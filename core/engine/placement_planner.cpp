@@ -250,14 +250,17 @@ double PlacementDecision::predicted_step_seconds(int32_t batch) const {
     const LayerCost& c = layer_cost[l];
     double gpu_experts = 0, host_experts = 0;
     bool any_host = false;
+    const bool bus = side_read_share > 0 && bus_read_bytes_per_s > 0;
+    const double s = bus ? std::min(side_read_share, 1.0) : 0.0;
+    auto read = [&](double p) { return c.expert_bytes * (1.0 - std::pow(1.0 - p, b)); };
     for (size_t e = 0; e < c.expert_p.size(); ++e) {
       const double p = std::min(c.expert_p[e], 1.0);
-      const double read = c.expert_bytes * (1.0 - std::pow(1.0 - p, b));
       const bool gpu = l < expert_on_gpu.size() && e < expert_on_gpu[l].size() && expert_on_gpu[l][e] != 0;
       if (gpu) {
-        gpu_experts += read / gpu_bw;
+        gpu_experts += read(p) / gpu_bw;
       } else {
-        host_experts += read / host_read_bytes_per_s;
+        host_experts += read(p * (1.0 - s)) / host_read_bytes_per_s;
+        if (bus) gpu_experts += read(p * s) / bus_read_bytes_per_s;
         any_host = true;
       }
     }
@@ -350,8 +353,9 @@ std::string routed_line(const PlannerModel& model, const PlacementDecision& d) {
 
 std::string predicted_line(const PlacementDecision& d) {
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%.0f tokens/s at 1 session, %.0f aggregate at 32", d.predicted_tokens_per_s(1),
-                d.predicted_tokens_per_s(32));
+  std::snprintf(buf, sizeof buf, "%.0f tokens/s at 1 session, %.0f aggregate at 32%s", d.predicted_tokens_per_s(1),
+                d.predicted_tokens_per_s(32),
+                d.side_read_share > 0 && d.bus_read_bytes_per_s > 0 ? " (with the side read)" : "");
   return buf;
 }
 

@@ -21,10 +21,14 @@
 // The cost model (predicted decode step time for B tokens, one session each): per layer, the GPU reads its resident
 // dense weights, and the experts the B tokens route to are read once each, on their device; a layer with host
 // experts runs them beside the GPU's experts and joins after both, paying kHandoffSeconds:
-//   t_layer = dense_gpu + max(experts_gpu, experts_host + handoff)   (dense_gpu includes the shared expert)
+//   t_layer = dense_gpu + max(experts_gpu + experts_bus, experts_host + handoff)   (dense_gpu includes the shared
+//             expert)
 //   t_step  = Σ t_layer + (embedding row + lm_head) / gpu_read
 // An expert with routing probability p (per token, out of k picks) is read in a step of B tokens with probability
-// 1 − (1 − p)^B. Bandwidths are plain read rates (bytes/s); they make a roofline, not a promise.
+// 1 − (1 − p)^B. With the side read (PlacementDecision::side_read_share s, gpu/kernels/moe_hybrid.h step 3b) a share
+// s of each token's host choices goes over the bus: a host expert is read by the GPU over the bus with probability
+// 1 − (1 − p·s)^B (experts_bus, at bus_read) and by the host with 1 − (1 − p·(1 − s))^B. Bandwidths are plain read
+// rates (bytes/s); they make a roofline, not a promise.
 //
 // Thread-safety: pure functions over their arguments.
 #pragma once
@@ -107,6 +111,9 @@ struct PlacementDecision {
   double global_gpu_bytes_per_token = 0;  // embedding row + output norm + lm_head
   double gpu_read_bytes_per_s = 0;
   double host_read_bytes_per_s = 0;
+  // The side read, when the engine takes it (set after planning: hybrid/placed_cuda_engine.h); 0: none.
+  double side_read_share = 0;
+  double bus_read_bytes_per_s = 0;  // the GPU's read of page-locked host memory
 };
 
 // Plans `model` for `request`. kResourceExhausted when the GPU cannot hold the weights that must live there (the

@@ -259,6 +259,35 @@ TEST(PlacementPlanner, HostExpertsCostHostTimeAndAHandoff) {
   EXPECT_GT(all_host->predicted_tokens_per_s(32), all_host->predicted_tokens_per_s(1));
 }
 
+// The side read takes a share s of each token's host choices to the GPU over the bus: at one token the host reads
+// (1 − s) of the host experts' bytes and the GPU s of them at the bus's rate, each side's time beside the other's.
+TEST(PlacementPlanner, TheSideReadSplitsTheHostExpertsBytes) {
+  const PlannerModel m = model_35b_q4_0();
+  const uint64_t dense = bytes_where(m, false), routed = bytes_where(m, true);
+  auto d = plan_placement(m, gpu_request(dense));
+  ASSERT_TRUE(d.has_value());
+  const double without = d->predicted_step_seconds(1);
+  constexpr double kBusBw = 50e9;
+  const double s = 0.25;
+  d->side_read_share = s;
+  d->bus_read_bytes_per_s = kBusBw;
+  const double k_over_e = static_cast<double>(m.hparams.n_expert_used) / m.hparams.n_expert;
+  const double host_bytes = k_over_e * static_cast<double>(routed);  // read by one token, over all layers
+  // Each layer pays the longer side: here the host's (0.75 of its bytes at 90 GB/s + the hand-off) against the bus's
+  // (0.25 at 50 GB/s; the GPU holds no routed expert).
+  ASSERT_GT((1 - s) * host_bytes / kHostBw, s * host_bytes / kBusBw);
+  EXPECT_NEAR(without - d->predicted_step_seconds(1), s * host_bytes / kHostBw, 1e-9);
+  // A bus share past the balance makes the GPU's side the longer one.
+  d->side_read_share = 0.9;
+  EXPECT_NEAR(d->predicted_step_seconds(1) - (without - host_bytes / kHostBw - m.hparams.n_layer * kHandoffSeconds),
+              0.9 * host_bytes / kBusBw, 1e-9);
+  bool named = false;
+  for (const std::string& line : describe_placement(m, *d, true)) {
+    named = named || line.find("(with the side read)") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << "the plan's prediction does not say it counts the side read";
+}
+
 TEST(PlacementPlanner, ParsesTensorOverrides) {
   auto cpu = parse_tensor_override("blk\\.1[0-9]\\.=CPU");
   ASSERT_TRUE(cpu.has_value());
