@@ -172,6 +172,30 @@ class FaultyBackend final : public ExpertBackend {
   std::unique_ptr<ExpertBackend> inner_;
 };
 
+// The engine's greedy tokens against the reference's for kGreedySteps steps after a 12-token prompt, in a slot of
+// each freed after (a fatal failure at the first token that differs); the largest logits rel diff seen in *worst,
+// the one after the prompt in *after_prompt.
+void greedy_against_reference(Engine& ref, Engine& e, const std::string& what, float* worst, float* after_prompt) {
+  const std::vector<int32_t> prompt = test::iota_tokens(12);
+  auto rs = ref.slot_alloc(kCtx);
+  auto cs = e.slot_alloc(kCtx);
+  ASSERT_TRUE(rs && cs);
+  std::vector<float> rl = test::run_one(ref, *rs, prompt);
+  std::vector<float> cl = test::run_one(e, *cs, prompt);
+  *after_prompt = rel_diff(cl, rl);
+  *worst = *after_prompt;
+  for (int step = 0; step < kGreedySteps; ++step) {
+    const int32_t rt = test::argmax(rl);
+    ASSERT_EQ(test::argmax(cl), rt) << what << ": greedy token " << step << " differs";
+    const int32_t tok[1] = {rt};
+    rl = test::run_one(ref, *rs, tok);
+    cl = test::run_one(e, *cs, tok);
+    *worst = std::max(*worst, rel_diff(cl, rl));
+  }
+  ref.slot_free(*rs);
+  e.slot_free(*cs);
+}
+
 struct Case {
   std::string model;
   std::string placement;
@@ -212,22 +236,9 @@ TEST_P(CudaHybridTest, GreedyTokensAndLogitsMatchTheReference) {
   }
   EXPECT_NE(e->placement().device.find("+ cpu experts"), std::string::npos) << e->placement().device;
 
-  const std::vector<int32_t> prompt = test::iota_tokens(12);
-  auto rs = ref_->slot_alloc(kCtx);
-  auto cs = e->slot_alloc(kCtx);
-  ASSERT_TRUE(rs && cs);
-  std::vector<float> rl = test::run_one(*ref_, *rs, prompt);
-  std::vector<float> cl = test::run_one(*e, *cs, prompt);
-  float worst = rel_diff(cl, rl);
-  EXPECT_LE(worst, kRelTol) << "logits after the prompt";
-  for (int step = 0; step < kGreedySteps; ++step) {
-    const int32_t rt = test::argmax(rl), ct = test::argmax(cl);
-    ASSERT_EQ(ct, rt) << "greedy token " << step << " differs";
-    const int32_t tok[1] = {rt};
-    rl = test::run_one(*ref_, *rs, tok);
-    cl = test::run_one(*e, *cs, tok);
-    worst = std::max(worst, rel_diff(cl, rl));
-  }
+  float worst = 0.0f, after_prompt = 0.0f;
+  ASSERT_NO_FATAL_FAILURE(greedy_against_reference(*ref_, *e, what(), &worst, &after_prompt));
+  EXPECT_LE(after_prompt, kRelTol) << "logits after the prompt";
   EXPECT_LE(worst, kRelTol);
   std::printf("[ %s ] %d greedy tokens equal; logits max rel diff %.3g (tolerance %.1g)\n", what().c_str(),
               kGreedySteps, worst, kRelTol);
@@ -423,25 +434,12 @@ TEST_P(CudaHybridTest, SideReadFollowsTheReferenceAndStaysBatchInvariant) {
     ASSERT_NE(layout.find("of each token's host choices over the bus"), std::string::npos) << layout;
     std::printf("[ %s ] share %.1f: %s\n", what().c_str(), share, layout.c_str());
 
-    const std::vector<int32_t> prompt = test::iota_tokens(12);
-    auto rs = ref_->slot_alloc(kCtx);
-    auto cs = e->slot_alloc(kCtx);
-    ASSERT_TRUE(rs && cs);
-    std::vector<float> rl = test::run_one(*ref_, *rs, prompt);
-    std::vector<float> cl = test::run_one(*e, *cs, prompt);
-    float worst = rel_diff(cl, rl);
-    for (int step = 0; step < kGreedySteps; ++step) {
-      const int32_t rt = test::argmax(rl);
-      ASSERT_EQ(test::argmax(cl), rt) << "share " << share << ": greedy token " << step << " differs";
-      const int32_t tok[1] = {rt};
-      rl = test::run_one(*ref_, *rs, tok);
-      cl = test::run_one(*e, *cs, tok);
-      worst = std::max(worst, rel_diff(cl, rl));
-    }
+    float worst = 0.0f, after_prompt = 0.0f;
+    ASSERT_NO_FATAL_FAILURE(
+        greedy_against_reference(*ref_, *e, "share " + std::to_string(share), &worst, &after_prompt));
     EXPECT_LE(worst, kRelTol) << "share " << share;
     std::printf("[ %s ] share %.1f: %d greedy tokens equal; logits max rel diff %.3g\n", what().c_str(), share,
                 kGreedySteps, worst);
-    ref_->slot_free(*rs);
 
     // The int8 backend (the default; BitIdenticalAcrossRunsAndBatches) for the bits.
     e = make_engine(*model_, decision_, make_backend(*model_, decision_, cpu::CpuActivations::kInt8), 0, pinned, share);
