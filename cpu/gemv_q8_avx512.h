@@ -16,9 +16,9 @@
 // q the activations, p one exact int32 per 4 elements — then acc += float(p) · (weight scale · activation scale),
 // one scale per 8-lane block (Q4_0/Q8_0) or sub-block (Q4_K/Q5_K), or 4-lane group (Q6_K). Q4_K/Q5_K's mins enter
 // once per super-block: acc −= dmin·m_j · ds_j over the 8 sub-blocks. The integer part is exact, so a result
-// differs from ref::matvec_batch(W, x̃) (x̃ the dequantized activations) by f32 rounding only. Q4_0's units keep each
-// block's high nibbles in place (16× their value, c = 128 and the scale / 16 in those lanes: the same products).
-// Q4_0/Q8_0 read the f16 scales of 8 (4) blocks with one word permute (block_scales) rather than one broadcast per
+// differs from ref::matvec_batch(W, x̃) (x̃ the dequantized activations) by f32 rounding only. Q4_0's units go by
+// quads of blocks instead (FmtQ4_0): two vpdpbusd into one int32 lane per 8 elements of one block, so one conversion
+// and one FMA per 128 weights and row. Q4_0/Q8_0 read the f16 scales of 8 (4) blocks with one word permute (block_scales) rather than one broadcast per
 // block.
 //
 // Tiles: R rows (4, or 1 for the rest; 8 for Q4_0 / Q4_K rows of at most 512 bytes at one vector) × V vectors (1..3);
@@ -135,17 +135,17 @@ inline __m512 block_scales(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm512_castsi512_si256(words));
 }
 
-// Q4_0 and Q8_0 (32-element blocks of one f16 scale): a unit is kGroup blocks — 8 for Q4_0, 4 for Q8_0, whose scales
-// one block_scales call reads — taken two at a time (64 elements, one register of weights); a row's last blocks that
-// do not fill a unit go by pairs and a single (tail).
+// Q4_0 and Q8_0 (32-element blocks of one f16 scale). Q8_0's unit is 4 blocks, whose scales one block_scales call
+// reads, taken two at a time (64 elements, one register of weights); a row's last blocks that do not fill a unit go
+// by pairs and a single (tail), Q4_0's too (FmtQ4_0 takes its whole units).
 template <bool kQ8>
 struct FmtBlock32 {
   static constexpr int64_t kBlockElems = 32;
   static constexpr uint64_t kBlockBytes = kQ8 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
-  static constexpr int kGroup = kQ8 ? 4 : 8;
+  static constexpr int kGroup = 4;
   static constexpr int64_t kUnit = kGroup * 32;
   static constexpr int kOffsetShift = kQ8 ? 7 : 3;  // weights enter as unsigned w + 128 (Q8_0) or nibble = w + 8
-  static constexpr bool kShortRowTile8 = !kQ8;      // gemv_q8's 8-row tiles for short rows: Q4_0
+  static constexpr bool kShortRowTile8 = false;
 
   // Blocks A and B (B absent: zero lanes) as 64 unsigned weight bytes: elements 0..31 of A, then of B.
   template <bool kPair>
@@ -170,39 +170,9 @@ struct FmtBlock32 {
     }
   }
 
-  // Q4_0 blocks A and B as weights() lays them out, but each block's high nibbles left in place: lanes 16..31 and
-  // 48..63 hold 16 × (element + 8). One AND instead of a 16-bit shift and an AND (the shift runs on one port only);
-  // the caller scales those lanes by 1/16 and takes 16× their offset (pair's kHighBy16).
-  template <bool kPair>
-  static __m512i weights_high_in_place(const uint8_t* A) {
-    static_assert(!kQ8);
-    const __m512i qa = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(A + 2)));
-    const __m512i w = kPair ? _mm512_mask_broadcast_i32x4(
-                                  qa, 0xFF00, _mm_loadu_si128(reinterpret_cast<const __m128i*>(A + kBlockBytes + 2)))
-                            : _mm512_maskz_mov_epi32(0x00FF, qa);
-    const int64_t lo = 0x0F0F0F0F0F0F0F0F, hi = static_cast<int64_t>(0xF0F0F0F0F0F0F0F0ull);
-    return _mm512_and_si512(w, _mm512_set_epi64(hi, hi, lo, lo, hi, hi, lo, lo));
-  }
-
-  // A unit's scale table (blocks 0..7 in lanes 0..7) with the same scales / 16 in lanes 8..15, for the high
-  // nibbles' 16× (weights_high_in_place).
-  static __m512 with_scales_by_16(__m512 table) {
-    const __m512 both = _mm512_shuffle_f32x4(table, table, 0x44);
-    return _mm512_mask_mul_ps(both, 0xFF00, both, _mm512_set1_ps(0.0625f));
-  }
-
-  // Lanes 0..3 ← the scale of block j, 4..7 ← of block j / 16, 8..11 ← of block j + 1, 12..15 ← of block j + 1 / 16
-  // from with_scales_by_16's table: weights_high_in_place's lanes.
-  static __m512 lane_scales_high_by_16(__m512 table, int j) {
-    const __m512i idx =
-        _mm512_add_epi32(_mm512_set_epi32(9, 9, 9, 9, 1, 1, 1, 1, 8, 8, 8, 8, 0, 0, 0, 0), _mm512_set1_epi32(j));
-    return _mm512_permutexvar_ps(idx, table);
-  }
-
   // One pair (or a single block) at element `base` for every (row, vector), given each row's weights and scales
   // (kScaled: scales that already hold the activation's, dot_chunk).
-  // kHighBy16: u from weights_high_in_place, whose high-nibble lanes (4..7, 12..15) take the offset 16 × 8.
-  template <int R, int V, bool kPair, bool kScaled = false, bool kHighBy16 = false>
+  template <int R, int V, bool kPair, bool kScaled = false>
   KESTREL_INLINE static void pair(const __m512i (&u)[R], const __m512 (&ws)[R], int64_t base, const Q8Vec* x,
                                   __m512 (&acc)[R][V]) {
     const __mmask64 kq = kPair ? ~0ull : 0xFFFFFFFFull;
@@ -211,15 +181,14 @@ struct FmtBlock32 {
     for (int v = 0; v < V; ++v) {
       const __m512i q = _mm512_maskz_loadu_epi8(kq, x[v].q + base);
       const __m512i ns4 = _mm512_maskz_loadu_epi32(kl, x[v].ns4 + base / 4);
-      const __m512i corr =
-          kHighBy16 ? _mm512_sllv_epi32(ns4, _mm512_set_epi32(7, 7, 7, 7, 3, 3, 3, 3, 7, 7, 7, 7, 3, 3, 3, 3))
-                    : _mm512_slli_epi32(ns4, kOffsetShift);
+      const __m512i corr = _mm512_slli_epi32(ns4, kOffsetShift);
       dot_chunk<kScaled>(u, ws, q, corr, x[v].dl + base / 4, kl, v, acc);
     }
   }
 
   template <int R, int V>
   KESTREL_INLINE static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
+    static_assert(kQ8, "Q4_0's units are FmtQ4_0's");
     const uint64_t off = static_cast<uint64_t>(base / 32) * kBlockBytes;
     __m512 scales[R];
     KESTREL_SIMD_UNROLL
@@ -231,28 +200,16 @@ struct FmtBlock32 {
       KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) scales[r] = _mm512_mul_ps(scales[r], d);
     }
-    if constexpr (!kQ8) {
-      // Q4_0: the high nibbles in place, their lanes' products 16× and their scales 1/16 of the shifted form's, which
-      // gives the same values (float(16p) · s/16 = float(p) · s exactly: powers of two, scales far above underflow).
-      KESTREL_SIMD_UNROLL
-      for (int r = 0; r < R; ++r) scales[r] = with_scales_by_16(scales[r]);
-    }
     KESTREL_SIMD_UNROLL
     for (int k = 0; k < kGroup / 2; ++k) {
       __m512i u[R];
       __m512 ws[R];
       KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) {
-        const uint8_t* blocks = row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes;
-        if constexpr (kQ8) {
-          u[r] = weights<true>(blocks);
-          ws[r] = lane_scales<8>(scales[r], 2 * k);
-        } else {
-          u[r] = weights_high_in_place<true>(blocks);
-          ws[r] = lane_scales_high_by_16(scales[r], 2 * k);
-        }
+        u[r] = weights<true>(row[r] + off + 2 * static_cast<uint64_t>(k) * kBlockBytes);
+        ws[r] = lane_scales<8>(scales[r], 2 * k);
       }
-      pair<R, V, true, V == 1, !kQ8>(u, ws, base + 64 * k, x, acc);
+      pair<R, V, true, V == 1>(u, ws, base + 64 * k, x, acc);
     }
   }
 
@@ -283,8 +240,95 @@ struct FmtBlock32 {
   }
 };
 
-using FmtQ4_0 = FmtBlock32<false>;
 using FmtQ8_0 = FmtBlock32<true>;
+
+// Q4_0 in units of 8 blocks (256 elements), each taken as two quads of 4 blocks. A quad's 64 quant bytes form one
+// register w = [qs A | qs B | qs C | qs D]; w & 15 holds the blocks' elements 0..15 and (w >> 4) & 15 their elements
+// 16..31 (a Q4_0 byte's low nibble is element j, its high nibble element 16 + j), each multiplied by the activations
+// re-laid the same way (two 128-bit lane shuffles of the vector's 128 quants), both into one int32 lane per 4 + 4
+// elements of one block. Per quad and row that is one permute for the weights, three integer ops, two vpdpbusd, one
+// conversion and one FMA: a scale permute per quad (lanes 4i..4i+3 ← block i's scale), none per element.
+struct FmtQ4_0 {
+  using Pairs = FmtBlock32<false>;  // a row's last blocks that do not fill a unit: pairs, then a single block
+  static constexpr int64_t kBlockElems = 32;
+  static constexpr uint64_t kBlockBytes = sizeof(BlockQ4_0);
+  static constexpr int64_t kUnit = 256;
+  static constexpr bool kShortRowTile8 = true;
+
+  // The quad of blocks at p (72 bytes) as [qs A | qs B | qs C | qs D]: A and C sit at whole dwords of the load from
+  // p + 2, B and D of the load from p + 8 (both within the quad's bytes); one two-source dword permute.
+  static __m512i quad_weights(const uint8_t* p) {
+    const __m512i ac = _mm512_loadu_si512(p + 2);  // A: dwords 0..3, C: 9..12
+    const __m512i bd = _mm512_loadu_si512(p + 8);  // B: dwords 3..6, D: 12..15
+    const __m512i idx = _mm512_set_epi32(31, 30, 29, 28, 12, 11, 10, 9, 22, 21, 20, 19, 3, 2, 1, 0);
+    return _mm512_permutex2var_epi32(ac, idx, bd);
+  }
+
+  // Lanes 4i..4i+3 ← lane 4q + i of an 8-lane table (block 4q + i's scale).
+  static __m512 quad_scales(__m512 table, int q) {
+    const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                         _mm512_set1_epi32(4 * q));
+    return _mm512_permutexvar_ps(idx, table);
+  }
+
+  // One vector's side of a quad at element e: its quants as the weights' nibbles pair with them, and the offset
+  // correction 8 · ns per lane (ns: minus the lane's 8 quants' sum, from the two ns4 lanes of its halves).
+  struct QuadX {
+    __m512i lo, hi, corr;
+  };
+  static QuadX quad_x(const Q8Vec& x, int64_t e) {
+    const __m512i q0 = _mm512_loadu_si512(x.q + e);       // [A 0..15 | A 16..31 | B 0..15 | B 16..31]
+    const __m512i q1 = _mm512_loadu_si512(x.q + e + 64);  // the same for C, D
+    const __m512i n0 = _mm512_loadu_si512(x.ns4 + e / 4);
+    const __m512i n1 = _mm512_loadu_si512(x.ns4 + e / 4 + 16);
+    const __m512i first = _mm512_set_epi32(27, 26, 25, 24, 19, 18, 17, 16, 11, 10, 9, 8, 3, 2, 1, 0);
+    const __m512i ns = _mm512_add_epi32(_mm512_permutex2var_epi32(n0, first, n1),
+                                        _mm512_permutex2var_epi32(n0, _mm512_add_epi32(first, _mm512_set1_epi32(4)), n1));
+    return {_mm512_shuffle_i64x2(q0, q1, 0x88), _mm512_shuffle_i64x2(q0, q1, 0xDD), _mm512_slli_epi32(ns, 3)};
+  }
+
+  template <int R, int V>
+  KESTREL_INLINE static void unit(const uint8_t* const* row, int64_t base, const Q8Vec* x, __m512 (&acc)[R][V]) {
+    const uint64_t off = static_cast<uint64_t>(base / 32) * kBlockBytes;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 scales[R];
+    KESTREL_SIMD_UNROLL
+    for (int r = 0; r < R; ++r) scales[r] = block_scales<kBlockBytes, 8>(row[r] + off);
+    __m512 dx[V];  // the activations' 8 block scales
+    KESTREL_SIMD_UNROLL
+    for (int v = 0; v < V; ++v) dx[v] = act_block_scales<8>(x[v].d, base / 32);
+    if constexpr (V == 1) {
+      // One vector: the weight scales times the activation's once per unit (the same products as per quad below).
+      KESTREL_SIMD_UNROLL
+      for (int r = 0; r < R; ++r) scales[r] = _mm512_mul_ps(scales[r], dx[0]);
+    }
+    KESTREL_SIMD_UNROLL
+    for (int q = 0; q < 2; ++q) {
+      QuadX xq[V];
+      KESTREL_SIMD_UNROLL
+      for (int v = 0; v < V; ++v) xq[v] = quad_x(x[v], base + 128 * q);
+      KESTREL_SIMD_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const __m512i w = quad_weights(row[r] + off + 4 * kBlockBytes * static_cast<uint64_t>(q));
+        const __m512i lo = _mm512_and_si512(w, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+        const __m512 ws = quad_scales(scales[r], q);
+        KESTREL_SIMD_UNROLL
+        for (int v = 0; v < V; ++v) {
+          const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(xq[v].corr, lo, xq[v].lo), hi, xq[v].hi);
+          const __m512 s = V == 1 ? ws : _mm512_mul_ps(ws, quad_scales(dx[v], q));
+          acc[r][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[r][v]);
+        }
+      }
+    }
+  }
+
+  template <int R, int V>
+  KESTREL_INLINE static void tail(const uint8_t* const* row, int64_t base, int64_t n_in, const Q8Vec* x,
+                                  __m512 (&acc)[R][V]) {
+    Pairs::tail<R, V>(row, base, n_in, x, acc);
+  }
+};
 
 // d·sc_j in lanes 0..7 and dmin·m_j in lanes 8..15 of a Q4_K/Q5_K super-block (ggml's get_scale_min_k4 for
 // j = 0..7, times the block's d and dmin) from its first 16 bytes, in vector lanes: with packed bytes b[0..11],
