@@ -18,8 +18,8 @@
 // once per super-block: acc −= dmin·m_j · ds_j over the 8 sub-blocks. The integer part is exact, so a result
 // differs from ref::matvec_batch(W, x̃) (x̃ the dequantized activations) by f32 rounding only. Q4_0's units go by
 // quads of blocks instead (FmtQ4_0): two vpdpbusd into one int32 lane per 8 elements of one block, so one conversion
-// and one FMA per 128 weights and row. Q4_0/Q8_0 read the f16 scales of 8 (4) blocks with one word permute (block_scales) rather than one broadcast per
-// block.
+// and one FMA per 128 weights and row. Q4_0/Q8_0 read the f16 scales of 8 (4) blocks with one word permute
+// (block_scales) rather than one broadcast per block.
 //
 // Tiles: R rows (4, or 1 for the rest; 8 for Q4_0 / Q4_K rows of at most 512 bytes at one vector) × V vectors (1..3);
 // each (row, vector) accumulator sees the same operations in the same order whatever R and V are, and the 16 lanes are
@@ -266,8 +266,8 @@ struct FmtQ4_0 {
 
   // Lanes 4i..4i+3 ← lane 4q + i of an 8-lane table (block 4q + i's scale).
   static __m512 quad_scales(__m512 table, int q) {
-    const __m512i idx = _mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-                                         _mm512_set1_epi32(4 * q));
+    const __m512i idx =
+        _mm512_add_epi32(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), _mm512_set1_epi32(4 * q));
     return _mm512_permutexvar_ps(idx, table);
   }
 
@@ -282,8 +282,9 @@ struct FmtQ4_0 {
     const __m512i n0 = _mm512_loadu_si512(x.ns4 + e / 4);
     const __m512i n1 = _mm512_loadu_si512(x.ns4 + e / 4 + 16);
     const __m512i first = _mm512_set_epi32(27, 26, 25, 24, 19, 18, 17, 16, 11, 10, 9, 8, 3, 2, 1, 0);
-    const __m512i ns = _mm512_add_epi32(_mm512_permutex2var_epi32(n0, first, n1),
-                                        _mm512_permutex2var_epi32(n0, _mm512_add_epi32(first, _mm512_set1_epi32(4)), n1));
+    const __m512i ns =
+        _mm512_add_epi32(_mm512_permutex2var_epi32(n0, first, n1),
+                         _mm512_permutex2var_epi32(n0, _mm512_add_epi32(first, _mm512_set1_epi32(4)), n1));
     return {_mm512_shuffle_i64x2(q0, q1, 0x88), _mm512_shuffle_i64x2(q0, q1, 0xDD), _mm512_slli_epi32(ns, 3)};
   }
 
