@@ -36,11 +36,13 @@ ActQ8View ActQ8Buffer::reserve(int64_t n_vec, int64_t n_in, ActQ8Forms forms) {
     if (ns4_.size() < n / 4) ns4_.resize(n / 4);
     if (ds_.size() < n / 32) ds_.resize(n / 32);
     if (d_.size() < n / 32) d_.resize(n / 32);
+    if (nq_.size() < n / 8) nq_.resize(n / 8);
     view.q = q_.data();
     view.dl = dl_.data();
     view.ns4 = ns4_.data();
     view.ds = ds_.data();
     view.d = d_.data();
+    view.nq = nq_.data();
   }
   if (forms.block256) {
     if (qk_.size() < n) qk_.resize(n);
@@ -64,6 +66,7 @@ void quantize_scalar(const float* x, int64_t n_in, int64_t v_begin, int64_t v_en
     int32_t* ns4 = out.ns4() + v * (n_in / 4);
     float* ds = out.ds() + v * nb;
     float* db = out.d() + v * nb;
+    int32_t* nq = out.nq() + v * (n_in / 8);
     for (int64_t b = 0; b < nb; ++b) {
       int8_t* qb = q + b * kActQ8Block;
       const float d = quantize_block(xv + b * kActQ8Block, kActQ8Block, qb);
@@ -77,6 +80,7 @@ void quantize_scalar(const float* x, int64_t n_in, int64_t v_begin, int64_t v_en
       }
       ds[b] = d * static_cast<float>(sum);
       db[b] = d;
+      for (int64_t l = 0; l < 4; ++l) nq[b * 4 + l] = 8 * (ns4[b * 8 + l] + ns4[b * 8 + 4 + l]);
     }
   }
 }

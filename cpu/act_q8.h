@@ -12,6 +12,8 @@
 //   ds:  f32   [n_in / 32]  d_b · Σ_block q
 //   d:   f32   [n_in / 32]  d_b itself, one per block (the AVX-512 kernels at one vector multiply 8 blocks' weight
 //                            scales by 8 of these with one multiply, not one per pair of blocks)
+//   nq:  int32 [n_in / 8]   8 · (ns4_l + ns4_{l+4}) for l < 4 of each block (4 per block): the offset-8 term of the
+//                            AVX-512 Q4_0 kernel's lanes, each of which sums elements 4l..4l+3 and 16+4l..16+4l+3
 //
 // kQ8K, per 256-element super-block (the K-quants: Q4_K, Q5_K, Q6_K, whose sub-block scales are small integers, so
 // with one activation scale per super-block a kernel sums Σ sc_j · Σ_{i∈j} u_i·q_i in integers and converts once
@@ -47,6 +49,7 @@ struct ActQ8View {
   const int32_t* ns4 = nullptr;   // kQ8: int32 [n_vec, n_in / 4]
   const float* ds = nullptr;      // kQ8: f32 [n_vec, n_in / 32]
   const float* d = nullptr;       // kQ8: f32 [n_vec, n_in / 32]
+  const int32_t* nq = nullptr;    // kQ8: int32 [n_vec, n_in / 8]
   const int8_t* qk = nullptr;     // kQ8K: int8 [n_vec, n_in]
   const float* dk = nullptr;      // kQ8K: f32 [n_vec, n_in / 256]
   const int16_t* bsum = nullptr;  // kQ8K: int16 [n_vec, n_in / 16]
@@ -69,6 +72,7 @@ class ActQ8Buffer {
   int32_t* ns4() { return ns4_.data(); }
   float* ds() { return ds_.data(); }
   float* d() { return d_.data(); }
+  int32_t* nq() { return nq_.data(); }
   int8_t* qk() { return qk_.data(); }
   float* dk() { return dk_.data(); }
   int16_t* bsum() { return bsum_.data(); }
@@ -79,6 +83,7 @@ class ActQ8Buffer {
   std::vector<int32_t> ns4_;
   std::vector<float> ds_;
   std::vector<float> d_;
+  std::vector<int32_t> nq_;
   std::vector<int8_t> qk_;
   std::vector<float> dk_;
   std::vector<int16_t> bsum_;

@@ -32,8 +32,8 @@ inline __m512i quant16(__m512 v, __m512 id) {
   return _mm512_cvttps_epi32(c);
 }
 
-// Block b (kQ8, 32 elements) of vector xv: its quants, lane scales, negated lane sums, block sum.
-inline void block32(const float* xv, int8_t* q, float* dl, int32_t* ns4, float* ds, float* db, int64_t b) {
+// Block b (kQ8, 32 elements) of vector xv: its quants, lane scales, negated lane sums, block sum, Q4_0 lane terms.
+inline void block32(const float* xv, int8_t* q, float* dl, int32_t* ns4, float* ds, float* db, int32_t* nq, int64_t b) {
   const __m512 a0 = _mm512_loadu_ps(xv + 32 * b);
   const __m512 a1 = _mm512_loadu_ps(xv + 32 * b + 16);
   const float amax = _mm512_reduce_max_ps(max_abs(max_abs(_mm512_setzero_ps(), a0), a1));
@@ -46,7 +46,10 @@ inline void block32(const float* xv, int8_t* q, float* dl, int32_t* ns4, float* 
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), qb);
   // Sums of 4 consecutive quants: unsigned ones times the signed quants, 4 products per 32-bit lane.
   const __m256i s4 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), qb);
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(ns4 + 8 * b), _mm256_sub_epi32(_mm256_setzero_si256(), s4));
+  const __m256i ns = _mm256_sub_epi32(_mm256_setzero_si256(), s4);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(ns4 + 8 * b), ns);
+  const __m128i halves = _mm_add_epi32(_mm256_castsi256_si128(ns), _mm256_extracti128_si256(ns, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(nq + 4 * b), _mm_slli_epi32(halves, 3));
   _mm256_storeu_ps(dl + 8 * b, _mm256_set1_ps(d));
   ds[b] = d * static_cast<float>(_mm512_reduce_add_epi32(_mm512_zextsi256_si512(s4)));
   db[b] = d;
@@ -59,7 +62,7 @@ void act_q8_quantize_avx512(const float* x, int64_t n_in, int64_t v_begin, int64
   for (int64_t v = v_begin; v < v_end; ++v) {
     for (int64_t b = 0; b < nb; ++b) {
       block32(x + v * n_in, out.q() + v * n_in, out.dl() + v * (n_in / 4), out.ns4() + v * (n_in / 4),
-              out.ds() + v * nb, out.d() + v * nb, b);
+              out.ds() + v * nb, out.d() + v * nb, out.nq() + v * (n_in / 8), b);
     }
   }
 }

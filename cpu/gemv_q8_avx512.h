@@ -58,7 +58,8 @@ struct Q8Vec {
   const float* dl;
   const int32_t* ns4;
   const float* ds;
-  const float* d;  // one scale per block of 32
+  const float* d;     // one scale per block of 32
+  const int32_t* nq;  // FmtQ4_0's offset term per lane (act_q8.h)
 };
 
 inline uint16_t u16_at(const uint8_t* p) {
@@ -272,20 +273,14 @@ struct FmtQ4_0 {
   }
 
   // One vector's side of a quad at element e: its quants as the weights' nibbles pair with them, and the offset
-  // correction 8 · ns per lane (ns: minus the lane's 8 quants' sum, from the two ns4 lanes of its halves).
+  // term of each lane (act_q8.h's nq).
   struct QuadX {
     __m512i lo, hi, corr;
   };
   static QuadX quad_x(const Q8Vec& x, int64_t e) {
     const __m512i q0 = _mm512_loadu_si512(x.q + e);       // [A 0..15 | A 16..31 | B 0..15 | B 16..31]
     const __m512i q1 = _mm512_loadu_si512(x.q + e + 64);  // the same for C, D
-    const __m512i n0 = _mm512_loadu_si512(x.ns4 + e / 4);
-    const __m512i n1 = _mm512_loadu_si512(x.ns4 + e / 4 + 16);
-    const __m512i first = _mm512_set_epi32(27, 26, 25, 24, 19, 18, 17, 16, 11, 10, 9, 8, 3, 2, 1, 0);
-    const __m512i ns =
-        _mm512_add_epi32(_mm512_permutex2var_epi32(n0, first, n1),
-                         _mm512_permutex2var_epi32(n0, _mm512_add_epi32(first, _mm512_set1_epi32(4)), n1));
-    return {_mm512_shuffle_i64x2(q0, q1, 0x88), _mm512_shuffle_i64x2(q0, q1, 0xDD), _mm512_slli_epi32(ns, 3)};
+    return {_mm512_shuffle_i64x2(q0, q1, 0x88), _mm512_shuffle_i64x2(q0, q1, 0xDD), _mm512_loadu_si512(x.nq + e / 8)};
   }
 
   template <int R, int V>
@@ -488,8 +483,8 @@ void q8_tile(const GemvTask& t, int64_t o, int64_t v0) {
   KESTREL_SIMD_UNROLL
   for (int v = 0; v < V; ++v) {
     const int64_t vv = gemv_x_row(t, v0 + v);
-    x[v] = Q8Vec{t.xq.q + vv * t.n_in, t.xq.dl + vv * (t.n_in / 4), t.xq.ns4 + vv * (t.n_in / 4),
-                 t.xq.ds + vv * (t.n_in / 32), t.xq.d + vv * (t.n_in / 32)};
+    x[v] = Q8Vec{t.xq.q + vv * t.n_in,         t.xq.dl + vv * (t.n_in / 4), t.xq.ns4 + vv * (t.n_in / 4),
+                 t.xq.ds + vv * (t.n_in / 32), t.xq.d + vv * (t.n_in / 32), t.xq.nq + vv * (t.n_in / 8)};
   }
   __m512 acc[R][V];
   KESTREL_SIMD_UNROLL

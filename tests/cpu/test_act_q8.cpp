@@ -47,6 +47,11 @@ TEST(ActQ8, BlocksRoundToWithinHalfAStep) {
         EXPECT_EQ(q.dl[l], d);
         EXPECT_EQ(q.ns4[l], -(q.q[4 * l] + q.q[4 * l + 1] + q.q[4 * l + 2] + q.q[4 * l + 3]));
       }
+      for (int64_t l = 0; l < 4; ++l) {
+        int32_t s = 0;
+        for (int64_t i = 0; i < 4; ++i) s += q.q[first + 4 * l + i] + q.q[first + 16 + 4 * l + i];
+        EXPECT_EQ(q.nq[first / 8 + l], -8 * s) << "vector " << v << " block " << b << " lane " << l;
+      }
       EXPECT_EQ(q.ds[first / 32], d * static_cast<float>(sum));
     }
   }
@@ -162,6 +167,7 @@ TEST(ActQ8, EveryLevelWritesTheScalarBytes) {
         ASSERT_EQ(g.dl[i], w.dl[i]) << at_what << 4 * i;
         ASSERT_EQ(g.ns4[i], w.ns4[i]) << at_what << 4 * i;
       }
+      for (int64_t i = 0; i < n / 8; ++i) ASSERT_EQ(g.nq[i], w.nq[i]) << at_what << 8 * i;
       for (int64_t i = 0; i < n / 32; ++i) {
         ASSERT_EQ(g.ds[i], w.ds[i]) << at_what << 32 * i;
         ASSERT_EQ(g.d[i], w.d[i]) << at_what << 32 * i;
