@@ -395,6 +395,8 @@ struct FmtK45 {
     const __m512i sixteen = _mm512_set1_epi8(16);
     const __m512i hi_half_by_4 =
         _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004, 0x0004000400040004, 0, 0, 0, 0);
+    const int64_t lo = 0x0F0F0F0F0F0F0F0F, hi = static_cast<int64_t>(0xF0F0F0F0F0F0F0F0ull);
+    const __m512i nibbles = _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo);  // Q4_K: each half's nibbles in place
     const uint8_t* blk[R];
     __m512 dsc[R], dmn[R];  // d·sc_j and dmin·m_j in lanes 0..7 (zero above)
     __m512i qh[R];          // Q5_K: the 32 high-bit bytes in both halves
@@ -414,6 +416,8 @@ struct FmtK45 {
       // One vector: d·sc_j times the activation's scale of sub-block j, once per super-block (the products dot64
       // forms per pair of sub-blocks otherwise).
       if constexpr (V == 1) dsc[r] = _mm512_mul_ps(dsc[r], act_block_scales<8>(x[0].d, base / 32));
+      // Q4_K: the odd sub-blocks' quants stay in the high nibbles (16× their value), their scales / 16 (below).
+      if constexpr (!kFive) dsc[r] = _mm512_mask_mul_ps(dsc[r], 0xAA, dsc[r], _mm512_set1_ps(0.0625f));
       dmn[r] = _mm512_zextps256_ps512(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(both[r]), 1)));
       if constexpr (kFive) {
         qh[r] = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 16)));
@@ -426,10 +430,12 @@ struct FmtK45 {
       __m512 ws[R];
       KESTREL_SIMD_UNROLL
       for (int r = 0; r < R; ++r) {
-        // [qs | qs] by a broadcast load; the low half keeps the low nibbles (sub-block 2c), the high half the high.
+        // [qs | qs] by a broadcast load; the low half keeps the low nibbles (sub-block 2c), the high half the high:
+        // shifted down (Q5_K, whose fifth bit joins them) or left in place, 16× (Q4_K: one AND, and the scale / 16
+        // gives the same products: float(16p) · s/16 = float(p) · s exactly, powers of two).
         const __m512i y =
             _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + qs_off + 32 * c)));
-        __m512i z = _mm512_and_si512(_mm512_srlv_epi16(y, hi_half_by_4), m4);
+        __m512i z = kFive ? _mm512_and_si512(_mm512_srlv_epi16(y, hi_half_by_4), m4) : _mm512_and_si512(y, nibbles);
         if constexpr (kFive) {
           // Bit 2c of qh[l] is bit 4 of element 64c + l, bit 2c + 1 that of element 64c + 32 + l.
           const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << (2 * c))),
