@@ -6,10 +6,10 @@
 // time, rows in L2: decoding a Q4_0 weight to f32 costs a widening, a conversion and a scale multiply per 16
 // weights before the FMA, 12.5 GB/s of weights from L2, well under the 17 GB/s one core reads from DRAM; here 64
 // weights become one register of unsigned bytes with three integer ops and one vpdpbusd multiplies them by 64 int8
-// activations, 23.5 GB/s in the same loop. In the engine's row tiles these kernels read 0.9–1.0 of the plain read
-// for Q4_K/Q5_K/Q6_K/Q8_0 and ~0.8 for Q4_0 (docs/benchmarks.md); llvm-mca's Sapphire Rapids model (the lent
-// host's CPU: 512-bit work on two ports) puts the Q4_0 4-row tile at 7.9 weight bytes a cycle, so a 16-core
-// host's ~90 GB/s is reached with headroom. The cost is numerical: activations rounded to 1/254 of their block's
+// activations, 23.5 GB/s in the same loop. On the lent hosts (Xeon, 512-bit work on ports 0 and 5 only) every core
+// busy at once computes about as fast as the memory reads, so instructions per weight byte set the ratio to the read:
+// llvm-mca's icelake-server model puts the 4-row tiles at 10.1 weight bytes a cycle for Q4_0 (the quads below) and
+// 7.3 for Q4_K (dev/notes/cpu-gemv.md). The cost is numerical: activations rounded to 1/254 of their block's
 // largest value (CpuActivations::kF32 keeps the f32 kernels; tests/cpu/test_cpu_blocks states the tolerance).
 //
 // Per 64 weights and (row, vector) pair: p = vpdpbusd(c·ns4, u, q) — u the weights as unsigned bytes (value + c),
