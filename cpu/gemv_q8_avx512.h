@@ -256,13 +256,14 @@ struct FmtQ4_0 {
   static constexpr int64_t kUnit = 256;
   static constexpr bool kShortRowTile8 = true;
 
-  // The quad of blocks at p (72 bytes) as [qs A | qs B | qs C | qs D]: A and C sit at whole dwords of the load from
-  // p + 2, B and D of the load from p + 8 (both within the quad's bytes); one two-source dword permute.
+  // The quad of blocks at p (72 bytes) as [qs A | qs B | qs C | qs D], by four 16-byte loads: two 64-byte loads and
+  // a dword permute take fewer instructions, but every such load splits across two cache lines here (blocks of 18
+  // bytes), which slowed the GEMV streaming from DRAM (dev/notes/cpu-gemv.md).
   static __m512i quad_weights(const uint8_t* p) {
-    const __m512i ac = _mm512_loadu_si512(p + 2);  // A: dwords 0..3, C: 9..12
-    const __m512i bd = _mm512_loadu_si512(p + 8);  // B: dwords 3..6, D: 12..15
-    const __m512i idx = _mm512_set_epi32(31, 30, 29, 28, 12, 11, 10, 9, 22, 21, 20, 19, 3, 2, 1, 0);
-    return _mm512_permutex2var_epi32(ac, idx, bd);
+    __m512i w = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2)));
+    w = _mm512_inserti32x4(w, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 20)), 1);
+    w = _mm512_inserti32x4(w, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 38)), 2);
+    return _mm512_inserti32x4(w, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 56)), 3);
   }
 
   // Lanes 4i..4i+3 ← lane 4q + i of an 8-lane table (block 4q + i's scale).
@@ -346,40 +347,6 @@ inline __m512 k4_scales_mins(const uint8_t* blk) {
   return _mm512_mul_ps(halves_ps(blk, blk + 2), v);
 }
 
-// k4_scales_mins for four rows at once: their heads (d, dmin, the 12 packed bytes) as the four 128-bit lanes of one
-// register, so the byte shuffles and masks run once for the four, and the four rows' d and dmin are converted by
-// one word permute and one conversion. The same values as four k4_scales_mins calls.
-inline void k4_scales_mins_x4(const uint8_t* const* blk, __m512* out) {
-  __m512i h = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[0])));
-  h = _mm512_inserti32x4(h, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[1])), 1);
-  h = _mm512_inserti32x4(h, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[2])), 2);
-  h = _mm512_inserti32x4(h, _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk[3])), 3);
-  // In each lane byte 4 + i is b[i] (k4_scales_mins' b, which starts 4 bytes later): its shuffles' indices + 4.
-  const __m512i lo = _mm512_shuffle_epi8(
-      h, _mm512_broadcast_i32x4(_mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)));
-  const __m512i hi =
-      _mm512_shuffle_epi8(h, _mm512_broadcast_i32x4(_mm_setr_epi8(4, 4, 4, 4, 4, 5, 6, 7, 4, 4, 4, 4, 8, 9, 10, 11)));
-  const __m512i lo_nib = _mm512_mask_blend_epi8(0xF000F000F000F000ull, lo, _mm512_srli_epi16(lo, 4));
-  const __m512i lo_bits = _mm512_and_si512(
-      lo_nib, _mm512_broadcast_i32x4(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15)));
-  const __m512i hi_bits = _mm512_and_si512(
-      _mm512_srli_epi16(hi, 2),
-      _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30, 0, 0, 0, 0, 0x30, 0x30, 0x30, 0x30)));
-  const __m512i v = _mm512_or_si512(lo_bits, hi_bits);
-  // Words 8i and 8i + 1 are row i's d and dmin: [d0, dmin0, d1, dmin1, ...] as 8 floats.
-  const __m512i dd_idx = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 25,
-                                          24, 17, 16, 9, 8, 1, 0);
-  const __m512 dd =
-      _mm512_castps256_ps512(_mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(dd_idx, h))));
-  const __m512i half = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  KESTREL_SIMD_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    const __m512 scm = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(v, i)));
-    const __m512 dm = _mm512_permutexvar_ps(_mm512_add_epi32(half, _mm512_set1_epi32(2 * i)), dd);
-    out[i] = _mm512_mul_ps(dm, scm);
-  }
-}
-
 // Q4_K and Q5_K: a unit is a super-block of 256 (four chunks of 64 = sub-blocks 2c and 2c + 1).
 template <bool kFive>
 struct FmtK45 {
@@ -402,23 +369,16 @@ struct FmtK45 {
     __m512i qh[R];          // Q5_K: the 32 high-bit bytes in both halves
     KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) blk[r] = row[r] + sb * kBlockBytes;
-    __m512 both[R];
-    if constexpr (R % 4 == 0) {
-      KESTREL_SIMD_UNROLL
-      for (int r = 0; r < R; r += 4) k4_scales_mins_x4(blk + r, both + r);
-    } else {
-      KESTREL_SIMD_UNROLL
-      for (int r = 0; r < R; ++r) both[r] = k4_scales_mins(blk[r]);
-    }
     KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
-      dsc[r] = _mm512_maskz_mov_ps(0x00FF, both[r]);
+      const __m512 both = k4_scales_mins(blk[r]);
+      dsc[r] = _mm512_maskz_mov_ps(0x00FF, both);
       // One vector: d·sc_j times the activation's scale of sub-block j, once per super-block (the products dot64
       // forms per pair of sub-blocks otherwise).
       if constexpr (V == 1) dsc[r] = _mm512_mul_ps(dsc[r], act_block_scales<8>(x[0].d, base / 32));
       // Q4_K: the odd sub-blocks' quants stay in the high nibbles (16× their value), their scales / 16 (below).
       if constexpr (!kFive) dsc[r] = _mm512_mask_mul_ps(dsc[r], 0xAA, dsc[r], _mm512_set1_ps(0.0625f));
-      dmn[r] = _mm512_zextps256_ps512(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(both[r]), 1)));
+      dmn[r] = _mm512_zextps256_ps512(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(both), 1)));
       if constexpr (kFive) {
         qh[r] = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk[r] + 16)));
       }
