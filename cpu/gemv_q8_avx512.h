@@ -8,7 +8,7 @@
 // weights become one register of unsigned bytes with three integer ops and one vpdpbusd multiplies them by 64 int8
 // activations, 23.5 GB/s in the same loop. On the lent hosts (Xeon, 512-bit work on ports 0 and 5 only) every core
 // busy at once computes about as fast as the memory reads, so instructions per weight byte set the ratio to the read:
-// llvm-mca's icelake-server model puts the 4-row tiles at 10.1 weight bytes a cycle for Q4_0 (the quads below) and
+// llvm-mca's icelake-server model puts the 4-row tiles at 10.9 weight bytes a cycle for Q4_0 (the quads below) and
 // 7.3 for Q4_K (dev/notes/cpu-gemv.md). The cost is numerical: activations rounded to 1/254 of their block's
 // largest value (CpuActivations::kF32 keeps the f32 kernels; tests/cpu/test_cpu_blocks states the tolerance).
 //
