@@ -368,9 +368,8 @@ struct FmtK45 {
     __m512 dsc[R], dmn[R];  // d·sc_j and dmin·m_j in lanes 0..7 (zero above)
     __m512i qh[R];          // Q5_K: the 32 high-bit bytes in both halves
     KESTREL_SIMD_UNROLL
-    for (int r = 0; r < R; ++r) blk[r] = row[r] + sb * kBlockBytes;
-    KESTREL_SIMD_UNROLL
     for (int r = 0; r < R; ++r) {
+      blk[r] = row[r] + sb * kBlockBytes;
       const __m512 both = k4_scales_mins(blk[r]);
       dsc[r] = _mm512_maskz_mov_ps(0x00FF, both);
       // One vector: d·sc_j times the activation's scale of sub-block j, once per super-block (the products dot64

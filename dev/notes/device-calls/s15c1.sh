@@ -1,6 +1,6 @@
 #!/bin/bash
 # Session 15, call 1: the host's topology and CPU GEMV diagnostics, the CPU engine's figures (issue 29), then the
-# side-stream A/B (dev/ss_check.sh's runs).
+# side-stream A/B (dev/ss_check.sh).
 set -uo pipefail
 export OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 T0=$SECONDS
@@ -29,15 +29,4 @@ timeout 100 /tmp/cg/$e --model /tmp/q4_0.gguf --sessions 1,8 --steps 8 --pp 512 
 echo "-- $e"; grep -E "^\||tokens/s|read|roofline" $OUT/$e.txt | head -24
 done
 echo "== side stream ($((SECONDS-T0)) s)"
-timeout 120 $S/test_cuda_hybrid --gtest_filter='*SideRead*:*BitIdentical*:*Greedy*' --gtest_brief=1 > $OUT/t.txt 2>&1; echo "tests rc $? ($((SECONDS-T0)) s) $(grep -E '^\[  (PASSED|FAILED)' $OUT/t.txt | tr '\n' ' ')"
-grep -E "Failure|FAILED" $OUT/t.txt | head -5
-run() {  # name, binary, args
-  local n=$1 b=$2; shift 2
-  timeout 60 $S/$b --model /tmp/q4_0.gguf --ttft 0 --pp 0 "$@" > $OUT/$n.txt 2>&1
-  echo "$n ($((SECONDS-T0)) s): $(grep -oE 'host read [0-9.]+ GB/s' $OUT/$n.txt | head -1) | $(grep -E '^\| [0-9]+ \|' $OUT/$n.txt | cut -d'|' -f2,3,4 | tr '\n' ' ') | $(grep -oE 'host experts: [0-9.]+ ms a step on the CPU.*waited [0-9.]+ ms' $OUT/$n.txt | head -1 | sed 's/a step on the CPU (40.0 batches), the GPU//')"
-}
-run own_1 bench_engine --sessions 1 --steps 16 --n-cpu-moe 40
-run main_1 bench_engine_main --sessions 1 --steps 16 --n-cpu-moe 40
-run own_32 bench_engine --sessions 32 --steps 8 --n-cpu-moe 40
-run main_32 bench_engine_main --sessions 32 --steps 8 --n-cpu-moe 40
-echo "== done ($((SECONDS-T0)) s)"
+bash dev/ss_check.sh  # reuses /tmp/q4_0.gguf

@@ -5,7 +5,7 @@ export OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 T0=$SECONDS
 mkdir -p /tmp/ss && tar -C /tmp -xJf dev/ss.tar.xz; S=/tmp/ss
 export LD_LIBRARY_PATH=/tmp/ss
-$S/kestrel-mkmodel --preset qwen35moe-35b-a3b --types q4_0 -o /tmp/q4_0.gguf -q; echo "model ($((SECONDS-T0)) s)"
+[ -f /tmp/q4_0.gguf ] || $S/kestrel-mkmodel --preset qwen35moe-35b-a3b --types q4_0 -o /tmp/q4_0.gguf -q; echo "model ($((SECONDS-T0)) s)"
 timeout 120 $S/test_cuda_hybrid --gtest_filter='*SideRead*:*BitIdentical*:*Greedy*' --gtest_brief=1 > $OUT/t.txt 2>&1; echo "tests rc $? ($((SECONDS-T0)) s) $(grep -E '^\[  (PASSED|FAILED)' $OUT/t.txt | tr '\n' ' ')"
 grep -E "Failure|FAILED" $OUT/t.txt | head -5
 run() {  # name, binary, args
